@@ -1,0 +1,1 @@
+//! memplug host.

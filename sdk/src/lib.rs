@@ -1,0 +1,21 @@
+//! memplug SDK: the plugin ABI and the Rust plugin-author layer.
+//!
+//! * [`abi`] — the `#[repr(C)]` ABI, major 1; `include/memplug.h` is
+//!   generated from it.
+//! * [`Status`] — status codes as a Rust enum.
+//! * [`author`] — the traits a vendor implements ([`Allocator`] required;
+//!   [`VirtualBacking`], [`SharedMapping`], [`StreamSync`] optional).
+//! * [`export`] — builders that turn those traits into vtables, and the
+//!   [`export_plugin!`] macro that defines the entry symbol.
+//!
+//! A vendor writes no `unsafe extern "C"` function: every slot is generated,
+//! every panic is caught into `MEMPLUG_STATUS_INTERNAL` with its message.
+
+pub mod abi;
+pub mod author;
+pub mod export;
+pub mod status;
+
+pub use author::*;
+pub use export::{BuiltMechanism, ExportedPlugin, MechanismBuilder, PluginBuilder};
+pub use status::Status;
