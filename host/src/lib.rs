@@ -1,1 +1,27 @@
-//! memplug host.
+//! memplug host: loads plugins, validates them, and wraps their mechanisms
+//! in safe Rust types (and, in later layers, budgets and fence-ordered
+//! frees).
+//!
+//! * [`Plugin`] — a loaded, validated plugin (by path, or an in-process
+//!   entry function through the same checks); refuses to unload while
+//!   anything it made is alive.
+//! * [`Mechanism`] — one mechanism: [`Mechanism::allocator`] (always),
+//!   [`Mechanism::virtual_backing`], [`Mechanism::shared_mapping`],
+//!   [`Mechanism::sync`] (each `None` when absent).
+//! * [`CallError`] / [`LoadError`] — every failure carries the status code
+//!   and the plugin's message.
+
+pub mod error;
+pub mod mechanism;
+pub mod objects;
+pub mod plugin;
+mod sink;
+
+pub use error::{CallError, LoadError, ObjectKind, ReleaseError};
+pub use mechanism::{
+    Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
+    VirtualBackingApi,
+};
+pub use objects::{Allocation, Fence, PhysicalObject, RawObject, Reservation, Stream};
+pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};
+pub use memplug_sdk::Status;

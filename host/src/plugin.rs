@@ -1,0 +1,586 @@
+//! Loading a plugin: open the library (or take an in-process entry), run
+//! two-sided negotiation, read every struct as an untrusted prefix, and
+//! refuse — with a message naming the problem — anything malformed.
+
+use crate::error::{LoadError, ObjectKind};
+use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
+use crate::objects::next_mechanism_key;
+use crate::sink::Capture;
+use memplug_sdk::abi::*;
+use memplug_sdk::Status;
+use std::collections::HashSet;
+use std::ffi::{c_char, c_void, CStr};
+use std::fmt;
+use std::mem::ManuallyDrop;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The minor range this host build understands for major 1.
+pub const HOST_MIN_MINOR: u32 = 0;
+pub const HOST_MAX_MINOR: u32 = MEMPLUG_ABI_MINOR;
+
+/// Entry symbols this host knows, newest major first.
+pub const ENTRY_SYMBOLS: &[&str] = &[MEMPLUG_ENTRY_SYMBOL_V1];
+
+/// Longest name the host reads from a plugin string before giving up on
+/// finding its terminator.
+const MAX_NAME: usize = 256;
+
+/// How to load. The defaults accept any minor this host understands.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Oldest minor accepted (default 0).
+    pub min_minor: u32,
+    /// Newest minor spoken (default: this build's newest).
+    pub max_minor: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { min_minor: HOST_MIN_MINOR, max_minor: HOST_MAX_MINOR }
+    }
+}
+
+/// What stays alive as long as any mechanism of the plugin does: the
+/// library and the descriptor.
+pub(crate) struct PluginShared {
+    pub(crate) name: String,
+    pub(crate) version: String,
+    pub(crate) origin: String,
+    ctx: *mut c_void,
+    live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
+    unload: Option<unsafe extern "C" fn(*mut c_void)>,
+    library: ManuallyDrop<Option<libloading::Library>>,
+}
+
+// SAFETY: the plugin's slots are callable from any thread (ABI rule).
+unsafe impl Send for PluginShared {}
+unsafe impl Sync for PluginShared {}
+
+impl PluginShared {
+    pub(crate) fn plugin_live_objects(&self) -> u64 {
+        // SAFETY: validated non-NULL at load.
+        unsafe { (self.live_objects)(self.ctx) }
+    }
+}
+
+impl Drop for PluginShared {
+    fn drop(&mut self) {
+        // Code of the library may still run (a stream worker, memory still
+        // mapped) if the plugin holds objects: then closing it could crash
+        // the host, so it stays mapped for the life of the process.
+        if self.plugin_live_objects() != 0 {
+            return;
+        }
+        if let Some(unload) = self.unload {
+            // SAFETY: published slot, called once, after the last call.
+            unsafe { unload(self.ctx) };
+        }
+        // SAFETY: dropped exactly once, here.
+        unsafe { ManuallyDrop::drop(&mut self.library) };
+    }
+}
+
+/// A loaded, validated plugin. Its mechanisms are cheap handles that keep
+/// the library loaded. Thread-safe.
+pub struct Plugin {
+    shared: Arc<PluginShared>,
+    agreed_minor: u32,
+    plugin_minors: (u32, u32),
+    mechanisms: Vec<Mechanism>,
+}
+
+impl fmt::Debug for Plugin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plugin")
+            .field("name", &self.shared.name)
+            .field("version", &self.shared.version)
+            .field("abi", &format_args!("1.{}", self.agreed_minor))
+            .field("mechanisms", &self.mechanisms)
+            .finish()
+    }
+}
+
+/// What keeps a plugin from unloading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveReport {
+    /// `(mechanism, kind, count)` for every non-zero host-side count.
+    pub objects: Vec<(String, ObjectKind, u64)>,
+    /// Mechanism handles held outside the plugin, per mechanism.
+    pub handles: Vec<(String, usize)>,
+    /// What the plugin itself reports.
+    pub plugin_reported: u64,
+}
+
+impl LiveReport {
+    pub fn is_empty(&self) -> bool {
+        self.objects.is_empty() && self.handles.is_empty() && self.plugin_reported == 0
+    }
+}
+
+impl fmt::Display for LiveReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts: Vec<String> = self
+            .objects
+            .iter()
+            .map(|(m, k, n)| format!("{n} {} of mechanism '{m}'", k.name()))
+            .collect();
+        parts.extend(self.handles.iter().map(|(m, n)| format!("{n} handle(s) to mechanism '{m}'")));
+        if self.plugin_reported != 0 {
+            parts.push(format!("the plugin reports {} live object(s)", self.plugin_reported));
+        }
+        f.write_str(&parts.join(", "))
+    }
+}
+
+/// `Plugin::unload` refused: the plugin comes back, still loaded.
+#[derive(thiserror::Error)]
+#[error("plugin {} cannot unload: still live: {report}", plugin.shared.name)]
+pub struct UnloadRefused {
+    pub plugin: Plugin,
+    pub report: LiveReport,
+}
+
+impl fmt::Debug for UnloadRefused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{self}")
+    }
+}
+
+impl Plugin {
+    /// Loads a plugin library by path with the default options.
+    pub fn load(path: impl AsRef<Path>) -> Result<Plugin, LoadError> {
+        Self::load_with(path, &LoadOptions::default())
+    }
+
+    /// Loads a plugin library by path.
+    pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Plugin, LoadError> {
+        let path = path.as_ref();
+        if !path.exists() {
+            return Err(LoadError::NotFound(path.to_path_buf()));
+        }
+        let lib = open_library(path)?;
+        let mut found = None;
+        for sym in ENTRY_SYMBOLS {
+            // SAFETY: the symbol's type is fixed by the ABI for this name.
+            if let Ok(f) = unsafe { lib.get::<MemplugEntryV1>(sym.as_bytes()) } {
+                found = Some(*f);
+                break;
+            }
+        }
+        let Some(entry) = found else {
+            return Err(LoadError::MissingEntrySymbol { path: path.to_path_buf(), symbols: ENTRY_SYMBOLS.to_vec() });
+        };
+        // SAFETY: `entry` comes from `lib`, which moves into the plugin.
+        unsafe { Self::negotiate(entry, path.display().to_string(), Some(lib), opts) }
+    }
+
+    /// Takes a plugin linked into this process, through the same checks as
+    /// a library.
+    ///
+    /// # Safety
+    /// `entry` must follow the `memplug_plugin_v1` contract as far as memory
+    /// safety goes (the host validates everything it can check).
+    pub unsafe fn from_entry(entry: MemplugEntryV1, label: &str, opts: &LoadOptions) -> Result<Plugin, LoadError> {
+        Self::negotiate(entry, format!("{label} (in-process)"), None, opts)
+    }
+
+    unsafe fn negotiate(
+        entry: MemplugEntryV1,
+        origin: String,
+        library: Option<libloading::Library>,
+        opts: &LoadOptions,
+    ) -> Result<Plugin, LoadError> {
+        let host = MemplugHostInfo {
+            struct_size: core::mem::size_of::<MemplugHostInfo>() as u32,
+            abi_major: MEMPLUG_ABI_MAJOR,
+            min_minor: opts.min_minor,
+            max_minor: opts.max_minor,
+            host_name: c"memplug-host".as_ptr(),
+        };
+        let mut out = MemplugNegotiation {
+            struct_size: core::mem::size_of::<MemplugNegotiation>() as u32,
+            agreed_minor: u32::MAX,
+            plugin: core::ptr::null(),
+        };
+        let mut cap = Capture::default();
+        let sink = cap.sink();
+        let raw = entry(&host, &mut out, &sink);
+        if raw != MEMPLUG_STATUS_OK {
+            let message = cap.take().unwrap_or_else(|| "the plugin gave no message".into());
+            if raw == MEMPLUG_STATUS_VERSION_MISMATCH {
+                return Err(LoadError::VersionMismatch { origin, message });
+            }
+            let status = Status::from_raw_conservative(raw);
+            return Err(LoadError::EntryFailed { origin, status, raw, message });
+        }
+        let r = Reader { origin: &origin };
+        let desc: MemplugPlugin = r.prefix(out.plugin, MEMPLUG_PLUGIN_SIZE_1_0, "plugin descriptor")?;
+        if desc.abi_major != MEMPLUG_ABI_MAJOR {
+            return Err(r.malformed(format!(
+                "plugin descriptor says ABI major {}, but it was found through the major-1 entry",
+                desc.abi_major
+            )));
+        }
+        if desc.min_minor > desc.max_minor {
+            return Err(r.malformed(format!(
+                "plugin minor range 1.{}..=1.{} is empty",
+                desc.min_minor, desc.max_minor
+            )));
+        }
+        let lo = opts.min_minor.max(desc.min_minor);
+        let hi = opts.max_minor.min(desc.max_minor);
+        if lo > hi {
+            return Err(LoadError::VersionMismatch {
+                origin,
+                message: format!(
+                    "host speaks 1.{}..=1.{}, plugin speaks 1.{}..=1.{}",
+                    opts.min_minor, opts.max_minor, desc.min_minor, desc.max_minor
+                ),
+            });
+        }
+        if out.agreed_minor < lo || out.agreed_minor > hi {
+            return Err(r.malformed(format!(
+                "plugin agreed on minor {} outside the common range 1.{lo}..=1.{hi}",
+                out.agreed_minor
+            )));
+        }
+        let name = r.string(desc.name, "plugin name")?;
+        let version = r.string(desc.version, "plugin version")?;
+        let Some(live_objects) = desc.live_objects else {
+            return Err(LoadError::NullRequired { origin, what: "plugin.live_objects".into() });
+        };
+        if desc.mechanism_count == 0 {
+            return Err(r.malformed("plugin publishes no mechanism".into()));
+        }
+        if desc.mechanisms.is_null() {
+            return Err(LoadError::NullRequired { origin, what: "plugin.mechanisms".into() });
+        }
+        let shared = Arc::new(PluginShared {
+            name: name.clone(),
+            version,
+            origin: origin.clone(),
+            ctx: desc.ctx,
+            live_objects,
+            unload: desc.unload,
+            library: ManuallyDrop::new(library),
+        });
+        let mut ids = HashSet::new();
+        let mut names = HashSet::new();
+        let mut mechanisms = Vec::with_capacity(desc.mechanism_count as usize);
+        for i in 0..desc.mechanism_count as usize {
+            let p = *desc.mechanisms.add(i);
+            let m = r.mechanism(i, p, &shared)?;
+            if !ids.insert(m.inner.id) {
+                return Err(r.malformed(format!("two mechanisms share id {}", m.inner.id)));
+            }
+            if !names.insert(m.inner.name.clone()) {
+                return Err(r.malformed(format!("two mechanisms share the name '{}'", m.inner.name)));
+            }
+            mechanisms.push(m);
+        }
+        Ok(Plugin {
+            shared,
+            agreed_minor: out.agreed_minor,
+            plugin_minors: (desc.min_minor, desc.max_minor),
+            mechanisms,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+    pub fn version(&self) -> &str {
+        &self.shared.version
+    }
+    /// Where it came from: a path, or a label for in-process entries.
+    pub fn origin(&self) -> &str {
+        &self.shared.origin
+    }
+    /// The agreed ABI version `(major, minor)`.
+    pub fn abi_version(&self) -> (u32, u32) {
+        (MEMPLUG_ABI_MAJOR, self.agreed_minor)
+    }
+    /// The minor range the plugin declared.
+    pub fn plugin_minor_range(&self) -> (u32, u32) {
+        self.plugin_minors
+    }
+    pub fn mechanisms(&self) -> &[Mechanism] {
+        &self.mechanisms
+    }
+    pub fn mechanism(&self, name: &str) -> Option<&Mechanism> {
+        self.mechanisms.iter().find(|m| m.name() == name)
+    }
+    /// What the plugin reports holding alive.
+    pub fn plugin_live_objects(&self) -> u64 {
+        self.shared.plugin_live_objects()
+    }
+
+    /// Everything that keeps the plugin loaded now.
+    pub fn live_report(&self) -> LiveReport {
+        let mut objects = Vec::new();
+        let mut handles = Vec::new();
+        for m in &self.mechanisms {
+            for k in ObjectKind::ALL {
+                let n = m.live(k);
+                if n != 0 {
+                    objects.push((m.name().to_string(), k, n));
+                }
+            }
+            let extra = Arc::strong_count(&m.inner) - 1;
+            if extra != 0 {
+                handles.push((m.name().to_string(), extra));
+            }
+        }
+        LiveReport { objects, handles, plugin_reported: self.plugin_live_objects() }
+    }
+
+    /// Unloads the plugin, or refuses and says what is still live: objects
+    /// the host gave out and has not seen released, mechanism handles held
+    /// elsewhere, or objects the plugin itself reports.
+    pub fn unload(self) -> Result<(), Box<UnloadRefused>> {
+        let report = self.live_report();
+        if !report.is_empty() {
+            return Err(Box::new(UnloadRefused { plugin: self, report }));
+        }
+        // Dropping the last mechanism handle and the plugin drops the shared
+        // part, which calls `unload` and closes the library.
+        drop(self);
+        Ok(())
+    }
+}
+
+fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
+    // RTLD_NOW: a library with unresolved symbols is refused here rather
+    // than crashing the host on first call; RTLD_LOCAL: its symbols stay
+    // out of the global namespace.
+    let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
+    // SAFETY: loading runs the library's initialisers; that is what loading
+    // a plugin means, and the path was chosen by the embedder.
+    unsafe { libloading::os::unix::Library::open(Some(path), flags) }
+        .map(libloading::Library::from)
+        .map_err(|e| LoadError::NotALibrary { path: PathBuf::from(path), reason: e.to_string() })
+}
+
+/// Reads untrusted plugin structs.
+struct Reader<'a> {
+    origin: &'a str,
+}
+
+impl Reader<'_> {
+    fn malformed(&self, detail: String) -> LoadError {
+        LoadError::Malformed { origin: self.origin.to_string(), detail }
+    }
+
+    /// Copies `min(struct_size, sizeof T)` bytes into a zeroed `T`; refuses
+    /// NULL and a struct shorter than its 1.0 size.
+    unsafe fn prefix<T: Copy>(&self, p: *const T, min: u32, what: &str) -> Result<T, LoadError> {
+        if p.is_null() {
+            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
+        }
+        let declared = p.cast::<u32>().read_unaligned();
+        if declared < min {
+            return Err(LoadError::ShortStruct {
+                origin: self.origin.into(),
+                what: what.into(),
+                declared,
+                required: min,
+            });
+        }
+        let mut local = core::mem::MaybeUninit::<T>::zeroed();
+        let n = (declared as usize).min(core::mem::size_of::<T>());
+        core::ptr::copy_nonoverlapping(p.cast::<u8>(), local.as_mut_ptr().cast::<u8>(), n);
+        // SAFETY: every ABI struct is valid when zeroed (integers, raw
+        // pointers and `Option<fn>`).
+        Ok(local.assume_init())
+    }
+
+    unsafe fn string(&self, p: *const c_char, what: &str) -> Result<String, LoadError> {
+        if p.is_null() {
+            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
+        }
+        // Read byte by byte, never past the terminator: the string may end
+        // right before the end of a mapping.
+        let mut bytes = Vec::new();
+        loop {
+            let b = *p.add(bytes.len()).cast::<u8>();
+            bytes.push(b);
+            if b == 0 {
+                break;
+            }
+            if bytes.len() == MAX_NAME {
+                return Err(self.malformed(format!("{what} has no NUL terminator within {MAX_NAME} bytes")));
+            }
+        }
+        let s = CStr::from_bytes_with_nul(&bytes).expect("terminator found above");
+        match s.to_str() {
+            Ok("") => Err(self.malformed(format!("{what} is empty"))),
+            Ok(s) => Ok(s.to_string()),
+            Err(_) => Err(self.malformed(format!("{what} is not UTF-8"))),
+        }
+    }
+
+    unsafe fn mechanism(
+        &self,
+        index: usize,
+        p: *const MemplugMechanism,
+        shared: &Arc<PluginShared>,
+    ) -> Result<Mechanism, LoadError> {
+        let d: MemplugMechanism = self.prefix(p, MEMPLUG_MECHANISM_SIZE_1_0, &format!("mechanism #{index}"))?;
+        let name = self.string(d.name, &format!("mechanism #{index} name"))?;
+        if d.mechanism_id == 0 {
+            return Err(self.malformed(format!("mechanism '{name}' has id 0 (ids must be non-zero)")));
+        }
+        let caps = Capabilities(d.capabilities);
+        let mismatch = |detail: String| LoadError::CapabilityMismatch {
+            origin: self.origin.into(),
+            mechanism: name.clone(),
+            detail,
+        };
+        if !caps.allocator() {
+            return Err(mismatch("MEMPLUG_CAP_ALLOCATOR is not set; every mechanism needs an allocator".into()));
+        }
+        if d.allocator.is_null() {
+            return Err(mismatch("MEMPLUG_CAP_ALLOCATOR is set but the allocator pointer is NULL".into()));
+        }
+        agree(caps.virtual_backing(), !d.virtual_backing.is_null(), "MEMPLUG_CAP_VIRTUAL_BACKING", "virtual_backing")
+            .map_err(&mismatch)?;
+        agree(caps.shared_mapping(), !d.shared_mapping.is_null(), "MEMPLUG_CAP_SHARED_MAPPING", "shared_mapping")
+            .map_err(&mismatch)?;
+        agree(caps.sync(), !d.sync.is_null(), "MEMPLUG_CAP_SYNC", "sync").map_err(&mismatch)?;
+
+        let what = |s: &str| format!("mechanism '{name}' {s}");
+        let allocator: MemplugAllocator = self.prefix(d.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, &what("allocator"))?;
+        self.required(&what("allocator.properties"), allocator.properties.is_some())?;
+        self.required(&what("allocator.allocate"), allocator.allocate.is_some())?;
+        self.required(&what("allocator.deallocate"), allocator.deallocate.is_some())?;
+        let virtual_backing = if caps.virtual_backing() {
+            let v: MemplugVirtualBacking =
+                self.prefix(d.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, &what("virtual_backing"))?;
+            for (slot, ok) in [
+                ("reserve", v.reserve.is_some()),
+                ("commit", v.commit.is_some()),
+                ("decommit", v.decommit.is_some()),
+                ("committed_bytes", v.committed_bytes.is_some()),
+                ("release", v.release.is_some()),
+            ] {
+                self.required(&what(&format!("virtual_backing.{slot}")), ok)?;
+            }
+            Some(v)
+        } else {
+            None
+        };
+        let shared_mapping = if caps.shared_mapping() {
+            let v: MemplugSharedMapping =
+                self.prefix(d.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &what("shared_mapping"))?;
+            for (slot, ok) in [
+                ("create", v.create.is_some()),
+                ("map", v.map.is_some()),
+                ("unmap", v.unmap.is_some()),
+                ("retain", v.retain.is_some()),
+                ("release", v.release.is_some()),
+            ] {
+                self.required(&what(&format!("shared_mapping.{slot}")), ok)?;
+            }
+            Some(v)
+        } else {
+            None
+        };
+        let sync = if caps.sync() {
+            let v: MemplugSync = self.prefix(d.sync, MEMPLUG_SYNC_SIZE_1_0, &what("sync"))?;
+            for (slot, ok) in [
+                ("stream_create", v.stream_create.is_some()),
+                ("stream_destroy", v.stream_destroy.is_some()),
+                ("enqueue_host_fn", v.enqueue_host_fn.is_some()),
+                ("fence_record", v.fence_record.is_some()),
+                ("fence_query", v.fence_query.is_some()),
+                ("fence_wait", v.fence_wait.is_some()),
+                ("fence_destroy", v.fence_destroy.is_some()),
+            ] {
+                self.required(&what(&format!("sync.{slot}")), ok)?;
+            }
+            Some(v)
+        } else {
+            None
+        };
+
+        let mut inner = MechanismInner {
+            key: next_mechanism_key(),
+            id: d.mechanism_id,
+            label: format!("{}/{}", shared.name, name),
+            name: name.clone(),
+            device: d.device,
+            caps: Capabilities(d.capabilities),
+            ctx: d.ctx,
+            props: Properties::default(),
+            allocator,
+            virtual_backing,
+            shared_mapping,
+            sync,
+            live: Default::default(),
+            plugin: shared.clone(),
+        };
+        inner.props = self.properties(&inner)?;
+        Ok(Mechanism { inner: Arc::new(inner) })
+    }
+
+    fn required(&self, what: &str, present: bool) -> Result<(), LoadError> {
+        if present {
+            Ok(())
+        } else {
+            Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() })
+        }
+    }
+
+    unsafe fn properties(&self, m: &MechanismInner) -> Result<Properties, LoadError> {
+        let mut out = MemplugProperties { struct_size: MEMPLUG_PROPERTIES_SIZE_1_0, ..Default::default() };
+        let mut cap = Capture::default();
+        let sink = cap.sink();
+        let f = m.allocator.properties.expect("checked above");
+        let raw = f(m.ctx, &mut out, &sink);
+        if raw != MEMPLUG_STATUS_OK {
+            let status = Status::from_raw_conservative(raw);
+            return Err(LoadError::Properties {
+                origin: self.origin.into(),
+                mechanism: m.name.clone(),
+                source: crate::error::CallError {
+                    status,
+                    raw,
+                    slot: "allocator.properties",
+                    mechanism: m.label.clone(),
+                    message: cap.take().unwrap_or_else(|| "the plugin gave no message".into()),
+                },
+            });
+        }
+        let bad = |detail: String| LoadError::Malformed {
+            origin: self.origin.into(),
+            detail: format!("mechanism '{}' properties: {detail}", m.name),
+        };
+        if !out.min_alignment.is_power_of_two() || !out.max_alignment.is_power_of_two() {
+            return Err(bad(format!(
+                "alignments must be powers of two (min {}, max {})",
+                out.min_alignment, out.max_alignment
+            )));
+        }
+        if out.max_alignment < out.min_alignment {
+            return Err(bad(format!("max_alignment {} < min_alignment {}", out.max_alignment, out.min_alignment)));
+        }
+        let needs_granularity = m.caps.virtual_backing() || m.caps.shared_mapping();
+        if needs_granularity && !out.granularity.is_power_of_two() {
+            return Err(bad(format!("granularity {} is not a power of two", out.granularity)));
+        }
+        Ok(Properties {
+            min_alignment: out.min_alignment,
+            max_alignment: out.max_alignment,
+            granularity: out.granularity,
+        })
+    }
+}
+
+fn agree(flag: bool, pointer: bool, flag_name: &str, field: &str) -> Result<(), String> {
+    match (flag, pointer) {
+        (true, false) => Err(format!("{flag_name} is set but the {field} pointer is NULL")),
+        (false, true) => Err(format!("the {field} pointer is set but {flag_name} is not")),
+        _ => Ok(()),
+    }
+}

@@ -1,0 +1,74 @@
+//! The host side of `MemplugMessageSink`: a capture that lives on the
+//! caller's stack for one call. Success costs two stores; only a failure
+//! allocates, to keep the plugin's message.
+
+use core::ffi::{c_char, c_void};
+use memplug_sdk::abi::{MemplugMessageSink, MEMPLUG_MESSAGE_MAX};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Collects what a plugin writes during one call. Keeps the last message,
+/// truncated to `MEMPLUG_MESSAGE_MAX` bytes on a character boundary.
+#[derive(Default)]
+pub(crate) struct Capture {
+    message: Option<String>,
+}
+
+impl Capture {
+    /// A sink pointing at `self`. The returned value must not outlive
+    /// `self`; it is passed to exactly one plugin call.
+    #[inline]
+    pub(crate) fn sink(&mut self) -> MemplugMessageSink {
+        MemplugMessageSink { ctx: (self as *mut Capture).cast(), write: Some(capture_write) }
+    }
+
+    pub(crate) fn take(&mut self) -> Option<String> {
+        self.message.take()
+    }
+}
+
+/// Bounds a plugin message: lossy UTF-8, at most `MEMPLUG_MESSAGE_MAX`
+/// bytes, cut on a character boundary, control characters other than
+/// newline and tab replaced (messages end up in logs and terminals).
+pub(crate) fn bounded_message(bytes: &[u8]) -> String {
+    let max = MEMPLUG_MESSAGE_MAX as usize;
+    let bytes = &bytes[..bytes.len().min(max)];
+    let text = String::from_utf8_lossy(bytes);
+    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { '\u{fffd}' } else { c }).collect()
+}
+
+unsafe extern "C" fn capture_write(ctx: *mut c_void, msg: *const c_char, len: usize) {
+    // Called by plugin code: nothing may unwind back into it.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let Some(cap) = ctx.cast::<Capture>().as_mut() else { return };
+        if msg.is_null() {
+            return;
+        }
+        // Read no more than we keep, whatever length the plugin claims.
+        let n = len.min(MEMPLUG_MESSAGE_MAX as usize);
+        let bytes = core::slice::from_raw_parts(msg.cast::<u8>(), n);
+        cap.message = Some(bounded_message(bytes));
+    }));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_and_invalid_messages_are_bounded() {
+        let long = vec![b'x'; 5000];
+        assert_eq!(bounded_message(&long).len(), MEMPLUG_MESSAGE_MAX as usize);
+        assert_eq!(bounded_message(b"a\xffb\x1b"), "a\u{fffd}b\u{fffd}");
+    }
+
+    #[test]
+    fn sink_keeps_last_message() {
+        let mut cap = Capture::default();
+        let sink = cap.sink();
+        unsafe {
+            (sink.write.unwrap())(sink.ctx, b"first".as_ptr().cast(), 5);
+            (sink.write.unwrap())(sink.ctx, b"second!".as_ptr().cast(), 6);
+        }
+        assert_eq!(cap.take().as_deref(), Some("second"));
+    }
+}
