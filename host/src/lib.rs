@@ -11,7 +11,11 @@
 //! * [`CallError`] / [`LoadError`] — every failure carries the status code
 //!   and the plugin's message.
 
+#[doc(hidden)]
+pub mod direct;
+pub mod deferred;
 pub mod error;
+pub mod fence;
 pub mod mechanism;
 pub mod objects;
 pub mod plugin;

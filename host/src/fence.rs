@@ -1,0 +1,117 @@
+//! Fences: "is the device done with it?". A fence comes from a plugin's sync
+//! capability ([`PluginFence`]) or from the runtime (anything implementing
+//! [`FenceSource`], e.g. [`FnFence`] over a query/wait pair).
+
+use crate::error::CallError;
+use crate::mechanism::Mechanism;
+use crate::objects::{Fence, Stream};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Something that completes when the work before it has run.
+/// Implementations must be callable from any thread.
+pub trait FenceSource: Send + Sync {
+    /// `true` when complete; never blocks.
+    fn query(&self) -> Result<bool, CallError>;
+    /// Blocks up to `timeout`; `true` when complete.
+    fn wait(&self, timeout: Duration) -> Result<bool, CallError>;
+    /// For reports of what could not be retired.
+    fn describe(&self) -> String;
+}
+
+/// A shareable fence: several frees may wait on the same one.
+pub type SharedFence = Arc<dyn FenceSource>;
+
+/// A fence recorded by a plugin on one of its streams; destroyed (through
+/// the plugin) when the last holder drops it.
+pub struct PluginFence {
+    mechanism: Mechanism,
+    fence: Option<Fence>,
+}
+
+impl PluginFence {
+    /// Records a fence on `stream` of `mechanism`'s sync capability.
+    pub fn record(mechanism: &Mechanism, stream: &Stream) -> Result<SharedFence, CallError> {
+        let sync = mechanism.sync().ok_or_else(|| no_sync(mechanism))?;
+        let fence = sync.fence_record(stream)?;
+        Ok(Arc::new(PluginFence { mechanism: mechanism.clone(), fence: Some(fence) }))
+    }
+
+    fn fence(&self) -> &Fence {
+        self.fence.as_ref().expect("present until drop")
+    }
+}
+
+#[cold]
+fn no_sync(m: &Mechanism) -> CallError {
+    CallError {
+        status: memplug_sdk::Status::Unsupported,
+        raw: memplug_sdk::Status::Unsupported.raw(),
+        slot: "sync",
+        mechanism: format!("{}/{}", m.plugin_name(), m.name()),
+        message: "the mechanism has no sync capability".into(),
+    }
+}
+
+impl FenceSource for PluginFence {
+    fn query(&self) -> Result<bool, CallError> {
+        self.mechanism.sync().expect("checked at record").fence_query(self.fence())
+    }
+    fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
+        self.mechanism.sync().expect("checked at record").fence_wait(self.fence(), timeout)
+    }
+    fn describe(&self) -> String {
+        format!("fence {} of {}/{}", self.fence().handle(), self.mechanism.plugin_name(), self.mechanism.name())
+    }
+}
+
+impl Drop for PluginFence {
+    fn drop(&mut self) {
+        if let Some(f) = self.fence.take() {
+            // A fence the plugin will not destroy stays counted live on the
+            // mechanism, which keeps the plugin from unloading: visible, not
+            // silently dropped.
+            let _ = self.mechanism.sync().expect("checked at record").fence_destroy(f);
+        }
+    }
+}
+
+impl fmt::Debug for PluginFence {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.describe())
+    }
+}
+
+type QueryFn = dyn Fn() -> bool + Send + Sync;
+type WaitFn = dyn Fn(Duration) -> bool + Send + Sync;
+
+/// A runtime-supplied fence made of a query function and a wait function
+/// (the shape a C runtime passes through the C API).
+pub struct FnFence {
+    name: String,
+    query: Box<QueryFn>,
+    wait: Box<WaitFn>,
+}
+
+impl FnFence {
+    pub fn new(
+        name: impl Into<String>,
+        query: impl Fn() -> bool + Send + Sync + 'static,
+        wait: impl Fn(Duration) -> bool + Send + Sync + 'static,
+    ) -> SharedFence {
+        Arc::new(FnFence { name: name.into(), query: Box::new(query), wait: Box::new(wait) })
+    }
+}
+
+impl FenceSource for FnFence {
+    fn query(&self) -> Result<bool, CallError> {
+        Ok((self.query)())
+    }
+    fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
+        Ok((self.wait)(timeout))
+    }
+    fn describe(&self) -> String {
+        format!("runtime fence '{}'", self.name)
+    }
+}
