@@ -1,1 +1,51 @@
-//! memplug CPU plugin.
+//! memplug CPU plugin: the reference implementation of every capability of
+//! ABI 1.0 on host memory.
+//!
+//! One mechanism, `"cpu"` (id 1, device CPU 0):
+//!
+//! * allocator — `std::alloc` with any power-of-two alignment up to 1 GiB;
+//! * virtual backing — `PROT_NONE` reservations, committed with `mprotect`,
+//!   decommitted with `MADV_DONTNEED` so the memory really goes back;
+//! * shared mapping — sealed memfds mapped `MAP_SHARED|MAP_FIXED` into
+//!   reservations;
+//! * sync — streams that are worker threads, fences that are condition
+//!   variables.
+//!
+//! Two entry points serve the same plugin: the exported `memplug_plugin_v1`
+//! (for hosts that load the cdylib) and [`cpu_plugin_entry`] (for hosts that
+//! link this crate and register the plugin in-process). Each builds its own
+//! instance, so objects made through one are unknown to the other.
+
+#![deny(missing_docs)]
+
+mod allocator;
+mod checks;
+mod handles;
+mod mechanism;
+mod meminfo;
+mod os;
+mod ranges;
+mod reservations;
+mod shared;
+mod streams;
+mod virtual_backing;
+
+use mechanism::{CpuMechanism, DEVICE, MECHANISM_ID, MECHANISM_NAME};
+use memplug_sdk::{ExportedPlugin, MechanismBuilder, PluginBuilder};
+
+memplug_sdk::export_plugin!(plugin);
+memplug_sdk::declare_entry!(pub cpu_plugin_entry, plugin);
+
+/// Builds the plugin descriptor; the SDK calls it once per entry point, on
+/// the first negotiation.
+fn plugin() -> ExportedPlugin {
+    let mechanism = MechanismBuilder::new(MECHANISM_NAME, MECHANISM_ID, DEVICE, CpuMechanism::new())
+        .virtual_backing()
+        .shared_mapping()
+        .sync();
+    let state = mechanism.implementation();
+    PluginBuilder::new("memplug-cpu", env!("CARGO_PKG_VERSION"))
+        .mechanism(mechanism.build())
+        .live_objects(move || state.live_objects())
+        .build()
+}

@@ -1,0 +1,176 @@
+//! The Linux memory calls the plugin makes, each wrapped once, with OS
+//! errors turned into plugin statuses. Everything `unsafe` about address
+//! ranges lives here; callers guarantee the ranges are theirs.
+
+use memplug_sdk::{Access, PluginError, PluginResult};
+use rustix::fd::{AsFd, OwnedFd};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::io::Errno;
+use rustix::mm::{Advice, MapFlags, MprotectFlags, ProtFlags};
+use std::ffi::c_void;
+
+/// The OS page size in bytes.
+pub fn page_size() -> u64 {
+    rustix::param::page_size() as u64
+}
+
+/// Maps an OS error of `call` to a status: exhaustion of memory, address
+/// space or file size is `OUT_OF_MEMORY`; anything else is the plugin's
+/// own failure.
+#[cold]
+fn os_error(call: &str, what: &str, e: Errno) -> PluginError {
+    let msg = format!("{what}: {call} failed: {e}");
+    if e == Errno::NOMEM || e == Errno::FBIG || e == Errno::NOSPC || e == Errno::AGAIN {
+        PluginError::out_of_memory(msg)
+    } else {
+        PluginError::internal(msg)
+    }
+}
+
+fn ptr(addr: u64) -> *mut c_void {
+    addr as usize as *mut c_void
+}
+
+/// `len` as a `usize`; a length that does not fit cannot be mapped.
+fn usize_len(len: u64, what: &str) -> PluginResult<usize> {
+    usize::try_from(len)
+        .map_err(|_| PluginError::out_of_memory(format!("{what}: {len} bytes exceed the address space")))
+}
+
+/// Reserves `len` bytes of address space with no access and no commit
+/// charge; returns the address.
+pub fn reserve(len: u64, what: &str) -> PluginResult<u64> {
+    let n = usize_len(len, what)?;
+    // SAFETY: a NULL hint lets the kernel pick an unused range; nothing
+    // existing is touched.
+    let p = unsafe {
+        rustix::mm::mmap_anonymous(
+            core::ptr::null_mut(),
+            n,
+            ProtFlags::empty(),
+            MapFlags::PRIVATE | MapFlags::NORESERVE,
+        )
+    }
+    .map_err(|e| os_error("mmap(PROT_NONE)", what, e))?;
+    Ok(p as u64)
+}
+
+/// Gives a whole reservation back.
+///
+/// # Safety
+/// `[addr, addr + len)` is a reservation the caller owns and nothing refers
+/// to any more.
+pub unsafe fn unreserve(addr: u64, len: u64, what: &str) -> PluginResult<()> {
+    rustix::mm::munmap(ptr(addr), len as usize).map_err(|e| os_error("munmap", what, e))
+}
+
+/// Makes an uncommitted range of a reservation readable and writable.
+///
+/// # Safety
+/// `[addr, addr + len)` lies in a reservation the caller owns and is not
+/// committed or mapped.
+pub unsafe fn commit(addr: u64, len: u64, what: &str) -> PluginResult<()> {
+    let r = rustix::mm::mprotect(
+        ptr(addr),
+        len as usize,
+        MprotectFlags::READ | MprotectFlags::WRITE,
+    );
+    if let Err(e) = r {
+        // mprotect can fail after changing part of the range (splitting
+        // areas past the map-count limit); put the whole range back to no
+        // access so a refused commit leaves nothing usable behind.
+        let _ = rustix::mm::mprotect(ptr(addr), len as usize, MprotectFlags::empty());
+        return Err(os_error("mprotect(PROT_READ|PROT_WRITE)", what, e));
+    }
+    Ok(())
+}
+
+/// Drops the pages of a committed range and makes it inaccessible; a later
+/// commit reads zeros.
+///
+/// # Safety
+/// `[addr, addr + len)` lies in a reservation the caller owns, is committed
+/// anonymous memory, and nothing will read it again before a new commit.
+pub unsafe fn decommit(addr: u64, len: u64, what: &str) -> PluginResult<()> {
+    // DONTNEED frees private anonymous pages at once; mprotect alone would
+    // keep them resident.
+    rustix::mm::madvise(ptr(addr), len as usize, Advice::LinuxDontNeed)
+        .map_err(|e| os_error("madvise(MADV_DONTNEED)", what, e))?;
+    rustix::mm::mprotect(ptr(addr), len as usize, MprotectFlags::empty()).map_err(|e| {
+        // The data is gone either way; keep the range usable (as zeros) so
+        // the caller's record of it as committed stays true.
+        let _ = rustix::mm::mprotect(
+            ptr(addr),
+            len as usize,
+            MprotectFlags::READ | MprotectFlags::WRITE,
+        );
+        os_error("mprotect(PROT_NONE)", what, e)
+    })
+}
+
+/// Maps `[fd_offset, fd_offset + len)` of a memfd over a range of a
+/// reservation.
+///
+/// # Safety
+/// `[addr, addr + len)` lies in a reservation the caller owns and is
+/// neither committed nor mapped; the file range exists.
+pub unsafe fn map_shared(
+    addr: u64,
+    len: u64,
+    fd: impl AsFd,
+    fd_offset: u64,
+    access: Access,
+    what: &str,
+) -> PluginResult<()> {
+    let prot = match access {
+        Access::ReadOnly => ProtFlags::READ,
+        Access::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
+    };
+    let r = rustix::mm::mmap(
+        ptr(addr),
+        len as usize,
+        prot,
+        MapFlags::SHARED | MapFlags::FIXED,
+        fd,
+        fd_offset,
+    );
+    if let Err(e) = r {
+        // A failed MAP_FIXED may already have removed what was there; put
+        // the reservation back so the range is not left open to others.
+        let _ = restore_reserved(addr, len, what);
+        return Err(os_error("mmap(MAP_SHARED|MAP_FIXED)", what, e));
+    }
+    Ok(())
+}
+
+/// Puts a fresh no-access reservation mapping over a range, replacing
+/// whatever was mapped there.
+///
+/// # Safety
+/// `[addr, addr + len)` lies in a reservation the caller owns and nothing
+/// will read the old contents again.
+pub unsafe fn restore_reserved(addr: u64, len: u64, what: &str) -> PluginResult<()> {
+    rustix::mm::mmap_anonymous(
+        ptr(addr),
+        len as usize,
+        ProtFlags::empty(),
+        MapFlags::PRIVATE | MapFlags::NORESERVE | MapFlags::FIXED,
+    )
+    .map(|_| ())
+    .map_err(|e| os_error("mmap(PROT_NONE, MAP_FIXED)", what, e))
+}
+
+/// A zero-filled memfd of exactly `len` bytes whose size can never change:
+/// mappings of it rely on every page they cover existing.
+pub fn memfd(len: u64, what: &str) -> PluginResult<OwnedFd> {
+    let fd = rustix::fs::memfd_create("memplug-cpu", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| os_error("memfd_create", what, e))?;
+    rustix::fs::ftruncate(&fd, len).map_err(|e| match e {
+        // ftruncate says EINVAL for a length past the largest file size.
+        Errno::INVAL => os_error("ftruncate", what, Errno::FBIG),
+        e => os_error("ftruncate", what, e),
+    })?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)
+        .map_err(|e| os_error("fcntl(F_ADD_SEALS)", what, e))?;
+    Ok(fd)
+}

@@ -1,0 +1,125 @@
+//! Reservations: the table of address ranges handed out by `reserve`, and
+//! the state of each (committed pages, shared mappings).
+//!
+//! Each reservation has its own lock so that a long commit or decommit of
+//! one range does not stall every other reservation. The table lock is only
+//! held to find a reservation; the work happens under the reservation's
+//! lock. A released reservation is flagged under that lock before it leaves
+//! the table, so a caller that found it just before the release sees the
+//! flag and touches no address that may already belong to someone else.
+
+use crate::checks::{check_owner, unknown};
+use crate::handles::Table;
+use crate::ranges::RangeSet;
+use memplug_sdk::{ObjectRef, PluginResult};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+/// One shared mapping inside a reservation.
+pub struct Mapping {
+    /// Length in bytes; an unmap must name exactly this.
+    pub len: u64,
+    /// Handle of the physical object mapped here; the mapping holds one of
+    /// its references.
+    pub object: u64,
+}
+
+/// Mutable state of a reservation.
+#[derive(Default)]
+pub struct State {
+    /// Set once the address range has been given back; every later call
+    /// through a stale `Arc` must refuse.
+    released: bool,
+    /// Committed ranges, as offsets into the reservation.
+    pub committed: RangeSet,
+    /// Shared mappings by starting offset; they never overlap each other
+    /// or committed ranges.
+    pub mappings: BTreeMap<u64, Mapping>,
+}
+
+impl State {
+    /// Whether any shared mapping overlaps `[start, end)`.
+    pub fn mapped(&self, start: u64, end: u64) -> bool {
+        // Mappings are disjoint and sorted by start: only the last one
+        // starting before `end` can reach past `start`.
+        self.mappings
+            .range(..end)
+            .next_back()
+            .is_some_and(|(&s, m)| s + m.len > start)
+    }
+
+    /// Marks the reservation released: nothing may be done with it again.
+    pub fn mark_released(&mut self) {
+        self.released = true;
+    }
+}
+
+/// A reservation: immutable identity plus locked state.
+pub struct Reservation {
+    /// Host-assigned id given at `reserve`.
+    pub object_id: u64,
+    /// First byte of the range.
+    pub addr: u64,
+    /// Bytes in the range (a multiple of the granularity).
+    pub size: u64,
+    state: Mutex<State>,
+}
+
+impl Reservation {
+    /// A reservation of `[addr, addr + size)` with nothing committed.
+    pub fn new(object_id: u64, addr: u64, size: u64) -> Self {
+        Reservation {
+            object_id,
+            addr,
+            size,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn is(&self, obj: &ObjectRef) -> bool {
+        self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
+    }
+
+    /// Locks the state, refusing (`UNKNOWN_ALLOCATION`) a reservation that
+    /// was released after `obj` found it. Poison is ignored for the reason
+    /// given in `handles.rs`.
+    pub fn lock(&self, obj: &ObjectRef) -> PluginResult<MutexGuard<'_, State>> {
+        let state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state.released {
+            return Err(unknown(obj, "reservation"));
+        }
+        Ok(state)
+    }
+}
+
+/// Live reservations.
+#[derive(Default)]
+pub struct Reservations {
+    table: Table<Arc<Reservation>>,
+}
+
+impl Reservations {
+    /// Number of live reservations.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Records a new reservation and returns its handle.
+    pub fn insert(&self, r: Reservation) -> u64 {
+        self.table.insert(Arc::new(r))
+    }
+
+    /// Finds the reservation `obj` names, checking mechanism, device and
+    /// handle in that order.
+    pub fn find(&self, obj: &ObjectRef) -> PluginResult<Arc<Reservation>> {
+        check_owner(obj, "reservation")?;
+        self.table
+            .with(obj.handle, |r| r.is(obj), |r| Arc::clone(r))
+            .ok_or_else(|| unknown(obj, "reservation"))
+    }
+
+    /// Drops the table's entry for `r` (already marked released).
+    pub fn remove(&self, obj: &ObjectRef, r: &Arc<Reservation>) {
+        self.table.remove(obj.handle, |e| Arc::ptr_eq(e, r));
+    }
+}

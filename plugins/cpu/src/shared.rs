@@ -1,0 +1,222 @@
+//! The shared mapping capability: a physical object is a sealed memfd; a
+//! mapping is that memfd mapped `MAP_SHARED|MAP_FIXED` over a range of a
+//! reservation; unmapping puts the reservation's `PROT_NONE` mapping back.
+//!
+//! References: one from `create`, one per `retain`, one per live mapping.
+//! Host references and mapping references are counted apart because only
+//! the host's make the handle valid: once the host has released its last
+//! one the handle is refused, yet the pages stay while any mapping shows
+//! them. The memfd is closed — and its pages freed — when both reach zero.
+//!
+//! Lock order: a reservation's lock, then this table's lock; never the
+//! other way round.
+
+use crate::checks::{check_owner, check_range, check_request, round_up, unknown};
+use crate::handles::Table;
+use crate::mechanism::CpuMechanism;
+use crate::os;
+use crate::reservations::Mapping;
+use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, SharedMapping};
+use rustix::fd::OwnedFd;
+
+/// One physical object.
+struct Physical {
+    object_id: u64,
+    size: u64,
+    /// References held by the host: from `create` and each `retain`.
+    host_refs: u64,
+    /// References held by live mappings.
+    mappings: u64,
+    /// Closing it (by dropping the entry) frees the pages once no mapping
+    /// shows them.
+    fd: OwnedFd,
+}
+
+impl Physical {
+    fn is(&self, obj: &ObjectRef) -> bool {
+        self.host_refs > 0 && self.object_id == obj.object_id && obj.addr == 0 && self.size == obj.size
+    }
+}
+
+/// Live physical objects, counting those kept only by mappings.
+#[derive(Default)]
+pub struct PhysicalObjects {
+    table: Table<Physical>,
+}
+
+impl PhysicalObjects {
+    /// Number of physical objects whose memory is still held.
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Drops the reference a mapping of `handle` held, closing the memfd if
+    /// it was the last one.
+    pub fn drop_mapping(&self, handle: u64) {
+        // The entry cannot have gone: a mapping's reference keeps it. Its
+        // memfd, if this was the last reference, is closed as `_last`
+        // drops, after the table lock is released.
+        let _last = self.table.update(
+            handle,
+            |p| p.mappings > 0,
+            |p| {
+                p.mappings -= 1;
+                p.host_refs == 0 && p.mappings == 0
+            },
+        );
+    }
+}
+
+fn find_failed(obj: &ObjectRef) -> PluginError {
+    unknown(obj, "physical object")
+}
+
+#[cold]
+fn wrong_state(msg: String) -> PluginError {
+    PluginError::invalid_state(format!("{msg}; nothing was changed"))
+}
+
+impl SharedMapping for CpuMechanism {
+    fn create(&self, request: &Request) -> PluginResult<Block> {
+        check_request(request, "create")?;
+        let size = round_up(request.size, self.granularity, "create")?;
+        if size > self.memory_capacity {
+            return Err(PluginError::out_of_memory(format!(
+                "create: {size} bytes exceed the {} bytes of memory and swap this machine has",
+                self.memory_capacity
+            )));
+        }
+        let fd = os::memfd(size, "create")?;
+        let handle = self.physical.table.insert(Physical {
+            object_id: request.object_id,
+            size,
+            host_refs: 1,
+            mappings: 0,
+            fd,
+        });
+        Ok(Block {
+            addr: 0,
+            size,
+            handle,
+        })
+    }
+
+    fn map(
+        &self,
+        object: &ObjectRef,
+        object_offset: u64,
+        reservation: &ObjectRef,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> PluginResult<()> {
+        check_owner(object, "physical object")?;
+        let res = self.reservations.find(reservation)?;
+        let mut state = res.lock(reservation)?;
+        let end = check_range(offset, len, res.size, self.granularity, "map: reservation")?;
+        self.physical
+            .table
+            .with(
+                object.handle,
+                |p| p.is(object),
+                |p| {
+                    check_range(
+                        object_offset,
+                        len,
+                        p.size,
+                        self.granularity,
+                        "map: physical object",
+                    )?;
+                    if state.committed.intersects(offset, end) {
+                        return Err(wrong_state(format!(
+                            "map: reservation range [{offset:#x}, {end:#x}) has committed pages"
+                        )));
+                    }
+                    if state.mapped(offset, end) {
+                        return Err(wrong_state(format!(
+                            "map: reservation range [{offset:#x}, {end:#x}) is already mapped"
+                        )));
+                    }
+                    // SAFETY: the range is inside a live reservation whose
+                    // lock is held, and is neither committed nor mapped; the
+                    // file range was checked against the sealed size.
+                    unsafe { os::map_shared(res.addr + offset, len, &p.fd, object_offset, access, "map")? };
+                    p.mappings += 1;
+                    Ok(())
+                },
+            )
+            .ok_or_else(|| find_failed(object))??;
+        state.mappings.insert(
+            offset,
+            Mapping {
+                len,
+                object: object.handle,
+            },
+        );
+        Ok(())
+    }
+
+    fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let res = self.reservations.find(reservation)?;
+        let mut state = res.lock(reservation)?;
+        let end = check_range(offset, len, res.size, self.granularity, "unmap")?;
+        match state.mappings.get(&offset) {
+            Some(m) if m.len == len => {}
+            Some(m) => {
+                return Err(wrong_state(format!(
+                    "unmap: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
+                    m.len
+                )))
+            }
+            None => {
+                return Err(wrong_state(format!(
+                    "unmap: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
+                )))
+            }
+        }
+        // SAFETY: the range is exactly one mapping of a live reservation
+        // whose lock is held; the host gives up this view of the object.
+        unsafe { os::restore_reserved(res.addr + offset, len, "unmap")? };
+        let removed = state.mappings.remove(&offset);
+        drop(state);
+        if let Some(m) = removed {
+            self.physical.drop_mapping(m.object);
+        }
+        Ok(())
+    }
+
+    fn retain(&self, object: &ObjectRef) -> PluginResult<()> {
+        check_owner(object, "physical object")?;
+        self.physical
+            .table
+            .with(
+                object.handle,
+                |p| p.is(object),
+                |p| {
+                    p.host_refs = p.host_refs.checked_add(1).ok_or_else(|| {
+                        PluginError::invalid_state("retain: the reference count would overflow")
+                    })?;
+                    Ok(())
+                },
+            )
+            .ok_or_else(|| find_failed(object))?
+    }
+
+    fn release(&self, object: &ObjectRef) -> PluginResult<()> {
+        check_owner(object, "physical object")?;
+        // A last reference's memfd closes as `_last` drops, outside the lock.
+        let _last = self
+            .physical
+            .table
+            .update(
+                object.handle,
+                |p| p.is(object),
+                |p| {
+                    p.host_refs -= 1;
+                    p.host_refs == 0 && p.mappings == 0
+                },
+            )
+            .ok_or_else(|| find_failed(object))?;
+        Ok(())
+    }
+}

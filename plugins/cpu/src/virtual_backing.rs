@@ -1,0 +1,101 @@
+//! The virtual backing capability: reservations are `PROT_NONE`,
+//! `MAP_NORESERVE` anonymous mappings (address space only, no commit
+//! charge, no pages); commit is `mprotect(RW)`; decommit is
+//! `MADV_DONTNEED` + `mprotect(PROT_NONE)`, so the pages really go back and
+//! read as zeros when committed again.
+//!
+//! Every call checks the whole range against the reservation's state before
+//! it touches the mapping, so a refused call changes nothing.
+//!
+//! `committed_bytes` counts what `commit` made and nothing else: ranges
+//! showing a physical object (`shared.rs`) hold that object's memory, which
+//! is accounted to the object, not to the reservation.
+
+use crate::checks::{check_range, check_request, round_up};
+use crate::mechanism::CpuMechanism;
+use crate::os;
+use crate::reservations::Reservation;
+use memplug_sdk::{Block, ObjectRef, PluginError, PluginResult, Request, VirtualBacking};
+
+#[cold]
+fn wrong_state(call: &str, offset: u64, end: u64, why: &str) -> PluginError {
+    PluginError::invalid_state(format!(
+        "{call}: range [{offset:#x}, {end:#x}) {why}; nothing was changed"
+    ))
+}
+
+impl VirtualBacking for CpuMechanism {
+    fn reserve(&self, request: &Request) -> PluginResult<Block> {
+        check_request(request, "reserve")?;
+        let size = round_up(request.size, self.granularity, "reserve")?;
+        let addr = os::reserve(size, "reserve")?;
+        let handle = self
+            .reservations
+            .insert(Reservation::new(request.object_id, addr, size));
+        Ok(Block { addr, size, handle })
+    }
+
+    fn commit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let res = self.reservations.find(reservation)?;
+        let mut state = res.lock(reservation)?;
+        let end = check_range(offset, len, res.size, self.granularity, "commit")?;
+        if state.committed.intersects(offset, end) {
+            return Err(wrong_state("commit", offset, end, "has pages already committed"));
+        }
+        if state.mapped(offset, end) {
+            return Err(wrong_state(
+                "commit",
+                offset,
+                end,
+                "has pages mapped to a physical object",
+            ));
+        }
+        // SAFETY: the range is inside a live reservation (checked above,
+        // kept live by its lock) and is neither committed nor mapped.
+        unsafe { os::commit(res.addr + offset, len, "commit")? };
+        state.committed.insert(offset, end);
+        Ok(())
+    }
+
+    fn decommit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let res = self.reservations.find(reservation)?;
+        let mut state = res.lock(reservation)?;
+        let end = check_range(offset, len, res.size, self.granularity, "decommit")?;
+        if !state.committed.covers(offset, end) {
+            return Err(wrong_state(
+                "decommit",
+                offset,
+                end,
+                "has pages that are not committed",
+            ));
+        }
+        // SAFETY: the range is inside a live reservation and entirely
+        // committed anonymous memory; the host gives up its contents.
+        unsafe { os::decommit(res.addr + offset, len, "decommit")? };
+        state.committed.remove(offset, end);
+        Ok(())
+    }
+
+    fn committed_bytes(&self, reservation: &ObjectRef) -> PluginResult<u64> {
+        let res = self.reservations.find(reservation)?;
+        let state = res.lock(reservation)?;
+        Ok(state.committed.total())
+    }
+
+    fn release(&self, reservation: &ObjectRef) -> PluginResult<()> {
+        let res = self.reservations.find(reservation)?;
+        let mut state = res.lock(reservation)?;
+        // SAFETY: the reservation is live and its lock is held; once it is
+        // marked released below no call will touch its addresses again.
+        // munmap also removes every shared mapping inside the range.
+        unsafe { os::unreserve(res.addr, res.size, "release")? };
+        state.mark_released();
+        let mappings = std::mem::take(&mut state.mappings);
+        drop(state);
+        self.reservations.remove(reservation, &res);
+        for mapping in mappings.into_values() {
+            self.physical.drop_mapping(mapping.object);
+        }
+        Ok(())
+    }
+}

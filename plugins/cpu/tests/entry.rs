@@ -1,0 +1,94 @@
+//! The entry points and the descriptor: what a host sees when it loads the
+//! plugin, before it calls any slot.
+
+mod common;
+use common::*;
+
+#[test]
+fn descriptor_publishes_one_cpu_mechanism_with_every_capability() {
+    let _h = harness();
+    let plugin = descriptor();
+    assert_eq!(plugin.struct_size, MEMPLUG_PLUGIN_SIZE_1_0);
+    assert_eq!(plugin.abi_major, 1);
+    assert_eq!(text(plugin.name), "memplug-cpu");
+    assert!(!text(plugin.version).is_empty());
+    assert!(plugin.live_objects.is_some());
+    assert_eq!(plugin.mechanism_count, 1);
+
+    let mech = unsafe { &**plugin.mechanisms };
+    assert_eq!(text(mech.name), "cpu");
+    assert_eq!(mech.mechanism_id, 1);
+    assert_eq!(mech.device, CPU0);
+    assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_0);
+    assert!(!mech.virtual_backing.is_null() && !mech.shared_mapping.is_null() && !mech.sync.is_null());
+
+    let alloc = unsafe { &*mech.allocator };
+    assert!(alloc.memory_info.is_some(), "HAS_MEMORY_INFO publishes the slot");
+    let sync = unsafe { &*mech.sync };
+    assert!(
+        sync.stream_adopt.is_none(),
+        "CPU streams have no native handle to adopt"
+    );
+}
+
+#[test]
+fn properties_are_16_byte_minimum_1_gib_maximum_page_granularity() {
+    let h = harness();
+    let p = h.properties().unwrap();
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) } as u64;
+    assert_eq!(p.min_alignment, 16);
+    assert_eq!(p.max_alignment, 1 << 30);
+    assert_eq!(p.granularity, page);
+}
+
+#[test]
+fn memory_info_reports_the_machine() {
+    let h = harness();
+    let m = h.memory_info().unwrap();
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let total_kib: u64 = meminfo
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .unwrap()
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .unwrap();
+    assert_eq!(m.total_bytes, total_kib * 1024);
+    assert!(m.free_bytes > 0 && m.free_bytes <= m.total_bytes);
+}
+
+#[test]
+fn negotiation_refuses_other_majors_and_disjoint_minors() {
+    let _h = harness();
+    let entry = memplug_plugin_cpu::memplug_plugin_v1;
+    let msg = refused(negotiate(entry, &host_info(2, 0, 0)), Status::VersionMismatch);
+    assert!(msg.contains("major"), "{msg}");
+    let msg = refused(negotiate(entry, &host_info(1, 1, 3)), Status::VersionMismatch);
+    assert!(msg.contains("minor"), "{msg}");
+    let ok = negotiate(entry, &host_info(1, 0, 7)).unwrap();
+    assert_eq!(ok.agreed_minor, 0, "the agreed minor is a ceiling of both sides");
+}
+
+#[test]
+fn the_in_process_entry_serves_its_own_instance() {
+    let h = harness();
+    let n = negotiate(
+        memplug_plugin_cpu::cpu_plugin_entry,
+        &host_info(MEMPLUG_ABI_MAJOR, 0, MEMPLUG_ABI_MINOR),
+    )
+    .unwrap();
+    let plugin = unsafe { &*n.plugin };
+    assert!(!std::ptr::eq(plugin, descriptor()));
+    let other = Api::from_descriptor(plugin);
+    let before = other.live();
+
+    let block = other.allocate(64, 16).unwrap();
+    assert_eq!(other.live(), before + 1);
+    // The exported instance never made it, so it must not free it.
+    refused(h.deallocate(&block), Status::UnknownAllocation);
+    other.deallocate(&block).unwrap();
+    assert_eq!(other.live(), before);
+    h.assert_balanced();
+}
