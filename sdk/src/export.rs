@@ -48,7 +48,9 @@ pub unsafe fn guard(
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => abi::MEMPLUG_STATUS_OK,
         Ok(Err(e)) => {
-            write_message(sink, &e.message);
+            if !e.message.is_empty() {
+                write_message(sink, &e.message);
+            }
             e.status.raw()
         }
         Err(payload) => {
@@ -69,20 +71,83 @@ pub unsafe fn guard(
 /// # Safety
 /// `p` is NULL or points to at least `struct_size` readable bytes, where
 /// `struct_size` is the `u32` at offset 0.
+#[inline(always)]
 pub unsafe fn read_prefix<T: Copy + Default>(p: *const T, min_size: u32, what: &str) -> PluginResult<T> {
     if p.is_null() {
-        return Err(PluginError::invalid_argument(format!("{what} is NULL")));
+        return Err(null_argument(what));
     }
     let declared = p.cast::<u32>().read_unaligned();
+    // The common case, a writer of this minor or newer: one fixed-size copy.
+    if declared as usize >= core::mem::size_of::<T>() {
+        return Ok(p.read_unaligned());
+    }
+    read_short_prefix(p, declared, min_size, what)
+}
+
+#[cold]
+unsafe fn read_short_prefix<T: Copy + Default>(
+    p: *const T,
+    declared: u32,
+    min_size: u32,
+    what: &str,
+) -> PluginResult<T> {
     if declared < min_size {
-        return Err(PluginError::invalid_argument(format!(
-            "{what}.struct_size is {declared}, shorter than the {min_size} bytes of ABI 1.0"
-        )));
+        return Err(short_struct(what, declared, min_size));
     }
     let mut local = T::default();
-    let n = (declared as usize).min(core::mem::size_of::<T>());
-    core::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut local as *mut T).cast::<u8>(), n);
+    core::ptr::copy_nonoverlapping(
+        p.cast::<u8>(),
+        (&mut local as *mut T).cast::<u8>(),
+        declared as usize,
+    );
     Ok(local)
+}
+
+#[cold]
+fn null_argument(what: &str) -> PluginError {
+    PluginError::invalid_argument(format!("{what} is NULL"))
+}
+
+#[cold]
+fn short_struct(what: &str, declared: u32, min_size: u32) -> PluginError {
+    PluginError::invalid_argument(format!(
+        "{what}.struct_size is {declared}, shorter than the {min_size} bytes of ABI 1.0"
+    ))
+}
+
+/// How many bytes of a host out-struct the plugin may write: checks NULL
+/// and the 1.0 minimum before anything is made, so a bad out-param never
+/// strands an object the host cannot receive.
+///
+/// # Safety
+/// `out` is NULL or points to a readable `u32` `struct_size`.
+#[inline(always)]
+pub unsafe fn out_capacity<T>(out: *mut T, min_size: u32, what: &str) -> PluginResult<usize> {
+    if out.is_null() {
+        return Err(null_argument(what));
+    }
+    let declared = out.cast::<u32>().read_unaligned();
+    if declared < min_size {
+        return Err(short_struct(what, declared, min_size));
+    }
+    Ok((declared as usize).min(core::mem::size_of::<T>()))
+}
+
+/// Writes `value` into a host out-struct whose capacity `out_capacity`
+/// returned, leaving the host's `struct_size` as it is.
+///
+/// # Safety
+/// `out` points to at least `capacity` writable bytes, `capacity >= 4`.
+#[inline(always)]
+pub unsafe fn write_checked<T: Copy>(out: *mut T, value: &T, capacity: usize) {
+    let src = (value as *const T).cast::<u8>().add(4);
+    let dst = out.cast::<u8>().add(4);
+    if capacity == core::mem::size_of::<T>() {
+        // Fixed length: compiles to a few moves.
+        core::ptr::copy_nonoverlapping(src, dst, core::mem::size_of::<T>() - 4);
+    } else {
+        core::ptr::copy_nonoverlapping(src, dst, capacity - 4);
+    }
 }
 
 /// Writes `value` into a host out-struct, never past the host's
@@ -90,23 +155,10 @@ pub unsafe fn read_prefix<T: Copy + Default>(p: *const T, min_size: u32, what: &
 ///
 /// # Safety
 /// `out` is NULL or points to at least `struct_size` writable bytes.
+#[inline(always)]
 pub unsafe fn write_prefix<T: Copy>(out: *mut T, value: &T, min_size: u32, what: &str) -> PluginResult<()> {
-    if out.is_null() {
-        return Err(PluginError::invalid_argument(format!("{what} is NULL")));
-    }
-    let declared = out.cast::<u32>().read_unaligned();
-    if declared < min_size {
-        return Err(PluginError::invalid_argument(format!(
-            "{what}.struct_size is {declared}, shorter than the {min_size} bytes of ABI 1.0"
-        )));
-    }
-    let n = (declared as usize).min(core::mem::size_of::<T>());
-    // Skip the struct_size field itself: it is the host's.
-    core::ptr::copy_nonoverlapping(
-        (value as *const T).cast::<u8>().add(4),
-        out.cast::<u8>().add(4),
-        n - 4,
-    );
+    let cap = out_capacity(out, min_size, what)?;
+    write_checked(out, value, cap);
     Ok(())
 }
 
@@ -125,7 +177,13 @@ unsafe fn object_of(p: *const MemplugObjectRef, what: &str) -> PluginResult<Obje
     read_prefix(p, abi::size_1_0::OBJECT_REF, what)
 }
 
-unsafe fn write_block(out: *mut MemplugBlock, b: Block) -> PluginResult<()> {
+#[inline(always)]
+unsafe fn block_capacity(out: *mut MemplugBlock) -> PluginResult<usize> {
+    out_capacity(out, abi::size_1_0::BLOCK, "out block")
+}
+
+#[inline(always)]
+unsafe fn write_block(out: *mut MemplugBlock, b: Block, capacity: usize) {
     let v = MemplugBlock {
         struct_size: 0,
         reserved0: 0,
@@ -133,7 +191,7 @@ unsafe fn write_block(out: *mut MemplugBlock, b: Block) -> PluginResult<()> {
         size: b.size,
         handle: b.handle,
     };
-    write_prefix(out, &v, abi::size_1_0::BLOCK, "out block")
+    write_checked(out, &v, capacity);
 }
 
 unsafe fn write_u64(out: *mut u64, v: u64, what: &str) -> PluginResult<()> {
@@ -177,20 +235,10 @@ unsafe extern "C" fn a_allocate<M: Allocator>(
 ) -> MemplugStatus {
     guard(sink, "allocate", || {
         let r = request_of(request)?;
+        let cap = block_capacity(out)?;
         let b = this::<M>(ctx).allocate(&r)?;
-        write_block(out, b).inspect_err(|_| {
-            // The host cannot receive the block: give it back rather than leak.
-            let obj = MemplugObjectRef {
-                struct_size: abi::size_1_0::OBJECT_REF,
-                addr: b.addr,
-                size: b.size,
-                handle: b.handle,
-                object_id: r.object_id,
-                device: r.device,
-                ..Default::default()
-            };
-            let _ = this::<M>(ctx).deallocate(&obj);
-        })
+        write_block(out, b, cap);
+        Ok(())
     })
 }
 
@@ -231,8 +279,10 @@ unsafe extern "C" fn v_reserve<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "reserve", || {
         let r = request_of(request)?;
+        let cap = block_capacity(out)?;
         let b = this::<M>(ctx).reserve(&r)?;
-        write_block(out, b)
+        write_block(out, b, cap);
+        Ok(())
     })
 }
 
@@ -292,8 +342,10 @@ unsafe extern "C" fn s_create<M: SharedMapping>(
 ) -> MemplugStatus {
     guard(sink, "create", || {
         let r = request_of(request)?;
+        let cap = block_capacity(out)?;
         let b = this::<M>(ctx).create(&r)?;
-        write_block(out, b)
+        write_block(out, b, cap);
+        Ok(())
     })
 }
 
@@ -424,10 +476,16 @@ unsafe extern "C" fn y_fence_record<M: StreamSync>(
     })
 }
 
-fn fence_status(state: FenceState, pending: Status, what: &str) -> PluginResult<()> {
+/// Pending is an answer, not a failure: it gets its code and no message
+/// (an empty `String` does not allocate, so polling stays cheap).
+#[inline]
+fn fence_status(state: FenceState, pending: Status) -> PluginResult<()> {
     match state {
         FenceState::Complete => Ok(()),
-        FenceState::Pending => Err(PluginError::new(pending, what.to_string())),
+        FenceState::Pending => Err(PluginError {
+            status: pending,
+            message: String::new(),
+        }),
     }
 }
 
@@ -437,11 +495,7 @@ unsafe extern "C" fn y_fence_query<M: StreamSync>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "fence_query", || {
-        fence_status(
-            this::<M>(ctx).fence_query(fence)?,
-            Status::NotReady,
-            "fence has not completed",
-        )
+        fence_status(this::<M>(ctx).fence_query(fence)?, Status::NotReady)
     })
 }
 
@@ -453,7 +507,7 @@ unsafe extern "C" fn y_fence_wait<M: StreamSync>(
 ) -> MemplugStatus {
     guard(sink, "fence_wait", || {
         let st = this::<M>(ctx).fence_wait(fence, Duration::from_nanos(timeout_ns))?;
-        fence_status(st, Status::Timeout, "fence did not complete before the timeout")
+        fence_status(st, Status::Timeout)
     })
 }
 
