@@ -11,21 +11,32 @@
 //! * [`CallError`] / [`LoadError`] — every failure carries the status code
 //!   and the plugin's message.
 
+pub mod binding;
+pub mod deferred;
 #[doc(hidden)]
 pub mod direct;
-pub mod deferred;
 pub mod error;
 pub mod fence;
+pub mod governor;
+pub mod manager;
 pub mod mechanism;
 pub mod objects;
 pub mod plugin;
+pub mod registry;
 mod sink;
 
+pub use binding::{
+    BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,
+};
+pub use deferred::{DeferredFreeQueue, DrainReport, PollReport, QueueStats, Retire, RetireOutcome};
 pub use error::{CallError, LoadError, ObjectKind, ReleaseError};
+pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
+pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
     Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
     VirtualBackingApi,
 };
+pub use memplug_sdk::Status;
 pub use objects::{Allocation, Fence, PhysicalObject, RawObject, Reservation, Stream};
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};
-pub use memplug_sdk::Status;
+pub use registry::{Context, Registry, RegistryError, Requirements};

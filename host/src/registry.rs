@@ -1,0 +1,263 @@
+//! The process's registry of plugins and their mechanisms, selection by
+//! device and required capabilities, and pinned contexts.
+//!
+//! A [`Context`] is a mechanism pinned for use: bindings, allocations and
+//! queued frees hold it, and a plugin whose contexts are pinned cannot be
+//! unloaded (the unload is refused and says what holds it).
+
+use crate::mechanism::{Device, Mechanism};
+use crate::plugin::{LiveReport, Plugin};
+use memplug_sdk::abi::MemplugDevice;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Capabilities a caller needs from a mechanism. Asking for one the
+/// mechanism lacks is an error, never a silent fallback (invariant 3).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Requirements {
+    pub virtual_backing: bool,
+    pub shared_mapping: bool,
+    pub sync: bool,
+}
+
+impl Requirements {
+    pub const ALLOCATOR_ONLY: Requirements = Requirements {
+        virtual_backing: false,
+        shared_mapping: false,
+        sync: false,
+    };
+
+    fn missing(&self, m: &Mechanism) -> Vec<&'static str> {
+        let c = m.capabilities();
+        let mut v = Vec::new();
+        if self.virtual_backing && !c.virtual_backing() {
+            v.push("virtual_backing");
+        }
+        if self.shared_mapping && !c.shared_mapping() {
+            v.push("shared_mapping");
+        }
+        if self.sync && !c.sync() {
+            v.push("sync");
+        }
+        v
+    }
+}
+
+/// Why a registry operation was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    #[error("a plugin named '{0}' is already registered")]
+    DuplicatePlugin(String),
+    #[error("no plugin named '{0}' is registered")]
+    UnknownPlugin(String),
+    #[error("no mechanism serves device {device}")]
+    NoDevice { device: String },
+    #[error("no mechanism on device {device} has {wanted}; candidates: {candidates}")]
+    MissingCapability {
+        device: String,
+        wanted: String,
+        candidates: String,
+    },
+    #[error("no mechanism named '{0}'")]
+    UnknownMechanism(String),
+    #[error("plugin '{name}' cannot unload: {detail}")]
+    UnloadRefused { name: String, detail: String },
+}
+
+/// A mechanism pinned for use. While any `Arc<Context>` is alive its
+/// plugin stays loaded and cannot be unregistered.
+pub struct Context {
+    mechanism: Mechanism,
+    pins: AtomicU64,
+}
+
+impl Context {
+    pub fn mechanism(&self) -> &Mechanism {
+        &self.mechanism
+    }
+    /// Objects (allocations, regions, queued frees) pinning this context.
+    pub fn pins(&self) -> u64 {
+        self.pins.load(Ordering::Acquire)
+    }
+    pub(crate) fn pin(&self) {
+        self.pins.fetch_add(1, Ordering::AcqRel);
+    }
+    pub(crate) fn unpin(&self) {
+        self.pins.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl fmt::Debug for Context {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "Context({}/{}, pins {})",
+            self.mechanism.plugin_name(),
+            self.mechanism.name(),
+            self.pins()
+        )
+    }
+}
+
+struct Entry {
+    plugin: Plugin,
+    contexts: Vec<Arc<Context>>,
+}
+
+/// Plugins, mechanisms, contexts. Thread-safe; no lock is held while a
+/// plugin is called.
+#[derive(Default)]
+pub struct Registry {
+    entries: Mutex<Vec<Entry>>,
+}
+
+impl Registry {
+    /// Registers a loaded plugin; names must be unique.
+    pub fn register(&self, plugin: Plugin) -> Result<(), RegistryError> {
+        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if e.iter().any(|x| x.plugin.name() == plugin.name()) {
+            return Err(RegistryError::DuplicatePlugin(plugin.name().into()));
+        }
+        let contexts = plugin
+            .mechanisms()
+            .iter()
+            .map(|m| {
+                Arc::new(Context {
+                    mechanism: m.clone(),
+                    pins: AtomicU64::new(0),
+                })
+            })
+            .collect();
+        e.push(Entry { plugin, contexts });
+        Ok(())
+    }
+
+    /// Every registered mechanism, in registration order.
+    pub fn mechanisms(&self) -> Vec<Mechanism> {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.iter()
+            .flat_map(|x| x.plugin.mechanisms().iter().cloned())
+            .collect()
+    }
+
+    /// Names of the registered plugins.
+    pub fn plugins(&self) -> Vec<String> {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.iter().map(|x| x.plugin.name().to_string()).collect()
+    }
+
+    /// The context of a mechanism, by `plugin/mechanism` or bare mechanism
+    /// name (first match).
+    pub fn context_named(&self, name: &str) -> Result<Arc<Context>, RegistryError> {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let (plugin, mech) = match name.split_once('/') {
+            Some((p, m)) => (Some(p), m),
+            None => (None, name),
+        };
+        e.iter()
+            .filter(|x| plugin.is_none_or(|p| x.plugin.name() == p))
+            .flat_map(|x| x.contexts.iter())
+            .find(|c| c.mechanism.name() == mech)
+            .cloned()
+            .ok_or_else(|| RegistryError::UnknownMechanism(name.into()))
+    }
+
+    /// The first mechanism (in registration order) on `device` that has
+    /// every required capability; an error naming what is missing
+    /// otherwise.
+    pub fn select(&self, device: MemplugDevice, req: Requirements) -> Result<Arc<Context>, RegistryError> {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let on_device: Vec<&Arc<Context>> = e
+            .iter()
+            .flat_map(|x| x.contexts.iter())
+            .filter(|c| c.mechanism.device().0 == device)
+            .collect();
+        if on_device.is_empty() {
+            return Err(RegistryError::NoDevice {
+                device: Device(device).to_string(),
+            });
+        }
+        if let Some(c) = on_device.iter().find(|c| req.missing(&c.mechanism).is_empty()) {
+            return Ok((*c).clone());
+        }
+        let wanted: Vec<&str> = [
+            (req.virtual_backing, "virtual_backing"),
+            (req.shared_mapping, "shared_mapping"),
+            (req.sync, "sync"),
+        ]
+        .iter()
+        .filter(|(w, _)| *w)
+        .map(|(_, n)| *n)
+        .collect();
+        let candidates: Vec<String> = on_device
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}/{} lacks {}",
+                    c.mechanism.plugin_name(),
+                    c.mechanism.name(),
+                    req.missing(&c.mechanism).join("+")
+                )
+            })
+            .collect();
+        Err(RegistryError::MissingCapability {
+            device: Device(device).to_string(),
+            wanted: wanted.join("+"),
+            candidates: candidates.join("; "),
+        })
+    }
+
+    /// Unregisters and unloads a plugin, or refuses — leaving it registered
+    /// — when a context is pinned or the plugin has live objects.
+    pub fn unload(&self, name: &str) -> Result<(), RegistryError> {
+        let entry = {
+            let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let i = e
+                .iter()
+                .position(|x| x.plugin.name() == name)
+                .ok_or_else(|| RegistryError::UnknownPlugin(name.into()))?;
+            let pinned: Vec<String> = e[i]
+                .contexts
+                .iter()
+                .filter(|c| c.pins() != 0 || Arc::strong_count(c) > 1)
+                .map(|c| {
+                    format!(
+                        "mechanism '{}' is pinned by {} object(s) and {} handle(s)",
+                        c.mechanism.name(),
+                        c.pins(),
+                        Arc::strong_count(c) - 1
+                    )
+                })
+                .collect();
+            if !pinned.is_empty() {
+                return Err(RegistryError::UnloadRefused {
+                    name: name.into(),
+                    detail: pinned.join(", "),
+                });
+            }
+            e.remove(i)
+        };
+        let Entry { plugin, contexts } = entry;
+        drop(contexts);
+        // Outside the lock: unloading calls into the plugin.
+        plugin.unload().map_err(|refused| {
+            let detail = refused.report.to_string();
+            // Put it back: a refused unload leaves everything as it was.
+            let plugin = refused.plugin;
+            let _ = self.register(plugin);
+            RegistryError::UnloadRefused {
+                name: name.into(),
+                detail,
+            }
+        })
+    }
+
+    /// What keeps each plugin loaded.
+    pub fn live_reports(&self) -> Vec<(String, LiveReport)> {
+        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        e.iter()
+            .map(|x| (x.plugin.name().to_string(), x.plugin.live_report()))
+            .collect()
+    }
+}
