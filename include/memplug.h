@@ -11,6 +11,12 @@
 
 #include <stddef.h>
 #include <stdint.h>
+/* ABI 1 is defined for 64-bit targets: struct sizes and offsets, and the
+ * MEMPLUG_*_SIZE_1_0 constants, assume 8-byte pointers. */
+#if !defined(UINTPTR_MAX) || UINTPTR_MAX != 0xFFFFFFFFFFFFFFFFu
+#error "memplug ABI 1 is defined for 64-bit targets only"
+#endif
+
 /* The entry symbol's name; a host looks it up with dlsym. Must equal
  * memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1 (checked by abi-tests). */
 #define MEMPLUG_ENTRY_SYMBOL_V1 "memplug_plugin_v1"
