@@ -11,8 +11,17 @@ pub struct DirectAllocator {
     ctx: *mut c_void,
     mechanism_id: u64,
     device: MemplugDevice,
-    allocate: unsafe extern "C" fn(*mut c_void, *const MemplugRequest, *mut MemplugBlock, *const MemplugMessageSink) -> MemplugStatus,
-    deallocate: unsafe extern "C" fn(*mut c_void, *const MemplugObjectRef, *const MemplugMessageSink) -> MemplugStatus,
+    allocate: unsafe extern "C" fn(
+        *mut c_void,
+        *const MemplugRequest,
+        *mut MemplugBlock,
+        *const MemplugMessageSink,
+    ) -> MemplugStatus,
+    deallocate: unsafe extern "C" fn(
+        *mut c_void,
+        *const MemplugObjectRef,
+        *const MemplugMessageSink,
+    ) -> MemplugStatus,
 }
 
 impl DirectAllocator {
@@ -29,7 +38,11 @@ impl DirectAllocator {
             max_minor: MEMPLUG_ABI_MINOR,
             host_name: core::ptr::null(),
         };
-        let mut out = MemplugNegotiation { struct_size: MEMPLUG_NEGOTIATION_SIZE_1_0, agreed_minor: 0, plugin: core::ptr::null() };
+        let mut out = MemplugNegotiation {
+            struct_size: MEMPLUG_NEGOTIATION_SIZE_1_0,
+            agreed_minor: 0,
+            plugin: core::ptr::null(),
+        };
         if entry(&host, &mut out, core::ptr::null()) != MEMPLUG_STATUS_OK || out.plugin.is_null() {
             return None;
         }
@@ -47,8 +60,18 @@ impl DirectAllocator {
     /// One allocate+deallocate pair; returns the address (for `black_box`).
     #[inline]
     pub fn pair(&self, size: u64, alignment: u64, object_id: u64) -> u64 {
-        let req = MemplugRequest { struct_size: MEMPLUG_REQUEST_SIZE_1_0, flags: 0, size, alignment, object_id, device: self.device };
-        let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
+        let req = MemplugRequest {
+            struct_size: MEMPLUG_REQUEST_SIZE_1_0,
+            flags: 0,
+            size,
+            alignment,
+            object_id,
+            device: self.device,
+        };
+        let mut b = MemplugBlock {
+            struct_size: MEMPLUG_BLOCK_SIZE_1_0,
+            ..Default::default()
+        };
         // SAFETY: slots of a negotiated plugin; pointers live for the calls.
         unsafe {
             let st = (self.allocate)(self.ctx, &req, &mut b, core::ptr::null());

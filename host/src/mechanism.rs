@@ -198,7 +198,13 @@ impl MechanismInner {
 
     #[cold]
     pub(crate) fn refuse(&self, slot: &'static str, status: Status, message: String) -> CallError {
-        CallError { status, raw: status.raw(), slot, mechanism: self.label.clone(), message }
+        CallError {
+            status,
+            raw: status.raw(),
+            slot,
+            mechanism: self.label.clone(),
+            message,
+        }
     }
 
     #[inline]
@@ -219,7 +225,11 @@ impl MechanismInner {
     #[inline]
     fn own_handle(&self, slot: &'static str, key: u64, what: &str) -> Result<(), CallError> {
         if key != self.key {
-            return Err(self.refuse(slot, Status::WrongMechanism, format!("{what} belongs to another mechanism")));
+            return Err(self.refuse(
+                slot,
+                Status::WrongMechanism,
+                format!("{what} belongs to another mechanism"),
+            ));
         }
         Ok(())
     }
@@ -238,7 +248,10 @@ impl MechanismInner {
 
     #[inline]
     fn empty_block() -> MemplugBlock {
-        MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() }
+        MemplugBlock {
+            struct_size: MEMPLUG_BLOCK_SIZE_1_0,
+            ..Default::default()
+        }
     }
 
     #[inline]
@@ -296,11 +309,17 @@ impl Mechanism {
     }
     /// The virtual backing, or `None` when the mechanism has none.
     pub fn virtual_backing(&self) -> Option<VirtualBackingApi<'_>> {
-        self.inner.virtual_backing.as_ref().map(|vt| VirtualBackingApi { m: &self.inner, vt })
+        self.inner
+            .virtual_backing
+            .as_ref()
+            .map(|vt| VirtualBackingApi { m: &self.inner, vt })
     }
     /// The shared mapping capability, or `None`.
     pub fn shared_mapping(&self) -> Option<SharedMappingApi<'_>> {
-        self.inner.shared_mapping.as_ref().map(|vt| SharedMappingApi { m: &self.inner, vt })
+        self.inner
+            .shared_mapping
+            .as_ref()
+            .map(|vt| SharedMappingApi { m: &self.inner, vt })
     }
     /// Streams and fences, or `None`.
     pub fn sync(&self) -> Option<SyncApi<'_>> {
@@ -374,7 +393,10 @@ impl<'m> AllocatorApi<'m> {
     /// not publish the slot.
     pub fn memory_info(&self) -> Option<Result<MemoryInfo, CallError>> {
         let f = self.m.allocator.memory_info?;
-        let mut out = MemplugMemoryInfo { struct_size: MEMPLUG_MEMORY_INFO_SIZE_1_0, ..Default::default() };
+        let mut out = MemplugMemoryInfo {
+            struct_size: MEMPLUG_MEMORY_INFO_SIZE_1_0,
+            ..Default::default()
+        };
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: published slot; pointers live for the call.
@@ -382,7 +404,10 @@ impl<'m> AllocatorApi<'m> {
         Some(
             self.m
                 .check("allocator.memory_info", raw, &mut cap)
-                .map(|()| MemoryInfo { free_bytes: out.free_bytes, total_bytes: out.total_bytes }),
+                .map(|()| MemoryInfo {
+                    free_bytes: out.free_bytes,
+                    total_bytes: out.total_bytes,
+                }),
         )
     }
 }
@@ -409,7 +434,10 @@ impl<'m> VirtualBackingApi<'m> {
             return Err(m.refuse(
                 "virtual_backing.reserve",
                 Status::Internal,
-                format!("plugin reported success but returned addr {:#x} size {} for {size} bytes", out.addr, out.size),
+                format!(
+                    "plugin reported success but returned addr {:#x} size {} for {size} bytes",
+                    out.addr, out.size
+                ),
             ));
         }
         m.born(ObjectKind::Reservation);
@@ -446,7 +474,9 @@ impl<'m> VirtualBackingApi<'m> {
         let sink = cap.sink();
         // SAFETY: validated slot.
         let raw = unsafe { slot!(self.vt.committed_bytes)(self.m.ctx, &o, &mut out, &sink) };
-        self.m.check("virtual_backing.committed_bytes", raw, &mut cap).map(|()| out)
+        self.m
+            .check("virtual_backing.committed_bytes", raw, &mut cap)
+            .map(|()| out)
     }
 
     /// Releases the reservation and everything committed or mapped in it.
@@ -494,7 +524,10 @@ impl<'m> SharedMappingApi<'m> {
             return Err(m.refuse(
                 "shared_mapping.create",
                 Status::Internal,
-                format!("plugin reported success but returned {} bytes for {size}", out.size),
+                format!(
+                    "plugin reported success but returned {} bytes for {size}",
+                    out.size
+                ),
             ));
         }
         m.born(ObjectKind::PhysicalObject);
@@ -516,8 +549,18 @@ impl<'m> SharedMappingApi<'m> {
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: validated slot.
-        let raw =
-            unsafe { slot!(self.vt.map)(self.m.ctx, &o, object_offset, &res, offset, len, access.bits(), &sink) };
+        let raw = unsafe {
+            slot!(self.vt.map)(
+                self.m.ctx,
+                &o,
+                object_offset,
+                &res,
+                offset,
+                len,
+                access.bits(),
+                &sink,
+            )
+        };
         self.m.check("shared_mapping.map", raw, &mut cap)
     }
 
@@ -589,7 +632,10 @@ impl<'m> SyncApi<'m> {
         let raw = unsafe { slot!(self.vt.stream_create)(self.m.ctx, &mut out, &sink) };
         self.m.check("sync.stream_create", raw, &mut cap)?;
         self.m.born(ObjectKind::Stream);
-        Ok(Stream { mechanism_key: self.m.key, handle: out })
+        Ok(Stream {
+            mechanism_key: self.m.key,
+            handle: out,
+        })
     }
 
     /// Whether the plugin can wrap a runtime's native stream.
@@ -614,12 +660,18 @@ impl<'m> SyncApi<'m> {
         let raw = unsafe { f(self.m.ctx, native, &mut out, &sink) };
         self.m.check("sync.stream_adopt", raw, &mut cap)?;
         self.m.born(ObjectKind::Stream);
-        Ok(Stream { mechanism_key: self.m.key, handle: out })
+        Ok(Stream {
+            mechanism_key: self.m.key,
+            handle: out,
+        })
     }
 
     /// Destroys a stream after its submitted work has run.
     pub fn stream_destroy(&self, s: Stream) -> Result<(), ReleaseError<Stream>> {
-        if let Err(error) = self.m.own_handle("sync.stream_destroy", s.mechanism_key, "stream") {
+        if let Err(error) = self
+            .m
+            .own_handle("sync.stream_destroy", s.mechanism_key, "stream")
+        {
             return Err(ReleaseError { object: s, error });
         }
         let mut cap = Capture::default();
@@ -637,7 +689,8 @@ impl<'m> SyncApi<'m> {
 
     /// Runs `f` on the stream after the work submitted before it.
     pub fn enqueue(&self, s: &Stream, f: impl FnOnce() + Send + 'static) -> Result<(), CallError> {
-        self.m.own_handle("sync.enqueue_host_fn", s.mechanism_key, "stream")?;
+        self.m
+            .own_handle("sync.enqueue_host_fn", s.mechanism_key, "stream")?;
         let boxed: Box<BoxedHostFn> = Box::new(Box::new(f));
         let userdata = Box::into_raw(boxed).cast::<c_void>();
         let mut cap = Capture::default();
@@ -658,7 +711,8 @@ impl<'m> SyncApi<'m> {
 
     /// Records a fence after the work submitted so far.
     pub fn fence_record(&self, s: &Stream) -> Result<Fence, CallError> {
-        self.m.own_handle("sync.fence_record", s.mechanism_key, "stream")?;
+        self.m
+            .own_handle("sync.fence_record", s.mechanism_key, "stream")?;
         let mut out = 0u64;
         let mut cap = Capture::default();
         let sink = cap.sink();
@@ -666,7 +720,10 @@ impl<'m> SyncApi<'m> {
         let raw = unsafe { slot!(self.vt.fence_record)(self.m.ctx, s.handle, &mut out, &sink) };
         self.m.check("sync.fence_record", raw, &mut cap)?;
         self.m.born(ObjectKind::Fence);
-        Ok(Fence { mechanism_key: self.m.key, handle: out })
+        Ok(Fence {
+            mechanism_key: self.m.key,
+            handle: out,
+        })
     }
 
     /// `true` when the fence has completed; never blocks.

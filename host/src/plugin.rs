@@ -37,7 +37,10 @@ pub struct LoadOptions {
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { min_minor: HOST_MIN_MINOR, max_minor: HOST_MAX_MINOR }
+        LoadOptions {
+            min_minor: HOST_MIN_MINOR,
+            max_minor: HOST_MAX_MINOR,
+        }
     }
 }
 
@@ -125,9 +128,16 @@ impl fmt::Display for LiveReport {
             .iter()
             .map(|(m, k, n)| format!("{n} {} of mechanism '{m}'", k.name()))
             .collect();
-        parts.extend(self.handles.iter().map(|(m, n)| format!("{n} handle(s) to mechanism '{m}'")));
+        parts.extend(
+            self.handles
+                .iter()
+                .map(|(m, n)| format!("{n} handle(s) to mechanism '{m}'")),
+        );
         if self.plugin_reported != 0 {
-            parts.push(format!("the plugin reports {} live object(s)", self.plugin_reported));
+            parts.push(format!(
+                "the plugin reports {} live object(s)",
+                self.plugin_reported
+            ));
         }
         f.write_str(&parts.join(", "))
     }
@@ -169,7 +179,10 @@ impl Plugin {
             }
         }
         let Some(entry) = found else {
-            return Err(LoadError::MissingEntrySymbol { path: path.to_path_buf(), symbols: ENTRY_SYMBOLS.to_vec() });
+            return Err(LoadError::MissingEntrySymbol {
+                path: path.to_path_buf(),
+                symbols: ENTRY_SYMBOLS.to_vec(),
+            });
         };
         // SAFETY: `entry` comes from `lib`, which moves into the plugin.
         unsafe { Self::negotiate(entry, path.display().to_string(), Some(lib), opts) }
@@ -181,7 +194,11 @@ impl Plugin {
     /// # Safety
     /// `entry` must follow the `memplug_plugin_v1` contract as far as memory
     /// safety goes (the host validates everything it can check).
-    pub unsafe fn from_entry(entry: MemplugEntryV1, label: &str, opts: &LoadOptions) -> Result<Plugin, LoadError> {
+    pub unsafe fn from_entry(
+        entry: MemplugEntryV1,
+        label: &str,
+        opts: &LoadOptions,
+    ) -> Result<Plugin, LoadError> {
         Self::negotiate(entry, format!("{label} (in-process)"), None, opts)
     }
 
@@ -212,7 +229,12 @@ impl Plugin {
                 return Err(LoadError::VersionMismatch { origin, message });
             }
             let status = Status::from_raw_conservative(raw);
-            return Err(LoadError::EntryFailed { origin, status, raw, message });
+            return Err(LoadError::EntryFailed {
+                origin,
+                status,
+                raw,
+                message,
+            });
         }
         let r = Reader { origin: &origin };
         let desc: MemplugPlugin = r.prefix(out.plugin, MEMPLUG_PLUGIN_SIZE_1_0, "plugin descriptor")?;
@@ -248,13 +270,19 @@ impl Plugin {
         let name = r.string(desc.name, "plugin name")?;
         let version = r.string(desc.version, "plugin version")?;
         let Some(live_objects) = desc.live_objects else {
-            return Err(LoadError::NullRequired { origin, what: "plugin.live_objects".into() });
+            return Err(LoadError::NullRequired {
+                origin,
+                what: "plugin.live_objects".into(),
+            });
         };
         if desc.mechanism_count == 0 {
             return Err(r.malformed("plugin publishes no mechanism".into()));
         }
         if desc.mechanisms.is_null() {
-            return Err(LoadError::NullRequired { origin, what: "plugin.mechanisms".into() });
+            return Err(LoadError::NullRequired {
+                origin,
+                what: "plugin.mechanisms".into(),
+            });
         }
         let shared = Arc::new(PluginShared {
             name: name.clone(),
@@ -332,7 +360,11 @@ impl Plugin {
                 handles.push((m.name().to_string(), extra));
             }
         }
-        LiveReport { objects, handles, plugin_reported: self.plugin_live_objects() }
+        LiveReport {
+            objects,
+            handles,
+            plugin_reported: self.plugin_live_objects(),
+        }
     }
 
     /// Unloads the plugin, or refuses and says what is still live: objects
@@ -359,7 +391,10 @@ fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
     // a plugin means, and the path was chosen by the embedder.
     unsafe { libloading::os::unix::Library::open(Some(path), flags) }
         .map(libloading::Library::from)
-        .map_err(|e| LoadError::NotALibrary { path: PathBuf::from(path), reason: e.to_string() })
+        .map_err(|e| LoadError::NotALibrary {
+            path: PathBuf::from(path),
+            reason: e.to_string(),
+        })
 }
 
 /// Reads untrusted plugin structs.
@@ -369,14 +404,20 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn malformed(&self, detail: String) -> LoadError {
-        LoadError::Malformed { origin: self.origin.to_string(), detail }
+        LoadError::Malformed {
+            origin: self.origin.to_string(),
+            detail,
+        }
     }
 
     /// Copies `min(struct_size, sizeof T)` bytes into a zeroed `T`; refuses
     /// NULL and a struct shorter than its 1.0 size.
     unsafe fn prefix<T: Copy>(&self, p: *const T, min: u32, what: &str) -> Result<T, LoadError> {
         if p.is_null() {
-            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
+            return Err(LoadError::NullRequired {
+                origin: self.origin.into(),
+                what: what.into(),
+            });
         }
         let declared = p.cast::<u32>().read_unaligned();
         if declared < min {
@@ -397,7 +438,10 @@ impl Reader<'_> {
 
     unsafe fn string(&self, p: *const c_char, what: &str) -> Result<String, LoadError> {
         if p.is_null() {
-            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
+            return Err(LoadError::NullRequired {
+                origin: self.origin.into(),
+                what: what.into(),
+            });
         }
         // Read byte by byte, never past the terminator: the string may end
         // right before the end of a mapping.
@@ -426,7 +470,8 @@ impl Reader<'_> {
         p: *const MemplugMechanism,
         shared: &Arc<PluginShared>,
     ) -> Result<Mechanism, LoadError> {
-        let d: MemplugMechanism = self.prefix(p, MEMPLUG_MECHANISM_SIZE_1_0, &format!("mechanism #{index}"))?;
+        let d: MemplugMechanism =
+            self.prefix(p, MEMPLUG_MECHANISM_SIZE_1_0, &format!("mechanism #{index}"))?;
         let name = self.string(d.name, &format!("mechanism #{index} name"))?;
         if d.mechanism_id == 0 {
             return Err(self.malformed(format!("mechanism '{name}' has id 0 (ids must be non-zero)")));
@@ -438,25 +483,43 @@ impl Reader<'_> {
             detail,
         };
         if !caps.allocator() {
-            return Err(mismatch("MEMPLUG_CAP_ALLOCATOR is not set; every mechanism needs an allocator".into()));
+            return Err(mismatch(
+                "MEMPLUG_CAP_ALLOCATOR is not set; every mechanism needs an allocator".into(),
+            ));
         }
         if d.allocator.is_null() {
-            return Err(mismatch("MEMPLUG_CAP_ALLOCATOR is set but the allocator pointer is NULL".into()));
+            return Err(mismatch(
+                "MEMPLUG_CAP_ALLOCATOR is set but the allocator pointer is NULL".into(),
+            ));
         }
-        agree(caps.virtual_backing(), !d.virtual_backing.is_null(), "MEMPLUG_CAP_VIRTUAL_BACKING", "virtual_backing")
-            .map_err(&mismatch)?;
-        agree(caps.shared_mapping(), !d.shared_mapping.is_null(), "MEMPLUG_CAP_SHARED_MAPPING", "shared_mapping")
-            .map_err(&mismatch)?;
+        agree(
+            caps.virtual_backing(),
+            !d.virtual_backing.is_null(),
+            "MEMPLUG_CAP_VIRTUAL_BACKING",
+            "virtual_backing",
+        )
+        .map_err(&mismatch)?;
+        agree(
+            caps.shared_mapping(),
+            !d.shared_mapping.is_null(),
+            "MEMPLUG_CAP_SHARED_MAPPING",
+            "shared_mapping",
+        )
+        .map_err(&mismatch)?;
         agree(caps.sync(), !d.sync.is_null(), "MEMPLUG_CAP_SYNC", "sync").map_err(&mismatch)?;
 
         let what = |s: &str| format!("mechanism '{name}' {s}");
-        let allocator: MemplugAllocator = self.prefix(d.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, &what("allocator"))?;
+        let allocator: MemplugAllocator =
+            self.prefix(d.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, &what("allocator"))?;
         self.required(&what("allocator.properties"), allocator.properties.is_some())?;
         self.required(&what("allocator.allocate"), allocator.allocate.is_some())?;
         self.required(&what("allocator.deallocate"), allocator.deallocate.is_some())?;
         let virtual_backing = if caps.virtual_backing() {
-            let v: MemplugVirtualBacking =
-                self.prefix(d.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, &what("virtual_backing"))?;
+            let v: MemplugVirtualBacking = self.prefix(
+                d.virtual_backing,
+                MEMPLUG_VIRTUAL_BACKING_SIZE_1_0,
+                &what("virtual_backing"),
+            )?;
             for (slot, ok) in [
                 ("reserve", v.reserve.is_some()),
                 ("commit", v.commit.is_some()),
@@ -471,8 +534,11 @@ impl Reader<'_> {
             None
         };
         let shared_mapping = if caps.shared_mapping() {
-            let v: MemplugSharedMapping =
-                self.prefix(d.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &what("shared_mapping"))?;
+            let v: MemplugSharedMapping = self.prefix(
+                d.shared_mapping,
+                MEMPLUG_SHARED_MAPPING_SIZE_1_0,
+                &what("shared_mapping"),
+            )?;
             for (slot, ok) in [
                 ("create", v.create.is_some()),
                 ("map", v.map.is_some()),
@@ -521,19 +587,27 @@ impl Reader<'_> {
             plugin: shared.clone(),
         };
         inner.props = self.properties(&inner)?;
-        Ok(Mechanism { inner: Arc::new(inner) })
+        Ok(Mechanism {
+            inner: Arc::new(inner),
+        })
     }
 
     fn required(&self, what: &str, present: bool) -> Result<(), LoadError> {
         if present {
             Ok(())
         } else {
-            Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() })
+            Err(LoadError::NullRequired {
+                origin: self.origin.into(),
+                what: what.into(),
+            })
         }
     }
 
     unsafe fn properties(&self, m: &MechanismInner) -> Result<Properties, LoadError> {
-        let mut out = MemplugProperties { struct_size: MEMPLUG_PROPERTIES_SIZE_1_0, ..Default::default() };
+        let mut out = MemplugProperties {
+            struct_size: MEMPLUG_PROPERTIES_SIZE_1_0,
+            ..Default::default()
+        };
         let mut cap = Capture::default();
         let sink = cap.sink();
         let f = m.allocator.properties.expect("checked above");
@@ -563,11 +637,17 @@ impl Reader<'_> {
             )));
         }
         if out.max_alignment < out.min_alignment {
-            return Err(bad(format!("max_alignment {} < min_alignment {}", out.max_alignment, out.min_alignment)));
+            return Err(bad(format!(
+                "max_alignment {} < min_alignment {}",
+                out.max_alignment, out.min_alignment
+            )));
         }
         let needs_granularity = m.caps.virtual_backing() || m.caps.shared_mapping();
         if needs_granularity && !out.granularity.is_power_of_two() {
-            return Err(bad(format!("granularity {} is not a power of two", out.granularity)));
+            return Err(bad(format!(
+                "granularity {} is not a power of two",
+                out.granularity
+            )));
         }
         Ok(Properties {
             min_alignment: out.min_alignment,

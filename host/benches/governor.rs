@@ -1,0 +1,222 @@
+//! Governor budget (DESIGN §6): reserve + commit + release must cost at most
+//! 3x a bare atomic `fetch_add` + `fetch_sub` pair.
+//!
+//! One run measures both, single-threaded and with two threads contending
+//! on the same pool / the same atomic, with criterion and with a plain
+//! timing loop whose ratios are printed:
+//!
+//! ```text
+//! cargo bench -p memplug-host --bench governor
+//! ```
+//!
+//! Instruction counts (exact, immune to machine noise): with
+//! `GOVERNOR_PROBE=atomic|governor|holder` the binary runs only that loop
+//! `GOVERNOR_PROBE_N` times (default 1,000,000) and exits, so callgrind can
+//! count the loop function alone:
+//!
+//! ```text
+//! cargo bench -p memplug-host --bench governor --no-run   # prints the binary path
+//! GOVERNOR_PROBE=governor valgrind --tool=callgrind --callgrind-out-file=/dev/null \
+//!     --toggle-collect='*probe_loop*' target/release/deps/governor-<hash>
+//! ```
+//! Instructions per iteration = the `Collected` count / N.
+
+use criterion::Criterion;
+use memplug_host::governor::{AllocationClass, Governor, HolderId, Pool, PressureTicket, Priority};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BYTES: u64 = 64;
+const CLASS: AllocationClass = AllocationClass::Kv;
+
+/// The baseline atomic, alone on its cache line like the pool's word.
+#[repr(align(64))]
+struct Padded(AtomicU64);
+
+#[inline(always)]
+fn atomic_pair(a: &AtomicU64) {
+    a.fetch_add(black_box(BYTES), Ordering::AcqRel);
+    a.fetch_sub(black_box(BYTES), Ordering::AcqRel);
+}
+
+#[inline(always)]
+fn governor_cycle(pool: &Pool, holder: Option<HolderId>) {
+    let r = pool.try_reserve(black_box(BYTES), CLASS, holder).expect("room");
+    let lease = r.commit(black_box(BYTES)).expect("commit");
+    pool.release(black_box(lease)).expect("release");
+}
+
+enum Subject<'a> {
+    Atomic(&'a AtomicU64),
+    Governor(&'a Pool, Option<HolderId>),
+}
+
+/// One measured loop; its own symbol so callgrind can count it alone.
+#[inline(never)]
+fn probe_loop(s: &Subject<'_>, n: u64) {
+    match *s {
+        Subject::Atomic(a) => {
+            for _ in 0..n {
+                atomic_pair(a);
+            }
+        }
+        Subject::Governor(p, h) => {
+            for _ in 0..n {
+                governor_cycle(p, h);
+            }
+        }
+    }
+}
+
+fn fixture() -> (Arc<Pool>, memplug_host::governor::HolderRegistration) {
+    let g = Governor::new();
+    let pool = g.pool(g.create_pool("bench", 1 << 40).unwrap()).unwrap();
+    let reg = pool.register_holder("bench-holder", Priority(1), |_t: &PressureTicket| 0);
+    (pool, reg)
+}
+
+/// ns per iteration: median of 9 runs of `n` iterations.
+fn time_single(s: &Subject<'_>, n: u64) -> f64 {
+    probe_loop(s, n / 10); // warm-up (and the thread's first-touch slow path)
+    let mut v: Vec<f64> = (0..9)
+        .map(|_| {
+            let t = Instant::now();
+            probe_loop(s, n);
+            t.elapsed().as_nanos() as f64 / n as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// ns per iteration per thread with `threads` threads running the loop at
+/// once on the same pool / atomic: median of 5 runs.
+fn time_contended(threads: usize, n: u64, make: impl Fn() -> Box<dyn Fn(u64) + Send + Sync>) -> f64 {
+    let work: Arc<dyn Fn(u64) + Send + Sync> = Arc::from(make());
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let barrier = Arc::new(Barrier::new(threads + 1));
+            let hs: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (w, b) = (work.clone(), barrier.clone());
+                    thread::spawn(move || {
+                        w(n / 10);
+                        b.wait();
+                        let t = Instant::now();
+                        w(n);
+                        t.elapsed()
+                    })
+                })
+                .collect();
+            barrier.wait();
+            let worst = hs.into_iter().map(|h| h.join().unwrap()).max().unwrap();
+            worst.as_nanos() as f64 / n as f64
+        })
+        .collect();
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn ratios() {
+    let (pool, reg) = fixture();
+    let holder = Some(reg.id());
+    let atomic = Padded(AtomicU64::new(0));
+    let n = 2_000_000;
+
+    let a = time_single(&Subject::Atomic(&atomic.0), n);
+    let g = time_single(&Subject::Governor(&pool, None), n);
+    let gh = time_single(&Subject::Governor(&pool, holder), n);
+    println!("single thread: atomic fetch_add+fetch_sub {a:.2} ns, governor reserve+commit+release {g:.2} ns (for a holder {gh:.2} ns)");
+    println!("ratio governor/atomic (1 thread): {:.2}x (holder account: {:.2}x) [budget 3x]", g / a, gh / a);
+
+    let shared_atomic = Arc::new(Padded(AtomicU64::new(0)));
+    let sa = shared_atomic.clone();
+    let ca = time_contended(2, n / 2, move || {
+        let sa = sa.clone();
+        Box::new(move |k| probe_loop(&Subject::Atomic(&sa.0), k))
+    });
+    let p2 = pool.clone();
+    let cg = time_contended(2, n / 2, move || {
+        let p = p2.clone();
+        Box::new(move |k| probe_loop(&Subject::Governor(&p, None), k))
+    });
+    println!("2 threads contending: atomic {ca:.2} ns, governor {cg:.2} ns per iteration per thread");
+    println!("ratio governor/atomic (2 threads): {:.2}x [budget 3x]", cg / ca);
+    assert_eq!(pool.used(), 0);
+    drop(reg);
+}
+
+fn criterion_benches(c: &mut Criterion) {
+    let (pool, reg) = fixture();
+    let holder = Some(reg.id());
+    let atomic = Padded(AtomicU64::new(0));
+    let mut g = c.benchmark_group("governor");
+    g.bench_function("atomic_fetch_add_fetch_sub", |b| b.iter(|| atomic_pair(&atomic.0)));
+    g.bench_function("reserve_commit_release", |b| b.iter(|| governor_cycle(&pool, None)));
+    g.bench_function("reserve_commit_release_holder", |b| b.iter(|| governor_cycle(&pool, holder)));
+
+    let shared = Arc::new(Padded(AtomicU64::new(0)));
+    g.bench_function("atomic_pair_2_threads", |b| {
+        b.iter_custom(|iters| {
+            let s = shared.clone();
+            let per = time_contended_once(iters, move |k| probe_loop(&Subject::Atomic(&s.0), k));
+            Duration::from_nanos((per * iters as f64) as u64)
+        })
+    });
+    let p = pool.clone();
+    g.bench_function("reserve_commit_release_2_threads", |b| {
+        b.iter_custom(|iters| {
+            let p = p.clone();
+            let per = time_contended_once(iters, move |k| probe_loop(&Subject::Governor(&p, None), k));
+            Duration::from_nanos((per * iters as f64) as u64)
+        })
+    });
+    g.finish();
+    drop(reg);
+}
+
+/// Two threads run `iters` iterations each at once; ns per iteration of the slower.
+fn time_contended_once(iters: u64, work: impl Fn(u64) + Send + Sync + 'static) -> f64 {
+    let work = Arc::new(work);
+    let barrier = Arc::new(Barrier::new(2));
+    let hs: Vec<_> = (0..2)
+        .map(|_| {
+            let (w, b) = (work.clone(), barrier.clone());
+            thread::spawn(move || {
+                b.wait();
+                let t = Instant::now();
+                w(iters);
+                t.elapsed()
+            })
+        })
+        .collect();
+    let worst = hs.into_iter().map(|h| h.join().unwrap()).max().unwrap();
+    worst.as_nanos() as f64 / iters.max(1) as f64
+}
+
+fn main() {
+    if let Ok(which) = std::env::var("GOVERNOR_PROBE") {
+        let n = std::env::var("GOVERNOR_PROBE_N").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+        let (pool, reg) = fixture();
+        let atomic = Padded(AtomicU64::new(0));
+        let s = match which.as_str() {
+            "atomic" => Subject::Atomic(&atomic.0),
+            "governor" => Subject::Governor(&pool, None),
+            "holder" => Subject::Governor(&pool, Some(reg.id())),
+            other => panic!("GOVERNOR_PROBE={other}: expected atomic, governor or holder"),
+        };
+        probe_loop(&s, n);
+        println!("probe {which}: {n} iterations");
+        return;
+    }
+    let mut c = Criterion::default()
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+        .configure_from_args();
+    criterion_benches(&mut c);
+    c.final_summary();
+    ratios();
+}

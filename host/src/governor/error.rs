@@ -1,0 +1,122 @@
+//! Governor errors.
+
+use super::class::AllocationClass;
+use super::ids::{HolderId, PoolId};
+use super::stats::PoolSnapshot;
+use std::fmt;
+
+/// A request the pool could not grant: what was asked and the pool's
+/// figures just after the refusal. The snapshot is boxed so that results
+/// stay small on the fast path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OutOfBudget {
+    /// Bytes requested.
+    pub requested: u64,
+    /// Class of the request.
+    pub class: AllocationClass,
+    /// The requesting holder, if any.
+    pub holder: Option<HolderId>,
+    /// The pool's figures when the request was refused.
+    pub snapshot: Box<PoolSnapshot>,
+}
+
+impl fmt::Display for OutOfBudget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "out of budget: {} B of {} requested",
+            self.requested, self.class
+        )?;
+        if let Some(h) = self.holder {
+            write!(f, " by {h}")?;
+        }
+        write!(f, "; {}", self.snapshot)
+    }
+}
+
+impl std::error::Error for OutOfBudget {}
+
+/// Everything the governor can refuse.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GovernorError {
+    /// Not enough room (after pressure tickets and waiting, where asked for).
+    #[error(transparent)]
+    OutOfBudget(#[from] OutOfBudget),
+    /// The holder is not registered with this pool (never was, belongs to
+    /// another pool, or its registration was dropped).
+    #[error("{holder} is not registered with {pool}")]
+    UnknownHolder { pool: PoolId, holder: HolderId },
+    /// A lease given to a pool other than the one that granted it.
+    #[error("the lease belongs to {lease_pool}, not to {pool}")]
+    WrongPool { pool: PoolId, lease_pool: PoolId },
+    /// Releasing or quarantining more bytes than the lease holds: a bug in
+    /// the caller, reported instead of letting a counter go negative.
+    #[error("cannot take {requested} B from a lease of {held} B")]
+    OverRelease { requested: u64, held: u64 },
+    /// Growing a lease with a reservation of another class.
+    #[error("cannot grow a {lease} lease with a {reservation} reservation")]
+    ClassMismatch {
+        lease: AllocationClass,
+        reservation: AllocationClass,
+    },
+    /// Growing a lease with a reservation made for another holder.
+    #[error("cannot grow a lease of {lease:?} with a reservation of {reservation:?}")]
+    HolderMismatch {
+        lease: Option<HolderId>,
+        reservation: Option<HolderId>,
+    },
+    /// A capacity the governor cannot represent.
+    #[error("capacity {capacity} B exceeds the maximum of {max} B")]
+    CapacityTooLarge { capacity: u64, max: u64 },
+    /// A pool name already taken in this governor.
+    #[error("a pool named '{name}' already exists")]
+    DuplicatePool { name: String },
+}
+
+impl GovernorError {
+    /// The refusal, when the error is one.
+    pub fn out_of_budget(&self) -> Option<&OutOfBudget> {
+        match self {
+            GovernorError::OutOfBudget(o) => Some(o),
+            _ => None,
+        }
+    }
+}
+
+/// An operation that consumes a token (a [`Lease`](super::Lease) or a
+/// [`Reservation`](super::Reservation)) and failed: the token comes back
+/// unchanged, so nothing is refunded or leaked by the failure.
+pub struct Rejected<T> {
+    /// The token, as it was.
+    pub value: T,
+    /// Why.
+    pub error: GovernorError,
+}
+
+impl<T> Rejected<T> {
+    /// The token back.
+    pub fn into_inner(self) -> T {
+        self.value
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected")
+            .field("value", &self.value)
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
+impl<T> fmt::Display for Rejected<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.error, f)
+    }
+}
+
+impl<T: fmt::Debug> std::error::Error for Rejected<T> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.error.source()
+    }
+}

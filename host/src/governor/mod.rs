@@ -1,0 +1,184 @@
+//! The governor: "is there capacity, and whose is it?" (DESIGN §1, §4).
+//!
+//! The governor charges bytes against the capacity of *pools* (one per
+//! physical memory domain). It never allocates, never frees, and never
+//! chooses a victim (invariant 5): under pressure it sends *tickets* to
+//! registered *holders*, which decide what to give up and release it
+//! through the normal paths.
+//!
+//! # Life of a charge
+//!
+//! ```text
+//!  try_reserve / reserve ──► Reservation ──commit(actual)──► Lease ──release──► refunded
+//!          │                     │  drop: refunded              │ └─quarantine──► charged for good
+//!          └─ OutOfBudget         └─commit_into(&mut lease)──────┘    release_part / quarantine_part
+//! ```
+//!
+//! * A [`Reservation`] is granted before the physical memory exists
+//!   (invariant 2); dropping it refunds. [`Reservation::commit`] charges the
+//!   bytes actually obtained: less refunds the rest, more is charged if it
+//!   fits or refused with the reservation handed back.
+//! * A [`Lease`] is a plain token. It ends with [`Pool::release`] once the
+//!   physical free completed, or [`Pool::quarantine`] when the plugin could
+//!   not complete it (invariant 7: the bytes stay charged, reported apart,
+//!   never refunded). A lease dropped without either stays charged and is
+//!   counted as leaked — never a silent refund.
+//! * Growth commits more bytes into an existing lease
+//!   ([`Reservation::commit_into`]); shrinking refunds part of one
+//!   ([`Pool::release_part`]). Accounting always follows mapped bytes.
+//!
+//! # Pressure
+//!
+//! [`Pool::reserve`] asks holders for room when a request does not fit:
+//! lowest priority first (ties in registration order), only holders whose
+//! priority is at most the requester's, never the requester itself, one at a
+//! time, stopping as soon as the request fits, with no lock held during a
+//! callback. Then, given a deadline, it waits for refunds — which may arrive
+//! late, from deferred frees — and fails with [`OutOfBudget`] (carrying a
+//! [`PoolSnapshot`]) when the deadline passes.
+//!
+//! # Fast path and cost (DESIGN §6)
+//!
+//! Capacity is one 64-bit word per pool: a grant is a compare-exchange loop
+//! that never lets the bytes exceed the capacity, a refund one
+//! `fetch_sub`. Its top bit says "someone waits", so a refund learns from
+//! the value it already read whether to wake anyone. Every other figure
+//! (per class, per holder) lives in per-thread *shards* written with plain
+//! loads and stores: reserve + commit + release costs two locked
+//! instructions in all, the same as a bare `fetch_add`/`fetch_sub` pair, plus
+//! a thread-local lookup. No lock, no allocation, no reference counting:
+//! reservations borrow their pool and leases are plain tokens.
+//!
+//! The price is in snapshots: per-class figures are exact whenever no
+//! operation is in flight, and approximate (each clamped at zero) while
+//! other threads operate; `used`, `free`, `capacity` and `peak` are always
+//! exact. The peak is kept per pool only: a per-class peak would need a
+//! shared counter per class on the fast path.
+//!
+//! # Thread-safety
+//!
+//! Every public type is `Send + Sync` (tokens are `Send + Sync` values);
+//! every method may be called from any thread at any time, including from
+//! inside a pressure callback. Items document their locking.
+
+mod class;
+mod error;
+mod holder;
+mod ids;
+mod pool;
+mod shard;
+pub mod stats;
+mod sync;
+
+pub use class::AllocationClass;
+pub use error::{GovernorError, OutOfBudget, Rejected};
+pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
+pub use ids::{HolderId, PoolId, Priority};
+pub use pool::{Lease, Pool, Reservation, MAX_CAPACITY};
+pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
+
+use std::sync::Arc;
+use sync::{lock, Mutex};
+
+/// The process's budgets: a set of pools.
+///
+/// Thread-safety: `Send + Sync`; every method takes a short internal lock
+/// (pool creation and lookup are not on any hot path — callers keep the
+/// `Arc<Pool>`).
+pub struct Governor {
+    pools: Mutex<Vec<Arc<Pool>>>,
+}
+
+impl Governor {
+    /// An empty governor.
+    pub fn new() -> Arc<Governor> {
+        Arc::new(Governor {
+            pools: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Creates a pool of `capacity_bytes` for one physical memory domain.
+    /// Names are unique within a governor.
+    pub fn create_pool(&self, name: &str, capacity_bytes: u64) -> Result<PoolId, GovernorError> {
+        let mut pools = lock(&self.pools);
+        if pools.iter().any(|p| p.name() == name) {
+            return Err(GovernorError::DuplicatePool {
+                name: name.to_owned(),
+            });
+        }
+        let pool = Pool::new(name, capacity_bytes)?;
+        let id = pool.id();
+        pools.push(pool);
+        Ok(id)
+    }
+
+    /// The pool with this id, if this governor made it.
+    pub fn pool(&self, id: PoolId) -> Option<Arc<Pool>> {
+        lock(&self.pools).iter().find(|p| p.id() == id).cloned()
+    }
+
+    /// The pool with this name.
+    pub fn pool_by_name(&self, name: &str) -> Option<Arc<Pool>> {
+        lock(&self.pools).iter().find(|p| p.name() == name).cloned()
+    }
+
+    /// Every pool, in creation order.
+    pub fn pools(&self) -> Vec<Arc<Pool>> {
+        lock(&self.pools).clone()
+    }
+
+    /// A snapshot of every pool, in creation order.
+    pub fn snapshot(&self) -> Vec<PoolSnapshot> {
+        self.pools().iter().map(|p| p.snapshot()).collect()
+    }
+}
+
+impl std::fmt::Debug for Governor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Governor")
+            .field("pools", &*lock(&self.pools))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn public_types_are_send_and_sync() {
+        assert_send_sync::<Governor>();
+        assert_send_sync::<Pool>();
+        assert_send_sync::<Reservation<'static>>();
+        assert_send_sync::<Lease>();
+        assert_send_sync::<HolderRegistration>();
+        assert_send_sync::<PressureTicket>();
+        assert_send_sync::<OutOfBudget>();
+        assert_send_sync::<GovernorError>();
+        assert_send_sync::<Rejected<Lease>>();
+        assert_send_sync::<PoolSnapshot>();
+        assert_send_sync::<HolderStats>();
+    }
+
+    #[test]
+    fn token_sizes_stay_small() {
+        assert!(std::mem::size_of::<Lease>() <= 32);
+        assert!(std::mem::size_of::<Reservation<'static>>() <= 32);
+        assert!(std::mem::size_of::<Result<Reservation<'static>, GovernorError>>() <= 48);
+    }
+
+    #[test]
+    fn duplicate_pool_names_are_refused() {
+        let g = Governor::new();
+        let id = g.create_pool("gpu0", 1 << 20).unwrap();
+        assert!(matches!(
+            g.create_pool("gpu0", 1),
+            Err(GovernorError::DuplicatePool { .. })
+        ));
+        assert_eq!(g.pool(id).unwrap().name(), "gpu0");
+        assert_eq!(g.pool_by_name("gpu0").unwrap().id(), id);
+        assert_eq!(g.snapshot().len(), 1);
+    }
+}

@@ -1,0 +1,172 @@
+//! Statistics: what snapshots report.
+//!
+//! Exactness: `used`, `free`, `capacity` and `peak` are read from the
+//! pool's one capacity word and are always exact. The per-class figures are
+//! sums of per-thread counters (see the module docs of
+//! [`governor`](super)): exact whenever no operation on the pool is in
+//! flight (for example after the threads that used it were joined); while
+//! other threads operate, each figure is a sum of values read one after the
+//! other, clamped at zero, so figures may disagree with each other and with
+//! `used` by the operations in flight.
+
+use super::class::AllocationClass;
+use super::ids::{HolderId, PoolId, Priority};
+use std::fmt;
+use std::sync::Arc;
+
+/// Figures of one allocation class, for a pool or for one holder.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Bytes held by live reservations (granted, not yet committed).
+    pub reserved: u64,
+    /// Bytes charged to live leases, leaked leases included.
+    pub leased: u64,
+    /// Bytes quarantined (invariant 7): charged for good, never refunded.
+    pub quarantined: u64,
+    /// Live leases, leaked ones included.
+    pub leases: u64,
+    /// Reservations granted, cumulative.
+    pub grants: u64,
+    /// Reservation requests refused, cumulative (one per refused call).
+    pub failures: u64,
+    /// Quarantine events (whole leases or parts), cumulative.
+    pub quarantines: u64,
+    /// Leases dropped without `release` or `quarantine`, cumulative. Their
+    /// bytes are still counted in `leased`: a dropped lease is never
+    /// refunded (nothing proves the memory was freed).
+    pub leaked_leases: u64,
+    /// Bytes those leaked leases held when dropped.
+    pub leaked_bytes: u64,
+}
+
+impl ClassStats {
+    /// `reserved + leased + quarantined`.
+    pub fn charged(&self) -> u64 {
+        self.reserved
+            .saturating_add(self.leased)
+            .saturating_add(self.quarantined)
+    }
+
+    fn accumulate(&mut self, o: &ClassStats) {
+        self.reserved = self.reserved.saturating_add(o.reserved);
+        self.leased = self.leased.saturating_add(o.leased);
+        self.quarantined = self.quarantined.saturating_add(o.quarantined);
+        self.leases = self.leases.saturating_add(o.leases);
+        self.grants = self.grants.saturating_add(o.grants);
+        self.failures = self.failures.saturating_add(o.failures);
+        self.quarantines = self.quarantines.saturating_add(o.quarantines);
+        self.leaked_leases = self.leaked_leases.saturating_add(o.leaked_leases);
+        self.leaked_bytes = self.leaked_bytes.saturating_add(o.leaked_bytes);
+    }
+}
+
+/// Sum over all classes.
+pub(crate) fn total(classes: &[ClassStats; AllocationClass::COUNT]) -> ClassStats {
+    let mut t = ClassStats::default();
+    for c in classes {
+        t.accumulate(c);
+    }
+    t
+}
+
+/// Pressure-ticket figures: for a pool, the tickets it issued; for a
+/// holder, the tickets it received. Cumulative.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PressureStats {
+    /// Tickets delivered to a callback.
+    pub tickets: u64,
+    /// Sum of `bytes_wanted` over those tickets.
+    pub bytes_wanted: u64,
+    /// Sum of the bytes the callbacks answered they released.
+    pub bytes_answered: u64,
+    /// Tickets answered with zero (legal: invariant 5).
+    pub zero_answers: u64,
+    /// Callbacks that panicked (the panic is contained; the answer counts as zero).
+    pub callback_panics: u64,
+}
+
+/// A pool's figures at one moment (see the module docs for exactness).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSnapshot {
+    pub pool: PoolId,
+    pub name: Arc<str>,
+    /// Bytes the pool may charge in all.
+    pub capacity: u64,
+    /// Bytes charged: reservations, leases and quarantine. Exact.
+    pub used: u64,
+    /// `capacity - used`. Exact.
+    pub free: u64,
+    /// Highest `used` ever reached. Exact.
+    pub peak: u64,
+    /// Sums over `classes`.
+    pub reserved: u64,
+    pub leased: u64,
+    pub quarantined: u64,
+    /// Per class, indexed by [`AllocationClass::index`]; all accounts of the pool.
+    pub classes: [ClassStats; AllocationClass::COUNT],
+    /// Tickets this pool issued.
+    pub pressure: PressureStats,
+    /// Requests that waited for room (deadline given, holders could not make room).
+    pub waits: u64,
+    /// Of those, the ones whose deadline passed.
+    pub wait_timeouts: u64,
+    /// Holders registered now.
+    pub holders: usize,
+}
+
+impl PoolSnapshot {
+    /// Figures of one class.
+    pub fn class(&self, class: AllocationClass) -> &ClassStats {
+        &self.classes[class.index()]
+    }
+
+    /// Sum of every class.
+    pub fn totals(&self) -> ClassStats {
+        total(&self.classes)
+    }
+}
+
+impl fmt::Display for PoolSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} '{}': capacity {} B, used {} B (reserved {}, leased {}, quarantined {}), free {} B",
+            self.pool,
+            self.name,
+            self.capacity,
+            self.used,
+            self.reserved,
+            self.leased,
+            self.quarantined,
+            self.free
+        )
+    }
+}
+
+/// One holder's figures: what is charged to it and the tickets it received.
+/// Kept after the holder unregisters, for as long as the pool lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HolderStats {
+    pub holder: HolderId,
+    pub pool: PoolId,
+    pub name: Arc<str>,
+    pub priority: Priority,
+    /// False once the registration was dropped.
+    pub registered: bool,
+    /// Per class, indexed by [`AllocationClass::index`].
+    pub classes: [ClassStats; AllocationClass::COUNT],
+    /// Tickets received.
+    pub pressure: PressureStats,
+}
+
+impl HolderStats {
+    /// Figures of one class.
+    pub fn class(&self, class: AllocationClass) -> &ClassStats {
+        &self.classes[class.index()]
+    }
+
+    /// Sum of every class.
+    pub fn totals(&self) -> ClassStats {
+        total(&self.classes)
+    }
+}

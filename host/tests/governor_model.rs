@@ -1,0 +1,700 @@
+//! Model-based test of the governor: random sequences of every operation
+//! against a plain reference model; after every step the pool's snapshot
+//! and every holder's statistics must equal the model's, and capacity must
+//! hold. Covers invariants 2 (accounting follows the bytes committed),
+//! 5 (holders release, the governor only asks) and 7 (quarantine is never
+//! refunded).
+
+use memplug_host::governor::{
+    AllocationClass, ClassStats, Governor, GovernorError, HolderId, HolderRegistration, Lease, Pool,
+    PressureStats, PressureTicket, Priority, Reservation,
+};
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+
+const CAP: u64 = 1024;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// `try_reserve`.
+    Reserve {
+        bytes: u64,
+        class: usize,
+        holder: Option<usize>,
+    },
+    /// `reserve` without deadline: tickets to holders.
+    Pressure {
+        bytes: u64,
+        class: usize,
+        holder: Option<usize>,
+    },
+    /// Commit `bytes * num / 255` (never more than reserved).
+    Commit {
+        res: usize,
+        num: u8,
+    },
+    /// Commit more than reserved.
+    CommitOver {
+        res: usize,
+        extra: u64,
+    },
+    DropReservation {
+        res: usize,
+    },
+    /// Reserve with the lease's class and holder, `commit_into` a part of it.
+    Grow {
+        lease: usize,
+        bytes: u64,
+        num: u8,
+    },
+    Shrink {
+        lease: usize,
+        num: u8,
+    },
+    QuarantinePart {
+        lease: usize,
+        num: u8,
+    },
+    OverRelease {
+        lease: usize,
+    },
+    /// `split_lease`: move a part into a new lease.
+    Split {
+        lease: usize,
+        num: u8,
+    },
+    Release {
+        lease: usize,
+    },
+    Quarantine {
+        lease: usize,
+    },
+    /// Drop a lease without ending it.
+    Leak {
+        lease: usize,
+    },
+    Register {
+        priority: u32,
+        generous: bool,
+    },
+    Unregister {
+        holder: usize,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let bytes = prop_oneof![0u64..=16, 0u64..=512, Just(CAP)];
+    let class = 0..AllocationClass::COUNT;
+    let holder = proptest::option::weighted(0.6, any::<usize>());
+    prop_oneof![
+        6 => (bytes.clone(), class.clone(), holder.clone())
+            .prop_map(|(bytes, class, holder)| Op::Reserve { bytes, class, holder }),
+        3 => (bytes.clone(), class, holder)
+            .prop_map(|(bytes, class, holder)| Op::Pressure { bytes, class, holder }),
+        6 => (any::<usize>(), any::<u8>()).prop_map(|(res, num)| Op::Commit { res, num }),
+        1 => (any::<usize>(), 1u64..=300).prop_map(|(res, extra)| Op::CommitOver { res, extra }),
+        2 => any::<usize>().prop_map(|res| Op::DropReservation { res }),
+        2 => (any::<usize>(), bytes, any::<u8>()).prop_map(|(lease, bytes, num)| Op::Grow { lease, bytes, num }),
+        2 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| Op::Shrink { lease, num }),
+        1 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| Op::QuarantinePart { lease, num }),
+        1 => any::<usize>().prop_map(|lease| Op::OverRelease { lease }),
+        1 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| Op::Split { lease, num }),
+        4 => any::<usize>().prop_map(|lease| Op::Release { lease }),
+        1 => any::<usize>().prop_map(|lease| Op::Quarantine { lease }),
+        1 => any::<usize>().prop_map(|lease| Op::Leak { lease }),
+        2 => (0u32..4, any::<bool>()).prop_map(|(priority, generous)| Op::Register { priority, generous }),
+        1 => any::<usize>().prop_map(|holder| Op::Unregister { holder }),
+    ]
+}
+
+/// A token as the model sees it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Tok {
+    bytes: u64,
+    class: usize,
+    holder: Option<HolderId>,
+}
+
+struct MHolder {
+    id: HolderId,
+    priority: Priority,
+    generous: bool,
+    registered: bool,
+    pressure: PressureStats,
+}
+
+#[derive(Default)]
+struct Model {
+    used: u64,
+    peak: u64,
+    /// Per account (`None`: anonymous), per class.
+    stats: BTreeMap<Option<HolderId>, [ClassStats; AllocationClass::COUNT]>,
+    reservations: Vec<Tok>,
+    leases: Vec<Tok>,
+    holders: Vec<MHolder>,
+    pressure: PressureStats,
+}
+
+impl Model {
+    fn cs(&mut self, holder: Option<HolderId>, class: usize) -> &mut ClassStats {
+        &mut self.stats.entry(holder).or_default()[class]
+    }
+
+    fn registered(&self, holder: Option<HolderId>) -> bool {
+        holder.map_or(true, |h| self.holders.iter().any(|m| m.id == h && m.registered))
+    }
+
+    fn charge(&mut self, bytes: u64) -> bool {
+        if self.used + bytes > CAP {
+            return false;
+        }
+        self.used += bytes;
+        self.peak = self.peak.max(self.used);
+        true
+    }
+
+    fn grant(&mut self, t: Tok) -> bool {
+        if !self.charge(t.bytes) {
+            return false;
+        }
+        let c = self.cs(t.holder, t.class);
+        c.reserved += t.bytes;
+        c.grants += 1;
+        true
+    }
+
+    fn release(&mut self, t: Tok) {
+        let c = self.cs(t.holder, t.class);
+        c.leased -= t.bytes;
+        c.leases -= 1;
+        self.used -= t.bytes;
+    }
+
+    fn pool_classes(&self) -> [ClassStats; AllocationClass::COUNT] {
+        let mut out = [ClassStats::default(); AllocationClass::COUNT];
+        for per in self.stats.values() {
+            for (o, c) in out.iter_mut().zip(per) {
+                o.reserved += c.reserved;
+                o.leased += c.leased;
+                o.quarantined += c.quarantined;
+                o.leases += c.leases;
+                o.grants += c.grants;
+                o.failures += c.failures;
+                o.quarantines += c.quarantines;
+                o.leaked_leases += c.leaked_leases;
+                o.leaked_bytes += c.leaked_bytes;
+            }
+        }
+        out
+    }
+}
+
+/// Releases the holder's leases, oldest first, until `wanted` is covered.
+/// The same rule runs in the real callback and in the model.
+fn generous_pick(leases: &[Tok], holder: HolderId, wanted: u64) -> Vec<usize> {
+    let (mut freed, mut picked) = (0, Vec::new());
+    for (i, t) in leases.iter().enumerate() {
+        if freed >= wanted {
+            break;
+        }
+        if t.holder == Some(holder) {
+            freed += t.bytes;
+            picked.push(i);
+        }
+    }
+    picked
+}
+
+fn tok(l: &Lease) -> Tok {
+    Tok {
+        bytes: l.bytes(),
+        class: l.class().index(),
+        holder: l.holder(),
+    }
+}
+
+fn check(pool: &Pool, m: &Model) -> Result<(), TestCaseError> {
+    let s = pool.snapshot();
+    prop_assert!(
+        s.used <= s.capacity,
+        "capacity exceeded: {} > {}",
+        s.used,
+        s.capacity
+    );
+    prop_assert_eq!(s.capacity, CAP);
+    prop_assert_eq!(s.used, m.used);
+    prop_assert_eq!(s.free, CAP - m.used);
+    prop_assert_eq!(s.peak, m.peak);
+    let classes = m.pool_classes();
+    prop_assert_eq!(s.classes, classes);
+    prop_assert_eq!(s.reserved, classes.iter().map(|c| c.reserved).sum::<u64>());
+    prop_assert_eq!(s.leased, classes.iter().map(|c| c.leased).sum::<u64>());
+    prop_assert_eq!(s.quarantined, classes.iter().map(|c| c.quarantined).sum::<u64>());
+    prop_assert_eq!(
+        s.used,
+        s.reserved + s.leased + s.quarantined,
+        "ledger does not balance"
+    );
+    prop_assert_eq!(s.pressure, m.pressure);
+    prop_assert_eq!(s.holders, m.holders.iter().filter(|h| h.registered).count());
+    prop_assert_eq!((s.waits, s.wait_timeouts), (0, 0));
+    for h in &m.holders {
+        let hs = pool.holder_stats(h.id).expect("holder stats");
+        let want = m.stats.get(&Some(h.id)).copied().unwrap_or_default();
+        prop_assert_eq!(hs.classes, want, "holder {}", h.id);
+        prop_assert_eq!(hs.registered, h.registered);
+        prop_assert_eq!(hs.priority, h.priority);
+        prop_assert_eq!(hs.pressure, h.pressure);
+    }
+    Ok(())
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let g = Governor::new();
+    let pool = g.pool(g.create_pool("model", CAP).unwrap()).unwrap();
+    let leases: Arc<Mutex<Vec<Lease>>> = Arc::default();
+    let mut regs: Vec<Option<HolderRegistration>> = Vec::new();
+    let mut reservations: Vec<Reservation<'_>> = Vec::new();
+    let mut m = Model::default();
+
+    for op in ops {
+        match op {
+            Op::Reserve { bytes, class, holder } => {
+                let h = holder.and_then(|i| m.holders.get(i % m.holders.len().max(1)).map(|h| h.id));
+                let cls = AllocationClass::ALL[class];
+                let t = Tok {
+                    bytes,
+                    class,
+                    holder: h,
+                };
+                match pool.try_reserve(bytes, cls, h) {
+                    Ok(r) => {
+                        prop_assert!(m.registered(h));
+                        prop_assert!(m.grant(t), "granted, model says no room");
+                        reservations.push(r);
+                        m.reservations.push(t);
+                    }
+                    Err(GovernorError::UnknownHolder { .. }) => prop_assert!(!m.registered(h)),
+                    Err(GovernorError::OutOfBudget(o)) => {
+                        prop_assert!(m.registered(h));
+                        prop_assert!(m.used + bytes > CAP, "refused, model says room");
+                        m.cs(h, class).failures += 1;
+                        prop_assert_eq!(o.requested, bytes);
+                        prop_assert_eq!(o.snapshot.used, m.used);
+                    }
+                    Err(e) => prop_assert!(false, "unexpected {e}"),
+                }
+            }
+            Op::Pressure { bytes, class, holder } => {
+                let h = holder.and_then(|i| m.holders.get(i % m.holders.len().max(1)).map(|h| h.id));
+                let cls = AllocationClass::ALL[class];
+                let t = Tok {
+                    bytes,
+                    class,
+                    holder: h,
+                };
+                // Model first: decide the outcome and which leases holders release.
+                let expect: Result<(), bool> = if !m.registered(h) {
+                    Err(false)
+                } else if m.grant(t) {
+                    Ok(())
+                } else if bytes > CAP {
+                    m.cs(h, class).failures += 1;
+                    Err(true)
+                } else {
+                    let prio = h.map_or(Priority::HIGHEST, |h| {
+                        m.holders.iter().find(|x| x.id == h).unwrap().priority
+                    });
+                    let mut order: Vec<usize> = (0..m.holders.len())
+                        .filter(|&i| {
+                            let x = &m.holders[i];
+                            x.registered && Some(x.id) != h && x.priority <= prio
+                        })
+                        .collect();
+                    order.sort_by_key(|&i| (m.holders[i].priority, i));
+                    let mut done = false;
+                    for i in order {
+                        let wanted = bytes - (CAP - m.used);
+                        let (id, generous) = (m.holders[i].id, m.holders[i].generous);
+                        let answer = if generous {
+                            let picked = generous_pick(&m.leases, id, wanted);
+                            let mut freed = 0;
+                            for &j in picked.iter().rev() {
+                                let t = m.leases.remove(j);
+                                freed += t.bytes;
+                                m.release(t);
+                            }
+                            freed
+                        } else {
+                            0
+                        };
+                        for p in [&mut m.pressure, &mut m.holders[i].pressure] {
+                            p.tickets += 1;
+                            p.bytes_wanted += wanted;
+                            if answer == 0 {
+                                p.zero_answers += 1;
+                            } else {
+                                p.bytes_answered += answer;
+                            }
+                        }
+                        if m.grant(t) {
+                            done = true;
+                            break;
+                        }
+                    }
+                    if done {
+                        Ok(())
+                    } else {
+                        m.cs(h, class).failures += 1;
+                        Err(true)
+                    }
+                };
+                match (pool.reserve(bytes, cls, h, None), expect) {
+                    (Ok(r), Ok(())) => {
+                        reservations.push(r);
+                        m.reservations.push(t);
+                    }
+                    (Err(GovernorError::UnknownHolder { .. }), Err(false)) => {}
+                    (Err(GovernorError::OutOfBudget(o)), Err(true)) => {
+                        prop_assert_eq!(o.snapshot.used, m.used);
+                        prop_assert_eq!(o.snapshot.pressure, m.pressure);
+                    }
+                    (got, want) => {
+                        prop_assert!(false, "reserve: got {:?}, model {:?}", got.map(|_| ()), want)
+                    }
+                }
+            }
+            Op::Commit { res, num } => {
+                if reservations.is_empty() {
+                    continue;
+                }
+                let i = res % reservations.len();
+                let r = reservations.remove(i);
+                let t = m.reservations.remove(i);
+                let actual = t.bytes * u64::from(num) / 255;
+                let l = r.commit(actual).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(tok(&l), Tok { bytes: actual, ..t });
+                let c = m.cs(t.holder, t.class);
+                c.reserved -= t.bytes;
+                c.leased += actual;
+                c.leases += 1;
+                m.used -= t.bytes - actual;
+                leases.lock().unwrap().push(l);
+                m.leases.push(Tok { bytes: actual, ..t });
+            }
+            Op::CommitOver { res, extra } => {
+                if reservations.is_empty() {
+                    continue;
+                }
+                let i = res % reservations.len();
+                let r = reservations.remove(i);
+                let t = m.reservations[i];
+                match r.commit(t.bytes + extra) {
+                    Ok(l) => {
+                        prop_assert!(m.charge(extra), "over-commit granted, model says no room");
+                        m.reservations.remove(i);
+                        let c = m.cs(t.holder, t.class);
+                        c.reserved -= t.bytes;
+                        c.leased += t.bytes + extra;
+                        c.leases += 1;
+                        leases.lock().unwrap().push(l);
+                        m.leases.push(Tok {
+                            bytes: t.bytes + extra,
+                            ..t
+                        });
+                    }
+                    Err(rej) => {
+                        prop_assert!(m.used + extra > CAP, "over-commit refused, model says room");
+                        prop_assert!(matches!(rej.error, GovernorError::OutOfBudget(_)));
+                        m.cs(t.holder, t.class).failures += 1;
+                        reservations.insert(i, rej.into_inner());
+                    }
+                }
+            }
+            Op::DropReservation { res } => {
+                if reservations.is_empty() {
+                    continue;
+                }
+                let i = res % reservations.len();
+                drop(reservations.remove(i));
+                let t = m.reservations.remove(i);
+                m.cs(t.holder, t.class).reserved -= t.bytes;
+                m.used -= t.bytes;
+            }
+            Op::Grow { lease, bytes, num } => {
+                let mut v = leases.lock().unwrap();
+                if v.is_empty() {
+                    continue;
+                }
+                let i = lease % v.len();
+                let t = m.leases[i];
+                let g = Tok { bytes, ..t };
+                match pool.try_reserve(bytes, AllocationClass::ALL[t.class], t.holder) {
+                    Ok(r) => {
+                        prop_assert!(m.registered(t.holder) && m.grant(g));
+                        let actual = bytes * u64::from(num) / 255;
+                        r.commit_into(&mut v[i], actual)
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        let c = m.cs(t.holder, t.class);
+                        c.reserved -= bytes;
+                        c.leased += actual;
+                        m.used -= bytes - actual;
+                        m.leases[i].bytes += actual;
+                        prop_assert_eq!(tok(&v[i]), m.leases[i]);
+                    }
+                    Err(GovernorError::UnknownHolder { .. }) => prop_assert!(!m.registered(t.holder)),
+                    Err(GovernorError::OutOfBudget(_)) => {
+                        prop_assert!(m.registered(t.holder) && m.used + bytes > CAP);
+                        m.cs(t.holder, t.class).failures += 1;
+                    }
+                    Err(e) => prop_assert!(false, "unexpected {e}"),
+                }
+            }
+            Op::Shrink { lease, num } | Op::QuarantinePart { lease, num } => {
+                let mut v = leases.lock().unwrap();
+                if v.is_empty() {
+                    continue;
+                }
+                let i = lease % v.len();
+                let t = m.leases[i];
+                let k = t.bytes * u64::from(num) / 255;
+                if matches!(op, Op::Shrink { .. }) {
+                    pool.release_part(&mut v[i], k)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    m.cs(t.holder, t.class).leased -= k;
+                    m.used -= k;
+                } else {
+                    pool.quarantine_part(&mut v[i], k)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let c = m.cs(t.holder, t.class);
+                    c.leased -= k;
+                    c.quarantined += k;
+                    c.quarantines += 1;
+                }
+                m.leases[i].bytes -= k;
+                prop_assert_eq!(tok(&v[i]), m.leases[i]);
+            }
+            Op::OverRelease { lease } => {
+                let mut v = leases.lock().unwrap();
+                if v.is_empty() {
+                    continue;
+                }
+                let i = lease % v.len();
+                let held = v[i].bytes();
+                let e = pool.release_part(&mut v[i], held + 1).unwrap_err();
+                prop_assert_eq!(
+                    e,
+                    GovernorError::OverRelease {
+                        requested: held + 1,
+                        held
+                    }
+                );
+            }
+            Op::Split { lease, num } => {
+                let mut v = leases.lock().unwrap();
+                if v.is_empty() {
+                    continue;
+                }
+                let i = lease % v.len();
+                let t = m.leases[i];
+                let k = t.bytes * u64::from(num) / 255;
+                let part = pool
+                    .split_lease(&mut v[i], k)
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(tok(&part), Tok { bytes: k, ..t });
+                m.leases[i].bytes -= k;
+                prop_assert_eq!(tok(&v[i]), m.leases[i]);
+                m.cs(t.holder, t.class).leases += 1;
+                v.push(part);
+                m.leases.push(Tok { bytes: k, ..t });
+            }
+            Op::Release { lease } | Op::Quarantine { lease } | Op::Leak { lease } => {
+                let l = {
+                    let mut v = leases.lock().unwrap();
+                    if v.is_empty() {
+                        continue;
+                    }
+                    let i = lease % v.len();
+                    let t = m.leases.remove(i);
+                    let l = v.remove(i);
+                    prop_assert_eq!(tok(&l), t);
+                    l
+                };
+                let t = tok(&l);
+                match op {
+                    Op::Release { .. } => {
+                        pool.release(l).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        m.release(t);
+                    }
+                    Op::Quarantine { .. } => {
+                        pool.quarantine(l)
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        let c = m.cs(t.holder, t.class);
+                        c.leased -= t.bytes;
+                        c.leases -= 1;
+                        c.quarantined += t.bytes;
+                        c.quarantines += 1;
+                    }
+                    _ => {
+                        drop(l);
+                        let c = m.cs(t.holder, t.class);
+                        c.leaked_leases += 1;
+                        c.leaked_bytes += t.bytes;
+                    }
+                }
+            }
+            Op::Register { priority, generous } => {
+                let me: Arc<OnceLock<HolderId>> = Arc::default();
+                let (me2, leases2, weak): (_, _, Weak<Pool>) =
+                    (me.clone(), leases.clone(), Arc::downgrade(&pool));
+                let reg = pool.register_holder("h", Priority(priority), move |t: &PressureTicket| {
+                    if !generous {
+                        return 0;
+                    }
+                    let (Some(pool), Some(&id)) = (weak.upgrade(), me2.get()) else {
+                        return 0;
+                    };
+                    let mut v = leases2.lock().unwrap();
+                    let toks: Vec<Tok> = v.iter().map(tok).collect();
+                    let mut freed = 0;
+                    for j in generous_pick(&toks, id, t.bytes_wanted).into_iter().rev() {
+                        let l = v.remove(j);
+                        freed += l.bytes();
+                        pool.release(l).unwrap();
+                    }
+                    freed
+                });
+                me.set(reg.id()).unwrap();
+                m.holders.push(MHolder {
+                    id: reg.id(),
+                    priority: Priority(priority),
+                    generous,
+                    registered: true,
+                    pressure: PressureStats::default(),
+                });
+                regs.push(Some(reg));
+            }
+            Op::Unregister { holder } => {
+                if regs.is_empty() {
+                    continue;
+                }
+                let i = holder % regs.len();
+                if let Some(reg) = regs[i].take() {
+                    drop(reg);
+                    m.holders[i].registered = false;
+                }
+            }
+        }
+        check(&pool, &m)?;
+    }
+
+    // Teardown: end everything the ordinary way.
+    reservations.clear();
+    for t in m.reservations.drain(..) {
+        let c = m.stats.get_mut(&t.holder).unwrap();
+        c[t.class].reserved -= t.bytes;
+        m.used -= t.bytes;
+    }
+    let all: Vec<Lease> = leases.lock().unwrap().drain(..).collect();
+    for l in all {
+        let t = tok(&l);
+        pool.release(l).unwrap();
+        m.release(t);
+    }
+    m.leases.clear();
+    drop(regs);
+    for h in &mut m.holders {
+        h.registered = false;
+    }
+    check(&pool, &m)?;
+
+    // Everything is zero but quarantine and the leaked leases' charge.
+    let s = pool.snapshot();
+    let leaked: u64 = s.classes.iter().map(|c| c.leaked_bytes).sum();
+    let quarantined: u64 = m.pool_classes().iter().map(|c| c.quarantined).sum();
+    prop_assert_eq!(s.reserved, 0);
+    prop_assert_eq!(s.quarantined, quarantined);
+    prop_assert_eq!(s.leased, leaked);
+    prop_assert_eq!(s.used, quarantined + leaked);
+    let live_leases: u64 = s.classes.iter().map(|c| c.leases).sum();
+    let leaked_leases: u64 = s.classes.iter().map(|c| c.leaked_leases).sum();
+    prop_assert_eq!(live_leases, leaked_leases);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Invariants 2, 5 and 7 against the reference model.
+    #[test]
+    fn governor_matches_reference_model(ops in proptest::collection::vec(op(), 1..80)) {
+        run(ops)?;
+    }
+}
+
+/// A fixed sequence touching every operation, so a model regression shows
+/// up even if the random cases happen to miss a path.
+#[test]
+fn scripted_sequence_matches_model() {
+    use Op::*;
+    let ops = vec![
+        Register {
+            priority: 1,
+            generous: true,
+        },
+        Register {
+            priority: 0,
+            generous: false,
+        },
+        Reserve {
+            bytes: 300,
+            class: 1,
+            holder: Some(0),
+        },
+        Commit { res: 0, num: 255 },
+        Reserve {
+            bytes: 300,
+            class: 1,
+            holder: Some(0),
+        },
+        Commit { res: 0, num: 128 },
+        Reserve {
+            bytes: 400,
+            class: 2,
+            holder: Some(1),
+        },
+        Commit { res: 0, num: 255 },
+        Reserve {
+            bytes: 200,
+            class: 0,
+            holder: None,
+        },
+        CommitOver { res: 0, extra: 200 },
+        Pressure {
+            bytes: 500,
+            class: 3,
+            holder: None,
+        },
+        Grow {
+            lease: 0,
+            bytes: 50,
+            num: 255,
+        },
+        Shrink { lease: 0, num: 100 },
+        QuarantinePart { lease: 0, num: 10 },
+        OverRelease { lease: 0 },
+        Split { lease: 0, num: 100 },
+        Quarantine { lease: 1 },
+        Leak { lease: 0 },
+        Unregister { holder: 0 },
+        Reserve {
+            bytes: 1,
+            class: 4,
+            holder: Some(0),
+        },
+        DropReservation { res: 0 },
+        Release { lease: 0 },
+    ];
+    run(ops).unwrap();
+}
