@@ -1,0 +1,55 @@
+//! `memplug inspect` as a user runs it: the reference CPU plugin by
+//! default, JSON on request, a plugin given by path, and a clear error for
+//! a file that is not a plugin.
+
+use std::process::Command;
+
+fn memplug(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_memplug")).args(args).output().expect("run memplug")
+}
+
+#[test]
+fn inspect_without_a_plugin_shows_the_cpu_plugin() {
+    let out = memplug(&["inspect"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    for want in ["memplug-cpu", "abi         1.0", "cpu:0", "allocator, virtual_backing, shared_mapping, sync"] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+}
+
+#[test]
+fn inspect_json_is_machine_readable() {
+    let out = memplug(&["inspect", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(v["abi"], "1.0");
+    let m = &v["mechanisms"][0];
+    assert_eq!(m["name"], "cpu");
+    assert_eq!(m["capabilities"].as_array().unwrap().len(), 4);
+    let page = page_size();
+    assert_eq!(m["granularity"].as_u64(), Some(page));
+    assert!(m["memory"]["total_bytes"].as_u64().unwrap() >= m["memory"]["free_bytes"].as_u64().unwrap());
+}
+
+fn page_size() -> u64 {
+    // The CPU plugin's granularity is the OS page size.
+    let out = Command::new("getconf").arg("PAGESIZE").output().expect("getconf");
+    String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+}
+
+#[test]
+fn inspect_refuses_a_file_that_is_not_a_plugin() {
+    let dir = std::env::temp_dir().join(format!("memplug-cli-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bogus = dir.join("libbogus.so");
+    std::fs::write(&bogus, "not a library").unwrap();
+    let out = memplug(&["inspect", bogus.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a loadable library"), "{err}");
+    let out = memplug(&["inspect", "/nonexistent/libx.so"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
