@@ -216,3 +216,49 @@ fn a_forged_or_double_freed_allocation_is_refused_and_changes_nothing() {
     assert_eq!(e.error.status, Status::UnknownAllocation, "{}", e.error);
     assert_eq!(p.plugin_live_objects(), 0);
 }
+
+mod policy {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn private_copy(name: &str) -> std::path::PathBuf {
+        let dir = test_tmp_dir(name);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let so = dir.join("libpolicy.so");
+        std::fs::copy(bad_plugin(None), &so).unwrap();
+        std::fs::set_permissions(&so, std::fs::Permissions::from_mode(0o755)).unwrap();
+        so
+    }
+
+    #[test]
+    fn a_plugin_writable_by_others_is_refused_unless_allowed() {
+        let so = private_copy("policy_writable");
+        Plugin::load(&so).expect("0755 loads");
+        std::fs::set_permissions(&so, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let e = Plugin::load(&so).unwrap_err();
+        assert!(matches!(e, LoadError::Policy { .. }), "{e}");
+        assert_mentions(&e, &["writable by others", "777"]);
+        let opts = memplug_host::LoadOptions { allow_writable_by_others: true, ..Default::default() };
+        Plugin::load_with(&so, &opts).expect("explicitly allowed");
+        // A group-writable directory on the path is refused the same way.
+        std::fs::set_permissions(&so, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let dir = so.parent().unwrap();
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o775)).unwrap();
+        let e = Plugin::load(&so).unwrap_err();
+        assert_mentions(&e, &["writable by others", "775"]);
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    #[test]
+    fn a_sha256_pin_refuses_any_other_file() {
+        let so = private_copy("policy_sha");
+        let good = memplug_host::policy::sha256_hex(&mut std::fs::File::open(&so).unwrap()).unwrap();
+        assert_eq!(good.len(), 64);
+        let pin = |h: &str| memplug_host::LoadOptions { expected_sha256: Some(h.into()), ..Default::default() };
+        Plugin::load_with(&so, &pin(&good.to_uppercase())).expect("matching pin loads");
+        let wrong = format!("{}0", &good[..63]);
+        let e = Plugin::load_with(&so, &pin(&wrong)).unwrap_err();
+        assert!(matches!(e, LoadError::Policy { .. }), "{e}");
+        assert_mentions(&e, &["SHA-256 mismatch", &good]);
+    }
+}

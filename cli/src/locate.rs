@@ -12,14 +12,19 @@ pub const CPU_PLUGIN_ENV: &str = "MEMPLUG_CPU_PLUGIN";
 /// beside this executable (a cargo target folder or `bin/`), in its
 /// `deps/`, or in `../lib/` (an installed layout).
 pub fn cpu_plugin_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os(CPU_PLUGIN_ENV) {
-        return Some(PathBuf::from(p));
+    // Ignored in setuid/setgid processes (loading policy).
+    if let Some(p) = memplug_host::policy::env_override(CPU_PLUGIN_ENV) {
+        return Some(p);
     }
     let exe = std::env::current_exe().ok()?;
     let dir = exe.parent()?;
-    [dir.join(CPU_PLUGIN_FILE), dir.join("deps").join(CPU_PLUGIN_FILE), dir.join("../lib").join(CPU_PLUGIN_FILE)]
-        .into_iter()
-        .find(|p| p.is_file())
+    [
+        dir.join(CPU_PLUGIN_FILE),
+        dir.join("deps").join(CPU_PLUGIN_FILE),
+        dir.join("../lib").join(CPU_PLUGIN_FILE),
+    ]
+    .into_iter()
+    .find(|p| p.is_file())
 }
 
 /// Loads `path`, or the reference CPU plugin: its library when found, else
@@ -32,7 +37,11 @@ pub fn load(path: Option<&Path>) -> Result<Plugin, LoadError> {
             // SAFETY: the entry is the reference plugin's, built from this
             // workspace against the same ABI.
             None => unsafe {
-                Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "memplug-cpu", &LoadOptions::default())
+                Plugin::from_entry(
+                    memplug_plugin_cpu::cpu_plugin_entry,
+                    "memplug-cpu",
+                    &LoadOptions::default(),
+                )
             },
         },
     }

@@ -22,6 +22,7 @@ pub mod manager;
 pub mod mechanism;
 pub mod objects;
 pub mod plugin;
+pub mod policy;
 pub mod registry;
 mod sink;
 

@@ -26,13 +26,19 @@ pub const ENTRY_SYMBOLS: &[&str] = &[MEMPLUG_ENTRY_SYMBOL_V1];
 /// finding its terminator.
 const MAX_NAME: usize = 256;
 
-/// How to load. The defaults accept any minor this host understands.
+/// How to load. The defaults accept any minor this host understands and
+/// apply the full loading policy (`policy.rs`).
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
     /// Oldest minor accepted (default 0).
     pub min_minor: u32,
     /// Newest minor spoken (default: this build's newest).
     pub max_minor: u32,
+    /// Load even if the file or a directory on its path is writable by
+    /// others than its owner (default: refuse).
+    pub allow_writable_by_others: bool,
+    /// Refuse unless the file's SHA-256 (hex) is this (default: no pin).
+    pub expected_sha256: Option<String>,
 }
 
 impl Default for LoadOptions {
@@ -40,6 +46,8 @@ impl Default for LoadOptions {
         LoadOptions {
             min_minor: HOST_MIN_MINOR,
             max_minor: HOST_MAX_MINOR,
+            allow_writable_by_others: false,
+            expected_sha256: None,
         }
     }
 }
@@ -169,7 +177,41 @@ impl Plugin {
         if !path.exists() {
             return Err(LoadError::NotFound(path.to_path_buf()));
         }
-        let lib = open_library(path)?;
+        let policy = |detail: String| LoadError::Policy { origin: path.display().to_string(), detail };
+        if !opts.allow_writable_by_others {
+            match crate::policy::writable_by_others(path) {
+                Ok(None) => {}
+                Ok(Some((p, mode))) => {
+                    return Err(policy(format!(
+                        "{} (mode {mode:o}) is writable by others than its owner; refusing to load \
+                         (LoadOptions::allow_writable_by_others overrides)",
+                        p.display()
+                    )))
+                }
+                Err(e) => return Err(policy(format!("cannot check permissions: {e}"))),
+            }
+        }
+        // With a pin, hash an open descriptor and load that same descriptor,
+        // so the bytes checked are the bytes loaded.
+        let pinned = match &opts.expected_sha256 {
+            None => None,
+            Some(want) => {
+                let mut f = std::fs::File::open(path).map_err(|e| policy(format!("cannot open: {e}")))?;
+                let got = crate::policy::sha256_hex(&mut f).map_err(|e| policy(format!("cannot hash: {e}")))?;
+                if !got.eq_ignore_ascii_case(want.trim()) {
+                    return Err(policy(format!("SHA-256 mismatch: expected {want}, the file has {got}")));
+                }
+                Some(f)
+            }
+        };
+        let lib = match &pinned {
+            Some(f) => {
+                use std::os::fd::AsRawFd;
+                open_library(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))?
+            }
+            None => open_library(path)?,
+        };
+        drop(pinned);
         let mut found = None;
         for sym in ENTRY_SYMBOLS {
             // SAFETY: the symbol's type is fixed by the ABI for this name.

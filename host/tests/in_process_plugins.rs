@@ -9,7 +9,10 @@ use memplug_sdk::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+const CPU0: MemplugDevice = MemplugDevice {
+    kind: MEMPLUG_DEVICE_CPU,
+    ordinal: 0,
+};
 
 /// Panics in every slot: the SDK must turn each into `INTERNAL` with the
 /// panic message, and the host must stay up (DESIGN.md §2, invariant 8).
@@ -17,7 +20,11 @@ struct Panicky;
 
 impl Allocator for Panicky {
     fn properties(&self) -> Properties {
-        Properties { min_alignment: 8, max_alignment: 4096, granularity: 4096 }
+        Properties {
+            min_alignment: 8,
+            max_alignment: 4096,
+            granularity: 4096,
+        }
     }
     fn allocate(&self, _: &Request) -> PluginResult<Block> {
         panic!("allocate exploded")
@@ -89,7 +96,13 @@ impl StreamSync for Panicky {
 
 fn panicky_plugin() -> ExportedPlugin {
     PluginBuilder::new("panicky", "0.0.1")
-        .mechanism(MechanismBuilder::new("boom", 1, CPU0, Panicky).virtual_backing().shared_mapping().sync().build())
+        .mechanism(
+            MechanismBuilder::new("boom", 1, CPU0, Panicky)
+                .virtual_backing()
+                .shared_mapping()
+                .sync()
+                .build(),
+        )
         .live_objects(|| 0)
         .build()
 }
@@ -97,7 +110,10 @@ declare_entry!(panicky_entry, panicky_plugin);
 
 fn assert_panic_reported(e: &memplug_host::CallError, what: &str) {
     assert_eq!(e.status, Status::Internal, "{e}");
-    assert!(e.message.contains(&format!("{what} exploded")), "message lost: {e}");
+    assert!(
+        e.message.contains(&format!("{what} exploded")),
+        "message lost: {e}"
+    );
     assert!(e.message.contains("panicked"), "{e}");
 }
 
@@ -125,7 +141,11 @@ struct UnknownCodes;
 
 impl Allocator for UnknownCodes {
     fn properties(&self) -> Properties {
-        Properties { min_alignment: 8, max_alignment: 8, granularity: 0 }
+        Properties {
+            min_alignment: 8,
+            max_alignment: 8,
+            granularity: 0,
+        }
     }
     fn allocate(&self, _: &Request) -> PluginResult<Block> {
         // PluginError cannot carry an unknown code; this is the nearest a
@@ -166,13 +186,29 @@ struct Liar(AtomicU64);
 
 impl Allocator for Liar {
     fn properties(&self) -> Properties {
-        Properties { min_alignment: 8, max_alignment: 4096, granularity: 0 }
+        Properties {
+            min_alignment: 8,
+            max_alignment: 4096,
+            granularity: 0,
+        }
     }
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         match self.0.fetch_add(1, Ordering::Relaxed) {
-            0 => Ok(Block { addr: 0, size: r.size, handle: 1 }),
-            1 => Ok(Block { addr: 0x1001, size: r.size, handle: 1 }),
-            _ => Ok(Block { addr: 0x2000, size: r.size - 1, handle: 1 }),
+            0 => Ok(Block {
+                addr: 0,
+                size: r.size,
+                handle: 1,
+            }),
+            1 => Ok(Block {
+                addr: 0x1001,
+                size: r.size,
+                handle: 1,
+            }),
+            _ => Ok(Block {
+                addr: 0x2000,
+                size: r.size - 1,
+                handle: 1,
+            }),
         }
     }
     fn deallocate(&self, _: &ObjectRef) -> PluginResult<()> {
@@ -216,11 +252,11 @@ fn negotiation_is_two_sided() {
     assert!(matches!(e, LoadError::VersionMismatch { .. }), "{e}");
     assert!(e.to_string().contains("1.3"), "{e}");
     // …and a host that speaks up to 1.9 agrees on the plugin's newest, 1.5.
-    let opts = LoadOptions { min_minor: 0, max_minor: 9 };
+    let opts = LoadOptions { min_minor: 0, max_minor: 9, ..Default::default() };
     let p = unsafe { Plugin::from_entry(narrow_entry, "narrow", &opts) }.unwrap();
     assert_eq!(p.abi_version(), (1, 5));
     // A host whose floor is above the plugin's ceiling refuses.
-    let opts = LoadOptions { min_minor: 6, max_minor: 9 };
+    let opts = LoadOptions { min_minor: 6, max_minor: 9, ..Default::default() };
     let e = unsafe { Plugin::from_entry(narrow_entry, "narrow", &opts) }.unwrap_err();
     assert!(matches!(e, LoadError::VersionMismatch { .. }), "{e}");
 }

@@ -7,6 +7,7 @@ use crate::abi::{self, *};
 use crate::author::*;
 use crate::status::Status;
 use core::ffi::{c_char, c_void};
+use core::ptr::{addr_of, addr_of_mut};
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
@@ -37,31 +38,52 @@ fn panic_text(payload: &(dyn std::any::Any + Send)) -> &str {
 /// Runs a slot body: `Ok` → `MEMPLUG_STATUS_OK`, `Err` → its code plus a
 /// message, panic → `MEMPLUG_STATUS_INTERNAL` plus the panic message.
 ///
+/// The body's result is turned into a status inside the panic boundary, so
+/// the success path hands back one register instead of moving a 32-byte
+/// `Result` through memory; both failure paths are out of line.
+///
 /// # Safety
 /// `sink` as for [`write_message`].
-#[inline]
+#[inline(always)]
 pub unsafe fn guard(
     sink: *const MemplugMessageSink,
     slot: &'static str,
     body: impl FnOnce() -> PluginResult<()>,
 ) -> MemplugStatus {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(Ok(())) => abi::MEMPLUG_STATUS_OK,
-        Ok(Err(e)) => {
-            if !e.message.is_empty() {
-                write_message(sink, &e.message);
-            }
-            e.status.raw()
-        }
-        Err(payload) => {
-            // Formatting can itself panic in theory; keep it inside a boundary.
-            let _ = catch_unwind(AssertUnwindSafe(|| {
-                let msg = format!("plugin panicked in `{slot}`: {}", panic_text(&*payload));
-                write_message(sink, &msg);
-            }));
-            Status::Internal.raw()
-        }
+    let run = || match body() {
+        Ok(()) => abi::MEMPLUG_STATUS_OK,
+        Err(e) => report_error(sink, e),
+    };
+    match catch_unwind(AssertUnwindSafe(run)) {
+        Ok(status) => status,
+        Err(payload) => report_panic(sink, slot, payload),
     }
+}
+
+/// The `Err` path of [`guard`]: the message to the sink, the code back.
+#[cold]
+#[inline(never)]
+unsafe fn report_error(sink: *const MemplugMessageSink, e: PluginError) -> MemplugStatus {
+    if !e.message.is_empty() {
+        write_message(sink, &e.message);
+    }
+    e.status.raw()
+}
+
+/// The panic path of [`guard`].
+#[cold]
+#[inline(never)]
+unsafe fn report_panic(
+    sink: *const MemplugMessageSink,
+    slot: &'static str,
+    payload: Box<dyn std::any::Any + Send>,
+) -> MemplugStatus {
+    // Formatting can itself panic in theory; keep it inside a boundary.
+    let _ = catch_unwind(AssertUnwindSafe(|| {
+        let msg = format!("plugin panicked in `{slot}`: {}", panic_text(&*payload));
+        write_message(sink, &msg);
+    }));
+    Status::Internal.raw()
 }
 
 /// Reads an untrusted host struct as a prefix: copies
@@ -73,15 +95,36 @@ pub unsafe fn guard(
 /// `struct_size` is the `u32` at offset 0.
 #[inline(always)]
 pub unsafe fn read_prefix<T: Copy + Default>(p: *const T, min_size: u32, what: &str) -> PluginResult<T> {
+    let mut local = T::default();
+    let v = prefix_view(p, min_size, what, &mut local)?;
+    Ok(v.read_unaligned())
+}
+
+/// [`read_prefix`] without the copy: a pointer to `size_of::<T>()` readable
+/// bytes holding the prefix, zero-extended. That is `p` itself for a writer
+/// of this minor or newer (the common case, so its fields are loaded straight
+/// from the host's struct, each once), or `local` holding the copy of a
+/// shorter prefix.
+///
+/// # Safety
+/// As for [`read_prefix`]; the answer may be unaligned and is valid while
+/// both `*p` and `local` are.
+#[inline(always)]
+unsafe fn prefix_view<T: Copy + Default>(
+    p: *const T,
+    min_size: u32,
+    what: &str,
+    local: &mut T,
+) -> PluginResult<*const T> {
     if p.is_null() {
         return Err(null_argument(what));
     }
     let declared = p.cast::<u32>().read_unaligned();
-    // The common case, a writer of this minor or newer: one fixed-size copy.
     if declared as usize >= core::mem::size_of::<T>() {
-        return Ok(p.read_unaligned());
+        return Ok(p);
     }
-    read_short_prefix(p, declared, min_size, what)
+    *local = read_short_prefix(p, declared, min_size, what)?;
+    Ok(local)
 }
 
 #[cold]
@@ -140,14 +183,26 @@ pub unsafe fn out_capacity<T>(out: *mut T, min_size: u32, what: &str) -> PluginR
 /// `out` points to at least `capacity` writable bytes, `capacity >= 4`.
 #[inline(always)]
 pub unsafe fn write_checked<T: Copy>(out: *mut T, value: &T, capacity: usize) {
-    let src = (value as *const T).cast::<u8>().add(4);
-    let dst = out.cast::<u8>().add(4);
     if capacity == core::mem::size_of::<T>() {
-        // Fixed length: compiles to a few moves.
+        // Fixed length: compiles to a few moves. The shorter, variable
+        // length lives in its own function so the two copies cannot be
+        // merged into one call to `memcpy`.
+        let src = (value as *const T).cast::<u8>().add(4);
+        let dst = out.cast::<u8>().add(4);
         core::ptr::copy_nonoverlapping(src, dst, core::mem::size_of::<T>() - 4);
     } else {
-        core::ptr::copy_nonoverlapping(src, dst, capacity - 4);
+        write_short(out, value, capacity);
     }
+}
+
+/// The part of [`write_checked`] for a host that knows an older, shorter
+/// struct.
+#[cold]
+#[inline(never)]
+unsafe fn write_short<T: Copy>(out: *mut T, value: &T, capacity: usize) {
+    let src = (value as *const T).cast::<u8>().add(4);
+    let dst = out.cast::<u8>().add(4);
+    core::ptr::copy_nonoverlapping(src, dst, capacity - 4);
 }
 
 /// Writes `value` into a host out-struct, never past the host's
@@ -162,17 +217,25 @@ pub unsafe fn write_prefix<T: Copy>(out: *mut T, value: &T, min_size: u32, what:
     Ok(())
 }
 
+// Both run on every allocate and free, and callers live in other crates (the
+// thunks are instantiated in the plugin), so they must be inlined there. Each
+// field is loaded once, straight from the host's struct where it is long
+// enough: the plugin sees one snapshot, and nothing is copied through the
+// stack.
+#[inline(always)]
 unsafe fn request_of(p: *const MemplugRequest) -> PluginResult<Request> {
-    let r = read_prefix(p, abi::size_1_0::REQUEST, "request")?;
+    let mut local = MemplugRequest::default();
+    let r = prefix_view(p, abi::size_1_0::REQUEST, "request", &mut local)?;
     Ok(Request {
-        flags: r.flags,
-        size: r.size,
-        alignment: r.alignment,
-        object_id: r.object_id,
-        device: r.device,
+        flags: addr_of!((*r).flags).read_unaligned(),
+        size: addr_of!((*r).size).read_unaligned(),
+        alignment: addr_of!((*r).alignment).read_unaligned(),
+        object_id: addr_of!((*r).object_id).read_unaligned(),
+        device: addr_of!((*r).device).read_unaligned(),
     })
 }
 
+#[inline(always)]
 unsafe fn object_of(p: *const MemplugObjectRef, what: &str) -> PluginResult<ObjectRef> {
     read_prefix(p, abi::size_1_0::OBJECT_REF, what)
 }
@@ -184,14 +247,26 @@ unsafe fn block_capacity(out: *mut MemplugBlock) -> PluginResult<usize> {
 
 #[inline(always)]
 unsafe fn write_block(out: *mut MemplugBlock, b: Block, capacity: usize) {
-    let v = MemplugBlock {
-        struct_size: 0,
-        reserved0: 0,
-        addr: b.addr,
-        size: b.size,
-        handle: b.handle,
-    };
-    write_checked(out, &v, capacity);
+    // `capacity` is at least the 1.0 size (`block_capacity` checked it), so
+    // while the struct has not grown since 1.0 the test folds away.
+    let full = core::mem::size_of::<MemplugBlock>();
+    if capacity == full || abi::size_1_0::BLOCK as usize == full {
+        // What `write_checked` writes (every byte but `struct_size`), as
+        // four stores rather than a copy through the stack.
+        addr_of_mut!((*out).reserved0).write_unaligned(0);
+        addr_of_mut!((*out).addr).write_unaligned(b.addr);
+        addr_of_mut!((*out).size).write_unaligned(b.size);
+        addr_of_mut!((*out).handle).write_unaligned(b.handle);
+    } else {
+        let v = MemplugBlock {
+            struct_size: 0,
+            reserved0: 0,
+            addr: b.addr,
+            size: b.size,
+            handle: b.handle,
+        };
+        write_checked(out, &v, capacity);
+    }
 }
 
 unsafe fn write_u64(out: *mut u64, v: u64, what: &str) -> PluginResult<()> {

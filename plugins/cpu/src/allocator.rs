@@ -1,16 +1,17 @@
-//! The allocator capability: aligned blocks from the global allocator, one
-//! slab slot each.
+//! The allocator capability: aligned blocks from the system allocator, one
+//! slot each in a sharded handle table.
 //!
-//! This is the path benchmarked against malloc/free, so the success path
-//! formats nothing and allocates nothing but the block: one slab insert or
-//! remove under an uncontended mutex, and the memory call made outside it.
+//! This is the path benchmarked against malloc/free (DESIGN.md §6), so the
+//! success path formats nothing and allocates nothing but the block, and is
+//! inlined whole into the SDK's slot thunk: one slot insert or remove under
+//! a short per-shard lock, and the memory call made outside it.
 
 use crate::checks::{check_owner, check_request, unknown};
-use crate::handles::Table;
 use crate::mechanism::CpuMechanism;
 use crate::meminfo;
+use crate::slots::Slots;
 use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
-use std::alloc::Layout;
+use std::alloc::{GlobalAlloc, Layout, System};
 
 /// Alignment every allocation has: what malloc gives on x86-64 and
 /// aarch64, so small requests cost nothing extra.
@@ -18,9 +19,16 @@ pub const MIN_ALIGNMENT: u64 = 16;
 /// Largest alignment honoured: 1 GiB, the largest page size of either
 /// architecture.
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
+/// Largest size attempted: `Layout` allows up to `isize::MAX` once rounded
+/// up to the alignment; with the alignment at most [`MAX_ALIGNMENT`], this
+/// one bound keeps every size within that, at the price of refusing sizes
+/// in the last GiB below `isize::MAX` — which no machine could give anyway,
+/// and which get the same `OUT_OF_MEMORY` a failed allocation gets.
+const MAX_SIZE: u64 = isize::MAX as u64 - MAX_ALIGNMENT;
 
 /// What was issued for one allocation, to check references against and to
 /// rebuild its layout when it is freed.
+#[derive(Clone, Copy)]
 struct Issued {
     object_id: u64,
     addr: u64,
@@ -29,7 +37,7 @@ struct Issued {
 }
 
 impl Issued {
-    #[inline]
+    #[inline(always)]
     fn is(&self, obj: &ObjectRef) -> bool {
         self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
     }
@@ -38,7 +46,7 @@ impl Issued {
 /// Live allocations.
 #[derive(Default)]
 pub struct Allocations {
-    table: Table<Issued>,
+    table: Slots<Issued>,
 }
 
 impl Allocations {
@@ -47,32 +55,42 @@ impl Allocations {
         self.table.len()
     }
 
+    #[inline(always)]
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         check_request(r, "allocate")?;
-        if !r.alignment.is_power_of_two() || r.alignment > MAX_ALIGNMENT {
+        // A power of two from 1 to MAX_ALIGNMENT, in two compares: `a - 1`
+        // wraps to u64::MAX for zero, and has no bit in common with `a`
+        // exactly when `a` is a power of two.
+        let mask = r.alignment.wrapping_sub(1);
+        if mask >= MAX_ALIGNMENT || r.alignment & mask != 0 {
             return Err(bad_alignment(r.alignment));
         }
-        let align = r.alignment.max(MIN_ALIGNMENT);
-        // Layout's own rule: the size rounded up to the alignment must not
-        // exceed isize::MAX. Checked here once, so the layout can be built
-        // without checking the alignment a second time.
-        if r.size > isize::MAX as u64 - (align - 1) {
+        if r.size > MAX_SIZE {
             return Err(too_big(r.size));
         }
-        // SAFETY: `align` is a power of two (checked above) and the size
-        // obeys Layout's limit, so the layout is valid; the size is non-zero
-        // (check_request), as `alloc` requires.
-        let p =
-            unsafe { std::alloc::alloc(Layout::from_size_align_unchecked(r.size as usize, align as usize)) };
+        let align = r.alignment.max(MIN_ALIGNMENT);
+        // SAFETY: `align` is a power of two and the size, rounded up to it,
+        // stays within isize::MAX (both checked above), so the layout is
+        // valid; the size is non-zero (check_request), as `alloc` requires.
+        // `System` rather than `std::alloc::alloc`: the host gets the C
+        // allocator's memory whatever global allocator this library might
+        // set, and the call skips the global-allocator shims.
+        let layout = unsafe { Layout::from_size_align_unchecked(r.size as usize, align as usize) };
+        let p = unsafe { System.alloc(layout) };
         if p.is_null() {
             return Err(too_big(r.size));
         }
-        let handle = self.table.insert(Issued {
+        let issued = Issued {
             object_id: r.object_id,
             addr: p as u64,
             size: r.size,
             align,
-        });
+        };
+        let Some(handle) = self.table.insert(issued) else {
+            // SAFETY: just allocated with this layout, and never published.
+            unsafe { System.dealloc(p, layout) };
+            return Err(table_full());
+        };
         Ok(Block {
             addr: p as u64,
             size: r.size,
@@ -80,17 +98,17 @@ impl Allocations {
         })
     }
 
+    #[inline(always)]
     fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
         check_owner(obj, "allocation")?;
-        let issued = self
-            .table
-            .remove(obj.handle, |e| e.is(obj))
-            .ok_or_else(|| unknown(obj, "allocation"))?;
-        // SAFETY: the slot held exactly what `allocate` got from
-        // `std::alloc::alloc` with this (valid) size and alignment, and
-        // removing it from the table makes this the only free of that block.
+        let Some(issued) = self.table.remove(obj.handle, |e| e.is(obj)) else {
+            return Err(unknown(obj, "allocation"));
+        };
+        // SAFETY: the slot held exactly what `allocate` got from `System`
+        // with this (valid) size and alignment, and removing it from the
+        // table makes this the only free of that block.
         unsafe {
-            std::alloc::dealloc(
+            System.dealloc(
                 issued.addr as *mut u8,
                 Layout::from_size_align_unchecked(issued.size as usize, issued.align as usize),
             )
@@ -111,6 +129,11 @@ fn too_big(size: u64) -> PluginError {
     PluginError::out_of_memory(format!("allocate: {size} bytes cannot be allocated"))
 }
 
+#[cold]
+fn table_full() -> PluginError {
+    PluginError::out_of_memory("allocate: this thread's shard of the allocation table is full")
+}
+
 impl Allocator for CpuMechanism {
     const HAS_MEMORY_INFO: bool = true;
 
@@ -122,10 +145,12 @@ impl Allocator for CpuMechanism {
         }
     }
 
+    #[inline(always)]
     fn allocate(&self, request: &Request) -> PluginResult<Block> {
         self.allocations.allocate(request)
     }
 
+    #[inline(always)]
     fn deallocate(&self, object: &ObjectRef) -> PluginResult<()> {
         self.allocations.deallocate(object)
     }

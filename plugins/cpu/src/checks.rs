@@ -10,7 +10,7 @@ use memplug_sdk::{ObjectRef, PluginError, PluginResult, Request, Status};
 
 /// Whether `d` is the device this mechanism serves, as one 64-bit compare
 /// rather than two: it runs on every allocate and every free.
-#[inline]
+#[inline(always)]
 fn is_ours(d: &MemplugDevice) -> bool {
     const OURS: u64 = (DEVICE.ordinal as u64) << 32 | DEVICE.kind as u64;
     (u64::from(d.ordinal) << 32 | u64::from(d.kind)) == OURS
@@ -19,16 +19,10 @@ fn is_ours(d: &MemplugDevice) -> bool {
 /// Refuses a reference made by another mechanism (`WRONG_MECHANISM`) or for
 /// another device (`WRONG_DEVICE`), in that order. The handle is checked by
 /// the table that owns the object kind.
-#[inline]
+#[inline(always)]
 pub fn check_owner(obj: &ObjectRef, what: &str) -> PluginResult<()> {
     if obj.mechanism_id != MECHANISM_ID {
-        return Err(PluginError::new(
-            Status::WrongMechanism,
-            format!(
-                "{what} belongs to mechanism {}, not to \"{MECHANISM_NAME}\" (id {MECHANISM_ID})",
-                obj.mechanism_id
-            ),
-        ));
+        return Err(wrong_mechanism(what, obj.mechanism_id));
     }
     if !is_ours(&obj.device) {
         return Err(wrong_device(what, obj.device.kind, obj.device.ordinal));
@@ -36,13 +30,27 @@ pub fn check_owner(obj: &ObjectRef, what: &str) -> PluginResult<()> {
     Ok(())
 }
 
-/// The `UNKNOWN_ALLOCATION` failure for a reference no table accepted.
 #[cold]
+fn wrong_mechanism(what: &str, id: u64) -> PluginError {
+    PluginError::new(
+        Status::WrongMechanism,
+        format!("{what} belongs to mechanism {id}, not to \"{MECHANISM_NAME}\" (id {MECHANISM_ID})"),
+    )
+}
+
+/// The `UNKNOWN_ALLOCATION` failure for a reference no table accepted.
+/// Inlined, so the reference's fields are passed in registers: taking the
+/// reference itself would make the hot callers keep a copy of it in memory.
+#[inline(always)]
 pub fn unknown(obj: &ObjectRef, what: &str) -> PluginError {
+    unknown_object(what, obj.handle, obj.object_id, obj.addr, obj.size)
+}
+
+#[cold]
+fn unknown_object(what: &str, handle: u64, object_id: u64, addr: u64, size: u64) -> PluginError {
     PluginError::unknown_allocation(format!(
-        "{what} (handle {}, object_id {}, addr {:#x}, size {}) does not name a live {what} of mechanism \
-         \"{MECHANISM_NAME}\": never made, already freed, or altered",
-        obj.handle, obj.object_id, obj.addr, obj.size
+        "{what} (handle {handle}, object_id {object_id}, addr {addr:#x}, size {size}) does not name a live \
+         {what} of mechanism \"{MECHANISM_NAME}\": never made, already freed, or altered"
     ))
 }
 
@@ -60,21 +68,30 @@ fn wrong_device(what: &str, kind: u32, ordinal: u32) -> PluginError {
 
 /// Checks what `allocate`, `reserve` and `create` have in common: the
 /// device, no flag bits (ABI 1.0 defines none) and a non-zero size.
-#[inline]
+#[inline(always)]
 pub fn check_request(r: &Request, what: &str) -> PluginResult<()> {
     if !is_ours(&r.device) {
         return Err(wrong_device(what, r.device.kind, r.device.ordinal));
     }
     if r.flags != 0 {
-        return Err(PluginError::invalid_argument(format!(
-            "{what}: request flags {:#x} are unknown (ABI 1.0 defines none)",
-            r.flags
-        )));
+        return Err(unknown_flags(what, r.flags));
     }
     if r.size == 0 {
-        return Err(PluginError::invalid_argument(format!("{what}: size is zero")));
+        return Err(zero_size(what));
     }
     Ok(())
+}
+
+#[cold]
+fn zero_size(what: &str) -> PluginError {
+    PluginError::invalid_argument(format!("{what}: size is zero"))
+}
+
+#[cold]
+fn unknown_flags(what: &str, flags: u32) -> PluginError {
+    PluginError::invalid_argument(format!(
+        "{what}: request flags {flags:#x} are unknown (ABI 1.0 defines none)"
+    ))
 }
 
 /// `size` rounded up to the granularity, or `OUT_OF_MEMORY` when the

@@ -27,6 +27,7 @@ mod os;
 mod ranges;
 mod reservations;
 mod shared;
+mod slots;
 mod streams;
 mod virtual_backing;
 

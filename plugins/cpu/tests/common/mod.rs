@@ -83,6 +83,18 @@ pub fn refused<T: std::fmt::Debug>(r: Outcome<T>, status: Status) -> String {
     }
 }
 
+/// Asserts a pending-fence answer: the code, and no message — "not yet"
+/// is an answer, not a failure, so polling never allocates a message.
+pub fn pending<T: std::fmt::Debug>(r: Outcome<T>, status: Status) {
+    match r {
+        Ok(v) => panic!("expected {status}, the call succeeded with {v:?}"),
+        Err(f) => {
+            assert_eq!(f.status, status, "wrong status; message: {}", f.message);
+            assert!(f.message.is_empty(), "{status} carried a message: {}", f.message);
+        }
+    }
+}
+
 /// The device the CPU mechanism serves.
 pub const CPU0: MemplugDevice = MemplugDevice {
     kind: MEMPLUG_DEVICE_CPU,

@@ -1,0 +1,313 @@
+//! The handle table of plain allocations, the one table on the path
+//! benchmarked against malloc/free (DESIGN.md §6: per-allocation
+//! bookkeeping is a slab slot, not a global map).
+//!
+//! [`Table`](crate::handles::Table) (a `slab::Slab` behind a
+//! `std::sync::Mutex`) serves every other kind of object; this one is built
+//! for the allocate/free pair:
+//!
+//! * **Sharded.** [`SHARDS`] independent slot arrays, each behind its own
+//!   lock on its own cache lines. An insert goes to the shard picked by the
+//!   calling thread's stack address (one shift and mask, no thread-local
+//!   lookup, which in a `dlopen`ed library is a call to `__tls_get_addr`),
+//!   so threads mostly stay out of each other's way; the shard is stored
+//!   in the handle's high 32 bits, so a remove from any thread finds it.
+//! * **A short lock.** Each shard's lock is a [`SpinLock`]: acquire is one
+//!   compare-exchange and release one store, where an uncontended
+//!   `std::sync::Mutex` pays for poison bookkeeping on both sides. That is
+//!   only sound because every critical section is a handful of loads and
+//!   stores (the memory call is made outside it) and a waiter yields its
+//!   CPU after a short spin, so a preempted holder is not starved.
+//! * **An intrusive free list.** A free slot holds the index of the next
+//!   free one, so an insert or remove is O(1) with no search.
+//!
+//! A handle is `shard << 32 | (index + 1)`: zero never names anything, and
+//! a lookup is two indexes. A key alone is not an identity (slots are
+//! reused), so a remove also takes a `verify` predicate, as
+//! [`Table`](crate::handles::Table)'s do.
+
+use std::cell::UnsafeCell;
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Number of shards: a power of two, comfortably above the number of threads
+/// that allocate at once on most machines.
+pub const SHARDS: usize = 16;
+
+/// Ends the free list (all ones: the test for it is one compare).
+const NONE: u32 = u32::MAX;
+/// Marks a slot that holds a live value (in place of a free-list link).
+const LIVE: u32 = u32::MAX - 1;
+/// Slots per shard: every index, plus one, must fit the handle's low 32
+/// bits and stay clear of the two markers above.
+const MAX_SLOTS: usize = LIVE as usize;
+
+/// One slot: a value, and whether it is live. A free slot keeps its stale
+/// value; only `next` says which it is.
+struct Slot<T> {
+    value: T,
+    /// [`LIVE`], or the index of the next free slot ([`NONE`] for the last).
+    next: u32,
+}
+
+/// One shard: slots, the head of their free list, and how many are live.
+struct Shard<T> {
+    slots: Vec<Slot<T>>,
+    free: u32,
+    live: usize,
+}
+
+/// A shard on cache lines of its own (two lines: adjacent-line prefetch
+/// would otherwise couple neighbours).
+#[repr(align(128))]
+struct Padded<T>(SpinLock<Shard<T>>);
+
+/// Live values of type `T`, in [`SHARDS`] shards.
+pub struct Slots<T> {
+    shards: [Padded<T>; SHARDS],
+}
+
+impl<T> Default for Slots<T> {
+    fn default() -> Self {
+        Slots {
+            shards: std::array::from_fn(|_| {
+                Padded(SpinLock::new(Shard {
+                    slots: Vec::new(),
+                    free: NONE,
+                    live: 0,
+                }))
+            }),
+        }
+    }
+}
+
+/// The shard for an insert from this thread. Threads run on different
+/// stacks, usually at least 2 MiB apart (Rust's default thread stack is
+/// 2 MiB, the main thread's 8 MiB), so bits 21 and up of a local's address
+/// tell them apart. It is only a hint against contention: threads with
+/// smaller stacks may share a shard, and correctness never depends on which
+/// shard is chosen.
+#[inline(always)]
+fn local_shard() -> usize {
+    let marker = 0u8;
+    (core::ptr::addr_of!(marker) as usize >> 21) % SHARDS
+}
+
+/// The handle of slot `index` of shard `shard`.
+#[inline(always)]
+fn handle_of(shard: usize, index: usize) -> u64 {
+    (shard as u64) << 32 | (index as u64 + 1)
+}
+
+impl<T: Copy> Slots<T> {
+    /// Stores `value` and returns its handle; `None` only when the shard
+    /// already holds `MAX_SLOTS` values.
+    #[inline(always)]
+    pub fn insert(&self, value: T) -> Option<u64> {
+        let shard = local_shard();
+        let mut guard = self.shards[shard].0.lock();
+        let s = &mut *guard;
+        let index = if s.free != NONE {
+            let index = s.free as usize;
+            // SAFETY: only `remove` puts an index on the free list, after
+            // finding its slot, and slots are never taken out of `slots`.
+            let slot = unsafe { s.slots.get_unchecked_mut(index) };
+            s.free = slot.next;
+            *slot = Slot { value, next: LIVE };
+            index
+        } else {
+            if s.slots.len() >= MAX_SLOTS {
+                return None;
+            }
+            s.slots.push(Slot { value, next: LIVE });
+            s.slots.len() - 1
+        };
+        s.live += 1;
+        Some(handle_of(shard, index))
+    }
+
+    /// Removes and returns the value `handle` names if it is live and
+    /// `verify` accepts it; `None` otherwise, with nothing changed.
+    #[inline(always)]
+    pub fn remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Option<T> {
+        let shard = self.shards.get((handle >> 32) as usize)?;
+        let index = (handle as u32).checked_sub(1)? as usize;
+        let mut guard = shard.0.lock();
+        let s = &mut *guard;
+        let slot = s.slots.get_mut(index)?;
+        if slot.next != LIVE || !verify(&slot.value) {
+            return None;
+        }
+        slot.next = s.free;
+        s.free = index as u32;
+        s.live -= 1;
+        Some(slot.value)
+    }
+
+    /// Number of live values. Each shard is counted under its lock, so the
+    /// answer is exact whenever no insert or remove runs concurrently.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().live).sum()
+    }
+}
+
+/// A lock for critical sections of a few instructions; see the module
+/// documentation for why it spins.
+struct SpinLock<T> {
+    locked: AtomicBool,
+    value: UnsafeCell<T>,
+}
+
+// SAFETY: the lock hands out access to `value` to one thread at a time.
+unsafe impl<T: Send> Sync for SpinLock<T> {}
+
+impl<T> SpinLock<T> {
+    const fn new(value: T) -> Self {
+        SpinLock {
+            locked: AtomicBool::new(false),
+            value: UnsafeCell::new(value),
+        }
+    }
+
+    #[inline(always)]
+    fn lock(&self) -> SpinGuard<'_, T> {
+        if self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
+            self.lock_contended();
+        }
+        SpinGuard { lock: self }
+    }
+
+    /// Spins a little (the holder is a few instructions from done), then
+    /// yields the CPU between tries, in case the holder was preempted.
+    #[cold]
+    #[inline(never)]
+    fn lock_contended(&self) {
+        let mut spins = 0u32;
+        loop {
+            // Wait for a release without writing the line, then try.
+            while self.locked.load(Ordering::Relaxed) {
+                if spins < 64 {
+                    spins += 1;
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+            if self
+                .locked
+                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_ok()
+            {
+                return;
+            }
+        }
+    }
+}
+
+struct SpinGuard<'a, T> {
+    lock: &'a SpinLock<T>,
+}
+
+impl<T> Deref for SpinGuard<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: the guard holds the lock.
+        unsafe { &*self.lock.value.get() }
+    }
+}
+
+impl<T> DerefMut for SpinGuard<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: the guard holds the lock.
+        unsafe { &mut *self.lock.value.get() }
+    }
+}
+
+impl<T> Drop for SpinGuard<'_, T> {
+    #[inline(always)]
+    fn drop(&mut self) {
+        self.lock.locked.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn handles_name_shard_and_slot_and_zero_names_nothing() {
+        let t = Slots::default();
+        let h = t.insert(7u32).unwrap();
+        assert_ne!(h, 0);
+        assert!((h >> 32) < SHARDS as u64);
+        assert_eq!(t.remove(0, |_| true), None);
+        assert_eq!(t.remove(h | 1 << 40, |_| true), None, "no such shard");
+        assert_eq!(t.remove(h + 1, |_| true), None, "no such slot");
+        assert_eq!(t.remove(h, |v| *v == 7), Some(7));
+    }
+
+    #[test]
+    fn verify_guards_every_removal_and_a_freed_slot_is_dead() {
+        let t = Slots::default();
+        let h = t.insert(7u32).unwrap();
+        assert_eq!(t.remove(h, |v| *v == 8), None);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.remove(h, |v| *v == 7), Some(7));
+        assert_eq!(t.len(), 0);
+        // The stale value is still in the slot; liveness is what refuses it.
+        assert_eq!(t.remove(h, |_| true), None);
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn free_slots_are_reused_last_freed_first() {
+        let t = Slots::default();
+        let a = t.insert(1u32).unwrap();
+        let b = t.insert(2u32).unwrap();
+        assert_eq!(t.remove(a, |_| true), Some(1));
+        assert_eq!(t.remove(b, |_| true), Some(2));
+        assert_eq!(t.insert(3u32), Some(b));
+        assert_eq!(t.insert(4u32), Some(a));
+        assert_eq!(t.len(), 2);
+    }
+
+    #[test]
+    fn threads_inserting_and_removing_across_shards_balance() {
+        let t = Arc::new(Slots::default());
+        let value = |k: usize, i: usize| (k as u64) << 32 | i as u64;
+        let makers: Vec<_> = (0..4)
+            .map(|k| {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || {
+                    (0..5_000)
+                        .map(|i| t.insert(value(k, i)).unwrap())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let made: Vec<Vec<u64>> = makers.into_iter().map(|j| j.join().unwrap()).collect();
+        assert_eq!(t.len(), 20_000);
+        // Each thread frees what another made.
+        let freers: Vec<_> = made
+            .into_iter()
+            .enumerate()
+            .map(|(k, hs)| {
+                let t = Arc::clone(&t);
+                std::thread::spawn(move || {
+                    for (i, h) in hs.into_iter().enumerate() {
+                        assert_eq!(t.remove(h, |v| *v == value(k, i)), Some(value(k, i)));
+                    }
+                })
+            })
+            .collect();
+        for j in freers {
+            j.join().unwrap();
+        }
+        assert_eq!(t.len(), 0);
+    }
+}
