@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The main job: builds memplug and inspects the reference CPU plugin.
+# The main job: builds memplug and runs its demo: a scripted LLM-serving
+# scenario on the reference CPU plugin under a hard budget (see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 cargo build --release -p memplug-plugin-cpu -p memplug-cli
-exec target/release/memplug inspect "$@"
+exec target/release/memplug demo "$@"

@@ -3,6 +3,7 @@
 use crate::locate;
 use memplug_host::{Mechanism, Plugin};
 use serde::Serialize;
+use std::io::Write;
 use std::path::Path;
 
 #[derive(Serialize)]
@@ -64,47 +65,84 @@ fn mechanism_view(m: &Mechanism) -> MechanismView {
             .allocator()
             .memory_info()
             .and_then(|r| r.ok())
-            .map(|i| MemoryView { free_bytes: i.free_bytes, total_bytes: i.total_bytes }),
+            .map(|i| MemoryView {
+                free_bytes: i.free_bytes,
+                total_bytes: i.total_bytes,
+            }),
     }
 }
 
-fn print_table(v: &PluginView) {
-    println!("plugin      {} {}", v.name, v.version);
-    println!("origin      {}", v.origin);
-    println!("abi         {} (plugin speaks {})", v.abi, v.plugin_abi_range);
-    println!("mechanisms  {}", v.mechanisms.len());
+fn print_table(out: &mut impl Write, v: &PluginView) -> std::io::Result<()> {
+    writeln!(out, "plugin      {} {}", v.name, v.version)?;
+    writeln!(out, "origin      {}", v.origin)?;
+    writeln!(
+        out,
+        "abi         {} (plugin speaks {})",
+        v.abi, v.plugin_abi_range
+    )?;
+    writeln!(out, "mechanisms  {}", v.mechanisms.len())?;
     for m in &v.mechanisms {
-        println!();
-        println!("  mechanism     {} (id {})", m.name, m.id);
-        println!("  device        {}", m.device);
+        writeln!(out)?;
+        writeln!(out, "  mechanism     {} (id {})", m.name, m.id)?;
+        writeln!(out, "  device        {}", m.device)?;
         let mut caps = m.capabilities.join(", ");
         if m.unknown_capability_bits != 0 {
-            caps.push_str(&format!(", unknown bits {:#x} (ignored)", m.unknown_capability_bits));
+            caps.push_str(&format!(
+                ", unknown bits {:#x} (ignored)",
+                m.unknown_capability_bits
+            ));
         }
-        println!("  capabilities  {caps}");
-        println!("  alignment     min {} B, max {} B", m.min_alignment, m.max_alignment);
-        println!("  granularity   {}", if m.granularity == 0 { "-".to_string() } else { format!("{} B", m.granularity) });
+        writeln!(out, "  capabilities  {caps}")?;
+        writeln!(
+            out,
+            "  alignment     min {} B, max {} B",
+            m.min_alignment, m.max_alignment
+        )?;
+        writeln!(
+            out,
+            "  granularity   {}",
+            if m.granularity == 0 {
+                "-".to_string()
+            } else {
+                format!("{} B", m.granularity)
+            }
+        )?;
         if let Some(adopt) = m.stream_adopt {
-            println!("  stream adopt  {}", if adopt { "yes" } else { "no (plugin-made streams only)" });
+            writeln!(
+                out,
+                "  stream adopt  {}",
+                if adopt {
+                    "yes"
+                } else {
+                    "no (plugin-made streams only)"
+                }
+            )?;
         }
         match &m.memory {
-            Some(mem) => println!(
+            Some(mem) => writeln!(
+                out,
                 "  memory        {:.1} GiB free of {:.1} GiB",
                 mem.free_bytes as f64 / (1u64 << 30) as f64,
                 mem.total_bytes as f64 / (1u64 << 30) as f64
-            ),
-            None => println!("  memory        not reported by this mechanism"),
+            )?,
+            None => writeln!(out, "  memory        not reported by this mechanism")?,
         }
     }
+    Ok(())
 }
 
 pub fn run(plugin: Option<&Path>, json: bool) -> Result<(), Box<dyn std::error::Error>> {
     let p = locate::load(plugin)?;
     let v = view(&p);
-    if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
+    let mut out = std::io::stdout().lock();
+    let written = if json {
+        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)
     } else {
-        print_table(&v);
+        print_table(&mut out, &v)
+    };
+    match written {
+        // A reader that stops early (`| head`) is not an error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
-    Ok(())
 }

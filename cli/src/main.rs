@@ -1,6 +1,9 @@
-//! `memplug`: the front door. `inspect [PLUGIN] [--json]` shows what a
-//! plugin publishes; without PLUGIN it inspects the reference CPU plugin.
+//! `memplug`: the front door. `demo [--json]` runs a scripted LLM-serving
+//! scenario on the reference CPU plugin under a hard budget and checks it
+//! against the kernel; `inspect [PLUGIN] [--json]` shows what a plugin
+//! publishes (without PLUGIN, the reference CPU plugin).
 
+mod demo;
 mod inspect;
 mod locate;
 
@@ -9,7 +12,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "memplug", version, about = "memplug: a C-ABI plugin SDK for device-memory mechanisms")]
+#[command(
+    name = "memplug",
+    version,
+    about = "memplug: a C-ABI plugin SDK for device-memory mechanisms"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -17,6 +24,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a scripted LLM-serving scenario on the reference CPU plugin under
+    /// a hard 64 MiB budget: weights evicted under pressure, a shared
+    /// prefix, KV regions growing at stable addresses, an OutOfBudget that
+    /// rolls back, a free ordered behind a fence; print the timeline and a
+    /// ledger that ends at zero, checked against /proc/self/{pagemap,smaps}.
+    /// Exits non-zero if any check fails.
+    Demo {
+        /// Print one JSON document (scenario, timeline, measurements,
+        /// ledger, checks) instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a plugin's ABI version, mechanisms, devices, capabilities,
     /// granularity and alignment.
     Inspect {
@@ -31,6 +50,7 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Demo { json } => demo::run(json),
         Command::Inspect { plugin, json } => inspect::run(plugin.as_deref(), json),
     };
     match result {

@@ -72,16 +72,12 @@ impl BindingInner {
     }
 
     /// A grant, asking holders and waiting when the fast path has no room.
+    /// One call into the governor, so a refusal is counted once; the clock
+    /// is read only by bindings that may wait.
     #[inline]
     fn grant(&self, bytes: u64) -> Result<Grant<'_>, BindingError> {
-        match self.pool.try_reserve(bytes, self.class, self.holder) {
-            Ok(g) => Ok(g),
-            Err(GovernorError::OutOfBudget(_)) => {
-                let deadline = self.wait.map(|w| Instant::now() + w);
-                Ok(self.pool.reserve(bytes, self.class, self.holder, deadline)?)
-            }
-            Err(e) => Err(e.into()),
-        }
+        let deadline = self.wait.map(|w| Instant::now() + w);
+        Ok(self.pool.reserve(bytes, self.class, self.holder, deadline)?)
     }
 
     fn quarantine(&self, what: String, lease: Option<Lease>) {
@@ -251,16 +247,32 @@ impl MemoryBinding {
         // Fill through a temporary writable mapping.
         let filled = (|| -> Result<(), BindingError> {
             let tmp = vb.reserve(len)?;
-            let mapped = sm.map(&object, 0, &tmp, 0, len, Access::ReadWrite);
-            if mapped.is_ok() {
+            let mut result = sm
+                .map(&object, 0, &tmp, 0, len, Access::ReadWrite)
+                .map_err(BindingError::from);
+            if result.is_ok() {
                 init(&mut RegionView {
                     addr: tmp.addr(),
                     len,
                 });
-                sm.unmap(&tmp, 0, len)?;
+                result = sm.unmap(&tmp, 0, len).map_err(Into::into);
             }
-            vb.release(tmp).map_err(|e| e.error)?;
-            mapped.map_err(Into::into)
+            // Always give the temporary reservation back: releasing it also
+            // drops a mapping whose unmap failed. One the plugin will not
+            // release is quarantined, never dropped silently (invariant 7).
+            if let Err(e) = vb.release(tmp) {
+                b.quarantine(
+                    format!(
+                        "temporary reservation {} of a shared prefix: {}",
+                        e.object.object_id(),
+                        e.error
+                    ),
+                    None,
+                );
+                std::mem::forget(e.object);
+                result = result.and(Err(e.error.into()));
+            }
+            result
         })();
         if let Err(e) = filled {
             if sm.release(object).is_ok() {
@@ -551,6 +563,12 @@ impl Region {
         self.fences.push(fence);
     }
 
+    /// Releases the region after `fences` (and any recorded with
+    /// `used_by`), as `OwnedAllocation::release_after` does.
+    pub fn release_after(mut self, fences: impl IntoIterator<Item = SharedFence>) {
+        self.fences.extend(fences);
+    }
+
     /// Maps `prefix` read-only at the start of an empty region; the private
     /// part then begins after it. Charges nothing (the prefix is charged
     /// once, at creation).
@@ -673,7 +691,8 @@ impl Region {
 
     /// Shrinks the private part to `len` usable bytes (rounded up to the
     /// granularity). The tail is decommitted and refunded after `fences`
-    /// (now, when there are none).
+    /// and every fence recorded with [`used_by`](Self::used_by) (now, when
+    /// there are none).
     pub fn shrink_to(&mut self, len: u64, fences: Vec<SharedFence>) -> Result<(), BindingError> {
         let keep = round_up(len.saturating_sub(self.base), self.granularity).unwrap_or(u64::MAX);
         if keep >= self.committed {
@@ -696,9 +715,11 @@ impl Region {
             .push((offset, delta));
         // The region's own release must wait for these fences too, so it
         // can never run before this decommit (which needs the reservation).
-        self.fences.extend(fences.iter().cloned());
+        self.fences.extend(fences);
         self.committed = keep;
-        self.binding.queue.release(fences, Box::new(job));
+        // The tail may be in use by any work recorded on the region with
+        // `used_by`, not only by the work named here (invariant 4).
+        self.binding.queue.release(self.fences.clone(), Box::new(job));
         Ok(())
     }
 }
