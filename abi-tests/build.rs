@@ -36,17 +36,11 @@ fn main() {
     write(&out.join("memplug_bindings.rs"), &bindings);
 
     let header_items = Items::collect(&bindings, "bindgen output of include/memplug.h");
-    write(
-        &out.join("bindgen_layout.rs"),
-        &header_items.tables("bindings", "memplug_abi_tests::layout"),
-    );
+    write(&out.join("bindgen_layout.rs"), &header_items.tables("bindings", "memplug_abi_tests::layout"));
 
     let sdk_src = fs::read_to_string(&abi_rs).unwrap_or_else(|e| panic!("read {}: {e}", abi_rs.display()));
     let sdk_items = Items::collect(&sdk_src, "sdk/src/abi.rs");
-    write(
-        &out.join("sdk_layout.rs"),
-        &sdk_items.tables("memplug_sdk::abi", "crate::layout"),
-    );
+    write(&out.join("sdk_layout.rs"), &sdk_items.tables("memplug_sdk::abi", "crate::layout"));
 }
 
 fn run_bindgen(header: &Path) -> String {
@@ -170,27 +164,15 @@ impl Items {
         writeln!(s, "    ]\n}}\n").unwrap();
 
         writeln!(s, "/// Every integer constant, widened without loss.").unwrap();
-        writeln!(
-            s,
-            "pub fn int_constants() -> ::std::vec::Vec<(&'static str, i128)> {{"
-        )
-        .unwrap();
+        writeln!(s, "pub fn int_constants() -> ::std::vec::Vec<(&'static str, i128)> {{").unwrap();
         writeln!(s, "    ::std::vec![").unwrap();
         for name in &self.int_consts {
             writeln!(s, "        ({name:?}, {p}::{name} as i128),").unwrap();
         }
         writeln!(s, "    ]\n}}\n").unwrap();
 
-        writeln!(
-            s,
-            "/// Every string constant, as bytes (a C string keeps its NUL)."
-        )
-        .unwrap();
-        writeln!(
-            s,
-            "pub fn str_constants() -> ::std::vec::Vec<(&'static str, &'static [u8])> {{"
-        )
-        .unwrap();
+        writeln!(s, "/// Every string constant, as bytes (a C string keeps its NUL).").unwrap();
+        writeln!(s, "pub fn str_constants() -> ::std::vec::Vec<(&'static str, &'static [u8])> {{").unwrap();
         writeln!(s, "    ::std::vec![").unwrap();
         for name in &self.str_consts {
             writeln!(s, "        ({name:?}, {t}::AsBytes::as_bytes_(&{p}::{name})),").unwrap();

@@ -26,16 +26,8 @@ pub const STRICT_WARNINGS: &[&str] = &["-Wall", "-Wextra", "-Wpedantic", "-Werro
 
 /// The flags [`compile_c_plugin`] uses: C99, position-independent shared
 /// library, only `MEMPLUG_EXPORT` symbols visible, strict warnings.
-pub const C_PLUGIN_FLAGS: &[&str] = &[
-    "-std=c99",
-    "-shared",
-    "-fPIC",
-    "-fvisibility=hidden",
-    "-Wall",
-    "-Wextra",
-    "-Wpedantic",
-    "-Werror",
-];
+pub const C_PLUGIN_FLAGS: &[&str] =
+    &["-std=c99", "-shared", "-fPIC", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wpedantic", "-Werror"];
 
 /// The workspace root (the directory holding `include/`, `sdk/`, …).
 pub fn repo_root() -> PathBuf {
@@ -52,9 +44,7 @@ pub fn include_dir() -> PathBuf {
 /// The directory of the running test executable: `target/<profile>/deps`.
 fn exe_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    exe.parent()
-        .expect("test executable has a directory")
-        .to_path_buf()
+    exe.parent().expect("test executable has a directory").to_path_buf()
 }
 
 /// Cargo's target directory, found from the running executable: the nearest
@@ -85,9 +75,7 @@ pub fn test_tmp_dir(name: &str) -> PathBuf {
     let base = target_dir().join("tmp").join("memplug-abi-tests");
     SWEPT.get_or_init(|| sweep_dead_process_dirs(&base));
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
-    let dir = base
-        .join(std::process::id().to_string())
-        .join(format!("{seq:03}-{}", sanitize(name)));
+    let dir = base.join(std::process::id().to_string()).join(format!("{seq:03}-{}", sanitize(name)));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("create {}: {e}", dir.display()));
     dir
@@ -109,25 +97,13 @@ fn sweep_dead_process_dirs(base: &Path) {
 }
 
 fn sanitize(name: &str) -> String {
-    name.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' }).collect()
 }
 
 /// File name of a shared library called `name` on this platform
 /// (`libname.so` on Linux).
 pub fn cdylib_file_name(name: &str) -> String {
-    format!(
-        "{}{name}{}",
-        std::env::consts::DLL_PREFIX,
-        std::env::consts::DLL_SUFFIX
-    )
+    format!("{}{name}{}", std::env::consts::DLL_PREFIX, std::env::consts::DLL_SUFFIX)
 }
 
 /// Finds the cdylib of crate library `name` (for example
@@ -162,20 +138,15 @@ pub fn find_cdylib(name: &str, env_override: &str) -> PathBuf {
     panic!(
         "{file} not found (tried {}). List its crate under [dev-dependencies] of the test's \
          crate so cargo builds it, or set {env_override}=/path/to/{file}",
-        tried
-            .iter()
-            .map(|p| p.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+        tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
     );
 }
 
 /// Runs a compiler (or any tool); panics with the command line and its
 /// output unless it succeeds.
 pub fn run_tool(mut cmd: Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {:?}: {e} (is it installed?)", cmd.get_program()));
+    let out =
+        cmd.output().unwrap_or_else(|e| panic!("cannot run {:?}: {e} (is it installed?)", cmd.get_program()));
     assert!(
         out.status.success(),
         "{cmd:?} failed ({}):\n{}{}",
@@ -262,10 +233,7 @@ pub fn bad_plugin(variant: Option<&str>) -> PathBuf {
         );
     }
     let cell = {
-        let mut map = CACHE
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut map = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
         map.entry(variant.map(str::to_owned)).or_default().clone()
     };
     // Compiling outside the map's lock lets variants build in parallel.

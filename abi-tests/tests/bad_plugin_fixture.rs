@@ -51,17 +51,9 @@ fn load(path: &Path) -> Loaded {
         plugin: core::ptr::null(),
     };
     let mut message = String::new();
-    let sink = MemplugMessageSink {
-        ctx: (&mut message as *mut String).cast(),
-        write: Some(record),
-    };
+    let sink = MemplugMessageSink { ctx: (&mut message as *mut String).cast(), write: Some(record) };
     let status = unsafe { entry(&host, &mut answer, &sink) };
-    Loaded {
-        _lib: lib,
-        status,
-        message,
-        answer,
-    }
+    Loaded { _lib: lib, status, message, answer }
 }
 
 fn load_variant(v: &str) -> Loaded {
@@ -69,14 +61,7 @@ fn load_variant(v: &str) -> Loaded {
 }
 
 fn request(size: u64, device: MemplugDevice, object_id: u64) -> MemplugRequest {
-    MemplugRequest {
-        struct_size: MEMPLUG_REQUEST_SIZE_1_0,
-        flags: 0,
-        size,
-        alignment: 16,
-        object_id,
-        device,
-    }
+    MemplugRequest { struct_size: MEMPLUG_REQUEST_SIZE_1_0, flags: 0, size, alignment: 16, object_id, device }
 }
 
 /// Allocates and frees through the raw vtable, checking identity and
@@ -87,21 +72,11 @@ fn allocate_and_free(l: &Loaded, device: MemplugDevice) {
     let a = unsafe { &*m.allocator };
     let live = p.live_objects.expect("live_objects");
     let mut msg = String::new();
-    let sink = MemplugMessageSink {
-        ctx: (&mut msg as *mut String).cast(),
-        write: Some(record),
-    };
+    let sink = MemplugMessageSink { ctx: (&mut msg as *mut String).cast(), write: Some(record) };
     let r = request(100, device, 41);
-    let mut b = MemplugBlock {
-        struct_size: MEMPLUG_BLOCK_SIZE_1_0,
-        ..Default::default()
-    };
+    let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
     unsafe {
-        assert_eq!(
-            a.allocate.unwrap()(m.ctx, &r, &mut b, &sink),
-            MEMPLUG_STATUS_OK,
-            "{msg}"
-        );
+        assert_eq!(a.allocate.unwrap()(m.ctx, &r, &mut b, &sink), MEMPLUG_STATUS_OK, "{msg}");
         assert_eq!(b.addr % 16, 0);
         core::ptr::write_bytes(b.addr as *mut u8, 0x5a, b.size as usize);
         assert_eq!(live(p.ctx), 1);
@@ -115,28 +90,15 @@ fn allocate_and_free(l: &Loaded, device: MemplugDevice) {
             size: b.size,
             handle: b.handle,
         };
-        assert_eq!(
-            a.deallocate.unwrap()(m.ctx, &o, &sink),
-            MEMPLUG_STATUS_WRONG_MECHANISM
-        );
+        assert_eq!(a.deallocate.unwrap()(m.ctx, &o, &sink), MEMPLUG_STATUS_WRONG_MECHANISM);
         o.mechanism_id = m.mechanism_id;
-        assert_eq!(
-            a.deallocate.unwrap()(m.ctx, &o, &sink),
-            MEMPLUG_STATUS_OK,
-            "{msg}"
-        );
-        assert_eq!(
-            a.deallocate.unwrap()(m.ctx, &o, &sink),
-            MEMPLUG_STATUS_UNKNOWN_ALLOCATION
-        );
+        assert_eq!(a.deallocate.unwrap()(m.ctx, &o, &sink), MEMPLUG_STATUS_OK, "{msg}");
+        assert_eq!(a.deallocate.unwrap()(m.ctx, &o, &sink), MEMPLUG_STATUS_UNKNOWN_ALLOCATION);
         assert_eq!(live(p.ctx), 0);
     }
 }
 
-const CPU0: MemplugDevice = MemplugDevice {
-    kind: MEMPLUG_DEVICE_CPU,
-    ordinal: 0,
-};
+const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 #[test]
 fn default_is_a_correct_minimal_plugin() {
@@ -165,14 +127,8 @@ fn every_variant_is_known_to_the_c_source() {
     let src =
         std::fs::read_to_string(memplug_abi_tests::repo_root().join("abi-tests/c/bad_plugin.c")).unwrap();
     for v in BAD_PLUGIN_VARIANTS {
-        assert!(
-            src.contains(&format!("defined({v})")),
-            "{v} is not counted in the #error guard"
-        );
-        assert!(
-            src.contains(&format!(" * {v} ")),
-            "{v} is not in the header comment"
-        );
+        assert!(src.contains(&format!("defined({v})")), "{v} is not counted in the #error guard");
+        assert!(src.contains(&format!(" * {v} ")), "{v} is not in the header comment");
     }
 }
 
@@ -272,14 +228,8 @@ fn variants_a_host_must_load() {
     let m = l.mechanism(0);
     let a = unsafe { &*m.allocator };
     let mut msg = String::new();
-    let sink = MemplugMessageSink {
-        ctx: (&mut msg as *mut String).cast(),
-        write: Some(record),
-    };
-    let mut b = MemplugBlock {
-        struct_size: MEMPLUG_BLOCK_SIZE_1_0,
-        ..Default::default()
-    };
+    let sink = MemplugMessageSink { ctx: (&mut msg as *mut String).cast(), write: Some(record) };
+    let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
     let status = unsafe { a.allocate.unwrap()(m.ctx, &request(8, CPU0, 1), &mut b, &sink) };
     assert_eq!(status, 777);
     assert!(msg.contains("777"), "{msg:?}");

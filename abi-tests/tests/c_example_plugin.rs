@@ -12,12 +12,8 @@ use std::process::Command;
 
 fn contract_holds_with(compiler: &str) {
     let dir = repo_root().join("c-examples/plugin");
-    let plugin = compile_c_plugin_with(
-        compiler,
-        &dir.join("example_plugin.c"),
-        &[],
-        "memplug_example_plugin",
-    );
+    let plugin =
+        compile_c_plugin_with(compiler, &dir.join("example_plugin.c"), &[], "memplug_example_plugin");
 
     let exe = test_tmp_dir(&format!("test_example_plugin-{compiler}")).join("test_example_plugin");
     let mut cmd = Command::new(compiler);
@@ -31,10 +27,7 @@ fn contract_holds_with(compiler: &str) {
         .args(["-lpthread", "-ldl"]);
     run_tool(cmd);
 
-    let out = Command::new(&exe)
-        .arg(&plugin)
-        .output()
-        .expect("run test_example_plugin");
+    let out = Command::new(&exe).arg(&plugin).output().expect("run test_example_plugin");
     assert!(
         out.status.success(),
         "the C example plugin built with {compiler} broke its contract ({}):\n{}{}",

@@ -60,10 +60,7 @@ fn compile_c11(src: &Path) {
 #[test]
 fn c_compiler_agrees_with_rust_layouts() {
     let asserts = generated_asserts();
-    assert!(
-        asserts.matches("CHECK(").count() > 150,
-        "too few checks generated:\n{asserts}"
-    );
+    assert!(asserts.matches("CHECK(").count() > 150, "too few checks generated:\n{asserts}");
     let dir = test_tmp_dir("c_layout");
     let src = dir.join("rust_layouts.c");
     std::fs::write(&src, asserts).unwrap();
@@ -77,10 +74,7 @@ fn a_wrong_layout_fails_to_compile() {
         "CHECK(offsetof(MemplugObjectRef, handle) == 48);",
         "CHECK(offsetof(MemplugObjectRef, handle) == 40);",
     );
-    assert!(
-        asserts.contains("handle) == 40"),
-        "the line to break was not generated"
-    );
+    assert!(asserts.contains("handle) == 40"), "the line to break was not generated");
     let dir = test_tmp_dir("c_layout_wrong");
     let src = dir.join("wrong.c");
     std::fs::write(&src, asserts).unwrap();
@@ -95,10 +89,7 @@ fn a_wrong_layout_fails_to_compile() {
         .expect("run cc");
     assert!(!out.status.success(), "a wrong offset compiled");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("MemplugObjectRef, handle"),
-        "unexpected error: {stderr}"
-    );
+    assert!(stderr.contains("MemplugObjectRef, handle"), "unexpected error: {stderr}");
 }
 
 #[test]

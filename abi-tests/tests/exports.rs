@@ -22,12 +22,7 @@ fn exactly(names: &[&str]) -> BTreeSet<String> {
 
 fn assert_exports(lib: &Path, expected: &[&str]) {
     let got = exported_symbols(lib);
-    assert_eq!(
-        got,
-        exactly(expected),
-        "{} must export exactly {expected:?}",
-        lib.display()
-    );
+    assert_eq!(got, exactly(expected), "{} must export exactly {expected:?}", lib.display());
 }
 
 #[test]
@@ -53,11 +48,7 @@ fn bad_plugins_export_only_their_entry_symbol() {
         std::thread::scope(|s| {
             for v in pair {
                 s.spawn(move || {
-                    let expected = if *v == "BAD_NO_ENTRY" {
-                        "memplug_plugin"
-                    } else {
-                        "memplug_plugin_v1"
-                    };
+                    let expected = if *v == "BAD_NO_ENTRY" { "memplug_plugin" } else { "memplug_plugin_v1" };
                     assert_exports(&bad_plugin(Some(v)), &[expected]);
                 });
             }

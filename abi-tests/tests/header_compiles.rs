@@ -11,11 +11,7 @@ use std::process::Command;
 
 fn syntax_check(compiler: &str, std: &str, lang: Option<&str>, src: &std::path::Path) {
     let mut cmd = Command::new(compiler);
-    cmd.arg(format!("-std={std}"))
-        .args(STRICT_WARNINGS)
-        .arg("-I")
-        .arg(include_dir())
-        .arg("-fsyntax-only");
+    cmd.arg(format!("-std={std}")).args(STRICT_WARNINGS).arg("-I").arg(include_dir()).arg("-fsyntax-only");
     if let Some(lang) = lang {
         cmd.args(["-x", lang]);
     }
@@ -100,10 +96,7 @@ fn entry_symbol_in_header() -> String {
 
 #[test]
 fn entry_symbol_matches_the_sdk() {
-    assert_eq!(
-        entry_symbol_in_header(),
-        memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1
-    );
+    assert_eq!(entry_symbol_in_header(), memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1);
     // The major is part of the name (DESIGN.md section 3, Versioning).
     assert!(memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1
         .ends_with(&format!("_v{}", memplug_sdk::abi::MEMPLUG_ABI_MAJOR)));

@@ -43,14 +43,10 @@ fn one_sided<'a>(
     let s: BTreeSet<&str> = sdk.into_iter().collect();
     let mut problems = Vec::new();
     for n in h.difference(&s) {
-        problems.push(format!(
-            "{what} {n} is in include/memplug.h but not in memplug_sdk::abi"
-        ));
+        problems.push(format!("{what} {n} is in include/memplug.h but not in memplug_sdk::abi"));
     }
     for n in s.difference(&h) {
-        problems.push(format!(
-            "{what} {n} is in memplug_sdk::abi but not in include/memplug.h"
-        ));
+        problems.push(format!("{what} {n} is in memplug_sdk::abi but not in include/memplug.h"));
     }
     problems
 }
@@ -68,16 +64,8 @@ fn report(problems: Vec<String>) {
 #[test]
 fn both_sides_have_items_at_all() {
     // Guards against a parse that silently found nothing.
-    assert!(
-        header::structs().len() >= 15,
-        "bindgen found {} structs",
-        header::structs().len()
-    );
-    assert!(
-        sdk::structs().len() >= 15,
-        "build.rs found {} SDK structs",
-        sdk::structs().len()
-    );
+    assert!(header::structs().len() >= 15, "bindgen found {} structs", header::structs().len());
+    assert!(sdk::structs().len() >= 15, "build.rs found {} SDK structs", sdk::structs().len());
     assert!(header::int_constants().len() >= 40);
 }
 
@@ -95,10 +83,7 @@ fn every_struct_matches() {
             problems.push(format!("{name}: sizeof is {} in C, {} in Rust", hl.size, sl.size));
         }
         if hl.align != sl.align {
-            problems.push(format!(
-                "{name}: alignment is {} in C, {} in Rust",
-                hl.align, sl.align
-            ));
+            problems.push(format!("{name}: alignment is {} in C, {} in Rust", hl.align, sl.align));
         }
         let hn: Vec<_> = hl.fields.iter().map(|f| f.name).collect();
         let sn: Vec<_> = sl.fields.iter().map(|f| f.name).collect();
@@ -110,16 +95,11 @@ fn every_struct_matches() {
                 continue;
             };
             if hf.offset != sf.offset {
-                problems.push(format!(
-                    "{name}.{}: offset {} in C, {} in Rust",
-                    sf.name, hf.offset, sf.offset
-                ));
+                problems
+                    .push(format!("{name}.{}: offset {} in C, {} in Rust", sf.name, hf.offset, sf.offset));
             }
             if hf.size != sf.size {
-                problems.push(format!(
-                    "{name}.{}: size {} in C, {} in Rust",
-                    sf.name, hf.size, sf.size
-                ));
+                problems.push(format!("{name}.{}: size {} in C, {} in Rust", sf.name, hf.size, sf.size));
             }
         }
     }
@@ -150,11 +130,8 @@ fn every_constant_matches() {
     let si: BTreeMap<_, _> = sdk::int_constants().into_iter().collect();
     let hs: BTreeMap<_, _> = header::str_constants().into_iter().collect();
     let ss: BTreeMap<_, _> = sdk::str_constants().into_iter().collect();
-    let mut problems = one_sided(
-        "constant",
-        hi.keys().chain(hs.keys()).copied(),
-        si.keys().chain(ss.keys()).copied(),
-    );
+    let mut problems =
+        one_sided("constant", hi.keys().chain(hs.keys()).copied(), si.keys().chain(ss.keys()).copied());
     for (name, sv) in &si {
         if let Some(hv) = hi.get(name) {
             if hv != sv {
@@ -184,31 +161,12 @@ fn every_constant_matches() {
 #[test]
 fn tables_measure_what_they_claim() {
     let s = sdk::structs();
-    let obj = s
-        .iter()
-        .find(|s| s.name == "MemplugObjectRef")
-        .expect("MemplugObjectRef");
-    assert_eq!(
-        obj.size,
-        core::mem::size_of::<memplug_sdk::abi::MemplugObjectRef>()
-    );
-    let dev = obj
-        .fields
-        .iter()
-        .find(|f| f.name == "device")
-        .expect("device field");
+    let obj = s.iter().find(|s| s.name == "MemplugObjectRef").expect("MemplugObjectRef");
+    assert_eq!(obj.size, core::mem::size_of::<memplug_sdk::abi::MemplugObjectRef>());
+    let dev = obj.fields.iter().find(|f| f.name == "device").expect("device field");
     assert_eq!((dev.offset, dev.size), (16, 8));
     let h = header::structs();
-    let plugin = h
-        .iter()
-        .find(|s| s.name == "MemplugPlugin")
-        .expect("MemplugPlugin");
-    assert_eq!(
-        plugin.fields.first().map(|f| (f.name, f.offset, f.size)),
-        Some(("struct_size", 0, 4))
-    );
-    assert_eq!(
-        header::str_constants(),
-        vec![("MEMPLUG_ENTRY_SYMBOL_V1", &b"memplug_plugin_v1\0"[..])]
-    );
+    let plugin = h.iter().find(|s| s.name == "MemplugPlugin").expect("MemplugPlugin");
+    assert_eq!(plugin.fields.first().map(|f| (f.name, f.offset, f.size)), Some(("struct_size", 0, 4)));
+    assert_eq!(header::str_constants(), vec![("MEMPLUG_ENTRY_SYMBOL_V1", &b"memplug_plugin_v1\0"[..])]);
 }

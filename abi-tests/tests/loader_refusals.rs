@@ -254,7 +254,8 @@ mod policy {
         let so = private_copy("policy_sha");
         let good = memplug_host::policy::sha256_hex(&mut std::fs::File::open(&so).unwrap()).unwrap();
         assert_eq!(good.len(), 64);
-        let pin = |h: &str| memplug_host::LoadOptions { expected_sha256: Some(h.into()), ..Default::default() };
+        let pin =
+            |h: &str| memplug_host::LoadOptions { expected_sha256: Some(h.into()), ..Default::default() };
         Plugin::load_with(&so, &pin(&good.to_uppercase())).expect("matching pin loads");
         let wrong = format!("{}0", &good[..63]);
         let e = Plugin::load_with(&so, &pin(&wrong)).unwrap_err();

@@ -93,10 +93,7 @@ const PROCESS_TOLERANCE: u64 = MIB;
 /// divides every page size, so each page holds whole lines).
 const SYSTEM_PROMPT: &[u8; 64] = b"<|system|> You are memplug-bot, a helpful assistant. Be brief. \n";
 
-const CPU0: MemplugDevice = MemplugDevice {
-    kind: MEMPLUG_DEVICE_CPU,
-    ordinal: 0,
-};
+const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -287,11 +284,8 @@ impl Recorder {
     }
 
     fn ticket_text(&self, t: &PressureTicket) -> String {
-        let priority = if t.priority == Priority::HIGHEST {
-            "highest".to_string()
-        } else {
-            t.priority.to_string()
-        };
+        let priority =
+            if t.priority == Priority::HIGHEST { "highest".to_string() } else { t.priority.to_string() };
         let no_holder = if t.requester.is_none() { "no holder, " } else { "" };
         format!(
             "{} wanted by {} ({no_holder}class {}, priority {priority})",
@@ -307,11 +301,7 @@ struct Checks(Vec<Check>);
 
 impl Checks {
     fn add(&mut self, name: &'static str, ok: bool, detail: impl Into<String>) {
-        self.0.push(Check {
-            name,
-            ok,
-            detail: detail.into(),
-        });
+        self.0.push(Check { name, ok, detail: detail.into() });
     }
 }
 
@@ -354,17 +344,9 @@ impl Weights {
         let answer = if victims.is_empty() {
             "answers 0: only pinned shards left".to_string()
         } else {
-            format!(
-                "answers {} (evicts {} LRU expert(s))",
-                mib(released),
-                victims.len()
-            )
+            format!("answers {} (evicts {} LRU expert(s))", mib(released), victims.len())
         };
-        self.rec.log(
-            "ticket",
-            "weights",
-            format!("{} → {answer}", self.rec.ticket_text(t)),
-        );
+        self.rec.log("ticket", "weights", format!("{} → {answer}", self.rec.ticket_text(t)));
         // Release outside our lock: the drop frees through the plugin and
         // refunds the pool (re-entering the governor is allowed here).
         for v in victims {
@@ -397,10 +379,7 @@ impl Weights {
     }
 
     fn ranges(&self) -> Vec<(u64, u64)> {
-        lock(&self.shards)
-            .iter()
-            .map(|s| (s.alloc.addr(), s.alloc.size()))
-            .collect()
+        lock(&self.shards).iter().map(|s| (s.alloc.addr(), s.alloc.size())).collect()
     }
 }
 
@@ -460,12 +439,7 @@ fn grow(r: &mut Request, delta: u64, fill: bool, tally: &mut Tally) -> Result<()
     if seen == r.addr && r.region.addr() == r.addr {
         tally.stable += 1;
     } else {
-        tally.unstable.push(format!(
-            "{} moved from {:#x} to {:#x}",
-            r.name,
-            r.addr,
-            r.region.addr()
-        ));
+        tally.unstable.push(format!("{} moved from {:#x} to {:#x}", r.name, r.addr, r.region.addr()));
     }
     Ok(())
 }
@@ -557,11 +531,7 @@ impl Kernel {
     fn open(fallback_page: u64) -> Kernel {
         let page = smaps_page_size().unwrap_or(fallback_page);
         let pagemap = File::open("/proc/self/pagemap").map_err(|e| format!("/proc/self/pagemap: {e}"));
-        let mut k = Kernel {
-            pagemap,
-            page,
-            baseline: None,
-        };
+        let mut k = Kernel { pagemap, page, baseline: None };
         k.baseline = smaps_governable().ok();
         k
     }
@@ -578,8 +548,7 @@ impl Kernel {
             let first = addr / self.page;
             let end = (addr + len).div_ceil(self.page);
             let mut buf = vec![0u8; ((end - first) * 8) as usize];
-            f.read_exact_at(&mut buf, first * 8)
-                .map_err(|e| format!("/proc/self/pagemap: {e}"))?;
+            f.read_exact_at(&mut buf, first * 8).map_err(|e| format!("/proc/self/pagemap: {e}"))?;
             for e in buf.chunks_exact(8) {
                 let e = u64::from_le_bytes(e.try_into().expect("8 bytes"));
                 if e >> 63 & 1 == 1 {
@@ -679,17 +648,10 @@ impl State<'_> {
                 mib(w.present),
                 mib(k.present)
             ),
-            None => format!(
-                "pagemap unavailable ({})",
-                rw.err().or(rk.err()).unwrap_or_default()
-            ),
+            None => format!("pagemap unavailable ({})", rw.err().or(rk.err()).unwrap_or_default()),
         };
         let process = match delta {
-            Some(d) => format!(
-                "smaps Δ {} ({:+} KiB)",
-                signed_mib(d),
-                (d - snap.used as i64) / KIB as i64
-            ),
+            Some(d) => format!("smaps Δ {} ({:+} KiB)", signed_mib(d), (d - snap.used as i64) / KIB as i64),
             None => "smaps unavailable".into(),
         };
         self.rec.log(
@@ -700,11 +662,7 @@ impl State<'_> {
                 mib(snap.used),
                 mib(gw),
                 mib(gk),
-                if exact_ok && process_ok {
-                    "agree"
-                } else {
-                    "DISAGREE"
-                }
+                if exact_ok && process_ok { "agree" } else { "DISAGREE" }
             ),
         );
         self.measurements.push(m);
@@ -719,25 +677,15 @@ fn scenario() -> Result<Report, Box<dyn Error>> {
     let plugin_label = format!("{} {} ({})", plugin.name(), plugin.version(), plugin.origin());
     let manager = ProcessMemoryManager::new();
     manager.register_plugin(plugin)?;
-    let ctx = manager.select(
-        CPU0,
-        Requirements {
-            virtual_backing: true,
-            shared_mapping: true,
-            sync: true,
-        },
-    )?;
+    let ctx =
+        manager.select(CPU0, Requirements { virtual_backing: true, shared_mapping: true, sync: true })?;
     let mechanism = ctx.mechanism().name().to_string();
     let device = ctx.mechanism().device().to_string();
     let granularity = ctx.mechanism().properties().granularity;
     let kernel = Kernel::open(granularity);
     let pool = manager.create_pool("cpu0", CAPACITY)?;
-    let rec = Arc::new(Recorder {
-        start,
-        pool: pool.clone(),
-        events: Mutex::default(),
-        holders: Mutex::default(),
-    });
+    let rec =
+        Arc::new(Recorder { start, pool: pool.clone(), events: Mutex::default(), holders: Mutex::default() });
     let mut st = State {
         rec: rec.clone(),
         kernel: &kernel,
@@ -776,18 +724,10 @@ fn scenario() -> Result<Report, Box<dyn Error>> {
     let snap = pool.snapshot();
     let reports = manager.registry().live_reports();
     let (plugin_live, host_objects) =
-        reports
-            .iter()
-            .filter(|(n, _)| *n == plugin_name)
-            .fold((0, 0), |(p, h), (_, r)| {
-                (
-                    p + r.plugin_reported,
-                    h + r.objects.iter().map(|o| o.2).sum::<u64>(),
-                )
-            });
-    let pins = manager
-        .context(&format!("{plugin_name}/{mechanism}"))
-        .map_or(0, |c| c.pins());
+        reports.iter().filter(|(n, _)| *n == plugin_name).fold((0, 0), |(p, h), (_, r)| {
+            (p + r.plugin_reported, h + r.objects.iter().map(|o| o.2).sum::<u64>())
+        });
+    let pins = manager.context(&format!("{plugin_name}/{mechanism}")).map_or(0, |c| c.pins());
     let q = manager.queue().stats();
     let unload = manager.unload_plugin(&plugin_name);
     let unloaded = unload.is_ok();
@@ -912,9 +852,7 @@ fn scenario() -> Result<Report, Box<dyn Error>> {
     };
     drop(manager);
 
-    let State {
-        checks, measurements, ..
-    } = st;
+    let State { checks, measurements, .. } = st;
     let timeline = lock(&rec.events).clone();
     let ok = checks.0.iter().all(|c| c.ok);
     Ok(Report {
@@ -956,22 +894,12 @@ fn serve(
     let pool = st.pool.clone();
 
     // ----- 1. pool, holders, bindings ---------------------------------------------
-    let weights = Arc::new(Weights {
-        shards: Mutex::default(),
-        rec: rec.clone(),
-    });
+    let weights = Arc::new(Weights { shards: Mutex::default(), rec: rec.clone() });
     let w = weights.clone();
     let weights_reg = pool.register_holder("weights", WEIGHTS_PRIORITY, move |t| w.on_ticket(t));
     let r = rec.clone();
     let kv_reg = pool.register_holder("kv", KV_PRIORITY, move |t| {
-        r.log(
-            "ticket",
-            "kv",
-            format!(
-                "{} → answers 0: live sequences are never dropped",
-                r.ticket_text(t)
-            ),
-        );
+        r.log("ticket", "kv", format!("{} → answers 0: live sequences are never dropped", r.ticket_text(t)));
         0
     });
     lock(&rec.holders).extend([(weights_reg.id(), "weights"), (kv_reg.id(), "kv")]);
@@ -988,16 +916,9 @@ fn serve(
             KV_PRIORITY
         ),
     );
-    let weights_b = manager.bind(
-        ctx,
-        &pool,
-        BindingSpec::new(AllocationClass::Weights).holder(weights_reg.id()),
-    )?;
-    let kv_b = manager.bind(
-        ctx,
-        &pool,
-        BindingSpec::new(AllocationClass::Kv).holder(kv_reg.id()),
-    )?;
+    let weights_b =
+        manager.bind(ctx, &pool, BindingSpec::new(AllocationClass::Weights).holder(weights_reg.id()))?;
+    let kv_b = manager.bind(ctx, &pool, BindingSpec::new(AllocationClass::Kv).holder(kv_reg.id()))?;
     let sched_b = manager.bind(ctx, &pool, BindingSpec::new(AllocationClass::Kv))?;
 
     // ----- 2. weights ----------------------------------------------------------------
@@ -1010,12 +931,7 @@ fn serve(
         // SAFETY: a fresh CPU allocation of SHARD bytes, ours alone.
         unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u8, SHARD as usize) }
             .fill(0x10 + i as u8);
-        lock(&weights.shards).push(Shard {
-            name,
-            pinned,
-            alloc,
-            last_used: 0,
-        });
+        lock(&weights.shards).push(Shard { name, pinned, alloc, last_used: 0 });
     }
     rec.log(
         "load",
@@ -1053,13 +969,7 @@ fn serve(
      -> Result<Request, Box<dyn Error>> {
         let mut region = b.reserve_virtual(REGION_MAX)?;
         region.map_prefix(&prefix)?;
-        let r = Request {
-            addr: region.addr(),
-            name,
-            region,
-            kv_byte,
-            tokens: 0,
-        };
+        let r = Request { addr: region.addr(), name, region, kv_byte, tokens: 0 };
         tally.prefix_reads += 1;
         if prefix_intact(&r) {
             tally.prefix_ok += 1;
@@ -1108,11 +1018,7 @@ fn serve(
         v.extend_from_slice(extra);
         v
     };
-    st.measure(
-        "peak: 4 requests decoding",
-        &weights.ranges(),
-        &kv_ranges(&reqs, &[]),
-    );
+    st.measure("peak: 4 requests decoding", &weights.ranges(), &kv_ranges(&reqs, &[]));
 
     // ----- 5. a free that waits for its fence ---------------------------------------------
     let mech = ctx.mechanism().clone();
@@ -1159,11 +1065,7 @@ fn serve(
             fence.query().unwrap_or(false)
         ),
     );
-    st.measure(
-        "r1 queued behind its fence",
-        &weights.ranges(),
-        &kv_ranges(&reqs, &[(kv_addr, kv_len)]),
-    );
+    st.measure("r1 queued behind its fence", &weights.ranges(), &kv_ranges(&reqs, &[(kv_addr, kv_len)]));
     let completed = fence.wait(Duration::from_secs(5)).unwrap_or(false);
     let waited = queued_at.elapsed();
     let host_saw = seen.load(Ordering::Acquire);
@@ -1294,11 +1196,7 @@ fn serve(
         ),
     );
     reqs.push(r5);
-    st.measure(
-        "after OutOfBudget and retry",
-        &weights.ranges(),
-        &kv_ranges(&reqs, &[]),
-    );
+    st.measure("after OutOfBudget and retry", &weights.ranges(), &kv_ranges(&reqs, &[]));
 
     // Pressure as seen by the holders.
     let ws = weights_reg.stats().pressure;
@@ -1320,22 +1218,12 @@ fn serve(
     st.checks.add(
         "KV and prefix bytes intact",
         intact == reqs.len(),
-        format!(
-            "{intact}/{} live regions read back their KV and the system prompt",
-            reqs.len()
-        ),
+        format!("{intact}/{} live regions read back their KV and the system prompt", reqs.len()),
     );
     for r in reqs.drain(..) {
         let (name, kv) = (r.name.clone(), r.region.committed());
         drop(r);
-        rec.log(
-            "finish",
-            name,
-            format!(
-                "done; region and {} of KV freed at once (no device work)",
-                mib(kv)
-            ),
-        );
+        rec.log("finish", name, format!("done; region and {} of KV freed at once (no device work)", mib(kv)));
     }
     drop(prefix);
     rec.log("teardown", "kv", "last mapping gone: the shared prefix is freed");
@@ -1343,11 +1231,7 @@ fn serve(
     drop(kv_reg);
     let left = lock(&weights.shards).len();
     drop(weights);
-    rec.log(
-        "teardown",
-        "weights",
-        format!("holders unregistered; {left} remaining weight shards freed"),
-    );
+    rec.log("teardown", "weights", format!("holders unregistered; {left} remaining weight shards freed"));
     drop((weights_b, kv_b, sched_b));
 
     let t = &st.tally;
@@ -1384,13 +1268,7 @@ fn render_text(r: &Report) -> String {
 
     let s = &r.scenario;
     p!("memplug demo: LLM serving under a hard budget");
-    p!(
-        "  plugin     {} — mechanism {} on {}, page {} B",
-        s.plugin,
-        s.mechanism,
-        s.device,
-        s.page_size
-    );
+    p!("  plugin     {} — mechanism {} on {}, page {} B", s.plugin, s.mechanism, s.device, s.page_size);
     p!(
         "  budget     pool of {}; weights {} pinned + {} expert shards of {}; system prompt {} shared; \
          KV grows {} per step",
@@ -1404,23 +1282,12 @@ fn render_text(r: &Report) -> String {
     p!();
     p!("timeline  (ms since start, event, who, what — pool used after)");
     for e in &r.timeline {
-        p!(
-            "  {:>7.1}  {:<13} {:<8} {}  [used {}]",
-            e.t_ms,
-            e.kind,
-            e.subject,
-            e.detail,
-            mib(e.pool_used)
-        );
+        p!("  {:>7.1}  {:<13} {:<8} {}  [used {}]", e.t_ms, e.kind, e.subject, e.detail, mib(e.pool_used));
     }
     p!();
     p!("governor vs kernel");
     p!("  resident = {}", s.resident_method);
-    p!(
-        "  process Δ = {}; tolerance {}",
-        s.process_method,
-        mib(s.process_tolerance)
-    );
+    p!("  process Δ = {}; tolerance {}", s.process_method, mib(s.process_tolerance));
     p!(
         "  {:<30} {:>10} {:>10} {:>10} {:>12} {:>9}",
         "moment",
@@ -1431,23 +1298,15 @@ fn render_text(r: &Report) -> String {
         "verdict"
     );
     for m in &r.measurements {
-        let resident = m
-            .resident_weights
-            .zip(m.resident_kv)
-            .map_or("n/a".into(), |(w, k)| mib(w + k));
+        let resident = m.resident_weights.zip(m.resident_kv).map_or("n/a".into(), |(w, k)| mib(w + k));
         p!(
             "  {:<30} {:>10} {:>10} {:>10} {:>12} {:>9}",
             m.label,
             mib(m.governor_used),
             resident,
             m.process_delta.map_or("n/a".into(), signed_mib),
-            m.process_excess
-                .map_or("n/a".into(), |e| format!("{:+} KiB", e / KIB as i64)),
-            if m.exact_ok && m.process_ok {
-                "agree"
-            } else {
-                "DISAGREE"
-            }
+            m.process_excess.map_or("n/a".into(), |e| format!("{:+} KiB", e / KIB as i64)),
+            if m.exact_ok && m.process_ok { "agree" } else { "DISAGREE" }
         );
     }
     {
@@ -1519,19 +1378,13 @@ fn render_text(r: &Report) -> String {
         p!(
             "  resident     {} over live objects, process Δ {} (governor says 0)",
             l.resident_after.map_or("n/a".into(), |b| format!("{b} B")),
-            l.process_delta_after
-                .map_or("n/a".into(), |d| format!("{} KiB", d / KIB as i64))
+            l.process_delta_after.map_or("n/a".into(), |d| format!("{} KiB", d / KIB as i64))
         );
     }
     p!();
     p!("checks");
     for c in &r.checks {
-        p!(
-            "  [{}] {:<42} {}",
-            if c.ok { "ok" } else { "FAIL" },
-            c.name,
-            c.detail
-        );
+        p!("  [{}] {:<42} {}", if c.ok { "ok" } else { "FAIL" }, c.name, c.detail);
     }
     let failed = r.checks.iter().filter(|c| !c.ok).count();
     p!();
@@ -1546,11 +1399,7 @@ fn render_text(r: &Report) -> String {
 /// `memplug demo [--json]`.
 pub fn run(json: bool) -> Result<(), Box<dyn Error>> {
     let report = scenario()?;
-    let text = if json {
-        serde_json::to_string_pretty(&report)? + "\n"
-    } else {
-        render_text(&report)
-    };
+    let text = if json { serde_json::to_string_pretty(&report)? + "\n" } else { render_text(&report) };
     let mut out = std::io::stdout().lock();
     match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
         // A reader that stopped early (`| head`) is not a failure.

@@ -65,21 +65,14 @@ fn mechanism_view(m: &Mechanism) -> MechanismView {
             .allocator()
             .memory_info()
             .and_then(|r| r.ok())
-            .map(|i| MemoryView {
-                free_bytes: i.free_bytes,
-                total_bytes: i.total_bytes,
-            }),
+            .map(|i| MemoryView { free_bytes: i.free_bytes, total_bytes: i.total_bytes }),
     }
 }
 
 fn print_table(out: &mut impl Write, v: &PluginView) -> std::io::Result<()> {
     writeln!(out, "plugin      {} {}", v.name, v.version)?;
     writeln!(out, "origin      {}", v.origin)?;
-    writeln!(
-        out,
-        "abi         {} (plugin speaks {})",
-        v.abi, v.plugin_abi_range
-    )?;
+    writeln!(out, "abi         {} (plugin speaks {})", v.abi, v.plugin_abi_range)?;
     writeln!(out, "mechanisms  {}", v.mechanisms.len())?;
     for m in &v.mechanisms {
         writeln!(out)?;
@@ -87,36 +80,17 @@ fn print_table(out: &mut impl Write, v: &PluginView) -> std::io::Result<()> {
         writeln!(out, "  device        {}", m.device)?;
         let mut caps = m.capabilities.join(", ");
         if m.unknown_capability_bits != 0 {
-            caps.push_str(&format!(
-                ", unknown bits {:#x} (ignored)",
-                m.unknown_capability_bits
-            ));
+            caps.push_str(&format!(", unknown bits {:#x} (ignored)", m.unknown_capability_bits));
         }
         writeln!(out, "  capabilities  {caps}")?;
-        writeln!(
-            out,
-            "  alignment     min {} B, max {} B",
-            m.min_alignment, m.max_alignment
-        )?;
+        writeln!(out, "  alignment     min {} B, max {} B", m.min_alignment, m.max_alignment)?;
         writeln!(
             out,
             "  granularity   {}",
-            if m.granularity == 0 {
-                "-".to_string()
-            } else {
-                format!("{} B", m.granularity)
-            }
+            if m.granularity == 0 { "-".to_string() } else { format!("{} B", m.granularity) }
         )?;
         if let Some(adopt) = m.stream_adopt {
-            writeln!(
-                out,
-                "  stream adopt  {}",
-                if adopt {
-                    "yes"
-                } else {
-                    "no (plugin-made streams only)"
-                }
-            )?;
+            writeln!(out, "  stream adopt  {}", if adopt { "yes" } else { "no (plugin-made streams only)" })?;
         }
         match &m.memory {
             Some(mem) => writeln!(
@@ -135,11 +109,8 @@ pub fn run(plugin: Option<&Path>, json: bool) -> Result<(), Box<dyn std::error::
     let p = locate::load(plugin)?;
     let v = view(&p);
     let mut out = std::io::stdout().lock();
-    let written = if json {
-        writeln!(out, "{}", serde_json::to_string_pretty(&v)?)
-    } else {
-        print_table(&mut out, &v)
-    };
+    let written =
+        if json { writeln!(out, "{}", serde_json::to_string_pretty(&v)?) } else { print_table(&mut out, &v) };
     match written {
         // A reader that stops early (`| head`) is not an error.
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),

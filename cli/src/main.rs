@@ -12,11 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(
-    name = "memplug",
-    version,
-    about = "memplug: a C-ABI plugin SDK for device-memory mechanisms"
-)]
+#[command(name = "memplug", version, about = "memplug: a C-ABI plugin SDK for device-memory mechanisms")]
 struct Cli {
     #[command(subcommand)]
     command: Command,

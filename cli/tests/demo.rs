@@ -9,31 +9,19 @@ use std::time::{Duration, Instant};
 
 fn memplug(args: &[&str]) -> (Output, Duration) {
     let t = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_memplug"))
-        .args(args)
-        .output()
-        .expect("run memplug");
+    let out = Command::new(env!("CARGO_BIN_EXE_memplug")).args(args).output().expect("run memplug");
     (out, t.elapsed())
 }
 
 fn events<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
-    v["timeline"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["kind"] == kind)
-        .collect()
+    v["timeline"].as_array().unwrap().iter().filter(|e| e["kind"] == kind).collect()
 }
 
 #[test]
 fn demo_runs_and_every_check_passes() {
     let (out, took) = memplug(&["demo"]);
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "stdout:\n{text}\nstderr:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "stdout:\n{text}\nstderr:\n{}", String::from_utf8_lossy(&out.stderr));
     for want in [
         "timeline",
         "ticket        weights",
@@ -82,13 +70,7 @@ fn demo_json_is_one_document_with_a_zero_ledger() {
 
     // Holders: weights answered tickets with bytes, kv with zero.
     let holder = |name: &str| {
-        l["holders"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|h| h["name"] == name)
-            .cloned()
-            .expect(name)
+        l["holders"].as_array().unwrap().iter().find(|h| h["name"] == name).cloned().expect(name)
     };
     let (w, kv) = (holder("weights"), holder("kv"));
     assert!(w["tickets"].as_u64().unwrap() >= 1);
@@ -116,9 +98,7 @@ fn demo_json_is_one_document_with_a_zero_ledger() {
     assert!(t[evict]["pool_used"].as_u64() < t[evict - 1]["pool_used"].as_u64());
     // Growth never exceeds the hard capacity.
     assert!(t.iter().all(|e| e["pool_used"].as_u64().unwrap() <= 64 << 20));
-    assert!(events(&v, "grow")
-        .iter()
-        .all(|e| e["detail"].as_str().unwrap().contains("same address")));
+    assert!(events(&v, "grow").iter().all(|e| e["detail"].as_str().unwrap().contains("same address")));
 
     // The fence-ordered free: queued, not retired before the fence, then
     // retired with the queue empty.
@@ -128,10 +108,7 @@ fn demo_json_is_one_document_with_a_zero_ledger() {
     assert!(release < fence && fence < retired);
     assert!(t[release]["detail"].as_str().unwrap().contains("queue pending 1"));
     assert!(t[retired]["detail"].as_str().unwrap().contains("queue pending 0"));
-    assert_eq!(
-        t[release]["pool_used"], t[fence]["pool_used"],
-        "charge kept until the fence"
-    );
+    assert_eq!(t[release]["pool_used"], t[fence]["pool_used"], "charge kept until the fence");
     assert!(t[retired]["pool_used"].as_u64() < t[fence]["pool_used"].as_u64());
 
     // Governor and kernel agree at every measurement, and end at zero.

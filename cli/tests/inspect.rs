@@ -13,7 +13,9 @@ fn inspect_without_a_plugin_shows_the_cpu_plugin() {
     let out = memplug(&["inspect"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    for want in ["memplug-cpu", "abi         1.0", "cpu:0", "allocator, virtual_backing, shared_mapping, sync"] {
+    for want in
+        ["memplug-cpu", "abi         1.0", "cpu:0", "allocator, virtual_backing, shared_mapping, sync"]
+    {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
 }

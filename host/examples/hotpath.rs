@@ -19,11 +19,7 @@ enum Path {
     Host,
 }
 
-const PATHS: &[(&str, Path)] = &[
-    ("libc", Path::Libc),
-    ("direct", Path::Direct),
-    ("host", Path::Host),
-];
+const PATHS: &[(&str, Path)] = &[("libc", Path::Libc), ("direct", Path::Direct), ("host", Path::Host)];
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -38,11 +34,7 @@ fn main() {
         None => panic!("unknown path {name}"),
     };
     let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);
-    let so = args
-        .get(3)
-        .cloned()
-        .or_else(|| std::env::var("MEMPLUG_CPU_PLUGIN").ok())
-        .expect("plugin path");
+    let so = args.get(3).cloned().or_else(|| std::env::var("MEMPLUG_CPU_PLUGIN").ok()).expect("plugin path");
     let plugin = memplug_host::Plugin::load(&so).expect("load plugin");
     let mech = plugin.mechanisms()[0].clone();
     let lib = unsafe { libloading::Library::new(&so) }.unwrap();

@@ -29,10 +29,7 @@ pub enum BindingError {
     Plugin(#[from] CallError),
     /// The mechanism lacks a capability the operation needs.
     #[error("mechanism {mechanism} has no {capability}")]
-    Unsupported {
-        mechanism: String,
-        capability: &'static str,
-    },
+    Unsupported { mechanism: String, capability: &'static str },
     /// The request is malformed (overflowing size, beyond the region...).
     #[error("{0}")]
     Invalid(String),
@@ -84,17 +81,11 @@ impl BindingInner {
         if let Some(l) = lease {
             let _ = self.pool.quarantine(l);
         }
-        self.quarantine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(what);
+        self.quarantine.lock().unwrap_or_else(|p| p.into_inner()).push(what);
     }
 
     fn unsupported(&self, capability: &'static str) -> BindingError {
-        BindingError::Unsupported {
-            mechanism: self.label(),
-            capability,
-        }
+        BindingError::Unsupported { mechanism: self.label(), capability }
     }
 }
 
@@ -152,11 +143,7 @@ impl MemoryBinding {
     }
     /// Objects whose release the plugin refused (quarantined).
     pub fn quarantined(&self) -> Vec<String> {
-        self.inner
-            .quarantine
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.inner.quarantine.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Allocates `size` bytes aligned to `alignment`: reserve → allocate →
@@ -191,10 +178,7 @@ impl MemoryBinding {
     /// nothing is committed or charged until it grows.
     pub fn reserve_virtual(&self, max: u64) -> Result<Region, BindingError> {
         let b = &*self.inner;
-        let vb = b
-            .mechanism()
-            .virtual_backing()
-            .ok_or_else(|| b.unsupported("virtual_backing"))?;
+        let vb = b.mechanism().virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
         let r = vb.reserve(max)?;
         b.context.pin();
         Ok(Region {
@@ -220,12 +204,8 @@ impl MemoryBinding {
     ) -> Result<Arc<SharedPrefix>, BindingError> {
         let b = &*self.inner;
         let m = b.mechanism();
-        let sm = m
-            .shared_mapping()
-            .ok_or_else(|| b.unsupported("shared_mapping"))?;
-        let vb = m
-            .virtual_backing()
-            .ok_or_else(|| b.unsupported("virtual_backing"))?;
+        let sm = m.shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
+        let vb = m.virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
         let len = round_up(size, m.properties().granularity)
             .ok_or_else(|| BindingError::Invalid(format!("shared prefix of {size} bytes overflows")))?;
         let grant = b.grant(len)?;
@@ -236,10 +216,7 @@ impl MemoryBinding {
                 let error = rejected.error.clone();
                 drop(rejected);
                 if let Err(e) = sm.release(object) {
-                    b.quarantine(
-                        format!("physical object {} (rollback)", e.object.object_id()),
-                        None,
-                    );
+                    b.quarantine(format!("physical object {} (rollback)", e.object.object_id()), None);
                 }
                 return Err(error.into());
             }
@@ -247,14 +224,9 @@ impl MemoryBinding {
         // Fill through a temporary writable mapping.
         let filled = (|| -> Result<(), BindingError> {
             let tmp = vb.reserve(len)?;
-            let mut result = sm
-                .map(&object, 0, &tmp, 0, len, Access::ReadWrite)
-                .map_err(BindingError::from);
+            let mut result = sm.map(&object, 0, &tmp, 0, len, Access::ReadWrite).map_err(BindingError::from);
             if result.is_ok() {
-                init(&mut RegionView {
-                    addr: tmp.addr(),
-                    len,
-                });
+                init(&mut RegionView { addr: tmp.addr(), len });
                 result = sm.unmap(&tmp, 0, len).map_err(Into::into);
             }
             // Always give the temporary reservation back: releasing it also
@@ -262,11 +234,7 @@ impl MemoryBinding {
             // release is quarantined, never dropped silently (invariant 7).
             if let Err(e) = vb.release(tmp) {
                 b.quarantine(
-                    format!(
-                        "temporary reservation {} of a shared prefix: {}",
-                        e.object.object_id(),
-                        e.error
-                    ),
+                    format!("temporary reservation {} of a shared prefix: {}", e.object.object_id(), e.error),
                     None,
                 );
                 std::mem::forget(e.object);
@@ -347,9 +315,7 @@ impl Drop for OwnedAllocation {
             // No device work recorded: free now, without boxing a job.
             let _ = Retire::retire(Box::new(job));
         } else {
-            self.binding
-                .queue
-                .release(std::mem::take(&mut self.fences), Box::new(job));
+            self.binding.queue.release(std::mem::take(&mut self.fences), Box::new(job));
         }
     }
 }
@@ -378,10 +344,7 @@ impl Retire for AllocationRetire {
                 // reissued (the plugin still holds it), the context stays
                 // pinned, and the reason is kept.
                 let reason = e.error.to_string();
-                b.quarantine(
-                    format!("allocation {}: {reason}", e.object.object_id()),
-                    Some(lease),
-                );
+                b.quarantine(format!("allocation {}: {reason}", e.object.object_id()), Some(lease));
                 std::mem::forget(e.object);
                 RetireOutcome::Quarantined { bytes, reason }
             }
@@ -480,20 +443,14 @@ impl Retire for PrefixRetire {
             }
             Err(e) => {
                 let reason = e.error.to_string();
-                b.quarantine(
-                    format!("physical object {}: {reason}", e.object.object_id()),
-                    Some(lease),
-                );
+                b.quarantine(format!("physical object {}: {reason}", e.object.object_id()), Some(lease));
                 std::mem::forget(e.object);
                 RetireOutcome::Quarantined { bytes, reason }
             }
         }
     }
     fn describe(&self) -> String {
-        format!(
-            "shared prefix ({} B)",
-            self.object.as_ref().map_or(0, PhysicalObject::size)
-        )
+        format!("shared prefix ({} B)", self.object.as_ref().map_or(0, PhysicalObject::size))
     }
 }
 
@@ -519,13 +476,7 @@ pub struct Region {
 
 impl fmt::Debug for Region {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Region({:#x}, prefix {} B, committed {} B)",
-            self.addr(),
-            self.base,
-            self.committed
-        )
+        write!(f, "Region({:#x}, prefix {} B, committed {} B)", self.addr(), self.base, self.committed)
     }
 }
 
@@ -553,10 +504,7 @@ impl Region {
         self.committed
     }
     pub fn view(&self) -> RegionView {
-        RegionView {
-            addr: self.addr(),
-            len: self.len(),
-        }
+        RegionView { addr: self.addr(), len: self.len() }
     }
     /// Records device work that uses the region: its release waits.
     pub fn used_by(&mut self, fence: SharedFence) {
@@ -574,9 +522,7 @@ impl Region {
     /// once, at creation).
     pub fn map_prefix(&mut self, prefix: &Arc<SharedPrefix>) -> Result<(), BindingError> {
         if self.committed != 0 || self.prefix.is_some() {
-            return Err(BindingError::Invalid(
-                "a prefix maps only into an empty region".into(),
-            ));
+            return Err(BindingError::Invalid("a prefix maps only into an empty region".into()));
         }
         if prefix.len > self.capacity() {
             return Err(BindingError::Invalid(format!(
@@ -586,15 +532,10 @@ impl Region {
             )));
         }
         if !Arc::ptr_eq(&prefix.binding.context, &self.binding.context) {
-            return Err(BindingError::Invalid(
-                "the prefix was made by another mechanism context".into(),
-            ));
+            return Err(BindingError::Invalid("the prefix was made by another mechanism context".into()));
         }
         let b = &*self.binding;
-        let sm = b
-            .mechanism()
-            .shared_mapping()
-            .ok_or_else(|| b.unsupported("shared_mapping"))?;
+        let sm = b.mechanism().shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
         sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadOnly)?;
         self.base = prefix.len;
         self.prefix = Some(prefix.clone());
@@ -614,11 +555,7 @@ impl Region {
             return Ok(());
         }
         let want = round_up(len - self.base, self.granularity)
-            .filter(|w| {
-                self.base
-                    .checked_add(*w)
-                    .is_some_and(|end| end <= self.capacity())
-            })
+            .filter(|w| self.base.checked_add(*w).is_some_and(|end| end <= self.capacity()))
             .ok_or_else(|| {
                 BindingError::Invalid(format!(
                     "cannot grow to {len} B: the region reserves {} B",
@@ -630,18 +567,12 @@ impl Region {
         let b = self.binding.clone();
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         let grant = b.grant(delta).map_err(GrowError::Binding)?;
-        vb.commit(self.res(), offset, delta)
-            .map_err(|e| GrowError::Binding(e.into()))?;
-        let view = RegionView {
-            addr: self.addr(),
-            len: self.base + want,
-        };
+        vb.commit(self.res(), offset, delta).map_err(|e| GrowError::Binding(e.into()))?;
+        let view = RegionView { addr: self.addr(), len: self.base + want };
         if let Err(e) = update(&view) {
             if let Err(d) = vb.decommit(self.res(), offset, delta) {
                 // The range stays mapped: keep it charged, as quarantined.
-                let lease = grant
-                    .commit(delta)
-                    .map_err(|r| GrowError::Binding(r.error.clone().into()))?;
+                let lease = grant.commit(delta).map_err(|r| GrowError::Binding(r.error.clone().into()))?;
                 b.quarantine(format!("region range at +{offset} ({delta} B): {d}"), Some(lease));
             }
             return Err(GrowError::Update(e));
@@ -709,10 +640,7 @@ impl Region {
             lease: self.lease.clone(),
             pending: self.pending.clone(),
         };
-        self.pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push((offset, delta));
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).push((offset, delta));
         // The region's own release must wait for these fences too, so it
         // can never run before this decommit (which needs the reservation).
         self.fences.extend(fences);
@@ -726,13 +654,7 @@ impl Region {
 
 impl BindingInner {
     fn mechanism_refusal(&self, status: Status, message: String) -> CallError {
-        CallError {
-            status,
-            raw: status.raw(),
-            slot: "binding",
-            mechanism: self.label(),
-            message,
-        }
+        CallError { status, raw: status.raw(), slot: "binding", mechanism: self.label(), message }
     }
 }
 
@@ -772,22 +694,13 @@ impl Retire for ShrinkRetire {
                 let reason = e.to_string();
                 let _ = b.pool.quarantine_part(lease, self.len);
                 drop(slot);
-                b.quarantine(
-                    format!("region range +{} ({} B): {reason}", self.offset, self.len),
-                    None,
-                );
-                RetireOutcome::Quarantined {
-                    bytes: self.len,
-                    reason,
-                }
+                b.quarantine(format!("region range +{} ({} B): {reason}", self.offset, self.len), None);
+                RetireOutcome::Quarantined { bytes: self.len, reason }
             }
         }
     }
     fn describe(&self) -> String {
-        format!(
-            "decommit of +{} ({} B) in reservation {}",
-            self.offset, self.len, self.reservation.object_id
-        )
+        format!("decommit of +{} ({} B) in reservation {}", self.offset, self.len, self.reservation.object_id)
     }
 }
 
@@ -854,12 +767,7 @@ impl Retire for RegionRetire {
     }
     fn describe(&self) -> String {
         match &self.reservation {
-            Some(r) => format!(
-                "region {} ({} B reserved at {:#x})",
-                r.object_id(),
-                r.size(),
-                r.addr()
-            ),
+            Some(r) => format!("region {} ({} B reserved at {:#x})", r.object_id(), r.size(), r.addr()),
             None => "region (already retired)".into(),
         }
     }

@@ -163,10 +163,7 @@ impl DeferredFreeQueue {
         }
         report.still_pending = keep.len();
         if !keep.is_empty() {
-            self.entries
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .extend(keep);
+            self.entries.lock().unwrap_or_else(|p| p.into_inner()).extend(keep);
         }
         report
     }
@@ -244,11 +241,7 @@ impl DeferredFreeQueue {
                 }
             })
             .expect("spawn reaper thread");
-        Reaper {
-            queue: self.clone(),
-            stop,
-            thread: Some(thread),
-        }
+        Reaper { queue: self.clone(), stop, thread: Some(thread) }
     }
 }
 
@@ -282,10 +275,7 @@ mod tests {
             if self.1 {
                 RetireOutcome::Freed { bytes: 1 }
             } else {
-                RetireOutcome::Quarantined {
-                    bytes: 1,
-                    reason: "refused".into(),
-                }
+                RetireOutcome::Quarantined { bytes: 1, reason: "refused".into() }
             }
         }
         fn describe(&self) -> String {
@@ -313,14 +303,7 @@ mod tests {
         let freed = Arc::new(AtomicU64::new(0));
         let (done, f) = gate();
         q.release(vec![f.clone()], Box::new(Job(freed.clone(), true)));
-        assert_eq!(
-            q.poll(),
-            PollReport {
-                retired: 0,
-                quarantined: 0,
-                still_pending: 1
-            }
-        );
+        assert_eq!(q.poll(), PollReport { retired: 0, quarantined: 0, still_pending: 1 });
         assert_eq!(freed.load(Ordering::SeqCst), 0);
         done.store(true, Ordering::SeqCst);
         assert_eq!(q.poll().retired, 1);
@@ -349,11 +332,7 @@ mod tests {
         let r = q.drain(Duration::from_millis(30));
         assert!(!r.is_complete());
         assert_eq!(r.left.len(), 1);
-        assert!(
-            r.left[0].contains("test job") && r.left[0].contains("runtime fence 'gate'"),
-            "{:?}",
-            r.left
-        );
+        assert!(r.left[0].contains("test job") && r.left[0].contains("runtime fence 'gate'"), "{:?}", r.left);
         assert_eq!(freed.load(Ordering::SeqCst), 0);
     }
 

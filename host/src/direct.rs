@@ -68,10 +68,7 @@ impl DirectAllocator {
             object_id,
             device: self.device,
         };
-        let mut b = MemplugBlock {
-            struct_size: MEMPLUG_BLOCK_SIZE_1_0,
-            ..Default::default()
-        };
+        let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
         // SAFETY: slots of a negotiated plugin; pointers live for the calls.
         unsafe {
             let st = (self.allocate)(self.ctx, &req, &mut b, core::ptr::null());

@@ -44,36 +44,19 @@ pub enum LoadError {
     #[error("{} is not a loadable library: {reason}", path.display())]
     NotALibrary { path: PathBuf, reason: String },
     #[error("{} exports no memplug entry symbol (looked for: {})", path.display(), symbols.join(", "))]
-    MissingEntrySymbol {
-        path: PathBuf,
-        symbols: Vec<&'static str>,
-    },
+    MissingEntrySymbol { path: PathBuf, symbols: Vec<&'static str> },
     #[error("plugin {origin}: entry refused to negotiate with {status}: {message}")]
-    EntryFailed {
-        origin: String,
-        status: Status,
-        raw: u32,
-        message: String,
-    },
+    EntryFailed { origin: String, status: Status, raw: u32, message: String },
     #[error("plugin {origin}: version mismatch: {message}")]
     VersionMismatch { origin: String, message: String },
     #[error(
         "plugin {origin}: {what} is {declared} bytes, shorter than the {required} bytes ABI 1.0 requires"
     )]
-    ShortStruct {
-        origin: String,
-        what: String,
-        declared: u32,
-        required: u32,
-    },
+    ShortStruct { origin: String, what: String, declared: u32, required: u32 },
     #[error("plugin {origin}: required {what} is NULL")]
     NullRequired { origin: String, what: String },
     #[error("plugin {origin}: mechanism '{mechanism}': {detail}")]
-    CapabilityMismatch {
-        origin: String,
-        mechanism: String,
-        detail: String,
-    },
+    CapabilityMismatch { origin: String, mechanism: String, detail: String },
     #[error("plugin {origin}: {detail}")]
     Malformed { origin: String, detail: String },
     #[error("plugin {origin}: mechanism '{mechanism}': properties failed: {source}")]

@@ -35,10 +35,7 @@ impl PluginFence {
     pub fn record(mechanism: &Mechanism, stream: &Stream) -> Result<SharedFence, CallError> {
         let sync = mechanism.sync().ok_or_else(|| no_sync(mechanism))?;
         let fence = sync.fence_record(stream)?;
-        Ok(Arc::new(PluginFence {
-            mechanism: mechanism.clone(),
-            fence: Some(fence),
-        }))
+        Ok(Arc::new(PluginFence { mechanism: mechanism.clone(), fence: Some(fence) }))
     }
 
     fn fence(&self) -> &Fence {
@@ -59,16 +56,10 @@ fn no_sync(m: &Mechanism) -> CallError {
 
 impl FenceSource for PluginFence {
     fn query(&self) -> Result<bool, CallError> {
-        self.mechanism
-            .sync()
-            .expect("checked at record")
-            .fence_query(self.fence())
+        self.mechanism.sync().expect("checked at record").fence_query(self.fence())
     }
     fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
-        self.mechanism
-            .sync()
-            .expect("checked at record")
-            .fence_wait(self.fence(), timeout)
+        self.mechanism.sync().expect("checked at record").fence_wait(self.fence(), timeout)
     }
     fn describe(&self) -> String {
         format!(
@@ -114,11 +105,7 @@ impl FnFence {
         query: impl Fn() -> bool + Send + Sync + 'static,
         wait: impl Fn(Duration) -> bool + Send + Sync + 'static,
     ) -> SharedFence {
-        Arc::new(FnFence {
-            name: name.into(),
-            query: Box::new(query),
-            wait: Box::new(wait),
-        })
+        Arc::new(FnFence { name: name.into(), query: Box::new(query), wait: Box::new(wait) })
     }
 }
 

@@ -39,11 +39,7 @@ pub struct BindingSpec {
 
 impl BindingSpec {
     pub fn new(class: AllocationClass) -> Self {
-        BindingSpec {
-            class,
-            holder: None,
-            wait: None,
-        }
+        BindingSpec { class, holder: None, wait: None }
     }
     pub fn holder(mut self, h: HolderId) -> Self {
         self.holder = Some(h);
@@ -132,10 +128,7 @@ impl ProcessMemoryManager {
     ) -> Result<MemoryBinding, ManagerError> {
         if let Some(h) = spec.holder {
             if pool.holder_stats(h).is_none() {
-                return Err(ManagerError::HolderNotInPool {
-                    holder: h,
-                    pool: pool.name().into(),
-                });
+                return Err(ManagerError::HolderNotInPool { holder: h, pool: pool.name().into() });
             }
         }
         Ok(MemoryBinding::new(

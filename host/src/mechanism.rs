@@ -198,13 +198,7 @@ impl MechanismInner {
 
     #[cold]
     pub(crate) fn refuse(&self, slot: &'static str, status: Status, message: String) -> CallError {
-        CallError {
-            status,
-            raw: status.raw(),
-            slot,
-            mechanism: self.label.clone(),
-            message,
-        }
+        CallError { status, raw: status.raw(), slot, mechanism: self.label.clone(), message }
     }
 
     #[inline]
@@ -248,10 +242,7 @@ impl MechanismInner {
 
     #[inline]
     fn empty_block() -> MemplugBlock {
-        MemplugBlock {
-            struct_size: MEMPLUG_BLOCK_SIZE_1_0,
-            ..Default::default()
-        }
+        MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() }
     }
 
     #[inline]
@@ -309,17 +300,11 @@ impl Mechanism {
     }
     /// The virtual backing, or `None` when the mechanism has none.
     pub fn virtual_backing(&self) -> Option<VirtualBackingApi<'_>> {
-        self.inner
-            .virtual_backing
-            .as_ref()
-            .map(|vt| VirtualBackingApi { m: &self.inner, vt })
+        self.inner.virtual_backing.as_ref().map(|vt| VirtualBackingApi { m: &self.inner, vt })
     }
     /// The shared mapping capability, or `None`.
     pub fn shared_mapping(&self) -> Option<SharedMappingApi<'_>> {
-        self.inner
-            .shared_mapping
-            .as_ref()
-            .map(|vt| SharedMappingApi { m: &self.inner, vt })
+        self.inner.shared_mapping.as_ref().map(|vt| SharedMappingApi { m: &self.inner, vt })
     }
     /// Streams and fences, or `None`.
     pub fn sync(&self) -> Option<SyncApi<'_>> {
@@ -393,10 +378,7 @@ impl<'m> AllocatorApi<'m> {
     /// not publish the slot.
     pub fn memory_info(&self) -> Option<Result<MemoryInfo, CallError>> {
         let f = self.m.allocator.memory_info?;
-        let mut out = MemplugMemoryInfo {
-            struct_size: MEMPLUG_MEMORY_INFO_SIZE_1_0,
-            ..Default::default()
-        };
+        let mut out = MemplugMemoryInfo { struct_size: MEMPLUG_MEMORY_INFO_SIZE_1_0, ..Default::default() };
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: published slot; pointers live for the call.
@@ -404,10 +386,7 @@ impl<'m> AllocatorApi<'m> {
         Some(
             self.m
                 .check("allocator.memory_info", raw, &mut cap)
-                .map(|()| MemoryInfo {
-                    free_bytes: out.free_bytes,
-                    total_bytes: out.total_bytes,
-                }),
+                .map(|()| MemoryInfo { free_bytes: out.free_bytes, total_bytes: out.total_bytes }),
         )
     }
 }
@@ -474,9 +453,7 @@ impl<'m> VirtualBackingApi<'m> {
         let sink = cap.sink();
         // SAFETY: validated slot.
         let raw = unsafe { slot!(self.vt.committed_bytes)(self.m.ctx, &o, &mut out, &sink) };
-        self.m
-            .check("virtual_backing.committed_bytes", raw, &mut cap)
-            .map(|()| out)
+        self.m.check("virtual_backing.committed_bytes", raw, &mut cap).map(|()| out)
     }
 
     /// Releases the reservation and everything committed or mapped in it.
@@ -524,10 +501,7 @@ impl<'m> SharedMappingApi<'m> {
             return Err(m.refuse(
                 "shared_mapping.create",
                 Status::Internal,
-                format!(
-                    "plugin reported success but returned {} bytes for {size}",
-                    out.size
-                ),
+                format!("plugin reported success but returned {} bytes for {size}", out.size),
             ));
         }
         m.born(ObjectKind::PhysicalObject);
@@ -550,16 +524,7 @@ impl<'m> SharedMappingApi<'m> {
         let sink = cap.sink();
         // SAFETY: validated slot.
         let raw = unsafe {
-            slot!(self.vt.map)(
-                self.m.ctx,
-                &o,
-                object_offset,
-                &res,
-                offset,
-                len,
-                access.bits(),
-                &sink,
-            )
+            slot!(self.vt.map)(self.m.ctx, &o, object_offset, &res, offset, len, access.bits(), &sink)
         };
         self.m.check("shared_mapping.map", raw, &mut cap)
     }
@@ -632,10 +597,7 @@ impl<'m> SyncApi<'m> {
         let raw = unsafe { slot!(self.vt.stream_create)(self.m.ctx, &mut out, &sink) };
         self.m.check("sync.stream_create", raw, &mut cap)?;
         self.m.born(ObjectKind::Stream);
-        Ok(Stream {
-            mechanism_key: self.m.key,
-            handle: out,
-        })
+        Ok(Stream { mechanism_key: self.m.key, handle: out })
     }
 
     /// Whether the plugin can wrap a runtime's native stream.
@@ -660,18 +622,12 @@ impl<'m> SyncApi<'m> {
         let raw = unsafe { f(self.m.ctx, native, &mut out, &sink) };
         self.m.check("sync.stream_adopt", raw, &mut cap)?;
         self.m.born(ObjectKind::Stream);
-        Ok(Stream {
-            mechanism_key: self.m.key,
-            handle: out,
-        })
+        Ok(Stream { mechanism_key: self.m.key, handle: out })
     }
 
     /// Destroys a stream after its submitted work has run.
     pub fn stream_destroy(&self, s: Stream) -> Result<(), ReleaseError<Stream>> {
-        if let Err(error) = self
-            .m
-            .own_handle("sync.stream_destroy", s.mechanism_key, "stream")
-        {
+        if let Err(error) = self.m.own_handle("sync.stream_destroy", s.mechanism_key, "stream") {
             return Err(ReleaseError { object: s, error });
         }
         let mut cap = Capture::default();
@@ -689,8 +645,7 @@ impl<'m> SyncApi<'m> {
 
     /// Runs `f` on the stream after the work submitted before it.
     pub fn enqueue(&self, s: &Stream, f: impl FnOnce() + Send + 'static) -> Result<(), CallError> {
-        self.m
-            .own_handle("sync.enqueue_host_fn", s.mechanism_key, "stream")?;
+        self.m.own_handle("sync.enqueue_host_fn", s.mechanism_key, "stream")?;
         let boxed: Box<BoxedHostFn> = Box::new(Box::new(f));
         let userdata = Box::into_raw(boxed).cast::<c_void>();
         let mut cap = Capture::default();
@@ -711,8 +666,7 @@ impl<'m> SyncApi<'m> {
 
     /// Records a fence after the work submitted so far.
     pub fn fence_record(&self, s: &Stream) -> Result<Fence, CallError> {
-        self.m
-            .own_handle("sync.fence_record", s.mechanism_key, "stream")?;
+        self.m.own_handle("sync.fence_record", s.mechanism_key, "stream")?;
         let mut out = 0u64;
         let mut cap = Capture::default();
         let sink = cap.sink();
@@ -720,10 +674,7 @@ impl<'m> SyncApi<'m> {
         let raw = unsafe { slot!(self.vt.fence_record)(self.m.ctx, s.handle, &mut out, &sink) };
         self.m.check("sync.fence_record", raw, &mut cap)?;
         self.m.born(ObjectKind::Fence);
-        Ok(Fence {
-            mechanism_key: self.m.key,
-            handle: out,
-        })
+        Ok(Fence { mechanism_key: self.m.key, handle: out })
     }
 
     /// `true` when the fence has completed; never blocks.

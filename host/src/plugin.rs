@@ -131,21 +131,11 @@ impl LiveReport {
 
 impl fmt::Display for LiveReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut parts: Vec<String> = self
-            .objects
-            .iter()
-            .map(|(m, k, n)| format!("{n} {} of mechanism '{m}'", k.name()))
-            .collect();
-        parts.extend(
-            self.handles
-                .iter()
-                .map(|(m, n)| format!("{n} handle(s) to mechanism '{m}'")),
-        );
+        let mut parts: Vec<String> =
+            self.objects.iter().map(|(m, k, n)| format!("{n} {} of mechanism '{m}'", k.name())).collect();
+        parts.extend(self.handles.iter().map(|(m, n)| format!("{n} handle(s) to mechanism '{m}'")));
         if self.plugin_reported != 0 {
-            parts.push(format!(
-                "the plugin reports {} live object(s)",
-                self.plugin_reported
-            ));
+            parts.push(format!("the plugin reports {} live object(s)", self.plugin_reported));
         }
         f.write_str(&parts.join(", "))
     }
@@ -197,7 +187,8 @@ impl Plugin {
             None => None,
             Some(want) => {
                 let mut f = std::fs::File::open(path).map_err(|e| policy(format!("cannot open: {e}")))?;
-                let got = crate::policy::sha256_hex(&mut f).map_err(|e| policy(format!("cannot hash: {e}")))?;
+                let got =
+                    crate::policy::sha256_hex(&mut f).map_err(|e| policy(format!("cannot hash: {e}")))?;
                 if !got.eq_ignore_ascii_case(want.trim()) {
                     return Err(policy(format!("SHA-256 mismatch: expected {want}, the file has {got}")));
                 }
@@ -271,12 +262,7 @@ impl Plugin {
                 return Err(LoadError::VersionMismatch { origin, message });
             }
             let status = Status::from_raw_conservative(raw);
-            return Err(LoadError::EntryFailed {
-                origin,
-                status,
-                raw,
-                message,
-            });
+            return Err(LoadError::EntryFailed { origin, status, raw, message });
         }
         let r = Reader { origin: &origin };
         let desc: MemplugPlugin = r.prefix(out.plugin, MEMPLUG_PLUGIN_SIZE_1_0, "plugin descriptor")?;
@@ -312,19 +298,13 @@ impl Plugin {
         let name = r.string(desc.name, "plugin name")?;
         let version = r.string(desc.version, "plugin version")?;
         let Some(live_objects) = desc.live_objects else {
-            return Err(LoadError::NullRequired {
-                origin,
-                what: "plugin.live_objects".into(),
-            });
+            return Err(LoadError::NullRequired { origin, what: "plugin.live_objects".into() });
         };
         if desc.mechanism_count == 0 {
             return Err(r.malformed("plugin publishes no mechanism".into()));
         }
         if desc.mechanisms.is_null() {
-            return Err(LoadError::NullRequired {
-                origin,
-                what: "plugin.mechanisms".into(),
-            });
+            return Err(LoadError::NullRequired { origin, what: "plugin.mechanisms".into() });
         }
         let shared = Arc::new(PluginShared {
             name: name.clone(),
@@ -402,11 +382,7 @@ impl Plugin {
                 handles.push((m.name().to_string(), extra));
             }
         }
-        LiveReport {
-            objects,
-            handles,
-            plugin_reported: self.plugin_live_objects(),
-        }
+        LiveReport { objects, handles, plugin_reported: self.plugin_live_objects() }
     }
 
     /// Unloads the plugin, or refuses and says what is still live: objects
@@ -433,10 +409,7 @@ fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
     // a plugin means, and the path was chosen by the embedder.
     unsafe { libloading::os::unix::Library::open(Some(path), flags) }
         .map(libloading::Library::from)
-        .map_err(|e| LoadError::NotALibrary {
-            path: PathBuf::from(path),
-            reason: e.to_string(),
-        })
+        .map_err(|e| LoadError::NotALibrary { path: PathBuf::from(path), reason: e.to_string() })
 }
 
 /// Reads untrusted plugin structs.
@@ -446,20 +419,14 @@ struct Reader<'a> {
 
 impl Reader<'_> {
     fn malformed(&self, detail: String) -> LoadError {
-        LoadError::Malformed {
-            origin: self.origin.to_string(),
-            detail,
-        }
+        LoadError::Malformed { origin: self.origin.to_string(), detail }
     }
 
     /// Copies `min(struct_size, sizeof T)` bytes into a zeroed `T`; refuses
     /// NULL and a struct shorter than its 1.0 size.
     unsafe fn prefix<T: Copy>(&self, p: *const T, min: u32, what: &str) -> Result<T, LoadError> {
         if p.is_null() {
-            return Err(LoadError::NullRequired {
-                origin: self.origin.into(),
-                what: what.into(),
-            });
+            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
         }
         let declared = p.cast::<u32>().read_unaligned();
         if declared < min {
@@ -480,10 +447,7 @@ impl Reader<'_> {
 
     unsafe fn string(&self, p: *const c_char, what: &str) -> Result<String, LoadError> {
         if p.is_null() {
-            return Err(LoadError::NullRequired {
-                origin: self.origin.into(),
-                what: what.into(),
-            });
+            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
         }
         // Read byte by byte, never past the terminator: the string may end
         // right before the end of a mapping.
@@ -530,9 +494,7 @@ impl Reader<'_> {
             ));
         }
         if d.allocator.is_null() {
-            return Err(mismatch(
-                "MEMPLUG_CAP_ALLOCATOR is set but the allocator pointer is NULL".into(),
-            ));
+            return Err(mismatch("MEMPLUG_CAP_ALLOCATOR is set but the allocator pointer is NULL".into()));
         }
         agree(
             caps.virtual_backing(),
@@ -557,11 +519,8 @@ impl Reader<'_> {
         self.required(&what("allocator.allocate"), allocator.allocate.is_some())?;
         self.required(&what("allocator.deallocate"), allocator.deallocate.is_some())?;
         let virtual_backing = if caps.virtual_backing() {
-            let v: MemplugVirtualBacking = self.prefix(
-                d.virtual_backing,
-                MEMPLUG_VIRTUAL_BACKING_SIZE_1_0,
-                &what("virtual_backing"),
-            )?;
+            let v: MemplugVirtualBacking =
+                self.prefix(d.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, &what("virtual_backing"))?;
             for (slot, ok) in [
                 ("reserve", v.reserve.is_some()),
                 ("commit", v.commit.is_some()),
@@ -576,11 +535,8 @@ impl Reader<'_> {
             None
         };
         let shared_mapping = if caps.shared_mapping() {
-            let v: MemplugSharedMapping = self.prefix(
-                d.shared_mapping,
-                MEMPLUG_SHARED_MAPPING_SIZE_1_0,
-                &what("shared_mapping"),
-            )?;
+            let v: MemplugSharedMapping =
+                self.prefix(d.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &what("shared_mapping"))?;
             for (slot, ok) in [
                 ("create", v.create.is_some()),
                 ("map", v.map.is_some()),
@@ -629,27 +585,19 @@ impl Reader<'_> {
             plugin: shared.clone(),
         };
         inner.props = self.properties(&inner)?;
-        Ok(Mechanism {
-            inner: Arc::new(inner),
-        })
+        Ok(Mechanism { inner: Arc::new(inner) })
     }
 
     fn required(&self, what: &str, present: bool) -> Result<(), LoadError> {
         if present {
             Ok(())
         } else {
-            Err(LoadError::NullRequired {
-                origin: self.origin.into(),
-                what: what.into(),
-            })
+            Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() })
         }
     }
 
     unsafe fn properties(&self, m: &MechanismInner) -> Result<Properties, LoadError> {
-        let mut out = MemplugProperties {
-            struct_size: MEMPLUG_PROPERTIES_SIZE_1_0,
-            ..Default::default()
-        };
+        let mut out = MemplugProperties { struct_size: MEMPLUG_PROPERTIES_SIZE_1_0, ..Default::default() };
         let mut cap = Capture::default();
         let sink = cap.sink();
         let f = m.allocator.properties.expect("checked above");
@@ -686,10 +634,7 @@ impl Reader<'_> {
         }
         let needs_granularity = m.caps.virtual_backing() || m.caps.shared_mapping();
         if needs_granularity && !out.granularity.is_power_of_two() {
-            return Err(bad(format!(
-                "granularity {} is not a power of two",
-                out.granularity
-            )));
+            return Err(bad(format!("granularity {} is not a power of two", out.granularity)));
         }
         Ok(Properties {
             min_alignment: out.min_alignment,

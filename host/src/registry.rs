@@ -22,11 +22,8 @@ pub struct Requirements {
 }
 
 impl Requirements {
-    pub const ALLOCATOR_ONLY: Requirements = Requirements {
-        virtual_backing: false,
-        shared_mapping: false,
-        sync: false,
-    };
+    pub const ALLOCATOR_ONLY: Requirements =
+        Requirements { virtual_backing: false, shared_mapping: false, sync: false };
 
     fn missing(&self, m: &Mechanism) -> Vec<&'static str> {
         let c = m.capabilities();
@@ -54,11 +51,7 @@ pub enum RegistryError {
     #[error("no mechanism serves device {device}")]
     NoDevice { device: String },
     #[error("no mechanism on device {device} has {wanted}; candidates: {candidates}")]
-    MissingCapability {
-        device: String,
-        wanted: String,
-        candidates: String,
-    },
+    MissingCapability { device: String, wanted: String, candidates: String },
     #[error("no mechanism named '{0}'")]
     UnknownMechanism(String),
     #[error("plugin '{name}' cannot unload: {detail}")]
@@ -90,13 +83,7 @@ impl Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Context({}/{}, pins {})",
-            self.mechanism.plugin_name(),
-            self.mechanism.name(),
-            self.pins()
-        )
+        write!(f, "Context({}/{}, pins {})", self.mechanism.plugin_name(), self.mechanism.name(), self.pins())
     }
 }
 
@@ -122,12 +109,7 @@ impl Registry {
         let contexts = plugin
             .mechanisms()
             .iter()
-            .map(|m| {
-                Arc::new(Context {
-                    mechanism: m.clone(),
-                    pins: AtomicU64::new(0),
-                })
-            })
+            .map(|m| Arc::new(Context { mechanism: m.clone(), pins: AtomicU64::new(0) }))
             .collect();
         e.push(Entry { plugin, contexts });
         Ok(())
@@ -136,9 +118,7 @@ impl Registry {
     /// Every registered mechanism, in registration order.
     pub fn mechanisms(&self) -> Vec<Mechanism> {
         let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        e.iter()
-            .flat_map(|x| x.plugin.mechanisms().iter().cloned())
-            .collect()
+        e.iter().flat_map(|x| x.plugin.mechanisms().iter().cloned()).collect()
     }
 
     /// Names of the registered plugins.
@@ -168,15 +148,10 @@ impl Registry {
     /// otherwise.
     pub fn select(&self, device: MemplugDevice, req: Requirements) -> Result<Arc<Context>, RegistryError> {
         let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        let on_device: Vec<&Arc<Context>> = e
-            .iter()
-            .flat_map(|x| x.contexts.iter())
-            .filter(|c| c.mechanism.device().0 == device)
-            .collect();
+        let on_device: Vec<&Arc<Context>> =
+            e.iter().flat_map(|x| x.contexts.iter()).filter(|c| c.mechanism.device().0 == device).collect();
         if on_device.is_empty() {
-            return Err(RegistryError::NoDevice {
-                device: Device(device).to_string(),
-            });
+            return Err(RegistryError::NoDevice { device: Device(device).to_string() });
         }
         if let Some(c) = on_device.iter().find(|c| req.missing(&c.mechanism).is_empty()) {
             return Ok((*c).clone());
@@ -231,10 +206,7 @@ impl Registry {
                 })
                 .collect();
             if !pinned.is_empty() {
-                return Err(RegistryError::UnloadRefused {
-                    name: name.into(),
-                    detail: pinned.join(", "),
-                });
+                return Err(RegistryError::UnloadRefused { name: name.into(), detail: pinned.join(", ") });
             }
             e.remove(i)
         };
@@ -246,18 +218,13 @@ impl Registry {
             // Put it back: a refused unload leaves everything as it was.
             let plugin = refused.plugin;
             let _ = self.register(plugin);
-            RegistryError::UnloadRefused {
-                name: name.into(),
-                detail,
-            }
+            RegistryError::UnloadRefused { name: name.into(), detail }
         })
     }
 
     /// What keeps each plugin loaded.
     pub fn live_reports(&self) -> Vec<(String, LiveReport)> {
         let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        e.iter()
-            .map(|x| (x.plugin.name().to_string(), x.plugin.live_report()))
-            .collect()
+        e.iter().map(|x| (x.plugin.name().to_string(), x.plugin.live_report())).collect()
     }
 }

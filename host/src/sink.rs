@@ -18,10 +18,7 @@ impl Capture {
     /// `self`; it is passed to exactly one plugin call.
     #[inline]
     pub(crate) fn sink(&mut self) -> MemplugMessageSink {
-        MemplugMessageSink {
-            ctx: (self as *mut Capture).cast(),
-            write: Some(capture_write),
-        }
+        MemplugMessageSink { ctx: (self as *mut Capture).cast(), write: Some(capture_write) }
     }
 
     pub(crate) fn take(&mut self) -> Option<String> {
@@ -36,15 +33,7 @@ pub(crate) fn bounded_message(bytes: &[u8]) -> String {
     let max = MEMPLUG_MESSAGE_MAX as usize;
     let bytes = &bytes[..bytes.len().min(max)];
     let text = String::from_utf8_lossy(bytes);
-    text.chars()
-        .map(|c| {
-            if c.is_control() && c != '\n' && c != '\t' {
-                '\u{fffd}'
-            } else {
-                c
-            }
-        })
-        .collect()
+    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { '\u{fffd}' } else { c }).collect()
 }
 
 unsafe extern "C" fn capture_write(ctx: *mut c_void, msg: *const c_char, len: usize) {

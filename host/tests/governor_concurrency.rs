@@ -159,10 +159,7 @@ fn threads_under_pressure_keep_capacity_and_balance_the_ledger() {
                 let s = pool.snapshot();
                 assert!(s.used <= s.capacity && s.peak <= s.capacity);
                 for c in &s.classes {
-                    assert!(
-                        c.reserved <= CAP && c.leased <= CAP && c.quarantined <= CAP,
-                        "{c:?}"
-                    );
+                    assert!(c.reserved <= CAP && c.leased <= CAP && c.quarantined <= CAP, "{c:?}");
                 }
                 n += 1;
             }
@@ -182,14 +179,7 @@ fn threads_under_pressure_keep_capacity_and_balance_the_ledger() {
                     (pool.clone(), stash.clone(), tally.clone(), barrier.clone());
                 thread::spawn(move || {
                     barrier.wait();
-                    worker(
-                        &pool,
-                        &stash,
-                        holder,
-                        0x9E37_79B9_7F4A_7C15 ^ (wave * 8 + i + 1),
-                        until,
-                        &tally,
-                    );
+                    worker(&pool, &stash, holder, 0x9E37_79B9_7F4A_7C15 ^ (wave * 8 + i + 1), until, &tally);
                 })
             })
             .collect();
@@ -233,15 +223,11 @@ fn two_threads_racing_for_the_last_bytes_never_both_win() {
                 let (pool, barrier) = (pool.clone(), barrier.clone());
                 thread::spawn(move || {
                     barrier.wait();
-                    pool.try_reserve(60, AllocationClass::Other, None)
-                        .map(|r| r.commit(60).unwrap())
+                    pool.try_reserve(60, AllocationClass::Other, None).map(|r| r.commit(60).unwrap())
                 })
             })
             .collect();
-        let won: Vec<Lease> = handles
-            .into_iter()
-            .filter_map(|h| h.join().unwrap().ok())
-            .collect();
+        let won: Vec<Lease> = handles.into_iter().filter_map(|h| h.join().unwrap().ok()).collect();
         assert_eq!(won.len(), 1);
         assert_eq!(pool.used(), 60);
         for l in won {

@@ -103,9 +103,7 @@ fn loom_refund_always_wakes_a_waiter() {
         let lease = p.try_reserve(80, CLASS, None).unwrap().commit(80).unwrap();
         let p2 = p.clone();
         let t = thread::spawn(move || p2.release(lease).unwrap());
-        let r = p
-            .reserve(50, CLASS, None, Some(Instant::now() + Duration::from_secs(3600)))
-            .unwrap();
+        let r = p.reserve(50, CLASS, None, Some(Instant::now() + Duration::from_secs(3600))).unwrap();
         assert_eq!(p.used(), 50);
         drop(r);
         t.join().unwrap();

@@ -207,21 +207,12 @@ fn generous_pick(leases: &[Tok], holder: HolderId, wanted: u64) -> Vec<usize> {
 }
 
 fn tok(l: &Lease) -> Tok {
-    Tok {
-        bytes: l.bytes(),
-        class: l.class().index(),
-        holder: l.holder(),
-    }
+    Tok { bytes: l.bytes(), class: l.class().index(), holder: l.holder() }
 }
 
 fn check(pool: &Pool, m: &Model) -> Result<(), TestCaseError> {
     let s = pool.snapshot();
-    prop_assert!(
-        s.used <= s.capacity,
-        "capacity exceeded: {} > {}",
-        s.used,
-        s.capacity
-    );
+    prop_assert!(s.used <= s.capacity, "capacity exceeded: {} > {}", s.used, s.capacity);
     prop_assert_eq!(s.capacity, CAP);
     prop_assert_eq!(s.used, m.used);
     prop_assert_eq!(s.free, CAP - m.used);
@@ -231,11 +222,7 @@ fn check(pool: &Pool, m: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(s.reserved, classes.iter().map(|c| c.reserved).sum::<u64>());
     prop_assert_eq!(s.leased, classes.iter().map(|c| c.leased).sum::<u64>());
     prop_assert_eq!(s.quarantined, classes.iter().map(|c| c.quarantined).sum::<u64>());
-    prop_assert_eq!(
-        s.used,
-        s.reserved + s.leased + s.quarantined,
-        "ledger does not balance"
-    );
+    prop_assert_eq!(s.used, s.reserved + s.leased + s.quarantined, "ledger does not balance");
     prop_assert_eq!(s.pressure, m.pressure);
     prop_assert_eq!(s.holders, m.holders.iter().filter(|h| h.registered).count());
     prop_assert_eq!((s.waits, s.wait_timeouts), (0, 0));
@@ -263,11 +250,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Reserve { bytes, class, holder } => {
                 let h = holder.and_then(|i| m.holders.get(i % m.holders.len().max(1)).map(|h| h.id));
                 let cls = AllocationClass::ALL[class];
-                let t = Tok {
-                    bytes,
-                    class,
-                    holder: h,
-                };
+                let t = Tok { bytes, class, holder: h };
                 match pool.try_reserve(bytes, cls, h) {
                     Ok(r) => {
                         prop_assert!(m.registered(h));
@@ -289,11 +272,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Pressure { bytes, class, holder } => {
                 let h = holder.and_then(|i| m.holders.get(i % m.holders.len().max(1)).map(|h| h.id));
                 let cls = AllocationClass::ALL[class];
-                let t = Tok {
-                    bytes,
-                    class,
-                    holder: h,
-                };
+                let t = Tok { bytes, class, holder: h };
                 // Model first: decide the outcome and which leases holders release.
                 let expect: Result<(), bool> = if !m.registered(h) {
                     Err(false)
@@ -399,10 +378,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         c.leased += t.bytes + extra;
                         c.leases += 1;
                         leases.lock().unwrap().push(l);
-                        m.leases.push(Tok {
-                            bytes: t.bytes + extra,
-                            ..t
-                        });
+                        m.leases.push(Tok { bytes: t.bytes + extra, ..t });
                     }
                     Err(rej) => {
                         prop_assert!(m.used + extra > CAP, "over-commit refused, model says room");
@@ -434,8 +410,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Ok(r) => {
                         prop_assert!(m.registered(t.holder) && m.grant(g));
                         let actual = bytes * u64::from(num) / 255;
-                        r.commit_into(&mut v[i], actual)
-                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        r.commit_into(&mut v[i], actual).map_err(|e| TestCaseError::fail(e.to_string()))?;
                         let c = m.cs(t.holder, t.class);
                         c.reserved -= bytes;
                         c.leased += actual;
@@ -460,13 +435,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let t = m.leases[i];
                 let k = t.bytes * u64::from(num) / 255;
                 if matches!(op, Op::Shrink { .. }) {
-                    pool.release_part(&mut v[i], k)
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    pool.release_part(&mut v[i], k).map_err(|e| TestCaseError::fail(e.to_string()))?;
                     m.cs(t.holder, t.class).leased -= k;
                     m.used -= k;
                 } else {
-                    pool.quarantine_part(&mut v[i], k)
-                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    pool.quarantine_part(&mut v[i], k).map_err(|e| TestCaseError::fail(e.to_string()))?;
                     let c = m.cs(t.holder, t.class);
                     c.leased -= k;
                     c.quarantined += k;
@@ -483,13 +456,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let i = lease % v.len();
                 let held = v[i].bytes();
                 let e = pool.release_part(&mut v[i], held + 1).unwrap_err();
-                prop_assert_eq!(
-                    e,
-                    GovernorError::OverRelease {
-                        requested: held + 1,
-                        held
-                    }
-                );
+                prop_assert_eq!(e, GovernorError::OverRelease { requested: held + 1, held });
             }
             Op::Split { lease, num } => {
                 let mut v = leases.lock().unwrap();
@@ -499,9 +466,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let i = lease % v.len();
                 let t = m.leases[i];
                 let k = t.bytes * u64::from(num) / 255;
-                let part = pool
-                    .split_lease(&mut v[i], k)
-                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                let part = pool.split_lease(&mut v[i], k).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(tok(&part), Tok { bytes: k, ..t });
                 m.leases[i].bytes -= k;
                 prop_assert_eq!(tok(&v[i]), m.leases[i]);
@@ -528,8 +493,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         m.release(t);
                     }
                     Op::Quarantine { .. } => {
-                        pool.quarantine(l)
-                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        pool.quarantine(l).map_err(|e| TestCaseError::fail(e.to_string()))?;
                         let c = m.cs(t.holder, t.class);
                         c.leased -= t.bytes;
                         c.leases -= 1;
@@ -639,48 +603,18 @@ proptest! {
 fn scripted_sequence_matches_model() {
     use Op::*;
     let ops = vec![
-        Register {
-            priority: 1,
-            generous: true,
-        },
-        Register {
-            priority: 0,
-            generous: false,
-        },
-        Reserve {
-            bytes: 300,
-            class: 1,
-            holder: Some(0),
-        },
+        Register { priority: 1, generous: true },
+        Register { priority: 0, generous: false },
+        Reserve { bytes: 300, class: 1, holder: Some(0) },
         Commit { res: 0, num: 255 },
-        Reserve {
-            bytes: 300,
-            class: 1,
-            holder: Some(0),
-        },
+        Reserve { bytes: 300, class: 1, holder: Some(0) },
         Commit { res: 0, num: 128 },
-        Reserve {
-            bytes: 400,
-            class: 2,
-            holder: Some(1),
-        },
+        Reserve { bytes: 400, class: 2, holder: Some(1) },
         Commit { res: 0, num: 255 },
-        Reserve {
-            bytes: 200,
-            class: 0,
-            holder: None,
-        },
+        Reserve { bytes: 200, class: 0, holder: None },
         CommitOver { res: 0, extra: 200 },
-        Pressure {
-            bytes: 500,
-            class: 3,
-            holder: None,
-        },
-        Grow {
-            lease: 0,
-            bytes: 50,
-            num: 255,
-        },
+        Pressure { bytes: 500, class: 3, holder: None },
+        Grow { lease: 0, bytes: 50, num: 255 },
         Shrink { lease: 0, num: 100 },
         QuarantinePart { lease: 0, num: 10 },
         OverRelease { lease: 0 },
@@ -688,11 +622,7 @@ fn scripted_sequence_matches_model() {
         Quarantine { lease: 1 },
         Leak { lease: 0 },
         Unregister { holder: 0 },
-        Reserve {
-            bytes: 1,
-            class: 4,
-            holder: Some(0),
-        },
+        Reserve { bytes: 1, class: 4, holder: Some(0) },
         DropReservation { res: 0 },
         Release { lease: 0 },
     ];

@@ -19,10 +19,7 @@ fn pool(capacity: u64) -> Arc<Pool> {
 }
 
 fn lease(pool: &Pool, bytes: u64, class: AllocationClass, holder: Option<HolderId>) -> Lease {
-    pool.try_reserve(bytes, class, holder)
-        .unwrap()
-        .commit(bytes)
-        .unwrap()
+    pool.try_reserve(bytes, class, holder).unwrap().commit(bytes).unwrap()
 }
 
 /// Runs `f` on another thread and fails the test if it does not finish in
@@ -95,11 +92,7 @@ fn tickets_reach_holders_lowest_priority_first_then_registration_order() {
     assert!(err.out_of_budget().is_some());
     let got: Vec<&str> = order.lock().unwrap().iter().map(|(t, _, _)| *t).collect();
     assert_eq!(got, ["p1a", "p1b", "p3", "p5"]);
-    assert!(order
-        .lock()
-        .unwrap()
-        .iter()
-        .all(|&(_, w, pr)| w == 100 && pr == Priority::HIGHEST));
+    assert!(order.lock().unwrap().iter().all(|&(_, w, pr)| w == 100 && pr == Priority::HIGHEST));
 
     drop((h5, h1a, h3, h1b));
     p.release(full).unwrap();
@@ -125,10 +118,7 @@ fn holders_above_the_requester_priority_and_the_requester_itself_are_never_asked
     let err = p.reserve(10, KV, Some(requester.id()), None).unwrap_err();
     assert!(err.out_of_budget().is_some());
     let asked = asked.lock().unwrap().clone();
-    assert_eq!(
-        asked,
-        [("low", Some(requester.id())), ("equal", Some(requester.id()))]
-    );
+    assert_eq!(asked, [("low", Some(requester.id())), ("equal", Some(requester.id()))]);
     p.release(full).unwrap();
     drop((low, equal, requester, high));
 }
@@ -238,11 +228,7 @@ fn reentrant_callback_reserves_releases_and_snapshots_without_deadlock() {
             stash.push(lease(&p, 250, KV, Some(h.id())));
         }
         let r = p.reserve(300, ACT, None, None).unwrap();
-        assert_eq!(
-            p.snapshot().pressure.tickets,
-            1,
-            "nested reserve must not issue tickets"
-        );
+        assert_eq!(p.snapshot().pressure.tickets, 1, "nested reserve must not issue tickets");
         drop(r);
         stash.release_all(&p);
         drop(h);
@@ -290,10 +276,7 @@ fn unregister_waits_for_a_callback_running_on_another_thread() {
         entered_rx.recv().unwrap();
         let unregister = thread::spawn(move || drop(reg));
         thread::sleep(Duration::from_millis(50));
-        assert!(
-            !unregister.is_finished(),
-            "unregister returned while its callback ran"
-        );
+        assert!(!unregister.is_finished(), "unregister returned while its callback ran");
         go_tx.send(()).unwrap();
         unregister.join().unwrap();
         assert!(*finished.lock().unwrap());
@@ -313,9 +296,7 @@ fn wait_with_deadline_succeeds_when_another_thread_releases_in_time() {
             p2.release(held).unwrap();
         });
         let start = Instant::now();
-        let r = p
-            .reserve(500, ACT, None, Some(start + Duration::from_secs(5)))
-            .unwrap();
+        let r = p.reserve(500, ACT, None, Some(start + Duration::from_secs(5))).unwrap();
         assert!(start.elapsed() < Duration::from_secs(5));
         releaser.join().unwrap();
         let s = p.snapshot();
@@ -376,9 +357,7 @@ fn deferred_refund_after_the_answer_wakes_the_waiter() {
                 p3.release(l).unwrap();
             }
         });
-        let r = p
-            .reserve(600, ACT, None, Some(Instant::now() + Duration::from_secs(5)))
-            .unwrap();
+        let r = p.reserve(600, ACT, None, Some(Instant::now() + Duration::from_secs(5))).unwrap();
         assert_eq!(p.snapshot().waits, 1);
         drop(r);
         drop(h); // drops the callback and so the sender: the reaper ends
@@ -390,20 +369,11 @@ fn deferred_refund_after_the_answer_wakes_the_waiter() {
 #[test]
 fn callback_panic_is_contained_and_counts_as_zero() {
     let p = pool(100);
-    let h = p.register_holder("panics", Priority(0), |_t: &PressureTicket| -> u64 {
-        panic!("holder bug")
-    });
+    let h = p.register_holder("panics", Priority(0), |_t: &PressureTicket| -> u64 { panic!("holder bug") });
     let full = lease(&p, 100, KV, None);
     let err = p.reserve(10, ACT, None, None).unwrap_err();
     let s = &err.out_of_budget().unwrap().snapshot;
-    assert_eq!(
-        (
-            s.pressure.tickets,
-            s.pressure.zero_answers,
-            s.pressure.callback_panics
-        ),
-        (1, 1, 1)
-    );
+    assert_eq!((s.pressure.tickets, s.pressure.zero_answers, s.pressure.callback_panics), (1, 1, 1));
     assert_eq!(h.stats().pressure.callback_panics, 1);
     p.release(full).unwrap();
 }
@@ -413,9 +383,7 @@ fn request_larger_than_capacity_issues_no_tickets_and_does_not_wait() {
     let p = pool(100);
     let _h = p.register_holder("h", Priority(0), |_t: &PressureTicket| 0);
     let start = Instant::now();
-    let err = p
-        .reserve(101, ACT, None, Some(start + Duration::from_secs(30)))
-        .unwrap_err();
+    let err = p.reserve(101, ACT, None, Some(start + Duration::from_secs(30))).unwrap_err();
     assert!(start.elapsed() < Duration::from_secs(5));
     let s = &err.out_of_budget().unwrap().snapshot;
     assert_eq!((s.pressure.tickets, s.waits), (0, 0));
@@ -430,14 +398,7 @@ fn invariant_7_quarantined_bytes_stay_charged_and_are_never_refunded() {
     p.quarantine_part(&mut b, 100).unwrap();
     let s = p.snapshot();
     assert_eq!((s.used, s.quarantined, s.leased), (700, 400, 300));
-    assert_eq!(
-        (
-            s.class(KV).quarantined,
-            s.class(KV).leases,
-            s.class(KV).quarantines
-        ),
-        (300, 0, 1)
-    );
+    assert_eq!((s.class(KV).quarantined, s.class(KV).leases, s.class(KV).quarantines), (300, 0, 1));
     assert_eq!((s.class(ACT).quarantined, s.class(ACT).leased), (100, 300));
     p.release(b).unwrap();
     let s = p.snapshot();
@@ -468,10 +429,7 @@ fn invariant_2_commit_follows_the_bytes_actually_mapped() {
     drop(r); // the caller frees what it mapped, then returns the grant
     assert_eq!(p.used(), 500);
     let s = p.snapshot();
-    assert_eq!(
-        (s.class(KV).leased, s.class(KV).leases, s.class(KV).reserved),
-        (500, 2, 0)
-    );
+    assert_eq!((s.class(KV).leased, s.class(KV).leases, s.class(KV).reserved), (500, 2, 0));
     assert_eq!(s.class(KV).failures, 1);
     p.release(l).unwrap();
     p.release(l2).unwrap();
@@ -484,40 +442,22 @@ fn commit_into_grows_a_lease_and_checks_pool_class_and_holder() {
     let other = pool(1000);
     let h = p.register_holder("h", Priority(0), |_t: &PressureTicket| 0);
     let mut l = lease(&p, 100, KV, Some(h.id()));
-    p.try_reserve(200, KV, Some(h.id()))
-        .unwrap()
-        .commit_into(&mut l, 150)
-        .unwrap();
+    p.try_reserve(200, KV, Some(h.id())).unwrap().commit_into(&mut l, 150).unwrap();
     assert_eq!((l.bytes(), p.used()), (250, 250));
-    let e = p
-        .try_reserve(10, ACT, Some(h.id()))
-        .unwrap()
-        .commit_into(&mut l, 10)
-        .unwrap_err();
+    let e = p.try_reserve(10, ACT, Some(h.id())).unwrap().commit_into(&mut l, 10).unwrap_err();
     assert!(matches!(e.error, GovernorError::ClassMismatch { .. }));
     drop(e);
-    let e = p
-        .try_reserve(10, KV, None)
-        .unwrap()
-        .commit_into(&mut l, 10)
-        .unwrap_err();
+    let e = p.try_reserve(10, KV, None).unwrap().commit_into(&mut l, 10).unwrap_err();
     assert!(matches!(e.error, GovernorError::HolderMismatch { .. }));
     drop(e);
-    let e = other
-        .try_reserve(10, KV, None)
-        .unwrap()
-        .commit_into(&mut l, 10)
-        .unwrap_err();
+    let e = other.try_reserve(10, KV, None).unwrap().commit_into(&mut l, 10).unwrap_err();
     assert!(matches!(e.error, GovernorError::WrongPool { .. }));
     drop(e);
     assert_eq!((l.bytes(), p.used(), other.used()), (250, 250, 0));
     p.release_part(&mut l, 50).unwrap();
     assert_eq!((l.bytes(), p.used()), (200, 200));
     let hs = h.stats();
-    assert_eq!(
-        (hs.class(KV).leased, hs.class(KV).leases, hs.class(KV).grants),
-        (200, 1, 2)
-    );
+    assert_eq!((hs.class(KV).leased, hs.class(KV).leases, hs.class(KV).grants), (200, 1, 2));
     p.release(l).unwrap();
     assert_eq!(p.used(), 0);
 }
@@ -530,14 +470,7 @@ fn dropped_lease_is_counted_as_leaked_and_never_refunded() {
     drop(lease(&p, 100, ACT, None));
     let s = p.snapshot();
     assert_eq!(s.used, 400, "a dropped lease stays charged");
-    assert_eq!(
-        (
-            s.class(KV).leaked_leases,
-            s.class(KV).leaked_bytes,
-            s.class(KV).leased
-        ),
-        (1, 300, 300)
-    );
+    assert_eq!((s.class(KV).leaked_leases, s.class(KV).leaked_bytes, s.class(KV).leased), (1, 300, 300));
     assert_eq!((s.class(ACT).leaked_leases, s.class(ACT).leaked_bytes), (1, 100));
     let hs = h.stats();
     assert_eq!((hs.class(KV).leaked_leases, hs.class(KV).leaked_bytes), (1, 300));
@@ -549,21 +482,9 @@ fn over_release_is_an_error_not_an_underflow() {
     let p = pool(1000);
     let mut l = lease(&p, 100, KV, None);
     let e = p.release_part(&mut l, 101).unwrap_err();
-    assert_eq!(
-        e,
-        GovernorError::OverRelease {
-            requested: 101,
-            held: 100
-        }
-    );
+    assert_eq!(e, GovernorError::OverRelease { requested: 101, held: 100 });
     let e = p.quarantine_part(&mut l, 101).unwrap_err();
-    assert_eq!(
-        e,
-        GovernorError::OverRelease {
-            requested: 101,
-            held: 100
-        }
-    );
+    assert_eq!(e, GovernorError::OverRelease { requested: 101, held: 100 });
     assert_eq!((l.bytes(), p.used(), p.snapshot().leased), (100, 100, 100));
     p.release(l).unwrap();
     assert_eq!(p.used(), 0);
@@ -574,15 +495,9 @@ fn split_lease_moves_a_part_without_charging_or_refunding() {
     let p = pool(1000);
     let mut l = lease(&p, 400, KV, None);
     let tail = p.split_lease(&mut l, 150).unwrap();
-    assert_eq!(
-        (l.bytes(), tail.bytes(), tail.class(), p.used()),
-        (250, 150, KV, 400)
-    );
+    assert_eq!((l.bytes(), tail.bytes(), tail.class(), p.used()), (250, 150, KV, 400));
     assert_eq!(p.snapshot().class(KV).leases, 2);
-    assert!(matches!(
-        p.split_lease(&mut l, 251),
-        Err(GovernorError::OverRelease { .. })
-    ));
+    assert!(matches!(p.split_lease(&mut l, 251), Err(GovernorError::OverRelease { .. })));
     p.release(tail).unwrap(); // e.g. once the tail's decommit fences completed
     assert_eq!((p.used(), p.snapshot().class(KV).leases), (250, 1));
     p.release(l).unwrap();
@@ -599,10 +514,7 @@ fn a_lease_given_to_another_pool_is_handed_back_untouched() {
     let l = rejected.into_inner();
     let rejected = b.quarantine(l).unwrap_err();
     let mut l = rejected.into_inner();
-    assert!(matches!(
-        b.release_part(&mut l, 1),
-        Err(GovernorError::WrongPool { .. })
-    ));
+    assert!(matches!(b.release_part(&mut l, 1), Err(GovernorError::WrongPool { .. })));
     assert_eq!((a.used(), b.used()), (100, 0));
     a.release(l).unwrap();
     assert_eq!(a.used(), 0);
@@ -616,21 +528,12 @@ fn unknown_and_unregistered_holders_are_refused() {
     let ha = a.register_holder("a", Priority(0), |_t: &PressureTicket| 0);
     let id = ha.id();
     // A holder of another pool.
-    assert!(matches!(
-        b.try_reserve(1, KV, Some(id)),
-        Err(GovernorError::UnknownHolder { .. })
-    ));
-    assert!(matches!(
-        b.reserve(1, KV, Some(id), None),
-        Err(GovernorError::UnknownHolder { .. })
-    ));
+    assert!(matches!(b.try_reserve(1, KV, Some(id)), Err(GovernorError::UnknownHolder { .. })));
+    assert!(matches!(b.reserve(1, KV, Some(id), None), Err(GovernorError::UnknownHolder { .. })));
     // Its own pool, while registered: fine; the lease outlives the registration.
     let l = lease(&a, 10, KV, Some(id));
     drop(ha);
-    assert!(matches!(
-        a.try_reserve(1, KV, Some(id)),
-        Err(GovernorError::UnknownHolder { .. })
-    ));
+    assert!(matches!(a.try_reserve(1, KV, Some(id)), Err(GovernorError::UnknownHolder { .. })));
     let hs = a.holder_stats(id).unwrap();
     assert!(!hs.registered);
     assert_eq!(hs.class(KV).leased, 10);

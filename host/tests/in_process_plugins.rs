@@ -9,10 +9,7 @@ use memplug_sdk::*;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-const CPU0: MemplugDevice = MemplugDevice {
-    kind: MEMPLUG_DEVICE_CPU,
-    ordinal: 0,
-};
+const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 /// Panics in every slot: the SDK must turn each into `INTERNAL` with the
 /// panic message, and the host must stay up (DESIGN.md §2, invariant 8).
@@ -20,11 +17,7 @@ struct Panicky;
 
 impl Allocator for Panicky {
     fn properties(&self) -> Properties {
-        Properties {
-            min_alignment: 8,
-            max_alignment: 4096,
-            granularity: 4096,
-        }
+        Properties { min_alignment: 8, max_alignment: 4096, granularity: 4096 }
     }
     fn allocate(&self, _: &Request) -> PluginResult<Block> {
         panic!("allocate exploded")
@@ -97,11 +90,7 @@ impl StreamSync for Panicky {
 fn panicky_plugin() -> ExportedPlugin {
     PluginBuilder::new("panicky", "0.0.1")
         .mechanism(
-            MechanismBuilder::new("boom", 1, CPU0, Panicky)
-                .virtual_backing()
-                .shared_mapping()
-                .sync()
-                .build(),
+            MechanismBuilder::new("boom", 1, CPU0, Panicky).virtual_backing().shared_mapping().sync().build(),
         )
         .live_objects(|| 0)
         .build()
@@ -110,10 +99,7 @@ declare_entry!(panicky_entry, panicky_plugin);
 
 fn assert_panic_reported(e: &memplug_host::CallError, what: &str) {
     assert_eq!(e.status, Status::Internal, "{e}");
-    assert!(
-        e.message.contains(&format!("{what} exploded")),
-        "message lost: {e}"
-    );
+    assert!(e.message.contains(&format!("{what} exploded")), "message lost: {e}");
     assert!(e.message.contains("panicked"), "{e}");
 }
 
@@ -141,11 +127,7 @@ struct UnknownCodes;
 
 impl Allocator for UnknownCodes {
     fn properties(&self) -> Properties {
-        Properties {
-            min_alignment: 8,
-            max_alignment: 8,
-            granularity: 0,
-        }
+        Properties { min_alignment: 8, max_alignment: 8, granularity: 0 }
     }
     fn allocate(&self, _: &Request) -> PluginResult<Block> {
         // PluginError cannot carry an unknown code; this is the nearest a
@@ -186,29 +168,13 @@ struct Liar(AtomicU64);
 
 impl Allocator for Liar {
     fn properties(&self) -> Properties {
-        Properties {
-            min_alignment: 8,
-            max_alignment: 4096,
-            granularity: 0,
-        }
+        Properties { min_alignment: 8, max_alignment: 4096, granularity: 0 }
     }
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         match self.0.fetch_add(1, Ordering::Relaxed) {
-            0 => Ok(Block {
-                addr: 0,
-                size: r.size,
-                handle: 1,
-            }),
-            1 => Ok(Block {
-                addr: 0x1001,
-                size: r.size,
-                handle: 1,
-            }),
-            _ => Ok(Block {
-                addr: 0x2000,
-                size: r.size - 1,
-                handle: 1,
-            }),
+            0 => Ok(Block { addr: 0, size: r.size, handle: 1 }),
+            1 => Ok(Block { addr: 0x1001, size: r.size, handle: 1 }),
+            _ => Ok(Block { addr: 0x2000, size: r.size - 1, handle: 1 }),
         }
     }
     fn deallocate(&self, _: &ObjectRef) -> PluginResult<()> {

@@ -654,14 +654,8 @@ mod tests {
         assert_eq!(size_1_0::BLOCK as usize, size_of::<MemplugBlock>());
         assert_eq!(size_1_0::OBJECT_REF as usize, size_of::<MemplugObjectRef>());
         assert_eq!(size_1_0::ALLOCATOR as usize, size_of::<MemplugAllocator>());
-        assert_eq!(
-            size_1_0::VIRTUAL_BACKING as usize,
-            size_of::<MemplugVirtualBacking>()
-        );
-        assert_eq!(
-            size_1_0::SHARED_MAPPING as usize,
-            size_of::<MemplugSharedMapping>()
-        );
+        assert_eq!(size_1_0::VIRTUAL_BACKING as usize, size_of::<MemplugVirtualBacking>());
+        assert_eq!(size_1_0::SHARED_MAPPING as usize, size_of::<MemplugSharedMapping>());
         assert_eq!(size_1_0::SYNC as usize, size_of::<MemplugSync>());
     }
 }

@@ -19,15 +19,8 @@ impl PluginError {
     /// A failure with `status`; an `Ok` status is turned into `Internal`,
     /// because an error that says "success" is a contradiction.
     pub fn new(status: Status, message: impl Into<String>) -> Self {
-        let status = if status == Status::Ok {
-            Status::Internal
-        } else {
-            status
-        };
-        PluginError {
-            status,
-            message: message.into(),
-        }
+        let status = if status == Status::Ok { Status::Internal } else { status };
+        PluginError { status, message: message.into() }
     }
     pub fn unsupported(m: impl Into<String>) -> Self {
         Self::new(Status::Unsupported, m)

@@ -138,11 +138,7 @@ unsafe fn read_short_prefix<T: Copy + Default>(
         return Err(short_struct(what, declared, min_size));
     }
     let mut local = T::default();
-    core::ptr::copy_nonoverlapping(
-        p.cast::<u8>(),
-        (&mut local as *mut T).cast::<u8>(),
-        declared as usize,
-    );
+    core::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut local as *mut T).cast::<u8>(), declared as usize);
     Ok(local)
 }
 
@@ -258,13 +254,7 @@ unsafe fn write_block(out: *mut MemplugBlock, b: Block, capacity: usize) {
         addr_of_mut!((*out).size).write_unaligned(b.size);
         addr_of_mut!((*out).handle).write_unaligned(b.handle);
     } else {
-        let v = MemplugBlock {
-            struct_size: 0,
-            reserved0: 0,
-            addr: b.addr,
-            size: b.size,
-            handle: b.handle,
-        };
+        let v = MemplugBlock { struct_size: 0, reserved0: 0, addr: b.addr, size: b.size, handle: b.handle };
         write_checked(out, &v, capacity);
     }
 }
@@ -322,9 +312,7 @@ unsafe extern "C" fn a_deallocate<M: Allocator>(
     object: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "deallocate", || {
-        this::<M>(ctx).deallocate(&object_of(object, "object")?)
-    })
+    guard(sink, "deallocate", || this::<M>(ctx).deallocate(&object_of(object, "object")?))
 }
 
 unsafe extern "C" fn a_memory_info<M: Allocator>(
@@ -368,9 +356,7 @@ unsafe extern "C" fn v_commit<M: VirtualBacking>(
     len: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "commit", || {
-        this::<M>(ctx).commit(&object_of(res, "reservation")?, offset, len)
-    })
+    guard(sink, "commit", || this::<M>(ctx).commit(&object_of(res, "reservation")?, offset, len))
 }
 
 unsafe extern "C" fn v_decommit<M: VirtualBacking>(
@@ -380,9 +366,7 @@ unsafe extern "C" fn v_decommit<M: VirtualBacking>(
     len: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "decommit", || {
-        this::<M>(ctx).decommit(&object_of(res, "reservation")?, offset, len)
-    })
+    guard(sink, "decommit", || this::<M>(ctx).decommit(&object_of(res, "reservation")?, offset, len))
 }
 
 unsafe extern "C" fn v_committed<M: VirtualBacking>(
@@ -402,9 +386,7 @@ unsafe extern "C" fn v_release<M: VirtualBacking>(
     res: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "release", || {
-        this::<M>(ctx).release(&object_of(res, "reservation")?)
-    })
+    guard(sink, "release", || this::<M>(ctx).release(&object_of(res, "reservation")?))
 }
 
 // ---- shared mapping thunks ----
@@ -459,9 +441,7 @@ unsafe extern "C" fn s_unmap<M: SharedMapping>(
     len: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "unmap", || {
-        this::<M>(ctx).unmap(&object_of(res, "reservation")?, offset, len)
-    })
+    guard(sink, "unmap", || this::<M>(ctx).unmap(&object_of(res, "reservation")?, offset, len))
 }
 
 unsafe extern "C" fn s_retain<M: SharedMapping>(
@@ -469,9 +449,7 @@ unsafe extern "C" fn s_retain<M: SharedMapping>(
     object: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "retain", || {
-        this::<M>(ctx).retain(&object_of(object, "object")?)
-    })
+    guard(sink, "retain", || this::<M>(ctx).retain(&object_of(object, "object")?))
 }
 
 unsafe extern "C" fn s_release<M: SharedMapping>(
@@ -479,9 +457,7 @@ unsafe extern "C" fn s_release<M: SharedMapping>(
     object: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "release", || {
-        SharedMapping::release(this::<M>(ctx), &object_of(object, "object")?)
-    })
+    guard(sink, "release", || SharedMapping::release(this::<M>(ctx), &object_of(object, "object")?))
 }
 
 // ---- sync thunks ----
@@ -557,10 +533,7 @@ unsafe extern "C" fn y_fence_record<M: StreamSync>(
 fn fence_status(state: FenceState, pending: Status) -> PluginResult<()> {
     match state {
         FenceState::Complete => Ok(()),
-        FenceState::Pending => Err(PluginError {
-            status: pending,
-            message: String::new(),
-        }),
+        FenceState::Pending => Err(PluginError { status: pending, message: String::new() }),
     }
 }
 
@@ -569,9 +542,7 @@ unsafe extern "C" fn y_fence_query<M: StreamSync>(
     fence: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "fence_query", || {
-        fence_status(this::<M>(ctx).fence_query(fence)?, Status::NotReady)
-    })
+    guard(sink, "fence_query", || fence_status(this::<M>(ctx).fence_query(fence)?, Status::NotReady))
 }
 
 unsafe extern "C" fn y_fence_wait<M: StreamSync>(
@@ -669,11 +640,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             struct_size: abi::size_1_0::SYNC,
             reserved0: 0,
             stream_create: Some(y_stream_create::<M>),
-            stream_adopt: if M::CAN_ADOPT {
-                Some(y_stream_adopt::<M>)
-            } else {
-                None
-            },
+            stream_adopt: if M::CAN_ADOPT { Some(y_stream_adopt::<M>) } else { None },
             stream_destroy: Some(y_stream_destroy::<M>),
             enqueue_host_fn: Some(y_enqueue::<M>),
             fence_record: Some(y_fence_record::<M>),
@@ -696,11 +663,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             properties: Some(a_properties::<M>),
             allocate: Some(a_allocate::<M>),
             deallocate: Some(a_deallocate::<M>),
-            memory_info: if M::HAS_MEMORY_INFO {
-                Some(a_memory_info::<M>)
-            } else {
-                None
-            },
+            memory_info: if M::HAS_MEMORY_INFO { Some(a_memory_info::<M>) } else { None },
         };
         let mut caps = abi::MEMPLUG_CAP_ALLOCATOR;
         if self.virtual_backing.is_some() {
@@ -774,9 +737,7 @@ impl PluginBuilder {
     }
 
     pub fn build(self) -> ExportedPlugin {
-        let live = self
-            .live_objects
-            .expect("PluginBuilder::live_objects is required");
+        let live = self.live_objects.expect("PluginBuilder::live_objects is required");
         let live: &'static (dyn Fn() -> u64 + Send + Sync) = Box::leak(live);
         let live_ctx: &'static LiveFn = Box::leak(Box::new(LiveFn(live)));
         let ptrs: Vec<*const MemplugMechanism> = self.mechanisms.iter().map(|m| m.0 as *const _).collect();
@@ -786,12 +747,8 @@ impl PluginBuilder {
             abi_major: abi::MEMPLUG_ABI_MAJOR,
             min_minor: self.min_minor,
             max_minor: self.max_minor,
-            name: CString::new(self.name)
-                .expect("plugin name contains NUL")
-                .into_raw(),
-            version: CString::new(self.version)
-                .expect("plugin version contains NUL")
-                .into_raw(),
+            name: CString::new(self.name).expect("plugin name contains NUL").into_raw(),
+            version: CString::new(self.version).expect("plugin version contains NUL").into_raw(),
             ctx: live_ctx as *const LiveFn as *mut c_void,
             mechanism_count: count,
             reserved0: 0,
@@ -799,9 +756,7 @@ impl PluginBuilder {
             live_objects: Some(live_thunk),
             unload: None,
         };
-        ExportedPlugin {
-            desc: Box::leak(Box::new(desc)),
-        }
+        ExportedPlugin { desc: Box::leak(Box::new(desc)) }
     }
 }
 
@@ -849,10 +804,7 @@ pub unsafe fn negotiate(
         if host.abi_major != abi::MEMPLUG_ABI_MAJOR {
             return Err(PluginError::new(
                 Status::VersionMismatch,
-                format!(
-                    "host speaks ABI major {}, this entry serves major 1",
-                    host.abi_major
-                ),
+                format!("host speaks ABI major {}, this entry serves major 1", host.abi_major),
             ));
         }
         let plugin = cell
@@ -873,11 +825,7 @@ pub unsafe fn negotiate(
                 ),
             ));
         }
-        let answer = MemplugNegotiation {
-            struct_size: 0,
-            agreed_minor: hi,
-            plugin: d,
-        };
+        let answer = MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: d };
         write_prefix(out, &answer, abi::size_1_0::NEGOTIATION, "out negotiation")
     })
 }
@@ -901,11 +849,7 @@ unsafe fn read_prefix_host(p: *const MemplugHostInfo) -> PluginResult<MemplugHos
         host_name: core::ptr::null(),
     };
     let n = (declared as usize).min(core::mem::size_of::<MemplugHostInfo>());
-    core::ptr::copy_nonoverlapping(
-        p.cast::<u8>(),
-        (&mut local as *mut MemplugHostInfo).cast::<u8>(),
-        n,
-    );
+    core::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut local as *mut MemplugHostInfo).cast::<u8>(), n);
     Ok(local)
 }
 

@@ -9,27 +9,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 static MADE: AtomicU64 = AtomicU64::new(0);
-const CPU0: MemplugDevice = MemplugDevice {
-    kind: MEMPLUG_DEVICE_CPU,
-    ordinal: 0,
-};
+const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 struct Counting;
 impl Allocator for Counting {
     fn properties(&self) -> Properties {
-        Properties {
-            min_alignment: 8,
-            max_alignment: 8,
-            granularity: 4096,
-        }
+        Properties { min_alignment: 8, max_alignment: 8, granularity: 4096 }
     }
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         MADE.fetch_add(1, Ordering::SeqCst);
-        Ok(Block {
-            addr: 0x1000,
-            size: r.size,
-            handle: 9,
-        })
+        Ok(Block { addr: 0x1000, size: r.size, handle: 9 })
     }
     fn deallocate(&self, _: &ObjectRef) -> PluginResult<()> {
         Ok(())
@@ -95,14 +84,7 @@ fn mechanism() -> &'static MemplugMechanism {
 }
 
 fn request(struct_size: u32) -> MemplugRequest {
-    MemplugRequest {
-        struct_size,
-        flags: 0,
-        size: 64,
-        alignment: 8,
-        object_id: 1,
-        device: CPU0,
-    }
+    MemplugRequest { struct_size, flags: 0, size: 64, alignment: 8, object_id: 1, device: CPU0 }
 }
 
 #[test]
@@ -110,28 +92,15 @@ fn a_bad_out_param_is_refused_before_anything_is_made() {
     let m = mechanism();
     let a = unsafe { &*m.allocator };
     let mut msgs = Msgs(Vec::new());
-    let sink = MemplugMessageSink {
-        ctx: (&mut msgs as *mut Msgs).cast(),
-        write: Some(keep),
-    };
+    let sink = MemplugMessageSink { ctx: (&mut msgs as *mut Msgs).cast(), write: Some(keep) };
     let before = MADE.load(Ordering::SeqCst);
     let req = request(MEMPLUG_REQUEST_SIZE_1_0);
     let st = unsafe { a.allocate.unwrap()(m.ctx, &req, std::ptr::null_mut(), &sink) };
     assert_eq!(st, MEMPLUG_STATUS_INVALID_ARGUMENT);
-    let mut short = MemplugBlock {
-        struct_size: 8,
-        ..Default::default()
-    };
+    let mut short = MemplugBlock { struct_size: 8, ..Default::default() };
     let st = unsafe { a.allocate.unwrap()(m.ctx, &req, &mut short, &sink) };
     assert_eq!(st, MEMPLUG_STATUS_INVALID_ARGUMENT);
-    assert_eq!(
-        short,
-        MemplugBlock {
-            struct_size: 8,
-            ..Default::default()
-        },
-        "nothing written on failure"
-    );
+    assert_eq!(short, MemplugBlock { struct_size: 8, ..Default::default() }, "nothing written on failure");
     assert_eq!(
         MADE.load(Ordering::SeqCst),
         before,
@@ -145,10 +114,7 @@ fn a_bad_out_param_is_refused_before_anything_is_made() {
 fn short_requests_are_refused_and_long_ones_read_as_prefixes() {
     let m = mechanism();
     let a = unsafe { &*m.allocator };
-    let mut out = MemplugBlock {
-        struct_size: MEMPLUG_BLOCK_SIZE_1_0,
-        ..Default::default()
-    };
+    let mut out = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
     let short = request(MEMPLUG_REQUEST_SIZE_1_0 - 8);
     assert_eq!(
         unsafe { a.allocate.unwrap()(m.ctx, &short, &mut out, std::ptr::null()) },
@@ -160,18 +126,12 @@ fn short_requests_are_refused_and_long_ones_read_as_prefixes() {
         base: MemplugRequest,
         future: [u64; 4],
     }
-    let long = Longer {
-        base: request(std::mem::size_of::<Longer>() as u32),
-        future: [u64::MAX; 4],
-    };
+    let long = Longer { base: request(std::mem::size_of::<Longer>() as u32), future: [u64::MAX; 4] };
     assert_eq!(
         unsafe { a.allocate.unwrap()(m.ctx, &long.base, &mut out, std::ptr::null()) },
         MEMPLUG_STATUS_OK
     );
-    assert_eq!(
-        (out.addr, out.size, out.handle, out.struct_size),
-        (0x1000, 64, 9, MEMPLUG_BLOCK_SIZE_1_0)
-    );
+    assert_eq!((out.addr, out.size, out.handle, out.struct_size), (0x1000, 64, 9, MEMPLUG_BLOCK_SIZE_1_0));
 }
 
 #[test]
@@ -179,17 +139,8 @@ fn pending_fences_answer_with_a_code_and_no_message() {
     let m = mechanism();
     let s = unsafe { &*m.sync };
     let mut msgs = Msgs(Vec::new());
-    let sink = MemplugMessageSink {
-        ctx: (&mut msgs as *mut Msgs).cast(),
-        write: Some(keep),
-    };
-    assert_eq!(
-        unsafe { s.fence_query.unwrap()(m.ctx, 1, &sink) },
-        MEMPLUG_STATUS_NOT_READY
-    );
-    assert_eq!(
-        unsafe { s.fence_wait.unwrap()(m.ctx, 1, 1000, &sink) },
-        MEMPLUG_STATUS_TIMEOUT
-    );
+    let sink = MemplugMessageSink { ctx: (&mut msgs as *mut Msgs).cast(), write: Some(keep) };
+    assert_eq!(unsafe { s.fence_query.unwrap()(m.ctx, 1, &sink) }, MEMPLUG_STATUS_NOT_READY);
+    assert_eq!(unsafe { s.fence_wait.unwrap()(m.ctx, 1, 1000, &sink) }, MEMPLUG_STATUS_TIMEOUT);
     assert!(msgs.0.is_empty(), "{:?}", msgs.0);
 }

@@ -22,11 +22,7 @@ pub struct OutOfBudget {
 
 impl fmt::Display for OutOfBudget {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "out of budget: {} B of {} requested",
-            self.requested, self.class
-        )?;
+        write!(f, "out of budget: {} B of {} requested", self.requested, self.class)?;
         if let Some(h) = self.holder {
             write!(f, " by {h}")?;
         }
@@ -55,16 +51,10 @@ pub enum GovernorError {
     OverRelease { requested: u64, held: u64 },
     /// Growing a lease with a reservation of another class.
     #[error("cannot grow a {lease} lease with a {reservation} reservation")]
-    ClassMismatch {
-        lease: AllocationClass,
-        reservation: AllocationClass,
-    },
+    ClassMismatch { lease: AllocationClass, reservation: AllocationClass },
     /// Growing a lease with a reservation made for another holder.
     #[error("cannot grow a lease of {lease:?} with a reservation of {reservation:?}")]
-    HolderMismatch {
-        lease: Option<HolderId>,
-        reservation: Option<HolderId>,
-    },
+    HolderMismatch { lease: Option<HolderId>, reservation: Option<HolderId> },
     /// A capacity the governor cannot represent.
     #[error("capacity {capacity} B exceeds the maximum of {max} B")]
     CapacityTooLarge { capacity: u64, max: u64 },
@@ -102,10 +92,7 @@ impl<T> Rejected<T> {
 
 impl<T: fmt::Debug> fmt::Debug for Rejected<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Rejected")
-            .field("value", &self.value)
-            .field("error", &self.error)
-            .finish()
+        f.debug_struct("Rejected").field("value", &self.value).field("error", &self.error).finish()
     }
 }
 

@@ -124,20 +124,13 @@ impl HolderEntry {
             core,
             seq,
             callback,
-            calls: Mutex::new(CallState {
-                registered: true,
-                in_flight: Vec::new(),
-            }),
+            calls: Mutex::new(CallState { registered: true, in_flight: Vec::new() }),
             idle: Condvar::new(),
         }
     }
 
     pub fn id(&self) -> HolderId {
-        self.core
-            .holder
-            .as_ref()
-            .map(|m| m.id)
-            .expect("holder account without holder metadata")
+        self.core.holder.as_ref().map(|m| m.id).expect("holder account without holder metadata")
     }
 
     pub fn priority(&self) -> Priority {
@@ -209,9 +202,7 @@ impl Drop for InPressure {
 
 /// True while this thread runs a pressure callback for `pool`.
 pub(crate) fn in_pressure(pool: PoolId) -> bool {
-    IN_PRESSURE
-        .try_with(|v| v.borrow().contains(&pool))
-        .unwrap_or(false)
+    IN_PRESSURE.try_with(|v| v.borrow().contains(&pool)).unwrap_or(false)
 }
 
 /// A holder's registration with one pool; dropping it unregisters.
@@ -251,9 +242,7 @@ impl HolderRegistration {
     /// Its statistics now.
     pub fn stats(&self) -> HolderStats {
         // Accounts live as long as their pool, and this registration keeps it alive.
-        self.pool
-            .account_stats(&self.entry.core)
-            .expect("holder account outlives its registration")
+        self.pool.account_stats(&self.entry.core).expect("holder account outlives its registration")
     }
 
     /// Unregisters now (same as dropping).

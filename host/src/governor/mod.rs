@@ -92,9 +92,7 @@ pub struct Governor {
 impl Governor {
     /// An empty governor.
     pub fn new() -> Arc<Governor> {
-        Arc::new(Governor {
-            pools: Mutex::new(Vec::new()),
-        })
+        Arc::new(Governor { pools: Mutex::new(Vec::new()) })
     }
 
     /// Creates a pool of `capacity_bytes` for one physical memory domain.
@@ -102,9 +100,7 @@ impl Governor {
     pub fn create_pool(&self, name: &str, capacity_bytes: u64) -> Result<PoolId, GovernorError> {
         let mut pools = lock(&self.pools);
         if pools.iter().any(|p| p.name() == name) {
-            return Err(GovernorError::DuplicatePool {
-                name: name.to_owned(),
-            });
+            return Err(GovernorError::DuplicatePool { name: name.to_owned() });
         }
         let pool = Pool::new(name, capacity_bytes)?;
         let id = pool.id();
@@ -135,9 +131,7 @@ impl Governor {
 
 impl std::fmt::Debug for Governor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Governor")
-            .field("pools", &*lock(&self.pools))
-            .finish()
+        f.debug_struct("Governor").field("pools", &*lock(&self.pools)).finish()
     }
 }
 
@@ -173,10 +167,7 @@ mod tests {
     fn duplicate_pool_names_are_refused() {
         let g = Governor::new();
         let id = g.create_pool("gpu0", 1 << 20).unwrap();
-        assert!(matches!(
-            g.create_pool("gpu0", 1),
-            Err(GovernorError::DuplicatePool { .. })
-        ));
+        assert!(matches!(g.create_pool("gpu0", 1), Err(GovernorError::DuplicatePool { .. })));
         assert_eq!(g.pool(id).unwrap().name(), "gpu0");
         assert_eq!(g.pool_by_name("gpu0").unwrap().id(), id);
         assert_eq!(g.snapshot().len(), 1);

@@ -91,27 +91,18 @@ enum Grant {
 impl Pool {
     pub(crate) fn new(name: &str, capacity: u64) -> Result<Arc<Pool>, GovernorError> {
         if capacity > MAX_CAPACITY {
-            return Err(GovernorError::CapacityTooLarge {
-                capacity,
-                max: MAX_CAPACITY,
-            });
+            return Err(GovernorError::CapacityTooLarge { capacity, max: MAX_CAPACITY });
         }
         let id = PoolId(next_uid());
         leaks().insert(id.get(), BTreeMap::new());
         Ok(Arc::new(Pool {
-            hot: Hot {
-                used: AtomicU64::new(0),
-                peak: AtomicU64::new(0),
-            },
+            hot: Hot { used: AtomicU64::new(0), peak: AtomicU64::new(0) },
             id,
             capacity,
             name: name.into(),
             anon: Arc::new(Account::new(id.get(), id, None)),
             accounts: Mutex::new(BTreeMap::new()),
-            holders: Mutex::new(Holders {
-                list: Vec::new(),
-                next_seq: 0,
-            }),
+            holders: Mutex::new(Holders { list: Vec::new(), next_seq: 0 }),
             wait: Mutex::new(0),
             room: Condvar::new(),
             pressure: PressureCounters::new(),
@@ -158,13 +149,27 @@ impl Pool {
     /// word, no lock. The bytes in the word never exceed `capacity`.
     #[inline(always)]
     fn try_charge(&self, bytes: u64) -> bool {
+        self.charge(self.hot.used.load(Relaxed), true, bytes).is_some()
+    }
+
+    /// The compare-exchange loop, starting from `expected`: a fresh read
+    /// when `fresh`, else a guess (the thread's last seen value). Returns
+    /// the new word. A refusal is only ever decided on a fresh read — a
+    /// load or a failed compare-exchange — never on a guess.
+    #[inline(always)]
+    fn charge(&self, expected: u64, fresh: bool, bytes: u64) -> Option<u64> {
         let used = &self.hot.used;
-        let mut cur = used.load(Relaxed);
+        let (mut cur, mut fresh) = (expected, fresh);
         loop {
             let held = cur & BYTES;
-            debug_assert!(held <= self.capacity);
-            if bytes > self.capacity - held {
-                return false;
+            debug_assert!(held <= self.capacity || !fresh);
+            if held > self.capacity || bytes > self.capacity - held {
+                if fresh {
+                    return None;
+                }
+                cur = used.load(Relaxed);
+                fresh = true;
+                continue;
             }
             // held + bytes <= capacity < 2^63: the waiters bit is untouched.
             match used.compare_exchange_weak(cur, cur + bytes, AcqRel, Relaxed) {
@@ -173,9 +178,12 @@ impl Pool {
                     if now > self.hot.peak.load(Relaxed) {
                         self.hot.peak.fetch_max(now, Relaxed);
                     }
-                    return true;
+                    return Some(cur + bytes);
                 }
-                Err(seen) => cur = seen,
+                Err(seen) => {
+                    cur = seen;
+                    fresh = true;
+                }
             }
         }
     }
@@ -189,6 +197,12 @@ impl Pool {
             return;
         }
         let prev = self.hot.used.fetch_sub(bytes, AcqRel);
+        self.after_refund(prev, bytes);
+    }
+
+    /// Checks and wake-up after `bytes` left a word that was `prev`.
+    #[inline(always)]
+    fn after_refund(&self, prev: u64, bytes: u64) {
         debug_assert!(
             prev & BYTES >= bytes,
             "governor refund of {bytes} B exceeds the {} B charged",
@@ -270,8 +284,7 @@ impl Pool {
     #[inline(never)]
     fn with_shard_slow<R>(&self, uid: u64, f: impl FnOnce(&Shard) -> R) -> Result<R, ()> {
         let account = self.account(uid).ok_or(())?;
-        let s = shard::acquire(&account);
-        Ok(f(&s))
+        Ok(shard::with_account(&account, f))
     }
 
     /// Statistics update for a token's account, which exists for as long as
@@ -279,11 +292,7 @@ impl Pool {
     #[inline(always)]
     fn on_shard(&self, uid: u64, f: impl FnOnce(&Shard)) {
         let r = self.with_shard(uid, f);
-        debug_assert!(
-            r.is_ok(),
-            "a token of {} names an account the pool does not have",
-            self.id
-        );
+        debug_assert!(r.is_ok(), "a token of {} names an account the pool does not have", self.id);
     }
 
     #[inline(always)]
@@ -293,7 +302,8 @@ impl Pool {
                 return Grant::Unknown;
             }
             let c = s.cells(class);
-            if self.try_charge(bytes) {
+            if let Some(word) = self.charge(s.hint.load(Relaxed), false, bytes) {
+                s.hint.store(word, Relaxed);
                 s.add(&c.reserved, bytes);
                 s.add(&c.grants, 1);
                 Grant::Granted
@@ -310,10 +320,7 @@ impl Pool {
     #[cold]
     fn unknown_holder(&self, holder: Option<HolderId>) -> GovernorError {
         match holder {
-            Some(holder) => GovernorError::UnknownHolder {
-                pool: self.id,
-                holder,
-            },
+            Some(holder) => GovernorError::UnknownHolder { pool: self.id, holder },
             // The anonymous account always exists.
             None => unreachable!("anonymous account missing"),
         }
@@ -352,12 +359,7 @@ impl Pool {
         holder: Option<HolderId>,
     ) -> Result<Reservation<'_>, GovernorError> {
         match self.try_grant(self.account_uid(holder), bytes, class, true) {
-            Grant::Granted => Ok(Reservation {
-                pool: self,
-                bytes,
-                class,
-                holder,
-            }),
+            Grant::Granted => Ok(Reservation { pool: self, bytes, class, holder }),
             Grant::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
             Grant::Unknown => Err(self.unknown_holder(holder)),
         }
@@ -391,12 +393,7 @@ impl Pool {
     ) -> Result<Reservation<'_>, GovernorError> {
         let uid = self.account_uid(holder);
         match self.try_grant(uid, bytes, class, false) {
-            Grant::Granted => Ok(Reservation {
-                pool: self,
-                bytes,
-                class,
-                holder,
-            }),
+            Grant::Granted => Ok(Reservation { pool: self, bytes, class, holder }),
             Grant::Unknown => Err(self.unknown_holder(holder)),
             Grant::NoRoom => self.reserve_slow(uid, bytes, class, holder, deadline),
         }
@@ -437,14 +434,7 @@ impl Pool {
                     }
                 }
                 match self.try_grant(uid, bytes, class, false) {
-                    Grant::Granted => {
-                        return Ok(Reservation {
-                            pool: self,
-                            bytes,
-                            class,
-                            holder,
-                        })
-                    }
+                    Grant::Granted => return Ok(Reservation { pool: self, bytes, class, holder }),
                     Grant::Unknown => return Err(self.unknown_holder(holder)),
                     Grant::NoRoom => {}
                 }
@@ -461,12 +451,7 @@ impl Pool {
                         s.core.registered.load(Relaxed)
                     })
                     .unwrap_or(false);
-                let r = Reservation {
-                    pool: self,
-                    bytes,
-                    class,
-                    holder,
-                };
+                let r = Reservation { pool: self, bytes, class, holder };
                 if !registered {
                     drop(r); // the holder left while we waited: give it back
                     return Err(self.unknown_holder(holder));
@@ -477,12 +462,7 @@ impl Pool {
         }
         // One last attempt: a refund may have landed since the last one.
         match self.try_grant(uid, bytes, class, true) {
-            Grant::Granted => Ok(Reservation {
-                pool: self,
-                bytes,
-                class,
-                holder,
-            }),
+            Grant::Granted => Ok(Reservation { pool: self, bytes, class, holder }),
             Grant::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
             Grant::Unknown => Err(self.unknown_holder(holder)),
         }
@@ -509,19 +489,19 @@ impl Pool {
     #[inline]
     pub fn release(&self, lease: Lease) -> Result<(), Rejected<Lease>> {
         if lease.pool != self.id {
-            let error = GovernorError::WrongPool {
-                pool: self.id,
-                lease_pool: lease.pool,
-            };
+            let error = GovernorError::WrongPool { pool: self.id, lease_pool: lease.pool };
             return Err(Rejected { value: lease, error });
         }
         let (holder, class, bytes) = lease.disarm();
+        let mut prev = bytes;
         self.on_shard(self.account_uid(holder), |s| {
             let c = s.cells(class);
             s.sub(&c.leased, bytes);
             s.sub(&c.leases, 1);
+            prev = self.hot.used.fetch_sub(bytes, AcqRel);
+            s.hint.store(prev.wrapping_sub(bytes), Relaxed);
         });
-        self.refund(bytes);
+        self.after_refund(prev, bytes);
         Ok(())
     }
 
@@ -530,9 +510,7 @@ impl Pool {
     /// lease holds is [`GovernorError::OverRelease`], and nothing changes.
     pub fn release_part(&self, lease: &mut Lease, bytes: u64) -> Result<(), GovernorError> {
         self.check_part(lease, bytes)?;
-        self.on_shard(self.account_uid(lease.holder), |s| {
-            s.sub(&s.cells(lease.class).leased, bytes)
-        });
+        self.on_shard(self.account_uid(lease.holder), |s| s.sub(&s.cells(lease.class).leased, bytes));
         lease.bytes -= bytes;
         self.refund(bytes);
         Ok(())
@@ -543,10 +521,7 @@ impl Pool {
     /// and are never refunded.
     pub fn quarantine(&self, lease: Lease) -> Result<(), Rejected<Lease>> {
         if lease.pool != self.id {
-            let error = GovernorError::WrongPool {
-                pool: self.id,
-                lease_pool: lease.pool,
-            };
+            let error = GovernorError::WrongPool { pool: self.id, lease_pool: lease.pool };
             return Err(Rejected { value: lease, error });
         }
         let (holder, class, bytes) = lease.disarm();
@@ -583,30 +558,17 @@ impl Pool {
     /// nothing changes.
     pub fn split_lease(&self, lease: &mut Lease, bytes: u64) -> Result<Lease, GovernorError> {
         self.check_part(lease, bytes)?;
-        self.on_shard(self.account_uid(lease.holder), |s| {
-            s.add(&s.cells(lease.class).leases, 1)
-        });
+        self.on_shard(self.account_uid(lease.holder), |s| s.add(&s.cells(lease.class).leases, 1));
         lease.bytes -= bytes;
-        Ok(Lease {
-            pool: self.id,
-            holder: lease.holder,
-            class: lease.class,
-            bytes,
-        })
+        Ok(Lease { pool: self.id, holder: lease.holder, class: lease.class, bytes })
     }
 
     fn check_part(&self, lease: &Lease, bytes: u64) -> Result<(), GovernorError> {
         if lease.pool != self.id {
-            return Err(GovernorError::WrongPool {
-                pool: self.id,
-                lease_pool: lease.pool,
-            });
+            return Err(GovernorError::WrongPool { pool: self.id, lease_pool: lease.pool });
         }
         if bytes > lease.bytes {
-            return Err(GovernorError::OverRelease {
-                requested: bytes,
-                held: lease.bytes,
-            });
+            return Err(GovernorError::OverRelease { requested: bytes, held: lease.bytes });
         }
         Ok(())
     }
@@ -627,11 +589,7 @@ impl Pool {
         F: Fn(&PressureTicket) -> u64 + Send + Sync + 'static,
     {
         let id = HolderId(next_uid());
-        let meta = HolderMeta {
-            id,
-            name: name.into(),
-            priority,
-        };
+        let meta = HolderMeta { id, name: name.into(), priority };
         let account = Arc::new(Account::new(id.get(), self.id, Some(meta)));
         let core = account.core.clone();
         lock(&self.accounts).insert(id.get(), account);
@@ -643,10 +601,7 @@ impl Pool {
             holders.list.push(entry.clone());
             entry
         };
-        HolderRegistration {
-            pool: self.clone(),
-            entry,
-        }
+        HolderRegistration { pool: self.clone(), entry }
     }
 
     pub(crate) fn unregister_holder(&self, entry: &Arc<HolderEntry>) {
@@ -798,16 +753,35 @@ impl<'p> Reservation<'p> {
         (me.pool, me.bytes, me.class, me.holder)
     }
 
-    /// Charges `actual - bytes` more when the mechanism obtained more than
-    /// was reserved (granularity rounding); on refusal the reservation
-    /// comes back unchanged with the reason.
+    /// Moves the grant's statistics to the lease side and refunds what was
+    /// not used; the pool already holds `max(bytes, actual)` for it.
     #[inline(always)]
+    fn settle(self, actual: u64, new_lease: bool) -> Option<HolderId> {
+        let (pool, bytes, class, holder) = self.disarm();
+        pool.on_shard(pool.account_uid(holder), |s| {
+            let c = s.cells(class);
+            s.sub(&c.reserved, bytes);
+            s.add(&c.leased, actual);
+            if new_lease {
+                s.add(&c.leases, 1);
+            }
+        });
+        if actual < bytes {
+            pool.refund(bytes - actual);
+        }
+        holder
+    }
+
+    /// Charges `actual - bytes` more (the mechanism obtained more than was
+    /// reserved, e.g. granularity rounding); on refusal the reservation
+    /// comes back unchanged with the reason.
+    #[cold]
+    #[inline(never)]
     fn cover(self, actual: u64) -> Result<Self, Rejected<Self>> {
-        if actual > self.bytes && !self.pool.try_charge(actual - self.bytes) {
-            let extra = actual - self.bytes;
+        let extra = actual - self.bytes;
+        if !self.pool.try_charge(extra) {
             let uid = self.pool.account_uid(self.holder);
-            self.pool
-                .on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
+            self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
             let error = self.pool.out_of_budget(extra, self.class, self.holder);
             return Err(Rejected { value: self, error });
         }
@@ -824,22 +798,10 @@ impl<'p> Reservation<'p> {
     /// it. No lock on the fast path.
     #[inline]
     pub fn commit(self, actual: u64) -> Result<Lease, Rejected<Self>> {
-        let (pool, bytes, class, holder) = self.cover(actual)?.disarm();
-        pool.on_shard(pool.account_uid(holder), |s| {
-            let c = s.cells(class);
-            s.sub(&c.reserved, bytes);
-            s.add(&c.leased, actual);
-            s.add(&c.leases, 1);
-        });
-        if actual < bytes {
-            pool.refund(bytes - actual);
-        }
-        Ok(Lease {
-            pool: pool.id,
-            holder,
-            class,
-            bytes: actual,
-        })
+        let me = if actual > self.bytes { self.cover(actual)? } else { self };
+        let (pool, class) = (me.pool.id, me.class);
+        let holder = me.settle(actual, true);
+        Ok(Lease { pool, holder, class, bytes: actual })
     }
 
     /// Commits `actual` bytes into an existing lease: a virtual region that
@@ -851,35 +813,19 @@ impl<'p> Reservation<'p> {
     /// and the lease is unchanged.
     pub fn commit_into(self, lease: &mut Lease, actual: u64) -> Result<(), Rejected<Self>> {
         let error = if lease.pool != self.pool.id {
-            Some(GovernorError::WrongPool {
-                pool: self.pool.id,
-                lease_pool: lease.pool,
-            })
+            Some(GovernorError::WrongPool { pool: self.pool.id, lease_pool: lease.pool })
         } else if lease.class != self.class {
-            Some(GovernorError::ClassMismatch {
-                lease: lease.class,
-                reservation: self.class,
-            })
+            Some(GovernorError::ClassMismatch { lease: lease.class, reservation: self.class })
         } else if lease.holder != self.holder {
-            Some(GovernorError::HolderMismatch {
-                lease: lease.holder,
-                reservation: self.holder,
-            })
+            Some(GovernorError::HolderMismatch { lease: lease.holder, reservation: self.holder })
         } else {
             None
         };
         if let Some(error) = error {
             return Err(Rejected { value: self, error });
         }
-        let (pool, bytes, class, holder) = self.cover(actual)?.disarm();
-        pool.on_shard(pool.account_uid(holder), |s| {
-            let c = s.cells(class);
-            s.sub(&c.reserved, bytes);
-            s.add(&c.leased, actual);
-        });
-        if actual < bytes {
-            pool.refund(bytes - actual);
-        }
+        let me = if actual > self.bytes { self.cover(actual)? } else { self };
+        me.settle(actual, false);
         // Every lease's bytes are charged, so the sum stays <= capacity < 2^63.
         lease.bytes += actual;
         Ok(())
@@ -890,9 +836,7 @@ impl Drop for Reservation<'_> {
     #[inline]
     fn drop(&mut self) {
         let (pool, bytes, class) = (self.pool, self.bytes, self.class);
-        pool.on_shard(pool.account_uid(self.holder), |s| {
-            s.sub(&s.cells(class).reserved, bytes)
-        });
+        pool.on_shard(pool.account_uid(self.holder), |s| s.sub(&s.cells(class).reserved, bytes));
         pool.refund(bytes);
     }
 }
@@ -982,10 +926,7 @@ mod tests {
 
     #[test]
     fn oversized_capacity_is_refused() {
-        assert!(matches!(
-            Pool::new("x", MAX_CAPACITY + 1),
-            Err(GovernorError::CapacityTooLarge { .. })
-        ));
+        assert!(matches!(Pool::new("x", MAX_CAPACITY + 1), Err(GovernorError::CapacityTooLarge { .. })));
         let p = Pool::new("max", MAX_CAPACITY).unwrap();
         let r = p.try_reserve(MAX_CAPACITY, AllocationClass::Other, None).unwrap();
         assert_eq!(p.used(), MAX_CAPACITY);

@@ -17,15 +17,15 @@
 //! its thread-local destructor marks its shards unowned (`Release`); an
 //! adopter takes one with an `Acquire` compare-exchange, so it continues
 //! from the last values written. A thread whose thread-locals are already
-//! destroyed uses the account's shared shard, updated with atomic
-//! read-modify-writes instead.
+//! destroyed uses the account's spare shard, one writer at a time under the
+//! account's spare lock.
 
 use super::class::AllocationClass;
 use super::holder::PressureCounters;
 use super::ids::{HolderId, PoolId, Priority};
 use super::stats::ClassStats;
 use super::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;
 
@@ -134,24 +134,31 @@ impl RawClass {
     }
 }
 
-/// One thread's counters for one account.
+/// One thread's counters for one account. Exactly one writer at a time:
+/// the owning thread, or whoever holds the account's spare lock.
 #[repr(align(64))]
 pub(crate) struct Shard {
     cells: [ClassCells; AllocationClass::COUNT],
+    /// Copy of `core.pool`, checked on every cached lookup.
+    pool: PoolId,
+    /// The pool's capacity word as this thread last saw it: the expected
+    /// value of its next compare-exchange, so that an uncontended grant
+    /// needs no separate load (and a contended one no extra cache-line
+    /// transfer). Only a guess: refusals are always decided on fresh reads.
+    pub hint: AtomicU64,
     pub core: Arc<AccountCore>,
-    /// Held by a live thread (exclusive shards only).
+    /// Held by a live thread.
     owned: AtomicBool,
-    /// One writer at a time (plain load/store) or any number (atomic RMW).
-    exclusive: bool,
 }
 
 impl Shard {
-    fn new(core: Arc<AccountCore>, exclusive: bool) -> Self {
+    fn new(core: Arc<AccountCore>, owned: bool) -> Self {
         Shard {
             cells: std::array::from_fn(|_| ClassCells::new()),
+            pool: core.pool,
+            hint: AtomicU64::new(0),
             core,
-            owned: AtomicBool::new(exclusive),
-            exclusive,
+            owned: AtomicBool::new(owned),
         }
     }
 
@@ -160,16 +167,12 @@ impl Shard {
         &self.cells[class.index()]
     }
 
-    /// Adds `delta` (two's complement for a decrease) to `cell`. For an
-    /// exclusive shard the caller is its only writer, so a load and a store
-    /// suffice; readers see either value, both valid.
+    /// Adds `delta` (two's complement for a decrease) to `cell`. The caller
+    /// is the shard's only writer, so a load and a store suffice — no
+    /// locked instruction; readers see the old or the new value, both valid.
     #[inline(always)]
     pub fn add(&self, cell: &AtomicU64, delta: u64) {
-        if self.exclusive {
-            cell.store(cell.load(Relaxed).wrapping_add(delta), Relaxed);
-        } else {
-            cell.fetch_add(delta, Relaxed);
-        }
+        cell.store(cell.load(Relaxed).wrapping_add(delta), Relaxed);
     }
 
     #[inline(always)]
@@ -182,8 +185,10 @@ impl Shard {
 pub(crate) struct Account {
     pub core: Arc<AccountCore>,
     shards: Mutex<Vec<Arc<Shard>>>,
-    /// For threads that can no longer use thread-locals (being torn down).
-    shared: Arc<Shard>,
+    /// For threads that can no longer use thread-locals (being torn down):
+    /// written only under `spare_lock`.
+    spare: Shard,
+    spare_lock: Mutex<()>,
 }
 
 impl Account {
@@ -197,7 +202,8 @@ impl Account {
             pressure: PressureCounters::new(),
         });
         Account {
-            shared: Arc::new(Shard::new(core.clone(), false)),
+            spare: Shard::new(core.clone(), false),
+            spare_lock: Mutex::new(()),
             shards: Mutex::new(Vec::new()),
             core,
         }
@@ -220,7 +226,7 @@ impl Account {
     pub fn raw(&self) -> [RawClass; AllocationClass::COUNT] {
         let mut out = [RawClass::default(); AllocationClass::COUNT];
         let shards = lock(&self.shards);
-        for s in shards.iter().chain(std::iter::once(&self.shared)) {
+        for s in shards.iter().map(|s| &**s).chain(std::iter::once(&self.spare)) {
             for (o, c) in out.iter_mut().zip(s.cells.iter()) {
                 o.add_cells(c);
             }
@@ -241,21 +247,41 @@ const SLOTS: usize = 16;
 const PRUNE_AT: usize = 32;
 
 struct ThreadShards {
-    cache: RefCell<[Option<Arc<Shard>>; SLOTS]>,
+    /// Direct-mapped cache: account uid (0: empty) and a pointer to this
+    /// thread's shard of it. Every pointer points into an `Arc` held by
+    /// `owned`; an entry is cleared before its `Arc` leaves `owned`.
+    keys: [Cell<u64>; SLOTS],
+    ptrs: [Cell<*const Shard>; SLOTS],
     owned: RefCell<Vec<Arc<Shard>>>,
 }
 
 impl Drop for ThreadShards {
     fn drop(&mut self) {
+        for k in &self.keys {
+            k.set(0);
+        }
         for s in self.owned.get_mut().drain(..) {
             s.owned.store(false, Release);
         }
     }
 }
 
+#[cfg(not(loom))]
+thread_local! {
+    static THREAD_SHARDS: ThreadShards = const {
+        ThreadShards {
+            keys: [const { Cell::new(0) }; SLOTS],
+            ptrs: [const { Cell::new(std::ptr::null()) }; SLOTS],
+            owned: RefCell::new(Vec::new()),
+        }
+    };
+}
+
+#[cfg(loom)]
 thread_local! {
     static THREAD_SHARDS: ThreadShards = ThreadShards {
-        cache: RefCell::new(std::array::from_fn(|_| None)),
+        keys: std::array::from_fn(|_| Cell::new(0)),
+        ptrs: std::array::from_fn(|_| Cell::new(std::ptr::null())),
         owned: RefCell::new(Vec::new()),
     };
 }
@@ -266,42 +292,67 @@ fn slot(uid: u64) -> usize {
 }
 
 /// Runs `f` on this thread's cached shard of account `uid` in `pool`, or
-/// hands `f` back when there is none cached (then see [`acquire`]).
+/// hands `f` back when there is none cached (then see [`with_account`]).
 #[inline(always)]
 pub(crate) fn with_cached<R, F: FnOnce(&Shard) -> R>(uid: u64, pool: PoolId, f: F) -> Result<R, F> {
-    let mut f = Some(f);
-    let hit = THREAD_SHARDS.try_with(|t| {
-        let cache = t.cache.try_borrow().ok()?;
-        match &cache[slot(uid)] {
-            Some(s) if s.core.uid == uid && s.core.pool == pool => f.take().map(|f| f(s)),
-            _ => None,
-        }
-    });
-    match (hit, f) {
-        (Ok(Some(r)), _) => Ok(r),
-        (_, Some(f)) => Err(f),
-        // `f` was taken only on the hit path.
-        (_, None) => unreachable!("shard closure consumed without a result"),
+    let p = THREAD_SHARDS
+        .try_with(|t| {
+            let i = slot(uid);
+            if t.keys[i].get() == uid {
+                t.ptrs[i].get()
+            } else {
+                std::ptr::null()
+            }
+        })
+        .unwrap_or(std::ptr::null());
+    // SAFETY: a non-null cached pointer points into an `Arc<Shard>` that
+    // this thread's `owned` list holds (see `ThreadShards`). Entries leave
+    // `owned` only in `acquire` (this thread, never while `f` runs: `f` only
+    // updates counters) and in the destructor (thread exit), so the shard
+    // outlives this call.
+    match unsafe { p.as_ref() } {
+        Some(s) if s.pool == pool => Ok(f(s)),
+        _ => Err(f),
     }
 }
 
-/// This thread's shard of `account`: takes one if the thread has none,
-/// caches it; falls back to the shared shard when thread-locals are gone.
+/// Runs `f` on this thread's shard of `account`, taking one first if the
+/// thread has none; on a thread whose thread-locals are gone, on the
+/// account's spare shard under its lock.
 #[cold]
-pub(crate) fn acquire(account: &Account) -> Arc<Shard> {
+pub(crate) fn with_account<R>(account: &Account, f: impl FnOnce(&Shard) -> R) -> R {
+    match acquire(account) {
+        Some(shard) => f(&shard),
+        None => {
+            let _one_writer = lock(&account.spare_lock);
+            f(&account.spare)
+        }
+    }
+}
+
+fn acquire(account: &Account) -> Option<Arc<Shard>> {
     let uid = account.core.uid;
     THREAD_SHARDS
         .try_with(|t| {
             let mut owned = t.owned.try_borrow_mut().ok()?;
-            let mut cache = t.cache.try_borrow_mut().ok()?;
-            let found = owned
-                .iter()
-                .find(|s| Arc::ptr_eq(&s.core, &account.core))
-                .cloned();
+            let found = owned.iter().find(|s| Arc::ptr_eq(&s.core, &account.core)).cloned();
             let shard = match found {
                 Some(s) => s,
                 None => {
                     if owned.len() >= PRUNE_AT {
+                        // Drop the shards of dead pools: clear their cache
+                        // entries first, then release them.
+                        for (k, p) in t.keys.iter().zip(t.ptrs.iter()) {
+                            if k.get() == 0 {
+                                continue; // its pointer may be stale
+                            }
+                            // SAFETY: a live entry, as in `with_cached`;
+                            // nothing has left `owned` yet.
+                            let shard = unsafe { &*p.get() };
+                            if !shard.core.alive.load(Relaxed) {
+                                k.set(0);
+                            }
+                        }
                         owned.retain(|s| {
                             let alive = s.core.alive.load(Relaxed);
                             if !alive {
@@ -309,21 +360,17 @@ pub(crate) fn acquire(account: &Account) -> Arc<Shard> {
                             }
                             alive
                         });
-                        for c in cache.iter_mut() {
-                            if c.as_ref().is_some_and(|s| !s.core.alive.load(Relaxed)) {
-                                *c = None;
-                            }
-                        }
                     }
                     let s = account.take_shard();
                     owned.push(s.clone());
                     s
                 }
             };
-            cache[slot(uid)] = Some(shard.clone());
+            let i = slot(uid);
+            t.ptrs[i].set(Arc::as_ptr(&shard));
+            t.keys[i].set(uid);
             Some(shard)
         })
         .ok()
         .flatten()
-        .unwrap_or_else(|| account.shared.clone())
 }

@@ -42,9 +42,7 @@ pub struct ClassStats {
 impl ClassStats {
     /// `reserved + leased + quarantined`.
     pub fn charged(&self) -> u64 {
-        self.reserved
-            .saturating_add(self.leased)
-            .saturating_add(self.quarantined)
+        self.reserved.saturating_add(self.leased).saturating_add(self.quarantined)
     }
 
     fn accumulate(&mut self, o: &ClassStats) {

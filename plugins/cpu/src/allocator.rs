@@ -80,22 +80,13 @@ impl Allocations {
         if p.is_null() {
             return Err(too_big(r.size));
         }
-        let issued = Issued {
-            object_id: r.object_id,
-            addr: p as u64,
-            size: r.size,
-            align,
-        };
+        let issued = Issued { object_id: r.object_id, addr: p as u64, size: r.size, align };
         let Some(handle) = self.table.insert(issued) else {
             // SAFETY: just allocated with this layout, and never published.
             unsafe { System.dealloc(p, layout) };
             return Err(table_full());
         };
-        Ok(Block {
-            addr: p as u64,
-            size: r.size,
-            handle,
-        })
+        Ok(Block { addr: p as u64, size: r.size, handle })
     }
 
     #[inline(always)]

@@ -107,17 +107,13 @@ pub fn round_up(size: u64, granularity: u64, what: &str) -> PluginResult<u64> {
 /// the end of the range.
 pub fn check_range(offset: u64, len: u64, limit: u64, granularity: u64, what: &str) -> PluginResult<u64> {
     let fail = |why: &str| {
-        Err(PluginError::out_of_range(format!(
-            "{what} range (offset {offset:#x}, len {len:#x}) {why}"
-        )))
+        Err(PluginError::out_of_range(format!("{what} range (offset {offset:#x}, len {len:#x}) {why}")))
     };
     if len == 0 {
         return fail("is empty");
     }
     if offset % granularity != 0 || len % granularity != 0 {
-        return fail(&format!(
-            "is not aligned to the granularity of {granularity:#x} bytes"
-        ));
+        return fail(&format!("is not aligned to the granularity of {granularity:#x} bytes"));
     }
     let Some(end) = offset.checked_add(len) else {
         return fail("overflows: offset + len exceeds 2^64");
@@ -146,9 +142,6 @@ mod tests {
     #[test]
     fn rounding_overflow_is_out_of_memory() {
         assert_eq!(round_up(1, 4096, "x"), Ok(4096));
-        assert_eq!(
-            round_up(u64::MAX, 4096, "x").unwrap_err().status,
-            Status::OutOfMemory
-        );
+        assert_eq!(round_up(u64::MAX, 4096, "x").unwrap_err().status, Status::OutOfMemory);
     }
 }

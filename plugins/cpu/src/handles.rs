@@ -28,9 +28,7 @@ pub struct Table<T> {
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
-        Table {
-            slab: Mutex::new(Slab::new()),
-        }
+        Table { slab: Mutex::new(Slab::new()) }
     }
 }
 

@@ -14,10 +14,7 @@ pub const MECHANISM_NAME: &str = "cpu";
 /// carry it.
 pub const MECHANISM_ID: u64 = 1;
 /// The one device this mechanism serves.
-pub const DEVICE: MemplugDevice = MemplugDevice {
-    kind: MEMPLUG_DEVICE_CPU,
-    ordinal: 0,
-};
+pub const DEVICE: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 /// State of one plugin instance. Each kind of object has its own table, so
 /// a handle of one kind can never be resolved as another.

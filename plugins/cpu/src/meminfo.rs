@@ -38,15 +38,10 @@ fn parse(text: &str) -> PluginResult<MemoryInfo> {
     let field = |name: &str| field(text, name);
     let total_bytes = field("MemTotal")
         .ok_or_else(|| PluginError::internal("memory_info: /proc/meminfo has no readable MemTotal line"))?;
-    let free_bytes = field("MemAvailable")
-        .or_else(|| field("MemFree"))
-        .ok_or_else(|| {
-            PluginError::internal("memory_info: /proc/meminfo has no MemAvailable or MemFree line")
-        })?;
-    Ok(MemoryInfo {
-        free_bytes: free_bytes.min(total_bytes),
-        total_bytes,
-    })
+    let free_bytes = field("MemAvailable").or_else(|| field("MemFree")).ok_or_else(|| {
+        PluginError::internal("memory_info: /proc/meminfo has no MemAvailable or MemFree line")
+    })?;
+    Ok(MemoryInfo { free_bytes: free_bytes.min(total_bytes), total_bytes })
 }
 
 #[cfg(test)]

@@ -70,11 +70,7 @@ pub unsafe fn unreserve(addr: u64, len: u64, what: &str) -> PluginResult<()> {
 /// `[addr, addr + len)` lies in a reservation the caller owns and is not
 /// committed or mapped.
 pub unsafe fn commit(addr: u64, len: u64, what: &str) -> PluginResult<()> {
-    let r = rustix::mm::mprotect(
-        ptr(addr),
-        len as usize,
-        MprotectFlags::READ | MprotectFlags::WRITE,
-    );
+    let r = rustix::mm::mprotect(ptr(addr), len as usize, MprotectFlags::READ | MprotectFlags::WRITE);
     if let Err(e) = r {
         // mprotect can fail after changing part of the range (splitting
         // areas past the map-count limit); put the whole range back to no
@@ -99,11 +95,7 @@ pub unsafe fn decommit(addr: u64, len: u64, what: &str) -> PluginResult<()> {
     rustix::mm::mprotect(ptr(addr), len as usize, MprotectFlags::empty()).map_err(|e| {
         // The data is gone either way; keep the range usable (as zeros) so
         // the caller's record of it as committed stays true.
-        let _ = rustix::mm::mprotect(
-            ptr(addr),
-            len as usize,
-            MprotectFlags::READ | MprotectFlags::WRITE,
-        );
+        let _ = rustix::mm::mprotect(ptr(addr), len as usize, MprotectFlags::READ | MprotectFlags::WRITE);
         os_error("mprotect(PROT_NONE)", what, e)
     })
 }
@@ -126,14 +118,8 @@ pub unsafe fn map_shared(
         Access::ReadOnly => ProtFlags::READ,
         Access::ReadWrite => ProtFlags::READ | ProtFlags::WRITE,
     };
-    let r = rustix::mm::mmap(
-        ptr(addr),
-        len as usize,
-        prot,
-        MapFlags::SHARED | MapFlags::FIXED,
-        fd,
-        fd_offset,
-    );
+    let r =
+        rustix::mm::mmap(ptr(addr), len as usize, prot, MapFlags::SHARED | MapFlags::FIXED, fd, fd_offset);
     if let Err(e) = r {
         // A failed MAP_FIXED may already have removed what was there; put
         // the reservation back so the range is not left open to others.

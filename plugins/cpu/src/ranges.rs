@@ -28,20 +28,12 @@ impl RangeSet {
         }
         // Ranges are disjoint and sorted, so only the last one starting
         // before `end` can reach back past `start`.
-        self.ranges
-            .range(..end)
-            .next_back()
-            .is_some_and(|(_, &e)| e > start)
+        self.ranges.range(..end).next_back().is_some_and(|(_, &e)| e > start)
     }
 
     /// Whether every point of the non-empty `[start, end)` is in the set.
     pub fn covers(&self, start: u64, end: u64) -> bool {
-        start < end
-            && self
-                .ranges
-                .range(..=start)
-                .next_back()
-                .is_some_and(|(_, &e)| e >= end)
+        start < end && self.ranges.range(..=start).next_back().is_some_and(|(_, &e)| e >= end)
     }
 
     /// Adds `[start, end)`, which must be non-empty and disjoint from the

@@ -42,10 +42,7 @@ impl State {
     pub fn mapped(&self, start: u64, end: u64) -> bool {
         // Mappings are disjoint and sorted by start: only the last one
         // starting before `end` can reach past `start`.
-        self.mappings
-            .range(..end)
-            .next_back()
-            .is_some_and(|(&s, m)| s + m.len > start)
+        self.mappings.range(..end).next_back().is_some_and(|(&s, m)| s + m.len > start)
     }
 
     /// Marks the reservation released: nothing may be done with it again.
@@ -68,12 +65,7 @@ pub struct Reservation {
 impl Reservation {
     /// A reservation of `[addr, addr + size)` with nothing committed.
     pub fn new(object_id: u64, addr: u64, size: u64) -> Self {
-        Reservation {
-            object_id,
-            addr,
-            size,
-            state: Mutex::new(State::default()),
-        }
+        Reservation { object_id, addr, size, state: Mutex::new(State::default()) }
     }
 
     fn is(&self, obj: &ObjectRef) -> bool {

@@ -94,11 +94,7 @@ impl SharedMapping for CpuMechanism {
             mappings: 0,
             fd,
         });
-        Ok(Block {
-            addr: 0,
-            size,
-            handle,
-        })
+        Ok(Block { addr: 0, size, handle })
     }
 
     fn map(
@@ -120,13 +116,7 @@ impl SharedMapping for CpuMechanism {
                 object.handle,
                 |p| p.is(object),
                 |p| {
-                    check_range(
-                        object_offset,
-                        len,
-                        p.size,
-                        self.granularity,
-                        "map: physical object",
-                    )?;
+                    check_range(object_offset, len, p.size, self.granularity, "map: physical object")?;
                     if state.committed.intersects(offset, end) {
                         return Err(wrong_state(format!(
                             "map: reservation range [{offset:#x}, {end:#x}) has committed pages"
@@ -146,13 +136,7 @@ impl SharedMapping for CpuMechanism {
                 },
             )
             .ok_or_else(|| find_failed(object))??;
-        state.mappings.insert(
-            offset,
-            Mapping {
-                len,
-                object: object.handle,
-            },
-        );
+        state.mappings.insert(offset, Mapping { len, object: object.handle });
         Ok(())
     }
 

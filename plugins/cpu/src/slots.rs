@@ -71,11 +71,7 @@ impl<T> Default for Slots<T> {
     fn default() -> Self {
         Slots {
             shards: std::array::from_fn(|_| {
-                Padded(SpinLock::new(Shard {
-                    slots: Vec::new(),
-                    free: NONE,
-                    live: 0,
-                }))
+                Padded(SpinLock::new(Shard { slots: Vec::new(), free: NONE, live: 0 }))
             }),
         }
     }
@@ -163,19 +159,12 @@ unsafe impl<T: Send> Sync for SpinLock<T> {}
 
 impl<T> SpinLock<T> {
     const fn new(value: T) -> Self {
-        SpinLock {
-            locked: AtomicBool::new(false),
-            value: UnsafeCell::new(value),
-        }
+        SpinLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
     }
 
     #[inline(always)]
     fn lock(&self) -> SpinGuard<'_, T> {
-        if self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_contended();
         }
         SpinGuard { lock: self }
@@ -197,11 +186,7 @@ impl<T> SpinLock<T> {
                     std::thread::yield_now();
                 }
             }
-            if self
-                .locked
-                .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-                .is_ok()
-            {
+            if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok() {
                 return;
             }
         }
@@ -284,9 +269,7 @@ mod tests {
             .map(|k| {
                 let t = Arc::clone(&t);
                 std::thread::spawn(move || {
-                    (0..5_000)
-                        .map(|i| t.insert(value(k, i)).unwrap())
-                        .collect::<Vec<_>>()
+                    (0..5_000).map(|i| t.insert(value(k, i)).unwrap()).collect::<Vec<_>>()
                 })
             })
             .collect();

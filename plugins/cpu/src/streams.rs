@@ -62,10 +62,7 @@ impl Fence {
                     if now >= deadline {
                         return FenceState::Pending;
                     }
-                    self.raised
-                        .wait_timeout(done, deadline - now)
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .0
+                    self.raised.wait_timeout(done, deadline - now).unwrap_or_else(PoisonError::into_inner).0
                 }
             };
         }
@@ -130,17 +127,13 @@ impl Streams {
     /// Runs `f` on the stream `handle` names.
     fn with_stream<R>(&self, handle: u64, f: impl FnOnce(&mut Stream) -> R) -> PluginResult<R> {
         let (key, serial) = split(handle);
-        self.streams
-            .with(key, |s| s.serial == serial, f)
-            .ok_or_else(|| unknown("stream", handle))
+        self.streams.with(key, |s| s.serial == serial, f).ok_or_else(|| unknown("stream", handle))
     }
 
     /// Runs `f` on the fence `handle` names.
     fn with_fence<R>(&self, handle: u64, f: impl FnOnce(&mut FenceSlot) -> R) -> PluginResult<R> {
         let (key, serial) = split(handle);
-        self.fences
-            .with(key, |s| s.serial == serial, f)
-            .ok_or_else(|| unknown("fence", handle))
+        self.fences.with(key, |s| s.serial == serial, f).ok_or_else(|| unknown("fence", handle))
     }
 
     /// Puts `work` at the end of the stream's queue.
@@ -172,11 +165,7 @@ impl StreamSync for CpuMechanism {
                 PluginError::out_of_memory(format!("stream_create: cannot start a worker thread: {e}"))
             })?;
         let serial = self.streams.serial();
-        let key = self.streams.streams.insert(Stream {
-            serial,
-            queue,
-            worker,
-        });
+        let key = self.streams.streams.insert(Stream { serial, queue, worker });
         Streams::compose(key, serial).ok_or_else(|| {
             // Dropping the stream closes its queue; the idle worker exits.
             self.streams.streams.remove(key, |_| true);
@@ -186,10 +175,7 @@ impl StreamSync for CpuMechanism {
 
     fn stream_destroy(&self, stream: u64) -> PluginResult<()> {
         let me = thread::current().id();
-        if self
-            .streams
-            .with_stream(stream, |s| s.worker.thread().id() == me)?
-        {
+        if self.streams.with_stream(stream, |s| s.worker.thread().id() == me)? {
             // Joining the worker from itself would never return.
             return Err(PluginError::new(
                 Status::Busy,
@@ -214,8 +200,7 @@ impl StreamSync for CpuMechanism {
 
     fn fence_record(&self, stream: u64) -> PluginResult<u64> {
         let fence = Arc::new(Fence::default());
-        self.streams
-            .submit(stream, Work::Signal(Arc::clone(&fence)), "fence_record")?;
+        self.streams.submit(stream, Work::Signal(Arc::clone(&fence)), "fence_record")?;
         let serial = self.streams.serial();
         let key = self.streams.fences.insert(FenceSlot { serial, fence });
         Streams::compose(key, serial).ok_or_else(|| {

@@ -19,9 +19,7 @@ use memplug_sdk::{Block, ObjectRef, PluginError, PluginResult, Request, VirtualB
 
 #[cold]
 fn wrong_state(call: &str, offset: u64, end: u64, why: &str) -> PluginError {
-    PluginError::invalid_state(format!(
-        "{call}: range [{offset:#x}, {end:#x}) {why}; nothing was changed"
-    ))
+    PluginError::invalid_state(format!("{call}: range [{offset:#x}, {end:#x}) {why}; nothing was changed"))
 }
 
 impl VirtualBacking for CpuMechanism {
@@ -29,9 +27,7 @@ impl VirtualBacking for CpuMechanism {
         check_request(request, "reserve")?;
         let size = round_up(request.size, self.granularity, "reserve")?;
         let addr = os::reserve(size, "reserve")?;
-        let handle = self
-            .reservations
-            .insert(Reservation::new(request.object_id, addr, size));
+        let handle = self.reservations.insert(Reservation::new(request.object_id, addr, size));
         Ok(Block { addr, size, handle })
     }
 
@@ -43,12 +39,7 @@ impl VirtualBacking for CpuMechanism {
             return Err(wrong_state("commit", offset, end, "has pages already committed"));
         }
         if state.mapped(offset, end) {
-            return Err(wrong_state(
-                "commit",
-                offset,
-                end,
-                "has pages mapped to a physical object",
-            ));
+            return Err(wrong_state("commit", offset, end, "has pages mapped to a physical object"));
         }
         // SAFETY: the range is inside a live reservation (checked above,
         // kept live by its lock) and is neither committed nor mapped.
@@ -62,12 +53,7 @@ impl VirtualBacking for CpuMechanism {
         let mut state = res.lock(reservation)?;
         let end = check_range(offset, len, res.size, self.granularity, "decommit")?;
         if !state.committed.covers(offset, end) {
-            return Err(wrong_state(
-                "decommit",
-                offset,
-                end,
-                "has pages that are not committed",
-            ));
+            return Err(wrong_state("decommit", offset, end, "has pages that are not committed"));
         }
         // SAFETY: the range is inside a live reservation and entirely
         // committed anonymous memory; the host gives up its contents.

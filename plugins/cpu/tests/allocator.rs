@@ -39,24 +39,12 @@ fn allocations_are_aligned_usable_and_freed() {
 fn malformed_requests_are_invalid_arguments() {
     let h = harness();
     let cases: [(&str, MemplugRequest); 6] = [
-        (
-            "zero size",
-            MemplugRequest {
-                size: 0,
-                ..h.request(64, 16)
-            },
-        ),
+        ("zero size", MemplugRequest { size: 0, ..h.request(64, 16) }),
         ("zero alignment", h.request(64, 0)),
         ("alignment 24", h.request(64, 24)),
         ("alignment 2 GiB", h.request(64, 1 << 31)),
         ("alignment 2^63", h.request(64, 1 << 63)),
-        (
-            "unknown flag",
-            MemplugRequest {
-                flags: 1 << 7,
-                ..h.request(64, 16)
-            },
-        ),
+        ("unknown flag", MemplugRequest { flags: 1 << 7, ..h.request(64, 16) }),
     ];
     for (what, r) in cases {
         let msg = refused(h.allocate_raw(&r), Status::InvalidArgument);
@@ -69,19 +57,10 @@ fn malformed_requests_are_invalid_arguments() {
 fn a_request_for_another_device_is_wrong_device() {
     let h = harness();
     for device in [
-        MemplugDevice {
-            kind: MEMPLUG_DEVICE_CUDA,
-            ordinal: 0,
-        },
-        MemplugDevice {
-            kind: MEMPLUG_DEVICE_CPU,
-            ordinal: 1,
-        },
+        MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 },
+        MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 1 },
     ] {
-        let r = MemplugRequest {
-            device,
-            ..h.request(64, 16)
-        };
+        let r = MemplugRequest { device, ..h.request(64, 16) };
         refused(h.allocate_raw(&r), Status::WrongDevice);
     }
     h.assert_balanced();
@@ -90,12 +69,9 @@ fn a_request_for_another_device_is_wrong_device() {
 #[test]
 fn impossible_sizes_are_out_of_memory_not_an_abort() {
     let h = harness();
-    for (size, alignment) in [
-        (1u64 << 62, 16u64),
-        (u64::MAX, 16),
-        (i64::MAX as u64, 1 << 30),
-        (1 << 50, 4096),
-    ] {
+    for (size, alignment) in
+        [(1u64 << 62, 16u64), (u64::MAX, 16), (i64::MAX as u64, 1 << 30), (1 << 50, 4096)]
+    {
         let msg = refused(h.allocate_raw(&h.request(size, alignment)), Status::OutOfMemory);
         assert!(msg.contains(&size.to_string()), "{msg}");
     }
@@ -105,10 +81,7 @@ fn impossible_sizes_are_out_of_memory_not_an_abort() {
 #[test]
 fn a_short_request_struct_is_refused() {
     let h = harness();
-    let r = MemplugRequest {
-        struct_size: MEMPLUG_REQUEST_SIZE_1_0 - 8,
-        ..h.request(64, 16)
-    };
+    let r = MemplugRequest { struct_size: MEMPLUG_REQUEST_SIZE_1_0 - 8, ..h.request(64, 16) };
     refused(h.allocate_raw(&r), Status::InvalidArgument);
     h.assert_balanced();
 }

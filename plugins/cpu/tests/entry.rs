@@ -25,10 +25,7 @@ fn descriptor_publishes_one_cpu_mechanism_with_every_capability() {
     let alloc = unsafe { &*mech.allocator };
     assert!(alloc.memory_info.is_some(), "HAS_MEMORY_INFO publishes the slot");
     let sync = unsafe { &*mech.sync };
-    assert!(
-        sync.stream_adopt.is_none(),
-        "CPU streams have no native handle to adopt"
-    );
+    assert!(sync.stream_adopt.is_none(), "CPU streams have no native handle to adopt");
 }
 
 #[test]
@@ -74,11 +71,9 @@ fn negotiation_refuses_other_majors_and_disjoint_minors() {
 #[test]
 fn the_in_process_entry_serves_its_own_instance() {
     let h = harness();
-    let n = negotiate(
-        memplug_plugin_cpu::cpu_plugin_entry,
-        &host_info(MEMPLUG_ABI_MAJOR, 0, MEMPLUG_ABI_MINOR),
-    )
-    .unwrap();
+    let n =
+        negotiate(memplug_plugin_cpu::cpu_plugin_entry, &host_info(MEMPLUG_ABI_MAJOR, 0, MEMPLUG_ABI_MINOR))
+            .unwrap();
     let plugin = unsafe { &*n.plugin };
     assert!(!std::ptr::eq(plugin, descriptor()));
     let other = Api::from_descriptor(plugin);

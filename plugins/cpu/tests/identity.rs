@@ -9,113 +9,32 @@ use common::*;
 /// Every way a reference can be wrong, with the code it must get. Pairs of
 /// faults check the order: mechanism before device before handle.
 fn corruptions(good: &MemplugObjectRef) -> Vec<(&'static str, MemplugObjectRef, Status)> {
-    let cuda = MemplugDevice {
-        kind: MEMPLUG_DEVICE_CUDA,
-        ordinal: 0,
-    };
-    let cpu1 = MemplugDevice {
-        kind: MEMPLUG_DEVICE_CPU,
-        ordinal: 1,
-    };
+    let cuda = MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 };
+    let cpu1 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 1 };
     let g = *good;
     vec![
-        (
-            "other mechanism",
-            MemplugObjectRef { mechanism_id: 2, ..g },
-            Status::WrongMechanism,
-        ),
-        (
-            "mechanism 0",
-            MemplugObjectRef { mechanism_id: 0, ..g },
-            Status::WrongMechanism,
-        ),
+        ("other mechanism", MemplugObjectRef { mechanism_id: 2, ..g }, Status::WrongMechanism),
+        ("mechanism 0", MemplugObjectRef { mechanism_id: 0, ..g }, Status::WrongMechanism),
         (
             "other mechanism, other device, no handle",
-            MemplugObjectRef {
-                mechanism_id: 7,
-                device: cuda,
-                handle: 0,
-                ..g
-            },
+            MemplugObjectRef { mechanism_id: 7, device: cuda, handle: 0, ..g },
             Status::WrongMechanism,
         ),
-        (
-            "CUDA device",
-            MemplugObjectRef { device: cuda, ..g },
-            Status::WrongDevice,
-        ),
-        (
-            "CPU ordinal 1",
-            MemplugObjectRef { device: cpu1, ..g },
-            Status::WrongDevice,
-        ),
+        ("CUDA device", MemplugObjectRef { device: cuda, ..g }, Status::WrongDevice),
+        ("CPU ordinal 1", MemplugObjectRef { device: cpu1, ..g }, Status::WrongDevice),
         (
             "other device, forged handle",
-            MemplugObjectRef {
-                device: cpu1,
-                handle: 999_999,
-                ..g
-            },
+            MemplugObjectRef { device: cpu1, handle: 999_999, ..g },
             Status::WrongDevice,
         ),
-        (
-            "handle 0",
-            MemplugObjectRef { handle: 0, ..g },
-            Status::UnknownAllocation,
-        ),
-        (
-            "next handle",
-            MemplugObjectRef {
-                handle: g.handle + 1,
-                ..g
-            },
-            Status::UnknownAllocation,
-        ),
-        (
-            "forged handle",
-            MemplugObjectRef {
-                handle: 0xdead_beef,
-                ..g
-            },
-            Status::UnknownAllocation,
-        ),
-        (
-            "handle u64::MAX",
-            MemplugObjectRef {
-                handle: u64::MAX,
-                ..g
-            },
-            Status::UnknownAllocation,
-        ),
-        (
-            "other object_id",
-            MemplugObjectRef {
-                object_id: g.object_id + 1,
-                ..g
-            },
-            Status::UnknownAllocation,
-        ),
-        (
-            "other addr",
-            MemplugObjectRef {
-                addr: g.addr ^ 0x1000,
-                ..g
-            },
-            Status::UnknownAllocation,
-        ),
-        (
-            "other size",
-            MemplugObjectRef {
-                size: g.size + 1,
-                ..g
-            },
-            Status::UnknownAllocation,
-        ),
-        (
-            "size 0",
-            MemplugObjectRef { size: 0, ..g },
-            Status::UnknownAllocation,
-        ),
+        ("handle 0", MemplugObjectRef { handle: 0, ..g }, Status::UnknownAllocation),
+        ("next handle", MemplugObjectRef { handle: g.handle + 1, ..g }, Status::UnknownAllocation),
+        ("forged handle", MemplugObjectRef { handle: 0xdead_beef, ..g }, Status::UnknownAllocation),
+        ("handle u64::MAX", MemplugObjectRef { handle: u64::MAX, ..g }, Status::UnknownAllocation),
+        ("other object_id", MemplugObjectRef { object_id: g.object_id + 1, ..g }, Status::UnknownAllocation),
+        ("other addr", MemplugObjectRef { addr: g.addr ^ 0x1000, ..g }, Status::UnknownAllocation),
+        ("other size", MemplugObjectRef { size: g.size + 1, ..g }, Status::UnknownAllocation),
+        ("size 0", MemplugObjectRef { size: 0, ..g }, Status::UnknownAllocation),
     ]
 }
 
@@ -146,10 +65,7 @@ fn deallocate_checks_identity_and_refuses_a_double_free() {
     let neighbour = h.allocate(64, 16).unwrap();
     assert_identity_checked(&h, "deallocate", &a, |o| h.deallocate(o));
     // A live neighbour's handle with this object's identity is still wrong.
-    let swapped = MemplugObjectRef {
-        handle: neighbour.handle,
-        ..a
-    };
+    let swapped = MemplugObjectRef { handle: neighbour.handle, ..a };
     refused(h.deallocate(&swapped), Status::UnknownAllocation);
 
     h.deallocate(&a).unwrap();
@@ -189,14 +105,8 @@ fn objects_of_one_kind_are_unknown_to_the_slots_of_another() {
     refused(h.release_reservation(&alloc), Status::UnknownAllocation);
     refused(h.retain(&res), Status::UnknownAllocation);
     refused(h.release_object(&alloc), Status::UnknownAllocation);
-    refused(
-        h.map(&res, 0, &res, 0, page, MEMPLUG_ACCESS_READ),
-        Status::UnknownAllocation,
-    );
-    refused(
-        h.map(&phys, 0, &phys, 0, page, MEMPLUG_ACCESS_READ),
-        Status::UnknownAllocation,
-    );
+    refused(h.map(&res, 0, &res, 0, page, MEMPLUG_ACCESS_READ), Status::UnknownAllocation);
+    refused(h.map(&phys, 0, &phys, 0, page, MEMPLUG_ACCESS_READ), Status::UnknownAllocation);
     refused(h.unmap(&alloc, 0, page), Status::UnknownAllocation);
     assert_eq!(h.live(), live);
 
@@ -213,28 +123,17 @@ fn virtual_backing_slots_check_identity() {
     let res = h.reserve(4 * page).unwrap();
 
     assert_identity_checked(&h, "commit", &res, |r| h.commit(r, 0, page));
-    assert_eq!(
-        h.committed(&res).unwrap(),
-        0,
-        "no refused commit committed anything"
-    );
+    assert_eq!(h.committed(&res).unwrap(), 0, "no refused commit committed anything");
     assert_eq!(mapping_at(res.addr).unwrap().0, "---p");
     h.commit(&res, 0, page).unwrap();
 
     assert_identity_checked(&h, "decommit", &res, |r| h.decommit(r, 0, page));
     assert_identity_checked(&h, "committed_bytes", &res, |r| h.committed(r).map(drop));
-    assert_eq!(
-        h.committed(&res).unwrap(),
-        page,
-        "no refused decommit decommitted anything"
-    );
+    assert_eq!(h.committed(&res).unwrap(), page, "no refused decommit decommitted anything");
     h.decommit(&res, 0, page).unwrap();
 
     assert_identity_checked(&h, "release", &res, |r| h.release_reservation(r));
-    assert!(
-        mapping_at(res.addr).is_some(),
-        "no refused release unmapped anything"
-    );
+    assert!(mapping_at(res.addr).is_some(), "no refused release unmapped anything");
     h.release_reservation(&res).unwrap();
     assert_eq!(mapping_at(res.addr), None, "the released range is unmapped");
     refused(h.release_reservation(&res), Status::UnknownAllocation);

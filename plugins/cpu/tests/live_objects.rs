@@ -23,8 +23,7 @@ fn live_objects_counts_each_kind_and_returns_to_zero() {
 
     // Commits, mappings and retains are states of objects, not objects.
     h.commit(&res, 0, page).unwrap();
-    h.map(&phys, 0, &res, 2 * page, page, MEMPLUG_ACCESS_READ)
-        .unwrap();
+    h.map(&phys, 0, &res, 2 * page, page, MEMPLUG_ACCESS_READ).unwrap();
     h.retain(&phys).unwrap();
     assert_eq!(h.live(), 5);
 
@@ -43,11 +42,7 @@ fn live_objects_counts_each_kind_and_returns_to_zero() {
     h.release_object(&phys).unwrap();
     assert_eq!(h.live(), 3, "the mapping still holds the physical object");
     h.release_reservation(&res).unwrap();
-    assert_eq!(
-        h.live(),
-        1,
-        "releasing the reservation dropped the mapping and so the object"
-    );
+    assert_eq!(h.live(), 1, "releasing the reservation dropped the mapping and so the object");
     h.deallocate(&alloc).unwrap();
     assert_eq!(h.live(), 0);
 }

@@ -41,18 +41,9 @@ fn create_rounds_to_pages_and_is_zero_filled() {
 fn malformed_create_requests_are_refused() {
     let h = harness();
     refused(h.create(0), Status::InvalidArgument);
-    refused(
-        h.create_raw(&MemplugRequest {
-            flags: 2,
-            ..h.request(4096, 1)
-        }),
-        Status::InvalidArgument,
-    );
+    refused(h.create_raw(&MemplugRequest { flags: 2, ..h.request(4096, 1) }), Status::InvalidArgument);
     let other = MemplugRequest {
-        device: MemplugDevice {
-            kind: MEMPLUG_DEVICE_CPU,
-            ordinal: 3,
-        },
+        device: MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 3 },
         ..h.request(4096, 1)
     };
     refused(h.create_raw(&other), Status::WrongDevice);
@@ -104,21 +95,14 @@ fn a_read_only_view_faults_on_write_and_sees_updates() {
     assert_eq!(mapping_at(ro.addr).unwrap().0, "r--s");
 
     write_u64(rw.addr, 7);
-    assert_eq!(
-        read_u64(ro.addr),
-        7,
-        "the read-only view sees the other view's writes"
-    );
+    assert_eq!(read_u64(ro.addr), 7, "the read-only view sees the other view's writes");
 
     let pid = unsafe { libc::fork() };
     assert!(pid >= 0, "fork: {}", std::io::Error::last_os_error());
     if pid == 0 {
         // Child: no core file for the expected crash, then the forbidden write.
         unsafe {
-            let no_core = libc::rlimit {
-                rlim_cur: 0,
-                rlim_max: 0,
-            };
+            let no_core = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
             libc::setrlimit(libc::RLIMIT_CORE, &no_core);
             std::ptr::write_volatile(ro.addr as *mut u64, 8);
             libc::_exit(0);
@@ -178,11 +162,7 @@ fn releasing_the_last_reference_before_unmapping_keeps_the_data_until_the_last_u
     // Unmapping put the reservation back: inaccessible, and committable.
     assert_eq!(mapping_at(b.addr).unwrap().0, "---p");
     h.commit(&b, 0, 2 * page).unwrap();
-    assert_eq!(
-        read_u64(b.addr + page),
-        0,
-        "fresh anonymous memory, not the object"
-    );
+    assert_eq!(read_u64(b.addr + page), 0, "fresh anonymous memory, not the object");
     h.release_reservation(&a).unwrap();
     h.release_reservation(&b).unwrap();
     h.assert_balanced();
@@ -218,11 +198,7 @@ fn releasing_a_reservation_drops_the_references_of_its_mappings() {
     assert_eq!(plugin_memfds(), fds + 1);
     h.release_reservation(&res).unwrap();
     assert_eq!(mapping_at(res.addr), None);
-    assert_eq!(
-        plugin_memfds(),
-        fds,
-        "the mappings' references went with the reservation"
-    );
+    assert_eq!(plugin_memfds(), fds, "the mappings' references went with the reservation");
     h.assert_balanced();
 }
 
@@ -258,10 +234,7 @@ fn mapping_ranges_and_states_are_checked() {
     refused(h.decommit(&res, 2 * page, page), Status::InvalidState);
     // Access must be read or read|write.
     for access in [0, MEMPLUG_ACCESS_WRITE, 1 << 5] {
-        refused(
-            h.map(&o, 0, &res, 5 * page, page, access),
-            Status::InvalidArgument,
-        );
+        refused(h.map(&o, 0, &res, 5 * page, page, access), Status::InvalidArgument);
     }
     // Unmap must name exactly one mapping.
     refused(h.unmap(&res, 2 * page, page), Status::InvalidState);

@@ -56,10 +56,7 @@ fn ptr<T>(v: &T) -> *const c_void {
 fn a_fence_completes_only_after_the_host_function_before_it() {
     let h = harness();
     let s = h.stream_create().unwrap();
-    let work = SleepThenSet {
-        sleep: Duration::from_millis(150),
-        flag: AtomicBool::new(false),
-    };
+    let work = SleepThenSet { sleep: Duration::from_millis(150), flag: AtomicBool::new(false) };
     h.enqueue(s, sleep_then_set, ptr(&work)).unwrap();
     let f = h.fence_record(s).unwrap();
 
@@ -69,26 +66,17 @@ fn a_fence_completes_only_after_the_host_function_before_it() {
     loop {
         match h.fence_query(f) {
             Ok(()) => {
-                assert!(
-                    work.flag.load(Ordering::Acquire),
-                    "fence completed before the work"
-                );
+                assert!(work.flag.load(Ordering::Acquire), "fence completed before the work");
                 break;
             }
             Err(e) => {
                 assert_eq!(e.status, Status::NotReady, "{e:?}");
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "the fence never completed"
-                );
+                assert!(start.elapsed() < Duration::from_secs(10), "the fence never completed");
                 std::thread::sleep(Duration::from_millis(5));
             }
         }
     }
-    assert!(
-        start.elapsed() >= Duration::from_millis(100),
-        "the host function's sleep was skipped"
-    );
+    assert!(start.elapsed() >= Duration::from_millis(100), "the host function's sleep was skipped");
     h.fence_wait(f, 0).unwrap();
     h.fence_destroy(f).unwrap();
     h.stream_destroy(s).unwrap();
@@ -105,10 +93,7 @@ fn a_wait_times_out_while_work_is_blocked_and_succeeds_after() {
 
     let start = Instant::now();
     pending(h.fence_wait(f, 30 * MS), Status::Timeout);
-    assert!(
-        start.elapsed() >= Duration::from_millis(30),
-        "the wait returned early"
-    );
+    assert!(start.elapsed() >= Duration::from_millis(30), "the wait returned early");
     pending(h.fence_wait(f, 0), Status::Timeout);
     pending(h.fence_query(f), Status::NotReady);
     assert!(!gate.flag.load(Ordering::Acquire));
@@ -166,10 +151,7 @@ fn streams_run_independently() {
     let free = h.stream_create().unwrap();
     let gate = Gate::default();
     h.enqueue(blocked, wait_at_gate, ptr(&gate)).unwrap();
-    let work = SleepThenSet {
-        sleep: Duration::ZERO,
-        flag: AtomicBool::new(false),
-    };
+    let work = SleepThenSet { sleep: Duration::ZERO, flag: AtomicBool::new(false) };
     h.enqueue(free, sleep_then_set, ptr(&work)).unwrap();
     let f = h.fence_record(free).unwrap();
     h.fence_wait(f, 10_000 * MS).unwrap();
@@ -185,23 +167,14 @@ fn streams_run_independently() {
 fn stream_destroy_waits_for_submitted_work_and_keeps_its_fences_valid() {
     let h = harness();
     let s = h.stream_create().unwrap();
-    let work = SleepThenSet {
-        sleep: Duration::from_millis(50),
-        flag: AtomicBool::new(false),
-    };
+    let work = SleepThenSet { sleep: Duration::from_millis(50), flag: AtomicBool::new(false) };
     h.enqueue(s, sleep_then_set, ptr(&work)).unwrap();
     let f = h.fence_record(s).unwrap();
     h.stream_destroy(s).unwrap();
-    assert!(
-        work.flag.load(Ordering::Acquire),
-        "destroy returned before the work ran"
-    );
+    assert!(work.flag.load(Ordering::Acquire), "destroy returned before the work ran");
     h.fence_query(f).unwrap();
     h.fence_wait(f, 0).unwrap();
-    refused(
-        h.enqueue(s, sleep_then_set, ptr(&work)),
-        Status::UnknownAllocation,
-    );
+    refused(h.enqueue(s, sleep_then_set, ptr(&work)), Status::UnknownAllocation);
     refused(h.fence_record(s), Status::UnknownAllocation);
     refused(h.stream_destroy(s), Status::UnknownAllocation);
     h.fence_destroy(f).unwrap();
@@ -225,11 +198,7 @@ unsafe extern "C" fn destroy_own_stream(p: *mut c_void) {
 fn a_stream_cannot_be_destroyed_from_its_own_host_function() {
     let h = harness();
     let s = h.stream_create().unwrap();
-    let probe = SelfDestroy {
-        api: h.api,
-        stream: s,
-        status: AtomicU32::new(u32::MAX),
-    };
+    let probe = SelfDestroy { api: h.api, stream: s, status: AtomicU32::new(u32::MAX) };
     h.enqueue(s, destroy_own_stream, ptr(&probe)).unwrap();
     let f = h.fence_record(s).unwrap();
     h.fence_wait(f, 10_000 * MS).unwrap();
@@ -246,10 +215,7 @@ fn unknown_stale_and_forged_handles_are_unknown_allocations() {
     let f = h.fence_record(s).unwrap();
     h.fence_wait(f, 10_000 * MS).unwrap();
     let live = h.live();
-    let noop = SleepThenSet {
-        sleep: Duration::ZERO,
-        flag: AtomicBool::new(false),
-    };
+    let noop = SleepThenSet { sleep: Duration::ZERO, flag: AtomicBool::new(false) };
 
     // A fence handle is not a stream handle and vice versa, whatever slot
     // they happen to share.
@@ -257,10 +223,7 @@ fn unknown_stale_and_forged_handles_are_unknown_allocations() {
         if bad == s {
             continue;
         }
-        refused(
-            h.enqueue(bad, sleep_then_set, ptr(&noop)),
-            Status::UnknownAllocation,
-        );
+        refused(h.enqueue(bad, sleep_then_set, ptr(&noop)), Status::UnknownAllocation);
         refused(h.fence_record(bad), Status::UnknownAllocation);
         refused(h.stream_destroy(bad), Status::UnknownAllocation);
     }

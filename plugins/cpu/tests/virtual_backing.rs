@@ -10,21 +10,14 @@ fn fill(addr: u64, len: u64, byte: u8) {
 }
 
 fn all_bytes_are(addr: u64, len: u64, byte: u8) -> bool {
-    unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) }
-        .iter()
-        .all(|&b| b == byte)
+    unsafe { std::slice::from_raw_parts(addr as *const u8, len as usize) }.iter().all(|&b| b == byte)
 }
 
 #[test]
 fn reserve_rounds_to_pages_and_costs_no_memory() {
     let h = harness();
     let page = h.page();
-    for (asked, expect) in [
-        (1, page),
-        (page, page),
-        (3 * page + 1, 4 * page),
-        (64 << 30, 64 << 30),
-    ] {
+    for (asked, expect) in [(1, page), (page, page), (3 * page + 1, 4 * page), (64 << 30, 64 << 30)] {
         let r = h.reserve(asked).unwrap();
         assert_eq!(r.size, expect, "asked {asked}");
         assert_eq!(r.addr % page, 0);
@@ -40,16 +33,10 @@ fn reserve_rounds_to_pages_and_costs_no_memory() {
 fn malformed_reserve_requests_are_refused() {
     let h = harness();
     refused(h.reserve(0), Status::InvalidArgument);
-    let flagged = MemplugRequest {
-        flags: 1,
-        ..h.request(4096, 1)
-    };
+    let flagged = MemplugRequest { flags: 1, ..h.request(4096, 1) };
     refused(h.reserve_raw(&flagged), Status::InvalidArgument);
     let cuda = MemplugRequest {
-        device: MemplugDevice {
-            kind: MEMPLUG_DEVICE_CUDA,
-            ordinal: 0,
-        },
+        device: MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 },
         ..h.request(4096, 1)
     };
     refused(h.reserve_raw(&cuda), Status::WrongDevice);
@@ -68,28 +55,16 @@ fn touched_pages_are_resident_until_decommit_and_read_zero_after() {
 
     h.commit(&res, off, len).unwrap();
     assert_eq!(mapping_at(addr).unwrap().0, "rw-p");
-    assert_eq!(
-        resident_bytes(addr, len),
-        0,
-        "commit alone makes nothing resident"
-    );
+    assert_eq!(resident_bytes(addr, len), 0, "commit alone makes nothing resident");
 
     fill(addr, len, 0x5a);
-    assert_eq!(
-        resident_bytes(addr, len),
-        len,
-        "touching makes every page resident"
-    );
+    assert_eq!(resident_bytes(addr, len), len, "touching makes every page resident");
     assert!(smaps_rss(res.addr, res.size) >= len, "smaps agrees");
 
     h.decommit(&res, off, len).unwrap();
     assert_eq!(resident_bytes(addr, len), 0, "decommit gives the pages back");
     assert_eq!(smaps_rss(res.addr, res.size), 0);
-    assert_eq!(
-        mapping_at(addr).unwrap().0,
-        "---p",
-        "decommitted pages are inaccessible"
-    );
+    assert_eq!(mapping_at(addr).unwrap().0, "---p", "decommitted pages are inaccessible");
 
     h.commit(&res, off, len).unwrap();
     assert!(all_bytes_are(addr, len, 0), "re-committed pages read as zeros");
@@ -136,11 +111,7 @@ fn committed_bytes_follow_a_random_sequence_exactly() {
         assert_eq!(h.committed(&res).unwrap(), expect, "after step {step}");
         for (i, &c) in model.iter().enumerate() {
             let perms = mapping_at(res.addr + i as u64 * page).unwrap().0;
-            assert_eq!(
-                perms,
-                if c { "rw-p" } else { "---p" },
-                "page {i} after step {step}"
-            );
+            assert_eq!(perms, if c { "rw-p" } else { "---p" }, "page {i} after step {step}");
         }
     }
     h.release_reservation(&res).unwrap();

@@ -43,31 +43,22 @@ struct Capture {
 unsafe extern "C" fn capture_write(ctx: *mut c_void, msg: *const c_char, len: usize) {
     let capture = &*(ctx as *const Capture);
     let bytes = std::slice::from_raw_parts(msg.cast::<u8>(), len);
-    capture
-        .messages
-        .borrow_mut()
-        .push(String::from_utf8_lossy(bytes).into_owned());
+    capture.messages.borrow_mut().push(String::from_utf8_lossy(bytes).into_owned());
 }
 
 /// Calls a slot with a capturing sink. A success must say nothing; a
 /// failure is returned with its messages.
 pub fn call(f: impl FnOnce(*const MemplugMessageSink) -> MemplugStatus) -> Outcome<()> {
     let capture = Capture::default();
-    let sink = MemplugMessageSink {
-        ctx: &capture as *const Capture as *mut c_void,
-        write: Some(capture_write),
-    };
+    let sink =
+        MemplugMessageSink { ctx: &capture as *const Capture as *mut c_void, write: Some(capture_write) };
     let raw = f(&sink);
     let messages = capture.messages.into_inner();
     if raw == MEMPLUG_STATUS_OK {
         assert!(messages.is_empty(), "a successful call wrote {messages:?}");
         return Ok(());
     }
-    Err(Failure {
-        status: Status::from_raw_conservative(raw),
-        raw,
-        message: messages.join("\n"),
-    })
+    Err(Failure { status: Status::from_raw_conservative(raw), raw, message: messages.join("\n") })
 }
 
 /// Asserts `r` was refused with `status` and an explanation; returns it.
@@ -96,10 +87,7 @@ pub fn pending<T: std::fmt::Debug>(r: Outcome<T>, status: Status) {
 }
 
 /// The device the CPU mechanism serves.
-pub const CPU0: MemplugDevice = MemplugDevice {
-    kind: MEMPLUG_DEVICE_CPU,
-    ordinal: 0,
-};
+pub const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 /// A host info asking for minors `min..=max` of major `major`.
 pub fn host_info(major: u32, min: u32, max: u32) -> MemplugHostInfo {
@@ -207,10 +195,7 @@ impl Api {
     }
 
     fn empty_block() -> MemplugBlock {
-        MemplugBlock {
-            struct_size: std::mem::size_of::<MemplugBlock>() as u32,
-            ..Default::default()
-        }
+        MemplugBlock { struct_size: std::mem::size_of::<MemplugBlock>() as u32, ..Default::default() }
     }
 
     // ---- allocator ----
@@ -398,11 +383,7 @@ impl Harness {
     /// Asserts every object the test made has gone again.
     #[track_caller]
     pub fn assert_balanced(&self) {
-        assert_eq!(
-            self.live(),
-            self.baseline,
-            "live_objects did not return to its starting value"
-        );
+        assert_eq!(self.live(), self.baseline, "live_objects did not return to its starting value");
     }
 
     /// The granularity (page size) the plugin publishes.
@@ -419,11 +400,7 @@ pub fn harness() -> Harness {
     let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
     let api = Api::from_descriptor(descriptor());
     let baseline = api.live();
-    Harness {
-        _serial: serial,
-        api,
-        baseline,
-    }
+    Harness { _serial: serial, api, baseline }
 }
 
 // ---- what the kernel says about our memory ----
@@ -447,10 +424,7 @@ pub fn mapping_at(addr: u64) -> Option<(String, String)> {
     maps.lines().find_map(|line| {
         let mut fields = line.split_whitespace();
         let (start, end) = fields.next()?.split_once('-')?;
-        let (start, end) = (
-            u64::from_str_radix(start, 16).ok()?,
-            u64::from_str_radix(end, 16).ok()?,
-        );
+        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
         if !(start..end).contains(&addr) {
             return None;
         }
