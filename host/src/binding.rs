@@ -237,7 +237,9 @@ impl MemoryBinding {
                     format!("temporary reservation {} of a shared prefix: {}", e.object.object_id(), e.error),
                     None,
                 );
-                std::mem::forget(e.object);
+                // The token is plain data: letting it go leaves the object
+                // alive in the plugin, so its address is never reissued.
+                drop(e.object);
                 result = result.and(Err(e.error.into()));
             }
             result
@@ -345,7 +347,9 @@ impl Retire for AllocationRetire {
                 // pinned, and the reason is kept.
                 let reason = e.error.to_string();
                 b.quarantine(format!("allocation {}: {reason}", e.object.object_id()), Some(lease));
-                std::mem::forget(e.object);
+                // The token is plain data: letting it go leaves the object
+                // alive in the plugin, so its address is never reissued.
+                drop(e.object);
                 RetireOutcome::Quarantined { bytes, reason }
             }
         }
@@ -444,7 +448,9 @@ impl Retire for PrefixRetire {
             Err(e) => {
                 let reason = e.error.to_string();
                 b.quarantine(format!("physical object {}: {reason}", e.object.object_id()), Some(lease));
-                std::mem::forget(e.object);
+                // The token is plain data: letting it go leaves the object
+                // alive in the plugin, so its address is never reissued.
+                drop(e.object);
                 RetireOutcome::Quarantined { bytes, reason }
             }
         }
@@ -760,7 +766,9 @@ impl Retire for RegionRetire {
             Err(e) => {
                 let reason = e.error.to_string();
                 b.quarantine(format!("reservation {}: {reason}", e.object.object_id()), lease);
-                std::mem::forget(e.object);
+                // The token is plain data: letting it go leaves the object
+                // alive in the plugin, so its address is never reissued.
+                drop(e.object);
                 RetireOutcome::Quarantined { bytes, reason }
             }
         }

@@ -100,6 +100,8 @@ pub struct FnFence {
 }
 
 impl FnFence {
+    /// Returns the shared handle directly: a fence is only ever used shared.
+    #[allow(clippy::new_ret_no_self)]
     pub fn new(
         name: impl Into<String>,
         query: impl Fn() -> bool + Send + Sync + 'static,

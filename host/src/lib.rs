@@ -1,6 +1,6 @@
-//! memplug host: loads plugins, validates them, and wraps their mechanisms
-//! in safe Rust types (and, in later layers, budgets and fence-ordered
-//! frees).
+//! memplug host: loads plugins, validates them, wraps their mechanisms in
+//! safe Rust types, and governs them: budgets, pressure, fence-ordered
+//! frees.
 //!
 //! * [`Plugin`] — a loaded, validated plugin (by path, or an in-process
 //!   entry function through the same checks); refuses to unload while
@@ -10,6 +10,14 @@
 //!   [`Mechanism::sync`] (each `None` when absent).
 //! * [`CallError`] / [`LoadError`] — every failure carries the status code
 //!   and the plugin's message.
+//! * [`ProcessMemoryManager`] → [`MemoryBinding`] — the only way to
+//!   allocate: governor charge, fence-ordered deferred free, rollback on any
+//!   failure.
+
+// Errors carry the plugin's message and the mechanism's name; they are the
+// cold path, and returning them by value keeps the success path free of
+// allocation.
+#![allow(clippy::result_large_err)]
 
 pub mod binding;
 pub mod deferred;

@@ -607,7 +607,11 @@ impl<'m> SyncApi<'m> {
 
     /// Wraps a native stream (e.g. a `CUstream`), not taking ownership.
     /// `Unsupported` when the plugin does not publish the slot.
-    pub fn stream_adopt(&self, native: *mut c_void) -> Result<Stream, CallError> {
+    ///
+    /// # Safety
+    /// `native` must be a live native stream of the mechanism's device that
+    /// outlives the returned `Stream`; the plugin dereferences it.
+    pub unsafe fn stream_adopt(&self, native: *mut c_void) -> Result<Stream, CallError> {
         let Some(f) = self.vt.stream_adopt else {
             return Err(self.m.refuse(
                 "sync.stream_adopt",

@@ -142,7 +142,7 @@ impl Model {
     }
 
     fn registered(&self, holder: Option<HolderId>) -> bool {
-        holder.map_or(true, |h| self.holders.iter().any(|m| m.id == h && m.registered))
+        holder.is_none_or(|h| self.holders.iter().any(|m| m.id == h && m.registered))
     }
 
     fn charge(&mut self, bytes: u64) -> bool {

@@ -177,7 +177,7 @@ impl HolderEntry {
 
 thread_local! {
     /// Pools for which this thread is inside a pressure callback.
-    static IN_PRESSURE: RefCell<Vec<PoolId>> = RefCell::new(Vec::new());
+    static IN_PRESSURE: RefCell<Vec<PoolId>> = const { RefCell::new(Vec::new()) };
 }
 
 struct InPressure(PoolId);

@@ -246,21 +246,30 @@ const SLOTS: usize = 16;
 /// Past this many owned shards, a thread drops the ones of dead pools.
 const PRUNE_AT: usize = 32;
 
-struct ThreadShards {
-    /// Direct-mapped cache: account uid (0: empty) and a pointer to this
-    /// thread's shard of it. Every pointer points into an `Arc` held by
-    /// `owned`; an entry is cleared before its `Arc` leaves `owned`.
-    keys: [Cell<u64>; SLOTS],
-    ptrs: [Cell<*const Shard>; SLOTS],
-    owned: RefCell<Vec<Arc<Shard>>>,
+/// One cache entry: account uid (0: empty) and this thread's shard of it.
+struct Entry {
+    uid: Cell<u64>,
+    shard: Cell<*const Shard>,
 }
 
-impl Drop for ThreadShards {
+/// The hot part: a direct-mapped cache by account uid. No destructor, so
+/// reaching it costs no thread-local state check. Invariant: a non-empty
+/// entry points into an `Arc<Shard>` held by this thread's [`Owned`]; an
+/// entry is emptied before its `Arc` leaves `Owned`.
+struct Cache([Entry; SLOTS]);
+
+/// The shards this thread owns. Its destructor (thread exit) empties the
+/// cache, then hands the shards back for adoption.
+struct Owned(RefCell<Vec<Arc<Shard>>>);
+
+impl Drop for Owned {
     fn drop(&mut self) {
-        for k in &self.keys {
-            k.set(0);
-        }
-        for s in self.owned.get_mut().drain(..) {
+        let _ = CACHE.try_with(|c| {
+            for e in &c.0 {
+                e.uid.set(0);
+            }
+        });
+        for s in self.0.get_mut().drain(..) {
             s.owned.store(false, Release);
         }
     }
@@ -268,22 +277,19 @@ impl Drop for ThreadShards {
 
 #[cfg(not(loom))]
 thread_local! {
-    static THREAD_SHARDS: ThreadShards = const {
-        ThreadShards {
-            keys: [const { Cell::new(0) }; SLOTS],
-            ptrs: [const { Cell::new(std::ptr::null()) }; SLOTS],
-            owned: RefCell::new(Vec::new()),
-        }
+    static CACHE: Cache = const {
+        Cache([const { Entry { uid: Cell::new(0), shard: Cell::new(std::ptr::null()) } }; SLOTS])
     };
+    static OWNED: Owned = const { Owned(RefCell::new(Vec::new())) };
 }
 
 #[cfg(loom)]
 thread_local! {
-    static THREAD_SHARDS: ThreadShards = ThreadShards {
-        keys: std::array::from_fn(|_| Cell::new(0)),
-        ptrs: std::array::from_fn(|_| Cell::new(std::ptr::null())),
-        owned: RefCell::new(Vec::new()),
-    };
+    static CACHE: Cache = Cache(std::array::from_fn(|_| Entry {
+        uid: Cell::new(0),
+        shard: Cell::new(std::ptr::null()),
+    }));
+    static OWNED: Owned = Owned(RefCell::new(Vec::new()));
 }
 
 #[inline(always)]
@@ -295,24 +301,33 @@ fn slot(uid: u64) -> usize {
 /// hands `f` back when there is none cached (then see [`with_account`]).
 #[inline(always)]
 pub(crate) fn with_cached<R, F: FnOnce(&Shard) -> R>(uid: u64, pool: PoolId, f: F) -> Result<R, F> {
-    let p = THREAD_SHARDS
-        .try_with(|t| {
-            let i = slot(uid);
-            if t.keys[i].get() == uid {
-                t.ptrs[i].get()
+    let p = CACHE
+        .try_with(|c| {
+            let e = &c.0[slot(uid)];
+            if e.uid.get() == uid {
+                Some(e.shard.get())
             } else {
-                std::ptr::null()
+                None
             }
         })
-        .unwrap_or(std::ptr::null());
-    // SAFETY: a non-null cached pointer points into an `Arc<Shard>` that
-    // this thread's `owned` list holds (see `ThreadShards`). Entries leave
-    // `owned` only in `acquire` (this thread, never while `f` runs: `f` only
-    // updates counters) and in the destructor (thread exit), so the shard
-    // outlives this call.
-    match unsafe { p.as_ref() } {
-        Some(s) if s.pool == pool => Ok(f(s)),
-        _ => Err(f),
+        .ok()
+        .flatten();
+    match p {
+        Some(p) => {
+            // SAFETY: the entry is not empty (uids are never 0), so `p`
+            // points into an `Arc<Shard>` this thread's `Owned` holds (see
+            // `Cache`). Arcs leave `Owned` only in `acquire` (this thread,
+            // never while `f` runs: `f` only updates counters) and in its
+            // destructor (thread exit, which empties the cache first), so
+            // the shard outlives this call.
+            let s = unsafe { &*p };
+            if s.pool == pool {
+                Ok(f(s))
+            } else {
+                Err(f)
+            }
+        }
+        None => Err(f),
     }
 }
 
@@ -332,27 +347,29 @@ pub(crate) fn with_account<R>(account: &Account, f: impl FnOnce(&Shard) -> R) ->
 
 fn acquire(account: &Account) -> Option<Arc<Shard>> {
     let uid = account.core.uid;
-    THREAD_SHARDS
-        .try_with(|t| {
-            let mut owned = t.owned.try_borrow_mut().ok()?;
+    OWNED
+        .try_with(|owned| {
+            let mut owned = owned.0.try_borrow_mut().ok()?;
             let found = owned.iter().find(|s| Arc::ptr_eq(&s.core, &account.core)).cloned();
             let shard = match found {
                 Some(s) => s,
                 None => {
                     if owned.len() >= PRUNE_AT {
-                        // Drop the shards of dead pools: clear their cache
+                        // Drop the shards of dead pools: empty their cache
                         // entries first, then release them.
-                        for (k, p) in t.keys.iter().zip(t.ptrs.iter()) {
-                            if k.get() == 0 {
-                                continue; // its pointer may be stale
+                        let _ = CACHE.try_with(|c| {
+                            for e in &c.0 {
+                                if e.uid.get() == 0 {
+                                    continue; // its pointer may be stale
+                                }
+                                // SAFETY: a non-empty entry, as in
+                                // `with_cached`; nothing has left `owned` yet.
+                                let shard = unsafe { &*e.shard.get() };
+                                if !shard.core.alive.load(Relaxed) {
+                                    e.uid.set(0);
+                                }
                             }
-                            // SAFETY: a live entry, as in `with_cached`;
-                            // nothing has left `owned` yet.
-                            let shard = unsafe { &*p.get() };
-                            if !shard.core.alive.load(Relaxed) {
-                                k.set(0);
-                            }
-                        }
+                        });
                         owned.retain(|s| {
                             let alive = s.core.alive.load(Relaxed);
                             if !alive {
@@ -366,9 +383,13 @@ fn acquire(account: &Account) -> Option<Arc<Shard>> {
                     s
                 }
             };
-            let i = slot(uid);
-            t.ptrs[i].set(Arc::as_ptr(&shard));
-            t.keys[i].set(uid);
+            CACHE
+                .try_with(|c| {
+                    let e = &c.0[slot(uid)];
+                    e.shard.set(Arc::as_ptr(&shard));
+                    e.uid.set(uid);
+                })
+                .ok()?;
             Some(shard)
         })
         .ok()
