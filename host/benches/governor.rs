@@ -100,7 +100,7 @@ fn time_single(subjects: &[Subject<'_>], n: u64, rounds: usize) -> Vec<f64> {
 }
 
 /// Two threads run `n` iterations of `s` at once. Returns ns per iteration
-/// (of the slower thread) if the two runs overlapped for at least 95% of
+/// (of the slower thread) if the two runs overlapped for at least 80% of
 /// the round — a round where one thread was descheduled measures no
 /// contention and is discarded.
 fn contended_round(s: &Subject<'_>, n: u64) -> Option<f64> {
@@ -125,7 +125,7 @@ fn contended_round(s: &Subject<'_>, n: u64) -> Option<f64> {
     let common_end = spans.iter().map(|s| s.1).min()?;
     let overlap = common_end.saturating_duration_since(common_start);
     let whole = last - first;
-    (overlap.as_nanos() * 100 >= whole.as_nanos() * 95).then(|| whole.as_nanos() as f64 / n as f64)
+    (overlap.as_nanos() * 100 >= whole.as_nanos() * 80).then(|| whole.as_nanos() as f64 / n as f64)
 }
 
 /// Best ns per iteration per thread of each subject over interleaved

@@ -237,3 +237,30 @@ fn two_threads_racing_for_the_last_bytes_never_both_win() {
         assert_eq!(pool.used(), 0);
     }
 }
+
+/// Each thread starts its compare-exchange from the last value it saw of
+/// the pool's word; a stale guess must never turn into a refusal.
+#[test]
+fn a_stale_view_of_the_pool_never_refuses_room_that_exists() {
+    let g = Governor::new();
+    let pool = g.pool(g.create_pool("stale", 100).unwrap()).unwrap();
+    // This thread last saw 60 B charged...
+    let lease = pool.try_reserve(60, AllocationClass::Other, None).unwrap().commit(60).unwrap();
+    // ...another thread releases them...
+    let p2 = pool.clone();
+    thread::spawn(move || p2.release(lease).unwrap()).join().unwrap();
+    // ...so 60 + 50 no longer describes the pool: the grant must succeed.
+    let r = pool.try_reserve(50, AllocationClass::Other, None).unwrap();
+    assert_eq!(pool.used(), 50);
+    drop(r);
+    // And the other way round: a stale low guess never over-grants.
+    let held = pool.clone();
+    let lease = thread::spawn(move || {
+        held.try_reserve(80, AllocationClass::Other, None).unwrap().commit(80).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert!(pool.try_reserve(30, AllocationClass::Other, None).is_err());
+    pool.release(lease).unwrap();
+    assert_eq!(pool.used(), 0);
+}

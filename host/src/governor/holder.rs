@@ -175,9 +175,15 @@ impl HolderEntry {
     }
 }
 
+// Pools for which this thread is inside a pressure callback. (loom's
+// `thread_local!` takes no `const { }` initialiser.)
+#[cfg(not(loom))]
 thread_local! {
-    /// Pools for which this thread is inside a pressure callback.
     static IN_PRESSURE: RefCell<Vec<PoolId>> = const { RefCell::new(Vec::new()) };
+}
+#[cfg(loom)]
+thread_local! {
+    static IN_PRESSURE: RefCell<Vec<PoolId>> = RefCell::new(Vec::new());
 }
 
 struct InPressure(PoolId);
