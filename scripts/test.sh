@@ -17,6 +17,11 @@ fi
 # Doc tests (nextest does not run them).
 cargo test --workspace --doc
 
+# Exhaustive interleavings of the governor's lock-free fast path (loom);
+# its own target dir, since --cfg loom rebuilds everything.
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
+    cargo test -p memplug-host --release --test governor_loom
+
 cmake -S . -B target/cmake-build -G Ninja -DCMAKE_BUILD_TYPE=Debug
 cmake --build target/cmake-build
 ctest --test-dir target/cmake-build --output-on-failure
