@@ -12,7 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 /* ABI 1 is defined for 64-bit targets: struct sizes and offsets, and the
- * MEMPLUG_*_SIZE_1_0 constants, assume 8-byte pointers. */
+ * MEMPLUG_*_SIZE_1_0 and MEMPLUG_*_SIZE_1_1 constants, assume 8-byte
+ * pointers. */
 #if !defined(UINTPTR_MAX) || UINTPTR_MAX != 0xFFFFFFFFFFFFFFFFu
 #error "memplug ABI 1 is defined for 64-bit targets only"
 #endif
@@ -36,8 +37,9 @@
 // entry symbol (`memplug_plugin_v1`).
 #define MEMPLUG_ABI_MAJOR 1
 
-// The newest minor version this header describes.
-#define MEMPLUG_ABI_MINOR 0
+// The newest minor version this header describes. Items added after 1.0
+// say "Since 1.1" (docs/ABI-CHANGELOG.md lists them).
+#define MEMPLUG_ABI_MINOR 1
 
 // Capability flag: the mechanism has an allocator (required of every
 // mechanism).
@@ -56,6 +58,39 @@
 // belonging to a newer minor and ignores them.
 #define MEMPLUG_CAP_ALL_1_0 (((MEMPLUG_CAP_ALLOCATOR | MEMPLUG_CAP_VIRTUAL_BACKING) | MEMPLUG_CAP_SHARED_MAPPING) | MEMPLUG_CAP_SYNC)
 
+// Since 1.1. Capability flag: the shared mapping sub-vtable publishes
+// `export_fd` and `import_fd` (sharing physical objects across processes
+// as file descriptors). Valid only together with
+// `MEMPLUG_CAP_SHARED_MAPPING`, only when the agreed minor is at least 1,
+// and only with a `MemplugSharedMapping` whose `struct_size` is at least
+// `MEMPLUG_SHARED_MAPPING_SIZE_1_1`; a host refuses a mechanism that
+// breaks any of the three. It has no sub-vtable of its own: the slots live
+// at the end of `MemplugSharedMapping`.
+#define MEMPLUG_CAP_SHARED_EXPORT (1 << 4)
+
+// Every capability flag defined by ABI 1.1.
+#define MEMPLUG_CAP_ALL_1_1 (MEMPLUG_CAP_ALL_1_0 | MEMPLUG_CAP_SHARED_EXPORT)
+
+// Since 1.1. Allocation classes a host tags requests with
+// (`MemplugRequest::class_tag`), so a plugin can place or account memory
+// by what it holds. A hint only: it never changes what a call does or
+// whether it succeeds. A plugin treats a value it does not know as
+// `MEMPLUG_CLASS_OTHER`, and a 1.0 request (no `class_tag`) as
+// `MEMPLUG_CLASS_OTHER`.
+#define MEMPLUG_CLASS_OTHER 0
+
+// Since 1.1. Model parameters: long-lived, rarely evictable.
+#define MEMPLUG_CLASS_WEIGHTS 1
+
+// Since 1.1. Key/value cache: large, evictable by its holder.
+#define MEMPLUG_CLASS_KV 2
+
+// Since 1.1. Activations of in-flight work.
+#define MEMPLUG_CLASS_ACTIVATIONS 3
+
+// Since 1.1. Short-lived scratch space.
+#define MEMPLUG_CLASS_WORKSPACE 4
+
 // Access flag for shared mappings: the mapping can be read.
 #define MEMPLUG_ACCESS_READ (1 << 0)
 
@@ -67,8 +102,8 @@
 #define MEMPLUG_MESSAGE_MAX 1024
 
 // Sizes of each growable struct as ABI 1.0 defined it: a reader refuses a
-// struct whose `struct_size` is below these. Tests check they equal the
-// current `sizeof` while 1.0 is the newest minor.
+// struct whose `struct_size` is below these. Frozen: they never change, and
+// each is a prefix of the current struct.
 #define MEMPLUG_HOST_INFO_SIZE_1_0 24
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_0`.
@@ -106,6 +141,49 @@
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_0`.
 #define MEMPLUG_SYNC_SIZE_1_0 72
+
+// Sizes of each growable struct as ABI 1.1 defines it (the current
+// `sizeof`). A writer of 1.1 that sets `struct_size` to these publishes the
+// 1.1 fields; a reader finds a 1.1 field only in a struct at least this
+// long. Grown in 1.1: `MemplugRequest` (`class_tag`) and
+// `MemplugSharedMapping` (`export_fd`, `import_fd`).
+#define MEMPLUG_HOST_INFO_SIZE_1_1 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_NEGOTIATION_SIZE_1_1 16
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_PLUGIN_SIZE_1_1 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_MECHANISM_SIZE_1_1 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_PROPERTIES_SIZE_1_1 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_MEMORY_INFO_SIZE_1_1 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_REQUEST_SIZE_1_1 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_BLOCK_SIZE_1_1 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_OBJECT_REF_SIZE_1_1 56
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_ALLOCATOR_SIZE_1_1 40
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_1 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_SHARED_MAPPING_SIZE_1_1 64
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_SYNC_SIZE_1_1 72
 
 // Result of every fallible slot. `MEMPLUG_STATUS_OK` (zero) is success; every
 // other value is a failure, optionally explained through the call's
@@ -191,6 +269,13 @@ typedef struct MemplugRequest {
   uint64_t object_id;
   // The device the host believes it is talking to.
   struct MemplugDevice device;
+  // Since 1.1 (present when `struct_size >= MEMPLUG_REQUEST_SIZE_1_1`).
+  // What the memory is for: one of the `MEMPLUG_CLASS_*` values. A hint;
+  // an unknown value means `MEMPLUG_CLASS_OTHER`. A host sends it only
+  // when the agreed minor is at least 1.
+  uint32_t class_tag;
+  // Since 1.1. Explicit padding; zero.
+  uint32_t reserved0;
 } MemplugRequest;
 
 // An object made by a plugin: an allocation, a reservation or a physical
@@ -356,6 +441,31 @@ typedef struct MemplugSharedMapping {
   MemplugStatus (*release)(void *ctx,
                            const struct MemplugObjectRef *object,
                            const struct MemplugMessageSink *sink);
+  // Since 1.1; present if and only if `MEMPLUG_CAP_SHARED_EXPORT` is set
+  // (a host never calls it otherwise). Writes to `*out_fd` a new file
+  // descriptor for the memory of `object` (a live physical object of
+  // this mechanism), for another process to `import_fd`. The caller owns
+  // the descriptor and closes it; it stays valid after the object is
+  // released (it holds the memory, not a reference the plugin counts).
+  // `*out_fd` is written only on success.
+  MemplugStatus (*export_fd)(void *ctx,
+                             const struct MemplugObjectRef *object,
+                             int32_t *out_fd,
+                             const struct MemplugMessageSink *sink);
+  // Since 1.1; present if and only if `MEMPLUG_CAP_SHARED_EXPORT` is set.
+  // Creates a physical object of this mechanism backed by the memory `fd`
+  // names (exported by `export_fd`, here or in another process), of
+  // `request.size` bytes rounded up to the granularity, which must not
+  // exceed the memory behind `fd`. The plugin duplicates what it keeps;
+  // the caller keeps `fd` and closes it when it wishes. The object holds
+  // one reference, as from `create`, and `out.addr` is zero. A
+  // descriptor the mechanism cannot use is refused with
+  // `MEMPLUG_STATUS_INVALID_ARGUMENT`.
+  MemplugStatus (*import_fd)(void *ctx,
+                             int32_t fd,
+                             const struct MemplugRequest *request,
+                             struct MemplugBlock *out,
+                             const struct MemplugMessageSink *sink);
 } MemplugSharedMapping;
 
 // A function the host asks a stream to run, in order with the stream's other

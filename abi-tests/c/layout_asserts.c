@@ -19,8 +19,8 @@
 
 #define MEMPLUG_CHECK(cond) _Static_assert(cond, #cond)
 
-/* ---- The MEMPLUG_*_SIZE_1_0 constants are the 1.0 sizes (and, while 1.0 is
- *      the newest minor, the current sizes). ---- */
+/* ---- The MEMPLUG_*_SIZE_1_0 constants are the 1.0 sizes: the current sizes
+ *      for structs 1.1 left alone, a prefix of the ones it grew. ---- */
 
 MEMPLUG_CHECK(sizeof(MemplugHostInfo) == MEMPLUG_HOST_INFO_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugNegotiation) == MEMPLUG_NEGOTIATION_SIZE_1_0);
@@ -28,12 +28,12 @@ MEMPLUG_CHECK(sizeof(MemplugPlugin) == MEMPLUG_PLUGIN_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugMechanism) == MEMPLUG_MECHANISM_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugProperties) == MEMPLUG_PROPERTIES_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugMemoryInfo) == MEMPLUG_MEMORY_INFO_SIZE_1_0);
-MEMPLUG_CHECK(sizeof(MemplugRequest) == MEMPLUG_REQUEST_SIZE_1_0);
+MEMPLUG_CHECK(sizeof(MemplugRequest) >= MEMPLUG_REQUEST_SIZE_1_0); /* grown in 1.1 */
 MEMPLUG_CHECK(sizeof(MemplugBlock) == MEMPLUG_BLOCK_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugObjectRef) == MEMPLUG_OBJECT_REF_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugAllocator) == MEMPLUG_ALLOCATOR_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugVirtualBacking) == MEMPLUG_VIRTUAL_BACKING_SIZE_1_0);
-MEMPLUG_CHECK(sizeof(MemplugSharedMapping) == MEMPLUG_SHARED_MAPPING_SIZE_1_0);
+MEMPLUG_CHECK(sizeof(MemplugSharedMapping) >= MEMPLUG_SHARED_MAPPING_SIZE_1_0); /* grown in 1.1 */
 MEMPLUG_CHECK(sizeof(MemplugSync) == MEMPLUG_SYNC_SIZE_1_0);
 
 /* ---- Every growable struct starts with uint32_t struct_size. ---- */
@@ -123,7 +123,7 @@ MEMPLUG_CHECK(offsetof(MemplugMemoryInfo, reserved0) == 4);
 MEMPLUG_CHECK(offsetof(MemplugMemoryInfo, free_bytes) == 8);
 MEMPLUG_CHECK(offsetof(MemplugMemoryInfo, total_bytes) == 16);
 
-MEMPLUG_CHECK(sizeof(MemplugRequest) == 40);
+MEMPLUG_CHECK(MEMPLUG_REQUEST_SIZE_1_0 == 40 && sizeof(MemplugRequest) >= 40);
 MEMPLUG_CHECK(_Alignof(MemplugRequest) == 8);
 MEMPLUG_CHECK(offsetof(MemplugRequest, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugRequest, flags) == 4);
@@ -170,7 +170,7 @@ MEMPLUG_CHECK(offsetof(MemplugVirtualBacking, decommit) == 24);
 MEMPLUG_CHECK(offsetof(MemplugVirtualBacking, committed_bytes) == 32);
 MEMPLUG_CHECK(offsetof(MemplugVirtualBacking, release) == 40);
 
-MEMPLUG_CHECK(sizeof(MemplugSharedMapping) == 48);
+MEMPLUG_CHECK(MEMPLUG_SHARED_MAPPING_SIZE_1_0 == 48 && sizeof(MemplugSharedMapping) >= 48);
 MEMPLUG_CHECK(_Alignof(MemplugSharedMapping) == 8);
 MEMPLUG_CHECK(offsetof(MemplugSharedMapping, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugSharedMapping, reserved0) == 4);

@@ -189,8 +189,9 @@ pub fn compile_c_plugin_with(compiler: &str, src: &Path, defines: &[&str], out_n
 }
 
 /// The variants of `abi-tests/c/bad_plugin.c` (its header comment says what
-/// each does and what a correct host must do with it). `None` is the
-/// default: a correct minimal plugin.
+/// each does and what a correct host must do with it; `abi-tests/
+/// MISBEHAVIOURS.md` adds the conformance check that catches each). `None`
+/// is the default: a correct minimal plugin.
 pub const BAD_PLUGIN_VARIANTS: &[&str] = &[
     "BAD_NO_ENTRY",
     "BAD_WRONG_MAJOR",
@@ -213,6 +214,27 @@ pub const BAD_PLUGIN_VARIANTS: &[&str] = &[
     "BAD_NULL_PLUGIN",
     "BAD_UNKNOWN_CAPS",
     "BAD_UNKNOWN_DEVICE_KIND",
+    "BAD_LONG_STRUCTS",
+    "BAD_CAPS_ABOVE_MINOR",
+    "BAD_UNKNOWN_ACCESS",
+    "BAD_MESSAGE_UNTERMINATED",
+    "BAD_MESSAGE_OVERLONG",
+    "BAD_NULL_BLOCK",
+    "BAD_MISALIGNED_BLOCK",
+    "BAD_RANGE_UNCHECKED",
+    "BAD_COMMITTED_LIES",
+    "BAD_FORGED_FENCE",
+    "BAD_FENCE_NEVER",
+    "BAD_DUPLICATE_NAME",
+    "BAD_SINK_TWICE",
+    "BAD_SINK_OTHER_THREAD",
+    "BAD_REENTRANT_ENTRY",
+    "BAD_LIVE_ZERO",
+    "BAD_DEALLOC_ANY",
+    "BAD_DOUBLE_FREE_OK",
+    "BAD_WRITES_OUT_ON_FAILURE",
+    "BAD_NEGOTIATE_LAX",
+    "BAD_READ_ONLY_WRITABLE",
 ];
 
 /// The shared library of one variant of `abi-tests/c/bad_plugin.c`

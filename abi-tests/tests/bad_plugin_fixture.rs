@@ -61,7 +61,16 @@ fn load_variant(v: &str) -> Loaded {
 }
 
 fn request(size: u64, device: MemplugDevice, object_id: u64) -> MemplugRequest {
-    MemplugRequest { struct_size: MEMPLUG_REQUEST_SIZE_1_0, flags: 0, size, alignment: 16, object_id, device }
+    MemplugRequest {
+        struct_size: MEMPLUG_REQUEST_SIZE_1_0,
+        flags: 0,
+        size,
+        alignment: 16,
+        object_id,
+        device,
+        class_tag: 0,
+        reserved0: 0,
+    }
 }
 
 /// Allocates and frees through the raw vtable, checking identity and
@@ -233,4 +242,111 @@ fn variants_a_host_must_load() {
     let status = unsafe { a.allocate.unwrap()(m.ctx, &request(8, CPU0, 1), &mut b, &sink) };
     assert_eq!(status, 777);
     assert!(msg.contains("777"), "{msg:?}");
+}
+
+/// Allocates `size` bytes aligned to `alignment` through the raw vtable.
+fn raw_allocate(l: &Loaded, size: u64, alignment: u64) -> (MemplugStatus, MemplugBlock) {
+    let m = l.mechanism(0);
+    let a = unsafe { &*m.allocator };
+    let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
+    let mut r = request(size, CPU0, 9);
+    r.alignment = alignment;
+    let status = unsafe { a.allocate.unwrap()(m.ctx, &r, &mut b, core::ptr::null()) };
+    (status, b)
+}
+
+#[test]
+fn descriptor_misbehaviours_of_the_later_variants() {
+    let l = load_variant("BAD_LONG_STRUCTS");
+    assert!(l.plugin().struct_size > MEMPLUG_PLUGIN_SIZE_1_0);
+    assert!(l.mechanism(0).struct_size > MEMPLUG_MECHANISM_SIZE_1_0);
+    assert!(unsafe { (*l.mechanism(0).allocator).struct_size } > MEMPLUG_ALLOCATOR_SIZE_1_0);
+    allocate_and_free(&l, CPU0);
+
+    let l = load_variant("BAD_CAPS_ABOVE_MINOR");
+    assert_eq!((l.answer.agreed_minor, l.plugin().max_minor), (0, 0));
+    assert_eq!(l.mechanism(0).capabilities, MEMPLUG_CAP_ALLOCATOR | (1 << 4));
+
+    let l = load_variant("BAD_DUPLICATE_NAME");
+    assert_eq!(l.plugin().mechanism_count, 2);
+    assert_ne!(l.mechanism(0).mechanism_id, l.mechanism(1).mechanism_id);
+    assert_eq!(unsafe { CStr::from_ptr(l.mechanism(0).name) }, unsafe {
+        CStr::from_ptr(l.mechanism(1).name)
+    });
+
+    // The [full] variants publish every capability of ABI 1.0.
+    for v in [
+        "BAD_UNKNOWN_ACCESS",
+        "BAD_RANGE_UNCHECKED",
+        "BAD_COMMITTED_LIES",
+        "BAD_FORGED_FENCE",
+        "BAD_FENCE_NEVER",
+        "BAD_READ_ONLY_WRITABLE",
+    ] {
+        let l = load_variant(v);
+        let m = l.mechanism(0);
+        assert_eq!(m.capabilities, MEMPLUG_CAP_ALL_1_0, "{v}");
+        assert!(!m.virtual_backing.is_null() && !m.shared_mapping.is_null() && !m.sync.is_null(), "{v}");
+        allocate_and_free(&l, CPU0);
+    }
+}
+
+#[test]
+fn negotiation_misbehaviours_of_the_later_variants() {
+    // BAD_NEGOTIATE_LAX says OK to a host of major 2 with a short struct.
+    let lib = unsafe { libloading::Library::new(bad_plugin(Some("BAD_NEGOTIATE_LAX"))) }.unwrap();
+    let entry = *unsafe { lib.get::<MemplugEntryV1>(b"memplug_plugin_v1\0") }.unwrap();
+    let host = MemplugHostInfo {
+        struct_size: 8,
+        abi_major: 2,
+        min_minor: 5,
+        max_minor: 9,
+        host_name: core::ptr::null(),
+    };
+    let mut answer = [0u64; 4];
+    answer[0] = 8; // struct_size 8: the answer must not be written past it.
+    let status = unsafe { entry(&host, answer.as_mut_ptr().cast(), core::ptr::null()) };
+    assert_eq!(status, MEMPLUG_STATUS_OK);
+    assert_ne!(answer[1], 0, "the plugin pointer was written past struct_size 8");
+}
+
+#[test]
+fn allocation_misbehaviours_of_the_later_variants() {
+    let l = load_variant("BAD_NULL_BLOCK");
+    let (s, b) = raw_allocate(&l, 64, 16);
+    assert_eq!((s, b.addr), (MEMPLUG_STATUS_OK, 0));
+    assert_eq!(unsafe { l.plugin().live_objects.unwrap()(l.plugin().ctx) }, 0);
+
+    let l = load_variant("BAD_MISALIGNED_BLOCK");
+    let (s, b) = raw_allocate(&l, 64, 64);
+    assert_eq!((s, b.addr % 64), (MEMPLUG_STATUS_OK, 16));
+
+    let l = load_variant("BAD_LIVE_ZERO");
+    let (s, _) = raw_allocate(&l, 64, 16);
+    assert_eq!(s, MEMPLUG_STATUS_OK);
+    assert_eq!(unsafe { l.plugin().live_objects.unwrap()(l.plugin().ctx) }, 0);
+
+    let l = load_variant("BAD_WRITES_OUT_ON_FAILURE");
+    let (s, b) = raw_allocate(&l, 0, 16);
+    assert_eq!(s, MEMPLUG_STATUS_INVALID_ARGUMENT);
+    assert_ne!(b.addr, 0, "the refused call wrote its output");
+
+    let l = load_variant("BAD_DOUBLE_FREE_OK");
+    let m = l.mechanism(0);
+    let (s, b) = raw_allocate(&l, 64, 16);
+    assert_eq!(s, MEMPLUG_STATUS_OK);
+    let o = MemplugObjectRef {
+        struct_size: MEMPLUG_OBJECT_REF_SIZE_1_0,
+        reserved0: 0,
+        mechanism_id: m.mechanism_id,
+        device: CPU0,
+        object_id: 9,
+        addr: b.addr,
+        size: b.size,
+        handle: b.handle,
+    };
+    let a = unsafe { &*m.allocator };
+    for _ in 0..2 {
+        assert_eq!(unsafe { a.deallocate.unwrap()(m.ctx, &o, core::ptr::null()) }, MEMPLUG_STATUS_OK);
+    }
 }

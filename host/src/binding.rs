@@ -152,7 +152,7 @@ impl MemoryBinding {
     pub fn allocate(&self, size: u64, alignment: u64) -> Result<OwnedAllocation, BindingError> {
         let b = &*self.inner;
         let grant = b.grant(size)?;
-        let alloc = b.mechanism().allocator().allocate(size, alignment)?;
+        let alloc = b.mechanism().allocator().allocate_as(size, alignment, b.class)?;
         let lease = match grant.commit(alloc.size()) {
             Ok(l) => l,
             Err(rejected) => {
@@ -165,12 +165,11 @@ impl MemoryBinding {
                 return Err(error.into());
             }
         };
-        b.context.pin();
         Ok(OwnedAllocation {
-            binding: self.inner.clone(),
+            binding: Some(self.inner.clone()),
             alloc: Some(alloc),
             lease: Some(lease),
-            fences: Vec::new(),
+            fences: FenceSet::default(),
         })
     }
 
@@ -179,8 +178,7 @@ impl MemoryBinding {
     pub fn reserve_virtual(&self, max: u64) -> Result<Region, BindingError> {
         let b = &*self.inner;
         let vb = b.mechanism().virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
-        let r = vb.reserve(max)?;
-        b.context.pin();
+        let r = vb.reserve_as(max, b.class)?;
         Ok(Region {
             binding: self.inner.clone(),
             reservation: Some(r),
@@ -209,7 +207,7 @@ impl MemoryBinding {
         let len = round_up(size, m.properties().granularity)
             .ok_or_else(|| BindingError::Invalid(format!("shared prefix of {size} bytes overflows")))?;
         let grant = b.grant(len)?;
-        let object = sm.create(len)?;
+        let object = sm.create_as(len, b.class)?;
         let lease = match grant.commit(object.size()) {
             Ok(l) => l,
             Err(rejected) => {
@@ -252,7 +250,6 @@ impl MemoryBinding {
             }
             return Err(e);
         }
-        b.context.pin();
         Ok(Arc::new(SharedPrefix {
             binding: self.inner.clone(),
             object: Some(object),
@@ -270,10 +267,11 @@ fn round_up(v: u64, granularity: u64) -> Option<u64> {
 /// An owning allocation. Dropping it frees through the deferred-free queue
 /// after the fences of its last use; it never waits on the device.
 pub struct OwnedAllocation {
-    binding: Arc<BindingInner>,
+    /// Taken (not cloned) by `drop`, which hands it to the retire job.
+    binding: Option<Arc<BindingInner>>,
     alloc: Option<Allocation>,
     lease: Option<Lease>,
-    fences: Vec<SharedFence>,
+    fences: FenceSet,
 }
 
 impl fmt::Debug for OwnedAllocation {
@@ -302,23 +300,87 @@ impl OwnedAllocation {
     }
     /// Releases after `fences` (and any recorded with `used_by`).
     pub fn release_after(mut self, fences: impl IntoIterator<Item = SharedFence>) {
-        self.fences.extend(fences);
+        for f in fences {
+            self.fences.push(f);
+        }
     }
 }
 
 impl Drop for OwnedAllocation {
     fn drop(&mut self) {
-        let job = AllocationRetire {
-            binding: self.binding.clone(),
-            alloc: self.alloc.take(),
-            lease: self.lease.take(),
+        let (Some(binding), Some(alloc), Some(lease)) =
+            (self.binding.take(), self.alloc.take(), self.lease.take())
+        else {
+            return;
         };
-        if self.fences.is_empty() {
-            // No device work recorded: free now, without boxing a job.
-            let _ = Retire::retire(Box::new(job));
+        // No device work recorded, or all of it already done: free now,
+        // without boxing a job or touching the queue.
+        if self.fences.all_complete() {
+            let _ = retire_allocation(&binding, alloc, lease);
         } else {
-            self.binding.queue.release(std::mem::take(&mut self.fences), Box::new(job));
+            let queue = binding.queue.clone();
+            let job = AllocationRetire { binding, alloc: Some(alloc), lease: Some(lease) };
+            queue.enqueue(std::mem::take(&mut self.fences).into_vec(), Box::new(job));
         }
+    }
+}
+
+/// Frees through the creating mechanism, then refunds the charge (or
+/// quarantines it).
+#[inline]
+fn retire_allocation(b: &BindingInner, alloc: Allocation, lease: Lease) -> RetireOutcome {
+    let bytes = lease.bytes();
+    match b.mechanism().allocator().deallocate(alloc) {
+        Ok(()) => {
+            let _ = b.pool.release(lease);
+            RetireOutcome::Freed { bytes }
+        }
+        Err(e) => {
+            // Invariant 7: the charge stays, the address is never reissued
+            // (the plugin still holds it), and the reason is kept.
+            let reason = e.error.to_string();
+            b.quarantine(format!("allocation {}: {reason}", e.object.object_id()), Some(lease));
+            // The token is plain data: letting it go leaves the object
+            // alive in the plugin, so its address is never reissued.
+            drop(e.object);
+            RetireOutcome::Quarantined { bytes, reason }
+        }
+    }
+}
+
+/// The fences of one allocation's last use. The common cases — none, or
+/// one (the stream the work ran on) — need no heap allocation.
+#[derive(Default)]
+struct FenceSet {
+    first: Option<SharedFence>,
+    more: Vec<SharedFence>,
+}
+
+impl FenceSet {
+    fn push(&mut self, f: SharedFence) {
+        if self.first.is_none() {
+            self.first = Some(f);
+        } else {
+            self.more.push(f);
+        }
+    }
+
+    /// True when every fence reports completion; a fence whose query fails
+    /// counts as not complete (never free on a guess).
+    #[inline]
+    fn all_complete(&self) -> bool {
+        match &self.first {
+            None => true,
+            Some(f) => f.query().unwrap_or(false) && self.more.iter().all(|f| f.query().unwrap_or(false)),
+        }
+    }
+
+    fn into_vec(self) -> Vec<SharedFence> {
+        let mut v = self.more;
+        if let Some(f) = self.first {
+            v.insert(0, f);
+        }
+        v
     }
 }
 
@@ -328,31 +390,18 @@ struct AllocationRetire {
     lease: Option<Lease>,
 }
 
+impl AllocationRetire {
+    fn run(&mut self) -> RetireOutcome {
+        match (self.alloc.take(), self.lease.take()) {
+            (Some(alloc), Some(lease)) => retire_allocation(&self.binding, alloc, lease),
+            _ => RetireOutcome::Freed { bytes: 0 },
+        }
+    }
+}
+
 impl Retire for AllocationRetire {
     fn retire(mut self: Box<Self>) -> RetireOutcome {
-        let b = &*self.binding;
-        let (Some(alloc), Some(lease)) = (self.alloc.take(), self.lease.take()) else {
-            return RetireOutcome::Freed { bytes: 0 };
-        };
-        let bytes = lease.bytes();
-        match b.mechanism().allocator().deallocate(alloc) {
-            Ok(()) => {
-                let _ = b.pool.release(lease);
-                b.context.unpin();
-                RetireOutcome::Freed { bytes }
-            }
-            Err(e) => {
-                // Invariant 7: the charge stays, the address is never
-                // reissued (the plugin still holds it), the context stays
-                // pinned, and the reason is kept.
-                let reason = e.error.to_string();
-                b.quarantine(format!("allocation {}: {reason}", e.object.object_id()), Some(lease));
-                // The token is plain data: letting it go leaves the object
-                // alive in the plugin, so its address is never reissued.
-                drop(e.object);
-                RetireOutcome::Quarantined { bytes, reason }
-            }
-        }
+        self.run()
     }
     fn describe(&self) -> String {
         match &self.alloc {
@@ -442,7 +491,6 @@ impl Retire for PrefixRetire {
         match sm.release(object) {
             Ok(()) => {
                 let _ = b.pool.release(lease);
-                b.context.unpin();
                 RetireOutcome::Freed { bytes }
             }
             Err(e) => {
@@ -757,7 +805,6 @@ impl Retire for RegionRetire {
                 if let Some(l) = lease {
                     let _ = b.pool.release(l);
                 }
-                b.context.unpin();
                 // Dropping the prefix after the unmap: the last region
                 // frees it.
                 self.prefix.take();

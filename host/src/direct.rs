@@ -67,6 +67,8 @@ impl DirectAllocator {
             alignment,
             object_id,
             device: self.device,
+            class_tag: 0,
+            reserved0: 0,
         };
         let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
         // SAFETY: slots of a negotiated plugin; pointers live for the calls.

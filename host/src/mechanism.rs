@@ -7,6 +7,7 @@
 //! plugin checks them again.
 
 use crate::error::{CallError, ObjectKind, ReleaseError};
+use crate::governor::AllocationClass;
 use crate::objects::*;
 use crate::plugin::PluginShared;
 use crate::sink::Capture;
@@ -14,12 +15,13 @@ use memplug_sdk::abi::*;
 use memplug_sdk::Status;
 use std::ffi::c_void;
 use std::fmt;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// Capability flags of a mechanism (the ABI 1.0 bits, plus any unknown bits
+/// Capability flags of a mechanism (the ABI 1.1 bits, plus any unknown bits
 /// a newer plugin set, which the host ignores).
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct Capabilities(pub u32);
@@ -37,9 +39,15 @@ impl Capabilities {
     pub fn sync(self) -> bool {
         self.0 & MEMPLUG_CAP_SYNC != 0
     }
+    /// Shared mapping across processes (`export_fd`/`import_fd`, ABI 1.1).
+    /// Set only on mechanisms of plugins that agreed on 1.1 or newer: the
+    /// loader refuses the bit at 1.0.
+    pub fn shared_export(self) -> bool {
+        self.0 & MEMPLUG_CAP_SHARED_EXPORT != 0
+    }
     /// Bits this host does not know (from a newer minor); ignored.
     pub fn unknown_bits(self) -> u32 {
-        self.0 & !MEMPLUG_CAP_ALL_1_0
+        self.0 & !MEMPLUG_CAP_ALL_1_1
     }
     /// Names of the known capabilities present.
     pub fn names(self) -> Vec<&'static str> {
@@ -55,6 +63,9 @@ impl Capabilities {
         }
         if self.sync() {
             v.push("sync");
+        }
+        if self.shared_export() {
+            v.push("shared_export");
         }
         v
     }
@@ -98,6 +109,19 @@ pub struct Properties {
     pub granularity: u64,
 }
 
+/// The `MEMPLUG_CLASS_*` tag of a governor class (ABI 1.1): the plugin sees
+/// what the memory is for.
+#[inline]
+pub const fn class_tag(class: AllocationClass) -> u32 {
+    match class {
+        AllocationClass::Weights => MEMPLUG_CLASS_WEIGHTS,
+        AllocationClass::Kv => MEMPLUG_CLASS_KV,
+        AllocationClass::Activations => MEMPLUG_CLASS_ACTIVATIONS,
+        AllocationClass::Workspace => MEMPLUG_CLASS_WORKSPACE,
+        AllocationClass::Other => MEMPLUG_CLASS_OTHER,
+    }
+}
+
 /// Free and total bytes of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct MemoryInfo {
@@ -113,6 +137,11 @@ pub(crate) struct MechanismInner {
     pub(crate) label: String,
     pub(crate) device: MemplugDevice,
     pub(crate) caps: Capabilities,
+    /// The minor agreed with the plugin.
+    pub(crate) minor: u32,
+    /// `struct_size` of the requests sent: the 1.1 size (with the class
+    /// tag) when the agreed minor is at least 1, else the 1.0 size.
+    pub(crate) request_size: u32,
     pub(crate) ctx: *mut c_void,
     pub(crate) props: Properties,
     pub(crate) allocator: MemplugAllocator,
@@ -228,15 +257,20 @@ impl MechanismInner {
         Ok(())
     }
 
+    /// A request tagged with `class_tag`. A 1.0 plugin gets the 1.0
+    /// `struct_size` and so never reads the tag; the cost is the same
+    /// either way (the size is a field loaded, the tag a store).
     #[inline]
-    fn request(&self, size: u64, alignment: u64) -> MemplugRequest {
+    fn request(&self, size: u64, alignment: u64, class_tag: u32) -> MemplugRequest {
         MemplugRequest {
-            struct_size: MEMPLUG_REQUEST_SIZE_1_0,
+            struct_size: self.request_size,
             flags: 0,
             size,
             alignment,
             object_id: next_object_id(),
             device: self.device,
+            class_tag,
+            reserved0: 0,
         }
     }
 
@@ -319,11 +353,29 @@ pub struct AllocatorApi<'m> {
 }
 
 impl<'m> AllocatorApi<'m> {
-    /// Allocates at least `size` bytes aligned to `alignment`.
+    /// Allocates at least `size` bytes aligned to `alignment` (class
+    /// `Other`).
     #[inline]
     pub fn allocate(&self, size: u64, alignment: u64) -> Result<Allocation, CallError> {
+        self.allocate_tagged(size, alignment, MEMPLUG_CLASS_OTHER)
+    }
+
+    /// [`allocate`](Self::allocate), telling a 1.1 plugin what the memory
+    /// is for (a 1.0 plugin is not told).
+    #[inline]
+    pub fn allocate_as(
+        &self,
+        size: u64,
+        alignment: u64,
+        class: AllocationClass,
+    ) -> Result<Allocation, CallError> {
+        self.allocate_tagged(size, alignment, class_tag(class))
+    }
+
+    #[inline]
+    fn allocate_tagged(&self, size: u64, alignment: u64, tag: u32) -> Result<Allocation, CallError> {
         let m = self.m;
-        let req = m.request(size, alignment);
+        let req = m.request(size, alignment, tag);
         let mut out = MechanismInner::empty_block();
         let mut cap = Capture::default();
         let sink = cap.sink();
@@ -401,8 +453,18 @@ pub struct VirtualBackingApi<'m> {
 impl<'m> VirtualBackingApi<'m> {
     /// Reserves at least `size` bytes of address space, nothing committed.
     pub fn reserve(&self, size: u64) -> Result<Reservation, CallError> {
+        self.reserve_tagged(size, MEMPLUG_CLASS_OTHER)
+    }
+
+    /// [`reserve`](Self::reserve), telling a 1.1 plugin what the range is
+    /// for.
+    pub fn reserve_as(&self, size: u64, class: AllocationClass) -> Result<Reservation, CallError> {
+        self.reserve_tagged(size, class_tag(class))
+    }
+
+    fn reserve_tagged(&self, size: u64, tag: u32) -> Result<Reservation, CallError> {
         let m = self.m;
-        let req = m.request(size, m.props.granularity);
+        let req = m.request(size, m.props.granularity, tag);
         let mut out = MechanismInner::empty_block();
         let mut cap = Capture::default();
         let sink = cap.sink();
@@ -489,8 +551,18 @@ pub use memplug_sdk::Access;
 impl<'m> SharedMappingApi<'m> {
     /// Creates a zero-filled physical object of at least `size` bytes.
     pub fn create(&self, size: u64) -> Result<PhysicalObject, CallError> {
+        self.create_tagged(size, MEMPLUG_CLASS_OTHER)
+    }
+
+    /// [`create`](Self::create), telling a 1.1 plugin what the object is
+    /// for.
+    pub fn create_as(&self, size: u64, class: AllocationClass) -> Result<PhysicalObject, CallError> {
+        self.create_tagged(size, class_tag(class))
+    }
+
+    fn create_tagged(&self, size: u64, tag: u32) -> Result<PhysicalObject, CallError> {
         let m = self.m;
-        let req = m.request(size, m.props.granularity);
+        let req = m.request(size, m.props.granularity, tag);
         let mut out = MechanismInner::empty_block();
         let mut cap = Capture::default();
         let sink = cap.sink();
@@ -549,6 +621,81 @@ impl<'m> SharedMappingApi<'m> {
         self.m.check("shared_mapping.retain", raw, &mut cap)?;
         self.m.born(ObjectKind::PhysicalObject);
         Ok(PhysicalObject(object.0))
+    }
+
+    /// Whether [`export_fd`](Self::export_fd) and
+    /// [`import_fd`](Self::import_fd) can be called: the plugin agreed on
+    /// ABI 1.1 or newer and has `MEMPLUG_CAP_SHARED_EXPORT`.
+    pub fn can_export(&self) -> bool {
+        self.vt.export_fd.is_some() && self.vt.import_fd.is_some()
+    }
+
+    /// Why export/import are absent (`Unsupported`, never a no-op).
+    #[cold]
+    fn no_export(&self, slot: &'static str) -> CallError {
+        let why = if self.m.minor == 0 {
+            "the plugin agreed on ABI 1.0; sharing across processes needs 1.1".to_string()
+        } else {
+            "the mechanism does not have MEMPLUG_CAP_SHARED_EXPORT".to_string()
+        };
+        self.m.refuse(slot, Status::Unsupported, why)
+    }
+
+    /// A new file descriptor for the memory of `object`, to hand to another
+    /// process (for example over a Unix socket with `SCM_RIGHTS`), which
+    /// imports it with [`import_fd`](Self::import_fd). The descriptor is
+    /// the caller's; it holds the memory, not a counted reference, so the
+    /// object is released as usual. `Unsupported` when the plugin agreed on
+    /// 1.0 or lacks the capability.
+    pub fn export_fd(&self, object: &PhysicalObject) -> Result<OwnedFd, CallError> {
+        let Some(f) = self.vt.export_fd else {
+            return Err(self.no_export("shared_mapping.export_fd"));
+        };
+        let o = self.m.own("shared_mapping.export_fd", &object.0)?;
+        let mut fd: i32 = -1;
+        let mut cap = Capture::default();
+        let sink = cap.sink();
+        // SAFETY: a slot validated at load (capability agreed at 1.1).
+        let raw = unsafe { f(self.m.ctx, &o, &mut fd, &sink) };
+        self.m.check("shared_mapping.export_fd", raw, &mut cap)?;
+        if fd < 0 {
+            return Err(self.m.refuse(
+                "shared_mapping.export_fd",
+                Status::Internal,
+                format!("plugin reported success but returned fd {fd}"),
+            ));
+        }
+        // SAFETY: on success the plugin hands over a descriptor the caller
+        // owns (ABI contract); nothing else owns this number.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// A physical object of this mechanism backed by the memory `fd` names
+    /// (exported by [`export_fd`](Self::export_fd), here or in another
+    /// process), of at least `size` bytes. `fd` stays the caller's. Release
+    /// the object as one made by [`create`](Self::create). `Unsupported`
+    /// when the plugin agreed on 1.0 or lacks the capability.
+    pub fn import_fd(&self, fd: BorrowedFd<'_>, size: u64) -> Result<PhysicalObject, CallError> {
+        let Some(f) = self.vt.import_fd else {
+            return Err(self.no_export("shared_mapping.import_fd"));
+        };
+        let m = self.m;
+        let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER);
+        let mut out = MechanismInner::empty_block();
+        let mut cap = Capture::default();
+        let sink = cap.sink();
+        // SAFETY: a slot validated at load; `fd` is open for the call.
+        let raw = unsafe { f(m.ctx, fd.as_raw_fd(), &req, &mut out, &sink) };
+        m.check("shared_mapping.import_fd", raw, &mut cap)?;
+        if out.size < size {
+            return Err(m.refuse(
+                "shared_mapping.import_fd",
+                Status::Internal,
+                format!("plugin reported success but returned {} bytes for {size}", out.size),
+            ));
+        }
+        m.born(ObjectKind::PhysicalObject);
+        Ok(PhysicalObject(m.object(&req, &out)))
     }
 
     /// Drops one reference.

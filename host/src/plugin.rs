@@ -264,7 +264,7 @@ impl Plugin {
             let status = Status::from_raw_conservative(raw);
             return Err(LoadError::EntryFailed { origin, status, raw, message });
         }
-        let r = Reader { origin: &origin };
+        let r = Reader { origin: &origin, minor: u32::MAX };
         let desc: MemplugPlugin = r.prefix(out.plugin, MEMPLUG_PLUGIN_SIZE_1_0, "plugin descriptor")?;
         if desc.abi_major != MEMPLUG_ABI_MAJOR {
             return Err(r.malformed(format!(
@@ -295,6 +295,8 @@ impl Plugin {
                 out.agreed_minor
             )));
         }
+        // From here on the agreed minor is known and within both ranges.
+        let r = Reader { origin: &origin, minor: out.agreed_minor };
         let name = r.string(desc.name, "plugin name")?;
         let version = r.string(desc.version, "plugin version")?;
         let Some(live_objects) = desc.live_objects else {
@@ -415,6 +417,9 @@ fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
 /// Reads untrusted plugin structs.
 struct Reader<'a> {
     origin: &'a str,
+    /// The agreed minor (checked against both ranges before any mechanism
+    /// is read).
+    minor: u32,
 }
 
 impl Reader<'_> {
@@ -511,6 +516,24 @@ impl Reader<'_> {
         )
         .map_err(&mismatch)?;
         agree(caps.sync(), !d.sync.is_null(), "MEMPLUG_CAP_SYNC", "sync").map_err(&mismatch)?;
+        // Bits of 1.1: a claim above the agreed minor is a contradiction,
+        // not an unknown bit (this host knows what the bit means).
+        if caps.shared_export() {
+            if self.minor < 1 {
+                return Err(mismatch(format!(
+                    "MEMPLUG_CAP_SHARED_EXPORT is a capability above the agreed minor: it is defined by \
+                     ABI 1.1 and the plugin agreed on 1.{}",
+                    self.minor
+                )));
+            }
+            if !caps.shared_mapping() {
+                return Err(mismatch(
+                    "MEMPLUG_CAP_SHARED_EXPORT is set without MEMPLUG_CAP_SHARED_MAPPING (its slots live in \
+                     the shared_mapping table)"
+                        .into(),
+                ));
+            }
+        }
 
         let what = |s: &str| format!("mechanism '{name}' {s}");
         let allocator: MemplugAllocator =
@@ -535,7 +558,7 @@ impl Reader<'_> {
             None
         };
         let shared_mapping = if caps.shared_mapping() {
-            let v: MemplugSharedMapping =
+            let mut v: MemplugSharedMapping =
                 self.prefix(d.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &what("shared_mapping"))?;
             for (slot, ok) in [
                 ("create", v.create.is_some()),
@@ -546,6 +569,7 @@ impl Reader<'_> {
             ] {
                 self.required(&what(&format!("shared_mapping.{slot}")), ok)?;
             }
+            self.shared_export(&mut v, caps, &name)?;
             Some(v)
         } else {
             None
@@ -575,6 +599,8 @@ impl Reader<'_> {
             name: name.clone(),
             device: d.device,
             caps: Capabilities(d.capabilities),
+            minor: self.minor,
+            request_size: if self.minor >= 1 { MEMPLUG_REQUEST_SIZE_1_1 } else { MEMPLUG_REQUEST_SIZE_1_0 },
             ctx: d.ctx,
             props: Properties::default(),
             allocator,
@@ -586,6 +612,52 @@ impl Reader<'_> {
         };
         inner.props = self.properties(&inner)?;
         Ok(Mechanism { inner: Arc::new(inner) })
+    }
+
+    /// The 1.1 tail of a shared mapping table (`export_fd`, `import_fd`):
+    /// kept only when the agreed minor is at least 1 and the capability is
+    /// claimed, in which case the table must be long enough to hold both
+    /// slots and publish them. Otherwise the slots are cleared, so a plugin
+    /// that publishes them but agreed on 1.0 is used as 1.0.
+    unsafe fn shared_export(
+        &self,
+        v: &mut MemplugSharedMapping,
+        caps: Capabilities,
+        name: &str,
+    ) -> Result<(), LoadError> {
+        if self.minor < 1 {
+            v.export_fd = None;
+            v.import_fd = None;
+            return Ok(());
+        }
+        let mismatch = |detail: String| LoadError::CapabilityMismatch {
+            origin: self.origin.into(),
+            mechanism: name.to_string(),
+            detail,
+        };
+        let published = v.export_fd.is_some() || v.import_fd.is_some();
+        if !caps.shared_export() {
+            if published && v.struct_size >= MEMPLUG_SHARED_MAPPING_SIZE_1_1 {
+                return Err(mismatch(
+                    "the shared_mapping export_fd/import_fd slots are set but MEMPLUG_CAP_SHARED_EXPORT is not"
+                        .into(),
+                ));
+            }
+            v.export_fd = None;
+            v.import_fd = None;
+            return Ok(());
+        }
+        if v.struct_size < MEMPLUG_SHARED_MAPPING_SIZE_1_1 {
+            return Err(mismatch(format!(
+                "MEMPLUG_CAP_SHARED_EXPORT is set but the shared_mapping table is {} bytes, too short for the \
+                 1.1 export_fd/import_fd slots ({} bytes)",
+                v.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_1
+            )));
+        }
+        let what = |slot: &str| format!("mechanism '{name}' shared_mapping.{slot}");
+        self.required(&what("export_fd"), v.export_fd.is_some())?;
+        self.required(&what("import_fd"), v.import_fd.is_some())?;
+        Ok(())
     }
 
     fn required(&self, what: &str, present: bool) -> Result<(), LoadError> {

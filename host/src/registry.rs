@@ -9,7 +9,6 @@ use crate::mechanism::{Device, Mechanism};
 use crate::plugin::{LiveReport, Plugin};
 use memplug_sdk::abi::MemplugDevice;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Capabilities a caller needs from a mechanism. Asking for one the
@@ -62,22 +61,18 @@ pub enum RegistryError {
 /// plugin stays loaded and cannot be unregistered.
 pub struct Context {
     mechanism: Mechanism,
-    pins: AtomicU64,
 }
 
 impl Context {
     pub fn mechanism(&self) -> &Mechanism {
         &self.mechanism
     }
-    /// Objects (allocations, regions, queued frees) pinning this context.
+    /// Objects (allocations, reservations, physical objects, streams,
+    /// fences) of this mechanism still alive, as the host counts them —
+    /// derived from the mechanism's own counters, so the allocation path
+    /// pays for no second counter.
     pub fn pins(&self) -> u64 {
-        self.pins.load(Ordering::Acquire)
-    }
-    pub(crate) fn pin(&self) {
-        self.pins.fetch_add(1, Ordering::AcqRel);
-    }
-    pub(crate) fn unpin(&self) {
-        self.pins.fetch_sub(1, Ordering::AcqRel);
+        crate::error::ObjectKind::ALL.iter().map(|k| self.mechanism.live(*k)).sum()
     }
 }
 
@@ -90,6 +85,14 @@ impl fmt::Debug for Context {
 struct Entry {
     plugin: Plugin,
     contexts: Vec<Arc<Context>>,
+}
+
+impl Entry {
+    fn new(plugin: Plugin) -> Entry {
+        let contexts =
+            plugin.mechanisms().iter().map(|m| Arc::new(Context { mechanism: m.clone() })).collect();
+        Entry { plugin, contexts }
+    }
 }
 
 /// Plugins, mechanisms, contexts. Thread-safe; no lock is held while a
@@ -106,12 +109,7 @@ impl Registry {
         if e.iter().any(|x| x.plugin.name() == plugin.name()) {
             return Err(RegistryError::DuplicatePlugin(plugin.name().into()));
         }
-        let contexts = plugin
-            .mechanisms()
-            .iter()
-            .map(|m| Arc::new(Context { mechanism: m.clone(), pins: AtomicU64::new(0) }))
-            .collect();
-        e.push(Entry { plugin, contexts });
+        e.push(Entry::new(plugin));
         Ok(())
     }
 
@@ -195,7 +193,7 @@ impl Registry {
             let pinned: Vec<String> = e[i]
                 .contexts
                 .iter()
-                .filter(|c| c.pins() != 0 || Arc::strong_count(c) > 1)
+                .filter(|c| Arc::strong_count(c) > 1)
                 .map(|c| {
                     format!(
                         "mechanism '{}' is pinned by {} object(s) and {} handle(s)",
@@ -208,16 +206,19 @@ impl Registry {
             if !pinned.is_empty() {
                 return Err(RegistryError::UnloadRefused { name: name.into(), detail: pinned.join(", ") });
             }
-            e.remove(i)
+            (i, e.remove(i))
         };
-        let Entry { plugin, contexts } = entry;
+        let (at, Entry { plugin, contexts }) = entry;
         drop(contexts);
         // Outside the lock: unloading calls into the plugin.
         plugin.unload().map_err(|refused| {
             let detail = refused.report.to_string();
-            // Put it back: a refused unload leaves everything as it was.
-            let plugin = refused.plugin;
-            let _ = self.register(plugin);
+            // Put it back where it was: a refused unload leaves everything
+            // as it was, selection order included. (Never dropped, even if
+            // its name was taken meanwhile: it still has live objects.)
+            let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let at = at.min(e.len());
+            e.insert(at, Entry::new(refused.plugin));
             RegistryError::UnloadRefused { name: name.into(), detail }
         })
     }

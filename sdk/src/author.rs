@@ -5,6 +5,7 @@
 use crate::abi::{self, MemplugDevice, MemplugObjectRef};
 use crate::status::Status;
 use core::ffi::c_void;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 /// A failure a plugin reports: a status code (never `Ok`) and a message the
@@ -63,6 +64,71 @@ pub struct Request {
     pub alignment: u64,
     pub object_id: u64,
     pub device: MemplugDevice,
+    /// The raw `MEMPLUG_CLASS_*` tag (ABI 1.1); `MEMPLUG_CLASS_OTHER` when
+    /// the host sent a 1.0 request. Read it through [`Request::class`],
+    /// which maps values this SDK does not know to `Other`.
+    pub class_tag: u32,
+}
+
+impl Request {
+    /// What the memory is for; unknown tags are `Other` (ABI rule).
+    #[inline]
+    pub fn class(&self) -> RequestClass {
+        RequestClass::from_tag(self.class_tag)
+    }
+}
+
+/// The allocation class a host tagged a request with (ABI 1.1,
+/// `MEMPLUG_CLASS_*`). A hint for placement and accounting; it never
+/// changes whether a call succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RequestClass {
+    /// `MEMPLUG_CLASS_OTHER`, and every tag this SDK does not know.
+    Other,
+    /// `MEMPLUG_CLASS_WEIGHTS`.
+    Weights,
+    /// `MEMPLUG_CLASS_KV`.
+    Kv,
+    /// `MEMPLUG_CLASS_ACTIVATIONS`.
+    Activations,
+    /// `MEMPLUG_CLASS_WORKSPACE`.
+    Workspace,
+}
+
+impl RequestClass {
+    /// Every class, in tag order (`ALL[c.tag()] == c`).
+    pub const ALL: [RequestClass; 5] = [
+        RequestClass::Other,
+        RequestClass::Weights,
+        RequestClass::Kv,
+        RequestClass::Activations,
+        RequestClass::Workspace,
+    ];
+
+    /// Decodes a tag; unknown values are `Other`, the most conservative
+    /// meaning.
+    #[inline]
+    pub const fn from_tag(tag: u32) -> RequestClass {
+        match tag {
+            abi::MEMPLUG_CLASS_WEIGHTS => RequestClass::Weights,
+            abi::MEMPLUG_CLASS_KV => RequestClass::Kv,
+            abi::MEMPLUG_CLASS_ACTIVATIONS => RequestClass::Activations,
+            abi::MEMPLUG_CLASS_WORKSPACE => RequestClass::Workspace,
+            _ => RequestClass::Other,
+        }
+    }
+
+    /// The `MEMPLUG_CLASS_*` value.
+    #[inline]
+    pub const fn tag(self) -> u32 {
+        match self {
+            RequestClass::Other => abi::MEMPLUG_CLASS_OTHER,
+            RequestClass::Weights => abi::MEMPLUG_CLASS_WEIGHTS,
+            RequestClass::Kv => abi::MEMPLUG_CLASS_KV,
+            RequestClass::Activations => abi::MEMPLUG_CLASS_ACTIVATIONS,
+            RequestClass::Workspace => abi::MEMPLUG_CLASS_WORKSPACE,
+        }
+    }
 }
 
 /// An object a plugin made: address (zero for a physical object), actual
@@ -191,6 +257,27 @@ pub trait SharedMapping: Send + Sync + 'static {
     fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()>;
     fn retain(&self, object: &ObjectRef) -> PluginResult<()>;
     fn release(&self, object: &ObjectRef) -> PluginResult<()>;
+
+    /// Whether `export_fd` and `import_fd` are published (ABI 1.1,
+    /// `MEMPLUG_CAP_SHARED_EXPORT`). When false the slots are NULL, the
+    /// flag is clear, and the two methods below are never called. Hosts
+    /// that agreed on 1.0 never see them either way.
+    const CAN_EXPORT: bool = false;
+
+    /// A new descriptor for the memory of a live physical object, owned by
+    /// the caller (the host, which may pass it to another process). Called
+    /// only when `CAN_EXPORT` is true.
+    fn export_fd(&self, _object: &ObjectRef) -> PluginResult<OwnedFd> {
+        Err(PluginError::unsupported("export_fd is not published"))
+    }
+
+    /// A physical object backed by the memory `fd` names, of
+    /// `request.size` bytes (rounded up to the granularity), holding one
+    /// reference as from `create`. `fd` stays the caller's: duplicate what
+    /// you keep. Called only when `CAN_EXPORT` is true.
+    fn import_fd(&self, _fd: BorrowedFd<'_>, _request: &Request) -> PluginResult<Block> {
+        Err(PluginError::unsupported("import_fd is not published"))
+    }
 }
 
 /// Optional capability: streams and fences. (Named `StreamSync` so it does

@@ -7,7 +7,7 @@ use crate::abi::{self, *};
 use crate::author::*;
 use crate::status::Status;
 use core::ffi::{c_char, c_void};
-use core::ptr::{addr_of, addr_of_mut};
+use core::ptr::addr_of_mut;
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::OnceLock;
@@ -220,14 +220,30 @@ pub unsafe fn write_prefix<T: Copy>(out: *mut T, value: &T, min_size: u32, what:
 // stack.
 #[inline(always)]
 unsafe fn request_of(p: *const MemplugRequest) -> PluginResult<Request> {
-    let mut local = MemplugRequest::default();
-    let r = prefix_view(p, abi::size_1_0::REQUEST, "request", &mut local)?;
+    if p.is_null() {
+        return Err(null_argument("request"));
+    }
+    let declared = p.cast::<u32>().read_unaligned();
+    if declared < abi::size_1_0::REQUEST {
+        return Err(short_struct("request", declared, abi::size_1_0::REQUEST));
+    }
+    // Every 1.0 field lies inside the 1.0 prefix the host sent; the 1.1
+    // field is read only when the host's struct reaches it (a 1.0 host's
+    // request is OTHER). No copy either way: one compare more than 1.0.
+    macro_rules! field {
+        ($f:ident: $t:ty) => {
+            p.cast::<u8>().add(core::mem::offset_of!(MemplugRequest, $f)).cast::<$t>().read_unaligned()
+        };
+    }
+    let class_tag =
+        if declared >= abi::size_1_1::REQUEST { field!(class_tag: u32) } else { abi::MEMPLUG_CLASS_OTHER };
     Ok(Request {
-        flags: addr_of!((*r).flags).read_unaligned(),
-        size: addr_of!((*r).size).read_unaligned(),
-        alignment: addr_of!((*r).alignment).read_unaligned(),
-        object_id: addr_of!((*r).object_id).read_unaligned(),
-        device: addr_of!((*r).device).read_unaligned(),
+        flags: field!(flags: u32),
+        size: field!(size: u64),
+        alignment: field!(alignment: u64),
+        object_id: field!(object_id: u64),
+        device: field!(device: MemplugDevice),
+        class_tag,
     })
 }
 
@@ -460,6 +476,46 @@ unsafe extern "C" fn s_release<M: SharedMapping>(
     guard(sink, "release", || SharedMapping::release(this::<M>(ctx), &object_of(object, "object")?))
 }
 
+unsafe extern "C" fn s_export_fd<M: SharedMapping>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    out_fd: *mut i32,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "export_fd", || {
+        // Checked before anything is made: a descriptor nobody can receive
+        // would leak.
+        if out_fd.is_null() {
+            return Err(PluginError::invalid_argument("out_fd is NULL"));
+        }
+        let fd = this::<M>(ctx).export_fd(&object_of(object, "object")?)?;
+        out_fd.write(std::os::fd::IntoRawFd::into_raw_fd(fd));
+        Ok(())
+    })
+}
+
+unsafe extern "C" fn s_import_fd<M: SharedMapping>(
+    ctx: *mut c_void,
+    fd: i32,
+    request: *const MemplugRequest,
+    out: *mut MemplugBlock,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "import_fd", || {
+        if fd < 0 {
+            return Err(PluginError::invalid_argument(format!("fd {fd} is not a file descriptor")));
+        }
+        let r = request_of(request)?;
+        let cap = block_capacity(out)?;
+        // SAFETY: the caller keeps `fd` open for the duration of the call
+        // (ABI contract); the plugin only borrows it.
+        let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
+        let b = this::<M>(ctx).import_fd(borrowed, &r)?;
+        write_block(out, b, cap);
+        Ok(())
+    })
+}
+
 // ---- sync thunks ----
 
 unsafe extern "C" fn y_stream_create<M: StreamSync>(
@@ -620,14 +676,17 @@ impl<M: Allocator> MechanismBuilder<M> {
     where
         M: SharedMapping,
     {
+        // The 1.1 table; `build` derives the 1.0 view a 1.0 host gets.
         self.shared_mapping = Some(MemplugSharedMapping {
-            struct_size: abi::size_1_0::SHARED_MAPPING,
+            struct_size: abi::size_1_1::SHARED_MAPPING,
             reserved0: 0,
             create: Some(s_create::<M>),
             map: Some(s_map::<M>),
             unmap: Some(s_unmap::<M>),
             retain: Some(s_retain::<M>),
             release: Some(s_release::<M>),
+            export_fd: if M::CAN_EXPORT { Some(s_export_fd::<M>) } else { None },
+            import_fd: if M::CAN_EXPORT { Some(s_import_fd::<M>) } else { None },
         });
         self
     }
@@ -653,6 +712,9 @@ impl<M: Allocator> MechanismBuilder<M> {
 
     /// Freezes the mechanism into ABI structs that live as long as the
     /// library (they are leaked on purpose: a plugin descriptor is static).
+    /// One descriptor per minor the SDK speaks: a host that agreed on 1.0
+    /// gets a 1.0 view (no 1.1 capability bit, 1.0-sized sub-vtables), so
+    /// it never sees what it cannot use and a 1.1 host never has to mask.
     pub fn build(self) -> BuiltMechanism {
         fn leak<T>(v: Option<T>) -> *const T {
             v.map_or(core::ptr::null(), |v| Box::leak(Box::new(v)) as *const T)
@@ -669,14 +731,24 @@ impl<M: Allocator> MechanismBuilder<M> {
         if self.virtual_backing.is_some() {
             caps |= abi::MEMPLUG_CAP_VIRTUAL_BACKING;
         }
-        if self.shared_mapping.is_some() {
+        if let Some(sm) = &self.shared_mapping {
             caps |= abi::MEMPLUG_CAP_SHARED_MAPPING;
+            if sm.export_fd.is_some() {
+                caps |= abi::MEMPLUG_CAP_SHARED_EXPORT;
+            }
         }
         if self.sync.is_some() {
             caps |= abi::MEMPLUG_CAP_SYNC;
         }
-        let mech = MemplugMechanism {
-            struct_size: abi::size_1_0::MECHANISM,
+        // ABI 1.0's view of the shared mapping table: the 1.0 prefix only.
+        let shared_1_0 = self.shared_mapping.map(|sm| MemplugSharedMapping {
+            struct_size: abi::size_1_0::SHARED_MAPPING,
+            export_fd: None,
+            import_fd: None,
+            ..sm
+        });
+        let mech_1_1 = MemplugMechanism {
+            struct_size: abi::size_1_1::MECHANISM,
             capabilities: caps,
             mechanism_id: self.id,
             name: self.name.into_raw(),
@@ -687,12 +759,22 @@ impl<M: Allocator> MechanismBuilder<M> {
             shared_mapping: leak(self.shared_mapping),
             sync: leak(self.sync),
         };
-        BuiltMechanism(Box::leak(Box::new(mech)))
+        let mech_1_0 = MemplugMechanism {
+            struct_size: abi::size_1_0::MECHANISM,
+            capabilities: caps & abi::MEMPLUG_CAP_ALL_1_0,
+            shared_mapping: leak(shared_1_0),
+            ..mech_1_1
+        };
+        BuiltMechanism([Box::leak(Box::new(mech_1_0)), Box::leak(Box::new(mech_1_1))])
     }
 }
 
-/// A mechanism frozen into its ABI descriptor.
-pub struct BuiltMechanism(&'static MemplugMechanism);
+/// A mechanism frozen into its ABI descriptors, one per minor the SDK
+/// speaks (index = minor).
+pub struct BuiltMechanism([&'static MemplugMechanism; VIEWS]);
+
+/// Number of minors this SDK writes descriptors for (1.0 and 1.1).
+const VIEWS: usize = abi::MEMPLUG_ABI_MINOR as usize + 1;
 
 /// The whole plugin under construction.
 pub struct PluginBuilder {
@@ -740,23 +822,29 @@ impl PluginBuilder {
         let live = self.live_objects.expect("PluginBuilder::live_objects is required");
         let live: &'static (dyn Fn() -> u64 + Send + Sync) = Box::leak(live);
         let live_ctx: &'static LiveFn = Box::leak(Box::new(LiveFn(live)));
-        let ptrs: Vec<*const MemplugMechanism> = self.mechanisms.iter().map(|m| m.0 as *const _).collect();
-        let count = ptrs.len() as u32;
-        let desc = MemplugPlugin {
-            struct_size: abi::size_1_0::PLUGIN,
-            abi_major: abi::MEMPLUG_ABI_MAJOR,
-            min_minor: self.min_minor,
-            max_minor: self.max_minor,
-            name: CString::new(self.name).expect("plugin name contains NUL").into_raw(),
-            version: CString::new(self.version).expect("plugin version contains NUL").into_raw(),
-            ctx: live_ctx as *const LiveFn as *mut c_void,
-            mechanism_count: count,
-            reserved0: 0,
-            mechanisms: Box::leak(ptrs.into_boxed_slice()).as_ptr(),
-            live_objects: Some(live_thunk),
-            unload: None,
-        };
-        ExportedPlugin { desc: Box::leak(Box::new(desc)) }
+        let name = CString::new(self.name).expect("plugin name contains NUL").into_raw();
+        let version = CString::new(self.version).expect("plugin version contains NUL").into_raw();
+        let count = self.mechanisms.len() as u32;
+        let descs = core::array::from_fn(|minor| {
+            let ptrs: Vec<*const MemplugMechanism> =
+                self.mechanisms.iter().map(|m| m.0[minor] as *const _).collect();
+            let desc = MemplugPlugin {
+                struct_size: abi::size_1_0::PLUGIN,
+                abi_major: abi::MEMPLUG_ABI_MAJOR,
+                min_minor: self.min_minor,
+                max_minor: self.max_minor,
+                name,
+                version,
+                ctx: live_ctx as *const LiveFn as *mut c_void,
+                mechanism_count: count,
+                reserved0: 0,
+                mechanisms: Box::leak(ptrs.into_boxed_slice()).as_ptr(),
+                live_objects: Some(live_thunk),
+                unload: None,
+            };
+            &*Box::leak(Box::new(desc))
+        });
+        ExportedPlugin { descs, max_minor: self.max_minor }
     }
 }
 
@@ -768,9 +856,11 @@ unsafe extern "C" fn live_thunk(ctx: *mut c_void) -> u64 {
     catch_unwind(AssertUnwindSafe(|| (this::<LiveFn>(ctx).0)())).unwrap_or(u64::MAX)
 }
 
-/// A finished plugin descriptor, static for the life of the library.
+/// A finished plugin descriptor (one view per minor), static for the life
+/// of the library.
 pub struct ExportedPlugin {
-    desc: &'static MemplugPlugin,
+    descs: [&'static MemplugPlugin; VIEWS],
+    max_minor: u32,
 }
 
 // SAFETY: the descriptor is immutable after build and every slot is required
@@ -779,8 +869,16 @@ unsafe impl Send for ExportedPlugin {}
 unsafe impl Sync for ExportedPlugin {}
 
 impl ExportedPlugin {
+    /// The descriptor of the newest minor the plugin speaks.
     pub fn descriptor(&self) -> &'static MemplugPlugin {
-        self.desc
+        self.descriptor_for(self.max_minor)
+    }
+
+    /// The descriptor a host that agreed on `minor` gets: what ABI 1.`minor`
+    /// defines and nothing newer (minors past this SDK's newest get its
+    /// newest view).
+    pub fn descriptor_for(&self, minor: u32) -> &'static MemplugPlugin {
+        self.descs[(minor as usize).min(VIEWS - 1)]
     }
 }
 
@@ -813,7 +911,7 @@ pub unsafe fn negotiate(
             })
             .as_ref()
             .map_err(|e| PluginError::internal(e.clone()))?;
-        let d = plugin.desc;
+        let d = plugin.descriptor();
         let lo = host.min_minor.max(d.min_minor);
         let hi = host.max_minor.min(d.max_minor);
         if lo > hi {
@@ -825,7 +923,8 @@ pub unsafe fn negotiate(
                 ),
             ));
         }
-        let answer = MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: d };
+        let answer =
+            MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: plugin.descriptor_for(hi) };
         write_prefix(out, &answer, abi::size_1_0::NEGOTIATION, "out negotiation")
     })
 }

@@ -84,7 +84,16 @@ fn mechanism() -> &'static MemplugMechanism {
 }
 
 fn request(struct_size: u32) -> MemplugRequest {
-    MemplugRequest { struct_size, flags: 0, size: 64, alignment: 8, object_id: 1, device: CPU0 }
+    MemplugRequest {
+        struct_size,
+        flags: 0,
+        size: 64,
+        alignment: 8,
+        object_id: 1,
+        device: CPU0,
+        class_tag: 0,
+        reserved0: 0,
+    }
 }
 
 #[test]

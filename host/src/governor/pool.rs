@@ -384,6 +384,7 @@ impl Pool {
     ///
     /// Fails with [`GovernorError::OutOfBudget`], whose snapshot is taken
     /// after the last attempt, or [`GovernorError::UnknownHolder`].
+    #[inline]
     pub fn reserve(
         &self,
         bytes: u64,

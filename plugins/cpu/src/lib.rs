@@ -1,5 +1,5 @@
 //! memplug CPU plugin: the reference implementation of every capability of
-//! ABI 1.0 on host memory.
+//! ABI 1.1 on host memory.
 //!
 //! One mechanism, `"cpu"` (id 1, device CPU 0):
 //!
@@ -7,7 +7,9 @@
 //! * virtual backing — `PROT_NONE` reservations, committed with `mprotect`,
 //!   decommitted with `MADV_DONTNEED` so the memory really goes back;
 //! * shared mapping — sealed memfds mapped `MAP_SHARED|MAP_FIXED` into
-//!   reservations;
+//!   reservations, exported to and imported from other processes as file
+//!   descriptors (ABI 1.1); the class each object was tagged with is
+//!   visible through [`live_physical_objects`];
 //! * sync — streams that are worker threads, fences that are condition
 //!   variables.
 //!
@@ -20,6 +22,8 @@
 
 mod allocator;
 mod checks;
+mod classes;
+mod fd_sharing;
 mod handles;
 mod mechanism;
 mod meminfo;
@@ -31,6 +35,7 @@ mod slots;
 mod streams;
 mod virtual_backing;
 
+pub use classes::live_physical_objects;
 use mechanism::{CpuMechanism, DEVICE, MECHANISM_ID, MECHANISM_NAME};
 use memplug_sdk::{ExportedPlugin, MechanismBuilder, PluginBuilder};
 

@@ -8,16 +8,23 @@
 //! one the handle is refused, yet the pages stay while any mapping shows
 //! them. The memfd is closed — and its pages freed — when both reach zero.
 //!
+//! Across processes (ABI 1.1): `export_fd` hands the caller a duplicate of
+//! the memfd; `import_fd` adopts a duplicate of a sealed memfd from
+//! elsewhere as a new physical object (`fd_sharing.rs` checks it). Both
+//! sides then map the same pages.
+//!
 //! Lock order: a reservation's lock, then this table's lock; never the
 //! other way round.
 
 use crate::checks::{check_owner, check_range, check_request, round_up, unknown};
+use crate::classes::Counted;
+use crate::fd_sharing;
 use crate::handles::Table;
 use crate::mechanism::CpuMechanism;
 use crate::os;
 use crate::reservations::Mapping;
 use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, SharedMapping};
-use rustix::fd::OwnedFd;
+use rustix::fd::{BorrowedFd, OwnedFd};
 
 /// One physical object.
 struct Physical {
@@ -28,8 +35,11 @@ struct Physical {
     /// References held by live mappings.
     mappings: u64,
     /// Closing it (by dropping the entry) frees the pages once no mapping
-    /// shows them.
+    /// shows them (and no other process holds the memfd).
     fd: OwnedFd,
+    /// The class the creating request was tagged with, counted while the
+    /// object lives (uncounted as the entry drops).
+    _class: Counted,
 }
 
 impl Physical {
@@ -48,6 +58,19 @@ impl PhysicalObjects {
     /// Number of physical objects whose memory is still held.
     pub fn len(&self) -> usize {
         self.table.len()
+    }
+
+    /// A new physical object holding `fd`, with the host's one reference.
+    fn insert(&self, request: &Request, size: u64, fd: OwnedFd) -> Block {
+        let handle = self.table.insert(Physical {
+            object_id: request.object_id,
+            size,
+            host_refs: 1,
+            mappings: 0,
+            fd,
+            _class: Counted::new(request.class()),
+        });
+        Block { addr: 0, size, handle }
     }
 
     /// Drops the reference a mapping of `handle` held, closing the memfd if
@@ -87,14 +110,7 @@ impl SharedMapping for CpuMechanism {
             )));
         }
         let fd = os::memfd(size, "create")?;
-        let handle = self.physical.table.insert(Physical {
-            object_id: request.object_id,
-            size,
-            host_refs: 1,
-            mappings: 0,
-            fd,
-        });
-        Ok(Block { addr: 0, size, handle })
+        Ok(self.physical.insert(request, size, fd))
     }
 
     fn map(
@@ -202,5 +218,22 @@ impl SharedMapping for CpuMechanism {
             )
             .ok_or_else(|| find_failed(object))?;
         Ok(())
+    }
+
+    const CAN_EXPORT: bool = true;
+
+    fn export_fd(&self, object: &ObjectRef) -> PluginResult<OwnedFd> {
+        check_owner(object, "physical object")?;
+        self.physical
+            .table
+            .with(object.handle, |p| p.is(object), |p| fd_sharing::duplicate(&p.fd, "export_fd"))
+            .ok_or_else(|| find_failed(object))?
+    }
+
+    fn import_fd(&self, fd: BorrowedFd<'_>, request: &Request) -> PluginResult<Block> {
+        check_request(request, "import_fd")?;
+        let size = round_up(request.size, self.granularity, "import_fd")?;
+        let kept = fd_sharing::adopt(fd, size)?;
+        Ok(self.physical.insert(request, size, kept))
     }
 }

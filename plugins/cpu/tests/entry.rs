@@ -19,7 +19,7 @@ fn descriptor_publishes_one_cpu_mechanism_with_every_capability() {
     assert_eq!(text(mech.name), "cpu");
     assert_eq!(mech.mechanism_id, 1);
     assert_eq!(mech.device, CPU0);
-    assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_0);
+    assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_1);
     assert!(!mech.virtual_backing.is_null() && !mech.shared_mapping.is_null() && !mech.sync.is_null());
 
     let alloc = unsafe { &*mech.allocator };
@@ -62,10 +62,10 @@ fn negotiation_refuses_other_majors_and_disjoint_minors() {
     let entry = memplug_plugin_cpu::memplug_plugin_v1;
     let msg = refused(negotiate(entry, &host_info(2, 0, 0)), Status::VersionMismatch);
     assert!(msg.contains("major"), "{msg}");
-    let msg = refused(negotiate(entry, &host_info(1, 1, 3)), Status::VersionMismatch);
+    let msg = refused(negotiate(entry, &host_info(1, MEMPLUG_ABI_MINOR + 1, 3)), Status::VersionMismatch);
     assert!(msg.contains("minor"), "{msg}");
     let ok = negotiate(entry, &host_info(1, 0, 7)).unwrap();
-    assert_eq!(ok.agreed_minor, 0, "the agreed minor is a ceiling of both sides");
+    assert_eq!(ok.agreed_minor, MEMPLUG_ABI_MINOR, "the agreed minor is a ceiling of both sides");
 }
 
 #[test]

@@ -177,6 +177,8 @@ impl Api {
             alignment,
             object_id: next_object_id(),
             device: CPU0,
+            class_tag: 0,
+            reserved0: 0,
         }
     }
 

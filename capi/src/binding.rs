@@ -1,0 +1,224 @@
+//! Bindings and allocations: the hot path.
+
+use crate::error::{boundary, nn, put, Error, Result};
+use crate::fence::collect_fences;
+use crate::handles::{Kind, Removed};
+use crate::objects::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
+use crate::status::MemplugHostStatus;
+use crate::status::MemplugHostStatus as S;
+use crate::types::{
+    read_sized, write_sized, MemplugHostAllocation, MemplugHostAllocationInfo, MemplugHostBinding,
+    MemplugHostBindingOptions, MemplugHostFence, MemplugHostManager, MemplugHostMechanism,
+    MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0, MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0, MEMPLUG_HOST_CLASS_OTHER,
+};
+use memplug_host_dep::governor::AllocationClass;
+use memplug_host_dep::registry::Context;
+use memplug_host_dep::{BindingSpec, MemoryBinding, OwnedAllocation};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The class with this number, refusing unknown numbers.
+pub(crate) fn class_of(class: u32) -> Result<AllocationClass> {
+    u8::try_from(class)
+        .ok()
+        .and_then(AllocationClass::from_u8)
+        .ok_or_else(|| Error::new(S::InvalidArgument, format!("unknown allocation class {class}")))
+}
+
+/// Creates a binding: allocations through `mechanism`, charged to `pool`,
+/// for the options' holder and class. `options` may be NULL (class OTHER,
+/// no holder, no waiting); otherwise set `options->struct_size`.
+///
+/// Every handle must belong to `manager` (`MEMPLUG_HOST_STATUS_WRONG_MANAGER`
+/// otherwise); the holder must be registered with `pool`
+/// (`_INVALID_ARGUMENT`).
+///
+/// Ownership: the caller owns the handle (`memplug_host_binding_destroy`).
+/// Thread-safety: any thread; a binding may be used from many threads at
+/// once.
+///
+/// # Safety
+/// `options` must be NULL or readable for its `struct_size` bytes; `out`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_binding_create(
+    manager: MemplugHostManager,
+    mechanism: MemplugHostMechanism,
+    pool: crate::types::MemplugHostPool,
+    options: *const MemplugHostBindingOptions,
+    out: *mut MemplugHostBinding,
+) -> MemplugHostStatus {
+    boundary("memplug_host_binding_create", || {
+        nn(out, "out")?;
+        let opts = if options.is_null() {
+            MemplugHostBindingOptions {
+                struct_size: MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
+                alloc_class: MEMPLUG_HOST_CLASS_OTHER,
+                ..Default::default()
+            }
+        } else {
+            // SAFETY: non-NULL; the caller's contract covers the size.
+            unsafe { read_sized(options, "MemplugHostBindingOptions") }?
+        };
+        let class = class_of(opts.alloc_class)?;
+        let (m, slot) = pin_manager(manager.id)?;
+        same_manager(slot, mechanism.id, Kind::Mechanism)?;
+        same_manager(slot, pool.id, Kind::Pool)?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let (p, _) = pin::<PoolEntry>(pool.id)?;
+        let mut spec = BindingSpec::new(class);
+        if opts.holder.id != 0 {
+            same_manager(slot, opts.holder.id, Kind::Holder)?;
+            let (h, _) = pin::<HolderEntry>(opts.holder.id)?;
+            if !Arc::ptr_eq(h.reg.pool(), &p.pool) {
+                return Err(Error::new(
+                    S::InvalidArgument,
+                    "the holder is registered with another pool than the binding's",
+                ));
+            }
+            spec = spec.holder(h.reg.id());
+        }
+        if opts.wait_ns != 0 {
+            spec = spec.wait(Duration::from_nanos(opts.wait_ns));
+        }
+        let b = m.pm.bind(&ctx, &p.pool, spec)?;
+        let id = objects::insert(slot, b, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, MemplugHostBinding { id }) };
+        Ok(())
+    })
+}
+
+/// Destroys a binding handle. Allocations, regions and prefixes made
+/// through it stay valid and are freed as usual; calls already running on
+/// other threads finish first. The zero handle is a no-op.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_binding_destroy(binding: MemplugHostBinding) -> MemplugHostStatus {
+    boundary("memplug_host_binding_destroy", || {
+        objects::remove::<MemoryBinding>(binding.id)?;
+        Ok(())
+    })
+}
+
+/// Allocates `size` bytes aligned to `alignment` (a power of two) as a
+/// transaction: reserve budget → allocate through the mechanism → charge
+/// the bytes actually obtained; any failure undoes what was done.
+///
+/// When the pool lacks room its holders are sent pressure tickets (their
+/// callbacks run on this thread) and, with the binding's `wait_ns`, the
+/// call waits for frees; then `MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`. A
+/// plugin's refusal comes back with its own code (`_OUT_OF_MEMORY`,
+/// `_INVALID_ARGUMENT` for a bad alignment...).
+///
+/// `out` receives the allocation's handle and `out_addr` (may be NULL) its
+/// address; both only on success.
+///
+/// Ownership: the caller owns the allocation (`memplug_host_allocation_free`
+/// or `_free_after`); it outlives the binding handle. Thread-safety: any
+/// thread.
+///
+/// # Safety
+/// `out` must be NULL or writable; `out_addr` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_allocate(
+    binding: MemplugHostBinding,
+    size: u64,
+    alignment: u64,
+    out: *mut MemplugHostAllocation,
+    out_addr: *mut u64,
+) -> MemplugHostStatus {
+    boundary("memplug_host_allocate", || {
+        nn(out, "out")?;
+        let (b, slot) = pin::<MemoryBinding>(binding.id)?;
+        // The slot first, so the allocation moves once, into it.
+        let vacant = objects::vacant::<OwnedAllocation>(slot)?;
+        let a = b.allocate(size, alignment)?;
+        drop(b);
+        let (addr, size) = (a.addr(), a.size());
+        let id = objects::fill(slot, vacant, a, [addr, size]);
+        // SAFETY: checked non-NULL.
+        unsafe {
+            put(out, MemplugHostAllocation { id });
+            if !out_addr.is_null() {
+                put(out_addr, addr);
+            }
+        }
+        Ok(())
+    })
+}
+
+/// Reads an allocation's address and size. Set `out->struct_size` first.
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_allocation_info(
+    allocation: MemplugHostAllocation,
+    out: *mut MemplugHostAllocationInfo,
+) -> MemplugHostStatus {
+    boundary("memplug_host_allocation_info", || {
+        nn(out, "out")?;
+        let [addr, size] = objects::meta::<OwnedAllocation>(allocation.id)?;
+        let info = MemplugHostAllocationInfo {
+            struct_size: MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
+            reserved0: 0,
+            addr,
+            size,
+        };
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, info, "MemplugHostAllocationInfo") }
+    })
+}
+
+fn take(allocation: MemplugHostAllocation) -> Result<Option<OwnedAllocation>> {
+    match objects::remove::<OwnedAllocation>(allocation.id)? {
+        None => Ok(None),
+        Some(Removed::Now(a)) => Ok(Some(a)),
+        // Allocations are never pinned, so nobody else can hold one.
+        Some(Removed::Deferred) => Err(Error::new(S::Internal, "allocation in use")),
+    }
+}
+
+/// Frees an allocation that no device work uses any more: the mechanism
+/// that made it frees it now and the pool is refunded. If the plugin
+/// cannot free it, its bytes stay charged as quarantined and its address is
+/// never reissued. The handle is stale afterwards (a second free is
+/// `MEMPLUG_HOST_STATUS_STALE_HANDLE`, never a double free). The zero handle
+/// is a no-op. Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_allocation_free(allocation: MemplugHostAllocation) -> MemplugHostStatus {
+    boundary("memplug_host_allocation_free", || objects::remove_drop::<OwnedAllocation>(allocation.id))
+}
+
+/// Frees an allocation once every fence in `fences[0..count]` has
+/// completed: now when they all have, otherwise through the manager's
+/// deferred-free queue (retired by later frees, `memplug_host_manager_poll`
+/// or the reaper). Never waits for the device. The fences must belong to
+/// the allocation's manager; on any refusal the allocation is untouched.
+/// `fences` may be NULL when `count` is 0. The handle is stale afterwards;
+/// the fence handles stay the caller's (the queue keeps its own references).
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `fences` must be NULL or readable for `count` handles.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_allocation_free_after(
+    allocation: MemplugHostAllocation,
+    fences: *const MemplugHostFence,
+    count: usize,
+) -> MemplugHostStatus {
+    boundary("memplug_host_allocation_free_after", || {
+        if allocation.id == 0 {
+            return Ok(());
+        }
+        let raw = crate::handles::expect(allocation.id, Kind::Allocation)?;
+        // SAFETY: the caller's contract.
+        let fences = unsafe { collect_fences(raw.manager, fences, count) }?;
+        if let Some(a) = take(allocation)? {
+            a.release_after(fences);
+        }
+        Ok(())
+    })
+}

@@ -1,0 +1,326 @@
+//! Streams and fences: recorded by a plugin on a stream it made, or
+//! supplied by the runtime as a query/wait callback pair.
+
+use crate::error::{boundary, c_str, nn, put, Error, Result};
+use crate::handles::Kind;
+use crate::objects::{self, pin, pin_manager, same_manager, CallbackScope, StreamEntry, UserData};
+use crate::status::MemplugHostStatus;
+use crate::status::MemplugHostStatus as S;
+use crate::types::{
+    MemplugHostFence, MemplugHostFenceQueryFn, MemplugHostFenceWaitFn, MemplugHostManager,
+    MemplugHostMechanism, MemplugHostReleaseFn, MemplugHostStream, MemplugHostStreamFn,
+};
+use memplug_host_dep::registry::Context;
+use memplug_host_dep::{FnFence, PluginFence, SharedFence};
+use std::ffi::{c_char, c_void};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Fences resolved from C handles: up to four kept inline (the common
+/// case costs no allocation), more on the heap.
+pub(crate) enum Fences {
+    Inline([Option<SharedFence>; 4]),
+    Heap(Vec<SharedFence>),
+}
+
+impl Fences {
+    pub(crate) fn into_vec(self) -> Vec<SharedFence> {
+        self.into_iter().collect()
+    }
+}
+
+impl IntoIterator for Fences {
+    type Item = SharedFence;
+    type IntoIter = std::iter::Chain<
+        std::iter::Flatten<std::array::IntoIter<Option<SharedFence>, 4>>,
+        std::vec::IntoIter<SharedFence>,
+    >;
+    fn into_iter(self) -> Self::IntoIter {
+        match self {
+            Fences::Inline(a) => a.into_iter().flatten().chain(Vec::new()),
+            Fences::Heap(v) => [None, None, None, None].into_iter().flatten().chain(v),
+        }
+    }
+}
+
+/// Resolves `count` fence handles of manager slot `manager`.
+///
+/// # Safety
+/// `fences` must be NULL or readable for `count` handles.
+pub(crate) unsafe fn collect_fences(
+    manager: u32,
+    fences: *const MemplugHostFence,
+    count: usize,
+) -> Result<Fences> {
+    if count == 0 {
+        return Ok(Fences::Inline([None, None, None, None]));
+    }
+    nn(fences, "fences")?;
+    if count > (isize::MAX as usize) / std::mem::size_of::<MemplugHostFence>() {
+        return Err(Error::new(S::InvalidArgument, format!("{count} fences overflow")));
+    }
+    // SAFETY: non-NULL, `count` readable handles by the caller's contract.
+    let hs = unsafe { std::slice::from_raw_parts(fences, count) };
+    let resolve = |h: &MemplugHostFence| -> Result<SharedFence> {
+        crate::handles::expect(h.id, Kind::Fence)?;
+        same_manager(manager, h.id, Kind::Fence)?;
+        let (f, _) = pin::<SharedFence>(h.id)?;
+        Ok(SharedFence::clone(&f))
+    };
+    if count <= 4 {
+        let mut out = [None, None, None, None];
+        for (o, h) in out.iter_mut().zip(hs) {
+            *o = Some(resolve(h)?);
+        }
+        return Ok(Fences::Inline(out));
+    }
+    hs.iter().map(resolve).collect::<Result<Vec<_>>>().map(Fences::Heap)
+}
+
+/// Creates a stream on a mechanism with the sync capability
+/// (`MEMPLUG_HOST_STATUS_UNSUPPORTED` without). Work enqueued on it runs in
+/// order; fences recorded on it complete when the work before them has run.
+///
+/// Ownership: the caller owns the handle (`memplug_host_stream_destroy`).
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_stream_create(
+    mechanism: MemplugHostMechanism,
+    out: *mut MemplugHostStream,
+) -> MemplugHostStatus {
+    boundary("memplug_host_stream_create", || {
+        nn(out, "out")?;
+        let (ctx, slot) = pin::<Arc<Context>>(mechanism.id)?;
+        let mech = ctx.mechanism().clone();
+        drop(ctx);
+        let sync = mech.sync().ok_or_else(|| {
+            Error::new(
+                S::Unsupported,
+                format!("mechanism {}/{} has no sync capability", mech.plugin_name(), mech.name()),
+            )
+        })?;
+        let stream = sync.stream_create()?;
+        let entry = StreamEntry { mechanism: mech, stream: Mutex::new(Some(stream)) };
+        let id = objects::insert(slot, entry, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, MemplugHostStream { id }) };
+        Ok(())
+    })
+}
+
+/// Destroys a stream after the work submitted to it has run (as the
+/// plugin defines). Fences recorded on it stay valid. The zero handle is a
+/// no-op. Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_stream_destroy(stream: MemplugHostStream) -> MemplugHostStatus {
+    boundary("memplug_host_stream_destroy", || {
+        objects::remove::<StreamEntry>(stream.id)?;
+        Ok(())
+    })
+}
+
+/// Enqueues `fn(userdata)` on a stream: it runs once, on the stream's
+/// thread, after the work submitted before it (as CUDA's
+/// `cuLaunchHostFunc`). This is how CPU streams get work, and how a runtime
+/// puts real in-flight work in front of a free.
+///
+/// Thread-safety: any thread. `userdata` must stay valid until `fn` runs.
+///
+/// # Safety
+/// `fn` must be callable as documented by `MemplugHostStreamFn`.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_stream_enqueue(
+    stream: MemplugHostStream,
+    func: MemplugHostStreamFn,
+    userdata: *mut c_void,
+) -> MemplugHostStatus {
+    boundary("memplug_host_stream_enqueue", || {
+        let Some(f) = func else {
+            return Err(Error::null("fn"));
+        };
+        let (e, _) = pin::<StreamEntry>(stream.id)?;
+        let ud = UserData(userdata);
+        let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
+        let sync = e.mechanism.sync().expect("checked at creation");
+        sync.enqueue(s, move || {
+            let ud = ud;
+            let _scope = CallbackScope::enter();
+            // SAFETY: the caller's function and userdata, called once.
+            unsafe { f(ud.0) }
+        })?;
+        Ok(())
+    })
+}
+
+/// Records a fence after the work submitted to `stream` so far.
+///
+/// Ownership: the caller owns the handle (`memplug_host_fence_release`).
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_fence_record(
+    stream: MemplugHostStream,
+    out: *mut MemplugHostFence,
+) -> MemplugHostStatus {
+    boundary("memplug_host_fence_record", || {
+        nn(out, "out")?;
+        let (e, slot) = pin::<StreamEntry>(stream.id)?;
+        let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
+        let f = PluginFence::record(&e.mechanism, s)?;
+        drop(guard);
+        let id = objects::insert(slot, f, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, MemplugHostFence { id }) };
+        Ok(())
+    })
+}
+
+struct RuntimeFence {
+    query: unsafe extern "C" fn(*mut c_void) -> bool,
+    wait: MemplugHostFenceWaitFn,
+    release: MemplugHostReleaseFn,
+    userdata: UserData,
+}
+
+impl RuntimeFence {
+    fn query(&self) -> bool {
+        let _scope = CallbackScope::enter();
+        // SAFETY: the runtime's callback and userdata, as registered.
+        unsafe { (self.query)(self.userdata.0) }
+    }
+
+    fn wait(&self, timeout: Duration) -> bool {
+        if let Some(w) = self.wait {
+            let ns = timeout.as_nanos().min(u64::MAX as u128) as u64;
+            let _scope = CallbackScope::enter();
+            // SAFETY: as above.
+            return unsafe { w(self.userdata.0, ns) };
+        }
+        // No wait callback: poll the query with a short sleep.
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.query() {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            std::thread::sleep((deadline - now).min(Duration::from_micros(100)));
+        }
+    }
+}
+
+impl Drop for RuntimeFence {
+    fn drop(&mut self) {
+        if let Some(r) = self.release {
+            let _scope = CallbackScope::enter();
+            // SAFETY: called exactly once, when the last reference goes.
+            unsafe { r(self.userdata.0) }
+        }
+    }
+}
+
+/// Wraps a runtime's own fence (a CUDA event, a timeline semaphore value,
+/// anything) as a host fence: `query` (required) says whether the work
+/// before it has completed, without blocking; `wait` (may be NULL: the host
+/// then polls `query`) blocks up to a timeout; `release` (may be NULL) is
+/// called exactly once when the host drops its last reference — after the
+/// caller's handle is released and every free waiting on it has retired —
+/// so the runtime can free `userdata`. `name` appears in reports.
+///
+/// The callbacks run on any thread (the one freeing, polling, or the
+/// reaper), possibly concurrently; they must not unwind.
+///
+/// Ownership: the caller owns the handle (`memplug_host_fence_release`).
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `name` must be NULL or NUL-terminated; `out` NULL or writable; the
+/// callbacks callable as documented with `userdata` until `release`.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_fence_from_callbacks(
+    manager: MemplugHostManager,
+    name: *const c_char,
+    query: MemplugHostFenceQueryFn,
+    wait: MemplugHostFenceWaitFn,
+    release: MemplugHostReleaseFn,
+    userdata: *mut c_void,
+    out: *mut MemplugHostFence,
+) -> MemplugHostStatus {
+    boundary("memplug_host_fence_from_callbacks", || {
+        // SAFETY: the caller's contract.
+        let name = unsafe { c_str(name, "name") }?;
+        nn(out, "out")?;
+        let Some(query) = query else {
+            return Err(Error::null("query"));
+        };
+        let (_, slot) = pin_manager(manager.id)?;
+        let rf = Arc::new(RuntimeFence { query, wait, release, userdata: UserData(userdata) });
+        let (q, w) = (rf.clone(), rf);
+        let f = FnFence::new(name, move || q.query(), move |t| w.wait(t));
+        let id = objects::insert(slot, f, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, MemplugHostFence { id }) };
+        Ok(())
+    })
+}
+
+/// Asks whether a fence has completed, without blocking; `out_complete`
+/// receives the answer. Thread-safety: any thread.
+///
+/// # Safety
+/// `out_complete` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_fence_query(
+    fence: MemplugHostFence,
+    out_complete: *mut bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_fence_query", || {
+        nn(out_complete, "out_complete")?;
+        let (f, _) = pin::<SharedFence>(fence.id)?;
+        let done = f.query()?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out_complete, done) };
+        Ok(())
+    })
+}
+
+/// Waits up to `timeout_ns` for a fence; `out_complete` receives whether
+/// it completed (a timeout is not an error). Thread-safety: any thread.
+///
+/// # Safety
+/// `out_complete` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_fence_wait(
+    fence: MemplugHostFence,
+    timeout_ns: u64,
+    out_complete: *mut bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_fence_wait", || {
+        nn(out_complete, "out_complete")?;
+        let (f, _) = pin::<SharedFence>(fence.id)?;
+        let done = f.wait(Duration::from_nanos(timeout_ns))?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out_complete, done) };
+        Ok(())
+    })
+}
+
+/// Releases the caller's fence handle; frees waiting on the fence keep
+/// their own references. The zero handle is a no-op. Thread-safety: any
+/// thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_fence_release(fence: MemplugHostFence) -> MemplugHostStatus {
+    boundary("memplug_host_fence_release", || {
+        objects::remove::<SharedFence>(fence.id)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,54 @@
+//! The memplug host C API: embed the memplug host from C and C++.
+//!
+//! The header is `include/memplug_host.h`, generated from this crate by
+//! cbindgen (`capi/cbindgen.toml`) and checked for drift by
+//! `tests/header_drift.rs`. The library builds as `libmemplug_host.so`,
+//! `libmemplug_host.a` and an rlib (for Rust tests and benches).
+//!
+//! Conventions (modelled on rustls-ffi and wasmtime's C API):
+//!
+//! * Every exported function runs its body behind one panic boundary
+//!   ([`error::boundary`]): a panic becomes `MEMPLUG_HOST_STATUS_PANIC` with
+//!   its message, never an unwind into C (invariant 8).
+//! * Fallible functions return a [`MemplugHostStatus`] (`uint32_t`); the
+//!   reason is this thread's last error message
+//!   (`memplug_host_last_error_message`). Status codes are never
+//!   renumbered; 0-14 are the plugin ABI's codes, host codes start at 256.
+//! * Out-parameters are written only on success. Structs that can grow
+//!   carry `struct_size`.
+//! * Objects are generational 64-bit handles resolved through lock-free
+//!   tables per manager ([`handles`]): a stale, forged, wrong-kind or
+//!   other-manager handle is refused with a status, never undefined
+//!   behaviour. Destroying or freeing the zero handle is a no-op.
+//! * Whoever allocates a thing frees it: no heap object changes sides;
+//!   strings are copied into caller buffers or fixed fields.
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+// The host crate under another name: this crate's own library is
+// `memplug_host` (libmemplug_host.so / .a).
+extern crate memplug_host_dep;
+
+pub mod binding;
+pub mod error;
+pub mod fence;
+pub mod handles;
+pub mod manager;
+mod objects;
+pub mod pool;
+pub mod region;
+pub mod stats;
+pub mod status;
+pub mod types;
+pub mod version;
+
+pub use binding::*;
+pub use error::{memplug_host_last_error_message, memplug_host_last_error_status};
+pub use fence::*;
+pub use manager::*;
+pub use pool::*;
+pub use region::*;
+pub use stats::*;
+pub use status::{memplug_host_status_name, MemplugHostStatus};
+pub use types::*;
+pub use version::*;

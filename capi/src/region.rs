@@ -1,0 +1,301 @@
+//! Virtual regions (reserve, grow, shrink, free) and shared prefixes.
+
+use crate::error::{boundary, nn, put, Error};
+use crate::fence::collect_fences;
+use crate::handles::Kind;
+use crate::objects::{self, lock_region, pin, same_manager, CallbackScope, RegionEntry, UserData};
+use crate::status::MemplugHostStatus;
+use crate::status::MemplugHostStatus as S;
+use crate::types::{
+    write_sized, MemplugHostBinding, MemplugHostFence, MemplugHostGrowFn, MemplugHostPrefix,
+    MemplugHostPrefixInfo, MemplugHostPrefixInitFn, MemplugHostRegion, MemplugHostRegionInfo,
+    MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0, MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
+};
+use memplug_host_dep::{GrowError, MemoryBinding, SharedPrefix};
+use std::ffi::c_void;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+/// Reserves `max_bytes` of address space through the binding's mechanism
+/// (it needs the virtual backing capability: `MEMPLUG_HOST_STATUS_UNSUPPORTED`
+/// otherwise). The base address never moves; nothing is committed or
+/// charged until the region grows.
+///
+/// Ownership: the caller owns the region (`memplug_host_region_free` or
+/// `_free_after`). Thread-safety: any thread; calls on one region are
+/// serialised.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_reserve(
+    binding: MemplugHostBinding,
+    max_bytes: u64,
+    out: *mut MemplugHostRegion,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_reserve", || {
+        nn(out, "out")?;
+        let (b, slot) = pin::<MemoryBinding>(binding.id)?;
+        let region = b.reserve_virtual(max_bytes)?;
+        drop(b);
+        let entry = RegionEntry { region: Mutex::new(region), owner: AtomicU64::new(0) };
+        let id = objects::insert(slot, entry, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, MemplugHostRegion { id }) };
+        Ok(())
+    })
+}
+
+/// Reads a region's figures. Set `out->struct_size` first.
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_info(
+    region: MemplugHostRegion,
+    out: *mut MemplugHostRegionInfo,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_info", || {
+        nn(out, "out")?;
+        let (e, _) = pin::<RegionEntry>(region.id)?;
+        let l = lock_region(&e)?;
+        let r = &*l.guard;
+        let info = MemplugHostRegionInfo {
+            struct_size: MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
+            reserved0: 0,
+            addr: r.addr(),
+            capacity: r.capacity(),
+            len: r.len(),
+            committed: r.committed(),
+            prefix_len: r.len() - r.committed(),
+        };
+        drop(l);
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, info, "MemplugHostRegionInfo") }
+    })
+}
+
+/// Grows the region's usable length to at least `len` bytes (rounded up to
+/// the granularity) as a transaction: grant budget → commit the new range →
+/// `update(userdata, addr, new_len)` (may be NULL) → charge. If the budget,
+/// the commit or the update fails, the range is decommitted, the grant
+/// returned and the region is as before (`MEMPLUG_HOST_STATUS_CALLBACK_REFUSED`
+/// when `update` returned false). A `len` at or below the current length
+/// is a no-op; beyond the reservation is `_INVALID_ARGUMENT`.
+///
+/// Pressure callbacks and `update` run on this thread while the region is
+/// locked: from them, calls on this same region are refused with
+/// `MEMPLUG_HOST_STATUS_REENTRANT` (other regions are fine).
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `update` (when not NULL) must be callable as `MemplugHostGrowFn`.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_grow(
+    region: MemplugHostRegion,
+    len: u64,
+    update: MemplugHostGrowFn,
+    userdata: *mut c_void,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_grow", || {
+        let (e, _) = pin::<RegionEntry>(region.id)?;
+        let mut l = lock_region(&e)?;
+        let ud = UserData(userdata);
+        let r = l.guard.grow_to(len, |view| match update {
+            None => Ok(()),
+            Some(f) => {
+                let _scope = CallbackScope::enter();
+                // SAFETY: the caller's function and userdata, called once.
+                if unsafe { f(ud.0, view.addr, view.len) } {
+                    Ok(())
+                } else {
+                    Err(())
+                }
+            }
+        });
+        match r {
+            Ok(()) => Ok(()),
+            Err(GrowError::Binding(b)) => Err(b.into()),
+            Err(GrowError::Update(())) => Err(Error::new(
+                S::CallbackRefused,
+                "the update callback refused the grown view; the region is unchanged",
+            )),
+        }
+    })
+}
+
+/// Shrinks the private part to `len` usable bytes (rounded up to the
+/// granularity). The tail is decommitted and refunded once every fence in
+/// `fences[0..count]` has completed (now, when `count` is 0); until then
+/// that range cannot be grown into again (`MEMPLUG_HOST_STATUS_BUSY`). A
+/// `len` at or above the current length is a no-op. The fence handles stay
+/// the caller's. Thread-safety: any thread.
+///
+/// # Safety
+/// `fences` must be NULL or readable for `count` handles.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_shrink(
+    region: MemplugHostRegion,
+    len: u64,
+    fences: *const MemplugHostFence,
+    count: usize,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_shrink", || {
+        let (e, slot) = pin::<RegionEntry>(region.id)?;
+        // SAFETY: the caller's contract.
+        let fences = unsafe { collect_fences(slot, fences, count) }?.into_vec();
+        let mut l = lock_region(&e)?;
+        l.guard.shrink_to(len, fences)?;
+        Ok(())
+    })
+}
+
+/// Maps a shared prefix read-only at the start of an empty region (no
+/// committed bytes, no prefix yet: `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`
+/// otherwise); the private part then begins after it. Charges nothing: the
+/// prefix was charged once, at creation. Both must come from the same
+/// mechanism and manager. The region keeps the prefix alive.
+/// Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_region_map_prefix(
+    region: MemplugHostRegion,
+    prefix: MemplugHostPrefix,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_map_prefix", || {
+        let (e, slot) = pin::<RegionEntry>(region.id)?;
+        crate::handles::expect(prefix.id, Kind::Prefix)?;
+        same_manager(slot, prefix.id, Kind::Prefix)?;
+        let (p, _) = pin::<Arc<SharedPrefix>>(prefix.id)?;
+        let mut l = lock_region(&e)?;
+        l.guard.map_prefix(&p)?;
+        Ok(())
+    })
+}
+
+fn free_region(
+    region: MemplugHostRegion,
+    fences: Vec<memplug_host_dep::SharedFence>,
+) -> crate::error::Result<()> {
+    if region.id == 0 {
+        return Ok(());
+    }
+    let (e, _) = pin::<RegionEntry>(region.id)?;
+    {
+        let mut l = lock_region(&e)?;
+        for f in fences {
+            l.guard.used_by(f);
+        }
+    }
+    // Removed while pinned: the last reader (this call, unless another
+    // thread is inside a call on the region) drops it.
+    objects::remove::<RegionEntry>(region.id)?;
+    drop(e);
+    Ok(())
+}
+
+/// Frees a region (unmaps its prefix, decommits, releases the address
+/// space, refunds) — after the fences of earlier shrinks. The handle is
+/// stale afterwards. The zero handle is a no-op. Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_region_free(region: MemplugHostRegion) -> MemplugHostStatus {
+    boundary("memplug_host_region_free", || free_region(region, Vec::new()))
+}
+
+/// Frees a region once every fence in `fences[0..count]` has completed
+/// (through the deferred-free queue; never waits for the device). On any
+/// refusal the region is untouched. The handle is stale afterwards; the
+/// fence handles stay the caller's. Thread-safety: any thread.
+///
+/// # Safety
+/// `fences` must be NULL or readable for `count` handles.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_free_after(
+    region: MemplugHostRegion,
+    fences: *const MemplugHostFence,
+    count: usize,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_free_after", || {
+        if region.id == 0 {
+            return Ok(());
+        }
+        let raw = crate::handles::expect(region.id, Kind::Region)?;
+        // SAFETY: the caller's contract.
+        let fences = unsafe { collect_fences(raw.manager, fences, count) }?.into_vec();
+        free_region(region, fences)
+    })
+}
+
+/// Creates a shared prefix of `size` bytes (rounded up to the granularity;
+/// needs the shared mapping and virtual backing capabilities), charged
+/// once to the binding's pool, filled by `init(userdata, addr, len)` (may be
+/// NULL: zero-filled) through a temporary writable view.
+///
+/// Ownership: the caller owns the handle (`memplug_host_prefix_release`);
+/// regions mapping the prefix keep it alive. Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable; `init` callable as
+/// `MemplugHostPrefixInitFn`.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_prefix_create(
+    binding: MemplugHostBinding,
+    size: u64,
+    init: MemplugHostPrefixInitFn,
+    userdata: *mut c_void,
+    out: *mut MemplugHostPrefix,
+) -> MemplugHostStatus {
+    boundary("memplug_host_prefix_create", || {
+        nn(out, "out")?;
+        let (b, slot) = pin::<MemoryBinding>(binding.id)?;
+        let ud = UserData(userdata);
+        let p = b.create_shared(size, |view| {
+            if let Some(f) = init {
+                let _scope = CallbackScope::enter();
+                // SAFETY: the caller's function and userdata, called once.
+                unsafe { f(ud.0, view.addr, view.len) }
+            }
+        })?;
+        drop(b);
+        let (len, charged) = (p.len(), p.charged());
+        let id = objects::insert(slot, p, [len, charged])?;
+        // SAFETY: checked non-NULL.
+        unsafe { put(out, MemplugHostPrefix { id }) };
+        Ok(())
+    })
+}
+
+/// Reads a prefix's figures. Set `out->struct_size` first.
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_prefix_info(
+    prefix: MemplugHostPrefix,
+    out: *mut MemplugHostPrefixInfo,
+) -> MemplugHostStatus {
+    boundary("memplug_host_prefix_info", || {
+        nn(out, "out")?;
+        let [len, charged] = objects::meta::<Arc<SharedPrefix>>(prefix.id)?;
+        let info = MemplugHostPrefixInfo {
+            struct_size: MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0,
+            reserved0: 0,
+            len,
+            charged,
+        };
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, info, "MemplugHostPrefixInfo") }
+    })
+}
+
+/// Releases the caller's prefix handle; the prefix is freed (and its
+/// charge refunded) when no region maps it any more. The zero handle is a
+/// no-op. Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_prefix_release(prefix: MemplugHostPrefix) -> MemplugHostStatus {
+    boundary("memplug_host_prefix_release", || {
+        objects::remove::<Arc<SharedPrefix>>(prefix.id)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,528 @@
+//! Types the C API shares with C: handles, option and information structs,
+//! callbacks, constants. Layout rules as in the plugin ABI (DESIGN.md §3):
+//! every struct that can grow starts with `uint32_t struct_size`; later
+//! minors only append.
+
+use core::ffi::{c_char, c_void};
+use memplug_sdk::abi::MemplugDevice;
+
+/// Major version of this C API: changes only with an incompatible change.
+pub const MEMPLUG_HOST_API_MAJOR: u32 = 1;
+/// Minor version of this C API: grows when functions or struct fields are
+/// appended.
+pub const MEMPLUG_HOST_API_MINOR: u32 = 0;
+
+/// Longest name kept in a `MemplugHostMechanismInfo`, NUL included; longer
+/// names are truncated.
+pub const MEMPLUG_HOST_NAME_MAX: usize = 64;
+
+/// Allocation class: model weights (long-lived).
+pub const MEMPLUG_HOST_CLASS_WEIGHTS: u32 = 0;
+/// Allocation class: key/value cache (evictable by its holder).
+pub const MEMPLUG_HOST_CLASS_KV: u32 = 1;
+/// Allocation class: activations of in-flight work.
+pub const MEMPLUG_HOST_CLASS_ACTIVATIONS: u32 = 2;
+/// Allocation class: short-lived scratch space.
+pub const MEMPLUG_HOST_CLASS_WORKSPACE: u32 = 3;
+/// Allocation class: anything else. A class number this library does not
+/// know is refused where it is an input.
+pub const MEMPLUG_HOST_CLASS_OTHER: u32 = 4;
+/// Number of allocation classes of this version.
+pub const MEMPLUG_HOST_CLASS_COUNT: u32 = 5;
+
+/// Lowest holder priority: asked first under pressure.
+pub const MEMPLUG_HOST_PRIORITY_LOWEST: u32 = 0;
+/// Highest holder priority; also the priority of a request made on behalf
+/// of no holder.
+pub const MEMPLUG_HOST_PRIORITY_HIGHEST: u32 = u32::MAX;
+
+/// A process memory manager: plugins, pools, holders, bindings, and every
+/// object issued through them. Create with `memplug_host_manager_create`,
+/// destroy with `memplug_host_manager_destroy`.
+///
+/// Every handle type of this API is a 64-bit value in a struct, passed by
+/// value. The zero handle (`{0}`) names nothing: destroying or freeing it
+/// is a no-op, any other use is `MEMPLUG_HOST_STATUS_INVALID_HANDLE`. A
+/// handle that was freed is refused with `MEMPLUG_HOST_STATUS_STALE_HANDLE`
+/// (forever: handles are generational and never reissued), one that was
+/// never issued with `MEMPLUG_HOST_STATUS_INVALID_HANDLE`, one of another
+/// manager with `MEMPLUG_HOST_STATUS_WRONG_MANAGER` — never undefined
+/// behaviour. Handles are plain values: copy them, pass them to any thread.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostManager {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A mechanism of a loaded plugin, pinned: while this handle lives the
+/// plugin cannot be unloaded. Release with `memplug_host_mechanism_release`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostMechanism {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A budget pool (one physical memory domain). Release the handle with
+/// `memplug_host_pool_release`; the pool itself lives while bindings use it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostPool {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A holder registered with a pool: answers pressure tickets. Unregister
+/// with `memplug_host_holder_unregister`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostHolder {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A binding (mechanism + pool + holder + class): the only way to
+/// allocate. Destroy with `memplug_host_binding_destroy`; what it allocated
+/// stays valid.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostBinding {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// An allocation made through a binding. Free with
+/// `memplug_host_allocation_free` or `memplug_host_allocation_free_after`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostAllocation {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A virtual region: reserved address space at a stable base, grown and
+/// shrunk in granules. Free with `memplug_host_region_free[_after]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostRegion {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A shared prefix: physical memory charged once, mapped read-only into
+/// any number of regions. Release the handle with
+/// `memplug_host_prefix_release`; regions mapping it keep it alive.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostPrefix {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A stream made by a mechanism's sync capability. Destroy with
+/// `memplug_host_stream_destroy`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostStream {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// A fence: recorded by a plugin on one of its streams, or supplied by the
+/// runtime as callbacks. Release the handle with
+/// `memplug_host_fence_release`; frees waiting on it keep it alive.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemplugHostFence {
+    /// Opaque; zero is the null handle.
+    pub id: u64,
+}
+
+/// Versions of the library (`memplug_host_get_version`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostVersion {
+    /// Set by the caller to `sizeof(MemplugHostVersion)`; set by the
+    /// library to the bytes it wrote.
+    pub struct_size: u32,
+    /// Library version (semantic versioning).
+    pub major: u32,
+    pub minor: u32,
+    pub patch: u32,
+    /// C API version the library implements (compare with
+    /// `MEMPLUG_HOST_API_MAJOR` / `MEMPLUG_HOST_API_MINOR` of the header).
+    pub api_major: u32,
+    pub api_minor: u32,
+    /// Plugin ABI major the host loads (`MEMPLUG_ABI_MAJOR`).
+    pub abi_major: u32,
+    /// Range of plugin ABI minors the host negotiates.
+    pub abi_min_minor: u32,
+    pub abi_max_minor: u32,
+    pub reserved0: u32,
+}
+
+/// What a mechanism is and can do (`memplug_host_mechanism_info`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemplugHostMechanismInfo {
+    /// Set by the caller to `sizeof(MemplugHostMechanismInfo)`; set by the
+    /// library to the bytes it wrote.
+    pub struct_size: u32,
+    /// `MEMPLUG_CAP_*` flags (memplug.h).
+    pub capabilities: u32,
+    /// The device it serves.
+    pub device: MemplugDevice,
+    /// The plugin's id of the mechanism.
+    pub mechanism_id: u64,
+    pub min_alignment: u64,
+    pub max_alignment: u64,
+    /// Granule of virtual regions and shared prefixes (0: none).
+    pub granularity: u64,
+    /// Mechanism name, NUL-terminated (truncated to fit).
+    pub name: [c_char; MEMPLUG_HOST_NAME_MAX],
+    /// Name of the plugin that published it, NUL-terminated.
+    pub plugin_name: [c_char; MEMPLUG_HOST_NAME_MAX],
+}
+
+/// Options of a binding (`memplug_host_binding_create`); NULL means all
+/// defaults (class OTHER, no holder, no waiting).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostBindingOptions {
+    /// `sizeof(MemplugHostBindingOptions)`.
+    pub struct_size: u32,
+    /// One of `MEMPLUG_HOST_CLASS_*`.
+    pub alloc_class: u32,
+    /// The holder allocations are charged to; the zero handle for none. It
+    /// must be registered with the binding's pool.
+    pub holder: MemplugHostHolder,
+    /// How long an allocation may wait for pressure to free room, in
+    /// nanoseconds; 0 fails at once after the pressure tickets.
+    pub wait_ns: u64,
+}
+
+/// An allocation's address and size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostAllocationInfo {
+    /// `sizeof(MemplugHostAllocationInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// Device address (a host pointer for CPU mechanisms).
+    pub addr: u64,
+    /// Bytes the mechanism provided (at least the size asked), all charged.
+    pub size: u64,
+}
+
+/// A region's figures.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostRegionInfo {
+    /// `sizeof(MemplugHostRegionInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// Base address; never changes for the region's life.
+    pub addr: u64,
+    /// Bytes of address space reserved.
+    pub capacity: u64,
+    /// Usable bytes: the mapped prefix plus the committed private part.
+    pub len: u64,
+    /// Private bytes committed and charged.
+    pub committed: u64,
+    /// Bytes of the read-only shared prefix at the start (0: none).
+    pub prefix_len: u64,
+}
+
+/// A shared prefix's figures.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPrefixInfo {
+    /// `sizeof(MemplugHostPrefixInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// Bytes (a multiple of the granularity).
+    pub len: u64,
+    /// Bytes charged to the pool (once, however many regions map it).
+    pub charged: u64,
+}
+
+/// A request for room, given to a holder's pressure callback.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPressureTicket {
+    /// `sizeof(MemplugHostPressureTicket)` of the library; read only fields
+    /// that fit.
+    pub struct_size: u32,
+    /// Class of the request (`MEMPLUG_HOST_CLASS_*`).
+    pub alloc_class: u32,
+    /// Bytes still missing when the ticket was issued.
+    pub bytes_wanted: u64,
+    /// Priority of the requester (`MEMPLUG_HOST_PRIORITY_HIGHEST` for a
+    /// request made on behalf of no holder).
+    pub requester_priority: u32,
+    /// 1 when the request was made on behalf of a holder, else 0.
+    pub has_requester: u32,
+    /// Time left before the requester gives up, in nanoseconds; 0: release
+    /// what can be released at once, do not block.
+    pub timeout_ns: u64,
+    /// The pool that needs room (the handle the holder registered with).
+    pub pool: MemplugHostPool,
+    /// The holder being asked.
+    pub holder: MemplugHostHolder,
+}
+
+/// Figures of one allocation class (`memplug_host_pool_class_stats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostClassStats {
+    /// `sizeof(MemplugHostClassStats)`; set to the bytes written.
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// Bytes held by reservations (granted, not yet committed).
+    pub reserved: u64,
+    /// Bytes charged to live leases.
+    pub leased: u64,
+    /// Bytes quarantined: charged for good because a release failed.
+    pub quarantined: u64,
+    /// Live leases.
+    pub leases: u64,
+    /// Reservations granted, cumulative.
+    pub grants: u64,
+    /// Reservation requests refused, cumulative.
+    pub failures: u64,
+    /// Quarantine events, cumulative.
+    pub quarantines: u64,
+    /// Leases dropped without release (a bug somewhere), cumulative.
+    pub leaked_leases: u64,
+    pub leaked_bytes: u64,
+}
+
+/// A pool's figures (`memplug_host_pool_stats`). `used`, `free`,
+/// `capacity` and `peak` are exact; the sums are exact when no operation
+/// on the pool is in flight.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPoolStats {
+    /// `sizeof(MemplugHostPoolStats)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Holders registered now.
+    pub holders: u32,
+    pub capacity: u64,
+    /// Bytes charged: reservations, leases and quarantine.
+    pub used: u64,
+    pub free: u64,
+    /// Highest `used` ever.
+    pub peak: u64,
+    pub reserved: u64,
+    pub leased: u64,
+    pub quarantined: u64,
+    /// Pressure tickets this pool issued, and their sums.
+    pub tickets: u64,
+    pub bytes_wanted: u64,
+    pub bytes_answered: u64,
+    pub zero_answers: u64,
+    /// Requests that waited for room, and those whose deadline passed.
+    pub waits: u64,
+    pub wait_timeouts: u64,
+}
+
+/// A holder's figures (`memplug_host_holder_stats`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostHolderStats {
+    /// `sizeof(MemplugHostHolderStats)`; set to the bytes written.
+    pub struct_size: u32,
+    pub priority: u32,
+    /// 1 while registered.
+    pub registered: u32,
+    pub reserved0: u32,
+    /// Sums over every class of what is charged to the holder.
+    pub reserved: u64,
+    pub leased: u64,
+    pub quarantined: u64,
+    pub leases: u64,
+    /// Tickets received, and their sums.
+    pub tickets: u64,
+    pub bytes_wanted: u64,
+    /// Sum of the (clamped) answers.
+    pub bytes_answered: u64,
+    pub zero_answers: u64,
+    /// Answers larger than the pool's whole use when the ticket was issued:
+    /// nonsense, clamped to that figure and counted here.
+    pub nonsense_answers: u64,
+}
+
+/// What a poll of the deferred-free queue did (`memplug_host_manager_poll`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPollReport {
+    /// `sizeof(MemplugHostPollReport)`; set to the bytes written.
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// Frees retired by this poll.
+    pub retired: u64,
+    /// Frees the plugin refused (quarantined) during this poll.
+    pub quarantined: u64,
+    /// Frees still waiting for fences.
+    pub pending: u64,
+}
+
+/// A holder's answer to a pressure ticket: the bytes it released (or
+/// queued for release after fences), through the normal paths
+/// (`memplug_host_allocation_free*`, `memplug_host_region_shrink`...).
+/// Zero is a legal answer. Answers are recorded, never trusted as refunds;
+/// an answer larger than the pool's use is clamped and counted as nonsense.
+///
+/// Called on the thread whose request needs room, with no host lock held,
+/// possibly on several threads at once. It may call the C API (free, shrink,
+/// allocate — a request made from inside a callback sends no tickets of its
+/// own), except `memplug_host_manager_destroy` and operations on a region
+/// whose grow is running on this thread (`MEMPLUG_HOST_STATUS_REENTRANT`).
+/// It must not unwind (no C++ exception may leave it).
+pub type MemplugHostPressureFn =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, ticket: *const MemplugHostPressureTicket) -> u64>;
+
+/// The caller's step of a region grow: the region's usable bytes are now
+/// `[addr, addr + len)`; return true to accept, false to refuse (the grow
+/// is then undone and `memplug_host_region_grow` returns
+/// `MEMPLUG_HOST_STATUS_CALLBACK_REFUSED`). Called once, on the calling
+/// thread, before the call returns. Must not unwind.
+pub type MemplugHostGrowFn = Option<unsafe extern "C" fn(userdata: *mut c_void, addr: u64, len: u64) -> bool>;
+
+/// Fills a new shared prefix through a temporary writable view of `len`
+/// bytes at `addr`. Called once, on the calling thread. Must not unwind.
+pub type MemplugHostPrefixInitFn = Option<unsafe extern "C" fn(userdata: *mut c_void, addr: u64, len: u64)>;
+
+/// A runtime fence's query: true when the work before it has completed.
+/// Never blocks. Called from any thread (the caller of a free, a poll, the
+/// reaper), possibly concurrently. Must not unwind.
+pub type MemplugHostFenceQueryFn = Option<unsafe extern "C" fn(userdata: *mut c_void) -> bool>;
+
+/// A runtime fence's wait: blocks up to `timeout_ns`; true when complete.
+/// Same threading rules as the query.
+pub type MemplugHostFenceWaitFn =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, timeout_ns: u64) -> bool>;
+
+/// Called exactly once when the host drops its last reference to a
+/// runtime fence, on whichever thread drops it, so the runtime may free
+/// what `userdata` points to. Must not unwind.
+pub type MemplugHostReleaseFn = Option<unsafe extern "C" fn(userdata: *mut c_void)>;
+
+/// A host function run on a stream after the work submitted before it
+/// (`memplug_host_stream_enqueue`). Runs once, on the stream's thread. Must
+/// not unwind.
+pub type MemplugHostStreamFn = Option<unsafe extern "C" fn(userdata: *mut c_void)>;
+
+/// Size of `MemplugHostVersion` in API 1.0.
+pub const MEMPLUG_HOST_VERSION_SIZE_1_0: u32 = 40;
+/// Size of `MemplugHostMechanismInfo` in API 1.0.
+pub const MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0: u32 = 176;
+/// Size of `MemplugHostBindingOptions` in API 1.0.
+pub const MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0: u32 = 24;
+/// Size of `MemplugHostAllocationInfo` in API 1.0.
+pub const MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0: u32 = 24;
+/// Size of `MemplugHostRegionInfo` in API 1.0.
+pub const MEMPLUG_HOST_REGION_INFO_SIZE_1_0: u32 = 48;
+/// Size of `MemplugHostPrefixInfo` in API 1.0.
+pub const MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0: u32 = 24;
+/// Size of `MemplugHostPressureTicket` in API 1.0.
+pub const MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0: u32 = 48;
+/// Size of `MemplugHostClassStats` in API 1.0.
+pub const MEMPLUG_HOST_CLASS_STATS_SIZE_1_0: u32 = 80;
+/// Size of `MemplugHostPoolStats` in API 1.0.
+pub const MEMPLUG_HOST_POOL_STATS_SIZE_1_0: u32 = 112;
+/// Size of `MemplugHostHolderStats` in API 1.0.
+pub const MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0: u32 = 88;
+/// Size of `MemplugHostPollReport` in API 1.0.
+pub const MEMPLUG_HOST_POLL_REPORT_SIZE_1_0: u32 = 32;
+
+/// A struct whose first field is `struct_size`.
+pub(crate) trait Sized10: Copy {
+    const SIZE_1_0: u32;
+}
+
+macro_rules! sized {
+    ($($t:ty => $c:ident),* $(,)?) => {
+        $(impl Sized10 for $t { const SIZE_1_0: u32 = $c; })*
+        #[cfg(test)]
+        #[test]
+        fn sizes_match_the_1_0_constants() {
+            $(assert_eq!(std::mem::size_of::<$t>() as u32, $c, stringify!($t));)*
+        }
+    };
+}
+
+sized! {
+    MemplugHostVersion => MEMPLUG_HOST_VERSION_SIZE_1_0,
+    MemplugHostMechanismInfo => MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0,
+    MemplugHostBindingOptions => MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
+    MemplugHostAllocationInfo => MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
+    MemplugHostRegionInfo => MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
+    MemplugHostPrefixInfo => MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0,
+    MemplugHostPressureTicket => MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0,
+    MemplugHostClassStats => MEMPLUG_HOST_CLASS_STATS_SIZE_1_0,
+    MemplugHostPoolStats => MEMPLUG_HOST_POOL_STATS_SIZE_1_0,
+    MemplugHostHolderStats => MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0,
+    MemplugHostPollReport => MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
+}
+
+/// Writes `value` into a caller's struct whose `struct_size` says how big
+/// it is: refuses one shorter than the 1.0 size, writes
+/// `min(struct_size, sizeof)` bytes and sets `struct_size` to that.
+///
+/// # Safety
+/// `out` must be non-NULL and writable for its `struct_size` bytes.
+pub(crate) unsafe fn write_sized<T: Sized10>(out: *mut T, value: T, what: &str) -> crate::error::Result<()> {
+    // SAFETY: every Sized10 type starts with a u32 struct_size.
+    let declared = unsafe { out.cast::<u32>().read_unaligned() };
+    if declared < T::SIZE_1_0 {
+        return Err(crate::error::Error::new(
+            crate::status::MemplugHostStatus::InvalidArgument,
+            format!("{what}: struct_size is {declared}, the 1.0 size is {} (set it to sizeof)", T::SIZE_1_0),
+        ));
+    }
+    let n = (declared as usize).min(std::mem::size_of::<T>());
+    // SAFETY: the caller's struct has at least `declared` >= n bytes; the
+    // source is a whole T of size >= n.
+    unsafe {
+        std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), out.cast::<u8>(), n);
+        out.cast::<u32>().write_unaligned(n as u32);
+    }
+    Ok(())
+}
+
+/// Reads a caller's struct of type `T` of `struct_size` bytes into a zeroed
+/// local (fields it lacks stay zero); refuses one shorter than 1.0.
+///
+/// # Safety
+/// `p` must be non-NULL and readable for its `struct_size` bytes.
+pub(crate) unsafe fn read_sized<T: Sized10 + Default>(p: *const T, what: &str) -> crate::error::Result<T> {
+    // SAFETY: every Sized10 type starts with a u32 struct_size.
+    let declared = unsafe { p.cast::<u32>().read_unaligned() };
+    if declared < T::SIZE_1_0 {
+        return Err(crate::error::Error::new(
+            crate::status::MemplugHostStatus::InvalidArgument,
+            format!("{what}: struct_size is {declared}, the 1.0 size is {} (set it to sizeof)", T::SIZE_1_0),
+        ));
+    }
+    let mut v = T::default();
+    let n = (declared as usize).min(std::mem::size_of::<T>());
+    // SAFETY: see above.
+    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut v as *mut T).cast::<u8>(), n) };
+    Ok(v)
+}
+
+/// Copies `s` into a fixed C name field, truncated at a char boundary,
+/// NUL-terminated.
+pub(crate) fn name_field(s: &str) -> [c_char; MEMPLUG_HOST_NAME_MAX] {
+    let mut out = [0 as c_char; MEMPLUG_HOST_NAME_MAX];
+    let mut n = s.len().min(MEMPLUG_HOST_NAME_MAX - 1);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    for (o, b) in out.iter_mut().zip(s.as_bytes()[..n].iter()) {
+        *o = *b as c_char;
+    }
+    out
+}

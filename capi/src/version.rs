@@ -1,0 +1,111 @@
+//! Library, C API and plugin ABI versions.
+
+use crate::error::{boundary, boundary_value, nn, Result};
+use crate::status::MemplugHostStatus;
+use crate::types::{write_sized, MemplugHostVersion, MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR};
+use memplug_host_dep::{HOST_MAX_MINOR, HOST_MIN_MINOR};
+use memplug_sdk::abi::MEMPLUG_ABI_MAJOR;
+use std::ffi::c_char;
+
+fn parse(v: &str) -> u32 {
+    v.parse().unwrap_or(0)
+}
+
+fn version() -> MemplugHostVersion {
+    MemplugHostVersion {
+        struct_size: crate::types::MEMPLUG_HOST_VERSION_SIZE_1_0,
+        major: parse(env!("CARGO_PKG_VERSION_MAJOR")),
+        minor: parse(env!("CARGO_PKG_VERSION_MINOR")),
+        patch: parse(env!("CARGO_PKG_VERSION_PATCH")),
+        api_major: MEMPLUG_HOST_API_MAJOR,
+        api_minor: MEMPLUG_HOST_API_MINOR,
+        abi_major: MEMPLUG_ABI_MAJOR,
+        abi_min_minor: HOST_MIN_MINOR,
+        abi_max_minor: HOST_MAX_MINOR,
+        reserved0: 0,
+    }
+}
+
+/// Fills `out` with the library's versions: its own, the C API's it
+/// implements, and the plugin ABI range it loads. Set `out->struct_size`
+/// to `sizeof(MemplugHostVersion)` first.
+///
+/// A program built against this header checks at start-up that
+/// `api_major == MEMPLUG_HOST_API_MAJOR` and
+/// `api_minor >= MEMPLUG_HOST_API_MINOR`.
+///
+/// Ownership: `out` is the caller's; written only on success.
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_get_version(out: *mut MemplugHostVersion) -> MemplugHostStatus {
+    boundary("memplug_host_get_version", || -> Result<()> {
+        nn(out, "out")?;
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, version(), "MemplugHostVersion") }
+    })
+}
+
+/// The library version as a static NUL-terminated string, e.g. `"0.1.0"`.
+///
+/// Ownership: static; never free it. Thread-safety: any thread. Never
+/// fails.
+#[no_mangle]
+pub extern "C" fn memplug_host_version_string() -> *const c_char {
+    boundary_value("memplug_host_version_string", std::ptr::null(), || {
+        concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+    })
+}
+
+/// Checks that this library implements the C API a program was compiled
+/// against: pass `MEMPLUG_HOST_API_MAJOR` and `MEMPLUG_HOST_API_MINOR`
+/// (`MEMPLUG_HOST_CHECK_API()` does). `MEMPLUG_HOST_STATUS_VERSION_MISMATCH`
+/// (with a message naming both versions) when the major differs or the
+/// library's minor is older than the header's.
+///
+/// Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_check_api(major: u32, minor: u32) -> MemplugHostStatus {
+    boundary("memplug_host_check_api", || {
+        if major != MEMPLUG_HOST_API_MAJOR || minor > MEMPLUG_HOST_API_MINOR {
+            return Err(crate::error::Error::new(
+                MemplugHostStatus::VersionMismatch,
+                format!(
+                    "the program was built against C API {major}.{minor}; this library implements \
+                     {MEMPLUG_HOST_API_MAJOR}.{MEMPLUG_HOST_API_MINOR}"
+                ),
+            ));
+        }
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_matches_the_crate() {
+        let mut v = MemplugHostVersion {
+            struct_size: std::mem::size_of::<MemplugHostVersion>() as u32,
+            ..Default::default()
+        };
+        assert_eq!(unsafe { memplug_host_get_version(&mut v) }, MemplugHostStatus::Ok);
+        assert_eq!(v.api_major, MEMPLUG_HOST_API_MAJOR);
+        assert_eq!(v.abi_major, 1);
+        let s = unsafe { std::ffi::CStr::from_ptr(memplug_host_version_string()) };
+        assert_eq!(s.to_str().unwrap(), format!("{}.{}.{}", v.major, v.minor, v.patch));
+        let mut short = MemplugHostVersion { struct_size: 4, ..Default::default() };
+        assert_eq!(unsafe { memplug_host_get_version(&mut short) }, MemplugHostStatus::InvalidArgument);
+        assert_eq!(short.major, 0, "out-params are written only on success");
+        assert_eq!(
+            unsafe { memplug_host_get_version(std::ptr::null_mut()) },
+            MemplugHostStatus::NullArgument
+        );
+        assert_eq!(memplug_host_check_api(1, 0), MemplugHostStatus::Ok);
+        assert_eq!(memplug_host_check_api(1, 99), MemplugHostStatus::VersionMismatch);
+        assert_eq!(memplug_host_check_api(2, 0), MemplugHostStatus::VersionMismatch);
+    }
+}

@@ -1,0 +1,50 @@
+# Installation: headers, the host C API libraries, a CMake package
+# (find_package(memplug) -> memplug::headers, memplug::host,
+# memplug::host_static) and a pkg-config file (memplug-host.pc). The
+# packaging test configures cmake/consumer-test against an install prefix.
+include(GNUInstallDirs)
+include(CMakePackageConfigHelpers)
+
+install(FILES
+    ${PROJECT_SOURCE_DIR}/include/memplug.h
+    ${PROJECT_SOURCE_DIR}/include/memplug_host.h
+    ${PROJECT_SOURCE_DIR}/include/memplug.hpp
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(PROGRAMS ${MEMPLUG_HOST_SHARED} DESTINATION ${CMAKE_INSTALL_LIBDIR})
+install(FILES ${MEMPLUG_HOST_STATIC} DESTINATION ${CMAKE_INSTALL_LIBDIR})
+
+set(MEMPLUG_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/memplug)
+configure_package_config_file(
+  ${CMAKE_CURRENT_LIST_DIR}/memplugConfig.cmake.in
+  ${CMAKE_CURRENT_BINARY_DIR}/memplugConfig.cmake
+  INSTALL_DESTINATION ${MEMPLUG_CMAKE_INSTALL_DIR}
+  PATH_VARS CMAKE_INSTALL_INCLUDEDIR CMAKE_INSTALL_LIBDIR)
+write_basic_package_version_file(
+  ${CMAKE_CURRENT_BINARY_DIR}/memplugConfigVersion.cmake
+  VERSION ${PROJECT_VERSION}
+  COMPATIBILITY SameMinorVersion)
+install(FILES
+    ${CMAKE_CURRENT_BINARY_DIR}/memplugConfig.cmake
+    ${CMAKE_CURRENT_BINARY_DIR}/memplugConfigVersion.cmake
+  DESTINATION ${MEMPLUG_CMAKE_INSTALL_DIR})
+
+# pkg-config: memplug-host (shared; `--static` adds what the .a needs).
+set(MEMPLUG_PC_STATIC_LIBS "-lpthread -ldl -lm -lrt -lutil -lgcc_s")
+configure_file(${CMAKE_CURRENT_LIST_DIR}/memplug-host.pc.in
+  ${CMAKE_CURRENT_BINARY_DIR}/memplug-host.pc @ONLY)
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/memplug-host.pc
+  DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+
+# Packaging test: install into a scratch prefix, then build and run the
+# consumer project (find_package and pkg-config) against it.
+add_test(NAME install_consumer
+  COMMAND ${CMAKE_COMMAND}
+    -DBUILD_DIR=${CMAKE_BINARY_DIR}
+    -DWORK_DIR=${CMAKE_BINARY_DIR}/consumer-test
+    -DCONSUMER_SOURCE=${CMAKE_CURRENT_LIST_DIR}/consumer-test
+    -DGENERATOR=${CMAKE_GENERATOR}
+    -DCONFIG=$<CONFIG>
+    -DPLUGIN=${MEMPLUG_CPU_PLUGIN}
+    -DC_COMPILER=${CMAKE_C_COMPILER}
+    -P ${CMAKE_CURRENT_LIST_DIR}/RunConsumerTest.cmake)
+set_tests_properties(install_consumer PROPERTIES RESOURCE_LOCK memplug_build_tree TIMEOUT 600)

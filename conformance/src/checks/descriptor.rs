@@ -1,0 +1,426 @@
+//! `descriptor.*`: what the plugin publishes, read as untrusted prefixes.
+
+use super::{ensure, expect, fail, Ctx, Results, Verdict};
+use crate::raw::{device_kind_name, plugin_string, prefix, Mech};
+use core::ffi::c_void;
+use memplug_sdk::abi::*;
+
+/// Most mechanisms the kit reads from one plugin.
+const MAX_MECHANISMS: u32 = 4096;
+
+/// The plugin descriptor, validated.
+pub(crate) struct PluginView {
+    pub name: String,
+    pub version: String,
+    pub min_minor: u32,
+    pub max_minor: u32,
+    /// The minor agreed in negotiation.
+    pub agreed_minor: u32,
+    pub ctx: *mut c_void,
+    pub live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
+    pub unload: Option<unsafe extern "C" fn(*mut c_void)>,
+    pub mechanisms: Vec<*const MemplugMechanism>,
+}
+
+impl PluginView {
+    pub(crate) fn live(&self) -> u64 {
+        // SAFETY: validated non-NULL.
+        unsafe { (self.live_objects)(self.ctx) }
+    }
+}
+
+/// One mechanism descriptor that could be read.
+pub(crate) struct Published {
+    pub name: String,
+    pub desc: MemplugMechanism,
+    /// Well-formed and not a duplicate of an earlier one: deeper checks run.
+    pub checkable: bool,
+}
+
+pub(crate) fn device_string(d: MemplugDevice) -> String {
+    match device_kind_name(d.kind) {
+        Some(k) => format!("{k}:{}", d.ordinal),
+        None => format!("unknown({}):{}", d.kind, d.ordinal),
+    }
+}
+
+pub(crate) fn capability_names(caps: u32) -> Vec<&'static str> {
+    [
+        (MEMPLUG_CAP_ALLOCATOR, "allocator"),
+        (MEMPLUG_CAP_VIRTUAL_BACKING, "virtual_backing"),
+        (MEMPLUG_CAP_SHARED_MAPPING, "shared_mapping"),
+        (MEMPLUG_CAP_SYNC, "sync"),
+        (MEMPLUG_CAP_SHARED_EXPORT, "shared_export"),
+    ]
+    .into_iter()
+    .filter(|(bit, _)| caps & bit != 0)
+    .map(|(_, n)| n)
+    .collect()
+}
+
+pub(crate) fn plugin(res: &mut Results, p: &*const MemplugPlugin, agreed_minor: u32) -> Option<PluginView> {
+    let mut view = None;
+    res.run("descriptor.plugin", None, || {
+        // SAFETY: plugin-owned descriptor, at least struct_size bytes.
+        let d = match unsafe { prefix(*p, MEMPLUG_PLUGIN_SIZE_1_0) } {
+            Ok(Some((d, _))) => d,
+            Ok(None) => fail!("the descriptor pointer is NULL"),
+            Err(n) => fail!("struct_size {n} is shorter than ABI 1.0's {MEMPLUG_PLUGIN_SIZE_1_0}"),
+        };
+        let d: MemplugPlugin = d;
+        ensure!(d.abi_major == MEMPLUG_ABI_MAJOR, "abi_major is {}, expected 1", d.abi_major);
+        ensure!(d.min_minor <= d.max_minor, "minor range 1.{}..=1.{} is empty", d.min_minor, d.max_minor);
+        // SAFETY: plugin strings, read byte by byte up to a bound.
+        let name = unsafe { plugin_string(d.name) }.map_err(|e| Verdict::Fail(format!("name {e}")))?;
+        let version =
+            unsafe { plugin_string(d.version) }.map_err(|e| Verdict::Fail(format!("version {e}")))?;
+        let Some(live_objects) = d.live_objects else {
+            fail!("live_objects is NULL (required)");
+        };
+        ensure!(d.mechanism_count >= 1, "mechanism_count is 0");
+        ensure!(d.mechanism_count <= MAX_MECHANISMS, "mechanism_count {} is implausible", d.mechanism_count);
+        ensure!(!d.mechanisms.is_null(), "mechanisms is NULL");
+        // SAFETY: `mechanism_count` pointers, as the descriptor says.
+        let mechanisms = (0..d.mechanism_count as usize).map(|i| unsafe { *d.mechanisms.add(i) }).collect();
+        let detail = format!(
+            "{name} {version}, ABI 1.{}..=1.{}, {} mechanism(s)",
+            d.min_minor, d.max_minor, d.mechanism_count
+        );
+        view = Some(PluginView {
+            name,
+            version,
+            min_minor: d.min_minor,
+            max_minor: d.max_minor,
+            agreed_minor,
+            ctx: d.ctx,
+            live_objects,
+            unload: d.unload,
+            mechanisms,
+        });
+        Ok(detail)
+    });
+    view
+}
+
+pub(crate) fn mechanisms(res: &mut Results, plugin: &PluginView) -> Vec<Published> {
+    let mut out = Vec::new();
+    let mut problems = Vec::new();
+    for (i, &p) in plugin.mechanisms.iter().enumerate() {
+        // SAFETY: plugin-owned descriptor, at least struct_size bytes.
+        let d: MemplugMechanism = match unsafe { prefix(p, MEMPLUG_MECHANISM_SIZE_1_0) } {
+            Ok(Some((d, _))) => d,
+            Ok(None) => {
+                problems.push(format!("mechanism #{i} is NULL"));
+                continue;
+            }
+            Err(n) => {
+                problems.push(format!(
+                    "mechanism #{i}: struct_size {n} is shorter than ABI 1.0's {MEMPLUG_MECHANISM_SIZE_1_0}"
+                ));
+                continue;
+            }
+        };
+        // SAFETY: a plugin string, read byte by byte up to a bound.
+        let name = match unsafe { plugin_string(d.name) } {
+            Ok(n) => n,
+            Err(e) => {
+                problems.push(format!("mechanism #{i}: name {e}"));
+                continue;
+            }
+        };
+        let mut checkable = true;
+        if d.mechanism_id == 0 {
+            problems.push(format!("mechanism '{name}' has id 0 (ids are non-zero)"));
+            checkable = false;
+        }
+        if let Some(first) = out.iter().find(|o: &&Published| o.desc.mechanism_id == d.mechanism_id) {
+            problems.push(format!("mechanisms '{}' and '{name}' share id {}", first.name, d.mechanism_id));
+            checkable = false;
+        }
+        if out.iter().any(|o: &Published| o.name == name) {
+            problems.push(format!("two mechanisms share the name '{name}'"));
+            checkable = false;
+        }
+        out.push(Published { name, desc: d, checkable });
+    }
+    let n = plugin.mechanisms.len();
+    res.add(
+        "descriptor.mechanisms",
+        None,
+        if problems.is_empty() {
+            Ok(format!(
+                "{n} mechanism(s): {}",
+                out.iter().map(|o| o.name.as_str()).collect::<Vec<_>>().join(", ")
+            ))
+        } else {
+            Err(Verdict::Fail(format!(
+                "{} (deeper checks run only on well-formed, unique mechanisms)",
+                problems.join("; ")
+            )))
+        },
+    );
+    out
+}
+
+/// Reads a sub-vtable whose pointer was published; `what` names it.
+fn vtable<T: Copy>(p: *const T, min: u32, what: &str) -> Result<T, Verdict> {
+    vtable_sized(p, min, what).map(|(t, _)| t)
+}
+
+/// [`vtable`] with the `struct_size` the plugin declared.
+fn vtable_sized<T: Copy>(p: *const T, min: u32, what: &str) -> Result<(T, u32), Verdict> {
+    // SAFETY: plugin-owned vtable, at least struct_size bytes.
+    match unsafe { prefix(p, min) } {
+        Ok(Some(t)) => Ok(t),
+        Ok(None) => fail!("{what} pointer is NULL"),
+        Err(n) => fail!("{what}.struct_size {n} is shorter than ABI 1.0's {min}"),
+    }
+}
+
+fn required(slots: &[(&str, bool)], what: &str) -> Result<(), Verdict> {
+    let missing: Vec<&str> = slots.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
+    ensure!(missing.is_empty(), "{what}: required slot(s) NULL: {}", missing.join(", "));
+    Ok(())
+}
+
+/// `descriptor.capabilities`; on failure whether deeper checks must not run.
+fn capabilities(plugin: &PluginView, desc: &MemplugMechanism) -> Result<String, (Verdict, bool)> {
+    let caps = desc.capabilities;
+    let fatal = |m: String| (Verdict::Fail(m), true);
+    if caps & MEMPLUG_CAP_ALLOCATOR == 0 {
+        return Err(fatal("MEMPLUG_CAP_ALLOCATOR is not set (every mechanism has an allocator)".into()));
+    }
+    if desc.allocator.is_null() {
+        return Err(fatal("MEMPLUG_CAP_ALLOCATOR is set but allocator is NULL".into()));
+    }
+    for (bit, null, flag, field) in [
+        (
+            MEMPLUG_CAP_VIRTUAL_BACKING,
+            desc.virtual_backing.is_null(),
+            "MEMPLUG_CAP_VIRTUAL_BACKING",
+            "virtual_backing",
+        ),
+        (
+            MEMPLUG_CAP_SHARED_MAPPING,
+            desc.shared_mapping.is_null(),
+            "MEMPLUG_CAP_SHARED_MAPPING",
+            "shared_mapping",
+        ),
+        (MEMPLUG_CAP_SYNC, desc.sync.is_null(), "MEMPLUG_CAP_SYNC", "sync"),
+    ] {
+        let set = caps & bit != 0;
+        if set && null {
+            return Err(fatal(format!("{flag} is set but the {field} pointer is NULL")));
+        }
+        if !set && !null {
+            return Err(fatal(format!("the {field} pointer is set but {flag} is not")));
+        }
+    }
+    // Not fatal from here: a host refuses or ignores these, but the raw
+    // vtables can still be exercised.
+    let soft = |m: String| (Verdict::Fail(m), false);
+    if caps & MEMPLUG_CAP_SHARED_EXPORT != 0 {
+        if plugin.agreed_minor < 1 {
+            return Err(soft(format!(
+                "MEMPLUG_CAP_SHARED_EXPORT (bit 4) is an ABI 1.1 capability, but the agreed minor is 1.{} \
+                 (the plugin speaks up to 1.{}): a host refuses the mechanism",
+                plugin.agreed_minor, plugin.max_minor
+            )));
+        }
+        if caps & MEMPLUG_CAP_SHARED_MAPPING == 0 {
+            return Err(soft(
+                "MEMPLUG_CAP_SHARED_EXPORT is set without MEMPLUG_CAP_SHARED_MAPPING: a host refuses the \
+                 mechanism"
+                    .into(),
+            ));
+        }
+    }
+    let unknown = caps & !MEMPLUG_CAP_ALL_1_1;
+    if unknown != 0 && plugin.max_minor <= MEMPLUG_ABI_MINOR {
+        return Err(soft(format!(
+            "capability bits {unknown:#x} are not defined by any minor up to the plugin's newest, 1.{} \
+             (a host ignores them, and the plugin claims what it cannot have)",
+            plugin.max_minor
+        )));
+    }
+    let present = capability_names(caps);
+    let absent: Vec<&str> =
+        ["virtual_backing", "shared_mapping", "sync"].into_iter().filter(|c| !present.contains(c)).collect();
+    let mut s = format!("present: {}", present.join(", "));
+    if !absent.is_empty() {
+        s += &format!("; absent (flag clear, pointer NULL): {}", absent.join(", "));
+    }
+    if unknown != 0 {
+        s += &format!("; bits {unknown:#x} of a minor newer than this kit's (ignored)");
+    }
+    Ok(s)
+}
+
+/// The per-mechanism descriptor checks; the mechanism when deeper checks
+/// can run on it.
+pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &Published) -> Option<Mech> {
+    let name = Some(d.name.as_str());
+    let desc = d.desc;
+    let caps = desc.capabilities;
+    let mut usable = true;
+    let r = capabilities(plugin, &desc);
+    if matches!(&r, Err((_, true))) {
+        usable = false;
+    }
+    let r = r.map_err(|(v, _)| v);
+    res.add("descriptor.capabilities", name, r);
+
+    res.add(
+        "descriptor.device",
+        name,
+        match device_kind_name(desc.device.kind) {
+            Some(_) => Ok(device_string(desc.device)),
+            None => Err(Verdict::Fail(format!(
+                "device kind {} is not defined by ABI 1.0 (a host shows it as unknown)",
+                desc.device.kind
+            ))),
+        },
+    );
+    if !usable {
+        return None;
+    }
+
+    let mut tables = None;
+    let ok = res.run("descriptor.vtables", name, || {
+        let a: MemplugAllocator = vtable(desc.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, "allocator")?;
+        required(
+            &[
+                ("properties", a.properties.is_some()),
+                ("allocate", a.allocate.is_some()),
+                ("deallocate", a.deallocate.is_some()),
+            ],
+            "allocator",
+        )?;
+        let vb = if caps & MEMPLUG_CAP_VIRTUAL_BACKING != 0 {
+            let v: MemplugVirtualBacking =
+                vtable(desc.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, "virtual_backing")?;
+            required(
+                &[
+                    ("reserve", v.reserve.is_some()),
+                    ("commit", v.commit.is_some()),
+                    ("decommit", v.decommit.is_some()),
+                    ("committed_bytes", v.committed_bytes.is_some()),
+                    ("release", v.release.is_some()),
+                ],
+                "virtual_backing",
+            )?;
+            Some(v)
+        } else {
+            None
+        };
+        let sm = if caps & MEMPLUG_CAP_SHARED_MAPPING != 0 {
+            let (mut v, declared): (MemplugSharedMapping, u32) =
+                vtable_sized(desc.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, "shared_mapping")?;
+            let export = v.export_fd.is_some() || v.import_fd.is_some();
+            if caps & MEMPLUG_CAP_SHARED_EXPORT != 0 {
+                ensure!(
+                    declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_1,
+                    "MEMPLUG_CAP_SHARED_EXPORT is set but shared_mapping.struct_size {declared} is shorter \
+                     than ABI 1.1's {MEMPLUG_SHARED_MAPPING_SIZE_1_1}"
+                );
+                required(
+                    &[("export_fd", v.export_fd.is_some()), ("import_fd", v.import_fd.is_some())],
+                    "shared_mapping (MEMPLUG_CAP_SHARED_EXPORT is set)",
+                )?;
+            } else {
+                ensure!(
+                    !export,
+                    "shared_mapping publishes export_fd or import_fd but MEMPLUG_CAP_SHARED_EXPORT is not set"
+                );
+                v.export_fd = None;
+                v.import_fd = None;
+            }
+            required(
+                &[
+                    ("create", v.create.is_some()),
+                    ("map", v.map.is_some()),
+                    ("unmap", v.unmap.is_some()),
+                    ("retain", v.retain.is_some()),
+                    ("release", v.release.is_some()),
+                ],
+                "shared_mapping",
+            )?;
+            Some(v)
+        } else {
+            None
+        };
+        let sync = if caps & MEMPLUG_CAP_SYNC != 0 {
+            let v: MemplugSync = vtable(desc.sync, MEMPLUG_SYNC_SIZE_1_0, "sync")?;
+            required(
+                &[
+                    ("stream_create", v.stream_create.is_some()),
+                    ("stream_destroy", v.stream_destroy.is_some()),
+                    ("enqueue_host_fn", v.enqueue_host_fn.is_some()),
+                    ("fence_record", v.fence_record.is_some()),
+                    ("fence_query", v.fence_query.is_some()),
+                    ("fence_wait", v.fence_wait.is_some()),
+                    ("fence_destroy", v.fence_destroy.is_some()),
+                ],
+                "sync",
+            )?;
+            Some(v)
+        } else {
+            None
+        };
+        let mut optional = Vec::new();
+        if a.memory_info.is_none() {
+            optional.push("allocator.memory_info");
+        }
+        if sync.is_some_and(|s| s.stream_adopt.is_none()) {
+            optional.push("sync.stream_adopt");
+        }
+        tables = Some((a, vb, sm, sync));
+        Ok(if optional.is_empty() {
+            "every slot published".into()
+        } else {
+            format!("required slots present; optional slots NULL: {}", optional.join(", "))
+        })
+    });
+    let (alloc, vb, sm, sync) = tables.filter(|_| ok)?;
+    let mut m = Mech {
+        name: d.name.clone(),
+        id: desc.mechanism_id,
+        device: desc.device,
+        caps,
+        ctx: desc.ctx,
+        agreed_minor: plugin.agreed_minor,
+        alloc,
+        vb,
+        sm,
+        sync,
+        props: MemplugProperties::default(),
+        live_objects: plugin.live_objects,
+        plugin_ctx: plugin.ctx,
+    };
+    let mut props = None;
+    let ok = res.run("descriptor.properties", name, || {
+        let (s, out) = m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_0);
+        expect(s, &[MEMPLUG_STATUS_OK], "properties")?;
+        ensure!(out.tail_intact(), "properties wrote past struct_size {MEMPLUG_PROPERTIES_SIZE_1_0}");
+        let p: MemplugProperties = out.read();
+        ensure!(
+            p.min_alignment.is_power_of_two() && p.max_alignment.is_power_of_two(),
+            "alignments must be powers of two (min {}, max {})",
+            p.min_alignment,
+            p.max_alignment
+        );
+        ensure!(
+            p.min_alignment <= p.max_alignment,
+            "min_alignment {} > max_alignment {}",
+            p.min_alignment,
+            p.max_alignment
+        );
+        if caps & (MEMPLUG_CAP_VIRTUAL_BACKING | MEMPLUG_CAP_SHARED_MAPPING) != 0 {
+            ensure!(p.granularity.is_power_of_two(), "granularity {} is not a power of two", p.granularity);
+        }
+        props = Some(p);
+        Ok(format!("alignment {}..={}, granularity {}", p.min_alignment, p.max_alignment, p.granularity))
+    });
+    m.props = props.filter(|_| ok)?;
+    Some(m)
+}

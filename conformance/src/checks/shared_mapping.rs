@@ -1,0 +1,286 @@
+//! `shared_mapping.*`.
+
+use super::allocator::touch;
+use super::{ensure, expect, expect_live, fail, skip, CheckFn, Checked, Ctx, Results, Scope};
+use crate::os::{in_child, protection, writable, ChildEnd};
+use crate::raw::{status_name, Mech};
+use memplug_sdk::abi::*;
+use std::time::Duration;
+
+const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
+const RO: u32 = MEMPLUG_ACCESS_READ;
+
+pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech) {
+    let name = Some(m.name.as_str());
+    let checks: [(&'static str, bool, bool, CheckFn); 8] = [
+        ("shared_mapping.create", false, false, create),
+        ("shared_mapping.coherence", true, true, coherence),
+        ("shared_mapping.read_only", true, true, read_only),
+        ("shared_mapping.invalid_state", true, false, invalid_state),
+        ("shared_mapping.out_of_range", true, false, out_of_range),
+        ("shared_mapping.unknown_access", true, false, unknown_access),
+        ("shared_mapping.references", true, false, references),
+        ("shared_mapping.export_import", false, false, export_import),
+    ];
+    for (check, maps, cpu_only, f) in checks {
+        res.run(check, name, || {
+            if m.sm.is_none() {
+                skip!("no shared_mapping capability (flag clear, pointer NULL)");
+            }
+            if maps && m.vb.is_none() {
+                skip!("mapping needs reservations, and the mechanism has no virtual_backing capability");
+            }
+            if cpu_only && !m.is_cpu() {
+                skip!(
+                    "device {}: memory contents and protections are not visible to the host",
+                    super::descriptor::device_string(m.device)
+                );
+            }
+            f(ctx, m)
+        });
+    }
+}
+
+fn create(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let live = m.live();
+    let want = 4 * g + 1;
+    let made = s.create(want);
+    expect(made.status, &[MEMPLUG_STATUS_OK], &format!("create({want})"))?;
+    let b = made.block;
+    ensure!(b.addr == 0, "a physical object has address {:#x}, expected 0 until mapped", b.addr);
+    ensure!(
+        b.size >= want && b.size % g == 0,
+        "size {} for {want} bytes is not rounded up to the granularity {g}",
+        b.size
+    );
+    expect_live(m, live + 1, "with the object")?;
+    expect(s.release_object(&made.obj), &[MEMPLUG_STATUS_OK], "release")?;
+    expect_live(m, live, "after its release")?;
+    expect(m.release_object(&ctx.log, &made.obj), &[MEMPLUG_STATUS_UNKNOWN_ALLOCATION], "a second release")?;
+    for size in [0, u64::MAX] {
+        let made = s.create(size);
+        let want: &[MemplugStatus] = if size == 0 {
+            &[MEMPLUG_STATUS_INVALID_ARGUMENT]
+        } else {
+            &[MEMPLUG_STATUS_OUT_OF_MEMORY, MEMPLUG_STATUS_INVALID_ARGUMENT]
+        };
+        expect(made.status, want, &format!("create({size})"))?;
+        expect_live(m, live, &format!("after the refused create({size})"))?;
+    }
+    Ok(format!("{want} bytes made as {}; sizes 0 and 2^64-1 refused; release frees", b.size))
+}
+
+fn byte(addr: u64) -> u8 {
+    // SAFETY: callers check the range is mapped readable first.
+    unsafe { (addr as *const u8).read_volatile() }
+}
+
+fn coherence(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let o = s.create_ok(4 * g)?;
+    let r1 = s.reserve_ok(4 * g)?;
+    let r2 = s.reserve_ok(8 * g)?;
+    let r3 = s.reserve_ok(2 * g)?;
+    expect(s.map(&o, 0, &r1, 0, 4 * g, RW), &[MEMPLUG_STATUS_OK], "map into view 1")?;
+    expect(s.map(&o, 0, &r2, 4 * g, 4 * g, RW), &[MEMPLUG_STATUS_OK], "map into view 2 at +4g")?;
+    expect(s.map(&o, 2 * g, &r3, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map [2g, 4g) into view 3")?;
+    let (v1, v2, v3) = (r1.addr, r2.addr + 4 * g, r3.addr);
+    ensure!(
+        writable(v1, 4 * g) && writable(v2, 4 * g) && writable(v3, 2 * g),
+        "a read-write mapping is not mapped read-write"
+    );
+    ensure!(byte(v1) == 0 && byte(v2 + 3 * g) == 0, "a new physical object does not read as zeros");
+    touch(v1, 64, 0x21)?;
+    for i in 0..64u64 {
+        ensure!(
+            byte(v2 + i) == 0x21u8.wrapping_add(i as u8),
+            "byte {i} written through view 1 reads {:#x} through view 2",
+            byte(v2 + i)
+        );
+    }
+    touch(v2 + 2 * g, 64, 0x42)?;
+    ensure!(
+        byte(v1 + 2 * g) == 0x42 && byte(v3) == 0x42,
+        "a write through view 2 at +2g is not seen through view 1 ({:#x}) or through view 3 mapping the \
+         object from offset 2g ({:#x})",
+        byte(v1 + 2 * g),
+        byte(v3)
+    );
+    Ok("writes through each view are read through the others, at object offsets 0 and 2g".into())
+}
+
+fn read_only(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let o = s.create_ok(2 * g)?;
+    let rw = s.reserve_ok(2 * g)?;
+    let ro = s.reserve_ok(2 * g)?;
+    expect(s.map(&o, 0, &rw, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map read-write")?;
+    expect(s.map(&o, 0, &ro, 0, 2 * g, RO), &[MEMPLUG_STATUS_OK], "map read-only")?;
+    touch(rw.addr + g, 16, 0x33)?;
+    let p = protection(ro.addr, 2 * g);
+    ensure!(p.is_some_and(|p| p.read), "the read-only view is not mapped readable ({p:?})");
+    ensure!(byte(ro.addr + g) == 0x33, "the read-only view does not show the object's bytes");
+    let target = ro.addr + g;
+    let end = in_child(Duration::from_secs(5), move || {
+        // SAFETY: deliberately a write to a read-only view, in a child that
+        // is expected to die of it.
+        unsafe { (target as *mut u8).write_volatile(0x77) };
+        0
+    });
+    match end {
+        ChildEnd::Signaled(sig) if sig == libc::SIGSEGV || sig == libc::SIGBUS => Ok(format!(
+            "reads the object; a write through it killed the child with {}",
+            crate::os::signal_name(sig)
+        )),
+        ChildEnd::Exited(0) => fail!("a write through the read-only view succeeded (the child lived on)"),
+        other => fail!("the child writing through the read-only view {}", other.describe()),
+    }
+}
+
+fn invalid_state(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let o = s.create_ok(2 * g)?;
+    let r = s.reserve_ok(8 * g)?;
+    let state = [MEMPLUG_STATUS_INVALID_STATE];
+    expect(m.commit(&ctx.log, &r, 0, 2 * g), &[MEMPLUG_STATUS_OK], "commit [0, 2g)")?;
+    expect(s.map(&o, 0, &r, 0, 2 * g, RW), &state, "map over committed [0, 2g)")?;
+    expect(s.map(&o, 0, &r, 4 * g, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map at [4g, 6g)")?;
+    expect(s.map(&o, 0, &r, 4 * g, 2 * g, RW), &state, "map over the mapping at [4g, 6g)")?;
+    expect(s.map(&o, 0, &r, 5 * g, 2 * g, RW), &state, "map over half of the mapping, [5g, 7g)")?;
+    for (what, off, len) in [("an unmapped range", 2 * g, g), ("part of a mapping", 4 * g, g)] {
+        let st = m.unmap(&ctx.log, &r, off, len);
+        ensure!(st != MEMPLUG_STATUS_OK, "unmap of {what} returned OK");
+    }
+    expect(s.unmap(&r, 4 * g, 2 * g), &[MEMPLUG_STATUS_OK], "unmap of the mapping")?;
+    Ok("maps over committed or mapped pages and unmaps of non-mappings refused".into())
+}
+
+fn out_of_range(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let o = s.create_ok(2 * g)?;
+    let r = s.reserve_ok(4 * g)?;
+    let osz = o.size;
+    let rsz = r.size;
+    let mut cases = vec![
+        ("the object range past its end", osz - g, 0, 2 * g),
+        ("the reservation range past its end", 0, rsz - g, 2 * g),
+        ("an overflowing object offset", u64::MAX - g + 1, 0, 2 * g),
+        ("an overflowing reservation offset", 0, u64::MAX - g + 1, 2 * g),
+    ];
+    if g >= 2 {
+        cases.push(("an unaligned object offset", g / 2, 0, g));
+    }
+    for (what, obj_off, off, len) in &cases {
+        let st = s.map(&o, *obj_off, &r, *off, *len, RW);
+        expect(st, &[MEMPLUG_STATUS_OUT_OF_RANGE], &format!("map with {what}"))?;
+    }
+    Ok(format!("{} kinds of bad range refused", cases.len()))
+}
+
+fn unknown_access(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let o = s.create_ok(g)?;
+    let r = s.reserve_ok(g)?;
+    for access in [0, MEMPLUG_ACCESS_WRITE, RO | 0x80, RW | 0x100] {
+        let st = s.map(&o, 0, &r, 0, g, access);
+        if st == MEMPLUG_STATUS_OK {
+            s.unmap(&r, 0, g);
+        }
+        expect(st, &[MEMPLUG_STATUS_INVALID_ARGUMENT], &format!("map with access {access:#x}"))?;
+    }
+    Ok("access 0x0, 0x2 (write-only), 0x81 and 0x103 refused".into())
+}
+
+fn references(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let live = m.live();
+    let o = s.create_ok(2 * g)?;
+    let r = s.reserve_ok(2 * g)?;
+    expect(s.retain(&o), &[MEMPLUG_STATUS_OK], "retain")?;
+    expect(s.map(&o, 0, &r, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map")?;
+    expect(s.release_object(&o), &[MEMPLUG_STATUS_OK], "release of the create reference")?;
+    expect(s.release_object(&o), &[MEMPLUG_STATUS_OK], "release of the retain reference")?;
+    expect_live(m, live + 2, "with only the mapping holding the object (object + reservation)")?;
+    if m.is_cpu() {
+        touch(r.addr, 64, 0x44)?;
+    }
+    let st = m.release_object(&ctx.log, &o);
+    expect(
+        st,
+        &[MEMPLUG_STATUS_UNKNOWN_ALLOCATION, MEMPLUG_STATUS_INVALID_STATE],
+        "a third release (no create or retain reference left)",
+    )?;
+    expect(s.unmap(&r, 0, 2 * g), &[MEMPLUG_STATUS_OK], "unmap of the last view")?;
+    expect_live(m, live + 1, "after the last view went (the object with it)")?;
+    expect(
+        m.release_object(&ctx.log, &o),
+        &[MEMPLUG_STATUS_UNKNOWN_ALLOCATION],
+        "release of the gone object",
+    )?;
+    Ok(format!(
+        "the mapping kept the object usable after its references went; a release too many gave {}",
+        status_name(st)
+    ))
+}
+
+fn export_import(ctx: &Ctx, m: &Mech) -> Checked {
+    if m.caps & MEMPLUG_CAP_SHARED_EXPORT == 0 {
+        skip!(
+            "no MEMPLUG_CAP_SHARED_EXPORT: the mechanism shares no physical object across processes (flag \
+             clear, export_fd and import_fd NULL)"
+        );
+    }
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let live = m.live();
+    let o = s.create_ok(2 * g)?;
+    let (st, raw) = m.export_fd(&ctx.log, &o);
+    expect(st, &[MEMPLUG_STATUS_OK], "export_fd")?;
+    ensure!(raw >= 0, "export_fd returned OK with the descriptor {raw}");
+    // SAFETY: a new descriptor the caller owns (ABI 1.1): closed on drop.
+    let fd = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(raw) };
+    let made = s.import(raw, 2 * g);
+    expect(made.status, &[MEMPLUG_STATUS_OK], "import_fd of the exported descriptor")?;
+    ensure!(
+        made.block.addr == 0 && made.block.size >= 2 * g,
+        "import_fd returned address {:#x}, size {}",
+        made.block.addr,
+        made.block.size
+    );
+    let imported = made.obj;
+    expect_live(m, live + 2, "with the object and its import")?;
+    let mut shown = "";
+    if m.vb.is_some() && m.is_cpu() {
+        let r1 = s.reserve_ok(2 * g)?;
+        let r2 = s.reserve_ok(2 * g)?;
+        expect(s.map(&o, 0, &r1, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map the object")?;
+        expect(s.map(&imported, 0, &r2, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map the import")?;
+        touch(r1.addr + g, 32, 0x55)?;
+        ensure!(
+            writable(r2.addr, 2 * g) && byte(r2.addr + g) == 0x55,
+            "a write through the object is not read through its import"
+        );
+        touch(r2.addr, 32, 0x66)?;
+        ensure!(byte(r1.addr) == 0x66, "a write through the import is not read through the object");
+        shown = "; the same memory through both";
+    }
+    expect(s.import(-1, g).status, &[MEMPLUG_STATUS_INVALID_ARGUMENT], "import_fd of descriptor -1")?;
+    let st = s.import(raw, 64 * g).status;
+    ensure!(st != MEMPLUG_STATUS_OK, "import_fd of more bytes than the descriptor holds returned OK");
+    let mut forged = o;
+    forged.handle ^= 0xffff_0000_0000_0000;
+    let (st, _) = m.export_fd(&ctx.log, &forged);
+    expect(st, &[MEMPLUG_STATUS_UNKNOWN_ALLOCATION], "export_fd of a forged object")?;
+    drop(fd);
+    Ok(format!(
+        "exported and imported{shown}; a bad descriptor, an oversized import and a forged export refused"
+    ))
+}

@@ -1,0 +1,441 @@
+//! memplug conformance kit: the suite a vendor runs on their own plugin.
+//!
+//! The kit opens the plugin library itself (libloading), negotiates through
+//! `memplug_plugin_v1`, and drives the raw vtables of
+//! [`memplug_sdk::abi`] exactly as `include/memplug.h` describes them. It
+//! uses nothing of the host and nothing the reference plugins do
+//! privately, so it also exercises what a host would refuse.
+//!
+//! Every check has a stable name ([`CHECKS`]) and ends [`Outcome::Pass`],
+//! [`Outcome::Fail`] or [`Outcome::Skip`]. A check is skipped only where
+//! the plugin explicitly lacks what it tests (a NULL optional slot, an
+//! absent capability flag) or where the device cannot show it to the host
+//! (residency and memory contents of non-CPU devices), always with the
+//! reason.
+//!
+//! ```no_run
+//! let report = memplug_conformance::run(
+//!     std::path::Path::new("libmy_plugin.so"),
+//!     &memplug_conformance::Options::default(),
+//! )
+//! .unwrap();
+//! assert!(report.passed(), "{:?}", report.failures().collect::<Vec<_>>());
+//! ```
+//!
+//! Crash-prone probes (NULL arguments, NULL sinks, writes to read-only
+//! views) run in a forked child, so a plugin that crashes on them fails the
+//! check instead of ending the run. Memory of CPU-kind devices is touched
+//! only after `/proc/self/maps` says it is mapped writable.
+
+mod checks;
+mod elf;
+mod os;
+mod raw;
+mod sink;
+
+use serde::Serialize;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How one check ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Outcome {
+    Pass,
+    Fail,
+    Skip,
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Outcome::Pass => "pass",
+            Outcome::Fail => "fail",
+            Outcome::Skip => "skip",
+        })
+    }
+}
+
+/// The result of one check (for one mechanism, when it is per mechanism).
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckResult {
+    /// Stable name, one of [`CHECKS`].
+    pub name: &'static str,
+    /// The mechanism checked, for per-mechanism checks.
+    pub mechanism: Option<String>,
+    pub outcome: Outcome,
+    /// What was seen: for a failure what is wrong, for a skip why.
+    pub detail: String,
+}
+
+/// A mechanism as the plugin published it.
+#[derive(Clone, Debug, Serialize)]
+pub struct MechanismSummary {
+    pub name: String,
+    pub id: u64,
+    pub device: String,
+    pub capabilities: Vec<&'static str>,
+}
+
+/// Everything one run found.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The library checked.
+    pub plugin_path: PathBuf,
+    pub plugin_name: Option<String>,
+    pub plugin_version: Option<String>,
+    /// The agreed ABI version (`"1.0"`), when negotiation succeeded.
+    pub abi: Option<String>,
+    /// The minor range the plugin declared (`"1.0..=1.0"`).
+    pub plugin_abi_range: Option<String>,
+    pub mechanisms: Vec<MechanismSummary>,
+    pub checks: Vec<CheckResult>,
+}
+
+impl Report {
+    /// True when no check failed.
+    pub fn passed(&self) -> bool {
+        self.count(Outcome::Fail) == 0
+    }
+
+    pub fn count(&self, o: Outcome) -> usize {
+        self.checks.iter().filter(|c| c.outcome == o).count()
+    }
+
+    pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
+        self.checks.iter().filter(|c| c.outcome == Outcome::Fail)
+    }
+
+    /// Every result of the check called `name` (one per mechanism for
+    /// per-mechanism checks).
+    pub fn results(&self, name: &str) -> impl Iterator<Item = &CheckResult> + '_ {
+        let name = name.to_string();
+        self.checks.iter().filter(move |c| c.name == name)
+    }
+}
+
+/// Knobs of a run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Check only this mechanism (plugin-wide checks still run).
+    pub mechanism: Option<String>,
+    /// How long a fence whose work has run may take to complete.
+    pub fence_timeout: Duration,
+    /// Threads of the `concurrency.*` checks.
+    pub threads: usize,
+    /// Operations per thread in the `concurrency.*` checks.
+    pub iterations: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { mechanism: None, fence_timeout: Duration::from_secs(2), threads: 4, iterations: 1000 }
+    }
+}
+
+/// Why no report could be made.
+#[derive(Debug)]
+pub enum Error {
+    /// The file does not exist.
+    NotFound(PathBuf),
+    /// `--mechanism` named a mechanism the plugin does not publish.
+    NoSuchMechanism { name: String, available: Vec<String> },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::NotFound(p) => write!(f, "{} does not exist", p.display()),
+            Error::NoSuchMechanism { name, available } => {
+                write!(f, "the plugin has no mechanism '{name}' (it publishes: {})", available.join(", "))
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// One entry of the check list.
+#[derive(Clone, Copy, Debug)]
+pub struct CheckInfo {
+    pub name: &'static str,
+    /// Whether it runs once per mechanism.
+    pub per_mechanism: bool,
+    pub verifies: &'static str,
+}
+
+const fn plugin_wide(name: &'static str, verifies: &'static str) -> CheckInfo {
+    CheckInfo { name, per_mechanism: false, verifies }
+}
+
+const fn per_mechanism(name: &'static str, verifies: &'static str) -> CheckInfo {
+    CheckInfo { name, per_mechanism: true, verifies }
+}
+
+/// Every check, in the order a run reports them. Names are stable.
+pub const CHECKS: &[CheckInfo] = &[
+    plugin_wide("load.open", "the file opens as a shared library with every symbol resolved (RTLD_NOW)"),
+    plugin_wide("load.entry_symbol", "memplug_plugin_v1 is defined"),
+    plugin_wide(
+        "exports.only_entry_symbols",
+        "the dynamic symbol table exports nothing but memplug_plugin_v<N> entry symbols",
+    ),
+    plugin_wide(
+        "negotiation.accepts_host",
+        "a host speaking 1.0..=1.<newest> gets OK, a descriptor, an agreed minor in the common range, \
+         and nothing written past the host's struct_size",
+    ),
+    plugin_wide(
+        "negotiation.host_range_above",
+        "a host whose minors all lie above the plugin's is refused with VERSION_MISMATCH",
+    ),
+    plugin_wide(
+        "negotiation.host_range_below",
+        "a host range ending at the plugin's oldest minor agrees on it; one ending below it is refused \
+         with VERSION_MISMATCH",
+    ),
+    plugin_wide(
+        "negotiation.host_range_wider",
+        "a host range reaching past the plugin's newest minor agrees on a minor the plugin speaks",
+    ),
+    plugin_wide(
+        "negotiation.refuses_wrong_major",
+        "hosts saying major 0 or 2 are refused with VERSION_MISMATCH",
+    ),
+    plugin_wide(
+        "negotiation.short_host_struct",
+        "host info shorter than ABI 1.0 (struct_size 0, 12) is refused with INVALID_ARGUMENT",
+    ),
+    plugin_wide(
+        "negotiation.long_host_struct",
+        "host info longer than the plugin knows, garbage after the 1.0 prefix, is accepted",
+    ),
+    plugin_wide(
+        "negotiation.short_out",
+        "an answer struct shorter than ABI 1.0 is refused with INVALID_ARGUMENT and not written past",
+    ),
+    plugin_wide(
+        "negotiation.null_arguments",
+        "NULL host info or NULL answer is refused with INVALID_ARGUMENT (probed in a child)",
+    ),
+    plugin_wide(
+        "descriptor.plugin",
+        "plugin struct_size, major 1, minor range, name, version, live_objects, mechanism list",
+    ),
+    plugin_wide(
+        "descriptor.mechanisms",
+        "every mechanism: struct_size, name (NUL-terminated UTF-8), non-zero id; ids and names unique",
+    ),
+    per_mechanism(
+        "descriptor.capabilities",
+        "allocator flag and pointer present; every optional flag agrees with its pointer; \
+         MEMPLUG_CAP_SHARED_EXPORT only with shared mapping and an agreed minor >= 1; no bit the plugin's \
+         newest minor does not define",
+    ),
+    per_mechanism("descriptor.device", "the device kind is one ABI 1.0 defines"),
+    per_mechanism(
+        "descriptor.vtables",
+        "each published sub-vtable is at least its 1.0 size with every required slot non-NULL",
+    ),
+    per_mechanism(
+        "descriptor.properties",
+        "properties: OK, alignments and granularity powers of two, min <= max, nothing written past \
+         struct_size",
+    ),
+    per_mechanism(
+        "allocator.usable",
+        "an allocation is at least the size asked, non-NULL, readable and writable (CPU), and frees",
+    ),
+    per_mechanism(
+        "allocator.alignment",
+        "every power of two from 1 to max_alignment is honoured (and min_alignment always)",
+    ),
+    per_mechanism(
+        "allocator.bad_alignment",
+        "alignments 0, 3 and 2 * max_alignment are refused with INVALID_ARGUMENT, nothing allocated",
+    ),
+    per_mechanism("allocator.zero_size", "size 0 is refused with INVALID_ARGUMENT, nothing allocated"),
+    per_mechanism(
+        "allocator.huge_size",
+        "sizes 2^62, 2^63 and 2^64-1 are refused with OUT_OF_MEMORY or INVALID_ARGUMENT, no crash",
+    ),
+    per_mechanism(
+        "allocator.unknown_flags",
+        "request flags unknown to 1.0 are refused with INVALID_ARGUMENT",
+    ),
+    per_mechanism(
+        "allocator.memory_info",
+        "memory_info, when published, is OK with 0 < total and free <= total (a published slot must not \
+         answer UNSUPPORTED)",
+    ),
+    per_mechanism(
+        "allocator.class_tags",
+        "ABI 1.1: requests tagged with every class, and an unknown class, are served alike",
+    ),
+    per_mechanism(
+        "structs.short_host_structs",
+        "requests, object references and outputs shorter than 1.0 are refused with INVALID_ARGUMENT and \
+         change nothing",
+    ),
+    per_mechanism(
+        "structs.long_host_structs",
+        "requests and object references longer than 1.0, garbage after the prefix, are accepted",
+    ),
+    per_mechanism(
+        "identity.wrong_mechanism",
+        "a reference naming another mechanism id is refused with WRONG_MECHANISM; live_objects unchanged",
+    ),
+    per_mechanism(
+        "identity.wrong_device",
+        "a reference or request naming another device is refused with WRONG_DEVICE; live_objects unchanged",
+    ),
+    per_mechanism(
+        "identity.unknown_allocation",
+        "forged handles, never-issued handles and altered object ids are refused with UNKNOWN_ALLOCATION",
+    ),
+    per_mechanism(
+        "identity.double_free",
+        "freeing twice is refused with UNKNOWN_ALLOCATION; live_objects unchanged",
+    ),
+    per_mechanism(
+        "identity.reservation",
+        "reservations: forged, foreign and released references are refused with their codes",
+    ),
+    per_mechanism(
+        "virtual_backing.reserve",
+        "reserve: granularity-aligned address, size rounded up to the granularity, nothing committed; \
+         zero and huge sizes refused",
+    ),
+    per_mechanism(
+        "virtual_backing.accounting",
+        "committed_bytes is exact through commits, decommits and release",
+    ),
+    per_mechanism(
+        "virtual_backing.residency",
+        "committed pages are mapped read-write and resident once touched; decommitted pages are \
+         inaccessible and not resident; a recommit reads zeros (CPU devices)",
+    ),
+    per_mechanism(
+        "virtual_backing.out_of_range",
+        "ranges past the end, overflowing or unaligned are refused with OUT_OF_RANGE (empty ranges too, \
+         or INVALID_ARGUMENT); committed_bytes unchanged",
+    ),
+    per_mechanism(
+        "virtual_backing.invalid_state",
+        "double commit and decommit of uncommitted pages are refused with INVALID_STATE; nothing changes",
+    ),
+    per_mechanism(
+        "shared_mapping.create",
+        "create: size rounded up, address zero, zero and huge sizes refused; release frees it",
+    ),
+    per_mechanism(
+        "shared_mapping.coherence",
+        "a write through one view is read through another, including at an object offset",
+    ),
+    per_mechanism(
+        "shared_mapping.read_only",
+        "a read-only view reads the object, and a write through it kills a forked child with SIGSEGV or \
+         SIGBUS",
+    ),
+    per_mechanism(
+        "shared_mapping.invalid_state",
+        "mapping over committed or mapped pages is refused with INVALID_STATE; unmapping what is not a \
+         mapping is refused",
+    ),
+    per_mechanism(
+        "shared_mapping.out_of_range",
+        "object or reservation ranges out of bounds are refused with OUT_OF_RANGE",
+    ),
+    per_mechanism(
+        "shared_mapping.unknown_access",
+        "access other than READ or READ|WRITE is refused with INVALID_ARGUMENT",
+    ),
+    per_mechanism(
+        "shared_mapping.references",
+        "an object lives while created, retained or mapped references remain; a release too many is \
+         refused",
+    ),
+    per_mechanism(
+        "shared_mapping.export_import",
+        "ABI 1.1 MEMPLUG_CAP_SHARED_EXPORT: an exported descriptor imports as an object showing the same \
+         memory; bad descriptors, oversized imports and forged exports are refused",
+    ),
+    per_mechanism(
+        "sync.streams",
+        "streams are created and destroyed; destroy waits for submitted work; a second destroy is refused",
+    ),
+    per_mechanism("sync.in_order", "host functions run in the order they were enqueued"),
+    per_mechanism(
+        "sync.fence_orders",
+        "a fence behind a sleeping host function is NOT_READY until the function ran, then OK",
+    ),
+    per_mechanism(
+        "sync.wait_timeout",
+        "waiting on a fence behind blocked work returns TIMEOUT after about the timeout, then OK",
+    ),
+    per_mechanism(
+        "sync.unknown_fence",
+        "a fence handle never recorded, or already destroyed, is refused with UNKNOWN_ALLOCATION",
+    ),
+    per_mechanism("sync.stream_adopt", "stream_adopt, when published, refuses a NULL native stream"),
+    per_mechanism(
+        "concurrency.allocator",
+        "several threads allocating and freeing at once: every call succeeds, no two live blocks overlap, \
+         live_objects balances",
+    ),
+    per_mechanism(
+        "concurrency.virtual_backing",
+        "several threads reserving, committing, decommitting and releasing at once balance",
+    ),
+    per_mechanism(
+        "concurrency.sync",
+        "several threads with their own streams and fences at once complete and balance",
+    ),
+    per_mechanism(
+        "lifecycle.live_objects",
+        "live_objects counts every allocation, reservation, physical object, stream and fence exactly",
+    ),
+    plugin_wide("messages.present", "every refused call explained itself through the sink"),
+    plugin_wide(
+        "messages.bounded",
+        "every message is at most MEMPLUG_MESSAGE_MAX bytes of UTF-8 with a non-NULL pointer",
+    ),
+    plugin_wide("messages.calling_thread", "every message was written on the thread that made the call"),
+    plugin_wide(
+        "messages.null_sink",
+        "refused calls with a NULL sink, or a sink whose write is NULL, do not crash (probed in a child)",
+    ),
+    plugin_wide("structs.writes_within_size", "no call wrote an output past the struct_size the host set"),
+    plugin_wide("structs.out_untouched_on_failure", "no failed call changed its output"),
+    plugin_wide(
+        "lifecycle.unload_ready",
+        "live_objects is 0 once everything the kit made is released (then unload is called)",
+    ),
+];
+
+/// Runs every check on the plugin library at `path`.
+pub fn run(path: &Path, opts: &Options) -> Result<Report, Error> {
+    if !path.exists() {
+        return Err(Error::NotFound(path.to_path_buf()));
+    }
+    checks::run(path, opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CHECKS;
+    use std::collections::HashSet;
+
+    #[test]
+    fn check_names_are_unique_and_grouped() {
+        let mut seen = HashSet::new();
+        for c in CHECKS {
+            assert!(seen.insert(c.name), "{} listed twice", c.name);
+            let (group, name) = c.name.split_once('.').expect("group.name");
+            assert!(!group.is_empty() && !name.is_empty(), "{}", c.name);
+            assert!(c.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'), "{}", c.name);
+            assert!(!c.verifies.is_empty());
+        }
+    }
+}

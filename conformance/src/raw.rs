@@ -1,0 +1,510 @@
+//! The plugin as the kit sees it: descriptors read as untrusted prefixes,
+//! and one wrapper per slot that passes a recording sink and a guarded
+//! output buffer (so a write past `struct_size`, or a write on failure, is
+//! noticed), and logs the call.
+
+use crate::sink::{call, Log};
+use core::ffi::{c_char, c_void, CStr};
+use memplug_sdk::abi::*;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Filler of guarded output buffers.
+pub(crate) const FILL: u8 = 0xa5;
+/// Bytes of a guarded output buffer (every ABI 1.0 output fits well inside).
+const GUARDED: usize = 128;
+
+/// An output struct inside a larger buffer whose other bytes are `FILL`:
+/// after the call, a byte past `struct_size` that changed is an overrun.
+#[repr(C, align(8))]
+pub(crate) struct Guarded {
+    bytes: [u8; GUARDED],
+    declared: u32,
+}
+
+impl Guarded {
+    pub(crate) fn new(declared: u32) -> Self {
+        let mut g = Guarded { bytes: [FILL; GUARDED], declared };
+        g.bytes[..4].copy_from_slice(&declared.to_ne_bytes());
+        g
+    }
+
+    pub(crate) fn ptr<T>(&mut self) -> *mut T {
+        self.bytes.as_mut_ptr().cast()
+    }
+
+    /// The struct as written (fields past `struct_size` read as `FILL`).
+    pub(crate) fn read<T: Copy>(&self) -> T {
+        assert!(core::mem::size_of::<T>() <= GUARDED);
+        // SAFETY: in bounds (checked), and every ABI output is plain data.
+        unsafe { self.bytes.as_ptr().cast::<T>().read_unaligned() }
+    }
+
+    /// True when no byte past `struct_size` changed.
+    pub(crate) fn tail_intact(&self) -> bool {
+        let from = (self.declared as usize).min(GUARDED);
+        self.bytes[from..].iter().all(|&b| b == FILL)
+    }
+
+    /// True when nothing at all changed (the output of a failed call).
+    pub(crate) fn untouched(&self) -> bool {
+        self.bytes[..4] == self.declared.to_ne_bytes() && self.bytes[4..].iter().all(|&b| b == FILL)
+    }
+
+    /// Logs what the call did to the buffer that it must not have done.
+    fn audit(&self, log: &Log, slot: &'static str, status: MemplugStatus) {
+        if !self.tail_intact() {
+            log.overrun(slot, format!("wrote past struct_size {} of its output", self.declared));
+        }
+        if status != MEMPLUG_STATUS_OK && !self.untouched() {
+            log.wrote_on_failure(slot, status);
+        }
+    }
+}
+
+/// Host-assigned object ids: unique for the run, never an address.
+pub(crate) fn next_object_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0x00c0_ffee_0000_0001);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Reads `min(struct_size, sizeof T)` bytes of `p` into a zeroed `T`.
+/// `None` for NULL; `Err` with the declared size when it is below `min`.
+///
+/// # Safety
+/// `p` is NULL or points to at least `struct_size` readable bytes.
+pub(crate) unsafe fn prefix<T: Copy>(p: *const T, min: u32) -> Result<Option<(T, u32)>, u32> {
+    if p.is_null() {
+        return Ok(None);
+    }
+    let declared = p.cast::<u32>().read_unaligned();
+    if declared < min {
+        return Err(declared);
+    }
+    let mut local = core::mem::MaybeUninit::<T>::zeroed();
+    let n = (declared as usize).min(core::mem::size_of::<T>());
+    core::ptr::copy_nonoverlapping(p.cast::<u8>(), local.as_mut_ptr().cast::<u8>(), n);
+    // SAFETY: every ABI struct is valid zeroed (integers, pointers, Option<fn>).
+    Ok(Some((local.assume_init(), declared)))
+}
+
+/// Longest plugin string the kit reads before calling it unterminated.
+pub(crate) const MAX_NAME: usize = 256;
+
+/// Reads a NUL-terminated UTF-8 plugin string, byte by byte (it may end
+/// right before unmapped memory), at most [`MAX_NAME`] bytes.
+///
+/// # Safety
+/// `p` is NULL or readable up to its terminator or `MAX_NAME` bytes.
+pub(crate) unsafe fn plugin_string(p: *const c_char) -> Result<String, String> {
+    if p.is_null() {
+        return Err("is NULL".into());
+    }
+    let mut bytes = Vec::new();
+    loop {
+        let b = *p.add(bytes.len()).cast::<u8>();
+        bytes.push(b);
+        if b == 0 {
+            break;
+        }
+        if bytes.len() == MAX_NAME {
+            return Err(format!("has no NUL terminator within {MAX_NAME} bytes"));
+        }
+    }
+    match CStr::from_bytes_with_nul(&bytes).map(CStr::to_str) {
+        Ok(Ok("")) => Err("is empty".into()),
+        Ok(Ok(s)) => Ok(s.to_string()),
+        _ => Err("is not UTF-8".into()),
+    }
+}
+
+/// One mechanism, as published (vtables copied as prefixes).
+#[derive(Clone)]
+pub(crate) struct Mech {
+    pub name: String,
+    pub id: u64,
+    pub device: MemplugDevice,
+    pub caps: u32,
+    pub ctx: *mut c_void,
+    /// The minor agreed in negotiation: 1.1 items are used only from 1.
+    pub agreed_minor: u32,
+    pub alloc: MemplugAllocator,
+    pub vb: Option<MemplugVirtualBacking>,
+    pub sm: Option<MemplugSharedMapping>,
+    pub sync: Option<MemplugSync>,
+    pub props: MemplugProperties,
+    /// The plugin-wide live-object counter and its context.
+    pub live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
+    pub plugin_ctx: *mut c_void,
+}
+
+// SAFETY: the ABI makes every slot callable from any thread concurrently.
+unsafe impl Send for Mech {}
+unsafe impl Sync for Mech {}
+
+/// A request of `size` bytes aligned to `alignment`, for this mechanism's
+/// device, with a fresh object id.
+pub(crate) fn request(m: &Mech, size: u64, alignment: u64) -> MemplugRequest {
+    MemplugRequest {
+        struct_size: MEMPLUG_REQUEST_SIZE_1_0,
+        flags: 0,
+        size,
+        alignment,
+        object_id: next_object_id(),
+        device: m.device,
+        class_tag: 0,
+        reserved0: 0,
+    }
+}
+
+/// What a successful `allocate`/`reserve`/`create` made, as the host would
+/// name it back.
+pub(crate) fn object_ref(m: &Mech, object_id: u64, b: &MemplugBlock) -> MemplugObjectRef {
+    MemplugObjectRef {
+        struct_size: MEMPLUG_OBJECT_REF_SIZE_1_0,
+        reserved0: 0,
+        mechanism_id: m.id,
+        device: m.device,
+        object_id,
+        addr: b.addr,
+        size: b.size,
+        handle: b.handle,
+    }
+}
+
+/// The result of a call that makes an object.
+pub(crate) struct Made {
+    pub status: MemplugStatus,
+    pub block: MemplugBlock,
+    pub obj: MemplugObjectRef,
+}
+
+type MakeFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const MemplugRequest,
+    *mut MemplugBlock,
+    *const MemplugMessageSink,
+) -> MemplugStatus;
+
+type RangeFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const MemplugObjectRef,
+    u64,
+    u64,
+    *const MemplugMessageSink,
+) -> MemplugStatus;
+
+type ObjFn =
+    unsafe extern "C" fn(*mut c_void, *const MemplugObjectRef, *const MemplugMessageSink) -> MemplugStatus;
+
+type HandleFn = unsafe extern "C" fn(*mut c_void, u64, *const MemplugMessageSink) -> MemplugStatus;
+
+impl Mech {
+    pub(crate) fn live(&self) -> u64 {
+        // SAFETY: validated non-NULL before any Mech is built.
+        unsafe { (self.live_objects)(self.plugin_ctx) }
+    }
+
+    pub(crate) fn is_cpu(&self) -> bool {
+        self.device.kind == MEMPLUG_DEVICE_CPU
+    }
+
+    fn make(&self, log: &Log, slot: &'static str, f: Option<MakeFn>, req: &MemplugRequest) -> Made {
+        self.make_raw(log, slot, f, req, req.object_id, MEMPLUG_BLOCK_SIZE_1_0)
+    }
+
+    /// `f` with the request as given (which names `object_id`) and an
+    /// output of `out_size` bytes.
+    pub(crate) fn make_raw(
+        &self,
+        log: &Log,
+        slot: &'static str,
+        f: Option<MakeFn>,
+        req: *const MemplugRequest,
+        object_id: u64,
+        out_size: u32,
+    ) -> Made {
+        let Some(f) = f else {
+            return Made {
+                status: MEMPLUG_STATUS_UNSUPPORTED,
+                block: MemplugBlock::default(),
+                obj: MemplugObjectRef::default(),
+            };
+        };
+        let mut out = Guarded::new(out_size);
+        // SAFETY: a published slot; every pointer lives for the call.
+        let (status, _) = call(log, slot, |sink| unsafe { f(self.ctx, req, out.ptr(), sink) });
+        out.audit(log, slot, status);
+        let block: MemplugBlock = out.read();
+        Made { status, block, obj: object_ref(self, object_id, &block) }
+    }
+
+    pub(crate) fn allocate(&self, log: &Log, req: &MemplugRequest) -> Made {
+        self.make(log, "allocator.allocate", self.alloc.allocate, req)
+    }
+
+    pub(crate) fn deallocate(&self, log: &Log, obj: &MemplugObjectRef) -> MemplugStatus {
+        self.obj_call(log, "allocator.deallocate", self.alloc.deallocate, obj)
+    }
+
+    fn obj_call(
+        &self,
+        log: &Log,
+        slot: &'static str,
+        f: Option<ObjFn>,
+        obj: &MemplugObjectRef,
+    ) -> MemplugStatus {
+        let Some(f) = f else {
+            return MEMPLUG_STATUS_UNSUPPORTED;
+        };
+        // SAFETY: a published slot; pointers live for the call.
+        call(log, slot, |sink| unsafe { f(self.ctx, obj, sink) }).0
+    }
+
+    fn range_call(
+        &self,
+        log: &Log,
+        slot: &'static str,
+        f: Option<RangeFn>,
+        obj: &MemplugObjectRef,
+        offset: u64,
+        len: u64,
+    ) -> MemplugStatus {
+        let Some(f) = f else {
+            return MEMPLUG_STATUS_UNSUPPORTED;
+        };
+        // SAFETY: a published slot; pointers live for the call.
+        call(log, slot, |sink| unsafe { f(self.ctx, obj, offset, len, sink) }).0
+    }
+
+    pub(crate) fn properties(&self, log: &Log, out_size: u32) -> (MemplugStatus, Guarded) {
+        let mut out = Guarded::new(out_size);
+        let Some(f) = self.alloc.properties else {
+            return (MEMPLUG_STATUS_UNSUPPORTED, out);
+        };
+        // SAFETY: a published slot; the buffer outlives the call.
+        let (status, _) = call(log, "allocator.properties", |sink| unsafe { f(self.ctx, out.ptr(), sink) });
+        out.audit(log, "allocator.properties", status);
+        (status, out)
+    }
+
+    pub(crate) fn memory_info(&self, log: &Log) -> Option<(MemplugStatus, Guarded)> {
+        let f = self.alloc.memory_info?;
+        let mut out = Guarded::new(MEMPLUG_MEMORY_INFO_SIZE_1_0);
+        // SAFETY: a published slot; the buffer outlives the call.
+        let (status, _) = call(log, "allocator.memory_info", |sink| unsafe { f(self.ctx, out.ptr(), sink) });
+        out.audit(log, "allocator.memory_info", status);
+        Some((status, out))
+    }
+
+    // ---- virtual backing -------------------------------------------------
+
+    pub(crate) fn reserve(&self, log: &Log, size: u64) -> Made {
+        let req = request(self, size, self.props.granularity.max(1));
+        self.make(log, "virtual_backing.reserve", self.vb.and_then(|v| v.reserve), &req)
+    }
+
+    pub(crate) fn commit(&self, log: &Log, r: &MemplugObjectRef, offset: u64, len: u64) -> MemplugStatus {
+        self.range_call(log, "virtual_backing.commit", self.vb.and_then(|v| v.commit), r, offset, len)
+    }
+
+    pub(crate) fn decommit(&self, log: &Log, r: &MemplugObjectRef, offset: u64, len: u64) -> MemplugStatus {
+        self.range_call(log, "virtual_backing.decommit", self.vb.and_then(|v| v.decommit), r, offset, len)
+    }
+
+    pub(crate) fn committed(&self, log: &Log, r: &MemplugObjectRef) -> (MemplugStatus, u64) {
+        let Some(f) = self.vb.and_then(|v| v.committed_bytes) else {
+            return (MEMPLUG_STATUS_UNSUPPORTED, 0);
+        };
+        let mut out = 0u64;
+        // SAFETY: a published slot; pointers live for the call.
+        let (status, _) =
+            call(log, "virtual_backing.committed_bytes", |sink| unsafe { f(self.ctx, r, &mut out, sink) });
+        (status, out)
+    }
+
+    pub(crate) fn release_reservation(&self, log: &Log, r: &MemplugObjectRef) -> MemplugStatus {
+        self.obj_call(log, "virtual_backing.release", self.vb.and_then(|v| v.release), r)
+    }
+
+    // ---- shared mapping --------------------------------------------------
+
+    pub(crate) fn create(&self, log: &Log, size: u64) -> Made {
+        let req = request(self, size, self.props.granularity.max(1));
+        self.make(log, "shared_mapping.create", self.sm.and_then(|v| v.create), &req)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn map(
+        &self,
+        log: &Log,
+        object: &MemplugObjectRef,
+        object_offset: u64,
+        r: &MemplugObjectRef,
+        offset: u64,
+        len: u64,
+        access: u32,
+    ) -> MemplugStatus {
+        let Some(f) = self.sm.and_then(|v| v.map) else {
+            return MEMPLUG_STATUS_UNSUPPORTED;
+        };
+        // SAFETY: a published slot; pointers live for the call.
+        call(log, "shared_mapping.map", |sink| unsafe {
+            f(self.ctx, object, object_offset, r, offset, len, access, sink)
+        })
+        .0
+    }
+
+    pub(crate) fn unmap(&self, log: &Log, r: &MemplugObjectRef, offset: u64, len: u64) -> MemplugStatus {
+        self.range_call(log, "shared_mapping.unmap", self.sm.and_then(|v| v.unmap), r, offset, len)
+    }
+
+    /// `export_fd` (ABI 1.1): the status and the descriptor.
+    pub(crate) fn export_fd(&self, log: &Log, o: &MemplugObjectRef) -> (MemplugStatus, i32) {
+        let Some(f) = self.sm.and_then(|v| v.export_fd) else {
+            return (MEMPLUG_STATUS_UNSUPPORTED, -1);
+        };
+        let mut fd = -1;
+        // SAFETY: a published slot; pointers live for the call.
+        let (status, _) =
+            call(log, "shared_mapping.export_fd", |sink| unsafe { f(self.ctx, o, &mut fd, sink) });
+        (status, fd)
+    }
+
+    /// `import_fd` (ABI 1.1) of `size` bytes from `fd`.
+    pub(crate) fn import_fd(&self, log: &Log, fd: i32, size: u64) -> Made {
+        let Some(f) = self.sm.and_then(|v| v.import_fd) else {
+            return Made {
+                status: MEMPLUG_STATUS_UNSUPPORTED,
+                block: MemplugBlock::default(),
+                obj: MemplugObjectRef::default(),
+            };
+        };
+        let req = request(self, size, self.props.granularity.max(1));
+        let mut out = Guarded::new(MEMPLUG_BLOCK_SIZE_1_0);
+        // SAFETY: a published slot; every pointer lives for the call.
+        let (status, _) =
+            call(log, "shared_mapping.import_fd", |sink| unsafe { f(self.ctx, fd, &req, out.ptr(), sink) });
+        out.audit(log, "shared_mapping.import_fd", status);
+        let block: MemplugBlock = out.read();
+        Made { status, block, obj: object_ref(self, req.object_id, &block) }
+    }
+
+    pub(crate) fn retain(&self, log: &Log, o: &MemplugObjectRef) -> MemplugStatus {
+        self.obj_call(log, "shared_mapping.retain", self.sm.and_then(|v| v.retain), o)
+    }
+
+    pub(crate) fn release_object(&self, log: &Log, o: &MemplugObjectRef) -> MemplugStatus {
+        self.obj_call(log, "shared_mapping.release", self.sm.and_then(|v| v.release), o)
+    }
+
+    // ---- sync ------------------------------------------------------------
+
+    fn out_handle(
+        &self,
+        log: &Log,
+        slot: &'static str,
+        f: impl FnOnce(*mut u64, *const MemplugMessageSink) -> MemplugStatus,
+    ) -> (MemplugStatus, u64) {
+        let mut out = 0u64;
+        let (status, _) = call(log, slot, |sink| f(&mut out, sink));
+        (status, out)
+    }
+
+    pub(crate) fn stream_create(&self, log: &Log) -> (MemplugStatus, u64) {
+        let Some(f) = self.sync.and_then(|s| s.stream_create) else {
+            return (MEMPLUG_STATUS_UNSUPPORTED, 0);
+        };
+        // SAFETY: a published slot; pointers live for the call.
+        self.out_handle(log, "sync.stream_create", |out, sink| unsafe { f(self.ctx, out, sink) })
+    }
+
+    pub(crate) fn stream_adopt(&self, log: &Log, native: *mut c_void) -> Option<(MemplugStatus, u64)> {
+        let f = self.sync.and_then(|s| s.stream_adopt)?;
+        // SAFETY: a published slot; pointers live for the call.
+        Some(self.out_handle(log, "sync.stream_adopt", |out, sink| unsafe { f(self.ctx, native, out, sink) }))
+    }
+
+    fn handle_call(&self, log: &Log, slot: &'static str, f: Option<HandleFn>, h: u64) -> MemplugStatus {
+        let Some(f) = f else {
+            return MEMPLUG_STATUS_UNSUPPORTED;
+        };
+        // SAFETY: a published slot; the sink lives for the call.
+        call(log, slot, |sink| unsafe { f(self.ctx, h, sink) }).0
+    }
+
+    pub(crate) fn stream_destroy(&self, log: &Log, s: u64) -> MemplugStatus {
+        self.handle_call(log, "sync.stream_destroy", self.sync.and_then(|v| v.stream_destroy), s)
+    }
+
+    /// Enqueues `func(userdata)` on stream `s`.
+    pub(crate) fn enqueue(
+        &self,
+        log: &Log,
+        s: u64,
+        func: MemplugHostFn,
+        userdata: *mut c_void,
+    ) -> MemplugStatus {
+        let Some(f) = self.sync.and_then(|v| v.enqueue_host_fn) else {
+            return MEMPLUG_STATUS_UNSUPPORTED;
+        };
+        // SAFETY: a published slot; the function and its data outlive the
+        // call (the caller's business).
+        call(log, "sync.enqueue_host_fn", |sink| unsafe { f(self.ctx, s, func, userdata, sink) }).0
+    }
+
+    pub(crate) fn fence_record(&self, log: &Log, s: u64) -> (MemplugStatus, u64) {
+        let Some(f) = self.sync.and_then(|v| v.fence_record) else {
+            return (MEMPLUG_STATUS_UNSUPPORTED, 0);
+        };
+        // SAFETY: a published slot; pointers live for the call.
+        self.out_handle(log, "sync.fence_record", |out, sink| unsafe { f(self.ctx, s, out, sink) })
+    }
+
+    pub(crate) fn fence_query(&self, log: &Log, fence: u64) -> MemplugStatus {
+        self.handle_call(log, "sync.fence_query", self.sync.and_then(|v| v.fence_query), fence)
+    }
+
+    pub(crate) fn fence_wait(&self, log: &Log, fence: u64, timeout_ns: u64) -> MemplugStatus {
+        let Some(f) = self.sync.and_then(|v| v.fence_wait) else {
+            return MEMPLUG_STATUS_UNSUPPORTED;
+        };
+        // SAFETY: a published slot; the sink lives for the call.
+        call(log, "sync.fence_wait", |sink| unsafe { f(self.ctx, fence, timeout_ns, sink) }).0
+    }
+
+    pub(crate) fn fence_destroy(&self, log: &Log, fence: u64) -> MemplugStatus {
+        self.handle_call(log, "sync.fence_destroy", self.sync.and_then(|v| v.fence_destroy), fence)
+    }
+}
+
+/// The name of a status code, for details.
+pub(crate) fn status_name(s: MemplugStatus) -> String {
+    let name = match s {
+        MEMPLUG_STATUS_OK => "OK",
+        MEMPLUG_STATUS_UNSUPPORTED => "UNSUPPORTED",
+        MEMPLUG_STATUS_INVALID_ARGUMENT => "INVALID_ARGUMENT",
+        MEMPLUG_STATUS_OUT_OF_MEMORY => "OUT_OF_MEMORY",
+        MEMPLUG_STATUS_WRONG_MECHANISM => "WRONG_MECHANISM",
+        MEMPLUG_STATUS_WRONG_DEVICE => "WRONG_DEVICE",
+        MEMPLUG_STATUS_UNKNOWN_ALLOCATION => "UNKNOWN_ALLOCATION",
+        MEMPLUG_STATUS_DEVICE_UNAVAILABLE => "DEVICE_UNAVAILABLE",
+        MEMPLUG_STATUS_INTERNAL => "INTERNAL",
+        MEMPLUG_STATUS_OUT_OF_RANGE => "OUT_OF_RANGE",
+        MEMPLUG_STATUS_INVALID_STATE => "INVALID_STATE",
+        MEMPLUG_STATUS_VERSION_MISMATCH => "VERSION_MISMATCH",
+        MEMPLUG_STATUS_NOT_READY => "NOT_READY",
+        MEMPLUG_STATUS_TIMEOUT => "TIMEOUT",
+        MEMPLUG_STATUS_BUSY => "BUSY",
+        other => return format!("unknown status {other}"),
+    };
+    name.to_string()
+}
+
+/// The 1.0 device kinds.
+pub(crate) fn device_kind_name(kind: MemplugDeviceKind) -> Option<&'static str> {
+    match kind {
+        MEMPLUG_DEVICE_CPU => Some("cpu"),
+        MEMPLUG_DEVICE_CUDA => Some("cuda"),
+        _ => None,
+    }
+}

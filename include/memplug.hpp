@@ -1,0 +1,450 @@
+// memplug.hpp: header-only C++17 RAII wrapper of the memplug host C API
+// (memplug_host.h). No library of its own: link libmemplug_host.
+//
+// * Owners are move-only; their destructors free, release or destroy (and
+//   ignore the status: destructors never throw).
+// * Every failing call throws memplug::Error, carrying the status code and
+//   the library's message.
+// * Callbacks are std::function; an exception escaping one is caught at the
+//   C boundary (a pressure callback then answers 0, a grow update refuses,
+//   a fence query answers "not complete") — nothing unwinds through C.
+// * Handles stay reachable with get() for calls this wrapper does not cover.
+#ifndef MEMPLUG_HPP
+#define MEMPLUG_HPP
+
+#include "memplug_host.h"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace memplug {
+
+/// A failed call: the status code and the message of the library.
+class Error : public std::runtime_error {
+  public:
+    Error(MemplugHostStatus code, const std::string &message) : std::runtime_error(message), code_(code) {}
+    /// The MEMPLUG_HOST_STATUS_* code.
+    MemplugHostStatus code() const noexcept { return code_; }
+    /// The code's name, e.g. "MEMPLUG_HOST_STATUS_OUT_OF_BUDGET".
+    const char *code_name() const noexcept { return memplug_host_status_name(code_); }
+
+  private:
+    MemplugHostStatus code_;
+};
+
+/// This thread's last error message.
+inline std::string last_error_message() {
+    std::string s(memplug_host_last_error_message(nullptr, 0), '\0');
+    if (!s.empty()) memplug_host_last_error_message(&s[0], s.size() + 1);
+    return s;
+}
+
+/// Throws memplug::Error unless `s` is MEMPLUG_HOST_STATUS_OK.
+inline void check(MemplugHostStatus s) {
+    if (s != MEMPLUG_HOST_STATUS_OK) {
+        throw Error(s, std::string(memplug_host_status_name(s)) + ": " + last_error_message());
+    }
+}
+
+namespace detail {
+
+template <class T> T sized() {
+    T v{};
+    v.struct_size = sizeof(T);
+    return v;
+}
+
+/// A move-only owner of one handle; `Free` releases it.
+template <class H, MemplugHostStatus (*Free)(H)> class Owned {
+  public:
+    Owned() noexcept = default;
+    explicit Owned(H h) noexcept : h_(h) {}
+    Owned(const Owned &) = delete;
+    Owned &operator=(const Owned &) = delete;
+    Owned(Owned &&o) noexcept : h_(o.release()) {}
+    Owned &operator=(Owned &&o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = o.release();
+        }
+        return *this;
+    }
+    ~Owned() { reset(); }
+
+    /// The handle (still owned).
+    H get() const noexcept { return h_; }
+    explicit operator bool() const noexcept { return h_.id != 0; }
+    /// Gives up ownership without freeing.
+    H release() noexcept {
+        H h = h_;
+        h_ = H{};
+        return h;
+    }
+    /// Frees now (status ignored, as in the destructor).
+    void reset() noexcept {
+        if (h_.id != 0) (void)Free(h_);
+        h_ = H{};
+    }
+    /// Frees now and throws on failure.
+    void close() {
+        H h = release();
+        if (h.id != 0) check(Free(h));
+    }
+
+  protected:
+    H h_{};
+};
+
+} // namespace detail
+
+class Fence;
+
+inline std::vector<MemplugHostFence> handles_of(const std::vector<const Fence *> &fences);
+
+/// A fence: recorded on a plugin stream, or made of runtime callbacks.
+class Fence : public detail::Owned<MemplugHostFence, memplug_host_fence_release> {
+  public:
+    using Owned::Owned;
+
+    /// Wraps a runtime fence: `query` says whether the work completed
+    /// (never blocks). The host polls it to wait. Called from any thread.
+    static Fence from_query(MemplugHostManager m, const std::string &name, std::function<bool()> query) {
+        auto *fn = new std::function<bool()>(std::move(query));
+        MemplugHostFence f{};
+        MemplugHostStatus s = memplug_host_fence_from_callbacks(m, name.c_str(), &Fence::query_tramp, nullptr,
+                                                               &Fence::release_tramp, fn, &f);
+        if (s != MEMPLUG_HOST_STATUS_OK) delete fn;
+        check(s);
+        return Fence(f);
+    }
+
+    /// True when complete; never blocks.
+    bool query() const {
+        bool done = false;
+        check(memplug_host_fence_query(h_, &done));
+        return done;
+    }
+    /// Waits up to `timeout`; true when complete.
+    bool wait(std::chrono::nanoseconds timeout) const {
+        bool done = false;
+        check(memplug_host_fence_wait(h_, static_cast<uint64_t>(timeout.count()), &done));
+        return done;
+    }
+
+  private:
+    static bool query_tramp(void *ud) noexcept {
+        try {
+            return (*static_cast<std::function<bool()> *>(ud))();
+        } catch (...) {
+            return false;
+        }
+    }
+    static void release_tramp(void *ud) noexcept { delete static_cast<std::function<bool()> *>(ud); }
+};
+
+inline std::vector<MemplugHostFence> handles_of(const std::vector<const Fence *> &fences) {
+    std::vector<MemplugHostFence> hs;
+    hs.reserve(fences.size());
+    for (const Fence *f : fences) hs.push_back(f->get());
+    return hs;
+}
+
+/// An allocation; freed by the destructor (now) or by free_after().
+class Allocation : public detail::Owned<MemplugHostAllocation, memplug_host_allocation_free> {
+  public:
+    Allocation() noexcept = default;
+    Allocation(MemplugHostAllocation h, uint64_t addr) noexcept : Owned(h), addr_(addr) {}
+    Allocation(Allocation &&) noexcept = default;
+    Allocation &operator=(Allocation &&) noexcept = default;
+
+    uint64_t addr() const noexcept { return addr_; }
+    template <class T> T *data() const noexcept { return reinterpret_cast<T *>(static_cast<uintptr_t>(addr_)); }
+    MemplugHostAllocationInfo info() const {
+        auto i = detail::sized<MemplugHostAllocationInfo>();
+        check(memplug_host_allocation_info(h_, &i));
+        return i;
+    }
+    /// Frees once every fence has completed (never waits for the device).
+    void free_after(const std::vector<const Fence *> &fences) {
+        auto hs = handles_of(fences);
+        check(memplug_host_allocation_free_after(h_, hs.data(), hs.size()));
+        release();
+    }
+
+  private:
+    uint64_t addr_ = 0;
+};
+
+class Prefix : public detail::Owned<MemplugHostPrefix, memplug_host_prefix_release> {
+  public:
+    using Owned::Owned;
+    MemplugHostPrefixInfo info() const {
+        auto i = detail::sized<MemplugHostPrefixInfo>();
+        check(memplug_host_prefix_info(h_, &i));
+        return i;
+    }
+};
+
+/// A virtual region at a stable address; freed by the destructor.
+class Region : public detail::Owned<MemplugHostRegion, memplug_host_region_free> {
+  public:
+    using Owned::Owned;
+    using Update = std::function<bool(uint64_t addr, uint64_t len)>;
+
+    MemplugHostRegionInfo info() const {
+        auto i = detail::sized<MemplugHostRegionInfo>();
+        check(memplug_host_region_info(h_, &i));
+        return i;
+    }
+    uint64_t addr() const { return info().addr; }
+    /// Grows to at least `len` usable bytes; `update` sees the new view and
+    /// may refuse (then the region is unchanged and Error is thrown with
+    /// MEMPLUG_HOST_STATUS_CALLBACK_REFUSED).
+    void grow(uint64_t len, Update update = nullptr) {
+        if (!update) {
+            check(memplug_host_region_grow(h_, len, nullptr, nullptr));
+            return;
+        }
+        check(memplug_host_region_grow(h_, len, &Region::grow_tramp, &update));
+    }
+    void shrink(uint64_t len, const std::vector<const Fence *> &fences = {}) {
+        auto hs = handles_of(fences);
+        check(memplug_host_region_shrink(h_, len, hs.data(), hs.size()));
+    }
+    void map_prefix(const Prefix &p) { check(memplug_host_region_map_prefix(h_, p.get())); }
+    void free_after(const std::vector<const Fence *> &fences) {
+        auto hs = handles_of(fences);
+        check(memplug_host_region_free_after(h_, hs.data(), hs.size()));
+        release();
+    }
+
+  private:
+    static bool grow_tramp(void *ud, uint64_t addr, uint64_t len) noexcept {
+        try {
+            return (*static_cast<Update *>(ud))(addr, len);
+        } catch (...) {
+            return false;
+        }
+    }
+};
+
+/// Allocates through one mechanism, charged to one pool, holder and class.
+class Binding : public detail::Owned<MemplugHostBinding, memplug_host_binding_destroy> {
+  public:
+    using Owned::Owned;
+    using Init = std::function<void(uint64_t addr, uint64_t len)>;
+
+    Allocation allocate(uint64_t size, uint64_t alignment = 16) const {
+        MemplugHostAllocation a{};
+        uint64_t addr = 0;
+        check(memplug_host_allocate(h_, size, alignment, &a, &addr));
+        return Allocation(a, addr);
+    }
+    Region reserve(uint64_t max_bytes) const {
+        MemplugHostRegion r{};
+        check(memplug_host_region_reserve(h_, max_bytes, &r));
+        return Region(r);
+    }
+    /// A shared prefix filled once by `init` through a writable view.
+    Prefix create_prefix(uint64_t size, Init init = nullptr) const {
+        MemplugHostPrefix p{};
+        if (init) {
+            check(memplug_host_prefix_create(h_, size, &Binding::init_tramp, &init, &p));
+        } else {
+            check(memplug_host_prefix_create(h_, size, nullptr, nullptr, &p));
+        }
+        return Prefix(p);
+    }
+
+  private:
+    static void init_tramp(void *ud, uint64_t addr, uint64_t len) noexcept {
+        try {
+            (*static_cast<Init *>(ud))(addr, len);
+        } catch (...) {
+        }
+    }
+};
+
+/// A plugin stream: host functions run in order; fences follow them.
+class Stream : public detail::Owned<MemplugHostStream, memplug_host_stream_destroy> {
+  public:
+    using Owned::Owned;
+    void enqueue(std::function<void()> fn) {
+        auto *f = new std::function<void()>(std::move(fn));
+        MemplugHostStatus s = memplug_host_stream_enqueue(h_, &Stream::run_tramp, f);
+        if (s != MEMPLUG_HOST_STATUS_OK) delete f;
+        check(s);
+    }
+    Fence record() const {
+        MemplugHostFence f{};
+        check(memplug_host_fence_record(h_, &f));
+        return Fence(f);
+    }
+
+  private:
+    static void run_tramp(void *ud) noexcept {
+        std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()> *>(ud));
+        try {
+            (*f)();
+        } catch (...) {
+        }
+    }
+};
+
+class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechanism_release> {
+  public:
+    using Owned::Owned;
+    MemplugHostMechanismInfo info() const {
+        auto i = detail::sized<MemplugHostMechanismInfo>();
+        check(memplug_host_mechanism_info(h_, &i));
+        return i;
+    }
+    Stream create_stream() const {
+        MemplugHostStream s{};
+        check(memplug_host_stream_create(h_, &s));
+        return Stream(s);
+    }
+};
+
+/// A holder registered with a pool; its callback answers pressure tickets
+/// with the bytes it released. Unregistered by the destructor.
+class Holder {
+  public:
+    using Callback = std::function<uint64_t(const MemplugHostPressureTicket &)>;
+
+    Holder() noexcept = default;
+    Holder(MemplugHostPool pool, const std::string &name, uint32_t priority, Callback cb)
+        : cb_(new Callback(std::move(cb))) {
+        check(memplug_host_holder_register(pool, name.c_str(), priority, &Holder::tramp, cb_.get(), &h_));
+    }
+    Holder(Holder &&o) noexcept : h_(o.h_), cb_(std::move(o.cb_)) { o.h_ = MemplugHostHolder{}; }
+    Holder &operator=(Holder &&o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = o.h_;
+            cb_ = std::move(o.cb_);
+            o.h_ = MemplugHostHolder{};
+        }
+        return *this;
+    }
+    Holder(const Holder &) = delete;
+    Holder &operator=(const Holder &) = delete;
+    ~Holder() { reset(); }
+
+    MemplugHostHolder get() const noexcept { return h_; }
+    MemplugHostHolderStats stats() const {
+        auto s = detail::sized<MemplugHostHolderStats>();
+        check(memplug_host_holder_stats(h_, &s));
+        return s;
+    }
+    /// Unregisters (waits for callbacks running on other threads), then
+    /// frees the callback.
+    void reset() noexcept {
+        if (h_.id != 0) (void)memplug_host_holder_unregister(h_);
+        h_ = MemplugHostHolder{};
+        cb_.reset();
+    }
+
+  private:
+    static uint64_t tramp(void *ud, const MemplugHostPressureTicket *t) noexcept {
+        try {
+            return (*static_cast<Callback *>(ud))(*t);
+        } catch (...) {
+            return 0;
+        }
+    }
+    MemplugHostHolder h_{};
+    std::unique_ptr<Callback> cb_;
+};
+
+class Pool : public detail::Owned<MemplugHostPool, memplug_host_pool_release> {
+  public:
+    using Owned::Owned;
+    MemplugHostPoolStats stats() const {
+        auto s = detail::sized<MemplugHostPoolStats>();
+        check(memplug_host_pool_stats(h_, &s));
+        return s;
+    }
+    MemplugHostClassStats class_stats(uint32_t alloc_class) const {
+        auto s = detail::sized<MemplugHostClassStats>();
+        check(memplug_host_pool_class_stats(h_, alloc_class, &s));
+        return s;
+    }
+    Holder register_holder(const std::string &name, uint32_t priority, Holder::Callback cb) const {
+        return Holder(h_, name, priority, std::move(cb));
+    }
+};
+
+/// Options of a binding.
+struct BindingOptions {
+    uint32_t alloc_class = MEMPLUG_HOST_CLASS_OTHER;
+    const Holder *holder = nullptr;
+    std::chrono::nanoseconds wait{0};
+};
+
+/// A process memory manager; destroyed (with everything it issued) by the
+/// destructor. Declare it before the objects made through it, so they are
+/// destroyed first.
+class Manager : public detail::Owned<MemplugHostManager, memplug_host_manager_destroy> {
+  public:
+    using Owned::Owned;
+
+    /// Creates a manager, after checking the library implements this
+    /// header's C API.
+    static Manager create() {
+        check(MEMPLUG_HOST_CHECK_API());
+        MemplugHostManager m{};
+        check(memplug_host_manager_create(&m));
+        return Manager(m);
+    }
+    void load_plugin(const std::string &path) { check(memplug_host_manager_load_plugin(h_, path.c_str())); }
+    void unload_plugin(const std::string &name) { check(memplug_host_manager_unload_plugin(h_, name.c_str())); }
+    Mechanism select(MemplugDevice device, uint32_t required_caps) const {
+        MemplugHostMechanism m{};
+        check(memplug_host_manager_select(h_, device, required_caps, &m));
+        return Mechanism(m);
+    }
+    Mechanism find_mechanism(const std::string &name) const {
+        MemplugHostMechanism m{};
+        check(memplug_host_manager_find_mechanism(h_, name.c_str(), &m));
+        return Mechanism(m);
+    }
+    Pool create_pool(const std::string &name, uint64_t capacity) const {
+        MemplugHostPool p{};
+        check(memplug_host_pool_create(h_, name.c_str(), capacity, &p));
+        return Pool(p);
+    }
+    Binding bind(const Mechanism &m, const Pool &p, const BindingOptions &o = {}) const {
+        auto opts = detail::sized<MemplugHostBindingOptions>();
+        opts.alloc_class = o.alloc_class;
+        opts.holder = o.holder ? o.holder->get() : MemplugHostHolder{};
+        opts.wait_ns = static_cast<uint64_t>(o.wait.count());
+        MemplugHostBinding b{};
+        check(memplug_host_binding_create(h_, m.get(), p.get(), &opts, &b));
+        return Binding(b);
+    }
+    Fence fence_from_query(const std::string &name, std::function<bool()> query) const {
+        return Fence::from_query(h_, name, std::move(query));
+    }
+    MemplugHostPollReport poll() const {
+        auto r = detail::sized<MemplugHostPollReport>();
+        check(memplug_host_manager_poll(h_, &r));
+        return r;
+    }
+    /// Waits up to `timeout` for queued frees; returns how many are left.
+    uint64_t drain(std::chrono::nanoseconds timeout) const {
+        uint64_t left = 0;
+        check(memplug_host_manager_drain(h_, static_cast<uint64_t>(timeout.count()), &left));
+        return left;
+    }
+};
+
+} // namespace memplug
+
+#endif // MEMPLUG_HPP

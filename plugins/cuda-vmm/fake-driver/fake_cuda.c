@@ -1,0 +1,1178 @@
+/*
+ * fake_cuda.c -- a FAKE CUDA driver library, for tests only.
+ *
+ * THIS IS NOT NVIDIA'S DRIVER. It implements, on host memory, the few
+ * driver-API entry points the memplug CUDA VMM plugin calls, with the rules
+ * of the real driver that the plugin depends on, so the plugin can be
+ * tested on machines without a GPU. Tests build it with
+ *
+ *     gcc -std=gnu11 -shared -fPIC -pthread -Wl,-soname,libcuda.so.1 \
+ *         fake_cuda.c -o libcuda.so.1
+ *
+ * and point the plugin at it with MEMPLUG_CUDA_DRIVER=/path/libcuda.so.1
+ * (or put it first on LD_LIBRARY_PATH, where cudarc's loader finds it).
+ *
+ * The model:
+ *   - devices: MEMPLUG_FAKE_CUDA_DEVICES (default 1), each with a fixed
+ *     capacity of MEMPLUG_FAKE_CUDA_MEM_MIB MiB (default 1024) that
+ *     cuMemGetInfo reports, dropping as physical memory is created
+ *     (cuMemAlloc, cuMemCreate) and rising as it is freed;
+ *   - granularity 2 MiB; cuMemAddressReserve = mmap(PROT_NONE);
+ *     cuMemCreate = a memfd; cuMemMap = mmap(MAP_SHARED|MAP_FIXED) with no
+ *     access; cuMemSetAccess = mprotect; cuMemUnmap puts PROT_NONE back;
+ *     physical memory goes when it is both released and unmapped;
+ *   - primary contexts are reference counted; calls that need a current
+ *     context check the calling thread's context stack; when the last
+ *     reference goes the context is destroyed, and its streams, events and
+ *     allocations with it (using them afterwards is
+ *     CUDA_ERROR_CONTEXT_IS_DESTROYED, even once the context is retained
+ *     anew, as the real driver then makes a new one);
+ *   - a stream is a worker thread running host functions, memsets and
+ *     event records in order; an event completes when the worker reaches
+ *     the place it was recorded at.
+ *
+ * Variants for tests: -DFAKE_CUDA_OMIT_VMM leaves out the VMM entry points
+ * (an old driver); -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
+ * broken one). fake_cuda_* functions let tests look inside.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define API __attribute__((visibility("default")))
+
+typedef unsigned int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct fake_ctx *CUcontext;
+typedef struct fake_stream *CUstream;
+typedef struct fake_event *CUevent;
+typedef void (*CUhostFn)(void *);
+
+typedef struct {
+    unsigned int type;
+    int id;
+} CUmemLocation;
+
+typedef struct {
+    unsigned int type;
+    unsigned int requestedHandleTypes;
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+} CUmemAllocationProp;
+
+typedef struct {
+    CUmemLocation location;
+    unsigned int flags;
+} CUmemAccessDesc;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_CONTEXT_IS_DESTROYED = 709,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_NOT_PERMITTED = 800,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+#define GRAN (2ull << 20)
+#define MAX_DEVICES 8
+#define ATTR_VMM_SUPPORTED 102
+
+/* ---- global state, all under g_lock ---- */
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static int g_initialized;
+static int g_device_count = 1;
+static unsigned long long g_capacity = 1024ull << 20;
+static unsigned long long g_used[MAX_DEVICES];
+
+struct fake_ctx {
+    int device;
+    int refs;
+    unsigned long gen; /* bumped each time the context is created anew */
+};
+static struct fake_ctx g_ctx[MAX_DEVICES];
+
+struct alloc {
+    struct alloc *next;
+    CUdeviceptr ptr;
+    size_t len;
+    int device;
+    unsigned long gen;
+};
+static struct alloc *g_allocs;
+
+struct reservation {
+    struct reservation *next;
+    CUdeviceptr base;
+    size_t size;
+};
+static struct reservation *g_reservations;
+
+struct phys {
+    int fd;
+    int device;
+    int released;
+    size_t size;
+    long maps;
+};
+static struct phys *g_phys;
+static size_t g_phys_len;
+
+struct mapping {
+    struct mapping *next;
+    CUdeviceptr addr;
+    size_t size;
+    CUmemGenericAllocationHandle handle;
+    int prot;
+};
+static struct mapping *g_mappings;
+
+static long g_live_streams;
+static long g_live_events;
+static struct fake_stream *g_streams;
+
+static __thread CUcontext t_stack[64];
+static __thread int t_depth;
+
+#define CHECK_INIT()                                                                               \
+    do {                                                                                           \
+        if (!g_initialized)                                                                        \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+    } while (0)
+
+static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+
+/* A context usable for work: non-NULL and still retained. */
+static int ctx_alive(CUcontext c) {
+    int alive;
+    if (c == NULL)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    alive = c->refs > 0;
+    pthread_mutex_unlock(&g_lock);
+    return alive;
+}
+
+static unsigned long long env_ull(const char *name, unsigned long long dflt) {
+    const char *v = getenv(name);
+    char *end;
+    unsigned long long x;
+    if (v == NULL || *v == 0)
+        return dflt;
+    x = strtoull(v, &end, 10);
+    return *end == 0 ? x : dflt;
+}
+
+/* ---- initialisation, devices ---- */
+
+API CUresult cuInit(unsigned int flags) {
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    if (!g_initialized) {
+        unsigned long long n = env_ull("MEMPLUG_FAKE_CUDA_DEVICES", 1);
+        g_device_count = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
+        g_capacity = env_ull("MEMPLUG_FAKE_CUDA_MEM_MIB", 1024) << 20;
+        for (int i = 0; i < MAX_DEVICES; i++)
+            g_ctx[i].device = i;
+        g_initialized = 1;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return g_device_count == 0 ? CUDA_ERROR_NO_DEVICE : CUDA_SUCCESS;
+}
+
+API CUresult cuDriverGetVersion(int *version) {
+    if (version == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *version = 12080;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetCount(int *count) {
+    CHECK_INIT();
+    if (count == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *count = g_device_count;
+    return CUDA_SUCCESS;
+}
+
+static int valid_device(int d) { return d >= 0 && d < g_device_count; }
+
+API CUresult cuDeviceGet(CUdevice *dev, int ordinal) {
+    CHECK_INIT();
+    if (dev == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(ordinal))
+        return CUDA_ERROR_INVALID_DEVICE;
+    *dev = ordinal;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    CHECK_INIT();
+    if (name == NULL || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    snprintf(name, (size_t)len, "memplug FAKE CUDA device %d", dev);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceGetAttribute(int *value, unsigned int attrib, CUdevice dev) {
+    CHECK_INIT();
+    if (value == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+#ifdef FAKE_CUDA_OMIT_VMM
+    (void)attrib;
+    *value = 0;
+#else
+    *value = attrib == ATTR_VMM_SUPPORTED ? 1 : 0;
+#endif
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuGetErrorName(CUresult error, const char **str) {
+    if (str == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (error) {
+    case CUDA_SUCCESS: *str = "CUDA_SUCCESS"; break;
+    case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; break;
+    case CUDA_ERROR_OUT_OF_MEMORY: *str = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+    case CUDA_ERROR_NOT_INITIALIZED: *str = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_NO_DEVICE: *str = "CUDA_ERROR_NO_DEVICE"; break;
+    case CUDA_ERROR_INVALID_DEVICE: *str = "CUDA_ERROR_INVALID_DEVICE"; break;
+    case CUDA_ERROR_INVALID_CONTEXT: *str = "CUDA_ERROR_INVALID_CONTEXT"; break;
+    case CUDA_ERROR_CONTEXT_IS_DESTROYED: *str = "CUDA_ERROR_CONTEXT_IS_DESTROYED"; break;
+    case CUDA_ERROR_INVALID_HANDLE: *str = "CUDA_ERROR_INVALID_HANDLE"; break;
+    case CUDA_ERROR_NOT_READY: *str = "CUDA_ERROR_NOT_READY"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *str = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case CUDA_ERROR_NOT_PERMITTED: *str = "CUDA_ERROR_NOT_PERMITTED"; break;
+    case CUDA_ERROR_NOT_SUPPORTED: *str = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- contexts ---- */
+
+API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
+    CHECK_INIT();
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    if (g_ctx[dev].refs++ == 0)
+        g_ctx[dev].gen++;
+    pthread_mutex_unlock(&g_lock);
+    *ctx = &g_ctx[dev];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    pthread_mutex_lock(&g_lock);
+    if (g_ctx[dev].refs == 0)
+        r = CUDA_ERROR_INVALID_CONTEXT;
+    else
+        g_ctx[dev].refs--;
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    CHECK_INIT();
+    if (!ctx_alive(ctx))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (t_depth == (int)(sizeof t_stack / sizeof t_stack[0]))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    t_stack[t_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
+    CHECK_INIT();
+    if (t_depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    t_depth--;
+    if (ctx != NULL)
+        *ctx = t_stack[t_depth];
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetCurrent(CUcontext *ctx) {
+    CHECK_INIT();
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    *ctx = current();
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxGetDevice(CUdevice *dev) {
+    CUcontext c = current();
+    CHECK_INIT();
+    if (dev == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_alive(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *dev = c->device;
+    return CUDA_SUCCESS;
+}
+
+/* Whether an object made in context `c` at generation `gen` is still
+ * there: its context was not destroyed since. */
+static int ctx_same(CUcontext c, unsigned long gen) {
+    int same;
+    pthread_mutex_lock(&g_lock);
+    same = c->refs > 0 && c->gen == gen;
+    pthread_mutex_unlock(&g_lock);
+    return same;
+}
+
+static unsigned long ctx_gen(CUcontext c) {
+    unsigned long gen;
+    pthread_mutex_lock(&g_lock);
+    gen = c->gen;
+    pthread_mutex_unlock(&g_lock);
+    return gen;
+}
+
+/* The device of the calling thread's context, or -1 when there is none. */
+static int current_device(void) {
+    CUcontext c = current();
+    return ctx_alive(c) ? c->device : -1;
+}
+
+/* ---- address checks (so a plugin bug is an error here, not a crash) ---- */
+
+/* Whether [p, p+n) lies in memory the device may touch: a cuMemAlloc block,
+ * or mappings with the access asked for. Called with g_lock held. */
+static int accessible_locked(CUdeviceptr p, size_t n, int need_write) {
+    CUdeviceptr end = p + n;
+    for (struct alloc *a = g_allocs; a; a = a->next)
+        if (p >= a->ptr && end <= a->ptr + a->len)
+            return 1;
+    while (p < end) {
+        struct mapping *m;
+        for (m = g_mappings; m; m = m->next)
+            if (p >= m->addr && p < m->addr + m->size)
+                break;
+        if (m == NULL)
+            return 0;
+        if (!(m->prot & PROT_READ) || (need_write && !(m->prot & PROT_WRITE)))
+            return 0;
+        p = m->addr + m->size;
+    }
+    return 1;
+}
+
+static int accessible(CUdeviceptr p, size_t n, int need_write) {
+    int ok;
+    pthread_mutex_lock(&g_lock);
+    ok = accessible_locked(p, n, need_write);
+    pthread_mutex_unlock(&g_lock);
+    return ok;
+}
+
+/* ---- plain allocations ---- */
+
+API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    int dev = current_device();
+    size_t len;
+    void *p;
+    struct alloc *a;
+    CHECK_INIT();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (dptr == NULL || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    len = (size + 4095) & ~(size_t)4095;
+    pthread_mutex_lock(&g_lock);
+    if (len > g_capacity - g_used[dev]) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    a = p == MAP_FAILED ? NULL : malloc(sizeof *a);
+    if (a == NULL) {
+        if (p != MAP_FAILED)
+            munmap(p, len);
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    a->ptr = (CUdeviceptr)(uintptr_t)p;
+    a->len = len;
+    a->device = dev;
+    a->gen = g_ctx[dev].gen;
+    a->next = g_allocs;
+    g_allocs = a;
+    g_used[dev] += len;
+    pthread_mutex_unlock(&g_lock);
+    *dptr = a->ptr;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    CHECK_INIT();
+    pthread_mutex_lock(&g_lock);
+    for (struct alloc **pp = &g_allocs; *pp; pp = &(*pp)->next) {
+        struct alloc *a = *pp;
+        if (a->ptr == dptr) {
+            if (g_ctx[a->device].refs == 0 || g_ctx[a->device].gen != a->gen) {
+                pthread_mutex_unlock(&g_lock);
+                return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+            }
+            *pp = a->next;
+            munmap((void *)(uintptr_t)a->ptr, a->len);
+            g_used[a->device] -= a->len;
+            pthread_mutex_unlock(&g_lock);
+            free(a);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
+    int dev = current_device();
+    CHECK_INIT();
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (free_bytes == NULL || total_bytes == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    *free_bytes = (size_t)(g_capacity - g_used[dev]);
+    *total_bytes = (size_t)g_capacity;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* ---- copies and fills (synchronous in the fake) ---- */
+
+API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    CHECK_INIT();
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!accessible(dst, n, 1))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    memcpy((void *)(uintptr_t)dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    CHECK_INIT();
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!accessible(src, n, 0))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    memcpy(dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    CHECK_INIT();
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!accessible(dst, n, 1) || !accessible(src, n, 0))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
+    CHECK_INIT();
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (!accessible(dst, n, 1))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    memset((void *)(uintptr_t)dst, value, n);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSynchronize(void);
+
+/* ---- streams and events ---- */
+
+enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET };
+
+struct op {
+    struct op *next;
+    enum op_kind kind;
+    CUhostFn fn;
+    void *data;
+    CUevent event;
+    unsigned long long gen;
+    CUdeviceptr ptr;
+    size_t n;
+    unsigned char value;
+};
+
+struct fake_stream {
+    struct fake_stream *next_registered;
+    CUcontext ctx;
+    unsigned long gen;
+    pthread_t thread;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    struct op *head, *tail;
+    int busy;
+    int stop;
+};
+
+struct fake_event {
+    CUcontext ctx;
+    unsigned long gen;
+    pthread_mutex_t m;
+    pthread_cond_t cv;
+    unsigned long long recorded, completed;
+    int refs; /* the user's handle + one per pending record */
+};
+
+static void event_unref(CUevent e) {
+    int last;
+    pthread_mutex_lock(&e->m);
+    last = --e->refs == 0;
+    pthread_mutex_unlock(&e->m);
+    if (last) {
+        pthread_mutex_destroy(&e->m);
+        pthread_cond_destroy(&e->cv);
+        free(e);
+        pthread_mutex_lock(&g_lock);
+        g_live_events--;
+        pthread_mutex_unlock(&g_lock);
+    }
+}
+
+static void event_complete(CUevent e, unsigned long long gen) {
+    pthread_mutex_lock(&e->m);
+    if (gen > e->completed)
+        e->completed = gen;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->m);
+}
+
+static void run_op(struct op *o) {
+    switch (o->kind) {
+    case OP_HOST_FN: o->fn(o->data); break;
+    case OP_EVENT:
+        event_complete(o->event, o->gen);
+        event_unref(o->event);
+        break;
+    case OP_MEMSET: memset((void *)(uintptr_t)o->ptr, o->value, o->n); break;
+    }
+}
+
+static void *stream_worker(void *arg) {
+    struct fake_stream *s = arg;
+    pthread_mutex_lock(&s->m);
+    for (;;) {
+        struct op *o;
+        while (s->head == NULL && !s->stop)
+            pthread_cond_wait(&s->cv, &s->m);
+        if (s->head == NULL)
+            break;
+        o = s->head;
+        s->head = o->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        s->busy = 1;
+        pthread_mutex_unlock(&s->m);
+        run_op(o);
+        free(o);
+        pthread_mutex_lock(&s->m);
+        s->busy = 0;
+        pthread_cond_broadcast(&s->cv);
+    }
+    pthread_mutex_unlock(&s->m);
+    return NULL;
+}
+
+static int stream_registered(CUstream s) {
+    int found = 0;
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *p = g_streams; p; p = p->next_registered)
+        if (p == s)
+            found = 1;
+    pthread_mutex_unlock(&g_lock);
+    return found;
+}
+
+/* Runs `o` on stream `s` after its earlier work; the NULL stream (which
+ * the fake never leaves work on) runs it at once, on the caller. */
+static CUresult submit(CUstream s, struct op *o) {
+    if (s == NULL) {
+        run_op(o);
+        free(o);
+        return CUDA_SUCCESS;
+    }
+    if (!stream_registered(s)) {
+        free(o);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    if (!ctx_same(s->ctx, s->gen)) {
+        free(o);
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    }
+    o->next = NULL;
+    pthread_mutex_lock(&s->m);
+    if (s->tail)
+        s->tail->next = o;
+    else
+        s->head = o;
+    s->tail = o;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->m);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamCreate(CUstream *out, unsigned int flags) {
+    struct fake_stream *s;
+    CUcontext c = current();
+    CHECK_INIT();
+    if (!ctx_alive(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (out == NULL || flags > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    s->ctx = c;
+    s->gen = ctx_gen(c);
+    pthread_mutex_init(&s->m, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, stream_worker, s) != 0) {
+        free(s);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_mutex_lock(&g_lock);
+    s->next_registered = g_streams;
+    g_streams = s;
+    g_live_streams++;
+    pthread_mutex_unlock(&g_lock);
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamSynchronize(CUstream s) {
+    CHECK_INIT();
+    if (s == NULL)
+        return CUDA_SUCCESS;
+    if (!stream_registered(s))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_same(s->ctx, s->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    if (pthread_equal(pthread_self(), s->thread))
+        return CUDA_ERROR_NOT_PERMITTED;
+    pthread_mutex_lock(&s->m);
+    while (s->head != NULL || s->busy)
+        pthread_cond_wait(&s->cv, &s->m);
+    pthread_mutex_unlock(&s->m);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamDestroy_v2(CUstream s) {
+    CUresult r;
+    CHECK_INIT();
+    if (s == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    r = cuStreamSynchronize(s);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream **pp = &g_streams; *pp; pp = &(*pp)->next_registered)
+        if (*pp == s) {
+            *pp = s->next_registered;
+            break;
+        }
+    g_live_streams--;
+    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_lock(&s->m);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->m);
+    pthread_join(s->thread, NULL);
+    pthread_mutex_destroy(&s->m);
+    pthread_cond_destroy(&s->cv);
+    free(s);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx) {
+    CHECK_INIT();
+    if (ctx == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (s == NULL || s == (CUstream)0x1) {
+        if (!ctx_alive(current()))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *ctx = current();
+        return CUDA_SUCCESS;
+    }
+    if (!stream_registered(s))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_same(s->ctx, s->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *ctx = s->ctx;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
+    struct op *o;
+    CHECK_INIT();
+    if (fn == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_HOST_FN;
+    o->fn = fn;
+    o->data = data;
+    return submit(s, o);
+}
+
+API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
+    struct op *o;
+    CHECK_INIT();
+    if (!accessible(dst, n, 1))
+        return CUDA_ERROR_ILLEGAL_ADDRESS;
+    o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_MEMSET;
+    o->ptr = dst;
+    o->n = n;
+    o->value = value;
+    return submit(s, o);
+}
+
+API CUresult cuEventCreate(CUevent *out, unsigned int flags) {
+    CUevent e;
+    CUcontext c = current();
+    CHECK_INIT();
+    if (!ctx_alive(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (out == NULL || flags > 0xf)
+        return CUDA_ERROR_INVALID_VALUE;
+    e = calloc(1, sizeof *e);
+    if (e == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    e->ctx = c;
+    e->gen = ctx_gen(c);
+    e->refs = 1;
+    pthread_mutex_init(&e->m, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_lock(&g_lock);
+    g_live_events++;
+    pthread_mutex_unlock(&g_lock);
+    *out = e;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuEventRecord(CUevent e, CUstream s) {
+    struct op *o;
+    CHECK_INIT();
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_same(e->ctx, e->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_EVENT;
+    o->event = e;
+    pthread_mutex_lock(&e->m);
+    o->gen = ++e->recorded;
+    e->refs++;
+    pthread_mutex_unlock(&e->m);
+    return submit(s, o);
+}
+
+#ifndef FAKE_CUDA_OMIT_EVENT_QUERY
+API CUresult cuEventQuery(CUevent e) {
+    CUresult r;
+    CHECK_INIT();
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_same(e->ctx, e->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    pthread_mutex_lock(&e->m);
+    r = e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    pthread_mutex_unlock(&e->m);
+    return r;
+}
+#endif
+
+API CUresult cuEventSynchronize(CUevent e) {
+    CHECK_INIT();
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&e->m);
+    while (e->completed < e->recorded)
+        pthread_cond_wait(&e->cv, &e->m);
+    pthread_mutex_unlock(&e->m);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuEventDestroy_v2(CUevent e) {
+    CHECK_INIT();
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    event_unref(e);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuCtxSynchronize(void) {
+    CUcontext c = current();
+    CHECK_INIT();
+    if (!ctx_alive(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    for (;;) {
+        CUstream pending = NULL;
+        pthread_mutex_lock(&g_lock);
+        for (struct fake_stream *s = g_streams; s && !pending; s = s->next_registered) {
+            pthread_mutex_lock(&s->m);
+            if (s->ctx == c && (s->head != NULL || s->busy))
+                pending = s;
+            pthread_mutex_unlock(&s->m);
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (pending == NULL)
+            return CUDA_SUCCESS;
+        cuStreamSynchronize(pending);
+    }
+}
+
+/* ---- virtual memory management ---- */
+
+#ifndef FAKE_CUDA_OMIT_VMM
+
+static int valid_prop(const CUmemAllocationProp *p) {
+    return p != NULL && p->type == 1 /* PINNED */ && p->location.type == 1 /* DEVICE */ &&
+           valid_device(p->location.id);
+}
+
+API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, unsigned int option) {
+    CHECK_INIT();
+    if (g == NULL || !valid_prop(prop) || option > 1)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = GRAN;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                 unsigned long long flags) {
+    size_t align = alignment == 0 ? GRAN : alignment;
+    void *p;
+    uintptr_t base;
+    struct reservation *r;
+    CHECK_INIT();
+    (void)addr; /* a hint; the fake ignores it */
+    if (ptr == NULL || size == 0 || size % GRAN != 0 || flags != 0 || (align & (align - 1)) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    p = mmap(NULL, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    base = ((uintptr_t)p + align - 1) & ~(uintptr_t)(align - 1);
+    if (base > (uintptr_t)p)
+        munmap(p, base - (uintptr_t)p);
+    if ((uintptr_t)p + size + align > base + size)
+        munmap((void *)(base + size), (uintptr_t)p + size + align - (base + size));
+    r = malloc(sizeof *r);
+    if (r == NULL) {
+        munmap((void *)base, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    r->base = base;
+    r->size = size;
+    pthread_mutex_lock(&g_lock);
+    r->next = g_reservations;
+    g_reservations = r;
+    pthread_mutex_unlock(&g_lock);
+    *ptr = base;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    CHECK_INIT();
+    pthread_mutex_lock(&g_lock);
+    for (struct reservation **pp = &g_reservations; *pp; pp = &(*pp)->next) {
+        struct reservation *r = *pp;
+        if (r->base != ptr || r->size != size)
+            continue;
+        /* Strict: a range with mappings left is the caller's bug. */
+        for (struct mapping *m = g_mappings; m; m = m->next)
+            if (m->addr >= ptr && m->addr < ptr + size) {
+                pthread_mutex_unlock(&g_lock);
+                return CUDA_ERROR_INVALID_VALUE;
+            }
+        *pp = r->next;
+        munmap((void *)(uintptr_t)ptr, size);
+        pthread_mutex_unlock(&g_lock);
+        free(r);
+        return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
+API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags) {
+    int fd, dev;
+    struct phys *grown;
+    CHECK_INIT();
+    if (handle == NULL || size == 0 || size % GRAN != 0 || flags != 0 || !valid_prop(prop))
+        return CUDA_ERROR_INVALID_VALUE;
+    dev = prop->location.id;
+    pthread_mutex_lock(&g_lock);
+    if (size > g_capacity - g_used[dev]) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    fd = memfd_create("fake-cuda-physical", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+        if (fd >= 0)
+            close(fd);
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    grown = realloc(g_phys, (g_phys_len + 1) * sizeof *g_phys);
+    if (grown == NULL) {
+        close(fd);
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_phys = grown;
+    g_phys[g_phys_len].fd = fd;
+    g_phys[g_phys_len].device = dev;
+    g_phys[g_phys_len].released = 0;
+    g_phys[g_phys_len].size = size;
+    g_phys[g_phys_len].maps = 0;
+    g_phys_len++;
+    g_used[dev] += size;
+    *handle = g_phys_len; /* index + 1: zero is never a handle */
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* The physical object a handle names, if it is live. g_lock held. */
+static struct phys *phys_of(CUmemGenericAllocationHandle h) {
+    if (h == 0 || h > g_phys_len || g_phys[h - 1].released)
+        return NULL;
+    return &g_phys[h - 1];
+}
+
+/* Frees the pages of an object that is released and no longer mapped. */
+static void phys_maybe_free(struct phys *p) {
+    if (p->released && p->maps == 0 && p->fd >= 0) {
+        close(p->fd);
+        p->fd = -1;
+        g_used[p->device] -= p->size;
+    }
+}
+
+API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+    struct phys *p;
+    CHECK_INIT();
+    pthread_mutex_lock(&g_lock);
+    p = phys_of(handle);
+    if (p == NULL) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    p->released = 1;
+    phys_maybe_free(p);
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+static int reserved_locked(CUdeviceptr p, size_t n) {
+    for (struct reservation *r = g_reservations; r; r = r->next)
+        if (p >= r->base && p + n <= r->base + r->size)
+            return 1;
+    return 0;
+}
+
+API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long flags) {
+    struct phys *p;
+    struct mapping *m;
+    CHECK_INIT();
+    /* As in the real driver, offset must (currently) be zero. */
+    if (size == 0 || size % GRAN != 0 || ptr % GRAN != 0 || offset != 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    m = malloc(sizeof *m);
+    if (m == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    p = phys_of(handle);
+    if (p == NULL || size > p->size || !reserved_locked(ptr, size)) {
+        pthread_mutex_unlock(&g_lock);
+        free(m);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (struct mapping *o = g_mappings; o; o = o->next)
+        if (o->addr < ptr + size && ptr < o->addr + o->size) {
+            pthread_mutex_unlock(&g_lock);
+            free(m);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_SHARED | MAP_FIXED, p->fd, 0) == MAP_FAILED) {
+        pthread_mutex_unlock(&g_lock);
+        free(m);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    m->addr = ptr;
+    m->size = size;
+    m->handle = handle;
+    m->prot = PROT_NONE;
+    m->next = g_mappings;
+    g_mappings = m;
+    p->maps++;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* Whether mappings tile [p, p+n) with no gap. g_lock held. */
+static int mapped_locked(CUdeviceptr p, size_t n) {
+    CUdeviceptr end = p + n;
+    while (p < end) {
+        struct mapping *m;
+        for (m = g_mappings; m; m = m->next)
+            if (p >= m->addr && p < m->addr + m->size)
+                break;
+        if (m == NULL)
+            return 0;
+        p = m->addr + m->size;
+    }
+    return 1;
+}
+
+API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
+    int prot;
+    CHECK_INIT();
+    if (desc == NULL || count != 1 || size == 0 || desc->location.type != 1 ||
+        !valid_device(desc->location.id))
+        return CUDA_ERROR_INVALID_VALUE;
+    switch (desc->flags) {
+    case 0: prot = PROT_NONE; break;
+    case 1: prot = PROT_READ; break;
+    case 3: prot = PROT_READ | PROT_WRITE; break;
+    default: return CUDA_ERROR_INVALID_VALUE;
+    }
+    pthread_mutex_lock(&g_lock);
+    if (!mapped_locked(ptr, size) || mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        if (m->addr >= ptr && m->addr + m->size <= ptr + size)
+            m->prot = prot;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    CUdeviceptr p = ptr, end = ptr + size;
+    CHECK_INIT();
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    /* The range must be made of whole mappings, with no gap. */
+    while (p < end) {
+        struct mapping *m;
+        for (m = g_mappings; m; m = m->next)
+            if (m->addr == p)
+                break;
+        if (m == NULL || m->addr + m->size > end) {
+            pthread_mutex_unlock(&g_lock);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        p = m->addr + m->size;
+    }
+    if (mmap((void *)(uintptr_t)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+             -1, 0) == MAP_FAILED) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    for (struct mapping **pp = &g_mappings; *pp;) {
+        struct mapping *m = *pp;
+        if (m->addr >= ptr && m->addr < end) {
+            struct phys *ph = &g_phys[m->handle - 1];
+            *pp = m->next;
+            ph->maps--;
+            phys_maybe_free(ph);
+            free(m);
+        } else {
+            pp = &m->next;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+#endif /* FAKE_CUDA_OMIT_VMM */
+
+/* ---- introspection for tests (not part of any CUDA API) ---- */
+
+API int fake_cuda_primary_ctx_refs(int dev) {
+    int n;
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return -1;
+    pthread_mutex_lock(&g_lock);
+    n = g_ctx[dev].refs;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+API unsigned long long fake_cuda_used_bytes(int dev) {
+    unsigned long long n;
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    n = g_used[dev];
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Live driver objects of every kind, summed: allocations, reservations,
+ * physical objects whose pages are held, mappings, streams, events. */
+API long fake_cuda_live_objects(void) {
+    long n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (struct alloc *a = g_allocs; a; a = a->next)
+        n++;
+    for (struct reservation *r = g_reservations; r; r = r->next)
+        n++;
+    for (size_t i = 0; i < g_phys_len; i++)
+        n += g_phys[i].fd >= 0;
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        n++;
+    n += g_live_streams + g_live_events;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}

@@ -1,0 +1,120 @@
+//! The allocator capability: plain `cuMemAlloc`/`cuMemFree` in the device's
+//! primary context. Alignments above the 256 bytes `cuMemAlloc` guarantees
+//! (up to 2 MiB) are met by over-allocating and keeping the base.
+
+use crate::context::Pin;
+use crate::driver::CUdeviceptr;
+use crate::mechanism::{CudaMechanism, MAX_ALIGNMENT, MIN_ALIGNMENT};
+use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
+
+/// One live allocation.
+pub struct Allocation {
+    object_id: u64,
+    addr: u64,
+    size: u64,
+    /// What `cuMemAlloc` returned (below `addr` when over-aligned).
+    base: CUdeviceptr,
+    /// Set while a `deallocate` is in the driver, so a second one is refused.
+    freeing: bool,
+    /// Declared last: the context is released after the rest is gone.
+    pin: Pin,
+}
+
+impl Allocation {
+    fn is(&self, obj: &ObjectRef) -> bool {
+        self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
+    }
+}
+
+impl Allocator for CudaMechanism {
+    const HAS_MEMORY_INFO: bool = true;
+
+    fn properties(&self) -> Properties {
+        Properties {
+            min_alignment: MIN_ALIGNMENT,
+            max_alignment: MAX_ALIGNMENT.max(self.granularity),
+            granularity: self.granularity,
+        }
+    }
+
+    fn allocate(&self, r: &Request) -> PluginResult<Block> {
+        self.check_request(r, "allocate")?;
+        let max = MAX_ALIGNMENT.max(self.granularity);
+        if !r.alignment.is_power_of_two() || r.alignment > max {
+            return Err(PluginError::invalid_argument(format!(
+                "allocate: alignment {} must be a power of two from 1 to {max}",
+                r.alignment
+            )));
+        }
+        let pad = r.alignment.saturating_sub(MIN_ALIGNMENT);
+        let bytes = r.size.checked_add(pad).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| {
+            PluginError::out_of_memory(format!("allocate: {} bytes cannot be allocated", r.size))
+        })?;
+        let d = self.driver;
+        let pin = self.ctx.pin()?;
+        let base = {
+            let _e = pin.enter()?;
+            let mut base: CUdeviceptr = 0;
+            // SAFETY: resolved entry point, out-pointer to a local, the
+            // device's context current.
+            d.check(unsafe { (d.api.mem_alloc)(&mut base, bytes) }, "cuMemAlloc")?;
+            base
+        };
+        let addr = base.next_multiple_of(r.alignment.max(MIN_ALIGNMENT));
+        let handle = self.allocations.insert(Allocation {
+            object_id: r.object_id,
+            addr,
+            size: r.size,
+            base,
+            freeing: false,
+            pin,
+        });
+        Ok(Block { addr, size: r.size, handle })
+    }
+
+    fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
+        self.check_owner(obj, "allocation")?;
+        let (base, ctx) = self
+            .allocations
+            .with(
+                obj.handle,
+                |a| a.is(obj) && !a.freeing,
+                |a| {
+                    a.freeing = true;
+                    (a.base, a.pin.ctx())
+                },
+            )
+            .ok_or_else(|| self.unknown(obj, "allocation"))?;
+        let d = self.driver;
+        let freed = crate::driver::Entered::new(d, ctx).and_then(|_e| {
+            // SAFETY: a block this mechanism allocated and nobody else frees
+            // (the `freeing` mark).
+            d.check(unsafe { (d.api.mem_free)(base) }, "cuMemFree")
+        });
+        match freed {
+            Ok(()) => {
+                // Dropped outside the table lock: the pin may release the
+                // context.
+                let gone = self.allocations.remove(obj.handle, |a| a.freeing && a.is(obj));
+                drop(gone);
+                Ok(())
+            }
+            Err(e) => {
+                // Still allocated: it stays, usable for another try.
+                self.allocations.with(obj.handle, |a| a.is(obj), |a| a.freeing = false);
+                Err(e)
+            }
+        }
+    }
+
+    fn memory_info(&self) -> PluginResult<MemoryInfo> {
+        let d = self.driver;
+        let pin = self.ctx.pin()?;
+        let _e = pin.enter()?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: resolved entry point, out-pointers to locals, the device's
+        // context current.
+        d.check(unsafe { (d.api.mem_get_info)(&mut free, &mut total) }, "cuMemGetInfo")?;
+        Ok(MemoryInfo { free_bytes: free as u64, total_bytes: total as u64 })
+    }
+}

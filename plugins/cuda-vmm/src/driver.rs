@@ -1,0 +1,519 @@
+//! The CUDA driver: found once, checked once, then called through a table
+//! of entry points.
+//!
+//! **Finding it.** `MEMPLUG_CUDA_DRIVER=/path/to/libcuda.so.1` names the
+//! library to use (tests point it at the fake in `fake-driver/`). Without
+//! it, cudarc's loader finds the system's `libcuda` (it tries `libcuda.so`,
+//! a list of versioned names, and last `libcuda.so.1`, through the dynamic
+//! loader's search path, so `LD_LIBRARY_PATH` applies).
+//!
+//! **Why a table.** cudarc's `sys` functions resolve each symbol on first
+//! use and panic when the library or the symbol is missing; its `CUresult`
+//! is a Rust enum, so a status code newer than the bindings would be an
+//! invalid value. Here every entry point the plugin uses is resolved at
+//! load, through cudarc's own loaded library (or the override), typed with
+//! cudarc's `sys` structs but with a plain `u32` result: a missing symbol is
+//! a clear `DEVICE_UNAVAILABLE` at load, and no driver call can panic. The
+//! two cudarc calls that can panic (`is_culib_present`, `culib`) run inside
+//! `catch_unwind`, once, and their answer is cached for the process.
+//!
+//! This module is public (hidden from the docs) so that tests and benches
+//! can make raw driver calls through the very library the plugin uses.
+
+use cudarc::driver::sys as cu;
+use memplug_sdk::{PluginError, PluginResult, Status};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+pub use cu::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUhostFn, CUmemAccessDesc, CUmemAllocationProp,
+    CUmemGenericAllocationHandle, CUstream,
+};
+
+/// A raw `CUresult`: kept as a number, so codes newer than cudarc's
+/// bindings are still just numbers.
+pub type CuResult = u32;
+
+/// `CUDA_SUCCESS`.
+pub const CUDA_SUCCESS: CuResult = 0;
+/// `CUDA_ERROR_INVALID_VALUE`.
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+/// `CUDA_ERROR_NOT_READY`: what `cuEventQuery` says of a pending event.
+pub const CUDA_ERROR_NOT_READY: CuResult = 600;
+/// `CUDA_ERROR_NOT_SUPPORTED`.
+pub const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
+
+/// `CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED`.
+const ATTR_VMM_SUPPORTED: c_uint = 102;
+/// `CU_STREAM_NON_BLOCKING`.
+pub const STREAM_NON_BLOCKING: c_uint = 1;
+/// `CU_EVENT_DISABLE_TIMING`.
+pub const EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
+const GRANULARITY_MINIMUM: c_uint = 0;
+
+/// The environment variable that names the driver library to use.
+pub const DRIVER_ENV: &str = "MEMPLUG_CUDA_DRIVER";
+
+macro_rules! entry_points {
+    ($(#[$doc:meta])* $name:ident { $( $field:ident = $sym:literal ($($arg:ty),*); )* }) => {
+        $(#[$doc])*
+        #[derive(Clone, Copy)]
+        #[allow(missing_docs)]
+        pub struct $name {
+            $( pub $field: unsafe extern "C" fn($($arg),*) -> CuResult, )*
+        }
+
+        impl $name {
+            /// Every entry point, or the names of those the library lacks.
+            fn resolve(find: &dyn Fn(&str) -> Option<*mut c_void>) -> Result<Self, Vec<&'static str>> {
+                let mut missing = Vec::new();
+                $(
+                    let $field = find($sym);
+                    if $field.is_none() {
+                        missing.push($sym);
+                    }
+                )*
+                if !missing.is_empty() {
+                    return Err(missing);
+                }
+                // SAFETY: each symbol is the driver entry point of that name,
+                // whose C signature is the one written here.
+                Ok(unsafe {
+                    $name {
+                        $( $field: std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($arg),*) -> CuResult>(
+                            $field.unwrap_or(std::ptr::null_mut()),
+                        ), )*
+                    }
+                })
+            }
+        }
+    };
+}
+
+entry_points! {
+    /// The entry points every mechanism needs (all present since CUDA 10).
+    Core {
+        init = "cuInit"(c_uint);
+        driver_get_version = "cuDriverGetVersion"(*mut c_int);
+        device_get_count = "cuDeviceGetCount"(*mut c_int);
+        device_get = "cuDeviceGet"(*mut CUdevice, c_int);
+        device_get_attribute = "cuDeviceGetAttribute"(*mut c_int, c_uint, CUdevice);
+        device_get_name = "cuDeviceGetName"(*mut c_char, c_int, CUdevice);
+        get_error_name = "cuGetErrorName"(CuResult, *mut *const c_char);
+        primary_ctx_retain = "cuDevicePrimaryCtxRetain"(*mut CUcontext, CUdevice);
+        primary_ctx_release = "cuDevicePrimaryCtxRelease_v2"(CUdevice);
+        ctx_push = "cuCtxPushCurrent_v2"(CUcontext);
+        ctx_pop = "cuCtxPopCurrent_v2"(*mut CUcontext);
+        ctx_get_current = "cuCtxGetCurrent"(*mut CUcontext);
+        ctx_get_device = "cuCtxGetDevice"(*mut CUdevice);
+        ctx_synchronize = "cuCtxSynchronize"();
+        mem_alloc = "cuMemAlloc_v2"(*mut CUdeviceptr, usize);
+        mem_free = "cuMemFree_v2"(CUdeviceptr);
+        mem_get_info = "cuMemGetInfo_v2"(*mut usize, *mut usize);
+        memcpy_htod = "cuMemcpyHtoD_v2"(CUdeviceptr, *const c_void, usize);
+        memcpy_dtoh = "cuMemcpyDtoH_v2"(*mut c_void, CUdeviceptr, usize);
+        memcpy_dtod = "cuMemcpyDtoD_v2"(CUdeviceptr, CUdeviceptr, usize);
+        memset_d8_async = "cuMemsetD8Async"(CUdeviceptr, u8, usize, CUstream);
+        stream_create = "cuStreamCreate"(*mut CUstream, c_uint);
+        stream_destroy = "cuStreamDestroy_v2"(CUstream);
+        stream_synchronize = "cuStreamSynchronize"(CUstream);
+        stream_get_ctx = "cuStreamGetCtx"(CUstream, *mut CUcontext);
+        launch_host_func = "cuLaunchHostFunc"(CUstream, CUhostFn, *mut c_void);
+        event_create = "cuEventCreate"(*mut CUevent, c_uint);
+        event_record = "cuEventRecord"(CUevent, CUstream);
+        event_query = "cuEventQuery"(CUevent);
+        event_destroy = "cuEventDestroy_v2"(CUevent);
+    }
+}
+
+entry_points! {
+    /// The virtual memory management entry points (CUDA 10.2 and later).
+    Vmm {
+        address_reserve = "cuMemAddressReserve"(*mut CUdeviceptr, usize, usize, CUdeviceptr, u64);
+        address_free = "cuMemAddressFree"(CUdeviceptr, usize);
+        create = "cuMemCreate"(*mut CUmemGenericAllocationHandle, usize, *const CUmemAllocationProp, u64);
+        release = "cuMemRelease"(CUmemGenericAllocationHandle);
+        map = "cuMemMap"(CUdeviceptr, usize, usize, CUmemGenericAllocationHandle, u64);
+        unmap = "cuMemUnmap"(CUdeviceptr, usize);
+        set_access = "cuMemSetAccess"(CUdeviceptr, usize, *const CUmemAccessDesc, usize);
+        granularity = "cuMemGetAllocationGranularity"(*mut usize, *const CUmemAllocationProp, c_uint);
+    }
+}
+
+/// One device as found at load.
+#[derive(Clone, Debug)]
+pub struct DeviceInfo {
+    /// Ordinal among CUDA devices (the memplug device ordinal too).
+    pub ordinal: u32,
+    /// The driver's handle of the device.
+    pub device: CUdevice,
+    /// What the driver calls it.
+    pub name: String,
+    /// The VMM granularity (`CU_MEM_ALLOC_GRANULARITY_MINIMUM`) when the
+    /// device supports virtual memory management; `None` when it does not
+    /// (the mechanism then publishes neither virtual backing nor shared
+    /// mapping).
+    pub vmm_granularity: Option<u64>,
+}
+
+/// Where the driver library came from.
+enum Source {
+    /// cudarc's loader found it.
+    System,
+    /// `MEMPLUG_CUDA_DRIVER` named it; loaded here and never closed.
+    Path(&'static libloading::Library),
+}
+
+/// The loaded, initialised driver.
+pub struct Driver {
+    /// Entry points every mechanism needs.
+    pub api: Core,
+    /// VMM entry points, when the library has them all.
+    pub vmm: Option<Vmm>,
+    /// `cuDriverGetVersion`, e.g. 12080 for 12.8.
+    pub version: i32,
+    /// Every device, in ordinal order.
+    pub devices: Vec<DeviceInfo>,
+    /// Where the library came from, for messages.
+    pub origin: String,
+    source: Source,
+}
+
+// SAFETY: function pointers and a library handle that is never closed; the
+// driver's entry points may be called from any thread.
+unsafe impl Send for Driver {}
+unsafe impl Sync for Driver {}
+
+impl Driver {
+    /// The address of any symbol of the loaded library (tests use it to
+    /// reach the fake driver's introspection functions).
+    pub fn symbol(&self, name: &str) -> Option<*mut c_void> {
+        match self.source {
+            Source::System => guarded(|| unsafe { cu::culib() }).ok().and_then(|lib| lookup(lib, name)),
+            Source::Path(lib) => lookup(lib, name),
+        }
+    }
+
+    /// Turns a driver status into a plugin result; `call` names the entry
+    /// point for the message.
+    #[inline]
+    pub fn check(&self, code: CuResult, call: &str) -> PluginResult<()> {
+        if code == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(self.error(code, call))
+        }
+    }
+
+    /// The failure for a driver status other than success.
+    #[cold]
+    pub fn error(&self, code: CuResult, call: &str) -> PluginError {
+        PluginError::new(status_of(code), format!("{call} failed: {} ({code})", self.error_name(code)))
+    }
+
+    /// The driver's name for a status code, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
+    pub fn error_name(&self, code: CuResult) -> String {
+        let mut p: *const c_char = std::ptr::null();
+        // SAFETY: resolved entry point; `p` is written on success and then
+        // points to a static string of the driver.
+        let r = unsafe { (self.api.get_error_name)(code, &mut p) };
+        if r != CUDA_SUCCESS || p.is_null() {
+            return "an error code this driver does not name".into();
+        }
+        // SAFETY: a NUL-terminated static string (see above).
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+/// The memplug status of a driver status code: exhaustion is
+/// `OUT_OF_MEMORY`; a driver, device or context that is absent, lost or
+/// broken (sticky errors included) is `DEVICE_UNAVAILABLE`; "not supported"
+/// is `UNSUPPORTED`; anything else is the plugin's `INTERNAL` failure.
+pub fn status_of(code: CuResult) -> Status {
+    match code {
+        2 => Status::OutOfMemory,
+        // NOT_INITIALIZED, DEINITIALIZED, STUB_LIBRARY, INSUFFICIENT_DRIVER,
+        // DEVICE_UNAVAILABLE, NO_DEVICE, INVALID_DEVICE, DEVICE_NOT_LICENSED,
+        // CONTEXT_IS_DESTROYED, ECC_UNCORRECTABLE, ILLEGAL_ADDRESS,
+        // LAUNCH_FAILED, SYSTEM_NOT_READY, SYSTEM_DRIVER_MISMATCH,
+        // COMPAT_NOT_SUPPORTED_ON_DEVICE, UNKNOWN.
+        3 | 4 | 34 | 35 | 46 | 100 | 101 | 102 | 709 | 214 | 700 | 719 | 802 | 803 | 804 | 999 => {
+            Status::DeviceUnavailable
+        }
+        CUDA_ERROR_NOT_SUPPORTED => Status::Unsupported,
+        _ => Status::Internal,
+    }
+}
+
+fn lookup(lib: &libloading::Library, name: &str) -> Option<*mut c_void> {
+    // SAFETY: only the address is taken; nothing is called here.
+    unsafe { lib.get::<*mut c_void>(name) }.ok().map(|s| *s).filter(|p| !p.is_null())
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// Runs one of the cudarc calls that may panic, turning a panic into a
+/// `DEVICE_UNAVAILABLE` failure.
+fn guarded<T>(f: impl FnOnce() -> T) -> PluginResult<T> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|p| {
+        PluginError::new(
+            Status::DeviceUnavailable,
+            format!("the CUDA driver could not be loaded: {}", panic_text(&*p)),
+        )
+    })
+}
+
+fn unavailable(msg: String) -> PluginError {
+    PluginError::new(Status::DeviceUnavailable, msg)
+}
+
+/// The library names cudarc's loader tries, in order, without repeats.
+fn searched_names() -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for n in cudarc::get_lib_name_candidates("cuda") {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
+    names
+}
+
+/// The driver, loaded and initialised on first use; the answer, success or
+/// failure, is kept for the life of the process (of this library).
+pub fn driver() -> PluginResult<&'static Driver> {
+    static DRIVER: OnceLock<PluginResult<Driver>> = OnceLock::new();
+    DRIVER.get_or_init(|| guarded(load).and_then(|r| r)).as_ref().map_err(Clone::clone)
+}
+
+fn load() -> PluginResult<Driver> {
+    let (source, origin) = match std::env::var_os(DRIVER_ENV).filter(|v| !v.is_empty()) {
+        Some(path) => {
+            let shown = format!("{DRIVER_ENV}={}", path.to_string_lossy());
+            let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
+            // SAFETY: loading runs the library's initialisers; the path was
+            // chosen by whoever set the variable, to be a CUDA driver.
+            let lib = unsafe { libloading::os::unix::Library::open(Some(&path), flags) }.map_err(|e| {
+                // libloading puts dlerror()'s text in the source.
+                let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+                unavailable(format!("no CUDA driver: {shown} cannot be loaded: {why}"))
+            })?;
+            let lib: &'static libloading::Library = Box::leak(Box::new(lib.into()));
+            (Source::Path(lib), shown)
+        }
+        None => {
+            // SAFETY: tries to open libraries by name, nothing more.
+            if !guarded(|| unsafe { cu::is_culib_present() })? {
+                return Err(unavailable(format!(
+                    "no CUDA driver: libcuda.so.1 not found (searched the loader's path for {}); install \
+                     the NVIDIA driver or set {DRIVER_ENV}=/path/to/libcuda.so.1",
+                    searched_names().join(", ")
+                )));
+            }
+            (Source::System, "the system CUDA driver (libcuda, found by cudarc)".to_string())
+        }
+    };
+    let find = |name: &str| match source {
+        // SAFETY: presence was checked just above; a panic is caught.
+        Source::System => guarded(|| unsafe { cu::culib() }).ok().and_then(|lib| lookup(lib, name)),
+        Source::Path(lib) => lookup(lib, name),
+    };
+    let api = Core::resolve(&find).map_err(|missing| {
+        unavailable(format!(
+            "the CUDA driver ({origin}) lacks entry points this plugin needs: {}",
+            missing.join(", ")
+        ))
+    })?;
+    let vmm = Vmm::resolve(&find).ok();
+    let mut driver = Driver { api, vmm, version: 0, devices: Vec::new(), origin, source };
+    driver.initialise()?;
+    Ok(driver)
+}
+
+impl Driver {
+    fn initialise(&mut self) -> PluginResult<()> {
+        let api = self.api;
+        // SAFETY (every call below): resolved entry points, out-pointers to
+        // locals.
+        let r = unsafe { (api.init)(0) };
+        if r != CUDA_SUCCESS {
+            return Err(unavailable(format!(
+                "the CUDA driver ({}) did not initialise: cuInit failed: {} ({r})",
+                self.origin,
+                self.error_name(r)
+            )));
+        }
+        let mut version = 0;
+        self.check(unsafe { (api.driver_get_version)(&mut version) }, "cuDriverGetVersion")
+            .map_err(|e| unavailable(e.message))?;
+        self.version = version;
+        let mut count = 0;
+        self.check(unsafe { (api.device_get_count)(&mut count) }, "cuDeviceGetCount")
+            .map_err(|e| unavailable(e.message))?;
+        if count <= 0 {
+            return Err(unavailable(format!("the CUDA driver ({}) reports no CUDA device", self.origin)));
+        }
+        for ordinal in 0..count {
+            let mut device: CUdevice = 0;
+            self.check(unsafe { (api.device_get)(&mut device, ordinal) }, "cuDeviceGet")
+                .map_err(|e| unavailable(e.message))?;
+            let mut name = [0 as c_char; 256];
+            let name = if unsafe { (api.device_get_name)(name.as_mut_ptr(), 256, device) } == CUDA_SUCCESS {
+                // SAFETY: the driver wrote a NUL-terminated name.
+                unsafe { CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned()
+            } else {
+                format!("CUDA device {ordinal}")
+            };
+            let vmm_granularity = self.vmm_granularity(device);
+            self.devices.push(DeviceInfo { ordinal: ordinal as u32, device, name, vmm_granularity });
+        }
+        Ok(())
+    }
+
+    /// The VMM granularity of `device`, or `None` when the library lacks
+    /// the VMM entry points or the device does not support VMM.
+    fn vmm_granularity(&self, device: CUdevice) -> Option<u64> {
+        let vmm = self.vmm?;
+        let mut supported = 0;
+        // SAFETY: resolved entry point, out-pointer to a local.
+        let r = unsafe { (self.api.device_get_attribute)(&mut supported, ATTR_VMM_SUPPORTED, device) };
+        if r != CUDA_SUCCESS || supported == 0 {
+            return None;
+        }
+        let prop = allocation_prop(device);
+        let mut g = 0usize;
+        // SAFETY: as above; `prop` lives for the call.
+        let mut r = unsafe { (vmm.granularity)(&mut g, &prop, GRANULARITY_MINIMUM) };
+        if r != CUDA_SUCCESS {
+            // A driver that wants a context for the query: ask again with
+            // the primary context current, retained for the query only.
+            r = self.with_primary_context(device, || unsafe {
+                (vmm.granularity)(&mut g, &prop, GRANULARITY_MINIMUM)
+            });
+        }
+        (r == CUDA_SUCCESS && g.is_power_of_two()).then_some(g as u64)
+    }
+
+    /// Runs `f` with `device`'s primary context retained and current, and
+    /// puts everything back afterwards; `f`'s status, or the failure of
+    /// getting there.
+    fn with_primary_context(&self, device: CUdevice, f: impl FnOnce() -> CuResult) -> CuResult {
+        let api = self.api;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: resolved entry points; what is retained and pushed here is
+        // popped and released before returning.
+        unsafe {
+            let r = (api.primary_ctx_retain)(&mut ctx, device);
+            if r != CUDA_SUCCESS {
+                return r;
+            }
+            let r = match (api.ctx_push)(ctx) {
+                CUDA_SUCCESS => {
+                    let r = f();
+                    let mut popped: CUcontext = std::ptr::null_mut();
+                    (api.ctx_pop)(&mut popped);
+                    r
+                }
+                r => r,
+            };
+            (api.primary_ctx_release)(device);
+            r
+        }
+    }
+}
+
+/// Properties of device-local physical memory on `device`, as `cuMemCreate`
+/// and `cuMemGetAllocationGranularity` take them.
+pub fn allocation_prop(device: CUdevice) -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        type_: cu::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_NONE,
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: cu::CUmemAllocationProp_st__bindgen_ty_1 {
+            compressionType: 0,
+            gpuDirectRDMACapable: 0,
+            usage: 0,
+            reserved: [0; 4],
+        },
+    }
+}
+
+/// Access for `device` to a mapped range: read-only or read-write.
+pub fn access_desc(device: CUdevice, writable: bool) -> CUmemAccessDesc {
+    CUmemAccessDesc {
+        location: cu::CUmemLocation { type_: cu::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: device },
+        flags: if writable {
+            cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        } else {
+            cu::CUmemAccess_flags::CU_MEM_ACCESS_FLAGS_PROT_READ
+        },
+    }
+}
+
+/// The calling thread's current context made `ctx` for as long as this
+/// lives, and put back as it was afterwards: the plugin never leaves a
+/// runtime's thread with a different current context.
+pub struct Entered {
+    api: Core,
+    pushed: bool,
+}
+
+impl Entered {
+    /// Makes `ctx` current on this thread (a no-op when it already is).
+    pub(crate) fn new(driver: &Driver, ctx: CUcontext) -> PluginResult<Entered> {
+        let api = driver.api;
+        let mut current: CUcontext = std::ptr::null_mut();
+        // SAFETY: resolved entry point, out-pointer to a local.
+        driver.check(unsafe { (api.ctx_get_current)(&mut current) }, "cuCtxGetCurrent")?;
+        if current == ctx {
+            return Ok(Entered { api, pushed: false });
+        }
+        // SAFETY: `ctx` is a context the caller keeps retained.
+        driver.check(unsafe { (api.ctx_push)(ctx) }, "cuCtxPushCurrent")?;
+        Ok(Entered { api, pushed: true })
+    }
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        if self.pushed {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            // SAFETY: pops what `new` pushed on this thread.
+            unsafe { (self.api.ctx_pop)(&mut popped) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn driver_codes_map_to_the_conservative_status() {
+        assert_eq!(status_of(2), Status::OutOfMemory);
+        for lost in [3, 4, 35, 100, 101, 700, 709, 999] {
+            assert_eq!(status_of(lost), Status::DeviceUnavailable, "{lost}");
+        }
+        assert_eq!(status_of(CUDA_ERROR_NOT_SUPPORTED), Status::Unsupported);
+        assert_eq!(status_of(CUDA_ERROR_INVALID_VALUE), Status::Internal);
+        assert_eq!(status_of(123_456), Status::Internal, "a code newer than this build");
+    }
+
+    #[test]
+    fn the_searched_names_end_with_libcuda_so_1_and_do_not_repeat() {
+        let names = searched_names();
+        assert_eq!(names.first().map(String::as_str), Some("libcuda.so"));
+        assert_eq!(names.last().map(String::as_str), Some("libcuda.so.1"));
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), names.len());
+    }
+}

@@ -1,0 +1,119 @@
+//! memplug CUDA VMM plugin: the reference implementation of ABI 1.0 on the
+//! CUDA driver API (through cudarc, loaded dynamically).
+//!
+//! One mechanism per CUDA device, `cuda<N>-vmm` (id N + 1, device `cuda:N`):
+//!
+//! * allocator — `cuMemAlloc`/`cuMemFree`; free/total from `cuMemGetInfo`;
+//! * virtual backing — `cuMemAddressReserve`; commit creates one
+//!   `cuMemCreate` chunk per granule, maps it and sets read-write access;
+//!   decommit unmaps and releases; committed bytes are exact;
+//! * shared mapping — physical objects mapped into several reservations,
+//!   read-only views through `CU_MEM_ACCESS_FLAGS_PROT_READ`;
+//! * sync — CUDA streams (created, or a runtime's `CUstream` adopted), host
+//!   functions through `cuLaunchHostFunc`, fences that are events.
+//!
+//! A device without VMM support gets a mechanism with only the allocator
+//! and sync. Each device's primary context is retained while anything made
+//! in it is alive, and released after.
+//!
+//! Without a usable driver (no `libcuda`, missing entry points, `cuInit`
+//! failing, no device) the entry symbol fails with
+//! `MEMPLUG_STATUS_DEVICE_UNAVAILABLE` and a message saying which: there is
+//! no mechanism a runtime could use, and a descriptor with none would be
+//! malformed. The library never panics across the boundary and never aborts.
+//!
+//! `MEMPLUG_CUDA_DRIVER=/path/to/libcuda.so.1` makes the plugin use that
+//! library instead of the system's (tests use a fake, `fake-driver/`).
+
+#![deny(missing_docs)]
+
+mod allocator;
+mod context;
+#[doc(hidden)]
+pub mod driver;
+mod handles;
+mod mechanism;
+mod shared;
+mod streams;
+mod virtual_backing;
+
+pub use mechanism::{mechanism_id, mechanism_name, MAX_ALIGNMENT, MIN_ALIGNMENT};
+
+use mechanism::CudaMechanism;
+use memplug_sdk::abi::{MemplugHostInfo, MemplugMessageSink, MemplugNegotiation, MemplugStatus};
+use memplug_sdk::export::{guard, negotiate, PluginCell};
+use memplug_sdk::{ExportedPlugin, MechanismBuilder, PluginBuilder};
+
+/// memplug entry symbol, ABI major 1: the only symbol the library exports.
+///
+/// # Safety
+/// Called by a memplug host according to `memplug.h`.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_plugin_v1(
+    host: *const MemplugHostInfo,
+    out: *mut MemplugNegotiation,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    static CELL: PluginCell = PluginCell::new();
+    entry(&CELL, host, out, sink)
+}
+
+/// The same plugin as an in-process entry function, for hosts that link
+/// this crate and register it with `Plugin::from_entry` (a separate
+/// instance from the exported one). Not exported from the library.
+///
+/// # Safety
+/// As for [`memplug_plugin_v1`].
+pub unsafe extern "C" fn cuda_vmm_plugin_entry(
+    host: *const MemplugHostInfo,
+    out: *mut MemplugNegotiation,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    static CELL: PluginCell = PluginCell::new();
+    entry(&CELL, host, out, sink)
+}
+
+/// Finds the driver (once per process) before negotiating. A host of
+/// another major is left to `negotiate`, which reports the mismatch.
+unsafe fn entry(
+    cell: &PluginCell,
+    host: *const MemplugHostInfo,
+    out: *mut MemplugNegotiation,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    let status = guard(sink, "memplug_plugin_v1", || {
+        let speaks_major_1 = !host.is_null()
+            && host.cast::<u32>().read_unaligned() >= memplug_sdk::abi::MEMPLUG_HOST_INFO_SIZE_1_0
+            && std::ptr::addr_of!((*host).abi_major).read_unaligned() == memplug_sdk::abi::MEMPLUG_ABI_MAJOR;
+        if speaks_major_1 {
+            driver::driver()?;
+        }
+        Ok(())
+    });
+    if status != memplug_sdk::abi::MEMPLUG_STATUS_OK {
+        return status;
+    }
+    negotiate(cell, plugin, host, out, sink)
+}
+
+/// Builds the descriptor: one mechanism per device. Runs after the entry
+/// found the driver.
+fn plugin() -> ExportedPlugin {
+    let driver = driver::driver().expect("the entry checked the driver before building the plugin");
+    let mut builder = PluginBuilder::new("memplug-cuda-vmm", env!("CARGO_PKG_VERSION"));
+    let mut states: Vec<&'static CudaMechanism> = Vec::new();
+    for info in &driver.devices {
+        let m = CudaMechanism::new(driver, info);
+        let vmm = m.has_vmm();
+        let device = m.device;
+        let mut mb =
+            MechanismBuilder::new(&mechanism_name(info.ordinal), mechanism_id(info.ordinal), device, m);
+        if vmm {
+            mb = mb.virtual_backing().shared_mapping();
+        }
+        mb = mb.sync();
+        states.push(mb.implementation());
+        builder = builder.mechanism(mb.build());
+    }
+    builder.live_objects(move || states.iter().map(|m| m.live_objects()).sum()).build()
+}

@@ -1,0 +1,243 @@
+//! The shared mapping capability: a physical object is a set of
+//! `cuMemCreate` chunks, one per granule (so any granule-aligned part of it
+//! can be mapped: the driver maps a chunk only from its start); a mapping
+//! `cuMemMap`s the chunks into a range of a reservation and sets the access
+//! (`CU_MEM_ACCESS_FLAGS_PROT_READ` for read-only views).
+//!
+//! References: one from `create`, one per `retain`, one per live mapping,
+//! counted apart as in the CPU plugin: only the host's make the handle
+//! valid, but the chunks are released (`cuMemRelease`) only when both counts
+//! reach zero. If the driver refuses that release, the object stays in the
+//! table, unreachable and counted live: its memory is still held.
+//!
+//! Lock order: a reservation's lock, then this table's lock.
+
+use crate::context::Pin;
+use crate::driver::CUmemGenericAllocationHandle;
+use crate::mechanism::{wrong_state, CudaMechanism};
+use crate::virtual_backing::{release_all, Mapping};
+use memplug_sdk::{Access, Block, ObjectRef, PluginResult, Request, SharedMapping};
+use std::sync::Arc;
+
+/// One physical object.
+pub struct Physical {
+    object_id: u64,
+    size: u64,
+    /// One chunk per granule, in order.
+    handles: Arc<[CUmemGenericAllocationHandle]>,
+    host_refs: u64,
+    mappings: u64,
+    /// Declared last: the context is released after the rest is gone.
+    pin: Pin,
+}
+
+impl Physical {
+    fn is(&self, obj: &ObjectRef) -> bool {
+        self.host_refs > 0 && self.object_id == obj.object_id && obj.addr == 0 && self.size == obj.size
+    }
+}
+
+impl CudaMechanism {
+    /// Releases the chunks of an object whose last reference went. Chunks
+    /// the driver refuses to release stay with the object.
+    fn release_chunks(&self, p: &mut Physical) -> PluginResult<()> {
+        let d = self.driver;
+        let vmm = self.vmm("release")?;
+        let _e = p.pin.enter()?;
+        let mut kept = Vec::new();
+        let mut first = Ok(());
+        for &h in p.handles.iter() {
+            // SAFETY: a chunk of this object, mapped nowhere any more.
+            let r = d.check(unsafe { (vmm.release)(h) }, "cuMemRelease");
+            if r.is_err() {
+                kept.push(h);
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+        }
+        p.handles = kept.into();
+        first
+    }
+
+    /// Drops one reference (`dec` says which kind), releasing the chunks
+    /// when it was the last. `None` when `verify` refuses the entry.
+    fn drop_ref(
+        &self,
+        handle: u64,
+        verify: impl FnOnce(&Physical) -> bool,
+        dec: impl FnOnce(&mut Physical),
+    ) -> Option<PluginResult<()>> {
+        let (gone, r) = self.physical.update(handle, verify, |p| {
+            dec(p);
+            if p.host_refs > 0 || p.mappings > 0 {
+                return (false, Ok(()));
+            }
+            match self.release_chunks(p) {
+                Ok(()) => (true, Ok(())),
+                Err(e) => (false, Err(e)),
+            }
+        })?;
+        // The pin goes outside the table lock.
+        drop(gone);
+        Some(r)
+    }
+
+    /// Drops the reference a mapping of `handle` held.
+    pub(crate) fn drop_mapping(&self, handle: u64) {
+        // A mapping's reference keeps the entry, so it is there; a driver
+        // failure leaves it quarantined (still counted live).
+        let _ = self.drop_ref(handle, |p| p.mappings > 0, |p| p.mappings -= 1);
+    }
+
+    /// Zero-fills new chunks through a temporary mapping.
+    fn zero_chunks(
+        &self,
+        pin: &Pin,
+        handles: &[CUmemGenericAllocationHandle],
+        size: u64,
+    ) -> PluginResult<()> {
+        let vmm = self.vmm("create")?;
+        let d = self.driver;
+        let mut va = 0;
+        // SAFETY: resolved entry point, out-pointer to a local.
+        let r = unsafe { (vmm.address_reserve)(&mut va, size as usize, self.granularity as usize, 0, 0) };
+        d.check(r, "cuMemAddressReserve")?;
+        let filled = self.map_granules(vmm, va, handles, Access::ReadWrite).and_then(|()| {
+            let z = pin.zero_fill(va, size);
+            let u = self.unmap_granules(vmm, va, handles.len() as u64);
+            z.and(u)
+        });
+        // SAFETY: the temporary range, unmapped.
+        let freed = d.check(unsafe { (vmm.address_free)(va, size as usize) }, "cuMemAddressFree");
+        filled.and(freed)
+    }
+}
+
+impl SharedMapping for CudaMechanism {
+    fn create(&self, request: &Request) -> PluginResult<Block> {
+        let vmm = self.vmm("create")?;
+        self.check_request(request, "create")?;
+        let size = self.round_up(request.size, "create")?;
+        let pin = self.ctx.pin()?;
+        let handles = {
+            let _e = pin.enter()?;
+            let handles = self.create_granules(vmm, size / self.granularity)?;
+            if let Err(e) = self.zero_chunks(&pin, &handles, size) {
+                release_all(vmm, &handles);
+                return Err(e);
+            }
+            handles
+        };
+        let handle = self.physical.insert(Physical {
+            object_id: request.object_id,
+            size,
+            handles: handles.into(),
+            host_refs: 1,
+            mappings: 0,
+            pin,
+        });
+        Ok(Block { addr: 0, size, handle })
+    }
+
+    fn map(
+        &self,
+        object: &ObjectRef,
+        object_offset: u64,
+        reservation: &ObjectRef,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> PluginResult<()> {
+        let vmm = self.vmm("map")?;
+        self.check_owner(object, "physical object")?;
+        let res = self.find_reservation(reservation)?;
+        let mut st = res.lock(self, reservation)?;
+        let end = self.check_range(offset, len, res.size, "map: reservation")?;
+        let g = self.granularity;
+        // Take a mapping reference first: it keeps the chunks while the
+        // driver maps them, without holding the table lock meanwhile.
+        let handles = self
+            .physical
+            .with(
+                object.handle,
+                |p| p.is(object),
+                |p| {
+                    self.check_range(object_offset, len, p.size, "map: physical object")?;
+                    if st.committed_in(offset, end) {
+                        return Err(wrong_state(format!(
+                            "map: reservation range [{offset:#x}, {end:#x}) has committed pages"
+                        )));
+                    }
+                    if st.mapped(offset, end) {
+                        return Err(wrong_state(format!(
+                            "map: reservation range [{offset:#x}, {end:#x}) is already mapped"
+                        )));
+                    }
+                    p.mappings += 1;
+                    Ok(Arc::clone(&p.handles))
+                },
+            )
+            .ok_or_else(|| self.unknown(object, "physical object"))??;
+        let first = (object_offset / g) as usize;
+        let chunks = &handles[first..first + (len / g) as usize];
+        let mapped = res.pin.enter().and_then(|_e| self.map_granules(vmm, res.addr + offset, chunks, access));
+        if let Err(e) = mapped {
+            drop(st);
+            self.drop_mapping(object.handle);
+            return Err(e);
+        }
+        st.mappings.insert(offset, Mapping { len, object: object.handle });
+        Ok(())
+    }
+
+    fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let vmm = self.vmm("unmap")?;
+        let res = self.find_reservation(reservation)?;
+        let mut st = res.lock(self, reservation)?;
+        let end = self.check_range(offset, len, res.size, "unmap")?;
+        match st.mappings.get(&offset) {
+            Some(m) if m.len == len => {}
+            Some(m) => {
+                return Err(wrong_state(format!(
+                    "unmap: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
+                    m.len
+                )))
+            }
+            None => {
+                return Err(wrong_state(format!(
+                    "unmap: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
+                )))
+            }
+        }
+        res.pin.enter().and_then(|_e| self.unmap_granules(vmm, res.addr + offset, len / self.granularity))?;
+        let removed = st.mappings.remove(&offset);
+        drop(st);
+        if let Some(m) = removed {
+            self.drop_mapping(m.object);
+        }
+        Ok(())
+    }
+
+    fn retain(&self, object: &ObjectRef) -> PluginResult<()> {
+        self.check_owner(object, "physical object")?;
+        self.physical
+            .with(
+                object.handle,
+                |p| p.is(object),
+                |p| {
+                    p.host_refs = p.host_refs.checked_add(1).ok_or_else(|| {
+                        memplug_sdk::PluginError::invalid_state("retain: the reference count would overflow")
+                    })?;
+                    Ok(())
+                },
+            )
+            .ok_or_else(|| self.unknown(object, "physical object"))?
+    }
+
+    fn release(&self, object: &ObjectRef) -> PluginResult<()> {
+        self.check_owner(object, "physical object")?;
+        self.drop_ref(object.handle, |p| p.is(object), |p| p.host_refs -= 1)
+            .ok_or_else(|| self.unknown(object, "physical object"))?
+    }
+}

@@ -1,0 +1,230 @@
+//! Shared by the CUDA plugin's tests and benches.
+//!
+//! Two modes:
+//! * **fake** (the default, and CI's): the fake driver in `fake-driver/` is
+//!   compiled with the system C compiler and the plugin is pointed at it
+//!   with `MEMPLUG_CUDA_DRIVER`; tests may look inside it (context
+//!   reference counts, live driver objects, bytes in use).
+//! * **real** (`MEMPLUG_CUDA_TEST_REAL=1`, set by `device-check.sh`): the
+//!   system's driver and GPU; nothing is compiled, fake-only checks are
+//!   skipped.
+//!
+//! Data is always moved with driver copies (`cuMemcpy*`), never by
+//! dereferencing device addresses, so the same tests run on both.
+
+#![allow(dead_code)]
+
+use memplug_abi_tests::{find_cdylib, run_tool, test_tmp_dir};
+use memplug_host::{Mechanism, Plugin};
+use memplug_plugin_cuda_vmm::driver::{self, CUcontext, CUdevice, Driver, CUDA_SUCCESS};
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+/// The granularity of the fake driver.
+pub const FAKE_GRANULARITY: u64 = 2 << 20;
+
+/// Whether the tests run against the real driver.
+pub fn real() -> bool {
+    std::env::var("MEMPLUG_CUDA_TEST_REAL").as_deref() == Ok("1")
+}
+
+/// The plugin library: `MEMPLUG_CUDA_PLUGIN`, or the one cargo built.
+pub fn plugin_path() -> PathBuf {
+    find_cdylib("memplug_plugin_cuda_vmm", "MEMPLUG_CUDA_PLUGIN")
+}
+
+/// Compiles a variant of the fake driver (with `defines`) into a folder of
+/// its own, as `libcuda.so.1` with a `libcuda.so` link beside it; returns
+/// the folder.
+pub fn build_fake(variant: &str, defines: &[&str]) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake-driver/fake_cuda.c");
+    let dir = test_tmp_dir(&format!("fake-cuda-{variant}"));
+    let out = dir.join("libcuda.so.1");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let mut cmd = Command::new(cc);
+    cmd.args([
+        "-std=gnu11",
+        "-O1",
+        "-shared",
+        "-fPIC",
+        "-pthread",
+        "-fvisibility=hidden",
+        "-Wall",
+        "-Wextra",
+        "-Werror",
+        "-Wl,-soname,libcuda.so.1",
+    ])
+    .args(defines)
+    .arg(&src)
+    .arg("-o")
+    .arg(&out);
+    run_tool(cmd);
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).expect("symlink libcuda.so");
+    dir
+}
+
+/// Readies this process: in fake mode builds the fake and points the
+/// plugin (and the raw driver calls of the tests) at it, with two devices
+/// unless the caller chose otherwise. Idempotent.
+pub fn setup() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        if real() {
+            return;
+        }
+        let lib = build_fake("default", &[]).join("libcuda.so.1");
+        // Before any thread of this process reads the environment for the
+        // driver: the first load happens after this returns.
+        std::env::set_var(driver::DRIVER_ENV, &lib);
+        if std::env::var_os("MEMPLUG_FAKE_CUDA_DEVICES").is_none() {
+            std::env::set_var("MEMPLUG_FAKE_CUDA_DEVICES", "2");
+        }
+    });
+}
+
+/// Serialises the tests of one binary: live-object counts are per process.
+pub fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Loads the plugin (after [`setup`]).
+pub fn load() -> Plugin {
+    setup();
+    Plugin::load(plugin_path()).unwrap_or_else(|e| panic!("the CUDA plugin did not load: {e}"))
+}
+
+/// The mechanism of device 0.
+pub fn cuda0(p: &Plugin) -> Mechanism {
+    p.mechanism("cuda0-vmm").unwrap_or_else(|| panic!("no cuda0-vmm in {:?}", p.mechanisms())).clone()
+}
+
+/// The driver the plugin uses, reached through the plugin crate's own copy
+/// of the loader (same library, same process).
+pub fn drv() -> &'static Driver {
+    setup();
+    driver::driver().unwrap_or_else(|e| panic!("driver: {e}"))
+}
+
+/// Runs `f` with device `ordinal`'s primary context current, retained for
+/// the call only.
+pub fn in_context<R>(ordinal: u32, f: impl FnOnce(&'static Driver) -> R) -> R {
+    let d = drv();
+    let dev: CUdevice = d.devices[ordinal as usize].device;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    unsafe {
+        assert_eq!((d.api.primary_ctx_retain)(&mut ctx, dev), CUDA_SUCCESS);
+        assert_eq!((d.api.ctx_push)(ctx), CUDA_SUCCESS);
+    }
+    let r = f(d);
+    unsafe {
+        let mut popped: CUcontext = std::ptr::null_mut();
+        assert_eq!((d.api.ctx_pop)(&mut popped), CUDA_SUCCESS);
+        assert_eq!((d.api.primary_ctx_release)(dev), CUDA_SUCCESS);
+    }
+    r
+}
+
+/// Copies `data` to device address `addr`; the driver's status on failure.
+pub fn write(addr: u64, data: &[u8]) -> Result<(), u32> {
+    in_context(0, |d| {
+        let r = unsafe { (d.api.memcpy_htod)(addr, data.as_ptr().cast::<c_void>(), data.len()) };
+        let r = if r == CUDA_SUCCESS { unsafe { (d.api.ctx_synchronize)() } } else { r };
+        if r == CUDA_SUCCESS {
+            Ok(())
+        } else {
+            Err(r)
+        }
+    })
+}
+
+/// Reads `len` bytes from device address `addr`.
+pub fn read(addr: u64, len: usize) -> Vec<u8> {
+    in_context(0, |d| {
+        let mut v = vec![0u8; len];
+        let r = unsafe { (d.api.memcpy_dtoh)(v.as_mut_ptr().cast::<c_void>(), addr, len) };
+        assert_eq!(r, CUDA_SUCCESS, "cuMemcpyDtoH of {len} bytes at {addr:#x}: {}", d.error_name(r));
+        v
+    })
+}
+
+/// Writes a little pattern, distinct per `seed`, at `addr`.
+pub fn stamp(addr: u64, seed: u8) {
+    let data: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(7).wrapping_add(seed)).collect();
+    write(addr, &data).expect("write to committed memory");
+}
+
+/// Whether the pattern of `seed` is at `addr`.
+pub fn has_stamp(addr: u64, seed: u8) -> bool {
+    let data: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(7).wrapping_add(seed)).collect();
+    read(addr, 64) == data
+}
+
+/// A function of the fake driver's introspection API (`None` in real mode).
+fn fake_fn<T: Copy>(name: &str) -> Option<T> {
+    if real() {
+        return None;
+    }
+    let p = drv().symbol(name)?;
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: T is the function pointer type of that fake symbol.
+    Some(unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) })
+}
+
+/// References the fake holds on device `dev`'s primary context.
+pub fn fake_ctx_refs(dev: i32) -> Option<i32> {
+    fake_fn::<unsafe extern "C" fn(i32) -> i32>("fake_cuda_primary_ctx_refs").map(|f| unsafe { f(dev) })
+}
+
+/// Bytes of physical memory in use on `dev` in the fake.
+pub fn fake_used(dev: i32) -> Option<u64> {
+    fake_fn::<unsafe extern "C" fn(i32) -> u64>("fake_cuda_used_bytes").map(|f| unsafe { f(dev) })
+}
+
+/// Driver objects alive in the fake (allocations, reservations, physical
+/// objects, mappings, streams, events).
+pub fn fake_live_objects() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_objects").map(|f| unsafe { f() })
+}
+
+/// Asserts nothing is left: the plugin reports no live object, and (fake
+/// mode) no primary context is retained and the driver holds nothing.
+#[track_caller]
+pub fn assert_quiescent(p: &Plugin) {
+    assert_eq!(p.plugin_live_objects(), 0, "plugin live objects: {}", p.live_report());
+    if let Some(n) = fake_live_objects() {
+        assert_eq!(n, 0, "objects left in the (fake) driver");
+        for dev in 0..2 {
+            assert_eq!(fake_ctx_refs(dev), Some(0), "primary context of device {dev} still retained");
+        }
+    }
+}
+
+/// Runs the ignored test `name` of this test binary in a child process with
+/// `env` changes (`None` removes a variable). The child's output comes
+/// back; it is asserted to have exited normally (no panic, no abort).
+pub fn run_child(name: &str, env: &[(&str, Option<&std::ffi::OsStr>)]) -> Output {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut cmd = Command::new(exe);
+    cmd.args([name, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
+        .env("MEMPLUG_CUDA_CHILD", "1")
+        .env("MEMPLUG_CUDA_PLUGIN", plugin_path());
+    for (k, v) in env {
+        match v {
+            Some(v) => cmd.env(k, v),
+            None => cmd.env_remove(k),
+        };
+    }
+    let out = cmd.output().expect("spawn child test");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "child {name} did not exit cleanly ({}):\n{text}", out.status);
+    assert!(text.contains("1 passed"), "child {name} ran no test:\n{text}");
+    out
+}
+
+/// Whether this process is a child started by [`run_child`].
+pub fn is_child() -> bool {
+    std::env::var_os("MEMPLUG_CUDA_CHILD").is_some()
+}
