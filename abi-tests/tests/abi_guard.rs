@@ -157,7 +157,9 @@ fn classify(status: i32, report: &str) -> Verdict {
 
 /// Size (bits) and fields (name, offset in bits) of every `Memplug*` struct
 /// an abidw description defines.
-type Layouts = std::collections::BTreeMap<String, (u64, Vec<(String, u64)>)>;
+type Layouts = std::collections::BTreeMap<String, (u64, Fields)>;
+/// Fields of one struct: (name, offset in bits), in declaration order.
+type Fields = Vec<(String, u64)>;
 
 fn attr<'a>(line: &'a str, name: &str) -> Option<&'a str> {
     let start = line.find(&format!("{name}='"))? + name.len() + 2;
@@ -166,7 +168,7 @@ fn attr<'a>(line: &'a str, name: &str) -> Option<&'a str> {
 
 fn layouts(xml: &str) -> Layouts {
     let mut out = Layouts::new();
-    let mut current: Option<(String, u64, Vec<(String, u64)>)> = None;
+    let mut current: Option<(String, u64, Fields)> = None;
     let mut offset = None;
     for line in xml.lines().map(str::trim) {
         if let Some((name, size, fields)) = current.as_mut() {

@@ -331,8 +331,6 @@ fn the_host_sends_only_the_access_values_abi_1_0_defines() {
 }
 
 #[test]
-#[ignore = "host bug: VirtualBackingApi::commit/decommit pass ranges outside the reservation to the plugin \
-            (see abi-tests/MISBEHAVIOURS.md)"]
 fn ranges_outside_the_reservation_are_refused_by_the_host() {
     let p = load("BAD_RANGE_UNCHECKED");
     let m = &p.mechanisms()[0];

@@ -230,6 +230,40 @@ impl MechanismInner {
         CallError { status, raw: status.raw(), slot, mechanism: self.label.clone(), message }
     }
 
+    /// Refuses, before the plugin sees it, a range that is empty, not
+    /// granularity-aligned, overflowing, or past the end of its object: the
+    /// host knows the object's size and the granularity, so a plugin that
+    /// forgets a check cannot be handed an address outside what it made.
+    #[inline]
+    fn range(
+        &self,
+        slot: &'static str,
+        what: &str,
+        size: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), CallError> {
+        let g = self.props.granularity.max(1);
+        let fits = offset.checked_add(len).is_some_and(|end| end <= size);
+        if len != 0 && offset % g == 0 && len % g == 0 && fits {
+            return Ok(());
+        }
+        Err(self.bad_range(slot, what, size, offset, len))
+    }
+
+    #[cold]
+    fn bad_range(&self, slot: &'static str, what: &str, size: u64, offset: u64, len: u64) -> CallError {
+        let g = self.props.granularity;
+        self.refuse(
+            slot,
+            Status::OutOfRange,
+            format!(
+                "range +{offset:#x} len {len:#x} of the {what} ({size:#x} bytes) is empty, not aligned to \
+                 the granularity {g:#x}, overflowing, or out of bounds"
+            ),
+        )
+    }
+
     #[inline]
     fn own(&self, slot: &'static str, raw: &RawObject) -> Result<MemplugObjectRef, CallError> {
         if raw.mechanism_key != self.key {
@@ -489,6 +523,7 @@ impl<'m> VirtualBackingApi<'m> {
     #[inline]
     pub fn commit(&self, r: &Reservation, offset: u64, len: u64) -> Result<(), CallError> {
         let o = self.m.own("virtual_backing.commit", &r.0)?;
+        self.m.range("virtual_backing.commit", "reservation", r.0.size, offset, len)?;
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: validated slot.
@@ -500,6 +535,7 @@ impl<'m> VirtualBackingApi<'m> {
     #[inline]
     pub fn decommit(&self, r: &Reservation, offset: u64, len: u64) -> Result<(), CallError> {
         let o = self.m.own("virtual_backing.decommit", &r.0)?;
+        self.m.range("virtual_backing.decommit", "reservation", r.0.size, offset, len)?;
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: validated slot.
@@ -592,6 +628,8 @@ impl<'m> SharedMappingApi<'m> {
     ) -> Result<(), CallError> {
         let o = self.m.own("shared_mapping.map", &object.0)?;
         let res = self.m.own("shared_mapping.map", &r.0)?;
+        self.m.range("shared_mapping.map", "physical object", object.0.size, object_offset, len)?;
+        self.m.range("shared_mapping.map", "reservation", r.0.size, offset, len)?;
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: validated slot.
@@ -604,6 +642,7 @@ impl<'m> SharedMappingApi<'m> {
     /// Unmaps the mapping at `[offset, +len)` of `r`.
     pub fn unmap(&self, r: &Reservation, offset: u64, len: u64) -> Result<(), CallError> {
         let res = self.m.own("shared_mapping.unmap", &r.0)?;
+        self.m.range("shared_mapping.unmap", "reservation", r.0.size, offset, len)?;
         let mut cap = Capture::default();
         let sink = cap.sink();
         // SAFETY: validated slot.
