@@ -42,21 +42,23 @@
 // names are truncated.
 #define MEMPLUG_HOST_NAME_MAX 64
 
+// Allocation class: anything else. The numbers of the classes are those
+// of the plugin ABI's `MEMPLUG_CLASS_*` (memplug.h), so a class means the
+// same number on both sides; a number this library does not know is
+// refused where it is an input.
+#define MEMPLUG_HOST_CLASS_OTHER 0
+
 // Allocation class: model weights (long-lived).
-#define MEMPLUG_HOST_CLASS_WEIGHTS 0
+#define MEMPLUG_HOST_CLASS_WEIGHTS 1
 
 // Allocation class: key/value cache (evictable by its holder).
-#define MEMPLUG_HOST_CLASS_KV 1
+#define MEMPLUG_HOST_CLASS_KV 2
 
 // Allocation class: activations of in-flight work.
-#define MEMPLUG_HOST_CLASS_ACTIVATIONS 2
+#define MEMPLUG_HOST_CLASS_ACTIVATIONS 3
 
 // Allocation class: short-lived scratch space.
-#define MEMPLUG_HOST_CLASS_WORKSPACE 3
-
-// Allocation class: anything else. A class number this library does not
-// know is refused where it is an input.
-#define MEMPLUG_HOST_CLASS_OTHER 4
+#define MEMPLUG_HOST_CLASS_WORKSPACE 4
 
 // Number of allocation classes of this version.
 #define MEMPLUG_HOST_CLASS_COUNT 5

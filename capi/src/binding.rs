@@ -19,9 +19,9 @@ use std::time::Duration;
 
 /// The class with this number, refusing unknown numbers.
 pub(crate) fn class_of(class: u32) -> Result<AllocationClass> {
-    u8::try_from(class)
-        .ok()
-        .and_then(AllocationClass::from_u8)
+    AllocationClass::ALL
+        .into_iter()
+        .find(|c| memplug_host_dep::mechanism::class_tag(*c) == class)
         .ok_or_else(|| Error::new(S::InvalidArgument, format!("unknown allocation class {class}")))
 }
 

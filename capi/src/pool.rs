@@ -110,7 +110,7 @@ fn pressure_callback(
         let now = Instant::now();
         let ticket = MemplugHostPressureTicket {
             struct_size: MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0,
-            alloc_class: t.class as u32,
+            alloc_class: memplug_host_dep::mechanism::class_tag(t.class),
             bytes_wanted: t.bytes_wanted,
             requester_priority: t.priority.0,
             has_requester: t.requester.is_some() as u32,

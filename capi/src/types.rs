@@ -16,17 +16,19 @@ pub const MEMPLUG_HOST_API_MINOR: u32 = 0;
 /// names are truncated.
 pub const MEMPLUG_HOST_NAME_MAX: usize = 64;
 
+/// Allocation class: anything else. The numbers of the classes are those
+/// of the plugin ABI's `MEMPLUG_CLASS_*` (memplug.h), so a class means the
+/// same number on both sides; a number this library does not know is
+/// refused where it is an input.
+pub const MEMPLUG_HOST_CLASS_OTHER: u32 = 0;
 /// Allocation class: model weights (long-lived).
-pub const MEMPLUG_HOST_CLASS_WEIGHTS: u32 = 0;
+pub const MEMPLUG_HOST_CLASS_WEIGHTS: u32 = 1;
 /// Allocation class: key/value cache (evictable by its holder).
-pub const MEMPLUG_HOST_CLASS_KV: u32 = 1;
+pub const MEMPLUG_HOST_CLASS_KV: u32 = 2;
 /// Allocation class: activations of in-flight work.
-pub const MEMPLUG_HOST_CLASS_ACTIVATIONS: u32 = 2;
+pub const MEMPLUG_HOST_CLASS_ACTIVATIONS: u32 = 3;
 /// Allocation class: short-lived scratch space.
-pub const MEMPLUG_HOST_CLASS_WORKSPACE: u32 = 3;
-/// Allocation class: anything else. A class number this library does not
-/// know is refused where it is an input.
-pub const MEMPLUG_HOST_CLASS_OTHER: u32 = 4;
+pub const MEMPLUG_HOST_CLASS_WORKSPACE: u32 = 4;
 /// Number of allocation classes of this version.
 pub const MEMPLUG_HOST_CLASS_COUNT: u32 = 5;
 
@@ -526,3 +528,14 @@ pub(crate) fn name_field(s: &str) -> [c_char; MEMPLUG_HOST_NAME_MAX] {
     }
     out
 }
+
+// The host API's class numbers are the plugin ABI's, checked here so the
+// two headers can never disagree.
+const _: () = {
+    use memplug_sdk::abi::*;
+    assert!(MEMPLUG_HOST_CLASS_OTHER == MEMPLUG_CLASS_OTHER);
+    assert!(MEMPLUG_HOST_CLASS_WEIGHTS == MEMPLUG_CLASS_WEIGHTS);
+    assert!(MEMPLUG_HOST_CLASS_KV == MEMPLUG_CLASS_KV);
+    assert!(MEMPLUG_HOST_CLASS_ACTIVATIONS == MEMPLUG_CLASS_ACTIVATIONS);
+    assert!(MEMPLUG_HOST_CLASS_WORKSPACE == MEMPLUG_CLASS_WORKSPACE);
+};
