@@ -32,7 +32,8 @@ const MAX_NAME: usize = 256;
 pub struct LoadOptions {
     /// Oldest minor accepted (default 0).
     pub min_minor: u32,
-    /// Newest minor spoken (default: this build's newest).
+    /// Newest minor spoken (default: this build's newest; a larger value is
+    /// capped there, since the host cannot speak a minor it does not know).
     pub max_minor: u32,
     /// Load even if the file or a directory on its path is writable by
     /// others than its owner (default: refuse).
@@ -245,7 +246,7 @@ impl Plugin {
             struct_size: core::mem::size_of::<MemplugHostInfo>() as u32,
             abi_major: MEMPLUG_ABI_MAJOR,
             min_minor: opts.min_minor,
-            max_minor: opts.max_minor,
+            max_minor: opts.max_minor.min(HOST_MAX_MINOR),
             host_name: c"memplug-host".as_ptr(),
         };
         let mut out = MemplugNegotiation {
@@ -279,7 +280,7 @@ impl Plugin {
             )));
         }
         let lo = opts.min_minor.max(desc.min_minor);
-        let hi = opts.max_minor.min(desc.max_minor);
+        let hi = opts.max_minor.min(HOST_MAX_MINOR).min(desc.max_minor);
         if lo > hi {
             return Err(LoadError::VersionMismatch {
                 origin,
@@ -319,7 +320,9 @@ impl Plugin {
         });
         let mut ids = HashSet::new();
         let mut names = HashSet::new();
-        let mut mechanisms = Vec::with_capacity(desc.mechanism_count as usize);
+        // Grown as entries validate: the count is the plugin's claim, and a
+        // huge one must be refused at the first bad entry, not allocated.
+        let mut mechanisms = Vec::new();
         for i in 0..desc.mechanism_count as usize {
             let p = *desc.mechanisms.add(i);
             let m = r.mechanism(i, p, &shared)?;

@@ -33,7 +33,16 @@ pub(crate) fn bounded_message(bytes: &[u8]) -> String {
     let max = MEMPLUG_MESSAGE_MAX as usize;
     let bytes = &bytes[..bytes.len().min(max)];
     let text = String::from_utf8_lossy(bytes);
-    text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { '\u{fffd}' } else { c }).collect()
+    let mut out = String::with_capacity(text.len().min(max));
+    for c in text.chars().map(|c| if c.is_control() && c != '\n' && c != '\t' { '\u{fffd}' } else { c }) {
+        // Replacement characters are 3 bytes: bound the result, not only
+        // the input, and cut on a character boundary.
+        if out.len() + c.len_utf8() > max {
+            break;
+        }
+        out.push(c);
+    }
+    out
 }
 
 unsafe extern "C" fn capture_write(ctx: *mut c_void, msg: *const c_char, len: usize) {
@@ -61,6 +70,8 @@ mod tests {
         let long = vec![b'x'; 5000];
         assert_eq!(bounded_message(&long).len(), MEMPLUG_MESSAGE_MAX as usize);
         assert_eq!(bounded_message(b"a\xffb\x1b"), "a\u{fffd}b\u{fffd}");
+        // Invalid bytes grow when replaced; the result stays bounded.
+        assert!(bounded_message(&[0xff; 2000]).len() <= MEMPLUG_MESSAGE_MAX as usize);
     }
 
     #[test]

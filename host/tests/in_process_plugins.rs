@@ -204,7 +204,7 @@ fn null_misaligned_or_short_blocks_on_success_are_refused() {
 
 fn narrow_plugin() -> ExportedPlugin {
     PluginBuilder::new("narrow", "1")
-        .minors(3, 5)
+        .minors(1, 5)
         .mechanism(MechanismBuilder::new("m", 1, CPU0, UnknownCodes).build())
         .live_objects(|| 0)
         .build()
@@ -213,14 +213,20 @@ declare_entry!(narrow_entry, narrow_plugin);
 
 #[test]
 fn negotiation_is_two_sided() {
-    // The plugin (1.3..=1.5) refuses a 1.0-only host…
-    let e = unsafe { Plugin::from_entry(narrow_entry, "narrow", &LoadOptions::default()) }.unwrap_err();
+    // The plugin (1.1..=1.5) refuses a host that speaks only 1.0…
+    let opts = LoadOptions { min_minor: 0, max_minor: 0, ..Default::default() };
+    let e = unsafe { Plugin::from_entry(narrow_entry, "narrow", &opts) }.unwrap_err();
     assert!(matches!(e, LoadError::VersionMismatch { .. }), "{e}");
-    assert!(e.to_string().contains("1.3"), "{e}");
-    // …and a host that speaks up to 1.9 agrees on the plugin's newest, 1.5.
+    assert!(e.to_string().contains("1.1"), "{e}");
+    // …agrees with this host on the newest minor both know…
+    let p = unsafe { Plugin::from_entry(narrow_entry, "narrow", &LoadOptions::default()) }.unwrap();
+    assert_eq!(p.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
+    assert_eq!(p.plugin_minor_range(), (1, 5));
+    // …and a host never agrees on a minor it does not know, however high
+    // its options reach.
     let opts = LoadOptions { min_minor: 0, max_minor: 9, ..Default::default() };
     let p = unsafe { Plugin::from_entry(narrow_entry, "narrow", &opts) }.unwrap();
-    assert_eq!(p.abi_version(), (1, 5));
+    assert_eq!(p.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
     // A host whose floor is above the plugin's ceiling refuses.
     let opts = LoadOptions { min_minor: 6, max_minor: 9, ..Default::default() };
     let e = unsafe { Plugin::from_entry(narrow_entry, "narrow", &opts) }.unwrap_err();

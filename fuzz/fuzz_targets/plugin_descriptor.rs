@@ -1,0 +1,5 @@
+//! cargo-fuzz driver of `memplug_fuzz_targets::plugin_descriptor` (see there
+//! for what it covers and checks).
+#![no_main]
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| memplug_fuzz_targets::plugin_descriptor::run(data));

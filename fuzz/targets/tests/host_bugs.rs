@@ -1,0 +1,115 @@
+//! Host bugs the fuzz targets found, one test each, ignored until fixed
+//! (run them with `cargo test -p memplug-fuzz-targets --test host_bugs --
+//! --ignored`). When a fix lands: drop the `#[ignore]`, and re-enable the
+//! input class in the target (named in each test).
+//!
+//! This binary caps every single allocation at 1 GiB (the global allocator
+//! below refuses larger ones), so an allocation sized by an untrusted count
+//! fails the same way on every machine, whatever it could overcommit.
+
+use memplug_host::{LoadError, LoadOptions, Plugin};
+use memplug_sdk::abi::*;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::{c_char, c_void};
+use std::ptr;
+
+struct Capped;
+
+const CAP: usize = 1 << 30;
+
+// SAFETY: forwards to the system allocator, refusing (null) requests above
+// the cap, which `GlobalAlloc` allows.
+unsafe impl GlobalAlloc for Capped {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if layout.size() > CAP {
+            return ptr::null_mut();
+        }
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, p: *mut u8, layout: Layout) {
+        System.dealloc(p, layout)
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Capped = Capped;
+
+unsafe extern "C" fn live_zero(_: *mut c_void) -> u64 {
+    0
+}
+
+/// A `MemplugPlugin` that is well-formed except for its mechanism array:
+/// `count` claimed, one NULL entry present.
+struct Published {
+    plugin: MemplugPlugin,
+    array: [*const MemplugMechanism; 1],
+}
+
+thread_local! {
+    static PUBLISHED: std::cell::Cell<*const MemplugPlugin> = const { std::cell::Cell::new(ptr::null()) };
+}
+
+unsafe extern "C" fn entry(
+    _: *const MemplugHostInfo,
+    out: *mut MemplugNegotiation,
+    _: *const MemplugMessageSink,
+) -> MemplugStatus {
+    (*out).agreed_minor = MEMPLUG_ABI_MINOR;
+    (*out).plugin = PUBLISHED.with(|p| p.get());
+    MEMPLUG_STATUS_OK
+}
+
+fn load_with_count(count: u32) -> Result<Plugin, LoadError> {
+    // SAFETY: every ABI struct is valid zeroed.
+    let mut p: Box<Published> =
+        Box::new(Published { plugin: unsafe { std::mem::zeroed() }, array: [ptr::null()] });
+    p.plugin.struct_size = std::mem::size_of::<MemplugPlugin>() as u32;
+    p.plugin.abi_major = MEMPLUG_ABI_MAJOR;
+    p.plugin.min_minor = 0;
+    p.plugin.max_minor = MEMPLUG_ABI_MINOR;
+    p.plugin.name = c"count-plugin".as_ptr().cast::<c_char>();
+    p.plugin.version = c"1".as_ptr().cast::<c_char>();
+    p.plugin.live_objects = Some(live_zero);
+    p.plugin.mechanism_count = count;
+    p.plugin.mechanisms = p.array.as_ptr();
+    PUBLISHED.with(|c| c.set(&p.plugin));
+    // SAFETY: `entry` publishes `p`, alive until after the call; the host
+    // reads at most the array's one entry if it stops at the NULL there.
+    let r = unsafe { Plugin::from_entry(entry, "count", &LoadOptions::default()) };
+    PUBLISHED.with(|c| c.set(ptr::null()));
+    r
+}
+
+fn assert_refused_at_entry_0(r: Result<Plugin, LoadError>) {
+    match r {
+        Err(LoadError::NullRequired { what, .. }) => assert_eq!(what, "mechanism #0"),
+        other => panic!("expected NullRequired for mechanism #0, got {other:?}"),
+    }
+}
+
+/// The same plugin with an honest count is refused at the NULL entry: the
+/// test's premise.
+#[test]
+fn a_null_first_mechanism_is_refused() {
+    assert_refused_at_entry_0(load_with_count(1));
+    assert_refused_at_entry_0(load_with_count(1 << 20));
+}
+
+/// Found by `plugin_descriptor` (input class `ABSURD_COUNT` in
+/// `src/plugin_descriptor.rs`, disabled until this is fixed).
+///
+/// `Plugin::negotiate` (host/src/plugin.rs) reserves
+/// `Vec::with_capacity(desc.mechanism_count as usize)` before it has read a
+/// single entry: a plugin that claims `mechanism_count = u32::MAX` makes the
+/// host ask for 32 GiB, and the process aborts ("memory allocation of
+/// 34359738360 bytes failed") — although the first entry is NULL and a
+/// careful reader refuses there without reading further. An untrusted
+/// count must not size an allocation.
+///
+/// Fix: `let mut mechanisms = Vec::new();` (or a small cap, e.g.
+/// `Vec::with_capacity((desc.mechanism_count as usize).min(16))`); the
+/// vector grows with the entries actually validated.
+#[test]
+fn an_absurd_mechanism_count_is_refused_not_fatal() {
+    assert_refused_at_entry_0(load_with_count(u32::MAX));
+}
