@@ -8,8 +8,10 @@
 //! not retire. No lock is held while a fence is queried or a plugin called.
 
 use crate::fence::SharedFence;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+// loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
+use crate::governor::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 

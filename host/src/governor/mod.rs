@@ -73,7 +73,7 @@ mod ids;
 mod pool;
 mod shard;
 pub mod stats;
-mod sync;
+pub(crate) mod sync;
 
 pub use class::AllocationClass;
 pub use error::{GovernorError, OutOfBudget, Rejected};
