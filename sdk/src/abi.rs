@@ -175,6 +175,20 @@ pub struct MemplugHostInfo {
     pub host_name: *const c_char,
 }
 
+// Zeroed, as a reader's local copy starts before a host's prefix is copied
+// in (raw pointers have no derived `Default`).
+impl Default for MemplugHostInfo {
+    fn default() -> Self {
+        MemplugHostInfo {
+            struct_size: 0,
+            abi_major: 0,
+            min_minor: 0,
+            max_minor: 0,
+            host_name: core::ptr::null(),
+        }
+    }
+}
+
 /// The plugin's answer to negotiation, written into host-owned memory.
 /// The host sets `struct_size`; the plugin writes no byte past it.
 #[repr(C)]

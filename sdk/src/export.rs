@@ -898,7 +898,7 @@ pub unsafe fn negotiate(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "memplug_plugin_v1", || {
-        let host = read_prefix_host(host)?;
+        let host = read_prefix(host, abi::size_1_0::HOST_INFO, "host info")?;
         if host.abi_major != abi::MEMPLUG_ABI_MAJOR {
             return Err(PluginError::new(
                 Status::VersionMismatch,
@@ -927,29 +927,6 @@ pub unsafe fn negotiate(
             MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: plugin.descriptor_for(hi) };
         write_prefix(out, &answer, abi::size_1_0::NEGOTIATION, "out negotiation")
     })
-}
-
-unsafe fn read_prefix_host(p: *const MemplugHostInfo) -> PluginResult<MemplugHostInfo> {
-    if p.is_null() {
-        return Err(PluginError::invalid_argument("host info is NULL"));
-    }
-    let declared = p.cast::<u32>().read_unaligned();
-    if declared < abi::size_1_0::HOST_INFO {
-        return Err(PluginError::invalid_argument(format!(
-            "host info struct_size is {declared}, shorter than the {} bytes of ABI 1.0",
-            abi::size_1_0::HOST_INFO
-        )));
-    }
-    let mut local = MemplugHostInfo {
-        struct_size: 0,
-        abi_major: 0,
-        min_minor: 0,
-        max_minor: 0,
-        host_name: core::ptr::null(),
-    };
-    let n = (declared as usize).min(core::mem::size_of::<MemplugHostInfo>());
-    core::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut local as *mut MemplugHostInfo).cast::<u8>(), n);
-    Ok(local)
 }
 
 /// Exports a plugin from a cdylib: defines the `memplug_plugin_v1` entry
