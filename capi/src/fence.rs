@@ -97,10 +97,7 @@ pub unsafe extern "C" fn memplug_host_stream_create(
         let mech = ctx.mechanism().clone();
         drop(ctx);
         let sync = mech.sync().ok_or_else(|| {
-            Error::new(
-                S::Unsupported,
-                format!("mechanism {}/{} has no sync capability", mech.plugin_name(), mech.name()),
-            )
+            Error::new(S::Unsupported, format!("mechanism {} has no sync capability", mech.label()))
         })?;
         let stream = sync.stream_create()?;
         let entry = StreamEntry { mechanism: mech, stream: Mutex::new(Some(stream)) };

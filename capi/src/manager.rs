@@ -177,7 +177,7 @@ pub unsafe extern "C" fn memplug_host_manager_mechanism(
         let mech = all.get(index).ok_or_else(|| {
             Error::new(S::NotFound, format!("no mechanism {index}: {} are registered", all.len()))
         })?;
-        let ctx = m.pm.context(&format!("{}/{}", mech.plugin_name(), mech.name()))?;
+        let ctx = m.pm.context(mech.label())?;
         let h = issue_mechanism(slot, ctx)?;
         // SAFETY: checked non-NULL.
         unsafe { put(out, h) };

@@ -64,10 +64,6 @@ impl BindingInner {
         self.context.mechanism()
     }
 
-    fn label(&self) -> String {
-        format!("{}/{}", self.mechanism().plugin_name(), self.mechanism().name())
-    }
-
     /// A grant, asking holders and waiting when the fast path has no room.
     /// One call into the governor, so a refusal is counted once; the clock
     /// is read only by bindings that may wait.
@@ -85,7 +81,7 @@ impl BindingInner {
     }
 
     fn unsupported(&self, capability: &'static str) -> BindingError {
-        BindingError::Unsupported { mechanism: self.label(), capability }
+        BindingError::Unsupported { mechanism: self.mechanism().label().to_string(), capability }
     }
 }
 
@@ -99,7 +95,7 @@ pub struct MemoryBinding {
 impl fmt::Debug for MemoryBinding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryBinding")
-            .field("mechanism", &self.inner.label())
+            .field("mechanism", &self.inner.mechanism().label())
             .field("pool", &self.inner.pool.name())
             .field("holder", &self.inner.holder)
             .field("class", &self.inner.class)
@@ -666,7 +662,8 @@ impl Region {
         }
         self.binding.queue.poll();
         if overlaps(&self.pending) {
-            return Err(BindingError::Plugin(self.binding.mechanism_refusal(
+            return Err(BindingError::Plugin(self.binding.mechanism().refusal(
+                "binding",
                 Status::Busy,
                 format!("range +{offset} ({len} B) still waits for its decommit's fences"),
             )));
@@ -703,12 +700,6 @@ impl Region {
         // `used_by`, not only by the work named here (invariant 4).
         self.binding.queue.release(self.fences.clone(), Box::new(job));
         Ok(())
-    }
-}
-
-impl BindingInner {
-    fn mechanism_refusal(&self, status: Status, message: String) -> CallError {
-        CallError { status, raw: status.raw(), slot: "binding", mechanism: self.label(), message }
     }
 }
 

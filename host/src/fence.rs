@@ -45,13 +45,7 @@ impl PluginFence {
 
 #[cold]
 fn no_sync(m: &Mechanism) -> CallError {
-    CallError {
-        status: memplug_sdk::Status::Unsupported,
-        raw: memplug_sdk::Status::Unsupported.raw(),
-        slot: "sync",
-        mechanism: format!("{}/{}", m.plugin_name(), m.name()),
-        message: "the mechanism has no sync capability".into(),
-    }
+    m.refusal("sync", memplug_sdk::Status::Unsupported, "the mechanism has no sync capability".into())
 }
 
 impl FenceSource for PluginFence {
@@ -62,12 +56,7 @@ impl FenceSource for PluginFence {
         self.mechanism.sync().expect("checked at record").fence_wait(self.fence(), timeout)
     }
     fn describe(&self) -> String {
-        format!(
-            "fence {} of {}/{}",
-            self.fence().handle(),
-            self.mechanism.plugin_name(),
-            self.mechanism.name()
-        )
+        format!("fence {} of {}", self.fence().handle(), self.mechanism.label())
     }
 }
 

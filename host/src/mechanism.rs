@@ -214,7 +214,12 @@ impl MechanismInner {
     }
 
     #[cold]
-    fn failure(&self, slot: &'static str, raw: MemplugStatus, message: Option<String>) -> CallError {
+    pub(crate) fn failure(
+        &self,
+        slot: &'static str,
+        raw: MemplugStatus,
+        message: Option<String>,
+    ) -> CallError {
         let status = Status::from_raw_conservative(raw);
         CallError {
             status,
@@ -330,6 +335,16 @@ impl MechanismInner {
 impl Mechanism {
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+    /// `plugin/mechanism`, as errors name it.
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+    /// An error for a call the host refused on this mechanism's behalf
+    /// (the plugin was not called).
+    #[cold]
+    pub(crate) fn refusal(&self, slot: &'static str, status: Status, message: String) -> CallError {
+        self.inner.refuse(slot, status, message)
     }
     /// The plugin's id of this mechanism.
     pub fn id(&self) -> u64 {

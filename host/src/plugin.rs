@@ -678,17 +678,10 @@ impl Reader<'_> {
         let f = m.allocator.properties.expect("checked above");
         let raw = f(m.ctx, &mut out, &sink);
         if raw != MEMPLUG_STATUS_OK {
-            let status = Status::from_raw_conservative(raw);
             return Err(LoadError::Properties {
                 origin: self.origin.into(),
                 mechanism: m.name.clone(),
-                source: crate::error::CallError {
-                    status,
-                    raw,
-                    slot: "allocator.properties",
-                    mechanism: m.label.clone(),
-                    message: cap.take().unwrap_or_else(|| "the plugin gave no message".into()),
-                },
+                source: m.failure("allocator.properties", raw, cap.take()),
             });
         }
         let bad = |detail: String| LoadError::Malformed {

@@ -78,7 +78,7 @@ impl Context {
 
 impl fmt::Debug for Context {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Context({}/{}, pins {})", self.mechanism.plugin_name(), self.mechanism.name(), self.pins())
+        write!(f, "Context({}, pins {})", self.mechanism.label(), self.pins())
     }
 }
 
