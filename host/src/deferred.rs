@@ -9,7 +9,7 @@
 
 use crate::fence::SharedFence;
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
-use crate::governor::sync::{AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
+use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -130,7 +130,7 @@ impl DeferredFreeQueue {
         self.enqueued.fetch_add(1, Ordering::Relaxed);
         // No wake-up per entry: the reaper polls on its interval, and a
         // notify here would cost a futex call on every enqueue.
-        self.entries.lock().unwrap_or_else(|p| p.into_inner()).push(e);
+        lock(&self.entries).push(e);
     }
 
     fn count(&self, outcome: RetireOutcome) -> bool {
@@ -148,7 +148,7 @@ impl DeferredFreeQueue {
 
     /// Retires every entry whose fences have completed.
     pub fn poll(&self) -> PollReport {
-        let batch = std::mem::take(&mut *self.entries.lock().unwrap_or_else(|p| p.into_inner()));
+        let batch = std::mem::take(&mut *lock(&self.entries));
         let mut report = PollReport::default();
         let mut keep = Vec::new();
         for e in batch {
@@ -166,7 +166,7 @@ impl DeferredFreeQueue {
         }
         report.still_pending = keep.len();
         if !keep.is_empty() {
-            self.entries.lock().unwrap_or_else(|p| p.into_inner()).extend(keep);
+            lock(&self.entries).extend(keep);
         }
         report
     }
@@ -213,7 +213,7 @@ impl DeferredFreeQueue {
                 None => std::thread::sleep(slice.min(Duration::from_millis(1))),
             }
         }
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = lock(&self.entries);
         report.left = entries
             .iter()
             .map(|e| {
@@ -225,7 +225,7 @@ impl DeferredFreeQueue {
     }
 
     fn first_pending_fence(&self) -> Option<SharedFence> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let entries = lock(&self.entries);
         entries.first().and_then(|e| e.fences.first().cloned())
     }
 
@@ -239,8 +239,7 @@ impl DeferredFreeQueue {
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
                     q.poll();
-                    let guard = q.wake_lock.lock().unwrap_or_else(|p| p.into_inner());
-                    let _ = q.wake.wait_timeout(guard, interval);
+                    drop(sync::wait_timeout(&q.wake, lock(&q.wake_lock), interval));
                 }
             })
             .expect("spawn reaper thread");

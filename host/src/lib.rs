@@ -33,6 +33,8 @@ pub mod plugin;
 pub mod policy;
 pub mod registry;
 mod sink;
+/// `std` or `loom` synchronisation, chosen in one place.
+pub(crate) mod sync;
 
 pub use binding::{
     BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,

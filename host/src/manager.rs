@@ -8,10 +8,11 @@ use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool};
 use crate::mechanism::Mechanism;
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{Context, Registry, RegistryError, Requirements};
+use crate::sync::{lock, Mutex};
 use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Why the manager refused.
@@ -143,7 +144,7 @@ impl ProcessMemoryManager {
 
     /// Starts the background reaper of the deferred-free queue (idempotent).
     pub fn start_reaper(&self, interval: Duration) {
-        let mut r = self.reaper.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = lock(&self.reaper);
         if r.is_none() {
             *r = Some(self.queue.spawn_reaper(interval));
         }
@@ -164,7 +165,7 @@ impl ProcessMemoryManager {
     /// Teardown: stops the reaper and drains the queue within `timeout`;
     /// the report lists what could not be retired.
     pub fn drain(&self, timeout: Duration) -> DrainReport {
-        self.reaper.lock().unwrap_or_else(|p| p.into_inner()).take();
+        lock(&self.reaper).take();
         self.queue.drain(timeout)
     }
 }

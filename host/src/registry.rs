@@ -7,9 +7,10 @@
 
 use crate::mechanism::{Device, Mechanism};
 use crate::plugin::{LiveReport, Plugin};
+use crate::sync::{lock, Mutex};
 use memplug_sdk::abi::MemplugDevice;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// Capabilities a caller needs from a mechanism. Asking for one the
 /// mechanism lacks is an error, never a silent fallback (invariant 3).
@@ -105,7 +106,7 @@ pub struct Registry {
 impl Registry {
     /// Registers a loaded plugin; names must be unique.
     pub fn register(&self, plugin: Plugin) -> Result<(), RegistryError> {
-        let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut e = lock(&self.entries);
         if e.iter().any(|x| x.plugin.name() == plugin.name()) {
             return Err(RegistryError::DuplicatePlugin(plugin.name().into()));
         }
@@ -115,20 +116,20 @@ impl Registry {
 
     /// Every registered mechanism, in registration order.
     pub fn mechanisms(&self) -> Vec<Mechanism> {
-        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = lock(&self.entries);
         e.iter().flat_map(|x| x.plugin.mechanisms().iter().cloned()).collect()
     }
 
     /// Names of the registered plugins.
     pub fn plugins(&self) -> Vec<String> {
-        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = lock(&self.entries);
         e.iter().map(|x| x.plugin.name().to_string()).collect()
     }
 
     /// The context of a mechanism, by `plugin/mechanism` or bare mechanism
     /// name (first match).
     pub fn context_named(&self, name: &str) -> Result<Arc<Context>, RegistryError> {
-        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = lock(&self.entries);
         let (plugin, mech) = match name.split_once('/') {
             Some((p, m)) => (Some(p), m),
             None => (None, name),
@@ -145,7 +146,7 @@ impl Registry {
     /// every required capability; an error naming what is missing
     /// otherwise.
     pub fn select(&self, device: MemplugDevice, req: Requirements) -> Result<Arc<Context>, RegistryError> {
-        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = lock(&self.entries);
         let on_device: Vec<&Arc<Context>> =
             e.iter().flat_map(|x| x.contexts.iter()).filter(|c| c.mechanism.device().0 == device).collect();
         if on_device.is_empty() {
@@ -185,7 +186,7 @@ impl Registry {
     /// — when a context is pinned or the plugin has live objects.
     pub fn unload(&self, name: &str) -> Result<(), RegistryError> {
         let entry = {
-            let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let mut e = lock(&self.entries);
             let i = e
                 .iter()
                 .position(|x| x.plugin.name() == name)
@@ -216,7 +217,7 @@ impl Registry {
             // Put it back where it was: a refused unload leaves everything
             // as it was, selection order included. (Never dropped, even if
             // its name was taken meanwhile: it still has live objects.)
-            let mut e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+            let mut e = lock(&self.entries);
             let at = at.min(e.len());
             e.insert(at, Entry::new(refused.plugin));
             RegistryError::UnloadRefused { name: name.into(), detail }
@@ -225,7 +226,7 @@ impl Registry {
 
     /// What keeps each plugin loaded.
     pub fn live_reports(&self) -> Vec<(String, LiveReport)> {
-        let e = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let e = lock(&self.entries);
         e.iter().map(|x| (x.plugin.name().to_string(), x.plugin.live_report())).collect()
     }
 }

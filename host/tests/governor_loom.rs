@@ -1,8 +1,8 @@
 //! Exhaustive interleavings of the governor's lock-free fast path (loom).
 //!
-//! Built only with `--cfg loom`; then the governor's atomics, locks,
+//! Built only with `--cfg loom`; then the host's atomics, locks,
 //! condition variables and thread-locals are loom's (see
-//! `host/src/governor/sync.rs`). Run:
+//! `host/src/sync.rs`). Run:
 //!
 //! ```text
 //! CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \

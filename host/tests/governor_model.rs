@@ -6,8 +6,8 @@
 //! refunded).
 
 use memplug_host::governor::{
-    AllocationClass, ClassStats, Governor, GovernorError, HolderId, HolderRegistration, Lease, Pool,
-    PressureStats, PressureTicket, Priority, Reservation,
+    AllocationClass, ClassStats, Governor, GovernorError, Grant, HolderId, HolderRegistration, Lease, Pool,
+    PressureStats, PressureTicket, Priority,
 };
 use proptest::prelude::*;
 use std::collections::BTreeMap;
@@ -39,7 +39,7 @@ enum Op {
         res: usize,
         extra: u64,
     },
-    DropReservation {
+    DropGrant {
         res: usize,
     },
     /// Reserve with the lease's class and holder, `commit_into` a part of it.
@@ -94,7 +94,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(bytes, class, holder)| Op::Pressure { bytes, class, holder }),
         6 => (any::<usize>(), any::<u8>()).prop_map(|(res, num)| Op::Commit { res, num }),
         1 => (any::<usize>(), 1u64..=300).prop_map(|(res, extra)| Op::CommitOver { res, extra }),
-        2 => any::<usize>().prop_map(|res| Op::DropReservation { res }),
+        2 => any::<usize>().prop_map(|res| Op::DropGrant { res }),
         2 => (any::<usize>(), bytes, any::<u8>()).prop_map(|(lease, bytes, num)| Op::Grow { lease, bytes, num }),
         2 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| Op::Shrink { lease, num }),
         1 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| Op::QuarantinePart { lease, num }),
@@ -130,7 +130,7 @@ struct Model {
     peak: u64,
     /// Per account (`None`: anonymous), per class.
     stats: BTreeMap<Option<HolderId>, [ClassStats; AllocationClass::COUNT]>,
-    reservations: Vec<Tok>,
+    grants: Vec<Tok>,
     leases: Vec<Tok>,
     holders: Vec<MHolder>,
     pressure: PressureStats,
@@ -242,7 +242,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let pool = g.pool(g.create_pool("model", CAP).unwrap()).unwrap();
     let leases: Arc<Mutex<Vec<Lease>>> = Arc::default();
     let mut regs: Vec<Option<HolderRegistration>> = Vec::new();
-    let mut reservations: Vec<Reservation<'_>> = Vec::new();
+    let mut grants: Vec<Grant<'_>> = Vec::new();
     let mut m = Model::default();
 
     for op in ops {
@@ -255,8 +255,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     Ok(r) => {
                         prop_assert!(m.registered(h));
                         prop_assert!(m.grant(t), "granted, model says no room");
-                        reservations.push(r);
-                        m.reservations.push(t);
+                        grants.push(r);
+                        m.grants.push(t);
                     }
                     Err(GovernorError::UnknownHolder { .. }) => prop_assert!(!m.registered(h)),
                     Err(GovernorError::OutOfBudget(o)) => {
@@ -331,8 +331,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 };
                 match (pool.reserve(bytes, cls, h, None), expect) {
                     (Ok(r), Ok(())) => {
-                        reservations.push(r);
-                        m.reservations.push(t);
+                        grants.push(r);
+                        m.grants.push(t);
                     }
                     (Err(GovernorError::UnknownHolder { .. }), Err(false)) => {}
                     (Err(GovernorError::OutOfBudget(o)), Err(true)) => {
@@ -345,12 +345,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Commit { res, num } => {
-                if reservations.is_empty() {
+                if grants.is_empty() {
                     continue;
                 }
-                let i = res % reservations.len();
-                let r = reservations.remove(i);
-                let t = m.reservations.remove(i);
+                let i = res % grants.len();
+                let r = grants.remove(i);
+                let t = m.grants.remove(i);
                 let actual = t.bytes * u64::from(num) / 255;
                 let l = r.commit(actual).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 prop_assert_eq!(tok(&l), Tok { bytes: actual, ..t });
@@ -363,16 +363,16 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 m.leases.push(Tok { bytes: actual, ..t });
             }
             Op::CommitOver { res, extra } => {
-                if reservations.is_empty() {
+                if grants.is_empty() {
                     continue;
                 }
-                let i = res % reservations.len();
-                let r = reservations.remove(i);
-                let t = m.reservations[i];
+                let i = res % grants.len();
+                let r = grants.remove(i);
+                let t = m.grants[i];
                 match r.commit(t.bytes + extra) {
                     Ok(l) => {
                         prop_assert!(m.charge(extra), "over-commit granted, model says no room");
-                        m.reservations.remove(i);
+                        m.grants.remove(i);
                         let c = m.cs(t.holder, t.class);
                         c.reserved -= t.bytes;
                         c.leased += t.bytes + extra;
@@ -384,17 +384,17 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         prop_assert!(m.used + extra > CAP, "over-commit refused, model says room");
                         prop_assert!(matches!(rej.error, GovernorError::OutOfBudget(_)));
                         m.cs(t.holder, t.class).failures += 1;
-                        reservations.insert(i, rej.into_inner());
+                        grants.insert(i, rej.into_inner());
                     }
                 }
             }
-            Op::DropReservation { res } => {
-                if reservations.is_empty() {
+            Op::DropGrant { res } => {
+                if grants.is_empty() {
                     continue;
                 }
-                let i = res % reservations.len();
-                drop(reservations.remove(i));
-                let t = m.reservations.remove(i);
+                let i = res % grants.len();
+                drop(grants.remove(i));
+                let t = m.grants.remove(i);
                 m.cs(t.holder, t.class).reserved -= t.bytes;
                 m.used -= t.bytes;
             }
@@ -554,8 +554,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     }
 
     // Teardown: end everything the ordinary way.
-    reservations.clear();
-    for t in m.reservations.drain(..) {
+    grants.clear();
+    for t in m.grants.drain(..) {
         let c = m.stats.get_mut(&t.holder).unwrap();
         c[t.class].reserved -= t.bytes;
         m.used -= t.bytes;
@@ -623,7 +623,7 @@ fn scripted_sequence_matches_model() {
         Leak { lease: 0 },
         Unregister { holder: 0 },
         Reserve { bytes: 1, class: 4, holder: Some(0) },
-        DropReservation { res: 0 },
+        DropGrant { res: 0 },
         Release { lease: 0 },
     ];
     run(ops).unwrap();

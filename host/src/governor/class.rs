@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-/// What a charge is for. Every reservation and lease carries one; every
+/// What a charge is for. Every grant and lease carries one; every
 /// statistic is kept per class.
 ///
 /// `#[repr(u8)]` with fixed discriminants so the C API can pass it as a

@@ -49,12 +49,12 @@ pub enum GovernorError {
     /// the caller, reported instead of letting a counter go negative.
     #[error("cannot take {requested} B from a lease of {held} B")]
     OverRelease { requested: u64, held: u64 },
-    /// Growing a lease with a reservation of another class.
-    #[error("cannot grow a {lease} lease with a {reservation} reservation")]
-    ClassMismatch { lease: AllocationClass, reservation: AllocationClass },
-    /// Growing a lease with a reservation made for another holder.
-    #[error("cannot grow a lease of {lease:?} with a reservation of {reservation:?}")]
-    HolderMismatch { lease: Option<HolderId>, reservation: Option<HolderId> },
+    /// Growing a lease with a grant of another class.
+    #[error("cannot grow a {lease} lease with a {grant} grant")]
+    ClassMismatch { lease: AllocationClass, grant: AllocationClass },
+    /// Growing a lease with a grant made for another holder.
+    #[error("cannot grow a lease of {lease:?} with a grant of {grant:?}")]
+    HolderMismatch { lease: Option<HolderId>, grant: Option<HolderId> },
     /// A capacity the governor cannot represent.
     #[error("capacity {capacity} B exceeds the maximum of {max} B")]
     CapacityTooLarge { capacity: u64, max: u64 },
@@ -74,7 +74,7 @@ impl GovernorError {
 }
 
 /// An operation that consumes a token (a [`Lease`](super::Lease) or a
-/// [`Reservation`](super::Reservation)) and failed: the token comes back
+/// [`Grant`](super::Grant)) and failed: the token comes back
 /// unchanged, so nothing is refunded or leaked by the failure.
 pub struct Rejected<T> {
     /// The token, as it was.

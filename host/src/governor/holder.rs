@@ -5,7 +5,7 @@ use super::ids::{HolderId, PoolId, Priority};
 use super::pool::Pool;
 use super::shard::AccountCore;
 use super::stats::{HolderStats, PressureStats};
-use super::sync::{self, lock, thread_local, AtomicU64, Condvar, Mutex, ThreadId};
+use crate::sync::{self, lock, thread_local, AtomicU64, Condvar, Mutex, ThreadId};
 use std::cell::RefCell;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -216,9 +216,9 @@ pub(crate) fn in_pressure(pool: PoolId) -> bool {
 /// Unregistering (drop or [`unregister`](Self::unregister)) stops new
 /// tickets at once and returns only when no callback of this holder runs on
 /// another thread, so whatever the callback uses may be freed right after.
-/// Leases and reservations made on behalf of the holder stay valid and are
+/// Leases and grants made on behalf of the holder stay valid and are
 /// released as usual; the holder's statistics stay readable through
-/// [`Pool::holder_stats`]. New reservations naming the holder are refused.
+/// [`Pool::holder_stats`]. New grants naming the holder are refused.
 ///
 /// Holding the registration inside its own callback makes a cycle that
 /// never unregisters; don't.

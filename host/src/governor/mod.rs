@@ -9,22 +9,24 @@
 //! # Life of a charge
 //!
 //! ```text
-//!  try_reserve / reserve ──► Reservation ──commit(actual)──► Lease ──release──► refunded
-//!          │                     │  drop: refunded              │ └─quarantine──► charged for good
-//!          └─ OutOfBudget         └─commit_into(&mut lease)──────┘    release_part / quarantine_part
+//!  try_reserve / reserve ──► Grant ──commit(actual)──► Lease ──release──► refunded
+//!          │                   │  drop: refunded         │ └─quarantine──► charged for good
+//!          └─ OutOfBudget      └─commit_into(&mut lease)─┘    release_part / quarantine_part
 //! ```
 //!
-//! * A [`Reservation`] is granted before the physical memory exists
-//!   (invariant 2); dropping it refunds. [`Reservation::commit`] charges the
-//!   bytes actually obtained: less refunds the rest, more is charged if it
-//!   fits or refused with the reservation handed back.
+//! * A [`Grant`] (a provisional charge) is made before the physical memory
+//!   exists (invariant 2); dropping it refunds. [`Grant::commit`] charges
+//!   the bytes actually obtained: less refunds the rest, more is charged if
+//!   it fits or refused with the grant handed back. (Not to be confused
+//!   with [`crate::objects::Reservation`], a virtual backing's address
+//!   range.)
 //! * A [`Lease`] is a plain token. It ends with [`Pool::release`] once the
 //!   physical free completed, or [`Pool::quarantine`] when the plugin could
 //!   not complete it (invariant 7: the bytes stay charged, reported apart,
 //!   never refunded). A lease dropped without either stays charged and is
 //!   counted as leaked — never a silent refund.
 //! * Growth commits more bytes into an existing lease
-//!   ([`Reservation::commit_into`]); shrinking refunds part of one
+//!   ([`Grant::commit_into`]); shrinking refunds part of one
 //!   ([`Pool::release_part`]). Accounting always follows mapped bytes.
 //!
 //! # Pressure
@@ -50,7 +52,7 @@
 //! written with plain loads and stores: reserve + commit + release costs
 //! two locked instructions in all, the same as a bare
 //! `fetch_add`/`fetch_sub` pair, plus three thread-local lookups. No lock,
-//! no allocation, no reference counting: reservations borrow their pool and
+//! no allocation, no reference counting: grants borrow their pool and
 //! leases are plain tokens. (`benches/governor.rs` measures it against the
 //! pair.)
 //!
@@ -68,22 +70,23 @@
 
 mod class;
 mod error;
+mod grant;
 mod holder;
 mod ids;
 mod pool;
 mod shard;
 pub mod stats;
-pub(crate) mod sync;
 
 pub use class::AllocationClass;
 pub use error::{GovernorError, OutOfBudget, Rejected};
+pub use grant::{Grant, Lease};
 pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
 pub use ids::{HolderId, PoolId, Priority};
-pub use pool::{Lease, Pool, Reservation, MAX_CAPACITY};
+pub use pool::{Pool, MAX_CAPACITY};
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 
+use crate::sync::{lock, Mutex};
 use std::sync::Arc;
-use sync::{lock, Mutex};
 
 /// The process's budgets: a set of pools.
 ///
@@ -150,7 +153,7 @@ mod tests {
     fn public_types_are_send_and_sync() {
         assert_send_sync::<Governor>();
         assert_send_sync::<Pool>();
-        assert_send_sync::<Reservation<'static>>();
+        assert_send_sync::<Grant<'static>>();
         assert_send_sync::<Lease>();
         assert_send_sync::<HolderRegistration>();
         assert_send_sync::<PressureTicket>();
@@ -164,8 +167,8 @@ mod tests {
     #[test]
     fn token_sizes_stay_small() {
         assert!(std::mem::size_of::<Lease>() <= 32);
-        assert!(std::mem::size_of::<Reservation<'static>>() <= 32);
-        assert!(std::mem::size_of::<Result<Reservation<'static>, GovernorError>>() <= 48);
+        assert!(std::mem::size_of::<Grant<'static>>() <= 32);
+        assert!(std::mem::size_of::<Result<Grant<'static>, GovernorError>>() <= 48);
     }
 
     #[test]

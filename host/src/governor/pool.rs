@@ -1,15 +1,16 @@
-//! Pools, reservations and leases.
+//! Pools: the capacity word, granting (with pressure and waiting), ending
+//! leases, holders and statistics. The tokens are in `grant.rs`.
 
 use super::class::AllocationClass;
 use super::error::{GovernorError, OutOfBudget, Rejected};
+use super::grant::{leaks, Grant, Lease};
 use super::holder::{in_pressure, HolderEntry, HolderRegistration, PressureCounters, PressureTicket};
 use super::ids::{next_uid, HolderId, PoolId, Priority};
 use super::shard::{self, Account, AccountCore, HolderMeta, RawClass, Shard};
 use super::stats::{ClassStats, HolderStats, PoolSnapshot};
-use super::sync::{self, lock, AtomicU64, Condvar, Mutex};
+use crate::sync::{self, lock, AtomicU64, Condvar, Mutex};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::mem::ManuallyDrop;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -26,7 +27,7 @@ pub const MAX_CAPACITY: u64 = BYTES;
 /// the (rarely written) peak.
 #[repr(align(64))]
 struct Hot {
-    /// Charged bytes (reservations + leases + quarantine), plus [`WAITERS`].
+    /// Charged bytes (grants + leases + quarantine), plus [`WAITERS`].
     used: AtomicU64,
     peak: AtomicU64,
 }
@@ -37,28 +38,16 @@ struct Holders {
     next_seq: u64,
 }
 
-/// Leases dropped without release or quarantine, per pool, per (account,
-/// class): (count, bytes). Process-wide because a dropped [`Lease`] carries
-/// no reference to its pool (that is what keeps leases free of reference
-/// counting); leaks are bugs, so a lock here costs nothing that matters.
-/// Plain `std` even under loom: not part of any protocol loom checks.
-type LeakTable = BTreeMap<u64, BTreeMap<(u64, usize), (u64, u64)>>;
-static LEAKS: std::sync::Mutex<LeakTable> = std::sync::Mutex::new(BTreeMap::new());
-
-fn leaks() -> std::sync::MutexGuard<'static, LeakTable> {
-    LEAKS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 /// One physical memory domain's budget.
 ///
-/// A pool charges reservations and leases against a fixed capacity; it
+/// A pool charges grants and leases against a fixed capacity; it
 /// never allocates or frees memory. Obtain one from
 /// [`Governor::create_pool`](super::Governor::create_pool) and
 /// [`Governor::pool`](super::Governor::pool).
 ///
 /// Thread-safety: `Send + Sync`. Every method may be called from any
 /// thread, concurrently. [`try_reserve`](Self::try_reserve),
-/// [`Reservation::commit`], [`Reservation::commit_into`] and
+/// [`Grant::commit`], [`Grant::commit_into`] and
 /// [`release`](Self::release) take no lock once the calling thread has
 /// touched the account (holder or anonymous) before: the first touch takes
 /// the account's lock once to obtain the thread's statistics shard. No
@@ -82,7 +71,7 @@ pub struct Pool {
 }
 
 /// Outcome of one attempt to charge.
-enum Grant {
+enum Attempt {
     Granted,
     NoRoom,
     Unknown,
@@ -126,7 +115,7 @@ impl Pool {
         self.capacity
     }
 
-    /// Bytes charged now (reservations, leases, quarantine). Exact.
+    /// Bytes charged now (grants, leases, quarantine). Exact.
     #[inline]
     pub fn used(&self) -> u64 {
         self.hot.used.load(Acquire) & BYTES
@@ -148,7 +137,7 @@ impl Pool {
     /// Charges `bytes` if they fit: a compare-exchange loop on the capacity
     /// word, no lock. The bytes in the word never exceed `capacity`.
     #[inline(always)]
-    fn try_charge(&self, bytes: u64) -> bool {
+    pub(super) fn try_charge(&self, bytes: u64) -> bool {
         self.charge(self.hot.used.load(Relaxed), true, bytes).is_some()
     }
 
@@ -192,7 +181,7 @@ impl Pool {
     /// themselves. Only ever called with bytes a token held, so the word
     /// cannot go below zero.
     #[inline(always)]
-    fn refund(&self, bytes: u64) {
+    pub(super) fn refund(&self, bytes: u64) {
         if bytes == 0 {
             return;
         }
@@ -255,7 +244,7 @@ impl Pool {
     // ----- accounts and shards ----------------------------------------------
 
     #[inline(always)]
-    fn account_uid(&self, holder: Option<HolderId>) -> u64 {
+    pub(super) fn account_uid(&self, holder: Option<HolderId>) -> u64 {
         match holder {
             Some(h) => h.get(),
             None => self.id.get(),
@@ -290,31 +279,31 @@ impl Pool {
     /// Statistics update for a token's account, which exists for as long as
     /// the pool does.
     #[inline(always)]
-    fn on_shard(&self, uid: u64, f: impl FnOnce(&Shard)) {
+    pub(super) fn on_shard(&self, uid: u64, f: impl FnOnce(&Shard)) {
         let r = self.with_shard(uid, f);
         debug_assert!(r.is_ok(), "a token of {} names an account the pool does not have", self.id);
     }
 
     #[inline(always)]
-    fn try_grant(&self, uid: u64, bytes: u64, class: AllocationClass, count_failure: bool) -> Grant {
+    fn try_grant(&self, uid: u64, bytes: u64, class: AllocationClass, count_failure: bool) -> Attempt {
         self.with_shard(uid, |s| {
             if !s.core.registered.load(Relaxed) {
-                return Grant::Unknown;
+                return Attempt::Unknown;
             }
             let c = s.cells(class);
             if let Some(word) = self.charge(s.hint.load(Relaxed), false, bytes) {
                 s.hint.store(word, Relaxed);
                 s.add(&c.reserved, bytes);
                 s.add(&c.grants, 1);
-                Grant::Granted
+                Attempt::Granted
             } else {
                 if count_failure {
                     s.add(&c.failures, 1);
                 }
-                Grant::NoRoom
+                Attempt::NoRoom
             }
         })
-        .unwrap_or(Grant::Unknown)
+        .unwrap_or(Attempt::Unknown)
     }
 
     #[cold]
@@ -328,7 +317,7 @@ impl Pool {
 
     #[cold]
     #[inline(never)]
-    fn out_of_budget(
+    pub(super) fn out_of_budget(
         &self,
         requested: u64,
         class: AllocationClass,
@@ -342,7 +331,7 @@ impl Pool {
         })
     }
 
-    // ----- reserving ---------------------------------------------------------
+    // ----- granting ----------------------------------------------------------
 
     /// Grants `bytes` of `class` on behalf of `holder` (or of no holder) if
     /// they fit now; never asks holders, never waits.
@@ -357,11 +346,11 @@ impl Pool {
         bytes: u64,
         class: AllocationClass,
         holder: Option<HolderId>,
-    ) -> Result<Reservation<'_>, GovernorError> {
+    ) -> Result<Grant<'_>, GovernorError> {
         match self.try_grant(self.account_uid(holder), bytes, class, true) {
-            Grant::Granted => Ok(Reservation { pool: self, bytes, class, holder }),
-            Grant::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
-            Grant::Unknown => Err(self.unknown_holder(holder)),
+            Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
+            Attempt::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
+            Attempt::Unknown => Err(self.unknown_holder(holder)),
         }
     }
 
@@ -391,12 +380,12 @@ impl Pool {
         class: AllocationClass,
         holder: Option<HolderId>,
         deadline: Option<Instant>,
-    ) -> Result<Reservation<'_>, GovernorError> {
+    ) -> Result<Grant<'_>, GovernorError> {
         let uid = self.account_uid(holder);
         match self.try_grant(uid, bytes, class, false) {
-            Grant::Granted => Ok(Reservation { pool: self, bytes, class, holder }),
-            Grant::Unknown => Err(self.unknown_holder(holder)),
-            Grant::NoRoom => self.reserve_slow(uid, bytes, class, holder, deadline),
+            Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
+            Attempt::Unknown => Err(self.unknown_holder(holder)),
+            Attempt::NoRoom => self.reserve_slow(uid, bytes, class, holder, deadline),
         }
     }
 
@@ -409,7 +398,7 @@ impl Pool {
         class: AllocationClass,
         holder: Option<HolderId>,
         deadline: Option<Instant>,
-    ) -> Result<Reservation<'_>, GovernorError> {
+    ) -> Result<Grant<'_>, GovernorError> {
         if bytes <= self.capacity && !in_pressure(self.id) {
             let priority = match holder {
                 None => Priority::HIGHEST,
@@ -435,9 +424,9 @@ impl Pool {
                     }
                 }
                 match self.try_grant(uid, bytes, class, false) {
-                    Grant::Granted => return Ok(Reservation { pool: self, bytes, class, holder }),
-                    Grant::Unknown => return Err(self.unknown_holder(holder)),
-                    Grant::NoRoom => {}
+                    Attempt::Granted => return Ok(Grant { pool: self, bytes, class, holder }),
+                    Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                    Attempt::NoRoom => {}
                 }
             }
         }
@@ -452,7 +441,7 @@ impl Pool {
                         s.core.registered.load(Relaxed)
                     })
                     .unwrap_or(false);
-                let r = Reservation { pool: self, bytes, class, holder };
+                let r = Grant { pool: self, bytes, class, holder };
                 if !registered {
                     drop(r); // the holder left while we waited: give it back
                     return Err(self.unknown_holder(holder));
@@ -463,9 +452,9 @@ impl Pool {
         }
         // One last attempt: a refund may have landed since the last one.
         match self.try_grant(uid, bytes, class, true) {
-            Grant::Granted => Ok(Reservation { pool: self, bytes, class, holder }),
-            Grant::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
-            Grant::Unknown => Err(self.unknown_holder(holder)),
+            Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
+            Attempt::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
+            Attempt::Unknown => Err(self.unknown_holder(holder)),
         }
     }
 
@@ -707,211 +696,6 @@ impl fmt::Debug for Pool {
             .field("capacity", &self.capacity)
             .field("used", &self.used())
             .finish()
-    }
-}
-
-/// A provisional grant: bytes charged to the pool before the physical
-/// memory exists (invariant 2). Dropping it returns the bytes at once;
-/// [`commit`](Self::commit) turns it into a [`Lease`] for the bytes
-/// actually obtained.
-///
-/// It borrows its pool: no reference count is touched per reservation.
-///
-/// Thread-safety: `Send + Sync`; may be committed or dropped on any thread.
-#[must_use = "dropping a reservation returns its bytes at once"]
-pub struct Reservation<'p> {
-    pool: &'p Pool,
-    bytes: u64,
-    class: AllocationClass,
-    holder: Option<HolderId>,
-}
-
-impl<'p> Reservation<'p> {
-    /// Bytes granted.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Class charged.
-    pub fn class(&self) -> AllocationClass {
-        self.class
-    }
-
-    /// Holder charged (`None`: the pool's anonymous account).
-    pub fn holder(&self) -> Option<HolderId> {
-        self.holder
-    }
-
-    /// The pool that granted it.
-    pub fn pool(&self) -> &'p Pool {
-        self.pool
-    }
-
-    /// Takes the fields without running `Drop`.
-    #[inline(always)]
-    fn disarm(self) -> (&'p Pool, u64, AllocationClass, Option<HolderId>) {
-        let me = ManuallyDrop::new(self);
-        (me.pool, me.bytes, me.class, me.holder)
-    }
-
-    /// Moves the grant's statistics to the lease side and refunds what was
-    /// not used; the pool already holds `max(bytes, actual)` for it.
-    #[inline(always)]
-    fn settle(self, actual: u64, new_lease: bool) -> Option<HolderId> {
-        let (pool, bytes, class, holder) = self.disarm();
-        pool.on_shard(pool.account_uid(holder), |s| {
-            let c = s.cells(class);
-            s.sub(&c.reserved, bytes);
-            s.add(&c.leased, actual);
-            if new_lease {
-                s.add(&c.leases, 1);
-            }
-        });
-        if actual < bytes {
-            pool.refund(bytes - actual);
-        }
-        holder
-    }
-
-    /// Charges `actual - bytes` more (the mechanism obtained more than was
-    /// reserved, e.g. granularity rounding); on refusal the reservation
-    /// comes back unchanged with the reason.
-    #[cold]
-    #[inline(never)]
-    fn cover(self, actual: u64) -> Result<Self, Rejected<Self>> {
-        let extra = actual - self.bytes;
-        if !self.pool.try_charge(extra) {
-            let uid = self.pool.account_uid(self.holder);
-            self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
-            let error = self.pool.out_of_budget(extra, self.class, self.holder);
-            return Err(Rejected { value: self, error });
-        }
-        Ok(self)
-    }
-
-    /// Turns the grant into a lease of `actual` bytes — the bytes the
-    /// mechanism actually mapped (invariant 2).
-    ///
-    /// `actual < bytes`: the remainder is refunded at once.
-    /// `actual > bytes`: the difference is charged if it fits now (no
-    /// tickets, no waiting); otherwise the reservation comes back in the
-    /// error, unchanged, so the caller can free what it mapped and then drop
-    /// it. No lock on the fast path.
-    #[inline]
-    pub fn commit(self, actual: u64) -> Result<Lease, Rejected<Self>> {
-        let me = if actual > self.bytes { self.cover(actual)? } else { self };
-        let (pool, class) = (me.pool.id, me.class);
-        let holder = me.settle(actual, true);
-        Ok(Lease { pool, holder, class, bytes: actual })
-    }
-
-    /// Commits `actual` bytes into an existing lease: a virtual region that
-    /// grew (DESIGN §4, grow transaction). Same rules as
-    /// [`commit`](Self::commit); additionally the lease must come from the
-    /// same pool and have the same class and holder, else the reservation
-    /// comes back with [`GovernorError::WrongPool`],
-    /// [`GovernorError::ClassMismatch`] or [`GovernorError::HolderMismatch`]
-    /// and the lease is unchanged.
-    pub fn commit_into(self, lease: &mut Lease, actual: u64) -> Result<(), Rejected<Self>> {
-        let error = if lease.pool != self.pool.id {
-            Some(GovernorError::WrongPool { pool: self.pool.id, lease_pool: lease.pool })
-        } else if lease.class != self.class {
-            Some(GovernorError::ClassMismatch { lease: lease.class, reservation: self.class })
-        } else if lease.holder != self.holder {
-            Some(GovernorError::HolderMismatch { lease: lease.holder, reservation: self.holder })
-        } else {
-            None
-        };
-        if let Some(error) = error {
-            return Err(Rejected { value: self, error });
-        }
-        let me = if actual > self.bytes { self.cover(actual)? } else { self };
-        me.settle(actual, false);
-        // Every lease's bytes are charged, so the sum stays <= capacity < 2^63.
-        lease.bytes += actual;
-        Ok(())
-    }
-}
-
-impl Drop for Reservation<'_> {
-    #[inline]
-    fn drop(&mut self) {
-        let (pool, bytes, class) = (self.pool, self.bytes, self.class);
-        pool.on_shard(pool.account_uid(self.holder), |s| s.sub(&s.cells(class).reserved, bytes));
-        pool.refund(bytes);
-    }
-}
-
-impl fmt::Debug for Reservation<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Reservation")
-            .field("pool", &self.pool.id)
-            .field("bytes", &self.bytes)
-            .field("class", &self.class)
-            .field("holder", &self.holder)
-            .finish()
-    }
-}
-
-/// A committed charge: bytes that are physically mapped.
-///
-/// A plain token (pool id, holder, class, bytes; no reference to the pool).
-/// It ends only through [`Pool::release`] (after the physical free has
-/// completed) or [`Pool::quarantine`] (the free could not be completed).
-///
-/// Dropping a lease without either is a bug in the caller and is treated
-/// conservatively: its bytes stay charged (and counted in `leased`) for the
-/// pool's life, and the drop is recorded in `leaked_leases` /
-/// `leaked_bytes` of the pool's and the holder's statistics. Nothing is
-/// refunded, because nothing proves the memory was freed.
-///
-/// Thread-safety: `Send + Sync`; may be moved to and ended on any thread.
-#[must_use = "a lease ends only with Pool::release or Pool::quarantine; dropping it leaks its charge"]
-#[derive(Debug, PartialEq, Eq)]
-pub struct Lease {
-    pool: PoolId,
-    holder: Option<HolderId>,
-    class: AllocationClass,
-    bytes: u64,
-}
-
-impl Lease {
-    /// Bytes charged now.
-    pub fn bytes(&self) -> u64 {
-        self.bytes
-    }
-
-    /// Class charged.
-    pub fn class(&self) -> AllocationClass {
-        self.class
-    }
-
-    /// Holder charged (`None`: the pool's anonymous account).
-    pub fn holder(&self) -> Option<HolderId> {
-        self.holder
-    }
-
-    /// The pool that granted it.
-    pub fn pool(&self) -> PoolId {
-        self.pool
-    }
-
-    #[inline(always)]
-    fn disarm(self) -> (Option<HolderId>, AllocationClass, u64) {
-        let me = ManuallyDrop::new(self);
-        (me.holder, me.class, me.bytes)
-    }
-}
-
-impl Drop for Lease {
-    fn drop(&mut self) {
-        let account = self.holder.map_or(self.pool.get(), |h| h.get());
-        // A pool already gone has no figures left to report the leak in.
-        if let Some(table) = leaks().get_mut(&self.pool.get()) {
-            let cell = table.entry((account, self.class.index())).or_insert((0, 0));
-            cell.0 += 1;
-            cell.1 += self.bytes;
-        }
     }
 }
 

@@ -24,7 +24,7 @@ use super::class::AllocationClass;
 use super::holder::PressureCounters;
 use super::ids::{HolderId, PoolId, Priority};
 use super::stats::ClassStats;
-use super::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
+use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
 use std::sync::Arc;

@@ -17,7 +17,7 @@ use std::sync::Arc;
 /// Figures of one allocation class, for a pool or for one holder.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassStats {
-    /// Bytes held by live reservations (granted, not yet committed).
+    /// Bytes held by live grants (not yet committed).
     pub reserved: u64,
     /// Bytes charged to live leases, leaked leases included.
     pub leased: u64,
@@ -25,9 +25,9 @@ pub struct ClassStats {
     pub quarantined: u64,
     /// Live leases, leaked ones included.
     pub leases: u64,
-    /// Reservations granted, cumulative.
+    /// Grants made, cumulative.
     pub grants: u64,
-    /// Reservation requests refused, cumulative (one per refused call).
+    /// Grant requests refused, cumulative (one per refused call).
     pub failures: u64,
     /// Quarantine events (whole leases or parts), cumulative.
     pub quarantines: u64,
@@ -90,7 +90,7 @@ pub struct PoolSnapshot {
     pub name: Arc<str>,
     /// Bytes the pool may charge in all.
     pub capacity: u64,
-    /// Bytes charged: reservations, leases and quarantine. Exact.
+    /// Bytes charged: grants, leases and quarantine. Exact.
     pub used: u64,
     /// `capacity - used`. Exact.
     pub free: u64,

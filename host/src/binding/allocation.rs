@@ -1,0 +1,169 @@
+//! Plain allocations: [`MemoryBinding::allocate`], the owning
+//! [`OwnedAllocation`], the fences of its last use, and its retire job.
+
+use super::settle::{self, Charge};
+use super::{BindingError, BindingInner, MemoryBinding};
+use crate::deferred::{Retire, RetireOutcome};
+use crate::fence::SharedFence;
+use crate::governor::Lease;
+use crate::objects::Allocation;
+use std::fmt;
+use std::sync::Arc;
+
+impl MemoryBinding {
+    /// Allocates `size` bytes aligned to `alignment`: reserve → allocate →
+    /// commit the charge with the bytes obtained. A failure at any step
+    /// returns the grant and frees what was made.
+    pub fn allocate(&self, size: u64, alignment: u64) -> Result<OwnedAllocation, BindingError> {
+        let b = &*self.inner;
+        let allocator = b.mechanism().allocator();
+        let (alloc, lease) = settle::commit_or_undo(
+            b,
+            size,
+            || allocator.allocate_as(size, alignment, b.class),
+            |a| allocator.deallocate(a),
+        )?;
+        Ok(OwnedAllocation {
+            binding: Some(self.inner.clone()),
+            alloc: Some(alloc),
+            lease: Some(lease),
+            fences: FenceSet::default(),
+        })
+    }
+}
+
+/// An owning allocation. Dropping it frees through the deferred-free queue
+/// after the fences of its last use; it never waits on the device.
+pub struct OwnedAllocation {
+    /// Taken (not cloned) by `drop`, which hands it to the retire job.
+    binding: Option<Arc<BindingInner>>,
+    alloc: Option<Allocation>,
+    lease: Option<Lease>,
+    fences: FenceSet,
+}
+
+impl fmt::Debug for OwnedAllocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnedAllocation({:#x}, {} B)", self.addr(), self.size())
+    }
+}
+
+impl OwnedAllocation {
+    fn alloc(&self) -> &Allocation {
+        self.alloc.as_ref().expect("present until drop")
+    }
+    pub fn addr(&self) -> u64 {
+        self.alloc().addr()
+    }
+    pub fn size(&self) -> u64 {
+        self.alloc().size()
+    }
+    /// Bytes charged to the pool.
+    pub fn charged(&self) -> u64 {
+        self.lease.as_ref().map_or(0, Lease::bytes)
+    }
+    /// Records device work that uses this allocation: the free waits for it.
+    pub fn used_by(&mut self, fence: SharedFence) {
+        self.fences.push(fence);
+    }
+    /// Releases after `fences` (and any recorded with `used_by`).
+    pub fn release_after(mut self, fences: impl IntoIterator<Item = SharedFence>) {
+        for f in fences {
+            self.fences.push(f);
+        }
+    }
+}
+
+impl Drop for OwnedAllocation {
+    fn drop(&mut self) {
+        let (Some(binding), Some(alloc), Some(lease)) =
+            (self.binding.take(), self.alloc.take(), self.lease.take())
+        else {
+            return;
+        };
+        // No device work recorded, or all of it already done: free now,
+        // without boxing a job or touching the queue.
+        if self.fences.all_complete() {
+            let _ = retire_allocation(&binding, alloc, lease);
+        } else {
+            let queue = binding.queue.clone();
+            let job = AllocationRetire { binding, alloc: Some(alloc), lease: Some(lease) };
+            queue.enqueue(std::mem::take(&mut self.fences).into_vec(), Box::new(job));
+        }
+    }
+}
+
+/// Frees through the creating mechanism, then refunds the charge (or
+/// quarantines it).
+#[inline]
+fn retire_allocation(b: &BindingInner, alloc: Allocation, lease: Lease) -> RetireOutcome {
+    settle::release_or_quarantine(
+        b,
+        Charge::Whole(Some(lease)),
+        || b.mechanism().allocator().deallocate(alloc),
+        |e, reason| format!("allocation {}: {reason}", e.object.object_id()),
+    )
+}
+
+/// The fences of one allocation's last use. The common cases — none, or
+/// one (the stream the work ran on) — need no heap allocation.
+#[derive(Default)]
+struct FenceSet {
+    first: Option<SharedFence>,
+    more: Vec<SharedFence>,
+}
+
+impl FenceSet {
+    fn push(&mut self, f: SharedFence) {
+        if self.first.is_none() {
+            self.first = Some(f);
+        } else {
+            self.more.push(f);
+        }
+    }
+
+    /// True when every fence reports completion; a fence whose query fails
+    /// counts as not complete (never free on a guess).
+    #[inline]
+    fn all_complete(&self) -> bool {
+        match &self.first {
+            None => true,
+            Some(f) => f.query().unwrap_or(false) && self.more.iter().all(|f| f.query().unwrap_or(false)),
+        }
+    }
+
+    fn into_vec(self) -> Vec<SharedFence> {
+        let mut v = self.more;
+        if let Some(f) = self.first {
+            v.insert(0, f);
+        }
+        v
+    }
+}
+
+struct AllocationRetire {
+    binding: Arc<BindingInner>,
+    alloc: Option<Allocation>,
+    lease: Option<Lease>,
+}
+
+impl AllocationRetire {
+    fn run(&mut self) -> RetireOutcome {
+        match (self.alloc.take(), self.lease.take()) {
+            (Some(alloc), Some(lease)) => retire_allocation(&self.binding, alloc, lease),
+            _ => RetireOutcome::Freed { bytes: 0 },
+        }
+    }
+}
+
+impl Retire for AllocationRetire {
+    fn retire(mut self: Box<Self>) -> RetireOutcome {
+        self.run()
+    }
+    fn describe(&self) -> String {
+        match &self.alloc {
+            Some(a) => format!("allocation {} ({} B at {:#x})", a.object_id(), a.size(), a.addr()),
+            None => "allocation (already retired)".into(),
+        }
+    }
+}

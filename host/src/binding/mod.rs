@@ -1,0 +1,177 @@
+//! Bindings: mechanism + context + pool + holder + class, the only way to
+//! allocate (DESIGN.md §1). Every path is a transaction — reserve a grant,
+//! make the memory, commit the charge with the bytes actually obtained — and
+//! any failure rolls back what was done. Owning objects free through the
+//! deferred-free queue after their fences (invariant 4), through the
+//! mechanism that made them (invariant 1).
+//!
+//! * this file — [`MemoryBinding`], what it shares with the objects it
+//!   makes (`BindingInner`), and the errors;
+//! * `allocation.rs` — [`MemoryBinding::allocate`] and [`OwnedAllocation`];
+//! * `region.rs` — [`MemoryBinding::reserve_virtual`], [`Region`] (grow,
+//!   shrink, prefix mapping) and [`RegionView`];
+//! * `prefix.rs` — [`MemoryBinding::create_shared`] and [`SharedPrefix`];
+//! * `settle.rs` — the two steps every path above is made of: make and
+//!   commit the charge (or undo the make), and release or quarantine.
+//!
+//! Each owning type's retire job (the work the deferred-free queue runs) is
+//! in the type's file.
+
+mod allocation;
+mod prefix;
+mod region;
+mod settle;
+
+pub use allocation::OwnedAllocation;
+pub use prefix::SharedPrefix;
+pub use region::{Region, RegionView};
+
+use crate::deferred::DeferredFreeQueue;
+use crate::error::CallError;
+use crate::governor::{AllocationClass, GovernorError, Grant, HolderId, Lease, Pool};
+use crate::mechanism::Mechanism;
+use crate::registry::Context;
+use crate::sync::{lock, Mutex};
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Why a binding operation failed. The state before the call is intact.
+#[derive(Debug, thiserror::Error)]
+pub enum BindingError {
+    /// The governor refused the charge (`OutOfBudget` carries the pool's
+    /// snapshot).
+    #[error(transparent)]
+    Budget(#[from] GovernorError),
+    /// The plugin refused or failed.
+    #[error(transparent)]
+    Plugin(#[from] CallError),
+    /// The mechanism lacks a capability the operation needs.
+    #[error("mechanism {mechanism} has no {capability}")]
+    Unsupported { mechanism: String, capability: &'static str },
+    /// The request is malformed (overflowing size, beyond the region...).
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// A grow whose commit or update failed; the region is as it was.
+#[derive(Debug, thiserror::Error)]
+pub enum GrowError<E> {
+    #[error(transparent)]
+    Binding(#[from] BindingError),
+    /// The caller's update refused; the new range was decommitted and the
+    /// grant returned.
+    #[error("the update refused the grown view")]
+    Update(E),
+}
+
+pub(crate) struct BindingInner {
+    pub(crate) context: Arc<Context>,
+    pub(crate) pool: Arc<Pool>,
+    pub(crate) holder: Option<HolderId>,
+    pub(crate) class: AllocationClass,
+    pub(crate) queue: Arc<DeferredFreeQueue>,
+    /// How long an allocation may wait for pressure to make room.
+    pub(crate) wait: Option<Duration>,
+    /// Objects whose release the plugin refused: never reissued, still
+    /// charged (as quarantined), described for reports.
+    pub(crate) quarantine: Mutex<Vec<String>>,
+}
+
+impl BindingInner {
+    fn mechanism(&self) -> &Mechanism {
+        self.context.mechanism()
+    }
+
+    /// A grant, asking holders and waiting when the fast path has no room.
+    /// One call into the governor, so a refusal is counted once; the clock
+    /// is read only by bindings that may wait.
+    #[inline]
+    fn grant(&self, bytes: u64) -> Result<Grant<'_>, BindingError> {
+        let deadline = self.wait.map(|w| Instant::now() + w);
+        Ok(self.pool.reserve(bytes, self.class, self.holder, deadline)?)
+    }
+
+    /// Records an object the plugin would not release, quarantining its
+    /// lease when it has one (its bytes stay charged for good).
+    fn quarantine(&self, what: String, lease: Option<Lease>) {
+        if let Some(l) = lease {
+            let _ = self.pool.quarantine(l);
+        }
+        lock(&self.quarantine).push(what);
+    }
+
+    fn unsupported(&self, capability: &'static str) -> BindingError {
+        BindingError::Unsupported { mechanism: self.mechanism().label().to_string(), capability }
+    }
+}
+
+/// Allocates through one mechanism, charged to one pool, holder and class.
+/// Cheap to clone; thread-safe.
+///
+/// It makes three kinds of owning objects: [`allocate`](Self::allocate)
+/// ([`OwnedAllocation`]), [`reserve_virtual`](Self::reserve_virtual)
+/// ([`Region`]) and [`create_shared`](Self::create_shared)
+/// ([`SharedPrefix`]).
+#[derive(Clone)]
+pub struct MemoryBinding {
+    pub(crate) inner: Arc<BindingInner>,
+}
+
+impl fmt::Debug for MemoryBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBinding")
+            .field("mechanism", &self.inner.mechanism().label())
+            .field("pool", &self.inner.pool.name())
+            .field("holder", &self.inner.holder)
+            .field("class", &self.inner.class)
+            .finish()
+    }
+}
+
+impl MemoryBinding {
+    pub(crate) fn new(
+        context: Arc<Context>,
+        pool: Arc<Pool>,
+        holder: Option<HolderId>,
+        class: AllocationClass,
+        queue: Arc<DeferredFreeQueue>,
+        wait: Option<Duration>,
+    ) -> Self {
+        MemoryBinding {
+            inner: Arc::new(BindingInner {
+                context,
+                pool,
+                holder,
+                class,
+                queue,
+                wait,
+                quarantine: Mutex::default(),
+            }),
+        }
+    }
+
+    pub fn mechanism(&self) -> &Mechanism {
+        self.inner.mechanism()
+    }
+    pub fn pool(&self) -> &Arc<Pool> {
+        &self.inner.pool
+    }
+    pub fn class(&self) -> AllocationClass {
+        self.inner.class
+    }
+    pub fn holder(&self) -> Option<HolderId> {
+        self.inner.holder
+    }
+    /// Objects whose release the plugin refused (quarantined).
+    pub fn quarantined(&self) -> Vec<String> {
+        lock(&self.inner.quarantine).clone()
+    }
+}
+
+/// `v` rounded up to a multiple of `granularity` (zero counts as one);
+/// `None` on overflow.
+fn round_up(v: u64, granularity: u64) -> Option<u64> {
+    let g = granularity.max(1);
+    v.checked_add(g - 1).map(|x| x / g * g)
+}

@@ -1,0 +1,151 @@
+//! Shared prefixes: [`MemoryBinding::create_shared`], the owning
+//! [`SharedPrefix`], and its retire job.
+
+use super::region::RegionView;
+use super::settle::{self, Charge};
+use super::{round_up, BindingError, BindingInner, MemoryBinding};
+use crate::deferred::{Retire, RetireOutcome};
+use crate::governor::Lease;
+use crate::mechanism::{Access, SharedMappingApi, VirtualBackingApi};
+use crate::objects::PhysicalObject;
+use std::fmt;
+use std::sync::Arc;
+
+impl MemoryBinding {
+    /// Creates a shared prefix of `size` bytes (rounded up to the
+    /// granularity), filled by `init` through a temporary writable view.
+    /// Its physical bytes are charged once, however many regions map it.
+    pub fn create_shared(
+        &self,
+        size: u64,
+        init: impl FnOnce(&mut RegionView),
+    ) -> Result<Arc<SharedPrefix>, BindingError> {
+        let b = &*self.inner;
+        let m = b.mechanism();
+        let sm = m.shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
+        let vb = m.virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
+        let len = round_up(size, m.properties().granularity)
+            .ok_or_else(|| BindingError::Invalid(format!("shared prefix of {size} bytes overflows")))?;
+        let (object, lease) =
+            settle::commit_or_undo(b, len, || sm.create_as(len, b.class), |o| sm.release(o))?;
+        if let Err(e) = fill(b, &sm, &vb, &object, len, init) {
+            let _ = settle::release_or_quarantine(
+                b,
+                Charge::Whole(Some(lease)),
+                || sm.release(object),
+                |_, _| "physical object (fill failed)".into(),
+            );
+            return Err(e);
+        }
+        Ok(Arc::new(SharedPrefix {
+            binding: self.inner.clone(),
+            object: Some(object),
+            lease: Some(lease),
+            len,
+        }))
+    }
+}
+
+/// Fills `object` through a temporary writable mapping of `len` bytes.
+fn fill(
+    b: &BindingInner,
+    sm: &SharedMappingApi<'_>,
+    vb: &VirtualBackingApi<'_>,
+    object: &PhysicalObject,
+    len: u64,
+    init: impl FnOnce(&mut RegionView),
+) -> Result<(), BindingError> {
+    let tmp = vb.reserve(len)?;
+    let mut result = sm.map(object, 0, &tmp, 0, len, Access::ReadWrite).map_err(BindingError::from);
+    if result.is_ok() {
+        init(&mut RegionView { addr: tmp.addr(), len });
+        result = sm.unmap(&tmp, 0, len).map_err(Into::into);
+    }
+    // Always give the temporary reservation back: releasing it also drops a
+    // mapping whose unmap failed. One the plugin will not release is
+    // quarantined, never dropped silently (invariant 7), and its failure
+    // is the fill's.
+    let mut refused = None;
+    let _ = settle::release_or_quarantine(
+        b,
+        Charge::Whole(None),
+        || vb.release(tmp),
+        |e, reason| {
+            refused = Some(e.error.clone());
+            format!("temporary reservation {} of a shared prefix: {reason}", e.object.object_id())
+        },
+    );
+    match refused {
+        Some(e) => result.and(Err(e.into())),
+        None => result,
+    }
+}
+
+/// A shared prefix: one physical object, charged once, mapped read-only
+/// into any number of regions. Freed (after fences) when the last `Arc`
+/// drops; each region's mapping keeps its own plugin-side reference.
+pub struct SharedPrefix {
+    pub(super) binding: Arc<BindingInner>,
+    object: Option<PhysicalObject>,
+    lease: Option<Lease>,
+    pub(super) len: u64,
+}
+
+impl SharedPrefix {
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub fn charged(&self) -> u64 {
+        self.lease.as_ref().map_or(0, Lease::bytes)
+    }
+    pub(super) fn object(&self) -> &PhysicalObject {
+        self.object.as_ref().expect("present until drop")
+    }
+}
+
+impl fmt::Debug for SharedPrefix {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SharedPrefix({} B)", self.len)
+    }
+}
+
+impl Drop for SharedPrefix {
+    fn drop(&mut self) {
+        let job = PrefixRetire {
+            binding: self.binding.clone(),
+            object: self.object.take(),
+            lease: self.lease.take(),
+        };
+        // Regions holding mappings keep an Arc, so reaching here means no
+        // region maps it any more; their own frees were fence-ordered.
+        let _ = Retire::retire(Box::new(job));
+    }
+}
+
+struct PrefixRetire {
+    binding: Arc<BindingInner>,
+    object: Option<PhysicalObject>,
+    lease: Option<Lease>,
+}
+
+impl Retire for PrefixRetire {
+    fn retire(mut self: Box<Self>) -> RetireOutcome {
+        let b = &*self.binding;
+        let (Some(object), Some(lease)) = (self.object.take(), self.lease.take()) else {
+            return RetireOutcome::Freed { bytes: 0 };
+        };
+        let sm = b.mechanism().shared_mapping().expect("checked at create");
+        settle::release_or_quarantine(
+            b,
+            Charge::Whole(Some(lease)),
+            || sm.release(object),
+            |e, reason| format!("physical object {}: {reason}", e.object.object_id()),
+        )
+    }
+    fn describe(&self) -> String {
+        format!("shared prefix ({} B)", self.object.as_ref().map_or(0, PhysicalObject::size))
+    }
+}

@@ -1,0 +1,347 @@
+//! Virtual regions: [`MemoryBinding::reserve_virtual`], the owning
+//! [`Region`] (prefix mapping, grow, shrink), [`RegionView`], and the
+//! retire jobs of a shrink and of the region itself.
+
+use super::prefix::SharedPrefix;
+use super::settle::{self, Charge};
+use super::{round_up, BindingError, BindingInner, GrowError, MemoryBinding};
+use crate::deferred::{Retire, RetireOutcome};
+use crate::fence::SharedFence;
+use crate::governor::Lease;
+use crate::mechanism::Access;
+use crate::objects::{RawObject, Reservation};
+use crate::sync::{lock, Mutex};
+use memplug_sdk::Status;
+use std::fmt;
+use std::sync::Arc;
+
+impl MemoryBinding {
+    /// Reserves `max` bytes of address space whose base never moves;
+    /// nothing is committed or charged until it grows.
+    pub fn reserve_virtual(&self, max: u64) -> Result<Region, BindingError> {
+        let b = &*self.inner;
+        let vb = b.mechanism().virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
+        let r = vb.reserve_as(max, b.class)?;
+        Ok(Region {
+            binding: self.inner.clone(),
+            reservation: Some(r),
+            granularity: b.mechanism().properties().granularity,
+            base: 0,
+            committed: 0,
+            lease: Arc::new(Mutex::new(None)),
+            prefix: None,
+            pending: Arc::new(Mutex::new(Vec::new())),
+            fences: Vec::new(),
+        })
+    }
+}
+
+/// A view of a region's usable bytes, given to grow updates and prefix
+/// initialisers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionView {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl RegionView {
+    /// The bytes, for mechanisms whose addresses are host addresses (CPU).
+    ///
+    /// # Safety
+    /// The mechanism's memory must be host-accessible and mapped writable,
+    /// and nothing else may access it for the lifetime of the slice.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len as usize)
+    }
+}
+
+/// A virtual region: a reservation whose base address never changes,
+/// optionally starting with a read-only shared prefix, followed by a
+/// private part that grows and shrinks in granules.
+pub struct Region {
+    binding: Arc<BindingInner>,
+    reservation: Option<Reservation>,
+    granularity: u64,
+    /// Bytes at the start taken by the mapped prefix.
+    base: u64,
+    /// Private bytes committed after `base`.
+    committed: u64,
+    /// The charge of the committed private bytes; shared with queued
+    /// shrinks, which refund their part once their decommit has run.
+    lease: Arc<Mutex<Option<Lease>>>,
+    prefix: Option<Arc<SharedPrefix>>,
+    /// Ranges whose decommit waits for fences; not re-committable before.
+    pending: Arc<Mutex<Vec<(u64, u64)>>>,
+    fences: Vec<SharedFence>,
+}
+
+impl fmt::Debug for Region {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Region({:#x}, prefix {} B, committed {} B)", self.addr(), self.base, self.committed)
+    }
+}
+
+impl Region {
+    fn res(&self) -> &Reservation {
+        self.reservation.as_ref().expect("present until drop")
+    }
+    /// The base address; stable for the region's life.
+    pub fn addr(&self) -> u64 {
+        self.res().addr()
+    }
+    /// Address space reserved.
+    pub fn capacity(&self) -> u64 {
+        self.res().size()
+    }
+    /// Usable bytes: the prefix plus the committed private part.
+    pub fn len(&self) -> u64 {
+        self.base + self.committed
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Private bytes committed (and charged).
+    pub fn committed(&self) -> u64 {
+        self.committed
+    }
+    pub fn view(&self) -> RegionView {
+        RegionView { addr: self.addr(), len: self.len() }
+    }
+    /// Records device work that uses the region: its release waits.
+    pub fn used_by(&mut self, fence: SharedFence) {
+        self.fences.push(fence);
+    }
+
+    /// Releases the region after `fences` (and any recorded with
+    /// `used_by`), as `OwnedAllocation::release_after` does.
+    pub fn release_after(mut self, fences: impl IntoIterator<Item = SharedFence>) {
+        self.fences.extend(fences);
+    }
+
+    /// Maps `prefix` read-only at the start of an empty region; the private
+    /// part then begins after it. Charges nothing (the prefix is charged
+    /// once, at creation).
+    pub fn map_prefix(&mut self, prefix: &Arc<SharedPrefix>) -> Result<(), BindingError> {
+        if self.committed != 0 || self.prefix.is_some() {
+            return Err(BindingError::Invalid("a prefix maps only into an empty region".into()));
+        }
+        if prefix.len > self.capacity() {
+            return Err(BindingError::Invalid(format!(
+                "prefix of {} B does not fit a region of {} B",
+                prefix.len,
+                self.capacity()
+            )));
+        }
+        if !Arc::ptr_eq(&prefix.binding.context, &self.binding.context) {
+            return Err(BindingError::Invalid("the prefix was made by another mechanism context".into()));
+        }
+        let b = &*self.binding;
+        let sm = b.mechanism().shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
+        sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadOnly)?;
+        self.base = prefix.len;
+        self.prefix = Some(prefix.clone());
+        Ok(())
+    }
+
+    /// Grows the usable length to at least `len` bytes (rounded up to the
+    /// granularity), as a transaction: grant → commit the new range →
+    /// `update(view)` → charge. If the commit or the update fails, the
+    /// range is decommitted, the grant returned and the old view stays.
+    pub fn grow_to<E>(
+        &mut self,
+        len: u64,
+        update: impl FnOnce(&RegionView) -> Result<(), E>,
+    ) -> Result<(), GrowError<E>> {
+        if len <= self.len() {
+            return Ok(());
+        }
+        let want = round_up(len - self.base, self.granularity)
+            .filter(|w| self.base.checked_add(*w).is_some_and(|end| end <= self.capacity()))
+            .ok_or_else(|| {
+                BindingError::Invalid(format!(
+                    "cannot grow to {len} B: the region reserves {} B",
+                    self.capacity()
+                ))
+            })?;
+        let (offset, delta) = (self.base + self.committed, want - self.committed);
+        self.wait_out_pending(offset, delta)?;
+        let b = self.binding.clone();
+        let vb = b.mechanism().virtual_backing().expect("checked at reserve");
+        let grant = b.grant(delta).map_err(GrowError::Binding)?;
+        vb.commit(self.res(), offset, delta).map_err(|e| GrowError::Binding(e.into()))?;
+        let view = RegionView { addr: self.addr(), len: self.base + want };
+        if let Err(e) = update(&view) {
+            if let Err(d) = vb.decommit(self.res(), offset, delta) {
+                // The range stays mapped: keep it charged, as quarantined.
+                let lease = grant.commit(delta).map_err(|r| GrowError::Binding(r.error.clone().into()))?;
+                b.quarantine(format!("region range at +{offset} ({delta} B): {d}"), Some(lease));
+            }
+            return Err(GrowError::Update(e));
+        }
+        let mut slot = lock(&self.lease);
+        let charged = match slot.as_mut() {
+            Some(l) => grant.commit_into(l, delta).map(|()| None),
+            None => grant.commit(delta).map(Some),
+        };
+        match charged {
+            Ok(Some(l)) => *slot = Some(l),
+            Ok(None) => {}
+            Err(r) => {
+                let error = r.error.clone();
+                drop(r);
+                drop(slot);
+                let _ = vb.decommit(self.res(), offset, delta);
+                return Err(GrowError::Binding(error.into()));
+            }
+        }
+        drop(slot);
+        self.committed = want;
+        Ok(())
+    }
+
+    /// A range whose deferred decommit has not run cannot be committed
+    /// again yet: poll the queue once, then refuse.
+    fn wait_out_pending(&self, offset: u64, len: u64) -> Result<(), BindingError> {
+        let overlaps =
+            |p: &Mutex<Vec<(u64, u64)>>| lock(p).iter().any(|&(o, l)| o < offset + len && offset < o + l);
+        if !overlaps(&self.pending) {
+            return Ok(());
+        }
+        self.binding.queue.poll();
+        if overlaps(&self.pending) {
+            return Err(BindingError::Plugin(self.binding.mechanism().refusal(
+                "binding",
+                Status::Busy,
+                format!("range +{offset} ({len} B) still waits for its decommit's fences"),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Shrinks the private part to `len` usable bytes (rounded up to the
+    /// granularity). The tail is decommitted and refunded after `fences`
+    /// and every fence recorded with [`used_by`](Self::used_by) (now, when
+    /// there are none).
+    pub fn shrink_to(&mut self, len: u64, fences: Vec<SharedFence>) -> Result<(), BindingError> {
+        let keep = round_up(len.saturating_sub(self.base), self.granularity).unwrap_or(u64::MAX);
+        if keep >= self.committed {
+            return Ok(());
+        }
+        let (offset, delta) = (self.base + keep, self.committed - keep);
+        // The tail stays charged (it is still mapped) until its decommit
+        // has run; then the job refunds that part of the region's lease.
+        let job = ShrinkRetire {
+            binding: self.binding.clone(),
+            reservation: *self.res().raw(),
+            offset,
+            len: delta,
+            lease: self.lease.clone(),
+            pending: self.pending.clone(),
+        };
+        lock(&self.pending).push((offset, delta));
+        // The region's own release must wait for these fences too, so it
+        // can never run before this decommit (which needs the reservation).
+        self.fences.extend(fences);
+        self.committed = keep;
+        // The tail may be in use by any work recorded on the region with
+        // `used_by`, not only by the work named here (invariant 4).
+        self.binding.queue.release(self.fences.clone(), Box::new(job));
+        Ok(())
+    }
+}
+
+struct ShrinkRetire {
+    binding: Arc<BindingInner>,
+    reservation: RawObject,
+    offset: u64,
+    len: u64,
+    lease: Arc<Mutex<Option<Lease>>>,
+    pending: Arc<Mutex<Vec<(u64, u64)>>>,
+}
+
+impl Retire for ShrinkRetire {
+    fn retire(self: Box<Self>) -> RetireOutcome {
+        let b = &*self.binding;
+        let vb = b.mechanism().virtual_backing().expect("checked at reserve");
+        let (offset, len) = (self.offset, self.len);
+        settle::release_or_quarantine(
+            b,
+            Charge::Part { slot: &self.lease, bytes: len },
+            || {
+                // SAFETY: a copy of the live region's reservation token,
+                // used for one call; the region (which owns it) outlives
+                // queued shrinks because its own release is queued after
+                // them.
+                let res = unsafe { Reservation::from_raw(self.reservation) };
+                let r = vb.decommit(&res, offset, len);
+                let _ = res.into_raw();
+                lock(&self.pending).retain(|&(o, l)| (o, l) != (offset, len));
+                r
+            },
+            |_, reason| format!("region range +{offset} ({len} B): {reason}"),
+        )
+    }
+    fn describe(&self) -> String {
+        format!("decommit of +{} ({} B) in reservation {}", self.offset, self.len, self.reservation.object_id)
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let job = RegionRetire {
+            binding: self.binding.clone(),
+            reservation: self.reservation.take(),
+            lease: self.lease.clone(),
+            prefix: self.prefix.take(),
+            base: self.base,
+        };
+        // Enqueued after any pending shrink of this region, so those run
+        // first against a live reservation.
+        let fences = std::mem::take(&mut self.fences);
+        if fences.is_empty() && lock(&self.pending).is_empty() {
+            let _ = Retire::retire(Box::new(job));
+        } else {
+            self.binding.queue.enqueue(fences, Box::new(job));
+        }
+    }
+}
+
+struct RegionRetire {
+    binding: Arc<BindingInner>,
+    reservation: Option<Reservation>,
+    lease: Arc<Mutex<Option<Lease>>>,
+    prefix: Option<Arc<SharedPrefix>>,
+    base: u64,
+}
+
+impl Retire for RegionRetire {
+    fn retire(mut self: Box<Self>) -> RetireOutcome {
+        let b = &*self.binding;
+        let Some(res) = self.reservation.take() else {
+            return RetireOutcome::Freed { bytes: 0 };
+        };
+        let vb = b.mechanism().virtual_backing().expect("checked at reserve");
+        if self.prefix.is_some() {
+            if let Some(sm) = b.mechanism().shared_mapping() {
+                let _ = sm.unmap(&res, 0, self.base);
+            }
+        }
+        let lease = lock(&self.lease).take();
+        let outcome = settle::release_or_quarantine(
+            b,
+            Charge::Whole(lease),
+            || vb.release(res),
+            |e, reason| format!("reservation {}: {reason}", e.object.object_id()),
+        );
+        // Dropping the prefix after the unmap (and the release): the last
+        // region frees it.
+        self.prefix.take();
+        outcome
+    }
+    fn describe(&self) -> String {
+        match &self.reservation {
+            Some(r) => format!("region {} ({} B reserved at {:#x})", r.object_id(), r.size(), r.addr()),
+            None => "region (already retired)".into(),
+        }
+    }
+}

@@ -1,0 +1,135 @@
+//! The two steps every binding path is made of, written once.
+//!
+//! * [`commit_or_undo`]: grant → make → commit the charge with the bytes
+//!   actually obtained; a rejected commit undoes the make.
+//! * [`release_or_quarantine`]: give an object back to its mechanism, then
+//!   refund its charge — or, when the plugin refuses, keep the charge as
+//!   quarantined and record why (invariant 7).
+
+use super::{BindingError, BindingInner};
+use crate::deferred::RetireOutcome;
+use crate::error::{CallError, ReleaseError};
+use crate::governor::{Lease, Rejected};
+use crate::objects::{Allocation, PhysicalObject};
+use crate::sync::{lock, Mutex};
+use std::fmt;
+
+/// The charge a release settles.
+pub(super) enum Charge<'a> {
+    /// A whole lease, ended by the release: refunded when it succeeds,
+    /// quarantined when it fails. `None` when nothing is charged (a
+    /// rollback, a temporary object, a region that never grew).
+    Whole(Option<Lease>),
+    /// `bytes` of the lease in `slot`, which keeps the rest (a decommitted
+    /// tail). The slot is locked only after the release ran, so no lock is
+    /// held across the plugin call; an empty slot settles nothing.
+    Part { slot: &'a Mutex<Option<Lease>>, bytes: u64 },
+}
+
+/// Runs `release` (the plugin call that gives an object back), then settles
+/// `charge`: on success it is refunded; on failure it stays charged, as
+/// quarantined, and `describe(&error, reason)` is recorded in the binding's
+/// quarantine list, `reason` being the plugin's explanation. A token the
+/// failure hands back is dropped: tokens are plain data, so the object
+/// stays alive in the plugin and its address is never reissued.
+///
+/// Every retire path, and every rollback, ends its objects here.
+#[inline]
+pub(super) fn release_or_quarantine<E: fmt::Display>(
+    binding: &BindingInner,
+    charge: Charge<'_>,
+    release: impl FnOnce() -> Result<(), E>,
+    describe: impl FnOnce(&E, &str) -> String,
+) -> RetireOutcome {
+    let released = release();
+    let pool = &binding.pool;
+    let (bytes, lease) = match charge {
+        Charge::Whole(lease) => (lease.as_ref().map_or(0, Lease::bytes), lease),
+        Charge::Part { slot, bytes } => {
+            let mut slot = lock(slot);
+            let Some(lease) = slot.as_mut() else {
+                return RetireOutcome::Freed { bytes: 0 };
+            };
+            let _ = match released {
+                Ok(()) => pool.release_part(lease, bytes),
+                Err(_) => pool.quarantine_part(lease, bytes),
+            };
+            (bytes, None)
+        }
+    };
+    match released {
+        Ok(()) => {
+            if let Some(l) = lease {
+                let _ = pool.release(l);
+            }
+            RetireOutcome::Freed { bytes }
+        }
+        Err(e) => {
+            let reason = e.to_string();
+            let what = describe(&e, &reason);
+            drop(e);
+            binding.quarantine(what, lease);
+            RetireOutcome::Quarantined { bytes, reason }
+        }
+    }
+}
+
+/// A token a make step returns: what its commit charges, and how a
+/// quarantine names it.
+pub(super) trait Made: fmt::Debug {
+    /// The kind, as quarantine reports name it.
+    const KIND: &'static str;
+    /// Bytes the plugin actually provided.
+    fn bytes(&self) -> u64;
+    fn id(&self) -> u64;
+}
+
+impl Made for Allocation {
+    const KIND: &'static str = "allocation";
+    fn bytes(&self) -> u64 {
+        self.size()
+    }
+    fn id(&self) -> u64 {
+        self.object_id()
+    }
+}
+
+impl Made for PhysicalObject {
+    const KIND: &'static str = "physical object";
+    fn bytes(&self) -> u64 {
+        self.size()
+    }
+    fn id(&self) -> u64 {
+        self.object_id()
+    }
+}
+
+/// Grants `bytes`, runs `make`, and commits the charge with the bytes the
+/// object actually has. When the object came out larger than granted and
+/// the pool has no room for the difference, the commit is rejected: the
+/// grant is returned, the object given back through `undo` (quarantined,
+/// uncharged, if the plugin refuses), and the governor's refusal returned.
+/// A failed grant or make returns its error with nothing left behind.
+#[inline]
+pub(super) fn commit_or_undo<T: Made>(
+    binding: &BindingInner,
+    bytes: u64,
+    make: impl FnOnce() -> Result<T, CallError>,
+    undo: impl FnOnce(T) -> Result<(), ReleaseError<T>>,
+) -> Result<(T, Lease), BindingError> {
+    let grant = binding.grant(bytes)?;
+    let made = make()?;
+    match grant.commit(made.bytes()) {
+        Ok(lease) => Ok((made, lease)),
+        Err(Rejected { value: grant, error }) => {
+            drop(grant);
+            let _ = release_or_quarantine(
+                binding,
+                Charge::Whole(None),
+                || undo(made),
+                |e, _| format!("{} {} (rollback)", T::KIND, e.object.id()),
+            );
+            Err(error.into())
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The governor's tokens: a [`Grant`] (provisional, borrows its pool) and a
+//! [`Lease`] (committed, plain data), and the table of leases dropped
+//! without an end.
+
+use super::class::AllocationClass;
+use super::error::{GovernorError, Rejected};
+use super::ids::{HolderId, PoolId};
+use super::pool::Pool;
+use crate::sync;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::mem::ManuallyDrop;
+
+/// Leases dropped without release or quarantine, per pool, per (account,
+/// class): (count, bytes). Process-wide because a dropped [`Lease`] carries
+/// no reference to its pool (that is what keeps leases free of reference
+/// counting); leaks are bugs, so a lock here costs nothing that matters.
+/// Plain `std` even under loom: not part of any protocol loom checks.
+pub(super) type LeakTable = BTreeMap<u64, BTreeMap<(u64, usize), (u64, u64)>>;
+static LEAKS: std::sync::Mutex<LeakTable> = std::sync::Mutex::new(BTreeMap::new());
+
+pub(super) fn leaks() -> std::sync::MutexGuard<'static, LeakTable> {
+    sync::lock_std(&LEAKS)
+}
+
+/// A provisional grant: bytes charged to the pool before the physical
+/// memory exists (invariant 2). Dropping it returns the bytes at once;
+/// [`commit`](Self::commit) turns it into a [`Lease`] for the bytes
+/// actually obtained.
+///
+/// It borrows its pool: no reference count is touched per grant.
+///
+/// Thread-safety: `Send + Sync`; may be committed or dropped on any thread.
+#[must_use = "dropping a grant returns its bytes at once"]
+pub struct Grant<'p> {
+    pub(super) pool: &'p Pool,
+    pub(super) bytes: u64,
+    pub(super) class: AllocationClass,
+    pub(super) holder: Option<HolderId>,
+}
+
+impl<'p> Grant<'p> {
+    /// Bytes granted.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Class charged.
+    pub fn class(&self) -> AllocationClass {
+        self.class
+    }
+
+    /// Holder charged (`None`: the pool's anonymous account).
+    pub fn holder(&self) -> Option<HolderId> {
+        self.holder
+    }
+
+    /// The pool that granted it.
+    pub fn pool(&self) -> &'p Pool {
+        self.pool
+    }
+
+    /// Takes the fields without running `Drop`.
+    #[inline(always)]
+    fn disarm(self) -> (&'p Pool, u64, AllocationClass, Option<HolderId>) {
+        let me = ManuallyDrop::new(self);
+        (me.pool, me.bytes, me.class, me.holder)
+    }
+
+    /// Moves the grant's statistics to the lease side and refunds what was
+    /// not used; the pool already holds `max(bytes, actual)` for it.
+    #[inline(always)]
+    fn settle(self, actual: u64, new_lease: bool) -> Option<HolderId> {
+        let (pool, bytes, class, holder) = self.disarm();
+        pool.on_shard(pool.account_uid(holder), |s| {
+            let c = s.cells(class);
+            s.sub(&c.reserved, bytes);
+            s.add(&c.leased, actual);
+            if new_lease {
+                s.add(&c.leases, 1);
+            }
+        });
+        if actual < bytes {
+            pool.refund(bytes - actual);
+        }
+        holder
+    }
+
+    /// Charges `actual - bytes` more (the mechanism obtained more than was
+    /// granted, e.g. granularity rounding); on refusal the grant comes back
+    /// unchanged with the reason.
+    #[cold]
+    #[inline(never)]
+    fn cover(self, actual: u64) -> Result<Self, Rejected<Self>> {
+        let extra = actual - self.bytes;
+        if !self.pool.try_charge(extra) {
+            let uid = self.pool.account_uid(self.holder);
+            self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
+            let error = self.pool.out_of_budget(extra, self.class, self.holder);
+            return Err(Rejected { value: self, error });
+        }
+        Ok(self)
+    }
+
+    /// Turns the grant into a lease of `actual` bytes — the bytes the
+    /// mechanism actually mapped (invariant 2).
+    ///
+    /// `actual < bytes`: the remainder is refunded at once.
+    /// `actual > bytes`: the difference is charged if it fits now (no
+    /// tickets, no waiting); otherwise the grant comes back in the
+    /// error, unchanged, so the caller can free what it mapped and then drop
+    /// it. No lock on the fast path.
+    #[inline]
+    pub fn commit(self, actual: u64) -> Result<Lease, Rejected<Self>> {
+        let me = if actual > self.bytes { self.cover(actual)? } else { self };
+        let (pool, class) = (me.pool.id(), me.class);
+        let holder = me.settle(actual, true);
+        Ok(Lease { pool, holder, class, bytes: actual })
+    }
+
+    /// Commits `actual` bytes into an existing lease: a virtual region that
+    /// grew (DESIGN §4, grow transaction). Same rules as
+    /// [`commit`](Self::commit); additionally the lease must come from the
+    /// same pool and have the same class and holder, else the grant
+    /// comes back with [`GovernorError::WrongPool`],
+    /// [`GovernorError::ClassMismatch`] or [`GovernorError::HolderMismatch`]
+    /// and the lease is unchanged.
+    pub fn commit_into(self, lease: &mut Lease, actual: u64) -> Result<(), Rejected<Self>> {
+        let error = if lease.pool != self.pool.id() {
+            Some(GovernorError::WrongPool { pool: self.pool.id(), lease_pool: lease.pool })
+        } else if lease.class != self.class {
+            Some(GovernorError::ClassMismatch { lease: lease.class, grant: self.class })
+        } else if lease.holder != self.holder {
+            Some(GovernorError::HolderMismatch { lease: lease.holder, grant: self.holder })
+        } else {
+            None
+        };
+        if let Some(error) = error {
+            return Err(Rejected { value: self, error });
+        }
+        let me = if actual > self.bytes { self.cover(actual)? } else { self };
+        me.settle(actual, false);
+        // Every lease's bytes are charged, so the sum stays <= capacity < 2^63.
+        lease.bytes += actual;
+        Ok(())
+    }
+}
+
+impl Drop for Grant<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        let (pool, bytes, class) = (self.pool, self.bytes, self.class);
+        pool.on_shard(pool.account_uid(self.holder), |s| s.sub(&s.cells(class).reserved, bytes));
+        pool.refund(bytes);
+    }
+}
+
+impl fmt::Debug for Grant<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("pool", &self.pool.id())
+            .field("bytes", &self.bytes)
+            .field("class", &self.class)
+            .field("holder", &self.holder)
+            .finish()
+    }
+}
+
+/// A committed charge: bytes that are physically mapped.
+///
+/// A plain token (pool id, holder, class, bytes; no reference to the pool).
+/// It ends only through [`Pool::release`] (after the physical free has
+/// completed) or [`Pool::quarantine`] (the free could not be completed).
+///
+/// Dropping a lease without either is a bug in the caller and is treated
+/// conservatively: its bytes stay charged (and counted in `leased`) for the
+/// pool's life, and the drop is recorded in `leaked_leases` /
+/// `leaked_bytes` of the pool's and the holder's statistics. Nothing is
+/// refunded, because nothing proves the memory was freed.
+///
+/// Thread-safety: `Send + Sync`; may be moved to and ended on any thread.
+#[must_use = "a lease ends only with Pool::release or Pool::quarantine; dropping it leaks its charge"]
+#[derive(Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub(super) pool: PoolId,
+    pub(super) holder: Option<HolderId>,
+    pub(super) class: AllocationClass,
+    pub(super) bytes: u64,
+}
+
+impl Lease {
+    /// Bytes charged now.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Class charged.
+    pub fn class(&self) -> AllocationClass {
+        self.class
+    }
+
+    /// Holder charged (`None`: the pool's anonymous account).
+    pub fn holder(&self) -> Option<HolderId> {
+        self.holder
+    }
+
+    /// The pool that granted it.
+    pub fn pool(&self) -> PoolId {
+        self.pool
+    }
+
+    #[inline(always)]
+    pub(super) fn disarm(self) -> (Option<HolderId>, AllocationClass, u64) {
+        let me = ManuallyDrop::new(self);
+        (me.holder, me.class, me.bytes)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let account = self.holder.map_or(self.pool.get(), |h| h.get());
+        // A pool already gone has no figures left to report the leak in.
+        if let Some(table) = leaks().get_mut(&self.pool.get()) {
+            let cell = table.entry((account, self.class.index())).or_insert((0, 0));
+            cell.0 += 1;
+            cell.1 += self.bytes;
+        }
+    }
+}
