@@ -5,9 +5,11 @@
 //! * [`Plugin`] — a loaded, validated plugin (by path, or an in-process
 //!   entry function through the same checks); refuses to unload while
 //!   anything it made is alive.
-//! * [`Mechanism`] — one mechanism: [`Mechanism::allocator`] (always),
-//!   [`Mechanism::virtual_backing`], [`Mechanism::shared_mapping`],
-//!   [`Mechanism::sync`] (each `None` when absent).
+//! * [`Mechanism`] — one mechanism: its identity, properties and
+//!   capabilities, and [`Mechanism::sync`] (streams and fences, `None` when
+//!   absent). Its memory-making capabilities are reachable only through a
+//!   binding (or, for plugin test harnesses, the `unsafe`
+//!   [`Mechanism::ungoverned`] door).
 //! * [`CallError`] / [`LoadError`] — every failure carries the status code
 //!   and the plugin's message.
 //! * [`ProcessMemoryManager`] → [`MemoryBinding`] — the only way to
@@ -21,20 +23,19 @@
 
 pub mod binding;
 pub mod deferred;
-#[doc(hidden)]
-pub mod direct;
 pub mod error;
 pub mod fence;
 pub mod governor;
+mod library;
 pub mod manager;
 pub mod mechanism;
-pub mod objects;
 pub mod plugin;
 pub mod policy;
 pub mod registry;
 mod sink;
 /// `std` or `loom` synchronisation, chosen in one place.
 pub(crate) mod sync;
+pub mod tokens;
 
 pub use binding::{
     BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,
@@ -45,9 +46,9 @@ pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
     Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
-    VirtualBackingApi,
+    Ungoverned, VirtualBackingApi,
 };
 pub use memplug_sdk::Status;
-pub use objects::{Allocation, Fence, PhysicalObject, RawObject, Reservation, Stream};
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};
 pub use registry::{Context, Registry, RegistryError, Requirements};
+pub use tokens::{Allocation, Fence, PhysicalObject, RawObject, Reservation, Stream};

@@ -4,14 +4,14 @@
 
 use crate::error::{LoadError, ObjectKind};
 use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
-use crate::objects::next_mechanism_key;
 use crate::sink::Capture;
 use memplug_sdk::abi::*;
+use memplug_sdk::facts::{self, Need, Vtable};
+use memplug_sdk::prefix::{self, PrefixError, Prefixed, StringError, MAX_NAME};
 use memplug_sdk::Status;
 use std::collections::HashSet;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::c_char;
 use std::fmt;
-use std::mem::ManuallyDrop;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -21,10 +21,6 @@ pub const HOST_MAX_MINOR: u32 = MEMPLUG_ABI_MINOR;
 
 /// Entry symbols this host knows, newest major first.
 pub const ENTRY_SYMBOLS: &[&str] = &[MEMPLUG_ENTRY_SYMBOL_V1];
-
-/// Longest name the host reads from a plugin string before giving up on
-/// finding its terminator.
-const MAX_NAME: usize = 256;
 
 /// How to load. The defaults accept any minor this host understands and
 /// apply the full loading policy (`policy.rs`).
@@ -53,45 +49,7 @@ impl Default for LoadOptions {
     }
 }
 
-/// What stays alive as long as any mechanism of the plugin does: the
-/// library and the descriptor.
-pub(crate) struct PluginShared {
-    pub(crate) name: String,
-    pub(crate) version: String,
-    pub(crate) origin: String,
-    ctx: *mut c_void,
-    live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
-    unload: Option<unsafe extern "C" fn(*mut c_void)>,
-    library: ManuallyDrop<Option<libloading::Library>>,
-}
-
-// SAFETY: the plugin's slots are callable from any thread (ABI rule).
-unsafe impl Send for PluginShared {}
-unsafe impl Sync for PluginShared {}
-
-impl PluginShared {
-    pub(crate) fn plugin_live_objects(&self) -> u64 {
-        // SAFETY: validated non-NULL at load.
-        unsafe { (self.live_objects)(self.ctx) }
-    }
-}
-
-impl Drop for PluginShared {
-    fn drop(&mut self) {
-        // Code of the library may still run (a stream worker, memory still
-        // mapped) if the plugin holds objects: then closing it could crash
-        // the host, so it stays mapped for the life of the process.
-        if self.plugin_live_objects() != 0 {
-            return;
-        }
-        if let Some(unload) = self.unload {
-            // SAFETY: published slot, called once, after the last call.
-            unsafe { unload(self.ctx) };
-        }
-        // SAFETY: dropped exactly once, here.
-        unsafe { ManuallyDrop::drop(&mut self.library) };
-    }
-}
+use crate::library::LoadedLibrary as PluginShared;
 
 /// A loaded, validated plugin. Its mechanisms are cheap handles that keep
 /// the library loaded. Thread-safe.
@@ -309,15 +267,17 @@ impl Plugin {
         if desc.mechanisms.is_null() {
             return Err(LoadError::NullRequired { origin, what: "plugin.mechanisms".into() });
         }
-        let shared = Arc::new(PluginShared {
-            name: name.clone(),
+        // SAFETY: both slots come from the descriptor whose `ctx` this is,
+        // and `library` (if any) is where their code lives.
+        let shared = Arc::new(PluginShared::new(
+            name.clone(),
             version,
-            origin: origin.clone(),
-            ctx: desc.ctx,
+            origin.clone(),
+            desc.ctx,
             live_objects,
-            unload: desc.unload,
-            library: ManuallyDrop::new(library),
-        });
+            desc.unload,
+            library,
+        ));
         let mut ids = HashSet::new();
         let mut names = HashSet::new();
         // Grown as entries validate: the count is the plugin's claim, and a
@@ -326,11 +286,11 @@ impl Plugin {
         for i in 0..desc.mechanism_count as usize {
             let p = *desc.mechanisms.add(i);
             let m = r.mechanism(i, p, &shared)?;
-            if !ids.insert(m.inner.id) {
-                return Err(r.malformed(format!("two mechanisms share id {}", m.inner.id)));
+            if !ids.insert(m.id()) {
+                return Err(r.malformed(format!("two mechanisms share id {}", m.id())));
             }
-            if !names.insert(m.inner.name.clone()) {
-                return Err(r.malformed(format!("two mechanisms share the name '{}'", m.inner.name)));
+            if !names.insert(m.name().to_string()) {
+                return Err(r.malformed(format!("two mechanisms share the name '{}'", m.name())));
             }
             mechanisms.push(m);
         }
@@ -382,7 +342,7 @@ impl Plugin {
                     objects.push((m.name().to_string(), k, n));
                 }
             }
-            let extra = Arc::strong_count(&m.inner) - 1;
+            let extra = m.handles_elsewhere();
             if extra != 0 {
                 handles.push((m.name().to_string(), extra));
             }
@@ -430,52 +390,35 @@ impl Reader<'_> {
         LoadError::Malformed { origin: self.origin.to_string(), detail }
     }
 
-    /// Copies `min(struct_size, sizeof T)` bytes into a zeroed `T`; refuses
-    /// NULL and a struct shorter than its 1.0 size.
-    unsafe fn prefix<T: Copy>(&self, p: *const T, min: u32, what: &str) -> Result<T, LoadError> {
-        if p.is_null() {
-            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
-        }
-        let declared = p.cast::<u32>().read_unaligned();
-        if declared < min {
-            return Err(LoadError::ShortStruct {
+    /// Reads a plugin struct through the SDK's prefix reader
+    /// ([`prefix::read`]): `min(struct_size, sizeof T)` bytes into a zeroed
+    /// `T`; refuses NULL and a struct shorter than its 1.0 size. `min` is
+    /// that size as the caller names it (`T::SIZE_1_0`).
+    unsafe fn prefix<T: Prefixed>(&self, p: *const T, min: u32, what: &str) -> Result<T, LoadError> {
+        debug_assert_eq!(min, T::SIZE_1_0, "{what}: the 1.0 size of the struct");
+        prefix::read(p).map_err(|e| match e {
+            PrefixError::Null => LoadError::NullRequired { origin: self.origin.into(), what: what.into() },
+            PrefixError::Short { declared, min } => LoadError::ShortStruct {
                 origin: self.origin.into(),
                 what: what.into(),
                 declared,
                 required: min,
-            });
-        }
-        let mut local = core::mem::MaybeUninit::<T>::zeroed();
-        let n = (declared as usize).min(core::mem::size_of::<T>());
-        core::ptr::copy_nonoverlapping(p.cast::<u8>(), local.as_mut_ptr().cast::<u8>(), n);
-        // SAFETY: every ABI struct is valid when zeroed (integers, raw
-        // pointers and `Option<fn>`).
-        Ok(local.assume_init())
+            },
+        })
     }
 
+    /// Reads a plugin string through the SDK's bounded reader
+    /// ([`prefix::read_bounded_str`]: never past its terminator, at most
+    /// [`MAX_NAME`] bytes).
     unsafe fn string(&self, p: *const c_char, what: &str) -> Result<String, LoadError> {
-        if p.is_null() {
-            return Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() });
-        }
-        // Read byte by byte, never past the terminator: the string may end
-        // right before the end of a mapping.
-        let mut bytes = Vec::new();
-        loop {
-            let b = *p.add(bytes.len()).cast::<u8>();
-            bytes.push(b);
-            if b == 0 {
-                break;
+        prefix::read_bounded_str(p).map_err(|e| match e {
+            StringError::Null => LoadError::NullRequired { origin: self.origin.into(), what: what.into() },
+            StringError::Unterminated => {
+                self.malformed(format!("{what} has no NUL terminator within {MAX_NAME} bytes"))
             }
-            if bytes.len() == MAX_NAME {
-                return Err(self.malformed(format!("{what} has no NUL terminator within {MAX_NAME} bytes")));
-            }
-        }
-        let s = CStr::from_bytes_with_nul(&bytes).expect("terminator found above");
-        match s.to_str() {
-            Ok("") => Err(self.malformed(format!("{what} is empty"))),
-            Ok(s) => Ok(s.to_string()),
-            Err(_) => Err(self.malformed(format!("{what} is not UTF-8"))),
-        }
+            StringError::Empty => self.malformed(format!("{what} is empty")),
+            StringError::NotUtf8 => self.malformed(format!("{what} is not UTF-8")),
+        })
     }
 
     unsafe fn mechanism(
@@ -541,21 +484,11 @@ impl Reader<'_> {
         let what = |s: &str| format!("mechanism '{name}' {s}");
         let allocator: MemplugAllocator =
             self.prefix(d.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, &what("allocator"))?;
-        self.required(&what("allocator.properties"), allocator.properties.is_some())?;
-        self.required(&what("allocator.allocate"), allocator.allocate.is_some())?;
-        self.required(&what("allocator.deallocate"), allocator.deallocate.is_some())?;
+        self.required(&allocator, Need::Required, &name)?;
         let virtual_backing = if caps.virtual_backing() {
             let v: MemplugVirtualBacking =
                 self.prefix(d.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, &what("virtual_backing"))?;
-            for (slot, ok) in [
-                ("reserve", v.reserve.is_some()),
-                ("commit", v.commit.is_some()),
-                ("decommit", v.decommit.is_some()),
-                ("committed_bytes", v.committed_bytes.is_some()),
-                ("release", v.release.is_some()),
-            ] {
-                self.required(&what(&format!("virtual_backing.{slot}")), ok)?;
-            }
+            self.required(&v, Need::Required, &name)?;
             Some(v)
         } else {
             None
@@ -563,15 +496,7 @@ impl Reader<'_> {
         let shared_mapping = if caps.shared_mapping() {
             let mut v: MemplugSharedMapping =
                 self.prefix(d.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &what("shared_mapping"))?;
-            for (slot, ok) in [
-                ("create", v.create.is_some()),
-                ("map", v.map.is_some()),
-                ("unmap", v.unmap.is_some()),
-                ("retain", v.retain.is_some()),
-                ("release", v.release.is_some()),
-            ] {
-                self.required(&what(&format!("shared_mapping.{slot}")), ok)?;
-            }
+            self.required(&v, Need::Required, &name)?;
             self.shared_export(&mut v, caps, &name)?;
             Some(v)
         } else {
@@ -579,42 +504,30 @@ impl Reader<'_> {
         };
         let sync = if caps.sync() {
             let v: MemplugSync = self.prefix(d.sync, MEMPLUG_SYNC_SIZE_1_0, &what("sync"))?;
-            for (slot, ok) in [
-                ("stream_create", v.stream_create.is_some()),
-                ("stream_destroy", v.stream_destroy.is_some()),
-                ("enqueue_host_fn", v.enqueue_host_fn.is_some()),
-                ("fence_record", v.fence_record.is_some()),
-                ("fence_query", v.fence_query.is_some()),
-                ("fence_wait", v.fence_wait.is_some()),
-                ("fence_destroy", v.fence_destroy.is_some()),
-            ] {
-                self.required(&what(&format!("sync.{slot}")), ok)?;
-            }
+            self.required(&v, Need::Required, &name)?;
             Some(v)
         } else {
             None
         };
 
-        let mut inner = MechanismInner {
-            key: next_mechanism_key(),
-            id: d.mechanism_id,
-            label: format!("{}/{}", shared.name, name),
-            name: name.clone(),
-            device: d.device,
-            caps: Capabilities(d.capabilities),
-            minor: self.minor,
-            request_size: if self.minor >= 1 { MEMPLUG_REQUEST_SIZE_1_1 } else { MEMPLUG_REQUEST_SIZE_1_0 },
-            ctx: d.ctx,
-            props: Properties::default(),
+        // SAFETY: the tables were read from this descriptor and their
+        // required slots checked above; 1.1 slots survive only at minor >= 1
+        // with the capability claimed (`shared_export`).
+        let inner = MechanismInner::new(
+            d.mechanism_id,
+            name,
+            d.device,
+            caps,
+            self.minor,
+            d.ctx,
             allocator,
             virtual_backing,
             shared_mapping,
             sync,
-            live: Default::default(),
-            plugin: shared.clone(),
-        };
-        inner.props = self.properties(&inner)?;
-        Ok(Mechanism { inner: Arc::new(inner) })
+            shared.clone(),
+        );
+        let props = self.properties(&inner)?;
+        Ok(Mechanism::new(inner, props))
     }
 
     /// The 1.1 tail of a shared mapping table (`export_fd`, `import_fd`):
@@ -657,33 +570,27 @@ impl Reader<'_> {
                 v.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_1
             )));
         }
-        let what = |slot: &str| format!("mechanism '{name}' shared_mapping.{slot}");
-        self.required(&what("export_fd"), v.export_fd.is_some())?;
-        self.required(&what("import_fd"), v.import_fd.is_some())?;
-        Ok(())
+        self.required(v, Need::WithCapability(MEMPLUG_CAP_SHARED_EXPORT), name)
     }
 
-    fn required(&self, what: &str, present: bool) -> Result<(), LoadError> {
-        if present {
-            Ok(())
-        } else {
-            Err(LoadError::NullRequired { origin: self.origin.into(), what: what.into() })
-        }
-    }
-
-    unsafe fn properties(&self, m: &MechanismInner) -> Result<Properties, LoadError> {
-        let mut out = MemplugProperties { struct_size: MEMPLUG_PROPERTIES_SIZE_1_0, ..Default::default() };
-        let mut cap = Capture::default();
-        let sink = cap.sink();
-        let f = m.allocator.properties.expect("checked above");
-        let raw = f(m.ctx, &mut out, &sink);
-        if raw != MEMPLUG_STATUS_OK {
-            return Err(LoadError::Properties {
+    /// Refuses `table` of mechanism `mechanism` when a slot the ABI says it
+    /// must publish (`need`) is NULL, naming the first such slot.
+    fn required<T: Vtable>(&self, table: &T, need: Need, mechanism: &str) -> Result<(), LoadError> {
+        match facts::unpublished(table, need).next() {
+            None => Ok(()),
+            Some(slot) => Err(LoadError::NullRequired {
                 origin: self.origin.into(),
-                mechanism: m.name.clone(),
-                source: m.failure("allocator.properties", raw, cap.take()),
-            });
+                what: format!("mechanism '{mechanism}' {}.{slot}", T::NAME),
+            }),
         }
+    }
+
+    fn properties(&self, m: &MechanismInner) -> Result<Properties, LoadError> {
+        let out = m.read_properties().map_err(|source| LoadError::Properties {
+            origin: self.origin.into(),
+            mechanism: m.name.clone(),
+            source,
+        })?;
         let bad = |detail: String| LoadError::Malformed {
             origin: self.origin.into(),
             detail: format!("mechanism '{}' properties: {detail}", m.name),

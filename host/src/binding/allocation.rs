@@ -6,7 +6,7 @@ use super::{BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::SharedFence;
 use crate::governor::Lease;
-use crate::objects::Allocation;
+use crate::tokens::Allocation;
 use std::fmt;
 use std::sync::Arc;
 

@@ -7,7 +7,7 @@ use super::{round_up, BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::governor::Lease;
 use crate::mechanism::{Access, SharedMappingApi, VirtualBackingApi};
-use crate::objects::PhysicalObject;
+use crate::tokens::PhysicalObject;
 use std::fmt;
 use std::sync::Arc;
 

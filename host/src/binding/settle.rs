@@ -10,8 +10,8 @@ use super::{BindingError, BindingInner};
 use crate::deferred::RetireOutcome;
 use crate::error::{CallError, ReleaseError};
 use crate::governor::{Lease, Rejected};
-use crate::objects::{Allocation, PhysicalObject};
 use crate::sync::{lock, Mutex};
+use crate::tokens::{Allocation, PhysicalObject};
 use std::fmt;
 
 /// The charge a release settles.

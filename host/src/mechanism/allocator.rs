@@ -1,0 +1,93 @@
+//! The allocator capability (required of every mechanism).
+
+use super::{class_tag, MechanismInner, MemoryInfo};
+use crate::error::{CallError, ObjectKind, ReleaseError};
+use crate::governor::AllocationClass;
+use crate::tokens::Allocation;
+use memplug_sdk::abi::*;
+use memplug_sdk::Status;
+
+/// The allocator of a mechanism. Every method may be called from any thread.
+#[derive(Clone, Copy)]
+pub struct AllocatorApi<'m> {
+    pub(super) m: &'m MechanismInner,
+}
+
+impl<'m> AllocatorApi<'m> {
+    /// Allocates at least `size` bytes aligned to `alignment` (class
+    /// `Other`).
+    #[inline]
+    pub fn allocate(&self, size: u64, alignment: u64) -> Result<Allocation, CallError> {
+        self.allocate_tagged(size, alignment, MEMPLUG_CLASS_OTHER)
+    }
+
+    /// [`allocate`](Self::allocate), telling a 1.1 plugin what the memory
+    /// is for (a 1.0 plugin is not told).
+    #[inline]
+    pub fn allocate_as(
+        &self,
+        size: u64,
+        alignment: u64,
+        class: AllocationClass,
+    ) -> Result<Allocation, CallError> {
+        self.allocate_tagged(size, alignment, class_tag(class))
+    }
+
+    #[inline]
+    fn allocate_tagged(&self, size: u64, alignment: u64, tag: u32) -> Result<Allocation, CallError> {
+        let m = self.m;
+        let req = m.request(size, alignment, tag);
+        let mut out = MechanismInner::empty_block();
+        m.call("allocator.allocate", slot!(m.allocator.allocate), (&req, &mut out))?;
+        if out.addr == 0 || out.addr & (alignment.max(1).wrapping_sub(1)) != 0 || out.size < size {
+            return Err(self.bad_block(&req, &out));
+        }
+        m.born(ObjectKind::Allocation);
+        Ok(Allocation(m.object(&req, &out)))
+    }
+
+    #[cold]
+    fn bad_block(&self, req: &MemplugRequest, out: &MemplugBlock) -> CallError {
+        // The plugin broke its contract on success; the block is not
+        // trusted, not used and not freed (freeing a bogus address could do
+        // more harm). It is reported as the plugin's internal failure.
+        self.m.refuse(
+            "allocator.allocate",
+            Status::Internal,
+            format!(
+                "plugin reported success but returned addr {:#x} size {} for a request of {} bytes aligned to {}",
+                out.addr, out.size, req.size, req.alignment
+            ),
+        )
+    }
+
+    /// Frees an allocation. On failure the allocation comes back in the
+    /// error, still counted live.
+    #[inline]
+    pub fn deallocate(&self, a: Allocation) -> Result<(), ReleaseError<Allocation>> {
+        let m = self.m;
+        let slot = slot!(m.allocator.deallocate);
+        m.release_object("allocator.deallocate", a, ObjectKind::Allocation, slot, |a| {
+            Ok((m.ref_if_made_here("allocator.deallocate", &a.0)?,))
+        })
+    }
+
+    /// Free and total memory of the device, or `None` when the plugin does
+    /// not publish the slot.
+    pub fn memory_info(&self) -> Option<Result<MemoryInfo, CallError>> {
+        let f = self.m.allocator.memory_info?;
+        let mut out = MemplugMemoryInfo { struct_size: MEMPLUG_MEMORY_INFO_SIZE_1_0, ..Default::default() };
+        Some(
+            self.m
+                .call("allocator.memory_info", f, (&mut out,))
+                .map(|()| MemoryInfo { free_bytes: out.free_bytes, total_bytes: out.total_bytes }),
+        )
+    }
+
+    /// The properties as the plugin writes them (the loader judges them).
+    pub(crate) fn read_properties(&self) -> Result<MemplugProperties, CallError> {
+        let mut out = MemplugProperties { struct_size: MEMPLUG_PROPERTIES_SIZE_1_0, ..Default::default() };
+        self.m.call("allocator.properties", slot!(self.m.allocator.properties), (&mut out,))?;
+        Ok(out)
+    }
+}

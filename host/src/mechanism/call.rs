@@ -1,0 +1,295 @@
+//! The one door into a plugin. Every slot call of every capability goes
+//! through [`MechanismInner::call`]: it builds the message sink, calls the
+//! slot, and maps the status. This is the only `unsafe` call into plugin
+//! code on the host's hot paths, so the argument for its soundness is made
+//! once, here, and anything every call must do (the operation gate of a
+//! context, for example) has one place to go.
+
+use super::MechanismInner;
+use crate::error::{CallError, ReleaseError};
+use crate::sink::Capture;
+use crate::tokens::RawObject;
+use memplug_sdk::abi::{
+    MemplugHostFn, MemplugMessageSink, MemplugObjectRef, MemplugStatus, MEMPLUG_STATUS_OK,
+};
+use memplug_sdk::Status;
+use std::ffi::c_void;
+
+/// An argument a slot receives, in the safe form the host holds it in.
+///
+/// References become pointers that are valid, aligned and live for the
+/// whole call (the borrow outlives it). An owned struct (an object
+/// reference the host built for this call) is held by [`Slot::invoke`]'s
+/// frame and passed by pointer, so it too lives until the call returns.
+/// Plain values are passed as they are.
+pub(crate) trait SlotArg {
+    type Raw;
+    fn as_raw(&mut self) -> Self::Raw;
+}
+
+impl<T> SlotArg for &T {
+    type Raw = *const T;
+    #[inline(always)]
+    fn as_raw(&mut self) -> *const T {
+        *self
+    }
+}
+
+impl<T> SlotArg for &mut T {
+    type Raw = *mut T;
+    #[inline(always)]
+    fn as_raw(&mut self) -> *mut T {
+        &mut **self
+    }
+}
+
+impl SlotArg for MemplugObjectRef {
+    type Raw = *const MemplugObjectRef;
+    #[inline(always)]
+    fn as_raw(&mut self) -> *const MemplugObjectRef {
+        self
+    }
+}
+
+macro_rules! plain_arg {
+    ($($t:ty),*) => {$(
+        impl SlotArg for $t {
+            type Raw = $t;
+            #[inline(always)]
+            fn as_raw(&mut self) -> $t {
+                *self
+            }
+        }
+    )*};
+}
+plain_arg!(u32, u64, i32, MemplugHostFn);
+
+/// A pointer the plugin interprets and the host never dereferences: a
+/// runtime's native stream (`stream_adopt`, whose caller vouches for it) or
+/// the id of a host function (`enqueue_host_fn`), never host memory.
+#[derive(Clone, Copy)]
+pub(crate) struct Opaque(pub(crate) *mut c_void);
+
+impl SlotArg for Opaque {
+    type Raw = *mut c_void;
+    #[inline(always)]
+    fn as_raw(&mut self) -> *mut c_void {
+        self.0
+    }
+}
+
+/// A slot function pointer of one ABI signature, callable with its
+/// arguments in safe form. Implemented for every signature shape the ABI
+/// has: `(ctx, args..., sink) -> status`.
+pub(crate) trait Slot<Args> {
+    /// # Safety
+    /// `self` is a slot of a validated table of the mechanism whose `ctx`
+    /// is passed, and its library is loaded for the duration of the call.
+    unsafe fn invoke(self, ctx: *mut c_void, args: Args, sink: *const MemplugMessageSink) -> MemplugStatus;
+}
+
+macro_rules! slot_shape {
+    ($($a:ident),*) => {
+        impl<$($a: SlotArg),*> Slot<($($a,)*)>
+            for unsafe extern "C" fn(*mut c_void, $($a::Raw,)* *const MemplugMessageSink) -> MemplugStatus
+        {
+            #[inline(always)]
+            #[allow(non_snake_case)]
+            unsafe fn invoke(
+                self,
+                ctx: *mut c_void,
+                ($(mut $a,)*): ($($a,)*),
+                sink: *const MemplugMessageSink,
+            ) -> MemplugStatus {
+                self(ctx, $($a.as_raw(),)* sink)
+            }
+        }
+    };
+}
+slot_shape!();
+slot_shape!(A);
+slot_shape!(A, B);
+slot_shape!(A, B, C);
+slot_shape!(A, B, C, D);
+slot_shape!(A, B, C, D, E, F);
+
+impl MechanismInner {
+    /// Calls `slot` of this mechanism with `args`: `Ok` on
+    /// `MEMPLUG_STATUS_OK`, else a [`CallError`] carrying the plugin's
+    /// message (an unknown code mapped to `Internal`, kept raw).
+    #[inline(always)]
+    pub(crate) fn call<A>(&self, name: &'static str, slot: impl Slot<A>, args: A) -> Result<(), CallError> {
+        let (raw, mut cap) = self.invoke(slot, args);
+        if raw == MEMPLUG_STATUS_OK {
+            Ok(())
+        } else {
+            Err(self.failure(name, raw, cap.take()))
+        }
+    }
+
+    /// [`call`](Self::call) for a slot one of whose failure codes is an
+    /// answer: `Ok(true)` on success, `Ok(false)` when the plugin returned
+    /// `answer` (no message is kept: polling stays cheap), else the error.
+    #[inline(always)]
+    pub(crate) fn call_answer<A>(
+        &self,
+        name: &'static str,
+        slot: impl Slot<A>,
+        args: A,
+        answer: MemplugStatus,
+    ) -> Result<bool, CallError> {
+        let (raw, mut cap) = self.invoke(slot, args);
+        if raw == MEMPLUG_STATUS_OK {
+            Ok(true)
+        } else if raw == answer {
+            Ok(false)
+        } else {
+            Err(self.failure(name, raw, cap.take()))
+        }
+    }
+
+    #[inline(always)]
+    fn invoke<A>(&self, slot: impl Slot<A>, args: A) -> (MemplugStatus, Capture) {
+        let mut cap = Capture::default();
+        let sink = cap.sink();
+        // SAFETY: every slot pointer the host holds was read from a table
+        // the loader validated (non-NULL where called: required slots are
+        // checked at load, optional ones are `Option`s matched by the
+        // caller), and it is called with the `ctx` published beside that
+        // table. The `*Api` types that reach here borrow this
+        // `MechanismInner`, whose last field keeps the library loaded, so
+        // the code and `ctx` are alive for the call. Pointer arguments come
+        // from references (`SlotArg`), valid and live until the call
+        // returns; structs the host passes carry the `struct_size` of the
+        // type it allocated, so the plugin never reads or writes past them.
+        // `sink` points at `cap`, which outlives the call. The ABI requires
+        // each slot to be callable from any thread and never to unwind.
+        let raw = unsafe { slot.invoke(self.ctx, args, &sink) };
+        (raw, cap)
+    }
+
+    /// Gives an object back to its mechanism through `slot`: on success the
+    /// object is counted dead; on failure it comes back to the caller in
+    /// the error, still alive and counted (invariant 7: never forgotten).
+    #[inline(always)]
+    pub(crate) fn release_object<T: std::fmt::Debug, A>(
+        &self,
+        name: &'static str,
+        object: T,
+        kind: crate::error::ObjectKind,
+        slot: impl Slot<A>,
+        args: impl FnOnce(&T) -> Result<A, CallError>,
+    ) -> Result<(), ReleaseError<T>> {
+        let args = match args(&object) {
+            Ok(a) => a,
+            Err(error) => return Err(ReleaseError { object, error }),
+        };
+        match self.call(name, slot, args) {
+            Ok(()) => {
+                self.died(kind);
+                Ok(())
+            }
+            Err(error) => Err(ReleaseError { object, error }),
+        }
+    }
+
+    /// The plugin's failure as a [`CallError`]; an unknown code is mapped
+    /// to `Internal` and kept raw.
+    #[cold]
+    pub(crate) fn failure(
+        &self,
+        slot: &'static str,
+        raw: MemplugStatus,
+        message: Option<String>,
+    ) -> CallError {
+        let status = Status::from_raw_conservative(raw);
+        CallError {
+            status,
+            raw,
+            slot,
+            mechanism: self.label.clone(),
+            message: message.unwrap_or_else(|| "the plugin gave no message".into()),
+        }
+    }
+
+    /// A call the host refused on the plugin's behalf (the plugin was not
+    /// called).
+    #[cold]
+    pub(crate) fn refuse(&self, slot: &'static str, status: Status, message: String) -> CallError {
+        CallError { status, raw: status.raw(), slot, mechanism: self.label.clone(), message }
+    }
+
+    /// Refuses, before the plugin sees it, a range that is empty, not
+    /// granularity-aligned, overflowing, or past the end of its object: the
+    /// host knows the object's size and the granularity, so a plugin that
+    /// forgets a check cannot be handed an address outside what it made.
+    #[inline]
+    pub(crate) fn check_range(
+        &self,
+        slot: &'static str,
+        what: &str,
+        size: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), CallError> {
+        let g = self.props.granularity.max(1);
+        let fits = offset.checked_add(len).is_some_and(|end| end <= size);
+        if len != 0 && offset % g == 0 && len % g == 0 && fits {
+            return Ok(());
+        }
+        Err(self.bad_range(slot, what, size, offset, len))
+    }
+
+    #[cold]
+    fn bad_range(&self, slot: &'static str, what: &str, size: u64, offset: u64, len: u64) -> CallError {
+        let g = self.props.granularity;
+        self.refuse(
+            slot,
+            Status::OutOfRange,
+            format!(
+                "range +{offset:#x} len {len:#x} of the {what} ({size:#x} bytes) is empty, not aligned to \
+                 the granularity {g:#x}, overflowing, or out of bounds"
+            ),
+        )
+    }
+
+    /// The object's ABI reference, after checking that this mechanism made
+    /// it (invariant 1): a foreign token is refused before the plugin sees
+    /// it.
+    #[inline]
+    pub(crate) fn ref_if_made_here(
+        &self,
+        slot: &'static str,
+        raw: &RawObject,
+    ) -> Result<MemplugObjectRef, CallError> {
+        if raw.mechanism_key != self.key {
+            return Err(self.refuse(
+                slot,
+                Status::WrongMechanism,
+                format!(
+                    "object {} was made by another mechanism (plugin id {}), not by this one",
+                    raw.object_id, raw.mechanism_id
+                ),
+            ));
+        }
+        Ok(raw.abi_ref())
+    }
+
+    /// Checks that a stream or fence handle was issued by this mechanism.
+    #[inline]
+    pub(crate) fn check_handle_made_here(
+        &self,
+        slot: &'static str,
+        key: u64,
+        what: &str,
+    ) -> Result<(), CallError> {
+        if key != self.key {
+            return Err(self.refuse(
+                slot,
+                Status::WrongMechanism,
+                format!("{what} belongs to another mechanism"),
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,436 @@
+//! Safe wrappers over a validated mechanism's vtables.
+//!
+//! Every call goes through one door (`call.rs`): it builds a stack sink,
+//! calls the slot, and maps the status — a success costs a compare; a
+//! failure becomes a [`CallError`] carrying the plugin's message. Objects
+//! are checked against the host's key of the mechanism before the plugin
+//! sees them (invariant 1), and the plugin checks them again.
+//!
+//! The capabilities that produce memory (allocator, virtual backing, shared
+//! mapping) are reachable only inside this crate, through a binding that
+//! charges the governor first. The one exception is
+//! [`Mechanism::ungoverned`], an `unsafe` door for plugin test harnesses.
+
+/// Fetches a slot validated at load. A `None` here would be a host bug:
+/// the loader refuses plugins whose required slots are NULL.
+macro_rules! slot {
+    ($e:expr) => {
+        match $e {
+            Some(f) => f,
+            None => unreachable!("required slot validated at load"),
+        }
+    };
+}
+
+mod allocator;
+mod call;
+mod shared_mapping;
+mod sync;
+mod virtual_backing;
+
+pub use allocator::AllocatorApi;
+pub use shared_mapping::SharedMappingApi;
+pub use sync::stray_host_fn_calls;
+pub use sync::SyncApi;
+pub use virtual_backing::VirtualBackingApi;
+
+use crate::error::{CallError, ObjectKind};
+use crate::governor::AllocationClass;
+use crate::library::LoadedLibrary;
+use crate::tokens::{next_mechanism_key, next_object_id, RawObject};
+use memplug_sdk::abi::*;
+pub use memplug_sdk::Access;
+use memplug_sdk::Status;
+use std::ffi::c_void;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Capability flags of a mechanism (the ABI 1.1 bits, plus any unknown bits
+/// a newer plugin set, which the host ignores).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct Capabilities(pub u32);
+
+impl Capabilities {
+    pub fn allocator(self) -> bool {
+        self.0 & MEMPLUG_CAP_ALLOCATOR != 0
+    }
+    pub fn virtual_backing(self) -> bool {
+        self.0 & MEMPLUG_CAP_VIRTUAL_BACKING != 0
+    }
+    pub fn shared_mapping(self) -> bool {
+        self.0 & MEMPLUG_CAP_SHARED_MAPPING != 0
+    }
+    pub fn sync(self) -> bool {
+        self.0 & MEMPLUG_CAP_SYNC != 0
+    }
+    /// Shared mapping across processes (`export_fd`/`import_fd`, ABI 1.1).
+    /// Set only on mechanisms of plugins that agreed on 1.1 or newer: the
+    /// loader refuses the bit at 1.0.
+    pub fn shared_export(self) -> bool {
+        self.0 & MEMPLUG_CAP_SHARED_EXPORT != 0
+    }
+    /// Bits this host does not know (from a newer minor); ignored.
+    pub fn unknown_bits(self) -> u32 {
+        self.0 & !MEMPLUG_CAP_ALL_1_1
+    }
+    /// Names of the known capabilities present.
+    pub fn names(self) -> Vec<&'static str> {
+        let mut v = Vec::new();
+        if self.allocator() {
+            v.push("allocator");
+        }
+        if self.virtual_backing() {
+            v.push("virtual_backing");
+        }
+        if self.shared_mapping() {
+            v.push("shared_mapping");
+        }
+        if self.sync() {
+            v.push("sync");
+        }
+        if self.shared_export() {
+            v.push("shared_export");
+        }
+        v
+    }
+}
+
+impl fmt::Debug for Capabilities {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.names().join("|"))?;
+        if self.unknown_bits() != 0 {
+            write!(f, "|unknown({:#x})", self.unknown_bits())?;
+        }
+        Ok(())
+    }
+}
+
+/// A device as the host shows it; unknown kinds are kept, never guessed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Device(pub MemplugDevice);
+
+impl Device {
+    pub fn kind_name(self) -> String {
+        match self.0.kind {
+            MEMPLUG_DEVICE_CPU => "cpu".into(),
+            MEMPLUG_DEVICE_CUDA => "cuda".into(),
+            k => format!("unknown({k})"),
+        }
+    }
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind_name(), self.0.ordinal)
+    }
+}
+
+/// Static properties reported by the mechanism at load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Properties {
+    pub min_alignment: u64,
+    pub max_alignment: u64,
+    pub granularity: u64,
+}
+
+/// The `MEMPLUG_CLASS_*` tag of a governor class (ABI 1.1): the plugin sees
+/// what the memory is for.
+#[inline]
+pub const fn class_tag(class: AllocationClass) -> u32 {
+    match class {
+        AllocationClass::Weights => MEMPLUG_CLASS_WEIGHTS,
+        AllocationClass::Kv => MEMPLUG_CLASS_KV,
+        AllocationClass::Activations => MEMPLUG_CLASS_ACTIVATIONS,
+        AllocationClass::Workspace => MEMPLUG_CLASS_WORKSPACE,
+        AllocationClass::Other => MEMPLUG_CLASS_OTHER,
+    }
+}
+
+/// Free and total bytes of the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct MemoryInfo {
+    pub free_bytes: u64,
+    pub total_bytes: u64,
+}
+
+pub(crate) struct MechanismInner {
+    pub(crate) key: u64,
+    pub(crate) id: u64,
+    pub(crate) name: String,
+    /// `plugin/mechanism`, for messages.
+    pub(crate) label: String,
+    pub(crate) device: MemplugDevice,
+    pub(crate) caps: Capabilities,
+    /// The minor agreed with the plugin.
+    pub(crate) minor: u32,
+    /// `struct_size` of the requests sent: the 1.1 size (with the class
+    /// tag) when the agreed minor is at least 1, else the 1.0 size.
+    pub(crate) request_size: u32,
+    pub(crate) ctx: *mut c_void,
+    pub(crate) props: Properties,
+    pub(crate) allocator: MemplugAllocator,
+    pub(crate) virtual_backing: Option<MemplugVirtualBacking>,
+    pub(crate) shared_mapping: Option<MemplugSharedMapping>,
+    pub(crate) sync: Option<MemplugSync>,
+    pub(crate) live: [AtomicU64; 5],
+    // Last field: dropped after everything above, so the library outlives
+    // every pointer into it.
+    pub(crate) plugin: Arc<LoadedLibrary>,
+}
+
+// SAFETY: `ctx` and the vtables are the plugin's; the ABI requires every
+// slot to be callable from any thread concurrently (DESIGN.md §3, Threads).
+unsafe impl Send for MechanismInner {}
+unsafe impl Sync for MechanismInner {}
+
+/// A validated mechanism of a loaded plugin. Cheap to clone; keeps its
+/// plugin's library loaded while any clone is alive. Thread-safe.
+#[derive(Clone)]
+pub struct Mechanism {
+    pub(crate) inner: Arc<MechanismInner>,
+}
+
+impl fmt::Debug for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mechanism")
+            .field("name", &self.inner.label)
+            .field("id", &self.inner.id)
+            .field("device", &Device(self.inner.device).to_string())
+            .field("capabilities", &self.inner.caps)
+            .finish()
+    }
+}
+
+impl MechanismInner {
+    /// A mechanism over tables the loader validated.
+    ///
+    /// # Safety
+    /// `ctx` and the tables are those of one mechanism descriptor of the
+    /// plugin whose library is `plugin`; every required slot of each table
+    /// present is non-NULL, and 1.1 slots are set only when the agreed
+    /// `minor` is at least 1 and the capability is claimed.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn new(
+        id: u64,
+        name: String,
+        device: MemplugDevice,
+        caps: Capabilities,
+        minor: u32,
+        ctx: *mut c_void,
+        allocator: MemplugAllocator,
+        virtual_backing: Option<MemplugVirtualBacking>,
+        shared_mapping: Option<MemplugSharedMapping>,
+        sync: Option<MemplugSync>,
+        plugin: Arc<LoadedLibrary>,
+    ) -> MechanismInner {
+        MechanismInner {
+            key: next_mechanism_key(),
+            id,
+            label: format!("{}/{}", plugin.name, name),
+            name,
+            device,
+            caps,
+            minor,
+            request_size: if minor >= 1 { MEMPLUG_REQUEST_SIZE_1_1 } else { MEMPLUG_REQUEST_SIZE_1_0 },
+            ctx,
+            props: Properties::default(),
+            allocator,
+            virtual_backing,
+            shared_mapping,
+            sync,
+            live: Default::default(),
+            plugin,
+        }
+    }
+
+    #[inline]
+    fn live_counter(&self, k: ObjectKind) -> &AtomicU64 {
+        &self.live[k as usize]
+    }
+
+    #[inline]
+    fn born(&self, k: ObjectKind) {
+        self.live_counter(k).fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The properties as the plugin writes them (the loader judges them).
+    pub(crate) fn read_properties(&self) -> Result<MemplugProperties, CallError> {
+        AllocatorApi { m: self }.read_properties()
+    }
+
+    #[inline]
+    pub(crate) fn died(&self, k: ObjectKind) {
+        self.live_counter(k).fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// A request tagged with `class_tag`. A 1.0 plugin gets the 1.0
+    /// `struct_size` and so never reads the tag; the cost is the same
+    /// either way (the size is a field loaded, the tag a store).
+    #[inline]
+    fn request(&self, size: u64, alignment: u64, class_tag: u32) -> MemplugRequest {
+        MemplugRequest {
+            struct_size: self.request_size,
+            flags: 0,
+            size,
+            alignment,
+            object_id: next_object_id(),
+            device: self.device,
+            class_tag,
+            reserved0: 0,
+        }
+    }
+
+    #[inline]
+    fn empty_block() -> MemplugBlock {
+        MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() }
+    }
+
+    #[inline]
+    fn object(&self, req: &MemplugRequest, b: &MemplugBlock) -> RawObject {
+        RawObject {
+            mechanism_key: self.key,
+            mechanism_id: self.id,
+            device: self.device,
+            object_id: req.object_id,
+            addr: b.addr,
+            size: b.size,
+            handle: b.handle,
+        }
+    }
+}
+
+impl Mechanism {
+    /// Wraps a mechanism whose properties the loader judged.
+    pub(crate) fn new(mut inner: MechanismInner, props: Properties) -> Mechanism {
+        inner.props = props;
+        Mechanism { inner: Arc::new(inner) }
+    }
+
+    /// Handles to this mechanism other than this one (bindings, contexts,
+    /// fences): each keeps the plugin loaded.
+    pub(crate) fn handles_elsewhere(&self) -> usize {
+        Arc::strong_count(&self.inner) - 1
+    }
+
+    /// Free and total memory of the device, or `None` when the plugin does
+    /// not publish the slot. Public: it reports, it makes nothing.
+    pub fn memory_info(&self) -> Option<Result<MemoryInfo, CallError>> {
+        self.allocator().memory_info()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// `plugin/mechanism`, as errors name it.
+    pub fn label(&self) -> &str {
+        &self.inner.label
+    }
+    /// An error for a call the host refused on this mechanism's behalf
+    /// (the plugin was not called).
+    #[cold]
+    pub(crate) fn refusal(&self, slot: &'static str, status: Status, message: String) -> CallError {
+        self.inner.refuse(slot, status, message)
+    }
+    /// The plugin's id of this mechanism.
+    pub fn id(&self) -> u64 {
+        self.inner.id
+    }
+    /// Host-unique key; objects carry it so a foreign object is refused.
+    pub fn key(&self) -> u64 {
+        self.inner.key
+    }
+    pub fn device(&self) -> Device {
+        Device(self.inner.device)
+    }
+    pub fn capabilities(&self) -> Capabilities {
+        self.inner.caps
+    }
+    pub fn properties(&self) -> Properties {
+        self.inner.props
+    }
+    /// Name of the plugin that published this mechanism.
+    pub fn plugin_name(&self) -> &str {
+        &self.inner.plugin.name
+    }
+    /// Objects of `kind` the host gave out and has not seen released.
+    pub fn live(&self, kind: ObjectKind) -> u64 {
+        self.inner.live_counter(kind).load(Ordering::Relaxed)
+    }
+    /// True when both handles name the same loaded mechanism.
+    pub fn same_as(&self, other: &Mechanism) -> bool {
+        self.inner.key == other.inner.key
+    }
+
+    /// The required allocator. Crate-private: outside the host, memory
+    /// comes only through a binding, which charges the governor first.
+    #[inline]
+    pub(crate) fn allocator(&self) -> AllocatorApi<'_> {
+        AllocatorApi { m: &self.inner }
+    }
+    /// The virtual backing, or `None` when the mechanism has none.
+    /// Crate-private, as [`allocator`](Self::allocator).
+    pub(crate) fn virtual_backing(&self) -> Option<VirtualBackingApi<'_>> {
+        self.inner.virtual_backing.as_ref().map(|vt| VirtualBackingApi { m: &self.inner, vt })
+    }
+    /// The shared mapping capability, or `None`. Crate-private, as
+    /// [`allocator`](Self::allocator).
+    pub(crate) fn shared_mapping(&self) -> Option<SharedMappingApi<'_>> {
+        self.inner.shared_mapping.as_ref().map(|vt| SharedMappingApi { m: &self.inner, vt })
+    }
+    /// Streams and fences, or `None`. Public: streams and fences order
+    /// work; they make no memory.
+    pub fn sync(&self) -> Option<SyncApi<'_>> {
+        self.inner.sync.as_ref().map(|vt| SyncApi { m: &self.inner, vt })
+    }
+
+    /// The mechanism's memory-making capabilities with no governor in
+    /// between, for harnesses that test a plugin itself (its refusals, its
+    /// accounting, what the host does with a lying answer).
+    ///
+    /// ```compile_fail,E0624
+    /// // Outside the host there is no way to memory without a charge:
+    /// fn raw(m: &memplug_host::Mechanism) {
+    ///     let _ = m.allocator();
+    /// }
+    /// ```
+    ///
+    /// ```compile_fail,E0133
+    /// // The door is `unsafe`: safe code cannot open it.
+    /// fn raw(m: &memplug_host::Mechanism) {
+    ///     let _ = m.ungoverned().allocator();
+    /// }
+    /// ```
+    ///
+    /// # Safety
+    /// Not a memory-safety contract (the host still checks every object and
+    /// range): it is DESIGN's rule that nobody gets a raw allocator. Memory
+    /// made here is charged to no pool, so a runtime that uses it defeats
+    /// every budget. The caller gives every object back to this mechanism
+    /// and never hands this door to code that serves requests.
+    pub unsafe fn ungoverned(&self) -> Ungoverned<'_> {
+        Ungoverned { m: self }
+    }
+}
+
+/// The memory-making capabilities of a mechanism without a governor (see
+/// [`Mechanism::ungoverned`]).
+#[derive(Clone, Copy)]
+pub struct Ungoverned<'m> {
+    m: &'m Mechanism,
+}
+
+impl<'m> Ungoverned<'m> {
+    /// The required allocator.
+    pub fn allocator(&self) -> AllocatorApi<'m> {
+        self.m.allocator()
+    }
+    /// The virtual backing, or `None`.
+    pub fn virtual_backing(&self) -> Option<VirtualBackingApi<'m>> {
+        self.m.virtual_backing()
+    }
+    /// The shared mapping capability, or `None`.
+    pub fn shared_mapping(&self) -> Option<SharedMappingApi<'m>> {
+        self.m.shared_mapping()
+    }
+}

@@ -1,0 +1,157 @@
+//! The sync capability: streams, host functions, fences.
+
+use super::call::Opaque;
+use super::MechanismInner;
+use crate::error::{CallError, ObjectKind, ReleaseError};
+use crate::tokens::{Fence, Stream};
+use memplug_sdk::abi::*;
+use memplug_sdk::Status;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Streams and fences.
+#[derive(Clone, Copy)]
+pub struct SyncApi<'m> {
+    pub(super) m: &'m MechanismInner,
+    pub(super) vt: &'m MemplugSync,
+}
+
+type BoxedHostFn = Box<dyn FnOnce() + Send + 'static>;
+
+/// Host functions handed to plugins and not yet run, by id. The plugin gets
+/// the id as its `userdata`, never a pointer to host memory: a plugin that
+/// runs a function twice, or runs one whose enqueue it refused, finds no
+/// entry and nothing happens — no closure is ever called after it was freed,
+/// or more than once.
+static PENDING_HOST_FNS: Mutex<Option<HashMap<u64, BoxedHostFn>>> = Mutex::new(None);
+static NEXT_HOST_FN: AtomicU64 = AtomicU64::new(1);
+/// Calls of a host function id that was already run, refused or never
+/// issued: each is a plugin breaking the contract, counted and ignored.
+static STRAY_HOST_FN_CALLS: AtomicU64 = AtomicU64::new(0);
+
+fn pending() -> std::sync::MutexGuard<'static, Option<HashMap<u64, BoxedHostFn>>> {
+    PENDING_HOST_FNS.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn take_host_fn(id: u64) -> Option<BoxedHostFn> {
+    pending().as_mut().and_then(|m| m.remove(&id))
+}
+
+/// How many times plugins called a host function they had already run, or
+/// one whose enqueue failed, or an id never issued (process-wide).
+pub fn stray_host_fn_calls() -> u64 {
+    STRAY_HOST_FN_CALLS.load(Ordering::Relaxed)
+}
+
+unsafe extern "C" fn run_host_fn(userdata: *mut c_void) {
+    // Called by plugin code: nothing may unwind back into it.
+    let _ = catch_unwind(AssertUnwindSafe(|| match take_host_fn(userdata as usize as u64) {
+        // A panic in the function is reported on stderr by the panic hook
+        // and stops here.
+        Some(f) => f(),
+        None => {
+            STRAY_HOST_FN_CALLS.fetch_add(1, Ordering::Relaxed);
+        }
+    }));
+}
+
+impl<'m> SyncApi<'m> {
+    pub fn stream_create(&self) -> Result<Stream, CallError> {
+        let mut out = 0u64;
+        self.m.call("sync.stream_create", slot!(self.vt.stream_create), (&mut out,))?;
+        self.m.born(ObjectKind::Stream);
+        Ok(Stream { mechanism_key: self.m.key, handle: out })
+    }
+
+    /// Whether the plugin can wrap a runtime's native stream.
+    pub fn can_adopt(&self) -> bool {
+        self.vt.stream_adopt.is_some()
+    }
+
+    /// Wraps a native stream (e.g. a `CUstream`), not taking ownership.
+    /// `Unsupported` when the plugin does not publish the slot.
+    ///
+    /// # Safety
+    /// `native` must be a live native stream of the mechanism's device that
+    /// outlives the returned `Stream`; the plugin dereferences it.
+    pub unsafe fn stream_adopt(&self, native: *mut c_void) -> Result<Stream, CallError> {
+        let Some(f) = self.vt.stream_adopt else {
+            return Err(self.m.refuse(
+                "sync.stream_adopt",
+                Status::Unsupported,
+                "the plugin does not publish stream_adopt".into(),
+            ));
+        };
+        let mut out = 0u64;
+        self.m.call("sync.stream_adopt", f, (Opaque(native), &mut out))?;
+        self.m.born(ObjectKind::Stream);
+        Ok(Stream { mechanism_key: self.m.key, handle: out })
+    }
+
+    /// Destroys a stream after its submitted work has run.
+    pub fn stream_destroy(&self, s: Stream) -> Result<(), ReleaseError<Stream>> {
+        const SLOT: &str = "sync.stream_destroy";
+        let m = self.m;
+        m.release_object(SLOT, s, ObjectKind::Stream, slot!(self.vt.stream_destroy), |s| {
+            m.check_handle_made_here(SLOT, s.mechanism_key, "stream")?;
+            Ok((s.handle,))
+        })
+    }
+
+    /// Runs `f` on the stream after the work submitted before it. `f` runs
+    /// at most once, whatever the plugin does; when the enqueue fails it is
+    /// dropped unrun.
+    pub fn enqueue(&self, s: &Stream, f: impl FnOnce() + Send + 'static) -> Result<(), CallError> {
+        const SLOT: &str = "sync.enqueue_host_fn";
+        self.m.check_handle_made_here(SLOT, s.mechanism_key, "stream")?;
+        let id = NEXT_HOST_FN.fetch_add(1, Ordering::Relaxed);
+        pending().get_or_insert_with(HashMap::new).insert(id, Box::new(f));
+        let userdata = Opaque(id as usize as *mut c_void);
+        let func: MemplugHostFn = Some(run_host_fn);
+        let r = self.m.call(SLOT, slot!(self.vt.enqueue_host_fn), (s.handle, func, userdata));
+        if r.is_err() {
+            // Refused: whether or not the plugin runs it anyway, the
+            // function is gone, so a late call finds nothing.
+            drop(take_host_fn(id));
+        }
+        r
+    }
+
+    /// Records a fence after the work submitted so far.
+    pub fn fence_record(&self, s: &Stream) -> Result<Fence, CallError> {
+        const SLOT: &str = "sync.fence_record";
+        self.m.check_handle_made_here(SLOT, s.mechanism_key, "stream")?;
+        let mut out = 0u64;
+        self.m.call(SLOT, slot!(self.vt.fence_record), (s.handle, &mut out))?;
+        self.m.born(ObjectKind::Fence);
+        Ok(Fence { mechanism_key: self.m.key, handle: out })
+    }
+
+    /// `true` when the fence has completed; never blocks.
+    pub fn fence_query(&self, f: &Fence) -> Result<bool, CallError> {
+        const SLOT: &str = "sync.fence_query";
+        self.m.check_handle_made_here(SLOT, f.mechanism_key, "fence")?;
+        self.m.call_answer(SLOT, slot!(self.vt.fence_query), (f.handle,), MEMPLUG_STATUS_NOT_READY)
+    }
+
+    /// Waits up to `timeout`; `true` when the fence completed.
+    pub fn fence_wait(&self, f: &Fence, timeout: Duration) -> Result<bool, CallError> {
+        const SLOT: &str = "sync.fence_wait";
+        self.m.check_handle_made_here(SLOT, f.mechanism_key, "fence")?;
+        let ns = u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX);
+        self.m.call_answer(SLOT, slot!(self.vt.fence_wait), (f.handle, ns), MEMPLUG_STATUS_TIMEOUT)
+    }
+
+    pub fn fence_destroy(&self, f: Fence) -> Result<(), ReleaseError<Fence>> {
+        const SLOT: &str = "sync.fence_destroy";
+        let m = self.m;
+        m.release_object(SLOT, f, ObjectKind::Fence, slot!(self.vt.fence_destroy), |f| {
+            m.check_handle_made_here(SLOT, f.mechanism_key, "fence")?;
+            Ok((f.handle,))
+        })
+    }
+}
