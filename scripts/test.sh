@@ -17,11 +17,13 @@ fi
 # Doc tests (nextest does not run them).
 cargo test --workspace --doc
 
-# Exhaustive interleavings (loom) of the governor's lock-free fast path
-# and of the deferred-free queue;
+# Exhaustive interleavings (loom) of the governor's lock-free fast path,
+# of the deferred-free queue and of the C API's handle slot table;
 # its own target dir, since --cfg loom rebuilds everything.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
     cargo test -p memplug-host --release --test governor_loom --test deferred_loom
+CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
+    cargo test -p memplug-host-capi --release --test slot_table_loom
 
 cmake -S . -B target/cmake-build -G Ninja -DCMAKE_BUILD_TYPE=Debug
 cmake --build target/cmake-build

@@ -1,9 +1,10 @@
 //! Bindings and allocations: the hot path.
 
-use crate::error::{boundary, nn, put, Error, Result};
+use crate::error::{boundary, require_non_null, write_out, Error, Result};
 use crate::fence::collect_fences;
-use crate::handles::{Kind, Removed};
-use crate::objects::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
+use crate::handle::Kind;
+use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
+use crate::slot_table::Removed;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
@@ -49,7 +50,7 @@ pub unsafe extern "C" fn memplug_host_binding_create(
     out: *mut MemplugHostBinding,
 ) -> MemplugHostStatus {
     boundary("memplug_host_binding_create", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let opts = if options.is_null() {
             MemplugHostBindingOptions {
                 struct_size: MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
@@ -61,14 +62,14 @@ pub unsafe extern "C" fn memplug_host_binding_create(
             unsafe { read_sized(options, "MemplugHostBindingOptions") }?
         };
         let class = class_of(opts.alloc_class)?;
-        let (m, slot) = pin_manager(manager.id)?;
-        same_manager(slot, mechanism.id, Kind::Mechanism)?;
-        same_manager(slot, pool.id, Kind::Pool)?;
+        let (m, seat) = pin_manager(manager.id)?;
+        same_manager(seat, mechanism.id, Kind::Mechanism)?;
+        same_manager(seat, pool.id, Kind::Pool)?;
         let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
         let (p, _) = pin::<PoolEntry>(pool.id)?;
         let mut spec = BindingSpec::new(class);
         if opts.holder.id != 0 {
-            same_manager(slot, opts.holder.id, Kind::Holder)?;
+            same_manager(seat, opts.holder.id, Kind::Holder)?;
             let (h, _) = pin::<HolderEntry>(opts.holder.id)?;
             if !Arc::ptr_eq(h.reg.pool(), &p.pool) {
                 return Err(Error::new(
@@ -82,9 +83,9 @@ pub unsafe extern "C" fn memplug_host_binding_create(
             spec = spec.wait(Duration::from_nanos(opts.wait_ns));
         }
         let b = m.pm.bind(&ctx, &p.pool, spec)?;
-        let id = objects::insert(slot, b, [0, 0])?;
+        let id = manager_tables::insert(seat, b, [0, 0])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostBinding { id }) };
+        unsafe { write_out(out, MemplugHostBinding { id }) };
         Ok(())
     })
 }
@@ -96,7 +97,7 @@ pub unsafe extern "C" fn memplug_host_binding_create(
 #[no_mangle]
 pub extern "C" fn memplug_host_binding_destroy(binding: MemplugHostBinding) -> MemplugHostStatus {
     boundary("memplug_host_binding_destroy", || {
-        objects::remove::<MemoryBinding>(binding.id)?;
+        manager_tables::remove::<MemoryBinding>(binding.id)?;
         Ok(())
     })
 }
@@ -129,19 +130,19 @@ pub unsafe extern "C" fn memplug_host_allocate(
     out_addr: *mut u64,
 ) -> MemplugHostStatus {
     boundary("memplug_host_allocate", || {
-        nn(out, "out")?;
-        let (b, slot) = pin::<MemoryBinding>(binding.id)?;
-        // The slot first, so the allocation moves once, into it.
-        let vacant = objects::vacant::<OwnedAllocation>(slot)?;
+        require_non_null(out, "out")?;
+        let (b, seat) = pin::<MemoryBinding>(binding.id)?;
+        // The table slot first, so the allocation moves once, into it.
+        let vacant = manager_tables::vacant::<OwnedAllocation>(seat)?;
         let a = b.allocate(size, alignment)?;
         drop(b);
         let (addr, size) = (a.addr(), a.size());
-        let id = objects::fill(slot, vacant, a, [addr, size]);
+        let id = manager_tables::fill(seat, vacant, a, [addr, size]);
         // SAFETY: checked non-NULL.
         unsafe {
-            put(out, MemplugHostAllocation { id });
+            write_out(out, MemplugHostAllocation { id });
             if !out_addr.is_null() {
-                put(out_addr, addr);
+                write_out(out_addr, addr);
             }
         }
         Ok(())
@@ -159,8 +160,8 @@ pub unsafe extern "C" fn memplug_host_allocation_info(
     out: *mut MemplugHostAllocationInfo,
 ) -> MemplugHostStatus {
     boundary("memplug_host_allocation_info", || {
-        nn(out, "out")?;
-        let [addr, size] = objects::meta::<OwnedAllocation>(allocation.id)?;
+        require_non_null(out, "out")?;
+        let [addr, size] = manager_tables::meta::<OwnedAllocation>(allocation.id)?;
         let info = MemplugHostAllocationInfo {
             struct_size: MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
             reserved0: 0,
@@ -173,7 +174,7 @@ pub unsafe extern "C" fn memplug_host_allocation_info(
 }
 
 fn take(allocation: MemplugHostAllocation) -> Result<Option<OwnedAllocation>> {
-    match objects::remove::<OwnedAllocation>(allocation.id)? {
+    match manager_tables::remove::<OwnedAllocation>(allocation.id)? {
         None => Ok(None),
         Some(Removed::Now(a)) => Ok(Some(a)),
         // Allocations are never pinned, so nobody else can hold one.
@@ -189,7 +190,7 @@ fn take(allocation: MemplugHostAllocation) -> Result<Option<OwnedAllocation>> {
 /// is a no-op. Thread-safety: any thread.
 #[no_mangle]
 pub extern "C" fn memplug_host_allocation_free(allocation: MemplugHostAllocation) -> MemplugHostStatus {
-    boundary("memplug_host_allocation_free", || objects::remove_drop::<OwnedAllocation>(allocation.id))
+    boundary("memplug_host_allocation_free", || manager_tables::remove_drop::<OwnedAllocation>(allocation.id))
 }
 
 /// Frees an allocation once every fence in `fences[0..count]` has
@@ -213,7 +214,7 @@ pub unsafe extern "C" fn memplug_host_allocation_free_after(
         if allocation.id == 0 {
             return Ok(());
         }
-        let raw = crate::handles::expect(allocation.id, Kind::Allocation)?;
+        let raw = crate::handle::expect(allocation.id, Kind::Allocation)?;
         // SAFETY: the caller's contract.
         let fences = unsafe { collect_fences(raw.manager, fences, count) }?;
         if let Some(a) = take(allocation)? {

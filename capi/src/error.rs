@@ -1,7 +1,8 @@
 //! Errors, the per-thread last error message, and the panic boundary that
 //! wraps the body of every exported function.
 
-use crate::handles::{Kind, Miss};
+use crate::handle::{Kind, WrongKind};
+use crate::slot_table::Miss;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use memplug_host_dep::governor::GovernorError;
@@ -43,6 +44,25 @@ impl Error {
                 Error::new(S::InvalidHandle, format!("{} handle {bits:#018x} was never issued", kind.name()))
             }
         }
+    }
+}
+
+impl From<WrongKind> for Error {
+    #[cold]
+    fn from(w: WrongKind) -> Self {
+        let WrongKind { bits, expected } = w;
+        if bits == 0 {
+            return Error::new(
+                S::InvalidHandle,
+                format!("the {} handle is the zero handle", expected.name()),
+            );
+        }
+        let found = crate::handle::decode(bits).kind;
+        let what = Kind::from_bits(found).map_or("no kind of", Kind::with_article);
+        Error::new(
+            S::InvalidHandle,
+            format!("{bits:#018x} is not a valid {} handle (it is {what} handle)", expected.name()),
+        )
     }
 }
 
@@ -220,9 +240,10 @@ pub extern "C" fn memplug_host_last_error_status() -> MemplugHostStatus {
     })
 }
 
-/// Checks a pointer argument.
+/// Refuses a NULL pointer argument (`MEMPLUG_HOST_STATUS_NULL_ARGUMENT`,
+/// "`what` is NULL").
 #[inline]
-pub(crate) fn nn<T>(p: *const T, what: &str) -> Result<()> {
+pub(crate) fn require_non_null<T>(p: *const T, what: &str) -> Result<()> {
     if p.is_null() {
         Err(Error::null(what))
     } else {
@@ -235,18 +256,19 @@ pub(crate) fn nn<T>(p: *const T, what: &str) -> Result<()> {
 /// # Safety
 /// `p` must be NULL or point to a NUL-terminated string.
 pub(crate) unsafe fn c_str<'a>(p: *const c_char, what: &str) -> Result<&'a str> {
-    nn(p, what)?;
+    require_non_null(p, what)?;
     // SAFETY: non-NULL and NUL-terminated by the caller's contract.
     let s = unsafe { std::ffi::CStr::from_ptr(p) };
     s.to_str().map_err(|e| Error::new(S::InvalidArgument, format!("{what} is not UTF-8: {e}")))
 }
 
-/// Writes an out-parameter (called last, only on success).
+/// Writes a value to the caller's out-parameter (called last, only on
+/// success).
 ///
 /// # Safety
 /// `out` must be valid for writes (checked non-NULL by the caller).
 #[inline]
-pub(crate) unsafe fn put<T>(out: *mut T, v: T) {
+pub(crate) unsafe fn write_out<T>(out: *mut T, v: T) {
     // SAFETY: see above.
     unsafe { out.write(v) }
 }

@@ -1,9 +1,10 @@
 //! Streams and fences: recorded by a plugin on a stream it made, or
 //! supplied by the runtime as a query/wait callback pair.
 
-use crate::error::{boundary, c_str, nn, put, Error, Result};
-use crate::handles::Kind;
-use crate::objects::{self, pin, pin_manager, same_manager, CallbackScope, StreamEntry, UserData};
+use crate::callbacks::{CallbackScope, UserData};
+use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
+use crate::handle::Kind;
+use crate::manager_tables::{self, pin, pin_manager, same_manager, StreamEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
@@ -43,7 +44,7 @@ impl IntoIterator for Fences {
     }
 }
 
-/// Resolves `count` fence handles of manager slot `manager`.
+/// Resolves `count` fence handles of the manager in seat `manager`.
 ///
 /// # Safety
 /// `fences` must be NULL or readable for `count` handles.
@@ -55,14 +56,14 @@ pub(crate) unsafe fn collect_fences(
     if count == 0 {
         return Ok(Fences::Inline([None, None, None, None]));
     }
-    nn(fences, "fences")?;
+    require_non_null(fences, "fences")?;
     if count > (isize::MAX as usize) / std::mem::size_of::<MemplugHostFence>() {
         return Err(Error::new(S::InvalidArgument, format!("{count} fences overflow")));
     }
     // SAFETY: non-NULL, `count` readable handles by the caller's contract.
     let hs = unsafe { std::slice::from_raw_parts(fences, count) };
     let resolve = |h: &MemplugHostFence| -> Result<SharedFence> {
-        crate::handles::expect(h.id, Kind::Fence)?;
+        crate::handle::expect(h.id, Kind::Fence)?;
         same_manager(manager, h.id, Kind::Fence)?;
         let (f, _) = pin::<SharedFence>(h.id)?;
         Ok(SharedFence::clone(&f))
@@ -92,8 +93,8 @@ pub unsafe extern "C" fn memplug_host_stream_create(
     out: *mut MemplugHostStream,
 ) -> MemplugHostStatus {
     boundary("memplug_host_stream_create", || {
-        nn(out, "out")?;
-        let (ctx, slot) = pin::<Arc<Context>>(mechanism.id)?;
+        require_non_null(out, "out")?;
+        let (ctx, seat) = pin::<Arc<Context>>(mechanism.id)?;
         let mech = ctx.mechanism().clone();
         drop(ctx);
         let sync = mech.sync().ok_or_else(|| {
@@ -101,9 +102,9 @@ pub unsafe extern "C" fn memplug_host_stream_create(
         })?;
         let stream = sync.stream_create()?;
         let entry = StreamEntry { mechanism: mech, stream: Mutex::new(Some(stream)) };
-        let id = objects::insert(slot, entry, [0, 0])?;
+        let id = manager_tables::insert(seat, entry, [0, 0])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostStream { id }) };
+        unsafe { write_out(out, MemplugHostStream { id }) };
         Ok(())
     })
 }
@@ -114,7 +115,7 @@ pub unsafe extern "C" fn memplug_host_stream_create(
 #[no_mangle]
 pub extern "C" fn memplug_host_stream_destroy(stream: MemplugHostStream) -> MemplugHostStatus {
     boundary("memplug_host_stream_destroy", || {
-        objects::remove::<StreamEntry>(stream.id)?;
+        manager_tables::remove::<StreamEntry>(stream.id)?;
         Ok(())
     })
 }
@@ -166,15 +167,15 @@ pub unsafe extern "C" fn memplug_host_fence_record(
     out: *mut MemplugHostFence,
 ) -> MemplugHostStatus {
     boundary("memplug_host_fence_record", || {
-        nn(out, "out")?;
-        let (e, slot) = pin::<StreamEntry>(stream.id)?;
+        require_non_null(out, "out")?;
+        let (e, seat) = pin::<StreamEntry>(stream.id)?;
         let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
         let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
         let f = PluginFence::record(&e.mechanism, s)?;
         drop(guard);
-        let id = objects::insert(slot, f, [0, 0])?;
+        let id = manager_tables::insert(seat, f, [0, 0])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostFence { id }) };
+        unsafe { write_out(out, MemplugHostFence { id }) };
         Ok(())
     })
 }
@@ -255,17 +256,17 @@ pub unsafe extern "C" fn memplug_host_fence_from_callbacks(
     boundary("memplug_host_fence_from_callbacks", || {
         // SAFETY: the caller's contract.
         let name = unsafe { c_str(name, "name") }?;
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let Some(query) = query else {
             return Err(Error::null("query"));
         };
-        let (_, slot) = pin_manager(manager.id)?;
+        let (_, seat) = pin_manager(manager.id)?;
         let rf = Arc::new(RuntimeFence { query, wait, release, userdata: UserData(userdata) });
         let (q, w) = (rf.clone(), rf);
         let f = FnFence::new(name, move || q.query(), move |t| w.wait(t));
-        let id = objects::insert(slot, f, [0, 0])?;
+        let id = manager_tables::insert(seat, f, [0, 0])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostFence { id }) };
+        unsafe { write_out(out, MemplugHostFence { id }) };
         Ok(())
     })
 }
@@ -281,11 +282,11 @@ pub unsafe extern "C" fn memplug_host_fence_query(
     out_complete: *mut bool,
 ) -> MemplugHostStatus {
     boundary("memplug_host_fence_query", || {
-        nn(out_complete, "out_complete")?;
+        require_non_null(out_complete, "out_complete")?;
         let (f, _) = pin::<SharedFence>(fence.id)?;
         let done = f.query()?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out_complete, done) };
+        unsafe { write_out(out_complete, done) };
         Ok(())
     })
 }
@@ -302,11 +303,11 @@ pub unsafe extern "C" fn memplug_host_fence_wait(
     out_complete: *mut bool,
 ) -> MemplugHostStatus {
     boundary("memplug_host_fence_wait", || {
-        nn(out_complete, "out_complete")?;
+        require_non_null(out_complete, "out_complete")?;
         let (f, _) = pin::<SharedFence>(fence.id)?;
         let done = f.wait(Duration::from_nanos(timeout_ns))?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out_complete, done) };
+        unsafe { write_out(out_complete, done) };
         Ok(())
     })
 }
@@ -317,7 +318,7 @@ pub unsafe extern "C" fn memplug_host_fence_wait(
 #[no_mangle]
 pub extern "C" fn memplug_host_fence_release(fence: MemplugHostFence) -> MemplugHostStatus {
     boundary("memplug_host_fence_release", || {
-        objects::remove::<SharedFence>(fence.id)?;
+        manager_tables::remove::<SharedFence>(fence.id)?;
         Ok(())
     })
 }

@@ -17,7 +17,8 @@
 //! * Out-parameters are written only on success. Structs that can grow
 //!   carry `struct_size`.
 //! * Objects are generational 64-bit handles resolved through lock-free
-//!   tables per manager ([`handles`]): a stale, forged, wrong-kind or
+//!   tables per manager ([`handle`] packs the bits, [`slot_table`] holds
+//!   the objects, `manager_tables` ties them to managers): a stale, forged, wrong-kind or
 //!   other-manager handle is refused with a status, never undefined
 //!   behaviour. Destroying or freeing the zero handle is a no-op.
 //! * Whoever allocates a thing frees it: no heap object changes sides;
@@ -30,15 +31,20 @@
 extern crate memplug_host_dep;
 
 pub mod binding;
+mod callbacks;
 pub mod error;
 pub mod fence;
-pub mod handles;
+pub mod handle;
 pub mod manager;
-mod objects;
+mod manager_tables;
 pub mod pool;
 pub mod region;
+// Public (hidden) for tests/slot_table_loom.rs.
+#[doc(hidden)]
+pub mod slot_table;
 pub mod stats;
 pub mod status;
+mod sync;
 pub mod types;
 pub mod version;
 

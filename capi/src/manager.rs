@@ -1,8 +1,10 @@
 //! Managers, plugins and mechanisms.
 
-use crate::error::{boundary, c_str, nn, put, Error, Result};
-use crate::handles::{self, Kind, Removed};
-use crate::objects::{self, existing_tables, managers, not_in_callback, pin, pin_manager, ManagerState};
+use crate::callbacks::not_in_callback;
+use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
+use crate::handle::{self, Kind};
+use crate::manager_tables::{self, existing_tables, managers, pin, pin_manager, ManagerState};
+use crate::slot_table::Removed;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
@@ -35,18 +37,18 @@ use std::time::Duration;
 #[no_mangle]
 pub unsafe extern "C" fn memplug_host_manager_create(out: *mut MemplugHostManager) -> MemplugHostStatus {
     boundary("memplug_host_manager_create", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let state = ManagerState { pm: ProcessMemoryManager::new() };
-        let (index, gen) = managers().insert(state, [0, 0]).map_err(|_| {
-            Error::new(S::LimitReached, format!("{} managers are alive already", handles::MAX_MANAGERS - 1))
+        let (seat, gen) = managers().insert(state, [0, 0]).map_err(|_| {
+            Error::new(S::LimitReached, format!("{} managers are alive already", handle::MAX_MANAGERS - 1))
         })?;
-        // Objects a previous manager of this slot left behind (made by
+        // Objects a previous manager of this seat left behind (made by
         // another thread while it was being destroyed) go now.
-        if let Some(t) = existing_tables(index) {
+        if let Some(t) = existing_tables(seat) {
             t.sweep();
         }
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostManager { id: handles::encode(Kind::Manager, index, gen, index) }) };
+        unsafe { write_out(out, MemplugHostManager { id: handle::encode(Kind::Manager, seat, gen, seat) }) };
         Ok(())
     })
 }
@@ -70,9 +72,9 @@ pub extern "C" fn memplug_host_manager_destroy(manager: MemplugHostManager) -> M
         if manager.id == 0 {
             return Ok(());
         }
-        let raw = handles::expect(manager.id, Kind::Manager)?;
+        let raw = handle::expect(manager.id, Kind::Manager)?;
         not_in_callback("memplug_host_manager_destroy")?;
-        let removed = managers().remove(raw).map_err(|m| Error::miss(m, Kind::Manager, manager.id))?;
+        let removed = managers().remove(raw.key()).map_err(|m| Error::miss(m, Kind::Manager, manager.id))?;
         if let Some(t) = existing_tables(raw.manager) {
             t.sweep();
         }
@@ -142,17 +144,17 @@ pub unsafe extern "C" fn memplug_host_manager_mechanism_count(
     out: *mut usize,
 ) -> MemplugHostStatus {
     boundary("memplug_host_manager_mechanism_count", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let (m, _) = pin_manager(manager.id)?;
         let n = m.pm.mechanisms().len();
         // SAFETY: checked non-NULL.
-        unsafe { put(out, n) };
+        unsafe { write_out(out, n) };
         Ok(())
     })
 }
 
-fn issue_mechanism(slot: u32, ctx: Arc<Context>) -> Result<MemplugHostMechanism> {
-    Ok(MemplugHostMechanism { id: objects::insert(slot, ctx, [0, 0])? })
+fn issue_mechanism(seat: u32, ctx: Arc<Context>) -> Result<MemplugHostMechanism> {
+    Ok(MemplugHostMechanism { id: manager_tables::insert(seat, ctx, [0, 0])? })
 }
 
 /// A handle to the `index`-th mechanism (registration order, from 0);
@@ -171,16 +173,16 @@ pub unsafe extern "C" fn memplug_host_manager_mechanism(
     out: *mut MemplugHostMechanism,
 ) -> MemplugHostStatus {
     boundary("memplug_host_manager_mechanism", || {
-        nn(out, "out")?;
-        let (m, slot) = pin_manager(manager.id)?;
+        require_non_null(out, "out")?;
+        let (m, seat) = pin_manager(manager.id)?;
         let all = m.pm.mechanisms();
         let mech = all.get(index).ok_or_else(|| {
             Error::new(S::NotFound, format!("no mechanism {index}: {} are registered", all.len()))
         })?;
         let ctx = m.pm.context(mech.label())?;
-        let h = issue_mechanism(slot, ctx)?;
+        let h = issue_mechanism(seat, ctx)?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, h) };
+        unsafe { write_out(out, h) };
         Ok(())
     })
 }
@@ -201,11 +203,11 @@ pub unsafe extern "C" fn memplug_host_manager_find_mechanism(
     boundary("memplug_host_manager_find_mechanism", || {
         // SAFETY: the caller's contract.
         let name = unsafe { c_str(name, "name") }?;
-        nn(out, "out")?;
-        let (m, slot) = pin_manager(manager.id)?;
-        let h = issue_mechanism(slot, m.pm.context(name)?)?;
+        require_non_null(out, "out")?;
+        let (m, seat) = pin_manager(manager.id)?;
+        let h = issue_mechanism(seat, m.pm.context(name)?)?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, h) };
+        unsafe { write_out(out, h) };
         Ok(())
     })
 }
@@ -229,7 +231,7 @@ pub unsafe extern "C" fn memplug_host_manager_select(
     out: *mut MemplugHostMechanism,
 ) -> MemplugHostStatus {
     boundary("memplug_host_manager_select", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let known = MEMPLUG_CAP_ALLOCATOR
             | MEMPLUG_CAP_VIRTUAL_BACKING
             | MEMPLUG_CAP_SHARED_MAPPING
@@ -245,10 +247,10 @@ pub unsafe extern "C" fn memplug_host_manager_select(
             shared_mapping: required & MEMPLUG_CAP_SHARED_MAPPING != 0,
             sync: required & MEMPLUG_CAP_SYNC != 0,
         };
-        let (m, slot) = pin_manager(manager.id)?;
-        let h = issue_mechanism(slot, m.pm.select(device, req)?)?;
+        let (m, seat) = pin_manager(manager.id)?;
+        let h = issue_mechanism(seat, m.pm.select(device, req)?)?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, h) };
+        unsafe { write_out(out, h) };
         Ok(())
     })
 }
@@ -267,7 +269,7 @@ pub unsafe extern "C" fn memplug_host_mechanism_info(
     out: *mut MemplugHostMechanismInfo,
 ) -> MemplugHostStatus {
     boundary("memplug_host_mechanism_info", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
         let m = ctx.mechanism();
         let p = m.properties();
@@ -292,7 +294,7 @@ pub unsafe extern "C" fn memplug_host_mechanism_info(
 #[no_mangle]
 pub extern "C" fn memplug_host_mechanism_release(mechanism: MemplugHostMechanism) -> MemplugHostStatus {
     boundary("memplug_host_mechanism_release", || {
-        objects::remove::<Arc<Context>>(mechanism.id)?;
+        manager_tables::remove::<Arc<Context>>(mechanism.id)?;
         Ok(())
     })
 }
@@ -365,7 +367,7 @@ pub unsafe extern "C" fn memplug_host_manager_drain(
         let r = m.pm.drain(Duration::from_nanos(timeout_ns));
         if !out_left.is_null() {
             // SAFETY: checked non-NULL.
-            unsafe { put(out_left, r.left.len() as u64) };
+            unsafe { write_out(out_left, r.left.len() as u64) };
         }
         Ok(())
     })

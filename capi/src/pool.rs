@@ -1,7 +1,8 @@
 //! Pools and holders (pressure callbacks).
 
-use crate::error::{boundary, c_str, nn, put, Result};
-use crate::objects::{self, pin, pin_manager, CallbackScope, HolderEntry, HolderShared, PoolEntry, UserData};
+use crate::callbacks::{CallbackScope, UserData};
+use crate::error::{boundary, c_str, require_non_null, write_out, Result};
+use crate::manager_tables::{self, pin, pin_manager, HolderEntry, HolderShared, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::types::{
     MemplugHostHolder, MemplugHostManager, MemplugHostPool, MemplugHostPressureFn, MemplugHostPressureTicket,
@@ -32,12 +33,12 @@ pub unsafe extern "C" fn memplug_host_pool_create(
     boundary("memplug_host_pool_create", || {
         // SAFETY: the caller's contract.
         let name = unsafe { c_str(name, "name") }?;
-        nn(out, "out")?;
-        let (m, slot) = pin_manager(manager.id)?;
+        require_non_null(out, "out")?;
+        let (m, seat) = pin_manager(manager.id)?;
         let pool = m.pm.create_pool(name, capacity)?;
-        let id = objects::insert(slot, PoolEntry { pool }, [0, 0])?;
+        let id = manager_tables::insert(seat, PoolEntry { pool }, [0, 0])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostPool { id }) };
+        unsafe { write_out(out, MemplugHostPool { id }) };
         Ok(())
     })
 }
@@ -48,7 +49,7 @@ pub unsafe extern "C" fn memplug_host_pool_create(
 #[no_mangle]
 pub extern "C" fn memplug_host_pool_release(pool: MemplugHostPool) -> MemplugHostStatus {
     boundary("memplug_host_pool_release", || {
-        objects::remove::<PoolEntry>(pool.id)?;
+        manager_tables::remove::<PoolEntry>(pool.id)?;
         Ok(())
     })
 }
@@ -79,19 +80,20 @@ pub unsafe extern "C" fn memplug_host_holder_register(
     boundary("memplug_host_holder_register", || {
         // SAFETY: the caller's contract.
         let name = unsafe { c_str(name, "name") }?;
-        nn(out, "out")?;
-        let (entry, slot) = pin::<PoolEntry>(pool.id)?;
-        let shared = Arc::new(HolderShared { handle: AtomicU64::new(0), nonsense: AtomicU64::new(0) });
+        require_non_null(out, "out")?;
+        let (entry, seat) = pin::<PoolEntry>(pool.id)?;
+        let shared =
+            Arc::new(HolderShared { handle: AtomicU64::new(0), answers_above_pool_use: AtomicU64::new(0) });
         // Weak: the pool owns the callback, so a strong reference would
         // keep the pool alive forever.
         let weak_pool = Arc::downgrade(&entry.pool);
         let cb = pressure_callback(callback, UserData(userdata), pool.id, weak_pool, shared.clone());
         let reg = entry.pool.register_holder(name, Priority(priority), cb);
         drop(entry);
-        let id = objects::insert(slot, HolderEntry { reg, shared: shared.clone() }, [0, 0])?;
+        let id = manager_tables::insert(seat, HolderEntry { reg, shared: shared.clone() }, [0, 0])?;
         shared.handle.store(id, Ordering::Release);
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostHolder { id }) };
+        unsafe { write_out(out, MemplugHostHolder { id }) };
         Ok(())
     })
 }
@@ -126,7 +128,7 @@ fn pressure_callback(
             unsafe { f(ud.0, &ticket) }
         };
         if answer > ceiling {
-            shared.nonsense.fetch_add(1, Ordering::Relaxed);
+            shared.answers_above_pool_use.fetch_add(1, Ordering::Relaxed);
             ceiling
         } else {
             answer
@@ -143,7 +145,7 @@ fn pressure_callback(
 #[no_mangle]
 pub extern "C" fn memplug_host_holder_unregister(holder: MemplugHostHolder) -> MemplugHostStatus {
     boundary("memplug_host_holder_unregister", || -> Result<()> {
-        objects::remove::<HolderEntry>(holder.id)?;
+        manager_tables::remove::<HolderEntry>(holder.id)?;
         Ok(())
     })
 }

@@ -1,9 +1,10 @@
 //! Virtual regions (reserve, grow, shrink, free) and shared prefixes.
 
-use crate::error::{boundary, nn, put, Error};
+use crate::callbacks::{lock_region, CallbackScope, UserData};
+use crate::error::{boundary, require_non_null, write_out, Error};
 use crate::fence::collect_fences;
-use crate::handles::Kind;
-use crate::objects::{self, lock_region, pin, same_manager, CallbackScope, RegionEntry, UserData};
+use crate::handle::Kind;
+use crate::manager_tables::{self, pin, same_manager, RegionEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
@@ -34,14 +35,14 @@ pub unsafe extern "C" fn memplug_host_region_reserve(
     out: *mut MemplugHostRegion,
 ) -> MemplugHostStatus {
     boundary("memplug_host_region_reserve", || {
-        nn(out, "out")?;
-        let (b, slot) = pin::<MemoryBinding>(binding.id)?;
+        require_non_null(out, "out")?;
+        let (b, seat) = pin::<MemoryBinding>(binding.id)?;
         let region = b.reserve_virtual(max_bytes)?;
         drop(b);
         let entry = RegionEntry { region: Mutex::new(region), owner: AtomicU64::new(0) };
-        let id = objects::insert(slot, entry, [0, 0])?;
+        let id = manager_tables::insert(seat, entry, [0, 0])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostRegion { id }) };
+        unsafe { write_out(out, MemplugHostRegion { id }) };
         Ok(())
     })
 }
@@ -57,7 +58,7 @@ pub unsafe extern "C" fn memplug_host_region_info(
     out: *mut MemplugHostRegionInfo,
 ) -> MemplugHostStatus {
     boundary("memplug_host_region_info", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let (e, _) = pin::<RegionEntry>(region.id)?;
         let l = lock_region(&e)?;
         let r = &*l.guard;
@@ -142,9 +143,9 @@ pub unsafe extern "C" fn memplug_host_region_shrink(
     count: usize,
 ) -> MemplugHostStatus {
     boundary("memplug_host_region_shrink", || {
-        let (e, slot) = pin::<RegionEntry>(region.id)?;
+        let (e, seat) = pin::<RegionEntry>(region.id)?;
         // SAFETY: the caller's contract.
-        let fences = unsafe { collect_fences(slot, fences, count) }?.into_vec();
+        let fences = unsafe { collect_fences(seat, fences, count) }?.into_vec();
         let mut l = lock_region(&e)?;
         l.guard.shrink_to(len, fences)?;
         Ok(())
@@ -163,9 +164,9 @@ pub extern "C" fn memplug_host_region_map_prefix(
     prefix: MemplugHostPrefix,
 ) -> MemplugHostStatus {
     boundary("memplug_host_region_map_prefix", || {
-        let (e, slot) = pin::<RegionEntry>(region.id)?;
-        crate::handles::expect(prefix.id, Kind::Prefix)?;
-        same_manager(slot, prefix.id, Kind::Prefix)?;
+        let (e, seat) = pin::<RegionEntry>(region.id)?;
+        crate::handle::expect(prefix.id, Kind::Prefix)?;
+        same_manager(seat, prefix.id, Kind::Prefix)?;
         let (p, _) = pin::<Arc<SharedPrefix>>(prefix.id)?;
         let mut l = lock_region(&e)?;
         l.guard.map_prefix(&p)?;
@@ -189,7 +190,7 @@ fn free_region(
     }
     // Removed while pinned: the last reader (this call, unless another
     // thread is inside a call on the region) drops it.
-    objects::remove::<RegionEntry>(region.id)?;
+    manager_tables::remove::<RegionEntry>(region.id)?;
     drop(e);
     Ok(())
 }
@@ -219,7 +220,7 @@ pub unsafe extern "C" fn memplug_host_region_free_after(
         if region.id == 0 {
             return Ok(());
         }
-        let raw = crate::handles::expect(region.id, Kind::Region)?;
+        let raw = crate::handle::expect(region.id, Kind::Region)?;
         // SAFETY: the caller's contract.
         let fences = unsafe { collect_fences(raw.manager, fences, count) }?.into_vec();
         free_region(region, fences)
@@ -246,8 +247,8 @@ pub unsafe extern "C" fn memplug_host_prefix_create(
     out: *mut MemplugHostPrefix,
 ) -> MemplugHostStatus {
     boundary("memplug_host_prefix_create", || {
-        nn(out, "out")?;
-        let (b, slot) = pin::<MemoryBinding>(binding.id)?;
+        require_non_null(out, "out")?;
+        let (b, seat) = pin::<MemoryBinding>(binding.id)?;
         let ud = UserData(userdata);
         let p = b.create_shared(size, |view| {
             if let Some(f) = init {
@@ -258,9 +259,9 @@ pub unsafe extern "C" fn memplug_host_prefix_create(
         })?;
         drop(b);
         let (len, charged) = (p.len(), p.charged());
-        let id = objects::insert(slot, p, [len, charged])?;
+        let id = manager_tables::insert(seat, p, [len, charged])?;
         // SAFETY: checked non-NULL.
-        unsafe { put(out, MemplugHostPrefix { id }) };
+        unsafe { write_out(out, MemplugHostPrefix { id }) };
         Ok(())
     })
 }
@@ -276,8 +277,8 @@ pub unsafe extern "C" fn memplug_host_prefix_info(
     out: *mut MemplugHostPrefixInfo,
 ) -> MemplugHostStatus {
     boundary("memplug_host_prefix_info", || {
-        nn(out, "out")?;
-        let [len, charged] = objects::meta::<Arc<SharedPrefix>>(prefix.id)?;
+        require_non_null(out, "out")?;
+        let [len, charged] = manager_tables::meta::<Arc<SharedPrefix>>(prefix.id)?;
         let info = MemplugHostPrefixInfo {
             struct_size: MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0,
             reserved0: 0,
@@ -295,7 +296,7 @@ pub unsafe extern "C" fn memplug_host_prefix_info(
 #[no_mangle]
 pub extern "C" fn memplug_host_prefix_release(prefix: MemplugHostPrefix) -> MemplugHostStatus {
     boundary("memplug_host_prefix_release", || {
-        objects::remove::<Arc<SharedPrefix>>(prefix.id)?;
+        manager_tables::remove::<Arc<SharedPrefix>>(prefix.id)?;
         Ok(())
     })
 }

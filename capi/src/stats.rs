@@ -1,7 +1,7 @@
 //! Pool and holder statistics.
 
-use crate::error::{boundary, nn};
-use crate::objects::{pin, HolderEntry, PoolEntry};
+use crate::error::{boundary, require_non_null};
+use crate::manager_tables::{pin, HolderEntry, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::types::{
     write_sized, MemplugHostClassStats, MemplugHostHolder, MemplugHostHolderStats, MemplugHostPool,
@@ -23,7 +23,7 @@ pub unsafe extern "C" fn memplug_host_pool_stats(
     out: *mut MemplugHostPoolStats,
 ) -> MemplugHostStatus {
     boundary("memplug_host_pool_stats", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let (e, _) = pin::<PoolEntry>(pool.id)?;
         let s = e.pool.snapshot();
         let v = MemplugHostPoolStats {
@@ -61,7 +61,7 @@ pub unsafe extern "C" fn memplug_host_pool_class_stats(
     out: *mut MemplugHostClassStats,
 ) -> MemplugHostStatus {
     boundary("memplug_host_pool_class_stats", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let class = crate::binding::class_of(class)?;
         let (e, _) = pin::<PoolEntry>(pool.id)?;
         let s = e.pool.snapshot();
@@ -95,7 +95,7 @@ pub unsafe extern "C" fn memplug_host_holder_stats(
     out: *mut MemplugHostHolderStats,
 ) -> MemplugHostStatus {
     boundary("memplug_host_holder_stats", || {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         let (e, _) = pin::<HolderEntry>(holder.id)?;
         let s = e.reg.stats();
         let t = s.totals();
@@ -112,7 +112,7 @@ pub unsafe extern "C" fn memplug_host_holder_stats(
             bytes_wanted: s.pressure.bytes_wanted,
             bytes_answered: s.pressure.bytes_answered,
             zero_answers: s.pressure.zero_answers,
-            nonsense_answers: e.shared.nonsense.load(Ordering::Relaxed),
+            nonsense_answers: e.shared.answers_above_pool_use.load(Ordering::Relaxed),
         };
         // SAFETY: non-NULL; the caller's contract covers the size.
         unsafe { write_sized(out, v, "MemplugHostHolderStats") }

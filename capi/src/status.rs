@@ -1,4 +1,9 @@
 //! Status codes of the host C API.
+//!
+//! The enum below is the one list of codes: its variants, numbers and docs
+//! are what cbindgen writes into `memplug_host.h`, and `build.rs` derives
+//! [`MemplugHostStatus::ALL`] and the C names from it. Adding a code is
+//! adding one documented variant (never renumber one).
 
 use memplug_sdk::Status;
 use std::ffi::c_char;
@@ -91,89 +96,24 @@ use MemplugHostStatus as S;
 impl MemplugHostStatus {
     /// The host status of a plugin status (the same number).
     pub fn from_plugin(s: Status) -> S {
-        match s {
-            Status::Ok => S::Ok,
-            Status::Unsupported => S::Unsupported,
-            Status::InvalidArgument => S::InvalidArgument,
-            Status::OutOfMemory => S::OutOfMemory,
-            Status::WrongMechanism => S::WrongMechanism,
-            Status::WrongDevice => S::WrongDevice,
-            Status::UnknownAllocation => S::UnknownAllocation,
-            Status::DeviceUnavailable => S::DeviceUnavailable,
-            Status::Internal => S::Internal,
-            Status::OutOfRange => S::OutOfRange,
-            Status::InvalidState => S::InvalidState,
-            Status::VersionMismatch => S::VersionMismatch,
-            Status::NotReady => S::NotReady,
-            Status::Timeout => S::Timeout,
-            Status::Busy => S::Busy,
-        }
-    }
-
-    /// Every status, in numeric order.
-    pub const ALL: [S; 27] = [
-        S::Ok,
-        S::Unsupported,
-        S::InvalidArgument,
-        S::OutOfMemory,
-        S::WrongMechanism,
-        S::WrongDevice,
-        S::UnknownAllocation,
-        S::DeviceUnavailable,
-        S::Internal,
-        S::OutOfRange,
-        S::InvalidState,
-        S::VersionMismatch,
-        S::NotReady,
-        S::Timeout,
-        S::Busy,
-        S::OutOfBudget,
-        S::StaleHandle,
-        S::WrongManager,
-        S::NullArgument,
-        S::Panic,
-        S::InvalidHandle,
-        S::Reentrant,
-        S::LoadFailed,
-        S::NotFound,
-        S::AlreadyExists,
-        S::CallbackRefused,
-        S::LimitReached,
-    ];
-
-    /// The constant's name, NUL-terminated.
-    pub fn name_c(self) -> &'static [u8] {
-        match self {
-            S::Ok => b"MEMPLUG_HOST_STATUS_OK\0",
-            S::Unsupported => b"MEMPLUG_HOST_STATUS_UNSUPPORTED\0",
-            S::InvalidArgument => b"MEMPLUG_HOST_STATUS_INVALID_ARGUMENT\0",
-            S::OutOfMemory => b"MEMPLUG_HOST_STATUS_OUT_OF_MEMORY\0",
-            S::WrongMechanism => b"MEMPLUG_HOST_STATUS_WRONG_MECHANISM\0",
-            S::WrongDevice => b"MEMPLUG_HOST_STATUS_WRONG_DEVICE\0",
-            S::UnknownAllocation => b"MEMPLUG_HOST_STATUS_UNKNOWN_ALLOCATION\0",
-            S::DeviceUnavailable => b"MEMPLUG_HOST_STATUS_DEVICE_UNAVAILABLE\0",
-            S::Internal => b"MEMPLUG_HOST_STATUS_INTERNAL\0",
-            S::OutOfRange => b"MEMPLUG_HOST_STATUS_OUT_OF_RANGE\0",
-            S::InvalidState => b"MEMPLUG_HOST_STATUS_INVALID_STATE\0",
-            S::VersionMismatch => b"MEMPLUG_HOST_STATUS_VERSION_MISMATCH\0",
-            S::NotReady => b"MEMPLUG_HOST_STATUS_NOT_READY\0",
-            S::Timeout => b"MEMPLUG_HOST_STATUS_TIMEOUT\0",
-            S::Busy => b"MEMPLUG_HOST_STATUS_BUSY\0",
-            S::OutOfBudget => b"MEMPLUG_HOST_STATUS_OUT_OF_BUDGET\0",
-            S::StaleHandle => b"MEMPLUG_HOST_STATUS_STALE_HANDLE\0",
-            S::WrongManager => b"MEMPLUG_HOST_STATUS_WRONG_MANAGER\0",
-            S::NullArgument => b"MEMPLUG_HOST_STATUS_NULL_ARGUMENT\0",
-            S::Panic => b"MEMPLUG_HOST_STATUS_PANIC\0",
-            S::InvalidHandle => b"MEMPLUG_HOST_STATUS_INVALID_HANDLE\0",
-            S::Reentrant => b"MEMPLUG_HOST_STATUS_REENTRANT\0",
-            S::LoadFailed => b"MEMPLUG_HOST_STATUS_LOAD_FAILED\0",
-            S::NotFound => b"MEMPLUG_HOST_STATUS_NOT_FOUND\0",
-            S::AlreadyExists => b"MEMPLUG_HOST_STATUS_ALREADY_EXISTS\0",
-            S::CallbackRefused => b"MEMPLUG_HOST_STATUS_CALLBACK_REFUSED\0",
-            S::LimitReached => b"MEMPLUG_HOST_STATUS_LIMIT_REACHED\0",
-        }
+        S::ALL[s as usize]
     }
 }
+
+// The plugin ABI's codes come first in `ALL`, with their own numbers, so
+// `from_plugin` can index it: checked here, at compile time (a plugin code
+// without its host twin fails the build).
+const _: () = {
+    let mut i = 0;
+    while i < Status::ALL.len() {
+        assert!(S::ALL[i] as u32 == Status::ALL[i] as u32);
+        i += 1;
+    }
+};
+
+// `MemplugHostStatus::ALL` and `name_c`, derived by build.rs from the enum
+// above (the one list of codes; see `status_tables` in capi/build.rs).
+include!(concat!(env!("OUT_DIR"), "/host_status_tables.rs"));
 
 /// The name of a status code, e.g. `"MEMPLUG_HOST_STATUS_STALE_HANDLE"`, or
 /// `"MEMPLUG_HOST_STATUS_UNKNOWN"` for a code this library does not know.

@@ -1,6 +1,6 @@
 //! Library, C API and plugin ABI versions.
 
-use crate::error::{boundary, boundary_value, nn, Result};
+use crate::error::{boundary, boundary_value, require_non_null, Result};
 use crate::status::MemplugHostStatus;
 use crate::types::{write_sized, MemplugHostVersion, MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR};
 use memplug_host_dep::{HOST_MAX_MINOR, HOST_MIN_MINOR};
@@ -42,7 +42,7 @@ fn version() -> MemplugHostVersion {
 #[no_mangle]
 pub unsafe extern "C" fn memplug_host_get_version(out: *mut MemplugHostVersion) -> MemplugHostStatus {
     boundary("memplug_host_get_version", || -> Result<()> {
-        nn(out, "out")?;
+        require_non_null(out, "out")?;
         // SAFETY: non-NULL; the caller's contract covers the size.
         unsafe { write_sized(out, version(), "MemplugHostVersion") }
     })

@@ -1,11 +1,16 @@
-//! The objects behind the handles: one table per kind per manager slot, the
-//! manager table, handle resolution, and the guards against re-entry from
-//! callbacks.
+//! What ties handles to managers: the process-wide manager table, the
+//! tables of every manager seat (one [`SlotTable`] per kind of object), the
+//! values stored in them, and resolving a handle to its value.
+//!
+//! A manager *seat* is a manager's index in the manager table; it is also
+//! the `manager` field of every handle issued through that manager. A
+//! seat's tables are never freed: a manager created later in the same seat
+//! reuses them, generations included, so a handle of a destroyed manager
+//! stays stale forever.
 
 use crate::error::{Error, Result};
-use crate::handles::{
-    self, Kind, LazyTable, Pinned, Raw, Removed, SlotTable, Vacant, MAX_INDEX, MAX_MANAGERS,
-};
+use crate::handle::{self, Kind, Raw, MAX_INDEX, MAX_MANAGERS};
+use crate::slot_table::{LazyTable, Miss, Pinned, Removed, SlotTable, Vacant};
 use crate::status::MemplugHostStatus as S;
 use memplug_host_dep::governor::{HolderRegistration, Pool};
 use memplug_host_dep::registry::Context;
@@ -13,12 +18,10 @@ use memplug_host_dep::{
     Mechanism, MemoryBinding, OwnedAllocation, ProcessMemoryManager, Region, SharedFence, SharedPrefix,
     Stream,
 };
-use std::cell::Cell;
-use std::ffi::c_void;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// A manager, as its slot holds it.
+/// A manager, as its seat holds it.
 pub(crate) struct ManagerState {
     pub pm: ProcessMemoryManager,
 }
@@ -32,7 +35,10 @@ pub(crate) struct PoolEntry {
 pub(crate) struct HolderShared {
     /// The holder's own handle, set right after registration.
     pub handle: AtomicU64,
-    pub nonsense: AtomicU64,
+    /// Answers larger than everything the pool had charged when the ticket
+    /// was issued, clamped to that figure (`nonsense_answers` of
+    /// `MemplugHostHolderStats`).
+    pub answers_above_pool_use: AtomicU64,
 }
 
 /// A holder handle's value.
@@ -66,16 +72,8 @@ impl Drop for StreamEntry {
     }
 }
 
-/// A raw pointer the C caller promised may be used from any thread.
-#[derive(Clone, Copy)]
-pub(crate) struct UserData(pub *mut c_void);
-// SAFETY: the C API documents that userdata is passed to callbacks on any
-// thread; making that safe is the caller's contract.
-unsafe impl Send for UserData {}
-unsafe impl Sync for UserData {}
-
-/// Every table of one manager slot. Never freed; reused by the next manager
-/// of the slot, generations included.
+/// Every table of one manager seat. Never freed; reused by the next manager
+/// of the seat, generations included.
 pub(crate) struct Tables {
     pub mechanisms: SlotTable<Arc<Context>>,
     pub pools: SlotTable<PoolEntry>,
@@ -125,15 +123,15 @@ pub(crate) fn managers() -> &'static SlotTable<ManagerState> {
     MANAGERS.get()
 }
 
-/// The tables of a manager slot, created on first use.
-pub(crate) fn tables_of(slot: u32) -> &'static Tables {
-    TABLES[slot as usize].get_or_init(|| Box::leak(Box::new(Tables::new())))
+/// The tables of a manager seat, created on first use.
+pub(crate) fn tables_of(seat: u32) -> &'static Tables {
+    TABLES[seat as usize].get_or_init(|| Box::leak(Box::new(Tables::new())))
 }
 
-/// The tables of a manager slot, if any object was ever made there.
+/// The tables of a manager seat, if any object was ever made there.
 #[inline]
-pub(crate) fn existing_tables(slot: u32) -> Option<&'static Tables> {
-    TABLES.get(slot as usize)?.get().copied()
+pub(crate) fn existing_tables(seat: u32) -> Option<&'static Tables> {
+    TABLES.get(seat as usize)?.get().copied()
 }
 
 /// A kind of object kept in a manager's tables.
@@ -166,17 +164,16 @@ object!(SharedFence, Fence, fences);
 
 #[inline]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {
-    let raw = handles::expect(bits, T::KIND)?;
-    let tables =
-        existing_tables(raw.manager).ok_or_else(|| Error::miss(handles::Miss::Invalid, T::KIND, bits))?;
+    let raw = handle::expect(bits, T::KIND)?;
+    let tables = existing_tables(raw.manager).ok_or_else(|| Error::miss(Miss::Invalid, T::KIND, bits))?;
     Ok((T::table(tables), raw))
 }
 
-/// Pins the object named by `bits`; also returns its manager slot.
+/// Pins the object named by `bits`; also returns its manager seat.
 #[inline]
 pub(crate) fn pin<T: Object>(bits: u64) -> Result<(Pinned<T>, u32)> {
     let (table, raw) = table_for::<T>(bits)?;
-    match table.pin(raw) {
+    match table.pin(raw.key()) {
         Ok(p) => Ok((p, raw.manager)),
         Err(m) => Err(Error::miss(m, T::KIND, bits)),
     }
@@ -189,7 +186,7 @@ pub(crate) fn remove<T: Object>(bits: u64) -> Result<Option<Removed<T>>> {
         return Ok(None);
     }
     let (table, raw) = table_for::<T>(bits)?;
-    match table.remove(raw) {
+    match table.remove(raw.key()) {
         Ok(r) => Ok(Some(r)),
         Err(m) => Err(Error::miss(m, T::KIND, bits)),
     }
@@ -199,15 +196,15 @@ pub(crate) fn remove<T: Object>(bits: u64) -> Result<Option<Removed<T>>> {
 #[inline]
 pub(crate) fn meta<T: Object>(bits: u64) -> Result<[u64; 2]> {
     let (table, raw) = table_for::<T>(bits)?;
-    table.meta(raw).map_err(|m| Error::miss(m, T::KIND, bits))
+    table.meta(raw.key()).map_err(|m| Error::miss(m, T::KIND, bits))
 }
 
-/// Stores `value` in manager slot `manager`'s table; returns its handle.
+/// Stores `value` in the table of manager seat `seat`; returns its handle.
 #[inline]
-pub(crate) fn insert<T: Object>(manager: u32, value: T, meta: [u64; 2]) -> Result<u64> {
-    let table = T::table(tables_of(manager));
+pub(crate) fn insert<T: Object>(seat: u32, value: T, meta: [u64; 2]) -> Result<u64> {
+    let table = T::table(tables_of(seat));
     match table.insert(value, meta) {
-        Ok((index, gen)) => Ok(handles::encode(T::KIND, manager, gen, index)),
+        Ok((index, gen)) => Ok(handle::encode(T::KIND, seat, gen, index)),
         Err(v) => {
             drop(v);
             Err(full(T::KIND))
@@ -215,17 +212,17 @@ pub(crate) fn insert<T: Object>(manager: u32, value: T, meta: [u64; 2]) -> Resul
     }
 }
 
-/// A free slot of manager slot `manager`'s table, for a value made next.
+/// A free slot of the table of manager seat `seat`, for a value made next.
 #[inline]
-pub(crate) fn vacant<T: Object>(manager: u32) -> Result<Vacant<T>> {
-    T::table(tables_of(manager)).vacant().ok_or_else(|| full(T::KIND))
+pub(crate) fn vacant<T: Object>(seat: u32) -> Result<Vacant<T>> {
+    T::table(tables_of(seat)).vacant().ok_or_else(|| full(T::KIND))
 }
 
 /// Fills a slot from [`vacant`]; returns the new handle.
 #[inline]
-pub(crate) fn fill<T: Object>(manager: u32, v: Vacant<T>, value: T, meta: [u64; 2]) -> u64 {
+pub(crate) fn fill<T: Object>(seat: u32, v: Vacant<T>, value: T, meta: [u64; 2]) -> u64 {
     let (index, gen) = v.fill(value, meta);
-    handles::encode(T::KIND, manager, gen, index)
+    handle::encode(T::KIND, seat, gen, index)
 }
 
 /// Removes and drops the object named by `bits` (the zero handle: no-op).
@@ -235,7 +232,7 @@ pub(crate) fn remove_drop<T: Object>(bits: u64) -> Result<()> {
         return Ok(());
     }
     let (table, raw) = table_for::<T>(bits)?;
-    table.remove_drop(raw).map_err(|m| Error::miss(m, T::KIND, bits))
+    table.remove_drop(raw.key()).map_err(|m| Error::miss(m, T::KIND, bits))
 }
 
 #[cold]
@@ -243,88 +240,24 @@ fn full(kind: Kind) -> Error {
     Error::new(S::LimitReached, format!("this manager has too many live {} handles", kind.name()))
 }
 
-/// Pins a manager; returns it and its slot.
+/// Pins a manager; returns it and its seat.
 pub(crate) fn pin_manager(bits: u64) -> Result<(Pinned<ManagerState>, u32)> {
-    let raw = handles::expect(bits, Kind::Manager)?;
-    match managers().pin(raw) {
+    let raw = handle::expect(bits, Kind::Manager)?;
+    match managers().pin(raw.key()) {
         Ok(p) => Ok((p, raw.manager)),
         Err(m) => Err(Error::miss(m, Kind::Manager, bits)),
     }
 }
 
-/// Refuses a handle of another manager than `manager`.
+/// Refuses a handle of another manager than the one in seat `seat`.
 #[inline]
-pub(crate) fn same_manager(manager: u32, bits: u64, kind: Kind) -> Result<()> {
-    let raw = handles::decode(bits);
-    if raw.manager != manager {
+pub(crate) fn same_manager(seat: u32, bits: u64, kind: Kind) -> Result<()> {
+    let raw = handle::decode(bits);
+    if raw.manager != seat {
         return Err(Error::new(
             S::WrongManager,
             format!("the {} handle {bits:#018x} belongs to another manager", kind.name()),
         ));
     }
     Ok(())
-}
-
-thread_local! {
-    /// Callbacks of the C caller this thread is running now.
-    static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
-    static THREAD_TOKEN: u8 = const { 0 };
-}
-
-/// Marks this thread as running a C callback while it lives.
-pub(crate) struct CallbackScope(());
-
-impl CallbackScope {
-    pub(crate) fn enter() -> CallbackScope {
-        let _ = IN_CALLBACK.try_with(|c| c.set(c.get() + 1));
-        CallbackScope(())
-    }
-}
-
-impl Drop for CallbackScope {
-    fn drop(&mut self) {
-        let _ = IN_CALLBACK.try_with(|c| c.set(c.get().saturating_sub(1)));
-    }
-}
-
-/// Refuses a call that must not run inside a callback.
-pub(crate) fn not_in_callback(what: &str) -> Result<()> {
-    if IN_CALLBACK.try_with(|c| c.get()).unwrap_or(0) > 0 {
-        return Err(Error::new(
-            S::Reentrant,
-            format!("{what} is not allowed inside a callback the host is running"),
-        ));
-    }
-    Ok(())
-}
-
-/// A number naming this thread among live threads (never 0).
-pub(crate) fn thread_token() -> u64 {
-    THREAD_TOKEN.with(|t| t as *const u8 as u64)
-}
-
-/// Locks a region for this thread, refusing re-entry from a callback run
-/// while this thread already holds it.
-pub(crate) fn lock_region(entry: &RegionEntry) -> Result<RegionLock<'_>> {
-    let me = thread_token();
-    if entry.owner.load(Ordering::Acquire) == me {
-        return Err(Error::new(
-            S::Reentrant,
-            "this region's grow is running the callback that made this call",
-        ));
-    }
-    let guard = entry.region.lock().unwrap_or_else(|p| p.into_inner());
-    entry.owner.store(me, Ordering::Release);
-    Ok(RegionLock { entry, guard })
-}
-
-pub(crate) struct RegionLock<'a> {
-    entry: &'a RegionEntry,
-    pub guard: std::sync::MutexGuard<'a, Region>,
-}
-
-impl Drop for RegionLock<'_> {
-    fn drop(&mut self) {
-        self.entry.owner.store(0, Ordering::Release);
-    }
 }

@@ -1,31 +1,10 @@
-//! Generational handles and the lock-free slot tables behind them.
-//!
-//! Every object the C API hands out is named by a 64-bit value:
-//!
-//! ```text
-//!  63    60 59        50 49                28 27                 0
-//! +--------+------------+--------------------+--------------------+
-//! |  kind  |  manager   |     generation     |       index        |
-//! +--------+------------+--------------------+--------------------+
-//! ```
-//!
-//! * `kind` (4 bits, never 0) says what the handle names, so a pool handle
-//!   passed where a binding is expected is refused;
-//! * `manager` (10 bits) is the slot of the owning manager: a handle given
-//!   to another manager's call is refused as `WRONG_MANAGER`;
-//! * `index` (28 bits) is a slot of the manager's table of that kind;
-//! * `generation` (22 bits, never 0) must equal the slot's: a freed handle
-//!   is `STALE_HANDLE`, a made-up one `INVALID_HANDLE`.
-//!
-//! Generations only grow. A slot whose generation would wrap is retired
-//! for good (never reissued), so a stale handle can never name a newer
-//! object. The zero handle is never issued.
-//!
-//! # Tables
+//! The lock-free generational table behind every kind of handle.
 //!
 //! A [`SlotTable`] is a segmented array of slots whose addresses never move
 //! (chunks of 64, 128, 256... slots, allocated on first use), so a lookup is
-//! two loads and never takes a lock. Each slot has one state word:
+//! two loads and never takes a lock. A value is named by its [`Key`]: the
+//! slot's index and the generation the slot had when the value went in.
+//! Each slot has one state word:
 //!
 //! ```text
 //!  63           32 31   30     29                 0
@@ -40,135 +19,47 @@
 //!   `DYING` and the generation matches; unpin subtracts it;
 //! * take / remove: a compare-exchange from `OCC` (no readers) to free with
 //!   the next generation; exactly one of two racing frees wins, the other
-//!   sees a stale handle. With readers, remove marks `DYING` and the last
+//!   sees a stale key. With readers, remove marks `DYING` and the last
 //!   reader drops the value.
+//!
+//! Generations only grow. A slot whose generation would pass `MAX_GEN` is
+//! retired for good (never reissued), so a stale key can never name a
+//! newer value.
 //!
 //! Free indices are cached per thread (refilled from and spilled to a
 //! mutex-guarded list in batches), so an insert + take pair costs one
 //! compare-exchange and no lock.
 //!
-//! Tables are never freed: they belong to a manager *slot*, and a manager
-//! created later in the same slot reuses them, generations included. So a
-//! handle of a destroyed manager stays stale forever.
+//! The table knows nothing of handles, managers or errors: lookups fail
+//! with a [`Miss`], which [`crate::error`] turns into a status. Its atomics,
+//! lock, thread-local and value cells come from `crate::sync`, so
+//! `tests/slot_table_loom.rs` model-checks this code as it is.
+//!
+//! The module is public (and hidden) only for that test.
 
-use crate::error::Error;
-use crate::status::MemplugHostStatus as S;
-use std::cell::{RefCell, UnsafeCell};
-use std::mem::MaybeUninit;
+use crate::sync::{
+    self, exclusive_ptr, exclusive_u64, fence, thread_local, AtomicPtr, AtomicU32, AtomicU64, Mutex,
+    MutexGuard, ValueCell,
+};
+use std::cell::RefCell;
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
-use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64};
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
-const INDEX_BITS: u32 = 28;
-const GEN_BITS: u32 = 22;
-const MANAGER_BITS: u32 = 10;
-const GEN_SHIFT: u32 = INDEX_BITS;
-const MANAGER_SHIFT: u32 = GEN_SHIFT + GEN_BITS;
-const KIND_SHIFT: u32 = MANAGER_SHIFT + MANAGER_BITS;
-
-/// Managers alive at once.
-pub(crate) const MAX_MANAGERS: u32 = 1 << MANAGER_BITS;
+/// Bits of a slot index (the handle codec packs exactly these).
+pub(crate) const INDEX_BITS: u32 = 28;
+/// Bits of a generation (the handle codec packs exactly these).
+pub(crate) const GEN_BITS: u32 = 22;
 /// Largest slot index of a table.
 pub(crate) const MAX_INDEX: u32 = (1 << INDEX_BITS) - 1;
 /// Largest generation; a slot that reaches it is retired after its last use.
-const MAX_GEN: u32 = (1 << GEN_BITS) - 1;
+pub(crate) const MAX_GEN: u32 = (1 << GEN_BITS) - 1;
 
-/// What a handle names.
+/// What a value is looked up by: its slot and the slot's generation when
+/// the value was stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[repr(u8)]
-pub(crate) enum Kind {
-    Manager = 1,
-    Mechanism = 2,
-    Pool = 3,
-    Holder = 4,
-    Binding = 5,
-    Allocation = 6,
-    Region = 7,
-    Prefix = 8,
-    Stream = 9,
-    Fence = 10,
-}
-
-impl Kind {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kind::Manager => "manager",
-            Kind::Mechanism => "mechanism",
-            Kind::Pool => "pool",
-            Kind::Holder => "holder",
-            Kind::Binding => "binding",
-            Kind::Allocation => "allocation",
-            Kind::Region => "region",
-            Kind::Prefix => "shared prefix",
-            Kind::Stream => "stream",
-            Kind::Fence => "fence",
-        }
-    }
-}
-
-/// A decoded handle.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Raw {
-    pub kind: u8,
-    pub manager: u32,
-    pub gen: u32,
+pub struct Key {
     pub index: u32,
-}
-
-#[inline]
-pub(crate) fn encode(kind: Kind, manager: u32, gen: u32, index: u32) -> u64 {
-    debug_assert!(manager < MAX_MANAGERS && gen <= MAX_GEN && index <= MAX_INDEX);
-    ((kind as u64) << KIND_SHIFT)
-        | ((manager as u64) << MANAGER_SHIFT)
-        | ((gen as u64) << GEN_SHIFT)
-        | index as u64
-}
-
-#[inline]
-pub(crate) fn decode(bits: u64) -> Raw {
-    Raw {
-        kind: (bits >> KIND_SHIFT) as u8,
-        manager: ((bits >> MANAGER_SHIFT) & (MAX_MANAGERS as u64 - 1)) as u32,
-        gen: ((bits >> GEN_SHIFT) & MAX_GEN as u64) as u32,
-        index: (bits & MAX_INDEX as u64) as u32,
-    }
-}
-
-/// Decodes `bits` as a handle of `kind`; the zero handle and a handle of
-/// another kind are refused (the caller treats zero first where it is a
-/// no-op).
-#[inline]
-pub(crate) fn expect(bits: u64, kind: Kind) -> Result<Raw, Error> {
-    let raw = decode(bits);
-    if raw.kind != kind as u8 || raw.gen == 0 {
-        return Err(invalid(bits, kind));
-    }
-    Ok(raw)
-}
-
-#[cold]
-pub(crate) fn invalid(bits: u64, kind: Kind) -> Error {
-    if bits == 0 {
-        return Error::new(S::InvalidHandle, format!("the {} handle is the zero handle", kind.name()));
-    }
-    let found = decode(bits).kind;
-    let what = match found {
-        1 => "a manager",
-        2 => "a mechanism",
-        3 => "a pool",
-        4 => "a holder",
-        5 => "a binding",
-        6 => "an allocation",
-        7 => "a region",
-        8 => "a shared prefix",
-        9 => "a stream",
-        10 => "a fence",
-        _ => "no kind of",
-    };
-    Error::new(
-        S::InvalidHandle,
-        format!("{bits:#018x} is not a valid {} handle (it is {what} handle)", kind.name()),
-    )
+    pub gen: u32,
 }
 
 const OCC: u64 = 1 << 31;
@@ -201,7 +92,7 @@ struct Slot<T> {
     /// Two words of copyable data published with the value and readable
     /// without pinning (seqlock-validated): an allocation's address and size.
     meta: [AtomicU64; 2],
-    value: UnsafeCell<MaybeUninit<T>>,
+    value: ValueCell<T>,
 }
 
 impl<T> Slot<T> {
@@ -209,13 +100,15 @@ impl<T> Slot<T> {
         Slot {
             state: AtomicU64::new(free_state(1)),
             meta: [AtomicU64::new(0), AtomicU64::new(0)],
-            value: UnsafeCell::new(MaybeUninit::uninit()),
+            value: ValueCell::uninit(),
         }
     }
 }
 
 const BASE: u64 = 64;
-const CHUNKS: usize = 23; // BASE << 22 covers MAX_INDEX
+/// Chunks `0..CHUNKS` hold `BASE * (2^CHUNKS - 1)` slots: every index up to
+/// MAX_INDEX.
+const CHUNKS: usize = (INDEX_BITS - BASE.trailing_zeros()) as usize + 1;
 
 #[inline]
 fn locate(index: u32) -> (usize, usize) {
@@ -249,19 +142,17 @@ struct FreeInner {
 const BATCH: usize = 32;
 const LOCAL_MAX: usize = 2 * BATCH;
 
-static NEXT_LIST_ID: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-
 impl FreeList {
     fn new(limit: u32) -> Self {
         FreeList {
             inner: Mutex::new(FreeInner { free: Vec::new(), fresh: 0, limit }),
             high: AtomicU32::new(0),
-            id: NEXT_LIST_ID.fetch_add(1, Relaxed),
+            id: sync::next_list_id(),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, FreeInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, FreeInner> {
+        sync::lock(&self.inner)
     }
 
     /// Moves up to `n` free indices into `out`.
@@ -293,8 +184,14 @@ impl Drop for LocalCaches {
     }
 }
 
+// (loom's `thread_local!` takes no `const { }` initialiser.)
+#[cfg(not(loom))]
 thread_local! {
     static LOCAL: RefCell<LocalCaches> = const { RefCell::new(LocalCaches(Vec::new())) };
+}
+#[cfg(loom)]
+thread_local! {
+    static LOCAL: RefCell<LocalCaches> = RefCell::new(LocalCaches(Vec::new()));
 }
 
 #[inline]
@@ -314,15 +211,15 @@ fn with_local<R>(list: &'static FreeList, f: impl FnOnce(&mut Vec<u32>) -> R) ->
 
 /// Why a lookup failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Miss {
-    /// The handle named an object that is gone.
+pub enum Miss {
+    /// The key named a value that is gone.
     Stale,
-    /// The handle never named an object of this table.
+    /// The key never named a value of this table.
     Invalid,
 }
 
 /// Outcome of [`SlotTable::remove`].
-pub(crate) enum Removed<T> {
+pub enum Removed<T> {
     /// Nobody else was using it: here it is.
     Now(T),
     /// Other threads use it; the last of them drops it.
@@ -330,7 +227,7 @@ pub(crate) enum Removed<T> {
 }
 
 /// A lock-free generational table (see the module docs).
-pub(crate) struct SlotTable<T> {
+pub struct SlotTable<T> {
     chunks: [AtomicPtr<Slot<T>>; CHUNKS],
     grow: Mutex<()>,
     free: FreeList,
@@ -343,9 +240,10 @@ unsafe impl<T: Send + Sync> Sync for SlotTable<T> {}
 unsafe impl<T: Send> Send for SlotTable<T> {}
 
 impl<T> SlotTable<T> {
-    pub(crate) fn new(limit: u32) -> Self {
+    /// A table handing out indices `0..=limit` (at most [`MAX_INDEX`]).
+    pub fn new(limit: u32) -> Self {
         SlotTable {
-            chunks: [const { AtomicPtr::new(std::ptr::null_mut()) }; CHUNKS],
+            chunks: std::array::from_fn(|_| AtomicPtr::new(std::ptr::null_mut())),
             grow: Mutex::new(()),
             free: FreeList::new(limit.min(MAX_INDEX)),
         }
@@ -365,7 +263,7 @@ impl<T> SlotTable<T> {
 
     #[cold]
     fn make_chunk(&self, k: usize) -> &Slot<T> {
-        let _g = self.grow.lock().unwrap_or_else(|p| p.into_inner());
+        let _g = sync::lock(&self.grow);
         let mut p = self.chunks[k].load(Acquire);
         if p.is_null() {
             let chunk: Box<[Slot<T>]> = (0..chunk_len(k)).map(|_| Slot::fresh()).collect();
@@ -390,7 +288,7 @@ impl<T> SlotTable<T> {
     }
 
     /// One past the highest index ever used.
-    pub(crate) fn high_water(&self) -> u32 {
+    pub fn high_water(&self) -> u32 {
         self.free.high.load(Acquire)
     }
 }
@@ -432,7 +330,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// moved only once, into the slot); `None` when the table is full.
     /// Dropping the [`Vacant`] unfilled gives the slot back.
     #[inline]
-    pub(crate) fn vacant(&'static self) -> Option<Vacant<T>> {
+    pub fn vacant(&'static self) -> Option<Vacant<T>> {
         let index = self.alloc_index()?;
         Some(Vacant { table: self, slot: self.slot_or_make(index), index })
     }
@@ -440,7 +338,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// Stores `value`; returns (index, generation). `Err(value)` when the
     /// table is full.
     #[inline]
-    pub(crate) fn insert(&'static self, value: T, meta: [u64; 2]) -> Result<(u32, u32), T> {
+    pub fn insert(&'static self, value: T, meta: [u64; 2]) -> Result<(u32, u32), T> {
         match self.vacant() {
             Some(v) => Ok(v.fill(value, meta)),
             None => Err(value),
@@ -448,13 +346,13 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     }
 
     #[cold]
-    fn classify(&self, raw: Raw) -> Miss {
-        match self.slot(raw.index) {
+    fn classify(&self, key: Key) -> Miss {
+        match self.slot(key.index) {
             None => Miss::Invalid,
             Some(s) => {
                 let st = s.state.load(Acquire);
                 let g = gen_of(st);
-                if g > raw.gen || (g == raw.gen && st & OCC == 0) || (g == raw.gen && st & DYING != 0) {
+                if g > key.gen || (g == key.gen && st & OCC == 0) || (g == key.gen && st & DYING != 0) {
                     Miss::Stale
                 } else {
                     Miss::Invalid
@@ -465,17 +363,17 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
 
     /// Shared use of the value while the guard lives.
     #[inline]
-    pub(crate) fn pin(&'static self, raw: Raw) -> Result<Pinned<T>, Miss> {
-        let Some(slot) = self.slot(raw.index) else {
+    pub fn pin(&'static self, key: Key) -> Result<Pinned<T>, Miss> {
+        let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
         };
         let mut st = slot.state.load(Acquire);
         loop {
-            if st & (OCC | DYING) != OCC || gen_of(st) != raw.gen || st & READERS == READERS {
-                return Err(self.classify(raw));
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen || st & READERS == READERS {
+                return Err(self.classify(key));
             }
             match slot.state.compare_exchange_weak(st, st + 1, Acquire, Acquire) {
-                Ok(_) => return Ok(Pinned { table: self, slot, index: raw.index }),
+                Ok(_) => return Ok(Pinned { table: self, slot, index: key.index }),
                 Err(now) => st = now,
             }
         }
@@ -483,18 +381,18 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
 
     /// The two words stored with the value, without pinning.
     #[inline]
-    pub(crate) fn meta(&'static self, raw: Raw) -> Result<[u64; 2], Miss> {
-        let Some(slot) = self.slot(raw.index) else {
+    pub fn meta(&'static self, key: Key) -> Result<[u64; 2], Miss> {
+        let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
         };
         let st = slot.state.load(Acquire);
-        if st & (OCC | DYING) != OCC || gen_of(st) != raw.gen {
-            return Err(self.classify(raw));
+        if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
+            return Err(self.classify(key));
         }
         let m = [slot.meta[0].load(Relaxed), slot.meta[1].load(Relaxed)];
         fence(Acquire);
         let again = slot.state.load(Relaxed);
-        if gen_of(again) != raw.gen || again & (OCC | DYING) != OCC {
+        if gen_of(again) != key.gen || again & (OCC | DYING) != OCC {
             return Err(Miss::Stale);
         }
         Ok(m)
@@ -503,24 +401,24 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// Takes the value out if nobody uses it; with readers, marks it dying
     /// (the last reader drops it). Either way the handle is stale from now.
     #[inline]
-    pub(crate) fn remove(&'static self, raw: Raw) -> Result<Removed<T>, Miss> {
-        let Some(slot) = self.slot(raw.index) else {
+    pub fn remove(&'static self, key: Key) -> Result<Removed<T>, Miss> {
+        let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
         };
         let mut st = slot.state.load(Acquire);
         loop {
-            if st & (OCC | DYING) != OCC || gen_of(st) != raw.gen {
-                return Err(self.classify(raw));
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
+                return Err(self.classify(key));
             }
             if st & READERS == 0 {
-                let (next, reusable) = next_free(raw.gen);
+                let (next, reusable) = next_free(key.gen);
                 match slot.state.compare_exchange_weak(st, next, AcqRel, Acquire) {
                     Ok(_) => {
                         // SAFETY: the transition made this thread the only
                         // owner of the initialised value.
-                        let v = unsafe { (*slot.value.get()).assume_init_read() };
+                        let v = unsafe { slot.value.take() };
                         if reusable {
-                            self.release_index(raw.index);
+                            self.release_index(key.index);
                         }
                         return Ok(Removed::Now(v));
                     }
@@ -538,36 +436,36 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// Like [`remove`](Self::remove), dropping the value in place (no
     /// move) when nobody else uses it.
     #[inline]
-    pub(crate) fn remove_drop(&'static self, raw: Raw) -> Result<(), Miss> {
-        let Some(slot) = self.slot(raw.index) else {
+    pub fn remove_drop(&'static self, key: Key) -> Result<(), Miss> {
+        let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
         };
         let st = slot.state.load(Acquire);
-        if st == (free_state(raw.gen) | OCC) {
-            let (next, reusable) = next_free(raw.gen);
+        if st == (free_state(key.gen) | OCC) {
+            let (next, reusable) = next_free(key.gen);
             if slot.state.compare_exchange(st, next, AcqRel, Acquire).is_ok() {
                 // SAFETY: the transition made this thread the only owner of
                 // the initialised value; the index is not reissued before
                 // release_index below.
-                unsafe { (*slot.value.get()).assume_init_drop() };
+                unsafe { slot.value.drop_in_place() };
                 if reusable {
-                    self.release_index(raw.index);
+                    self.release_index(key.index);
                 }
                 return Ok(());
             }
         }
-        self.remove(raw).map(drop)
+        self.remove(key).map(drop)
     }
 
     /// Removes every live value (manager teardown), calling `f` on those
     /// nobody else uses; the others are dropped by their last reader.
-    pub(crate) fn sweep(&'static self, mut f: impl FnMut(T)) {
+    pub fn sweep(&'static self, mut f: impl FnMut(T)) {
         for index in 0..self.high_water() {
             let Some(slot) = self.slot(index) else { continue };
             let st = slot.state.load(Acquire);
             if st & (OCC | DYING) == OCC {
-                let raw = Raw { kind: 0, manager: 0, gen: gen_of(st), index };
-                if let Ok(Removed::Now(v)) = self.remove(raw) {
+                let key = Key { index, gen: gen_of(st) };
+                if let Ok(Removed::Now(v)) = self.remove(key) {
                     f(v);
                 }
             }
@@ -580,7 +478,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
             fence(Acquire);
             // SAFETY: the remover marked it dying and this was the last
             // reader: nobody else can reach the value any more.
-            let v = unsafe { (*slot.value.get()).assume_init_read() };
+            let v = unsafe { slot.value.take() };
             let (next, reusable) = next_free(gen_of(old));
             slot.state.store(next, Release);
             if reusable {
@@ -594,17 +492,17 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
 impl<T> Drop for SlotTable<T> {
     fn drop(&mut self) {
         for (k, c) in self.chunks.iter_mut().enumerate() {
-            let p = *c.get_mut();
+            let p = exclusive_ptr(c);
             if p.is_null() {
                 continue;
             }
             // SAFETY: allocated in make_chunk as a boxed slice of this length.
             let mut chunk = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(p, chunk_len(k))) };
             for s in chunk.iter_mut() {
-                if *s.state.get_mut() & (OCC | DYING) != 0 {
+                if exclusive_u64(&mut s.state) & (OCC | DYING) != 0 {
                     // SAFETY: occupied slots hold an initialised value and
                     // `&mut self` excludes every reader.
-                    unsafe { s.value.get_mut().assume_init_drop() };
+                    unsafe { s.value.drop_in_place() };
                 }
             }
         }
@@ -612,7 +510,7 @@ impl<T> Drop for SlotTable<T> {
 }
 
 /// A pinned value: usable while this guard lives, from this thread.
-pub(crate) struct Pinned<T: Send + Sync + 'static> {
+pub struct Pinned<T: Send + Sync + 'static> {
     table: &'static SlotTable<T>,
     slot: &'static Slot<T>,
     index: u32,
@@ -624,7 +522,7 @@ impl<T: Send + Sync + 'static> std::ops::Deref for Pinned<T> {
     fn deref(&self) -> &T {
         // SAFETY: a pinned slot holds an initialised value that is not
         // moved out before the last reader unpins.
-        unsafe { (*self.slot.value.get()).assume_init_ref() }
+        unsafe { self.slot.value.get() }
     }
 }
 
@@ -636,7 +534,7 @@ impl<T: Send + Sync + 'static> Drop for Pinned<T> {
 }
 
 /// A free slot taken by this thread, to be filled once.
-pub(crate) struct Vacant<T: Send + Sync + 'static> {
+pub struct Vacant<T: Send + Sync + 'static> {
     table: &'static SlotTable<T>,
     slot: &'static Slot<T>,
     index: u32,
@@ -645,7 +543,7 @@ pub(crate) struct Vacant<T: Send + Sync + 'static> {
 impl<T: Send + Sync + 'static> Vacant<T> {
     /// Publishes `value`; returns (index, generation).
     #[inline]
-    pub(crate) fn fill(self, value: T, meta: [u64; 2]) -> (u32, u32) {
+    pub fn fill(self, value: T, meta: [u64; 2]) -> (u32, u32) {
         let (slot, index) = (self.slot, self.index);
         std::mem::forget(self);
         let st = slot.state.load(Acquire);
@@ -653,7 +551,7 @@ impl<T: Send + Sync + 'static> Vacant<T> {
         let gen = gen_of(st);
         // SAFETY: the index came off the free list, so this thread owns the
         // slot: no reader can pin it (not OCC) and no taker can take it.
-        unsafe { (*slot.value.get()).write(value) };
+        unsafe { slot.value.write(value) };
         slot.meta[0].store(meta[0], Relaxed);
         slot.meta[1].store(meta[1], Relaxed);
         slot.state.store(free_state(gen) | OCC, Release);
@@ -667,9 +565,9 @@ impl<T: Send + Sync + 'static> Drop for Vacant<T> {
     }
 }
 
-/// Leaks a table so it can live for the whole process (tables of manager
-/// slots are reused, never freed).
-pub(crate) fn leak<T>(t: SlotTable<T>) -> &'static SlotTable<T> {
+/// Leaks a table so it can live for the whole process (the tables of a
+/// manager seat are reused by the seat's next manager, never freed).
+pub fn leak<T>(t: SlotTable<T>) -> &'static SlotTable<T> {
     Box::leak(Box::new(t))
 }
 
@@ -686,21 +584,11 @@ impl<T: Send + Sync + 'static> LazyTable<T> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU32;
     use std::sync::Arc;
-
-    #[test]
-    fn encode_decode_round_trip() {
-        let bits = encode(Kind::Region, MAX_MANAGERS - 1, MAX_GEN, MAX_INDEX);
-        assert_eq!(
-            decode(bits),
-            Raw { kind: Kind::Region as u8, manager: MAX_MANAGERS - 1, gen: MAX_GEN, index: MAX_INDEX }
-        );
-        assert!(expect(bits, Kind::Binding).is_err());
-        assert!(expect(0, Kind::Binding).is_err());
-    }
 
     #[test]
     fn locate_covers_every_index_once() {
@@ -717,25 +605,25 @@ mod tests {
         assert!(k < CHUNKS && off < chunk_len(k));
     }
 
-    fn raw(index: u32, gen: u32) -> Raw {
-        Raw { kind: 0, manager: 0, gen, index }
+    fn key(index: u32, gen: u32) -> Key {
+        Key { index, gen }
     }
 
     #[test]
     fn stale_and_forged_handles_are_told_apart() {
         let t = leak(SlotTable::<String>::new(MAX_INDEX));
         let (i, g) = t.insert("a".into(), [1, 2]).unwrap();
-        assert_eq!(&*t.pin(raw(i, g)).unwrap(), "a");
-        assert_eq!(t.meta(raw(i, g)).unwrap(), [1, 2]);
-        assert!(matches!(t.remove(raw(i, g)), Ok(Removed::Now(s)) if s == "a"));
-        assert_eq!(t.pin(raw(i, g)).err(), Some(Miss::Stale));
-        assert_eq!(t.remove(raw(i, g)).err(), Some(Miss::Stale));
-        assert_eq!(t.pin(raw(i, g + 5)).err(), Some(Miss::Invalid));
-        assert_eq!(t.pin(raw(1 << 27, 1)).err(), Some(Miss::Invalid));
+        assert_eq!(&*t.pin(key(i, g)).unwrap(), "a");
+        assert_eq!(t.meta(key(i, g)).unwrap(), [1, 2]);
+        assert!(matches!(t.remove(key(i, g)), Ok(Removed::Now(s)) if s == "a"));
+        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
+        assert_eq!(t.remove(key(i, g)).err(), Some(Miss::Stale));
+        assert_eq!(t.pin(key(i, g + 5)).err(), Some(Miss::Invalid));
+        assert_eq!(t.pin(key(1 << 27, 1)).err(), Some(Miss::Invalid));
         // The index is reused with a newer generation.
         let (i2, g2) = t.insert("b".into(), [0, 0]).unwrap();
         assert_eq!((i2, g2), (i, g + 1));
-        assert_eq!(t.pin(raw(i, g)).err(), Some(Miss::Stale));
+        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
     }
 
     #[test]
@@ -749,11 +637,11 @@ mod tests {
         let drops = Arc::new(AtomicU32::new(0));
         let t = leak(SlotTable::<D>::new(MAX_INDEX));
         let (i, g) = t.insert(D(drops.clone()), [0, 0]).ok().unwrap();
-        let p1 = t.pin(raw(i, g)).ok().unwrap();
-        let p2 = t.pin(raw(i, g)).ok().unwrap();
-        assert!(matches!(t.remove(raw(i, g)), Ok(Removed::Deferred)));
-        assert_eq!(t.pin(raw(i, g)).err(), Some(Miss::Stale));
-        assert!(t.remove(raw(i, g)).is_err());
+        let p1 = t.pin(key(i, g)).ok().unwrap();
+        let p2 = t.pin(key(i, g)).ok().unwrap();
+        assert!(matches!(t.remove(key(i, g)), Ok(Removed::Deferred)));
+        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
+        assert!(t.remove(key(i, g)).is_err());
         drop(p1);
         assert_eq!(drops.load(Relaxed), 0);
         drop(p2);
@@ -769,13 +657,13 @@ mod tests {
         let slot = t.slot(i).unwrap();
         // Pretend the slot already went through every generation.
         slot.state.store(free_state(MAX_GEN) | OCC, Release);
-        assert!(matches!(t.remove(raw(i, MAX_GEN)), Ok(Removed::Now(1))));
-        assert_eq!(t.pin(raw(i, MAX_GEN)).err(), Some(Miss::Stale));
-        assert_eq!(t.pin(raw(i, g)).err(), Some(Miss::Stale));
+        assert!(matches!(t.remove(key(i, MAX_GEN)), Ok(Removed::Now(1))));
+        assert_eq!(t.pin(key(i, MAX_GEN)).err(), Some(Miss::Stale));
+        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
         for _ in 0..1000 {
             let (j, _) = t.insert(2, [0, 0]).unwrap();
             assert_ne!(j, i, "a retired slot is never reissued");
-            let _ = t.remove(raw(j, gen_of(t.slot(j).unwrap().state.load(Acquire))));
+            let _ = t.remove(key(j, gen_of(t.slot(j).unwrap().state.load(Acquire))));
         }
     }
 
@@ -787,7 +675,7 @@ mod tests {
             let (i, g) = t.insert(token.clone(), [0, 0]).unwrap();
             let wins: u32 = std::thread::scope(|s| {
                 let hs: Vec<_> = (0..4)
-                    .map(|_| s.spawn(move || matches!(t.remove(raw(i, g)), Ok(Removed::Now(_))) as u32))
+                    .map(|_| s.spawn(move || matches!(t.remove(key(i, g)), Ok(Removed::Now(_))) as u32))
                     .collect();
                 hs.into_iter().map(|h| h.join().unwrap()).sum()
             });
@@ -808,12 +696,12 @@ mod tests {
                         live.push((i, g, th * 1_000_000 + n));
                         if n % 3 == 0 {
                             let (i, g, v) = live.swap_remove(0);
-                            assert!(matches!(t.remove(raw(i, g)), Ok(Removed::Now(x)) if x == v));
+                            assert!(matches!(t.remove(key(i, g)), Ok(Removed::Now(x)) if x == v));
                         }
                     }
                     for (i, g, v) in live {
-                        assert_eq!(*t.pin(raw(i, g)).unwrap(), v);
-                        assert!(matches!(t.remove(raw(i, g)), Ok(Removed::Now(x)) if x == v));
+                        assert_eq!(*t.pin(key(i, g)).unwrap(), v);
+                        assert!(matches!(t.remove(key(i, g)), Ok(Removed::Now(x)) if x == v));
                     }
                 });
             }
