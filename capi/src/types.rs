@@ -5,6 +5,7 @@
 
 use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::MemplugDevice;
+use memplug_sdk::prefix::{self, PrefixError, Prefixed};
 
 /// Major version of this C API: changes only with an incompatible change.
 pub const MEMPLUG_HOST_API_MAJOR: u32 = 1;
@@ -439,14 +440,12 @@ pub const MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0: u32 = 88;
 /// Size of `MemplugHostPollReport` in API 1.0.
 pub const MEMPLUG_HOST_POLL_REPORT_SIZE_1_0: u32 = 32;
 
-/// A struct whose first field is `struct_size`.
-pub(crate) trait Sized10: Copy {
-    const SIZE_1_0: u32;
-}
-
-macro_rules! sized {
+macro_rules! prefixed {
     ($($t:ty => $c:ident),* $(,)?) => {
-        $(impl Sized10 for $t { const SIZE_1_0: u32 = $c; })*
+        // SAFETY: each is a `#[repr(C)]` struct whose first field is
+        // `struct_size: u32`, made of integers, handles (integers), a
+        // `MemplugDevice` and `c_char` arrays: valid when zeroed.
+        $(unsafe impl Prefixed for $t { const SIZE_1_0: u32 = $c; })*
         #[cfg(test)]
         #[test]
         fn sizes_match_the_1_0_constants() {
@@ -455,7 +454,7 @@ macro_rules! sized {
     };
 }
 
-sized! {
+prefixed! {
     MemplugHostVersion => MEMPLUG_HOST_VERSION_SIZE_1_0,
     MemplugHostMechanismInfo => MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0,
     MemplugHostBindingOptions => MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
@@ -469,50 +468,38 @@ sized! {
     MemplugHostPollReport => MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
 }
 
+/// The C API's refusal of a caller's struct `what`.
+fn refusal(what: &str, e: PrefixError) -> crate::error::Error {
+    let message = match e {
+        PrefixError::Null => format!("{what} is NULL"),
+        PrefixError::Short { declared, min } => {
+            format!("{what}: struct_size is {declared}, the 1.0 size is {min} (set it to sizeof)")
+        }
+    };
+    crate::error::Error::new(crate::status::MemplugHostStatus::InvalidArgument, message)
+}
+
 /// Writes `value` into a caller's struct whose `struct_size` says how big
-/// it is: refuses one shorter than the 1.0 size, writes
-/// `min(struct_size, sizeof)` bytes and sets `struct_size` to that.
+/// it is, by the C API's convention ([`prefix::write_setting_size`]):
+/// refuses one shorter than the 1.0 size, writes `min(struct_size, sizeof)`
+/// bytes and sets `struct_size` to that.
 ///
 /// # Safety
 /// `out` must be non-NULL and writable for its `struct_size` bytes.
-pub(crate) unsafe fn write_sized<T: Sized10>(out: *mut T, value: T, what: &str) -> crate::error::Result<()> {
-    // SAFETY: every Sized10 type starts with a u32 struct_size.
-    let declared = unsafe { out.cast::<u32>().read_unaligned() };
-    if declared < T::SIZE_1_0 {
-        return Err(crate::error::Error::new(
-            crate::status::MemplugHostStatus::InvalidArgument,
-            format!("{what}: struct_size is {declared}, the 1.0 size is {} (set it to sizeof)", T::SIZE_1_0),
-        ));
-    }
-    let n = (declared as usize).min(std::mem::size_of::<T>());
-    // SAFETY: the caller's struct has at least `declared` >= n bytes; the
-    // source is a whole T of size >= n.
-    unsafe {
-        std::ptr::copy_nonoverlapping((&value as *const T).cast::<u8>(), out.cast::<u8>(), n);
-        out.cast::<u32>().write_unaligned(n as u32);
-    }
-    Ok(())
+pub(crate) unsafe fn write_sized<T: Prefixed>(out: *mut T, value: T, what: &str) -> crate::error::Result<()> {
+    // SAFETY: the caller's contract, as above.
+    unsafe { prefix::write_setting_size(out, &value) }.map_err(|e| refusal(what, e))
 }
 
 /// Reads a caller's struct of type `T` of `struct_size` bytes into a zeroed
-/// local (fields it lacks stay zero); refuses one shorter than 1.0.
+/// local (fields it lacks stay zero; [`prefix::read`]); refuses one shorter
+/// than 1.0.
 ///
 /// # Safety
 /// `p` must be non-NULL and readable for its `struct_size` bytes.
-pub(crate) unsafe fn read_sized<T: Sized10 + Default>(p: *const T, what: &str) -> crate::error::Result<T> {
-    // SAFETY: every Sized10 type starts with a u32 struct_size.
-    let declared = unsafe { p.cast::<u32>().read_unaligned() };
-    if declared < T::SIZE_1_0 {
-        return Err(crate::error::Error::new(
-            crate::status::MemplugHostStatus::InvalidArgument,
-            format!("{what}: struct_size is {declared}, the 1.0 size is {} (set it to sizeof)", T::SIZE_1_0),
-        ));
-    }
-    let mut v = T::default();
-    let n = (declared as usize).min(std::mem::size_of::<T>());
-    // SAFETY: see above.
-    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut v as *mut T).cast::<u8>(), n) };
-    Ok(v)
+pub(crate) unsafe fn read_sized<T: Prefixed>(p: *const T, what: &str) -> crate::error::Result<T> {
+    // SAFETY: the caller's contract, as above.
+    unsafe { prefix::read(p) }.map_err(|e| refusal(what, e))
 }
 
 /// Copies `s` into a fixed C name field, truncated at a char boundary,

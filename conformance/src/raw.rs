@@ -1,11 +1,14 @@
-//! The plugin as the kit sees it: descriptors read as untrusted prefixes,
-//! and one wrapper per slot that passes a recording sink and a guarded
-//! output buffer (so a write past `struct_size`, or a write on failure, is
-//! noticed), and logs the call.
+//! The plugin as the kit sees it: its strings read through the SDK's
+//! bounded reader (its descriptors are read as untrusted prefixes through
+//! `memplug_sdk::prefix`, in `checks/descriptor.rs`), and one wrapper per
+//! slot that passes a recording sink and a guarded output buffer (so a
+//! write past `struct_size`, or a write on failure, is noticed), and logs
+//! the call.
 
 use crate::sink::{call, Log};
-use core::ffi::{c_char, c_void, CStr};
+use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::*;
+use memplug_sdk::prefix::{read_bounded_str, StringError, MAX_NAME};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Filler of guarded output buffers.
@@ -67,54 +70,19 @@ pub(crate) fn next_object_id() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-/// Reads `min(struct_size, sizeof T)` bytes of `p` into a zeroed `T`.
-/// `None` for NULL; `Err` with the declared size when it is below `min`.
-///
-/// # Safety
-/// `p` is NULL or points to at least `struct_size` readable bytes.
-pub(crate) unsafe fn prefix<T: Copy>(p: *const T, min: u32) -> Result<Option<(T, u32)>, u32> {
-    if p.is_null() {
-        return Ok(None);
-    }
-    let declared = p.cast::<u32>().read_unaligned();
-    if declared < min {
-        return Err(declared);
-    }
-    let mut local = core::mem::MaybeUninit::<T>::zeroed();
-    let n = (declared as usize).min(core::mem::size_of::<T>());
-    core::ptr::copy_nonoverlapping(p.cast::<u8>(), local.as_mut_ptr().cast::<u8>(), n);
-    // SAFETY: every ABI struct is valid zeroed (integers, pointers, Option<fn>).
-    Ok(Some((local.assume_init(), declared)))
-}
-
-/// Longest plugin string the kit reads before calling it unterminated.
-pub(crate) const MAX_NAME: usize = 256;
-
-/// Reads a NUL-terminated UTF-8 plugin string, byte by byte (it may end
-/// right before unmapped memory), at most [`MAX_NAME`] bytes.
+/// Reads a plugin string through the SDK's bounded reader
+/// ([`read_bounded_str`]: NUL-terminated UTF-8, byte by byte, at most
+/// [`MAX_NAME`] bytes), and says what is wrong with it in the kit's words.
 ///
 /// # Safety
 /// `p` is NULL or readable up to its terminator or `MAX_NAME` bytes.
 pub(crate) unsafe fn plugin_string(p: *const c_char) -> Result<String, String> {
-    if p.is_null() {
-        return Err("is NULL".into());
-    }
-    let mut bytes = Vec::new();
-    loop {
-        let b = *p.add(bytes.len()).cast::<u8>();
-        bytes.push(b);
-        if b == 0 {
-            break;
-        }
-        if bytes.len() == MAX_NAME {
-            return Err(format!("has no NUL terminator within {MAX_NAME} bytes"));
-        }
-    }
-    match CStr::from_bytes_with_nul(&bytes).map(CStr::to_str) {
-        Ok(Ok("")) => Err("is empty".into()),
-        Ok(Ok(s)) => Ok(s.to_string()),
-        _ => Err("is not UTF-8".into()),
-    }
+    read_bounded_str(p).map_err(|e| match e {
+        StringError::Null => "is NULL".into(),
+        StringError::Unterminated => format!("has no NUL terminator within {MAX_NAME} bytes"),
+        StringError::Empty => "is empty".into(),
+        StringError::NotUtf8 => "is not UTF-8".into(),
+    })
 }
 
 /// One mechanism, as published (vtables copied as prefixes).

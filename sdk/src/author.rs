@@ -1,5 +1,5 @@
 //! What a vendor writing a plugin in Rust implements: safe traits, one per
-//! capability. The export layer (`export.rs`) turns them into vtables; no
+//! capability. The export layer ([`crate::export`]) turns them into vtables; no
 //! vendor code is `unsafe extern "C"`.
 
 use crate::abi::{self, MemplugDevice, MemplugObjectRef};

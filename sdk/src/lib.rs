@@ -7,6 +7,11 @@
 //!   [`VirtualBacking`], [`SharedMapping`], [`StreamSync`] optional).
 //! * [`export`] — builders that turn those traits into vtables, and the
 //!   [`export_plugin!`] macro that defines the entry symbol.
+//! * [`prefix`] — the `struct_size` prefix protocol (reading and writing
+//!   growable structs, reading bounded plugin strings), the one
+//!   implementation every reader and writer uses.
+//! * [`facts`] — the ABI's facts: struct sizes per minor, and each
+//!   vtable's slots (name, offset, need, minor).
 //!
 //! A vendor writes no `unsafe extern "C"` function: every slot is generated,
 //! every panic is caught into `MEMPLUG_STATUS_INTERNAL` with its message.
@@ -14,6 +19,8 @@
 pub mod abi;
 pub mod author;
 pub mod export;
+pub mod facts;
+pub mod prefix;
 pub mod status;
 
 pub use author::*;

@@ -1,9 +1,11 @@
 //! `descriptor.*`: what the plugin publishes, read as untrusted prefixes.
 
 use super::{ensure, expect, fail, Ctx, Results, Verdict};
-use crate::raw::{device_kind_name, plugin_string, prefix, Mech};
+use crate::raw::{device_kind_name, plugin_string, Mech};
 use core::ffi::c_void;
 use memplug_sdk::abi::*;
+use memplug_sdk::facts::{self, Need, Vtable};
+use memplug_sdk::prefix::{self, PrefixError, Prefixed};
 
 /// Most mechanisms the kit reads from one plugin.
 const MAX_MECHANISMS: u32 = 4096;
@@ -62,12 +64,13 @@ pub(crate) fn plugin(res: &mut Results, p: &*const MemplugPlugin, agreed_minor: 
     let mut view = None;
     res.run("descriptor.plugin", None, || {
         // SAFETY: plugin-owned descriptor, at least struct_size bytes.
-        let d = match unsafe { prefix(*p, MEMPLUG_PLUGIN_SIZE_1_0) } {
-            Ok(Some((d, _))) => d,
-            Ok(None) => fail!("the descriptor pointer is NULL"),
-            Err(n) => fail!("struct_size {n} is shorter than ABI 1.0's {MEMPLUG_PLUGIN_SIZE_1_0}"),
+        let d: MemplugPlugin = match unsafe { prefix::read(*p) } {
+            Ok(d) => d,
+            Err(PrefixError::Null) => fail!("the descriptor pointer is NULL"),
+            Err(PrefixError::Short { declared: n, .. }) => {
+                fail!("struct_size {n} is shorter than ABI 1.0's {MEMPLUG_PLUGIN_SIZE_1_0}")
+            }
         };
-        let d: MemplugPlugin = d;
         ensure!(d.abi_major == MEMPLUG_ABI_MAJOR, "abi_major is {}, expected 1", d.abi_major);
         ensure!(d.min_minor <= d.max_minor, "minor range 1.{}..=1.{} is empty", d.min_minor, d.max_minor);
         // SAFETY: plugin strings, read byte by byte up to a bound.
@@ -107,13 +110,13 @@ pub(crate) fn mechanisms(res: &mut Results, plugin: &PluginView) -> Vec<Publishe
     let mut problems = Vec::new();
     for (i, &p) in plugin.mechanisms.iter().enumerate() {
         // SAFETY: plugin-owned descriptor, at least struct_size bytes.
-        let d: MemplugMechanism = match unsafe { prefix(p, MEMPLUG_MECHANISM_SIZE_1_0) } {
-            Ok(Some((d, _))) => d,
-            Ok(None) => {
+        let d: MemplugMechanism = match unsafe { prefix::read(p) } {
+            Ok(d) => d,
+            Err(PrefixError::Null) => {
                 problems.push(format!("mechanism #{i} is NULL"));
                 continue;
             }
-            Err(n) => {
+            Err(PrefixError::Short { declared: n, .. }) => {
                 problems.push(format!(
                     "mechanism #{i}: struct_size {n} is shorter than ABI 1.0's {MEMPLUG_MECHANISM_SIZE_1_0}"
                 ));
@@ -163,24 +166,34 @@ pub(crate) fn mechanisms(res: &mut Results, plugin: &PluginView) -> Vec<Publishe
 }
 
 /// Reads a sub-vtable whose pointer was published; `what` names it.
-fn vtable<T: Copy>(p: *const T, min: u32, what: &str) -> Result<T, Verdict> {
-    vtable_sized(p, min, what).map(|(t, _)| t)
+fn vtable<T: Prefixed>(p: *const T, what: &str) -> Result<T, Verdict> {
+    vtable_sized(p, what).map(|(t, _)| t)
 }
 
 /// [`vtable`] with the `struct_size` the plugin declared.
-fn vtable_sized<T: Copy>(p: *const T, min: u32, what: &str) -> Result<(T, u32), Verdict> {
+fn vtable_sized<T: Prefixed>(p: *const T, what: &str) -> Result<(T, u32), Verdict> {
     // SAFETY: plugin-owned vtable, at least struct_size bytes.
-    match unsafe { prefix(p, min) } {
-        Ok(Some(t)) => Ok(t),
-        Ok(None) => fail!("{what} pointer is NULL"),
-        Err(n) => fail!("{what}.struct_size {n} is shorter than ABI 1.0's {min}"),
+    match unsafe { prefix::read_with_size(p) } {
+        Ok(t) => Ok(t),
+        Err(PrefixError::Null) => fail!("{what} pointer is NULL"),
+        Err(PrefixError::Short { declared, min }) => {
+            fail!("{what}.struct_size {declared} is shorter than ABI 1.0's {min}")
+        }
     }
 }
 
-fn required(slots: &[(&str, bool)], what: &str) -> Result<(), Verdict> {
-    let missing: Vec<&str> = slots.iter().filter(|(_, ok)| !ok).map(|(n, _)| *n).collect();
+/// Fails when `table` leaves NULL a slot the ABI says it must publish
+/// (`need`: always, or with a capability the mechanism claims); `what`
+/// names the table in the message.
+fn required<T: Vtable>(table: &T, need: Need, what: &str) -> Result<(), Verdict> {
+    let missing: Vec<&str> = facts::unpublished(table, need).collect();
     ensure!(missing.is_empty(), "{what}: required slot(s) NULL: {}", missing.join(", "));
     Ok(())
+}
+
+/// The optional slots `table` leaves NULL, as `table.slot`.
+fn optional_nulls<T: Vtable>(table: &T) -> impl Iterator<Item = String> + '_ {
+    facts::unpublished(table, Need::Optional).map(|slot| format!("{}.{slot}", T::NAME))
 }
 
 /// `descriptor.capabilities`; on failure whether deeper checks must not run.
@@ -287,35 +300,18 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
 
     let mut tables = None;
     let ok = res.run("descriptor.vtables", name, || {
-        let a: MemplugAllocator = vtable(desc.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, "allocator")?;
-        required(
-            &[
-                ("properties", a.properties.is_some()),
-                ("allocate", a.allocate.is_some()),
-                ("deallocate", a.deallocate.is_some()),
-            ],
-            "allocator",
-        )?;
+        let a: MemplugAllocator = vtable(desc.allocator, "allocator")?;
+        required(&a, Need::Required, "allocator")?;
         let vb = if caps & MEMPLUG_CAP_VIRTUAL_BACKING != 0 {
-            let v: MemplugVirtualBacking =
-                vtable(desc.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, "virtual_backing")?;
-            required(
-                &[
-                    ("reserve", v.reserve.is_some()),
-                    ("commit", v.commit.is_some()),
-                    ("decommit", v.decommit.is_some()),
-                    ("committed_bytes", v.committed_bytes.is_some()),
-                    ("release", v.release.is_some()),
-                ],
-                "virtual_backing",
-            )?;
+            let v: MemplugVirtualBacking = vtable(desc.virtual_backing, "virtual_backing")?;
+            required(&v, Need::Required, "virtual_backing")?;
             Some(v)
         } else {
             None
         };
         let sm = if caps & MEMPLUG_CAP_SHARED_MAPPING != 0 {
             let (mut v, declared): (MemplugSharedMapping, u32) =
-                vtable_sized(desc.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, "shared_mapping")?;
+                vtable_sized(desc.shared_mapping, "shared_mapping")?;
             let export = v.export_fd.is_some() || v.import_fd.is_some();
             if caps & MEMPLUG_CAP_SHARED_EXPORT != 0 {
                 ensure!(
@@ -324,7 +320,8 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
                      than ABI 1.1's {MEMPLUG_SHARED_MAPPING_SIZE_1_1}"
                 );
                 required(
-                    &[("export_fd", v.export_fd.is_some()), ("import_fd", v.import_fd.is_some())],
+                    &v,
+                    Need::WithCapability(MEMPLUG_CAP_SHARED_EXPORT),
                     "shared_mapping (MEMPLUG_CAP_SHARED_EXPORT is set)",
                 )?;
             } else {
@@ -335,44 +332,22 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
                 v.export_fd = None;
                 v.import_fd = None;
             }
-            required(
-                &[
-                    ("create", v.create.is_some()),
-                    ("map", v.map.is_some()),
-                    ("unmap", v.unmap.is_some()),
-                    ("retain", v.retain.is_some()),
-                    ("release", v.release.is_some()),
-                ],
-                "shared_mapping",
-            )?;
+            required(&v, Need::Required, "shared_mapping")?;
             Some(v)
         } else {
             None
         };
         let sync = if caps & MEMPLUG_CAP_SYNC != 0 {
-            let v: MemplugSync = vtable(desc.sync, MEMPLUG_SYNC_SIZE_1_0, "sync")?;
-            required(
-                &[
-                    ("stream_create", v.stream_create.is_some()),
-                    ("stream_destroy", v.stream_destroy.is_some()),
-                    ("enqueue_host_fn", v.enqueue_host_fn.is_some()),
-                    ("fence_record", v.fence_record.is_some()),
-                    ("fence_query", v.fence_query.is_some()),
-                    ("fence_wait", v.fence_wait.is_some()),
-                    ("fence_destroy", v.fence_destroy.is_some()),
-                ],
-                "sync",
-            )?;
+            let v: MemplugSync = vtable(desc.sync, "sync")?;
+            required(&v, Need::Required, "sync")?;
             Some(v)
         } else {
             None
         };
-        let mut optional = Vec::new();
-        if a.memory_info.is_none() {
-            optional.push("allocator.memory_info");
-        }
-        if sync.is_some_and(|s| s.stream_adopt.is_none()) {
-            optional.push("sync.stream_adopt");
+        let mut optional: Vec<String> = Vec::new();
+        optional.extend(optional_nulls(&a));
+        if let Some(s) = &sync {
+            optional.extend(optional_nulls(s));
         }
         tables = Some((a, vb, sm, sync));
         Ok(if optional.is_empty() {

@@ -40,6 +40,8 @@ use crate::input::{bytes, interesting_u64, rare, status};
 use arbitrary::{Result, Unstructured};
 use memplug_host::{LoadError, LoadOptions, Plugin, Properties, Status, HOST_MAX_MINOR, HOST_MIN_MINOR};
 use memplug_sdk::abi::*;
+use memplug_sdk::facts::{Need, Vtable};
+use memplug_sdk::prefix::Prefixed;
 use std::cell::Cell;
 use std::collections::HashSet;
 use std::ffi::{c_char, c_void, CStr};
@@ -48,9 +50,10 @@ use std::ptr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Bytes the host reads at most while looking for a string's terminator
-/// (`MAX_NAME` in `host/src/plugin.rs`). An unterminated string is given
-/// exactly this many bytes before its guard page.
-const HOST_MAX_NAME: usize = 256;
+/// (the SDK's `prefix::MAX_NAME`, which the loader reads strings with). An
+/// unterminated string is given exactly this many bytes before its guard
+/// page.
+const HOST_MAX_NAME: usize = memplug_sdk::prefix::MAX_NAME;
 
 // ----- the input -------------------------------------------------------------
 
@@ -64,9 +67,10 @@ struct Shape {
 }
 
 impl Shape {
-    /// Usually the size of `T` as this ABI defines it; rarely the 1.0 size
-    /// `min`, shorter, longer, or absurd.
-    fn decode<T>(u: &mut Unstructured<'_>, min: u32) -> Result<Shape> {
+    /// Usually the size of `T` as this ABI defines it; rarely the 1.0 size,
+    /// shorter, longer, or absurd.
+    fn decode<T: Prefixed>(u: &mut Unstructured<'_>) -> Result<Shape> {
+        let min = T::SIZE_1_0;
         let size = size_of::<T>() as u32;
         let declared = if rare(u, 12)? {
             let sizes = [min, 0, 3, 4, min - 1, size - 1, size + 1, size + 8, size + 64, u32::MAX];
@@ -201,21 +205,47 @@ impl Text {
 #[derive(Debug, Clone)]
 struct Table {
     shape: Shape,
-    slots: Vec<bool>,
+    /// The table's 1.0 size (`memplug_sdk::facts`).
+    size_1_0: u32,
+    /// Each slot the ABI defines (`memplug_sdk::facts`, in declaration
+    /// order): its name, its need, and whether the plugin publishes it.
+    slots: Vec<(&'static str, Need, bool)>,
 }
 
 impl Table {
-    fn decode<T>(u: &mut Unstructured<'_>, min: u32, n: usize, optional: &[usize]) -> Result<Table> {
-        let shape = Shape::decode::<T>(u, min)?;
-        let mut slots = Vec::with_capacity(n);
-        for i in 0..n {
-            slots.push(if optional.contains(&i) { u.arbitrary()? } else { !rare(u, 24)? });
+    /// A table of `T`: required slots are usually published, the others
+    /// one time in two.
+    fn decode<T: Vtable>(u: &mut Unstructured<'_>) -> Result<Table> {
+        let shape = Shape::decode::<T>(u)?;
+        let mut slots = Vec::with_capacity(T::SLOTS.len());
+        for s in T::SLOTS {
+            let published = if s.need == Need::Required { !rare(u, 24)? } else { u.arbitrary()? };
+            slots.push((s.name, s.need, published));
         }
-        Ok(Table { shape, slots })
+        Ok(Table { shape, size_1_0: T::SIZE_1_0, slots })
     }
 
-    fn slot<F>(&self, i: usize, f: F) -> Option<F> {
-        self.slots[i].then_some(f)
+    fn index(&self, name: &str) -> usize {
+        self.slots.iter().position(|s| s.0 == name).unwrap_or_else(|| panic!("the ABI has no slot {name}"))
+    }
+
+    fn published(&self, name: &str) -> bool {
+        self.slots[self.index(name)].2
+    }
+
+    fn set(&mut self, name: &str, published: bool) {
+        let i = self.index(name);
+        self.slots[i].2 = published;
+    }
+
+    /// `f` when the slot `name` is published, else NULL.
+    fn slot<F>(&self, name: &str, f: F) -> Option<F> {
+        self.published(name).then_some(f)
+    }
+
+    /// Whether a slot the ABI always requires is NULL.
+    fn lacks_required(&self) -> bool {
+        self.slots.iter().any(|&(_, need, published)| need == Need::Required && !published)
     }
 }
 
@@ -263,14 +293,6 @@ struct Mech {
     props: PropsAnswer,
 }
 
-/// Slot indexes of the allocator table.
-const ALLOC_PROPERTIES: usize = 0;
-const ALLOC_MEMORY_INFO: usize = 3;
-/// Slot indexes of the 1.1 slots of the shared mapping table.
-const SM_EXPORT: usize = 5;
-const SM_IMPORT: usize = 6;
-/// Slot index of `stream_adopt` in the sync table.
-const SYNC_ADOPT: usize = 1;
 /// Whether a `mechanism_count` of `u32::MAX` (with a NULL entry within the
 /// array) is tried. Off while the host sizes an allocation by it and aborts:
 /// `tests/host_bugs.rs`, `an_absurd_mechanism_count_is_refused_not_fatal`.
@@ -280,34 +302,22 @@ const KNOWN_CAPS: u32 = MEMPLUG_CAP_ALL_1_1;
 
 impl Mech {
     fn decode(u: &mut Unstructured<'_>, index: usize) -> Result<Mech> {
-        let shape = Shape::decode::<MemplugMechanism>(u, MEMPLUG_MECHANISM_SIZE_1_0)?;
-        let allocator = if rare(u, 24)? {
-            None
-        } else {
-            Some(Table::decode::<MemplugAllocator>(u, MEMPLUG_ALLOCATOR_SIZE_1_0, 4, &[ALLOC_MEMORY_INFO])?)
-        };
-        let virtual_backing = if u.arbitrary()? {
-            Some(Table::decode::<MemplugVirtualBacking>(u, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, 5, &[])?)
-        } else {
-            None
-        };
+        let shape = Shape::decode::<MemplugMechanism>(u)?;
+        let allocator = if rare(u, 24)? { None } else { Some(Table::decode::<MemplugAllocator>(u)?) };
+        let virtual_backing =
+            if u.arbitrary()? { Some(Table::decode::<MemplugVirtualBacking>(u)?) } else { None };
         let mut export = false;
         let shared_mapping = if u.arbitrary()? {
-            let sm = MEMPLUG_SHARED_MAPPING_SIZE_1_0;
-            let mut t = Table::decode::<MemplugSharedMapping>(u, sm, 7, &[SM_EXPORT, SM_IMPORT])?;
+            let mut t = Table::decode::<MemplugSharedMapping>(u)?;
             // The 1.1 export slots: both or neither, rarely one.
             export = u.arbitrary()?;
-            t.slots[SM_EXPORT] = export ^ rare(u, 16)?;
-            t.slots[SM_IMPORT] = export ^ rare(u, 16)?;
+            t.set("export_fd", export ^ rare(u, 16)?);
+            t.set("import_fd", export ^ rare(u, 16)?);
             Some(t)
         } else {
             None
         };
-        let sync = if u.arbitrary()? {
-            Some(Table::decode::<MemplugSync>(u, MEMPLUG_SYNC_SIZE_1_0, 8, &[SYNC_ADOPT])?)
-        } else {
-            None
-        };
+        let sync = if u.arbitrary()? { Some(Table::decode::<MemplugSync>(u)?) } else { None };
         let mut capabilities = MEMPLUG_CAP_ALLOCATOR;
         if export {
             capabilities |= MEMPLUG_CAP_SHARED_EXPORT;
@@ -384,7 +394,7 @@ struct PluginDesc {
 
 impl PluginDesc {
     fn decode(u: &mut Unstructured<'_>) -> Result<PluginDesc> {
-        let shape = Shape::decode::<MemplugPlugin>(u, MEMPLUG_PLUGIN_SIZE_1_0)?;
+        let shape = Shape::decode::<MemplugPlugin>(u)?;
         let abi_major = if rare(u, 16)? { *u.choose(&[0, 2, u32::MAX])? } else { MEMPLUG_ABI_MAJOR };
         let minor = |u: &mut Unstructured<'_>, default: u32| -> Result<u32> {
             if rare(u, 12)? {
@@ -835,42 +845,42 @@ fn build(input: &Input) -> Built {
                 props.push(answer);
                 let allocator = place_table(&mut arena, &m.allocator, |t| {
                     let mut v: MemplugAllocator = zeroed();
-                    v.properties = t.slot(ALLOC_PROPERTIES, properties as _);
-                    v.allocate = t.slot(1, stubs::make as _);
-                    v.deallocate = t.slot(2, stubs::object as _);
-                    v.memory_info = t.slot(ALLOC_MEMORY_INFO, memory_info as _);
+                    v.properties = t.slot("properties", properties as _);
+                    v.allocate = t.slot("allocate", stubs::make as _);
+                    v.deallocate = t.slot("deallocate", stubs::object as _);
+                    v.memory_info = t.slot("memory_info", memory_info as _);
                     v
                 });
                 let virtual_backing = place_table(&mut arena, &m.virtual_backing, |t| {
                     let mut v: MemplugVirtualBacking = zeroed();
-                    v.reserve = t.slot(0, stubs::make as _);
-                    v.commit = t.slot(1, stubs::range as _);
-                    v.decommit = t.slot(2, stubs::range as _);
-                    v.committed_bytes = t.slot(3, stubs::committed as _);
-                    v.release = t.slot(4, stubs::object as _);
+                    v.reserve = t.slot("reserve", stubs::make as _);
+                    v.commit = t.slot("commit", stubs::range as _);
+                    v.decommit = t.slot("decommit", stubs::range as _);
+                    v.committed_bytes = t.slot("committed_bytes", stubs::committed as _);
+                    v.release = t.slot("release", stubs::object as _);
                     v
                 });
                 let shared_mapping = place_table(&mut arena, &m.shared_mapping, |t| {
                     let mut v: MemplugSharedMapping = zeroed();
-                    v.create = t.slot(0, stubs::make as _);
-                    v.map = t.slot(1, stubs::map as _);
-                    v.unmap = t.slot(2, stubs::range as _);
-                    v.retain = t.slot(3, stubs::object as _);
-                    v.release = t.slot(4, stubs::object as _);
-                    v.export_fd = t.slot(SM_EXPORT, stubs::export_fd as _);
-                    v.import_fd = t.slot(SM_IMPORT, stubs::import_fd as _);
+                    v.create = t.slot("create", stubs::make as _);
+                    v.map = t.slot("map", stubs::map as _);
+                    v.unmap = t.slot("unmap", stubs::range as _);
+                    v.retain = t.slot("retain", stubs::object as _);
+                    v.release = t.slot("release", stubs::object as _);
+                    v.export_fd = t.slot("export_fd", stubs::export_fd as _);
+                    v.import_fd = t.slot("import_fd", stubs::import_fd as _);
                     v
                 });
                 let sync = place_table(&mut arena, &m.sync, |t| {
                     let mut v: MemplugSync = zeroed();
-                    v.stream_create = t.slot(0, stubs::stream_create as _);
-                    v.stream_adopt = t.slot(SYNC_ADOPT, stubs::stream_adopt as _);
-                    v.stream_destroy = t.slot(2, stubs::handle as _);
-                    v.enqueue_host_fn = t.slot(3, stubs::enqueue as _);
-                    v.fence_record = t.slot(4, stubs::record as _);
-                    v.fence_query = t.slot(5, stubs::handle as _);
-                    v.fence_wait = t.slot(6, stubs::wait as _);
-                    v.fence_destroy = t.slot(7, stubs::handle as _);
+                    v.stream_create = t.slot("stream_create", stubs::stream_create as _);
+                    v.stream_adopt = t.slot("stream_adopt", stubs::stream_adopt as _);
+                    v.stream_destroy = t.slot("stream_destroy", stubs::handle as _);
+                    v.enqueue_host_fn = t.slot("enqueue_host_fn", stubs::enqueue as _);
+                    v.fence_record = t.slot("fence_record", stubs::record as _);
+                    v.fence_query = t.slot("fence_query", stubs::handle as _);
+                    v.fence_wait = t.slot("fence_wait", stubs::wait as _);
+                    v.fence_destroy = t.slot("fence_destroy", stubs::handle as _);
                     v
                 });
                 let mut desc: MemplugMechanism = zeroed();
@@ -1161,19 +1171,19 @@ fn expect_mechanism(
             );
         }
     }
-    let mut table = |t: &Option<Table>, size: u32, optional: &[usize], what: &str| {
+    let mut table = |t: &Option<Table>, what: &str| {
         if let Some(t) = t {
-            if t.shape.declared < size {
+            if t.shape.declared < t.size_1_0 {
                 bad(Kind::ShortStruct, format!("mechanism #{i} {what} is short"));
-            } else if (0..t.slots.len()).any(|s| !t.slots[s] && !optional.contains(&s)) {
+            } else if t.lacks_required() {
                 bad(Kind::NullRequired, format!("mechanism #{i} {what} lacks a required slot"));
             }
         }
     };
-    table(&m.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0, &[ALLOC_MEMORY_INFO], "allocator");
-    table(&m.virtual_backing, MEMPLUG_VIRTUAL_BACKING_SIZE_1_0, &[], "virtual_backing");
-    table(&m.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &[SM_EXPORT, SM_IMPORT], "shared_mapping");
-    table(&m.sync, MEMPLUG_SYNC_SIZE_1_0, &[SYNC_ADOPT], "sync");
+    table(&m.allocator, "allocator");
+    table(&m.virtual_backing, "virtual_backing");
+    table(&m.shared_mapping, "shared_mapping");
+    table(&m.sync, "sync");
     // ABI 1.1: MEMPLUG_CAP_SHARED_EXPORT needs an agreed minor of 1 or more,
     // the shared mapping capability, a table long enough for its two slots
     // and both slots; the slots without the flag contradict it (a reader
@@ -1181,7 +1191,7 @@ fn expect_mechanism(
     let export = caps & MEMPLUG_CAP_SHARED_EXPORT != 0;
     let sm = m.shared_mapping.as_ref();
     let long_sm = sm.is_some_and(|t| t.shape.declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_1);
-    let export_slots = sm.map_or((false, false), |t| (t.slots[SM_EXPORT], t.slots[SM_IMPORT]));
+    let export_slots = sm.map_or((false, false), |t| (t.published("export_fd"), t.published("import_fd")));
     if export {
         if minor < 1 || caps & MEMPLUG_CAP_SHARED_MAPPING == 0 || (sm.is_some() && !long_sm) {
             bad(Kind::CapabilityMismatch, format!("mechanism #{i}: SHARED_EXPORT without its conditions"));
@@ -1216,8 +1226,8 @@ fn expect_mechanism(
         properties: Properties { min_alignment: min, max_alignment: max, granularity: gran },
         virtual_backing: m.virtual_backing.is_some(),
         shared_mapping: m.shared_mapping.as_ref().map(|_| export),
-        sync: m.sync.as_ref().map(|t| t.slots[SYNC_ADOPT]),
-        memory_info: alloc.slots[ALLOC_MEMORY_INFO],
+        sync: m.sync.as_ref().map(|t| t.published("stream_adopt")),
+        memory_info: alloc.published("memory_info"),
     })
 }
 

@@ -1,0 +1,345 @@
+//! The slot functions a vtable publishes, generic over the vendor's
+//! implementation `M`: each reads its arguments ([`super::args`]), calls
+//! the author trait behind [`guard`], and writes its out-params only on
+//! success.
+
+use super::args::{block_capacity, object_of, request_of, this, write_block, write_out, write_u64};
+use super::guard::guard;
+use crate::abi::*;
+use crate::author::*;
+use crate::status::Status;
+use core::ffi::c_void;
+use std::time::Duration;
+
+// ---- allocator thunks ----
+
+pub(super) unsafe extern "C" fn a_properties<M: Allocator>(
+    ctx: *mut c_void,
+    out: *mut MemplugProperties,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "properties", || {
+        let p = this::<M>(ctx).properties();
+        let v = MemplugProperties {
+            struct_size: 0,
+            reserved0: 0,
+            min_alignment: p.min_alignment,
+            max_alignment: p.max_alignment,
+            granularity: p.granularity,
+        };
+        write_out(out, &v, "out properties")
+    })
+}
+
+pub(super) unsafe extern "C" fn a_allocate<M: Allocator>(
+    ctx: *mut c_void,
+    request: *const MemplugRequest,
+    out: *mut MemplugBlock,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "allocate", || {
+        let r = request_of(request)?;
+        let cap = block_capacity(out)?;
+        let b = this::<M>(ctx).allocate(&r)?;
+        write_block(out, b, cap);
+        Ok(())
+    })
+}
+
+pub(super) unsafe extern "C" fn a_deallocate<M: Allocator>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "deallocate", || this::<M>(ctx).deallocate(&object_of(object, "object")?))
+}
+
+pub(super) unsafe extern "C" fn a_memory_info<M: Allocator>(
+    ctx: *mut c_void,
+    out: *mut MemplugMemoryInfo,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "memory_info", || {
+        let m = this::<M>(ctx).memory_info()?;
+        let v = MemplugMemoryInfo {
+            struct_size: 0,
+            reserved0: 0,
+            free_bytes: m.free_bytes,
+            total_bytes: m.total_bytes,
+        };
+        write_out(out, &v, "out memory info")
+    })
+}
+
+// ---- virtual backing thunks ----
+
+pub(super) unsafe extern "C" fn v_reserve<M: VirtualBacking>(
+    ctx: *mut c_void,
+    request: *const MemplugRequest,
+    out: *mut MemplugBlock,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "reserve", || {
+        let r = request_of(request)?;
+        let cap = block_capacity(out)?;
+        let b = this::<M>(ctx).reserve(&r)?;
+        write_block(out, b, cap);
+        Ok(())
+    })
+}
+
+pub(super) unsafe extern "C" fn v_commit<M: VirtualBacking>(
+    ctx: *mut c_void,
+    res: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "commit", || this::<M>(ctx).commit(&object_of(res, "reservation")?, offset, len))
+}
+
+pub(super) unsafe extern "C" fn v_decommit<M: VirtualBacking>(
+    ctx: *mut c_void,
+    res: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "decommit", || this::<M>(ctx).decommit(&object_of(res, "reservation")?, offset, len))
+}
+
+pub(super) unsafe extern "C" fn v_committed<M: VirtualBacking>(
+    ctx: *mut c_void,
+    res: *const MemplugObjectRef,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "committed_bytes", || {
+        let n = this::<M>(ctx).committed_bytes(&object_of(res, "reservation")?)?;
+        write_u64(out, n, "out_bytes")
+    })
+}
+
+pub(super) unsafe extern "C" fn v_release<M: VirtualBacking>(
+    ctx: *mut c_void,
+    res: *const MemplugObjectRef,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "release", || this::<M>(ctx).release(&object_of(res, "reservation")?))
+}
+
+// ---- shared mapping thunks ----
+
+pub(super) unsafe extern "C" fn s_create<M: SharedMapping>(
+    ctx: *mut c_void,
+    request: *const MemplugRequest,
+    out: *mut MemplugBlock,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "create", || {
+        let r = request_of(request)?;
+        let cap = block_capacity(out)?;
+        let b = this::<M>(ctx).create(&r)?;
+        write_block(out, b, cap);
+        Ok(())
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe extern "C" fn s_map<M: SharedMapping>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    object_offset: u64,
+    res: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    access: u32,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "map", || {
+        let acc = Access::from_bits(access).ok_or_else(|| {
+            PluginError::invalid_argument(format!(
+                "access {access:#x} is neither MEMPLUG_ACCESS_READ nor READ|WRITE"
+            ))
+        })?;
+        this::<M>(ctx).map(
+            &object_of(object, "object")?,
+            object_offset,
+            &object_of(res, "reservation")?,
+            offset,
+            len,
+            acc,
+        )
+    })
+}
+
+pub(super) unsafe extern "C" fn s_unmap<M: SharedMapping>(
+    ctx: *mut c_void,
+    res: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "unmap", || this::<M>(ctx).unmap(&object_of(res, "reservation")?, offset, len))
+}
+
+pub(super) unsafe extern "C" fn s_retain<M: SharedMapping>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "retain", || this::<M>(ctx).retain(&object_of(object, "object")?))
+}
+
+pub(super) unsafe extern "C" fn s_release<M: SharedMapping>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "release", || SharedMapping::release(this::<M>(ctx), &object_of(object, "object")?))
+}
+
+pub(super) unsafe extern "C" fn s_export_fd<M: SharedMapping>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    out_fd: *mut i32,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "export_fd", || {
+        // Checked before anything is made: a descriptor nobody can receive
+        // would leak.
+        if out_fd.is_null() {
+            return Err(PluginError::invalid_argument("out_fd is NULL"));
+        }
+        let fd = this::<M>(ctx).export_fd(&object_of(object, "object")?)?;
+        out_fd.write(std::os::fd::IntoRawFd::into_raw_fd(fd));
+        Ok(())
+    })
+}
+
+pub(super) unsafe extern "C" fn s_import_fd<M: SharedMapping>(
+    ctx: *mut c_void,
+    fd: i32,
+    request: *const MemplugRequest,
+    out: *mut MemplugBlock,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "import_fd", || {
+        if fd < 0 {
+            return Err(PluginError::invalid_argument(format!("fd {fd} is not a file descriptor")));
+        }
+        let r = request_of(request)?;
+        let cap = block_capacity(out)?;
+        // SAFETY: the caller keeps `fd` open for the duration of the call
+        // (ABI contract); the plugin only borrows it.
+        let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
+        let b = this::<M>(ctx).import_fd(borrowed, &r)?;
+        write_block(out, b, cap);
+        Ok(())
+    })
+}
+
+// ---- sync thunks ----
+
+pub(super) unsafe extern "C" fn y_stream_create<M: StreamSync>(
+    ctx: *mut c_void,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "stream_create", || {
+        if out.is_null() {
+            return Err(PluginError::invalid_argument("out_stream is NULL"));
+        }
+        let s = this::<M>(ctx).stream_create()?;
+        write_u64(out, s, "out_stream")
+    })
+}
+
+pub(super) unsafe extern "C" fn y_stream_adopt<M: StreamSync>(
+    ctx: *mut c_void,
+    native: *mut c_void,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "stream_adopt", || {
+        if out.is_null() {
+            return Err(PluginError::invalid_argument("out_stream is NULL"));
+        }
+        let s = this::<M>(ctx).stream_adopt(native)?;
+        write_u64(out, s, "out_stream")
+    })
+}
+
+pub(super) unsafe extern "C" fn y_stream_destroy<M: StreamSync>(
+    ctx: *mut c_void,
+    stream: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "stream_destroy", || this::<M>(ctx).stream_destroy(stream))
+}
+
+pub(super) unsafe extern "C" fn y_enqueue<M: StreamSync>(
+    ctx: *mut c_void,
+    stream: u64,
+    func: MemplugHostFn,
+    userdata: *mut c_void,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "enqueue_host_fn", || {
+        let f = func.ok_or_else(|| PluginError::invalid_argument("func is NULL"))?;
+        this::<M>(ctx).enqueue_host_fn(stream, HostFn::new(f, userdata))
+    })
+}
+
+pub(super) unsafe extern "C" fn y_fence_record<M: StreamSync>(
+    ctx: *mut c_void,
+    stream: u64,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "fence_record", || {
+        if out.is_null() {
+            return Err(PluginError::invalid_argument("out_fence is NULL"));
+        }
+        let f = this::<M>(ctx).fence_record(stream)?;
+        write_u64(out, f, "out_fence")
+    })
+}
+
+/// Pending is an answer, not a failure: it gets its code and no message
+/// (an empty `String` does not allocate, so polling stays cheap).
+#[inline]
+fn fence_status(state: FenceState, pending: Status) -> PluginResult<()> {
+    match state {
+        FenceState::Complete => Ok(()),
+        FenceState::Pending => Err(PluginError { status: pending, message: String::new() }),
+    }
+}
+
+pub(super) unsafe extern "C" fn y_fence_query<M: StreamSync>(
+    ctx: *mut c_void,
+    fence: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "fence_query", || fence_status(this::<M>(ctx).fence_query(fence)?, Status::NotReady))
+}
+
+pub(super) unsafe extern "C" fn y_fence_wait<M: StreamSync>(
+    ctx: *mut c_void,
+    fence: u64,
+    timeout_ns: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "fence_wait", || {
+        let st = this::<M>(ctx).fence_wait(fence, Duration::from_nanos(timeout_ns))?;
+        fence_status(st, Status::Timeout)
+    })
+}
+
+pub(super) unsafe extern "C" fn y_fence_destroy<M: StreamSync>(
+    ctx: *mut c_void,
+    fence: u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "fence_destroy", || this::<M>(ctx).fence_destroy(fence))
+}
