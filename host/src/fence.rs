@@ -4,7 +4,7 @@
 
 use crate::error::CallError;
 use crate::mechanism::Mechanism;
-use crate::objects::{Fence, Stream};
+use crate::tokens::{Fence, Stream};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;

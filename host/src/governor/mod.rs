@@ -18,7 +18,7 @@
 //!   exists (invariant 2); dropping it refunds. [`Grant::commit`] charges
 //!   the bytes actually obtained: less refunds the rest, more is charged if
 //!   it fits or refused with the grant handed back. (Not to be confused
-//!   with [`crate::objects::Reservation`], a virtual backing's address
+//!   with [`crate::tokens::Reservation`], a virtual backing's address
 //!   range.)
 //! * A [`Lease`] is a plain token. It ends with [`Pool::release`] once the
 //!   physical free completed, or [`Pool::quarantine`] when the plugin could
