@@ -36,7 +36,7 @@
 //! entry that explains it. Rust cdylibs need debug info for this; the dev
 //! and test profiles have it (`debug = true` is cargo's default there).
 
-use memplug_abi_tests::{
+use memplug_test_support::{
     cdylib_file_name, find_cdylib, include_dir, repo_root, run_tool, target_dir, test_tmp_dir, C_PLUGIN_FLAGS,
 };
 use std::io::Write as _;

@@ -5,8 +5,8 @@
 //! default must be a working minimal plugin.
 
 use core::ffi::{c_char, c_void, CStr};
-use memplug_abi_tests::{bad_plugin, BAD_PLUGIN_VARIANTS};
 use memplug_sdk::abi::*;
+use memplug_test_support::{bad_plugin, BAD_PLUGIN_VARIANTS};
 use std::path::Path;
 
 unsafe extern "C" fn record(ctx: *mut c_void, msg: *const c_char, len: usize) {
@@ -134,7 +134,7 @@ fn default_is_a_correct_minimal_plugin() {
 #[test]
 fn every_variant_is_known_to_the_c_source() {
     let src =
-        std::fs::read_to_string(memplug_abi_tests::repo_root().join("abi-tests/c/bad_plugin.c")).unwrap();
+        std::fs::read_to_string(memplug_test_support::repo_root().join("abi-tests/c/bad_plugin.c")).unwrap();
     for v in BAD_PLUGIN_VARIANTS {
         assert!(src.contains(&format!("defined({v})")), "{v} is not counted in the #error guard");
         assert!(src.contains(&format!(" * {v} ")), "{v} is not in the header comment");

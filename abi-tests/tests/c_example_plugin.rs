@@ -5,7 +5,7 @@
 //! range checks, messages, exact `live_objects` and thread safety. (ctest
 //! runs the same host against the CMake build.)
 
-use memplug_abi_tests::{
+use memplug_test_support::{
     compile_c_plugin_with, include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS,
 };
 use std::process::Command;

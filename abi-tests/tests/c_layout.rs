@@ -8,7 +8,7 @@
 //! also run by ctest) is compiled here too.
 
 use memplug_abi_tests::layout::sdk;
-use memplug_abi_tests::{include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
+use memplug_test_support::{include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;

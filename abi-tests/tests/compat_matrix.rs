@@ -28,10 +28,6 @@
 //! and a binding's allocation class reaches the plugin as the 1.1 tag only
 //! when 1.1 was agreed.
 
-use memplug_abi_tests::{
-    compile_c_plugin, exported_symbols, find_cdylib, include_dir, repo_root, run_tool, target_dir,
-    test_tmp_dir, C_PLUGIN_FLAGS, STRICT_WARNINGS,
-};
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
     Access, BindingSpec, LoadError, LoadOptions, Mechanism, Plugin, ProcessMemoryManager, Requirements,
@@ -40,6 +36,10 @@ use memplug_host::{
 use memplug_plugin_cpu::live_physical_objects;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
 use memplug_sdk::RequestClass;
+use memplug_test_support::{
+    compile_c_plugin, exported_symbols, find_cdylib, include_dir, repo_root, run_tool, target_dir,
+    test_tmp_dir, C_PLUGIN_FLAGS, STRICT_WARNINGS,
+};
 use std::io::Write as _;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
@@ -58,7 +58,7 @@ fn c_dir() -> PathBuf {
 /// A plugin compiled with the strict plugin flags against the header in
 /// `include` (plus `-g`, so the library could be inspected).
 fn compile_plugin_against(src: &Path, include: &Path, defines: &[&str], out_name: &str) -> PathBuf {
-    let out = test_tmp_dir(out_name).join(memplug_abi_tests::cdylib_file_name(out_name));
+    let out = test_tmp_dir(out_name).join(memplug_test_support::cdylib_file_name(out_name));
     let mut cmd = Command::new("gcc");
     cmd.args(C_PLUGIN_FLAGS)
         .arg("-I")

@@ -9,7 +9,7 @@
 //! * the bad plugin fixture: the default and every variant export exactly
 //!   their entry symbol (`BAD_NO_ENTRY` exports the wrong name instead).
 
-use memplug_abi_tests::{
+use memplug_test_support::{
     bad_plugin, compile_c_plugin, compile_c_plugin_with, exported_symbols, find_cdylib, repo_root,
     BAD_PLUGIN_VARIANTS,
 };

@@ -15,7 +15,7 @@
 //!   so hosts and plugins built against it (the 1.0 columns of
 //!   `compat_matrix.rs`) are built from what was released.
 
-use memplug_abi_tests::{include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
+use memplug_test_support::{include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

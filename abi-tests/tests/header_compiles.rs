@@ -6,7 +6,7 @@
 //! The translation units are `abi-tests/c/header_twice.c` and
 //! `abi-tests/c/header_twice.cpp` (ctest compiles them too).
 
-use memplug_abi_tests::{include_dir, repo_root, run_tool, STRICT_WARNINGS};
+use memplug_test_support::{include_dir, repo_root, run_tool, STRICT_WARNINGS};
 use std::process::Command;
 
 fn syntax_check(compiler: &str, std: &str, lang: Option<&str>, src: &std::path::Path) {

@@ -4,8 +4,8 @@
 //! host stays up, and the C example plugin — written only against
 //! `memplug.h` — loads and works through the safe wrappers.
 
-use memplug_abi_tests::{bad_plugin, compile_c_plugin, repo_root, test_tmp_dir};
 use memplug_host::{LoadError, ObjectKind, Plugin, Status};
+use memplug_test_support::{bad_plugin, compile_c_plugin, repo_root, test_tmp_dir};
 
 fn refused(variant: &str) -> LoadError {
     match Plugin::load(bad_plugin(Some(variant))) {

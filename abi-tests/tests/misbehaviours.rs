@@ -9,13 +9,13 @@
 //! Each test loads its own variant: a library opened twice by one path is
 //! one library, with one set of counters.
 
-use memplug_abi_tests::{bad_plugin, repo_root, BAD_PLUGIN_VARIANTS};
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
     Access, BindingSpec, DeferredFreeQueue, LoadError, LoadOptions, ObjectKind, Plugin, PluginFence,
     ProcessMemoryManager, Requirements, Retire, RetireOutcome, Status,
 };
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU, MEMPLUG_MESSAGE_MAX};
+use memplug_test_support::{bad_plugin, repo_root, BAD_PLUGIN_VARIANTS};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;

@@ -43,7 +43,7 @@ unsafe extern "C" fn done(_: *mut c_void) -> bool {
 fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` passes nothing
     // useful either: run the (short) measurement in both cases.
-    let path = memplug_abi_tests::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let path = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
 
     // The Rust side: its own manager, binding, pool.
     let pm = ProcessMemoryManager::new();

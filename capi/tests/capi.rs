@@ -11,7 +11,7 @@ use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 fn plugin_path() -> CString {
-    let p = memplug_abi_tests::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let p = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
     CString::new(p.to_str().unwrap()).unwrap()
 }
 

@@ -5,7 +5,7 @@
 //! the JSON names them) — the same checks `abi-tests/MISBEHAVIOURS.md`
 //! lists for it.
 
-use memplug_abi_tests::{bad_plugin, compile_c_plugin, repo_root, test_tmp_dir, BAD_PLUGIN_VARIANTS};
+use memplug_test_support::{bad_plugin, compile_c_plugin, repo_root, test_tmp_dir, BAD_PLUGIN_VARIANTS};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::path::Path;

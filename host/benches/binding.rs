@@ -8,8 +8,8 @@
 #[path = "common/mod.rs"]
 mod common;
 
+use common::direct::DirectAllocator;
 use criterion::{criterion_group, Criterion};
-use memplug_host::direct::DirectAllocator;
 use memplug_host::governor::AllocationClass;
 use memplug_host::{BindingSpec, FnFence, MemoryBinding, ProcessMemoryManager, Requirements, SharedFence};
 use memplug_sdk::abi::{MemplugDevice, MemplugEntryV1, MEMPLUG_DEVICE_CPU};

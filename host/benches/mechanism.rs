@@ -5,8 +5,8 @@
 
 mod common;
 
+use common::direct::DirectAllocator;
 use criterion::{criterion_group, Criterion};
-use memplug_host::direct::DirectAllocator;
 use memplug_sdk::abi::MemplugEntryV1;
 use std::hint::black_box;
 use std::time::Duration;

@@ -7,7 +7,11 @@
 //!
 //! `hotpath PATH N [PLUGIN.so]`
 
-use memplug_host::direct::DirectAllocator;
+// The direct-call baseline, the same file the benchmarks use.
+#[path = "../benches/common/direct.rs"]
+mod direct;
+
+use direct::DirectAllocator;
 use memplug_sdk::abi::MemplugEntryV1;
 use std::hint::black_box;
 

@@ -1,13 +1,16 @@
-//! Shared by the host's benchmarks: loading the real CPU plugin `.so`, and
-//! a same-run ratio printer (criterion prints absolute figures; the budgets
-//! of DESIGN.md §6 are ratios measured in one run).
+//! Shared by the host's benchmarks: loading the real CPU plugin `.so`, the
+//! direct-call baseline ([`direct`]), and a same-run ratio printer
+//! (criterion prints absolute figures; the budgets of DESIGN.md §6 are
+//! ratios measured in one run).
+
+pub mod direct;
 
 use std::hint::black_box;
 use std::time::Instant;
 
 /// Loads the reference CPU plugin library with real `dlopen`.
 pub fn cpu_plugin() -> (memplug_host::Plugin, libloading::Library) {
-    let path = memplug_abi_tests::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let path = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
     let plugin = memplug_host::Plugin::load(&path).expect("load the CPU plugin");
     // A second handle to the same library for the direct-call baseline.
     let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen the CPU plugin");

@@ -28,8 +28,8 @@ pub const MIB: u64 = 1024 * KIB;
 /// so each test that checks plugin-wide counts or unloads loads its own
 /// copy: a different file is a different library, with its own state.
 pub fn isolated_cpu_plugin(tag: &str) -> Plugin {
-    let src = memplug_abi_tests::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
-    let dir = memplug_abi_tests::test_tmp_dir(&format!("cpu-plugin-{tag}"));
+    let src = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let dir = memplug_test_support::test_tmp_dir(&format!("cpu-plugin-{tag}"));
     let dst = dir.join(format!("libmemplug_plugin_cpu_{tag}.so"));
     std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
     let plugin = Plugin::load(&dst).unwrap_or_else(|e| panic!("load {}: {e}", dst.display()));

@@ -78,7 +78,7 @@ fn no_driver_at_all_is_device_unavailable_with_a_message() {
         eprintln!("skipped: this machine has a CUDA driver installed");
         return;
     }
-    let empty = memplug_abi_tests::test_tmp_dir("no-driver");
+    let empty = memplug_test_support::test_tmp_dir("no-driver");
     let r = load_in_child(&[("MEMPLUG_CUDA_DRIVER", None), ("LD_LIBRARY_PATH", Some(empty.as_os_str()))]);
     assert_unavailable(&r, "no CUDA driver: libcuda.so.1 not found");
     assert!(r.contains("MEMPLUG_CUDA_DRIVER"), "the message says how to name one: {r}");
@@ -140,7 +140,7 @@ fn a_driver_without_vmm_publishes_allocator_and_sync_only() {
 
 #[test]
 fn the_library_exports_only_the_entry_symbol() {
-    let symbols = memplug_abi_tests::exported_symbols(&plugin_path());
+    let symbols = memplug_test_support::exported_symbols(&plugin_path());
     let ours: Vec<&String> = symbols.iter().filter(|s| !s.starts_with('_') && !s.contains('@')).collect();
     assert_eq!(ours, vec!["memplug_plugin_v1"], "all defined dynamic symbols: {symbols:?}");
 }

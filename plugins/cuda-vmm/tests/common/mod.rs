@@ -14,9 +14,9 @@
 
 #![allow(dead_code)]
 
-use memplug_abi_tests::{find_cdylib, run_tool, test_tmp_dir};
 use memplug_host::{Mechanism, Plugin};
 use memplug_plugin_cuda_vmm::driver::{self, CUcontext, CUdevice, Driver, CUDA_SUCCESS};
+use memplug_test_support::{find_cdylib, run_tool, test_tmp_dir};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

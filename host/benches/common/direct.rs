@@ -1,6 +1,8 @@
 //! The plugin's allocator called straight through its vtable, with no host
-//! wrapper: the baseline the host's overhead is measured against in
-//! benchmarks and instruction counts. Not a public API for runtimes.
+//! wrapper: the baseline the host's overhead is measured against in the
+//! benchmarks (`benches/mechanism.rs`, `benches/binding.rs`) and in the
+//! instruction counts (`examples/hotpath.rs`, which includes this file by
+//! path, run by `scripts/callgrind.sh`). Not part of the library.
 
 use memplug_sdk::abi::*;
 use std::ffi::c_void;

@@ -1,0 +1,236 @@
+//! The kernel's view of the demo's memory, next to the governor's:
+//! `/proc/self/pagemap` page by page over the live objects' address ranges
+//! (exact), and `/proc/self/smaps` over the whole process (a delta since
+//! the start, within [`PROCESS_TOLERANCE`]).
+
+use super::report::{Checks, Recorder};
+use super::{mib, signed_mib, KIB, MIB};
+use memplug_host::governor::{AllocationClass, Pool};
+use serde::Serialize;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+
+/// Tolerance between the governor's figure and the process's resident
+/// delta from smaps. The delta also holds what memplug does not govern:
+/// malloc's header page in front of each weight shard (4 KiB each), the
+/// CPU stream's thread stack and malloc arena, the host's own tables and
+/// this timeline — measured at 40–90 KiB. 1 MiB leaves room for that on
+/// other machines and is still half of the smallest governed object (a
+/// 2 MiB decode step or the prefix), so a missed or doubled object fails.
+pub(super) const PROCESS_TOLERANCE: u64 = MIB;
+
+/// How the exact measurement is taken (the report's `resident_method`).
+pub(super) const RESIDENT_METHOD: &str =
+    "pages present in /proc/self/pagemap over each live object's address range \
+     (weight shards, each region's private KV, the shared prefix once)";
+/// How the process-wide measurement is taken (the report's
+/// `process_method`).
+pub(super) const PROCESS_METHOD: &str = "sum over /proc/self/smaps of Anonymous + Pss of memfd mappings, \
+     now minus at start (whole process: includes the host's own heap and stacks)";
+
+/// The governor's figures next to the kernel's, at one moment.
+#[derive(Serialize)]
+pub(super) struct Measurement {
+    pub(super) label: String,
+    pub(super) governor_used: u64,
+    pub(super) governor_weights: u64,
+    pub(super) governor_kv: u64,
+    /// Pages present (pagemap) over the live weight shards.
+    pub(super) resident_weights: Option<u64>,
+    /// Pages present over the live KV: the prefix once, and every region's
+    /// private part (including one whose free waits for a fence).
+    pub(super) resident_kv: Option<u64>,
+    /// Pages swapped out in those ranges (counted as backed, reported).
+    pub(super) swapped: Option<u64>,
+    /// Σ smaps (Anonymous + memfd Pss) now, minus the same at the start.
+    pub(super) process_delta: Option<i64>,
+    /// `process_delta - governor_used`: what the process holds beyond the
+    /// governed bytes.
+    pub(super) process_excess: Option<i64>,
+    pub(super) exact_ok: bool,
+    pub(super) process_ok: bool,
+}
+
+/// Resident memory as the kernel reports it.
+pub(super) struct Kernel {
+    pagemap: Result<File, String>,
+    /// The page size the kernel reports (`KernelPageSize`).
+    pub(super) page: u64,
+    baseline: Option<u64>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Pages {
+    present: u64,
+    swapped: u64,
+}
+
+impl Kernel {
+    pub(super) fn open(fallback_page: u64) -> Kernel {
+        let page = smaps_page_size().unwrap_or(fallback_page);
+        let pagemap = File::open("/proc/self/pagemap").map_err(|e| format!("/proc/self/pagemap: {e}"));
+        let mut k = Kernel { pagemap, page, baseline: None };
+        k.baseline = smaps_governable().ok();
+        k
+    }
+
+    /// Pages present / swapped in `ranges` (bit 63 / bit 62 of each
+    /// pagemap entry), in bytes.
+    fn pages(&self, ranges: &[(u64, u64)]) -> Result<Pages, String> {
+        let f = self.pagemap.as_ref().map_err(Clone::clone)?;
+        let mut p = Pages::default();
+        for &(addr, len) in ranges {
+            if len == 0 {
+                continue;
+            }
+            let first = addr / self.page;
+            let end = (addr + len).div_ceil(self.page);
+            let mut buf = vec![0u8; ((end - first) * 8) as usize];
+            f.read_exact_at(&mut buf, first * 8).map_err(|e| format!("/proc/self/pagemap: {e}"))?;
+            for e in buf.chunks_exact(8) {
+                let e = u64::from_le_bytes(e.try_into().expect("8 bytes"));
+                if e >> 63 & 1 == 1 {
+                    p.present += self.page;
+                } else if e >> 62 & 1 == 1 {
+                    p.swapped += self.page;
+                }
+            }
+        }
+        Ok(p)
+    }
+
+    /// The process's governable resident bytes now minus at the start.
+    fn process_delta(&self) -> Option<i64> {
+        let now = smaps_governable().ok()?;
+        Some(now as i64 - self.baseline? as i64)
+    }
+
+    /// Governor vs kernel now, logged on `rec`'s timeline. `weights` and
+    /// `kv` list the live address ranges (the prefix once).
+    pub(super) fn measure(
+        &self,
+        pool: &Pool,
+        rec: &Recorder,
+        label: &str,
+        weights: &[(u64, u64)],
+        kv: &[(u64, u64)],
+    ) -> Measurement {
+        let snap = pool.snapshot();
+        let gw = snap.class(AllocationClass::Weights).charged();
+        let gk = snap.class(AllocationClass::Kv).charged();
+        let (rw, rk) = (self.pages(weights), self.pages(kv));
+        let exact = match (&rw, &rk) {
+            (Ok(w), Ok(k)) => Some((*w, *k)),
+            _ => None,
+        };
+        let delta = self.process_delta();
+        let exact_ok = exact.is_none_or(|(w, k)| {
+            w.present + w.swapped == gw && k.present + k.swapped == gk && gw + gk == snap.used
+        });
+        let process_ok = delta.is_none_or(|d| d.abs_diff(snap.used as i64) <= PROCESS_TOLERANCE);
+        let m = Measurement {
+            label: label.into(),
+            governor_used: snap.used,
+            governor_weights: gw,
+            governor_kv: gk,
+            resident_weights: exact.map(|(w, _)| w.present),
+            resident_kv: exact.map(|(_, k)| k.present),
+            swapped: exact.map(|(w, k)| w.swapped + k.swapped),
+            process_delta: delta,
+            process_excess: delta.map(|d| d - snap.used as i64),
+            exact_ok,
+            process_ok,
+        };
+        let resident = match exact {
+            Some((w, k)) => format!(
+                "pagemap {} (weights {}, kv {})",
+                mib(w.present + k.present),
+                mib(w.present),
+                mib(k.present)
+            ),
+            None => format!("pagemap unavailable ({})", rw.err().or(rk.err()).unwrap_or_default()),
+        };
+        let process = match delta {
+            Some(d) => format!("smaps Δ {} ({:+} KiB)", signed_mib(d), (d - snap.used as i64) / KIB as i64),
+            None => "smaps unavailable".into(),
+        };
+        rec.log(
+            "measure",
+            "kernel",
+            format!(
+                "{label}: governor {} (weights {}, kv {}) | {resident} | {process} → {}",
+                mib(snap.used),
+                mib(gw),
+                mib(gk),
+                if exact_ok && process_ok { "agree" } else { "DISAGREE" }
+            ),
+        );
+        m
+    }
+}
+
+fn smaps_page_size() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let line = text.lines().find(|l| l.starts_with("KernelPageSize:"))?;
+    kib_field(line)
+}
+
+fn kib_field(line: &str) -> Option<u64> {
+    let mut it = line.split_whitespace().skip(1);
+    let v: u64 = it.next()?.parse().ok()?;
+    (it.next() == Some("kB")).then_some(v * KIB)
+}
+
+/// Σ over `/proc/self/smaps` of `Anonymous` (private anonymous pages: the
+/// weight shards, the KV regions, and the process's own heap and stacks)
+/// plus `Pss` of memfd mappings (the shared prefix: mapped into every
+/// region, so its `Rss` would count it once per region, while `Pss`
+/// divides each page among its mappings and counts it once).
+fn smaps_governable() -> std::io::Result<u64> {
+    let text = std::fs::read_to_string("/proc/self/smaps")?;
+    let mut total = 0;
+    let mut memfd = false;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            memfd = line.contains("/memfd:");
+        } else if line.starts_with("Anonymous:") || (memfd && line.starts_with("Pss:")) {
+            total += kib_field(line).unwrap_or(0);
+        }
+    }
+    Ok(total)
+}
+
+/// The two checks over every measurement taken: governor = pagemap
+/// exactly, governor ≈ smaps delta within [`PROCESS_TOLERANCE`].
+pub(super) fn check(ms: &[Measurement], checks: &mut Checks) {
+    let exact_all = ms.iter().all(|m| m.exact_ok);
+    let process_all = ms.iter().all(|m| m.process_ok);
+    checks.add(
+        "governor = kernel pages (pagemap)",
+        exact_all,
+        if ms.iter().all(|m| m.resident_kv.is_none()) {
+            "skipped: /proc/self/pagemap is not readable here".to_string()
+        } else {
+            format!(
+                "{}/{} measurements: pages present over the live objects == bytes charged, exactly",
+                ms.iter().filter(|m| m.exact_ok).count(),
+                ms.len()
+            )
+        },
+    );
+    checks.add(
+        "governor ≈ process resident delta (smaps)",
+        process_all,
+        format!(
+            "{}/{} measurements within {} (worst difference {})",
+            ms.iter().filter(|m| m.process_ok).count(),
+            ms.len(),
+            mib(PROCESS_TOLERANCE),
+            ms.iter()
+                .filter_map(|m| m.process_delta.map(|d| d.abs_diff(m.governor_used as i64)))
+                .max()
+                .map_or("n/a".into(), |d| format!("{} KiB", d / KIB))
+        ),
+    );
+}

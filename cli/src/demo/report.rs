@@ -1,0 +1,409 @@
+//! What the demo reports: the timeline ([`Recorder`]), the checks, the
+//! final ledger, and the two renderings of the whole [`Report`] (text, and
+//! one JSON document for `--json`).
+
+use super::measure::Measurement;
+use super::{lock, mib, signed_mib, KIB};
+use memplug_host::governor::{AllocationClass, HolderId, Pool, PoolSnapshot, PressureTicket, Priority};
+use memplug_host::QueueStats;
+use serde::Serialize;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+// ----- the report --------------------------------------------------------------
+
+#[derive(Serialize)]
+pub(super) struct Report {
+    pub(super) scenario: Scenario,
+    pub(super) timeline: Vec<Event>,
+    pub(super) measurements: Vec<Measurement>,
+    pub(super) ledger: Ledger,
+    pub(super) checks: Vec<Check>,
+    pub(super) ok: bool,
+}
+
+#[derive(Serialize)]
+pub(super) struct Scenario {
+    pub(super) plugin: String,
+    pub(super) mechanism: String,
+    pub(super) device: String,
+    pub(super) page_size: u64,
+    pub(super) pool_capacity: u64,
+    pub(super) weight_shard_bytes: u64,
+    pub(super) pinned_shards: usize,
+    pub(super) expert_shards: usize,
+    pub(super) prefix_bytes: u64,
+    pub(super) kv_step_bytes: u64,
+    pub(super) requests: usize,
+    pub(super) resident_method: &'static str,
+    pub(super) process_method: &'static str,
+    pub(super) process_tolerance: u64,
+}
+
+/// One line of the timeline.
+#[derive(Serialize, Clone)]
+pub(super) struct Event {
+    t_ms: f64,
+    /// `setup`, `load`, `prefix`, `admit`, `grow`, `ticket`, `evict`,
+    /// `out_of_budget`, `rollback`, `release`, `poll`, `fence`, `retired`,
+    /// `finish`, `teardown`, `drain`, `unload`, `measure`.
+    kind: &'static str,
+    /// Who: a request (`r1`..), a holder, the queue, the plugin.
+    subject: String,
+    detail: String,
+    /// The pool's `used` right after the event.
+    pool_used: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct ClassLine {
+    class: &'static str,
+    reserved: u64,
+    leased: u64,
+    quarantined: u64,
+    grants: u64,
+    failures: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct PoolLine {
+    name: String,
+    capacity: u64,
+    used: u64,
+    peak: u64,
+    free: u64,
+    tickets: u64,
+    bytes_wanted: u64,
+    bytes_answered: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct HolderLine {
+    name: String,
+    priority: u32,
+    tickets: u64,
+    bytes_wanted: u64,
+    bytes_answered: u64,
+    zero_answers: u64,
+    leased: u64,
+}
+
+#[derive(Serialize)]
+pub(super) struct QueueLine {
+    enqueued: u64,
+    immediate: u64,
+    retired: u64,
+    quarantined: u64,
+    pending: usize,
+}
+
+#[derive(Serialize)]
+pub(super) struct PluginLine {
+    /// Objects the plugin itself reports alive (before the unload).
+    pub(super) live_objects: u64,
+    /// Objects the host counts alive, per kind (before the unload).
+    pub(super) host_objects: u64,
+    pub(super) context_pins: u64,
+    pub(super) unloaded: bool,
+    pub(super) unload_error: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Ledger {
+    classes: Vec<ClassLine>,
+    pool: PoolLine,
+    holders: Vec<HolderLine>,
+    queue: QueueLine,
+    drain_left: Vec<String>,
+    plugin: PluginLine,
+    /// The last measurement (after everything was released).
+    resident_after: Option<u64>,
+    process_delta_after: Option<i64>,
+}
+
+#[derive(Serialize)]
+pub(super) struct Check {
+    pub(super) name: &'static str,
+    pub(super) ok: bool,
+    pub(super) detail: String,
+}
+
+impl Ledger {
+    /// The ledger after teardown: the pool's figures (`snap`), its holders,
+    /// the deferred-free queue (`q`) and what `drain` left, the plugin, and
+    /// the last measurement.
+    pub(super) fn collect(
+        snap: &PoolSnapshot,
+        pool: &Pool,
+        q: &QueueStats,
+        drain_left: Vec<String>,
+        plugin: PluginLine,
+        last: Option<&Measurement>,
+    ) -> Ledger {
+        Ledger {
+            classes: AllocationClass::ALL
+                .iter()
+                .map(|&c| {
+                    let s = snap.class(c);
+                    ClassLine {
+                        class: c.name(),
+                        reserved: s.reserved,
+                        leased: s.leased,
+                        quarantined: s.quarantined,
+                        grants: s.grants,
+                        failures: s.failures,
+                    }
+                })
+                .collect(),
+            pool: PoolLine {
+                name: snap.name.to_string(),
+                capacity: snap.capacity,
+                used: snap.used,
+                peak: snap.peak,
+                free: snap.free,
+                tickets: snap.pressure.tickets,
+                bytes_wanted: snap.pressure.bytes_wanted,
+                bytes_answered: snap.pressure.bytes_answered,
+            },
+            holders: pool
+                .holders()
+                .iter()
+                .map(|h| HolderLine {
+                    name: h.name.to_string(),
+                    priority: h.priority.0,
+                    tickets: h.pressure.tickets,
+                    bytes_wanted: h.pressure.bytes_wanted,
+                    bytes_answered: h.pressure.bytes_answered,
+                    zero_answers: h.pressure.zero_answers,
+                    leased: h.totals().leased,
+                })
+                .collect(),
+            queue: QueueLine {
+                enqueued: q.enqueued,
+                immediate: q.immediate,
+                retired: q.retired,
+                quarantined: q.quarantined,
+                pending: q.pending,
+            },
+            drain_left,
+            plugin,
+            resident_after: last.and_then(|m| m.resident_kv.zip(m.resident_weights).map(|(k, w)| k + w)),
+            process_delta_after: last.and_then(|m| m.process_delta),
+        }
+    }
+}
+
+// ----- the timeline ------------------------------------------------------------
+
+pub(super) struct Recorder {
+    start: Instant,
+    pool: Arc<Pool>,
+    events: Mutex<Vec<Event>>,
+    holders: Mutex<Vec<(HolderId, &'static str)>>,
+}
+
+impl Recorder {
+    /// A timeline that starts at `start` and notes `pool`'s `used` after
+    /// each event.
+    pub(super) fn new(start: Instant, pool: Arc<Pool>) -> Recorder {
+        Recorder { start, pool, events: Mutex::default(), holders: Mutex::default() }
+    }
+
+    /// Names the holders tickets mention.
+    pub(super) fn name_holders(&self, names: impl IntoIterator<Item = (HolderId, &'static str)>) {
+        lock(&self.holders).extend(names);
+    }
+
+    /// The events so far.
+    pub(super) fn timeline(&self) -> Vec<Event> {
+        lock(&self.events).clone()
+    }
+
+    pub(super) fn log(&self, kind: &'static str, subject: impl Into<String>, detail: impl Into<String>) {
+        let e = Event {
+            t_ms: (self.start.elapsed().as_secs_f64() * 1e4).round() / 10.0,
+            kind,
+            subject: subject.into(),
+            detail: detail.into(),
+            pool_used: self.pool.used(),
+        };
+        lock(&self.events).push(e);
+    }
+
+    fn holder_name(&self, h: Option<HolderId>) -> String {
+        match h {
+            None => "the scheduler".into(),
+            Some(h) => lock(&self.holders)
+                .iter()
+                .find(|(id, _)| *id == h)
+                .map_or_else(|| h.to_string(), |(_, n)| (*n).to_string()),
+        }
+    }
+
+    pub(super) fn ticket_text(&self, t: &PressureTicket) -> String {
+        let priority =
+            if t.priority == Priority::HIGHEST { "highest".to_string() } else { t.priority.to_string() };
+        let no_holder = if t.requester.is_none() { "no holder, " } else { "" };
+        format!(
+            "{} wanted by {} ({no_holder}class {}, priority {priority})",
+            mib(t.bytes_wanted),
+            self.holder_name(t.requester),
+            t.class
+        )
+    }
+}
+
+#[derive(Default)]
+pub(super) struct Checks(pub(super) Vec<Check>);
+
+impl Checks {
+    pub(super) fn add(&mut self, name: &'static str, ok: bool, detail: impl Into<String>) {
+        self.0.push(Check { name, ok, detail: detail.into() });
+    }
+}
+
+// ----- output ------------------------------------------------------------------------------
+
+pub(super) fn render_text(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    macro_rules! p {
+        ($($t:tt)*) => {
+            let _ = writeln!(o, $($t)*);
+        };
+    }
+
+    let s = &r.scenario;
+    p!("memplug demo: LLM serving under a hard budget");
+    p!("  plugin     {} — mechanism {} on {}, page {} B", s.plugin, s.mechanism, s.device, s.page_size);
+    p!(
+        "  budget     pool of {}; weights {} pinned + {} expert shards of {}; system prompt {} shared; \
+         KV grows {} per step",
+        mib(s.pool_capacity),
+        s.pinned_shards,
+        s.expert_shards,
+        mib(s.weight_shard_bytes),
+        mib(s.prefix_bytes),
+        mib(s.kv_step_bytes)
+    );
+    p!();
+    p!("timeline  (ms since start, event, who, what — pool used after)");
+    for e in &r.timeline {
+        p!("  {:>7.1}  {:<13} {:<8} {}  [used {}]", e.t_ms, e.kind, e.subject, e.detail, mib(e.pool_used));
+    }
+    p!();
+    p!("governor vs kernel");
+    p!("  resident = {}", s.resident_method);
+    p!("  process Δ = {}; tolerance {}", s.process_method, mib(s.process_tolerance));
+    p!(
+        "  {:<30} {:>10} {:>10} {:>10} {:>12} {:>9}",
+        "moment",
+        "governor",
+        "resident",
+        "process Δ",
+        "Δ-governor",
+        "verdict"
+    );
+    for m in &r.measurements {
+        let resident = m.resident_weights.zip(m.resident_kv).map_or("n/a".into(), |(w, k)| mib(w + k));
+        p!(
+            "  {:<30} {:>10} {:>10} {:>10} {:>12} {:>9}",
+            m.label,
+            mib(m.governor_used),
+            resident,
+            m.process_delta.map_or("n/a".into(), signed_mib),
+            m.process_excess.map_or("n/a".into(), |e| format!("{:+} KiB", e / KIB as i64)),
+            if m.exact_ok && m.process_ok { "agree" } else { "DISAGREE" }
+        );
+    }
+    {
+        let l = &r.ledger;
+        p!();
+        p!("ledger (after teardown)");
+        p!(
+            "  {:<12} {:>10} {:>10} {:>12} {:>8} {:>9}",
+            "class",
+            "reserved",
+            "leased",
+            "quarantined",
+            "grants",
+            "failures"
+        );
+        for c in &l.classes {
+            p!(
+                "  {:<12} {:>10} {:>10} {:>12} {:>8} {:>9}",
+                c.class,
+                c.reserved,
+                c.leased,
+                c.quarantined,
+                c.grants,
+                c.failures
+            );
+        }
+        p!("  (failures: the governor's refusal counter as bindings drive it: a fast-path miss that");
+        p!("   pressure then cured counts 1, the one real refusal counts 2)");
+        let p = &l.pool;
+        p!(
+            "  pool '{}'   used {} B, peak {}, capacity {}; {} ticket(s) issued, {} wanted, {} answered",
+            p.name,
+            p.used,
+            mib(p.peak),
+            mib(p.capacity),
+            p.tickets,
+            mib(p.bytes_wanted),
+            mib(p.bytes_answered)
+        );
+        for h in &l.holders {
+            p!(
+                "  holder {:<8} priority {:>2}: {} ticket(s), {} wanted, {} answered, {} zero answer(s); {} B leased",
+                h.name,
+                h.priority,
+                h.tickets,
+                mib(h.bytes_wanted),
+                mib(h.bytes_answered),
+                h.zero_answers,
+                h.leased
+            );
+        }
+        let q = &l.queue;
+        p!(
+            "  queue        {} enqueued, {} freed at once, {} retired, {} quarantined, {} pending",
+            q.enqueued,
+            q.immediate,
+            q.retired,
+            q.quarantined,
+            q.pending
+        );
+        let pl = &l.plugin;
+        p!(
+            "  plugin       {} live object(s) reported by the plugin, {} counted by the host, {} context pin(s); {}",
+            pl.live_objects,
+            pl.host_objects,
+            pl.context_pins,
+            if pl.unloaded { "unloaded".to_string() } else { format!("NOT unloaded: {}", pl.unload_error.as_deref().unwrap_or("")) }
+        );
+        p!(
+            "  resident     {} over live objects, process Δ {} (governor says 0)",
+            l.resident_after.map_or("n/a".into(), |b| format!("{b} B")),
+            l.process_delta_after.map_or("n/a".into(), |d| format!("{} KiB", d / KIB as i64))
+        );
+    }
+    p!();
+    p!("checks");
+    for c in &r.checks {
+        p!("  [{}] {:<42} {}", if c.ok { "ok" } else { "FAIL" }, c.name, c.detail);
+    }
+    let failed = r.checks.iter().filter(|c| !c.ok).count();
+    p!();
+    if failed == 0 {
+        p!("all {} checks passed", r.checks.len());
+    } else {
+        p!("{failed} of {} checks FAILED", r.checks.len());
+    }
+    o
+}
+
+/// The report as one pretty-printed JSON document, newline-terminated.
+pub(super) fn render_json(r: &Report) -> serde_json::Result<String> {
+    Ok(serde_json::to_string_pretty(r)? + "\n")
+}
