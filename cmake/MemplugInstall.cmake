@@ -29,10 +29,20 @@ install(FILES
   DESTINATION ${MEMPLUG_CMAKE_INSTALL_DIR})
 
 # pkg-config: memplug-host (shared; `--static` adds what the .a needs).
+# The prefix is the one the files are installed under, known only at install
+# time (`cmake --install --prefix P` may differ from CMAKE_INSTALL_PREFIX at
+# configure time): the configure step fills everything else and leaves the
+# prefix placeholder, and an install step writes the final file.
 set(MEMPLUG_PC_STATIC_LIBS "-lpthread -ldl -lm -lrt -lutil -lgcc_s")
+set(MEMPLUG_PC_PREFIX "@MEMPLUG_PC_PREFIX@")
 configure_file(${CMAKE_CURRENT_LIST_DIR}/memplug-host.pc.in
-  ${CMAKE_CURRENT_BINARY_DIR}/memplug-host.pc @ONLY)
-install(FILES ${CMAKE_CURRENT_BINARY_DIR}/memplug-host.pc
+  ${CMAKE_CURRENT_BINARY_DIR}/memplug-host.pc.in @ONLY)
+install(CODE "
+  set(MEMPLUG_PC_PREFIX \"\${CMAKE_INSTALL_PREFIX}\")
+  configure_file(\"${CMAKE_CURRENT_BINARY_DIR}/memplug-host.pc.in\"
+    \"${CMAKE_CURRENT_BINARY_DIR}/pc-install/memplug-host.pc\" @ONLY)
+")
+install(FILES ${CMAKE_CURRENT_BINARY_DIR}/pc-install/memplug-host.pc
   DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
 
 # Packaging test: install into a scratch prefix, then build and run the
@@ -46,5 +56,6 @@ add_test(NAME install_consumer
     -DCONFIG=$<CONFIG>
     -DPLUGIN=${MEMPLUG_CPU_PLUGIN}
     -DC_COMPILER=${CMAKE_C_COMPILER}
+    -DLIBDIR=${CMAKE_INSTALL_LIBDIR}
     -P ${CMAKE_CURRENT_LIST_DIR}/RunConsumerTest.cmake)
 set_tests_properties(install_consumer PROPERTIES RESOURCE_LOCK memplug_build_tree TIMEOUT 600)

@@ -25,19 +25,21 @@ run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer_shared ${PLUGIN})
 run(${WORK_DIR}/build/consumer_static ${PLUGIN})
 
-find_program(PKG_CONFIG pkg-config)
-if(PKG_CONFIG)
-  # The .pc file names the prefix it was installed with; point it here.
-  set(ENV{PKG_CONFIG_PATH} ${prefix}/lib/pkgconfig:${prefix}/lib64/pkgconfig)
-  execute_process(COMMAND ${PKG_CONFIG} --define-variable=prefix=${prefix} --cflags --libs memplug-host
-    OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
-  if(NOT rc EQUAL 0)
-    message(FATAL_ERROR "pkg-config memplug-host failed")
-  endif()
-  separate_arguments(flags UNIX_COMMAND "${flags}")
-  run(${C_COMPILER} -std=c99 -Wall -Wextra -Wpedantic -Werror ${CONSUMER_SOURCE}/consumer.c ${flags}
-      -o ${WORK_DIR}/consumer_pkgconfig)
-  set(ENV{LD_LIBRARY_PATH} ${prefix}/lib:${prefix}/lib64)
-  run(${WORK_DIR}/consumer_pkgconfig ${PLUGIN})
+# pkg-config as a user runs it: only the search path points at the prefix;
+# the .pc file must name the prefix it was installed under by itself.
+find_program(PKG_CONFIG pkg-config REQUIRED)
+set(ENV{PKG_CONFIG_PATH} ${prefix}/${LIBDIR}/pkgconfig)
+execute_process(COMMAND ${PKG_CONFIG} --cflags --libs memplug-host
+  OUTPUT_VARIABLE flags OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "pkg-config memplug-host failed")
 endif()
+if(NOT flags MATCHES "-I${prefix}/")
+  message(FATAL_ERROR "pkg-config memplug-host names another prefix than ${prefix}: ${flags}")
+endif()
+separate_arguments(flags UNIX_COMMAND "${flags}")
+run(${C_COMPILER} -std=c99 -Wall -Wextra -Wpedantic -Werror ${CONSUMER_SOURCE}/consumer.c ${flags}
+    -o ${WORK_DIR}/consumer_pkgconfig)
+set(ENV{LD_LIBRARY_PATH} ${prefix}/${LIBDIR})
+run(${WORK_DIR}/consumer_pkgconfig ${PLUGIN})
 message(STATUS "consumer built and ran against ${prefix}")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages memplug's build and tests need and a fresh
-# machine lacks (cmake, ninja, clang/libclang for bindgen, abigail-tools).
+# machine lacks (cmake, ninja, clang/libclang for bindgen, abigail-tools,
+# valgrind, pkg-config).
 # Idempotent: does nothing when everything is present.
 set -euo pipefail
 
@@ -11,6 +12,7 @@ command -v clang >/dev/null || need+=(clang)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
 command -v abidiff >/dev/null || need+=(abigail-tools)
 command -v valgrind >/dev/null || need+=(valgrind)
+command -v pkg-config >/dev/null || need+=(pkg-config)
 
 if ((${#need[@]})); then
     echo "setup: installing ${need[*]}"

@@ -309,7 +309,7 @@ static MemplugStatus lookup_object(const MemplugObjectRef *ref, enum ex_kind kin
 {
     uint64_t low = ref->handle & 0xffffffffu;
     uint32_t generation = (uint32_t)(ref->handle >> 32);
-    struct ex_slot *s;
+    struct ex_slot *s = NULL; /* set by lookup_object on success; gcc -O2 cannot see that */
 
     if (low == 0 || low > EX_MAX_OBJECTS) {
         return note(m, MEMPLUG_STATUS_UNKNOWN_ALLOCATION, "%s: handle %#llx was never issued", what,
@@ -460,7 +460,7 @@ static MemplugStatus ex_deallocate(void *ctx, const MemplugObjectRef *object,
 {
     MemplugObjectRef ref;
     struct ex_message msg;
-    struct ex_slot *s;
+    struct ex_slot *s = NULL; /* set by lookup_object on success; gcc -O2 cannot see that */
     void *p;
     MemplugStatus st;
 
@@ -621,7 +621,7 @@ static MemplugStatus change_commit(const MemplugObjectRef *reservation, uint64_t
     const char *what = commit ? "commit" : "decommit";
     MemplugObjectRef ref;
     struct ex_message msg;
-    struct ex_slot *s;
+    struct ex_slot *s = NULL; /* set by lookup_object on success; gcc -O2 cannot see that */
     uint64_t page = page_size();
     uint64_t first = 0, count = 0, i;
     unsigned char *start;
@@ -696,7 +696,7 @@ static MemplugStatus ex_committed_bytes(void *ctx, const MemplugObjectRef *reser
 {
     MemplugObjectRef ref;
     struct ex_message msg;
-    struct ex_slot *s;
+    struct ex_slot *s = NULL; /* set by lookup_object on success; gcc -O2 cannot see that */
     MemplugStatus st;
 
     (void)ctx;
@@ -721,7 +721,7 @@ static MemplugStatus ex_release(void *ctx, const MemplugObjectRef *reservation,
 {
     MemplugObjectRef ref;
     struct ex_message msg;
-    struct ex_slot *s;
+    struct ex_slot *s = NULL; /* set by lookup_object on success; gcc -O2 cannot see that */
     void *base;
     uint64_t size;
     unsigned char *map;
