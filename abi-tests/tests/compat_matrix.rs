@@ -229,17 +229,17 @@ fn host_checks(m: &Mechanism, agreed: u32, problems: &mut Vec<String>) -> Vec<St
     if caps.unknown_bits() != 0 {
         degraded.push(format!("ignored unknown capability bits {:#x}", caps.unknown_bits()));
     }
-    match m.allocator().allocate_as(64, 16, AllocationClass::Kv) {
+    match unsafe { m.ungoverned() }.allocator().allocate_as(64, 16, AllocationClass::Kv) {
         Ok(a) => {
             // SAFETY: a live CPU allocation of at least 64 bytes.
             unsafe { std::ptr::write_bytes(a.addr() as *mut u8, 0x5a, 64) };
-            if let Err(e) = m.allocator().deallocate(a) {
+            if let Err(e) = unsafe { m.ungoverned() }.allocator().deallocate(a) {
                 fail(format!("deallocate: {}", e.error));
             }
         }
         Err(e) => fail(format!("allocate: {e}")),
     }
-    if let Some(vb) = m.virtual_backing() {
+    if let Some(vb) = unsafe { m.ungoverned() }.virtual_backing() {
         let g = m.properties().granularity;
         match vb.reserve(4 * g) {
             Ok(r) => {
@@ -254,7 +254,7 @@ fn host_checks(m: &Mechanism, agreed: u32, problems: &mut Vec<String>) -> Vec<St
             Err(e) => fail(format!("reserve: {e}")),
         }
     }
-    match m.shared_mapping() {
+    match unsafe { m.ungoverned() }.shared_mapping() {
         None if agreed == 0 => {
             degraded.push("export/import: unsupported by 1.0 peer (and no shared mapping)".into())
         }
@@ -287,8 +287,8 @@ fn host_checks(m: &Mechanism, agreed: u32, problems: &mut Vec<String>) -> Vec<St
 
 /// Create → map → write → export → import → map → read through the host.
 fn export_import_round_trip(m: &Mechanism) -> Result<(), String> {
-    let sm = m.shared_mapping().unwrap();
-    let vb = m.virtual_backing().ok_or("no virtual backing to map into")?;
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().ok_or("no virtual backing to map into")?;
     let g = m.properties().granularity;
     let a = sm.create_as(g, AllocationClass::Weights).map_err(|e| e.to_string())?;
     let ra = vb.reserve(g).map_err(|e| e.to_string())?;
@@ -499,7 +499,7 @@ fn pinned_to_1_0_the_host_answers_export_and_import_with_unsupported() {
     assert_eq!(plugin.abi_version(), (1, 0));
     let m = &plugin.mechanisms()[0];
     assert!(!m.capabilities().shared_export() && m.capabilities().shared_mapping());
-    let sm = m.shared_mapping().unwrap();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
     assert!(!sm.can_export());
     let obj = sm.create(4096).unwrap();
     let e = sm.export_fd(&obj).unwrap_err();

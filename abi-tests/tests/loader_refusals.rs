@@ -119,7 +119,7 @@ fn zero_or_duplicate_mechanisms_are_refused() {
 #[test]
 fn an_unknown_status_code_is_mapped_conservatively_and_kept() {
     let p = Plugin::load(bad_plugin(Some("BAD_UNKNOWN_STATUS"))).unwrap();
-    let e = p.mechanisms()[0].allocator().allocate(64, 16).unwrap_err();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(64, 16).unwrap_err();
     assert_eq!(e.status, Status::Internal);
     assert_eq!(e.raw, 777);
     assert!(e.is_unknown_code());
@@ -133,7 +133,7 @@ fn unknown_capability_bits_and_device_kinds_load_conservatively() {
     let p = Plugin::load(bad_plugin(Some("BAD_UNKNOWN_CAPS"))).unwrap();
     let m = &p.mechanisms()[0];
     assert_eq!(m.capabilities().unknown_bits(), 1 << 31);
-    assert!(m.virtual_backing().is_none() && m.sync().is_none());
+    assert!(unsafe { m.ungoverned() }.virtual_backing().is_none() && m.sync().is_none());
     let p = Plugin::load(bad_plugin(Some("BAD_UNKNOWN_DEVICE_KIND"))).unwrap();
     assert_eq!(p.mechanisms()[0].device().to_string(), "unknown(99):0");
 }
@@ -150,7 +150,7 @@ fn a_plugin_reporting_live_objects_refuses_to_unload() {
 fn the_correct_default_loads_allocates_and_unloads() {
     let p = Plugin::load(bad_plugin(None)).unwrap();
     let m = p.mechanisms()[0].clone();
-    let a = m.allocator().allocate(100, 16).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(100, 16).unwrap();
     assert_eq!(a.addr() % 16, 0);
     // A live allocation and a held mechanism handle both keep it loaded.
     let p = match p.unload() {
@@ -162,7 +162,7 @@ fn the_correct_default_loads_allocates_and_unloads() {
             refused.plugin
         }
     };
-    m.allocator().deallocate(a).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     drop(m);
     p.unload().unwrap();
 }
@@ -176,10 +176,10 @@ fn the_c_example_plugin_loads_and_works() {
     let p = Plugin::load(&so).unwrap();
     assert_eq!(p.abi_version(), (1, 0));
     let m = p.mechanism("c-example").expect("mechanism c-example").clone();
-    assert!(m.virtual_backing().is_some());
-    let a = m.allocator().allocate(4096, 256).unwrap();
+    assert!(unsafe { m.ungoverned() }.virtual_backing().is_some());
+    let a = unsafe { m.ungoverned() }.allocator().allocate(4096, 256).unwrap();
     assert_eq!(a.addr() % 256, 0);
-    let vb = m.virtual_backing().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let g = m.properties().granularity;
     let r = vb.reserve(16 * g).unwrap();
     vb.commit(&r, 0, 4 * g).unwrap();
@@ -193,7 +193,7 @@ fn the_c_example_plugin_loads_and_works() {
     vb.decommit(&r, 0, 4 * g).unwrap();
     assert_eq!(vb.committed_bytes(&r).unwrap(), 0);
     vb.release(r).unwrap();
-    m.allocator().deallocate(a).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     assert_eq!(p.plugin_live_objects(), 0);
     drop(m);
     p.unload().unwrap();
@@ -203,16 +203,19 @@ fn the_c_example_plugin_loads_and_works() {
 fn a_forged_or_double_freed_allocation_is_refused_and_changes_nothing() {
     let p = Plugin::load(bad_plugin(None)).unwrap();
     let m = &p.mechanisms()[0];
-    let a = m.allocator().allocate(64, 16).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
     let raw = *a.raw();
-    m.allocator().deallocate(a).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     // SAFETY: deliberately a use of a freed handle; the plugin must refuse.
     let again = unsafe { memplug_host::Allocation::from_raw(raw) };
-    let e = m.allocator().deallocate(again).unwrap_err();
+    let e = unsafe { m.ungoverned() }.allocator().deallocate(again).unwrap_err();
     assert_eq!(e.error.status, Status::UnknownAllocation, "{}", e.error);
     let mut forged = raw;
     forged.handle ^= 0xdead_0000;
-    let e = m.allocator().deallocate(unsafe { memplug_host::Allocation::from_raw(forged) }).unwrap_err();
+    let e = unsafe { m.ungoverned() }
+        .allocator()
+        .deallocate(unsafe { memplug_host::Allocation::from_raw(forged) })
+        .unwrap_err();
     assert_eq!(e.error.status, Status::UnknownAllocation, "{}", e.error);
     assert_eq!(p.plugin_live_objects(), 0);
 }

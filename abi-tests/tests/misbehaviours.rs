@@ -41,9 +41,9 @@ fn mentions(e: &impl std::fmt::Display, parts: &[&str]) {
 /// Allocates and frees through the host, then unloads: the plugin works.
 fn works_and_unloads(p: Plugin) {
     let m = p.mechanisms()[0].clone();
-    let a = m.allocator().allocate(100, 16).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(100, 16).unwrap();
     assert_eq!(a.addr() % 16, 0);
-    m.allocator().deallocate(a).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     drop(m);
     p.unload().unwrap();
 }
@@ -126,7 +126,11 @@ fn unknown_capability_bits_and_device_kinds_are_kept_conservative() {
     let p = load("BAD_UNKNOWN_CAPS");
     let m = &p.mechanisms()[0];
     assert_eq!(m.capabilities().unknown_bits(), 1 << 31);
-    assert!(m.virtual_backing().is_none() && m.shared_mapping().is_none() && m.sync().is_none());
+    assert!(
+        unsafe { m.ungoverned() }.virtual_backing().is_none()
+            && unsafe { m.ungoverned() }.shared_mapping().is_none()
+            && m.sync().is_none()
+    );
     let p = load("BAD_UNKNOWN_DEVICE_KIND");
     assert_eq!(p.mechanisms()[0].device().to_string(), "unknown(99):0");
 }
@@ -134,7 +138,7 @@ fn unknown_capability_bits_and_device_kinds_are_kept_conservative() {
 #[test]
 fn an_unknown_status_is_mapped_to_internal_and_kept() {
     let p = load("BAD_UNKNOWN_STATUS");
-    let e = p.mechanisms()[0].allocator().allocate(64, 16).unwrap_err();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(64, 16).unwrap_err();
     assert_eq!((e.status, e.raw), (Status::Internal, 777));
     assert!(e.message.contains("777"), "{e}");
     assert_eq!(p.mechanisms()[0].live(ObjectKind::Allocation), 0);
@@ -152,13 +156,13 @@ fn a_plugin_that_never_lets_go_is_never_unloaded() {
 fn a_plugin_reporting_zero_while_holding_objects_is_kept_by_the_hosts_counts() {
     let p = load("BAD_LIVE_ZERO");
     let m = p.mechanisms()[0].clone();
-    let a = m.allocator().allocate(64, 16).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
     assert_eq!(p.plugin_live_objects(), 0, "the fixture lies");
     drop(m);
     let refused = p.unload().unwrap_err();
     mentions(&refused, &["1 allocations of mechanism 'bad-plugin'"]);
     let p = refused.plugin;
-    p.mechanisms()[0].allocator().deallocate(a).unwrap();
+    unsafe { p.mechanisms()[0].ungoverned() }.allocator().deallocate(a).unwrap();
     p.unload().unwrap();
 }
 
@@ -171,7 +175,7 @@ fn a_message_without_terminator_is_read_exactly_and_sanitised() {
     // The message ends where readable memory ends: reading one byte more
     // than `len` would crash this test.
     let p = load("BAD_MESSAGE_UNTERMINATED");
-    let e = p.mechanisms()[0].allocator().allocate(0, 16).unwrap_err();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(0, 16).unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.starts_with("bad_plugin: "), "{:?}", e.message);
     // 0xff is not UTF-8 and ESC is a control character: both replaced.
@@ -182,7 +186,7 @@ fn a_message_without_terminator_is_read_exactly_and_sanitised() {
 #[test]
 fn an_overlong_message_is_cut_to_the_maximum() {
     let p = load("BAD_MESSAGE_OVERLONG");
-    let e = p.mechanisms()[0].allocator().allocate(0, 16).unwrap_err();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(0, 16).unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument);
     assert_eq!(e.message.len(), MEMPLUG_MESSAGE_MAX as usize);
     assert!(e.message.starts_with("bad_plugin: "), "{:?}", &e.message[..40]);
@@ -191,7 +195,7 @@ fn an_overlong_message_is_cut_to_the_maximum() {
 #[test]
 fn a_sink_written_twice_keeps_the_last_message() {
     let p = load("BAD_SINK_TWICE");
-    let e = p.mechanisms()[0].allocator().allocate(0, 16).unwrap_err();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(0, 16).unwrap_err();
     assert!(!e.message.contains("superseded"), "{:?}", e.message);
     assert!(e.message.contains("zero size"), "{:?}", e.message);
     works_and_unloads(p);
@@ -200,7 +204,7 @@ fn a_sink_written_twice_keeps_the_last_message() {
 #[test]
 fn a_message_from_another_thread_joined_before_return_is_kept() {
     let p = load("BAD_SINK_OTHER_THREAD");
-    let e = p.mechanisms()[0].allocator().allocate(0, 16).unwrap_err();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(0, 16).unwrap_err();
     assert!(e.message.contains("zero size"), "{:?}", e.message);
 }
 
@@ -208,9 +212,10 @@ fn a_message_from_another_thread_joined_before_return_is_kept() {
 fn a_slot_that_reenters_the_plugins_entry_does_not_disturb_the_host() {
     let p = load("BAD_REENTRANT_ENTRY");
     let m = p.mechanisms()[0].clone();
-    let blocks: Vec<_> = (0..8).map(|_| m.allocator().allocate(64, 16).unwrap()).collect();
+    let blocks: Vec<_> =
+        (0..8).map(|_| unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap()).collect();
     for b in blocks {
-        m.allocator().deallocate(b).unwrap();
+        unsafe { m.ungoverned() }.allocator().deallocate(b).unwrap();
     }
     drop(m);
     p.unload().unwrap();
@@ -224,7 +229,7 @@ fn a_slot_that_reenters_the_plugins_entry_does_not_disturb_the_host() {
 fn a_null_block_on_success_is_refused_and_not_counted() {
     let p = load("BAD_NULL_BLOCK");
     let m = &p.mechanisms()[0];
-    let e = m.allocator().allocate(64, 16).unwrap_err();
+    let e = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap_err();
     assert_eq!(e.status, Status::Internal);
     mentions(&e, &["reported success but returned addr 0x0"]);
     assert_eq!(m.live(ObjectKind::Allocation), 0);
@@ -234,15 +239,15 @@ fn a_null_block_on_success_is_refused_and_not_counted() {
 fn a_misaligned_block_is_refused_never_freed_and_keeps_the_plugin_loaded() {
     let p = load("BAD_MISALIGNED_BLOCK");
     let m = p.mechanisms()[0].clone();
-    let e = m.allocator().allocate(64, 64).unwrap_err();
+    let e = unsafe { m.ungoverned() }.allocator().allocate(64, 64).unwrap_err();
     assert_eq!(e.status, Status::Internal);
     mentions(&e, &["aligned to 64"]);
     assert_eq!(m.live(ObjectKind::Allocation), 0);
     // The plugin still holds the block the host would not trust.
     assert_eq!(p.plugin_live_objects(), 1);
     // Alignments the plugin gets right still work.
-    let a = m.allocator().allocate(64, 16).unwrap();
-    m.allocator().deallocate(a).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     drop(m);
     let refused = p.unload().unwrap_err();
     mentions(&refused, &["reports 1 live object"]);
@@ -253,7 +258,7 @@ fn output_written_by_a_failed_call_is_ignored() {
     let p = load("BAD_WRITES_OUT_ON_FAILURE");
     let m = p.mechanisms()[0].clone();
     for (size, align) in [(0, 16), (64, 3), (64, 1 << 20)] {
-        let e = m.allocator().allocate(size, align).unwrap_err();
+        let e = unsafe { m.ungoverned() }.allocator().allocate(size, align).unwrap_err();
         assert_eq!(e.status, Status::InvalidArgument, "{e}");
         assert_eq!(m.live(ObjectKind::Allocation), 0);
     }
@@ -269,12 +274,12 @@ fn output_written_by_a_failed_call_is_ignored() {
 fn a_foreign_object_is_refused_by_the_host_before_a_careless_plugin_sees_it() {
     let careless = load("BAD_DEALLOC_ANY");
     let other = Plugin::load(bad_plugin(None)).unwrap();
-    let a = other.mechanisms()[0].allocator().allocate(64, 16).unwrap();
-    let e = careless.mechanisms()[0].allocator().deallocate(a).unwrap_err();
+    let a = unsafe { other.mechanisms()[0].ungoverned() }.allocator().allocate(64, 16).unwrap();
+    let e = unsafe { careless.mechanisms()[0].ungoverned() }.allocator().deallocate(a).unwrap_err();
     assert_eq!(e.error.status, Status::WrongMechanism, "{}", e.error);
     // Still live where it was made, and freed there.
     assert_eq!(other.plugin_live_objects(), 1);
-    other.mechanisms()[0].allocator().deallocate(e.object).unwrap();
+    unsafe { other.mechanisms()[0].ungoverned() }.allocator().deallocate(e.object).unwrap();
     assert_eq!(other.plugin_live_objects(), 0);
 }
 
@@ -284,8 +289,8 @@ fn the_host_never_sends_a_second_free() {
     // deallocate consumes the Allocation.
     let p = load("BAD_DOUBLE_FREE_OK");
     let m = &p.mechanisms()[0];
-    let a = m.allocator().allocate(64, 16).unwrap();
-    m.allocator().deallocate(a).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     assert_eq!((m.live(ObjectKind::Allocation), p.plugin_live_objects()), (0, 0));
 }
 
@@ -319,7 +324,10 @@ fn the_host_sends_only_the_access_values_abi_1_0_defines() {
     assert_eq!(Access::ReadWrite.bits(), 3);
     let p = load("BAD_UNKNOWN_ACCESS");
     let m = &p.mechanisms()[0];
-    let (vb, sm) = (m.virtual_backing().unwrap(), m.shared_mapping().unwrap());
+    let (vb, sm) = (
+        unsafe { m.ungoverned() }.virtual_backing().unwrap(),
+        unsafe { m.ungoverned() }.shared_mapping().unwrap(),
+    );
     let g = m.properties().granularity;
     let o = sm.create(g).unwrap();
     let r = vb.reserve(g).unwrap();
@@ -334,7 +342,7 @@ fn the_host_sends_only_the_access_values_abi_1_0_defines() {
 fn ranges_outside_the_reservation_are_refused_by_the_host() {
     let p = load("BAD_RANGE_UNCHECKED");
     let m = &p.mechanisms()[0];
-    let vb = m.virtual_backing().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let g = m.properties().granularity;
     let r = vb.reserve(4 * g).unwrap();
     let size = r.size();
@@ -355,7 +363,7 @@ fn charges_follow_the_bytes_the_host_committed_not_the_plugins_count() {
     let g = p.mechanisms()[0].properties().granularity;
     {
         let m = &p.mechanisms()[0];
-        let vb = m.virtual_backing().unwrap();
+        let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
         let r = vb.reserve(4 * g).unwrap();
         vb.commit(&r, 0, 2 * g).unwrap();
         // The raw count is the plugin's, passed on as it is.
@@ -448,7 +456,10 @@ fn a_read_only_view_made_writable_is_not_visible_to_the_host() {
     // `memplug conformance` (shared_mapping.read_only) sees the lie.
     let p = load("BAD_READ_ONLY_WRITABLE");
     let m = &p.mechanisms()[0];
-    let (vb, sm) = (m.virtual_backing().unwrap(), m.shared_mapping().unwrap());
+    let (vb, sm) = (
+        unsafe { m.ungoverned() }.virtual_backing().unwrap(),
+        unsafe { m.ungoverned() }.shared_mapping().unwrap(),
+    );
     let g = m.properties().granularity;
     let o = sm.create(g).unwrap();
     let r = vb.reserve(g).unwrap();

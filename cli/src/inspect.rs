@@ -62,7 +62,6 @@ fn mechanism_view(m: &Mechanism) -> MechanismView {
         granularity: props.granularity,
         stream_adopt: m.sync().map(|s| s.can_adopt()),
         memory: m
-            .allocator()
             .memory_info()
             .and_then(|r| r.ok())
             .map(|i| MemoryView { free_bytes: i.free_bytes, total_bytes: i.total_bytes }),

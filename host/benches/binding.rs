@@ -96,9 +96,9 @@ fn bench(c: &mut Criterion) {
         id
     };
     let mechanism_pair = |size: u64| {
-        let a = mech.allocator().allocate(size, 16).unwrap();
+        let a = unsafe { mech.ungoverned() }.allocator().allocate(size, 16).unwrap();
         let addr = a.addr();
-        mech.allocator().deallocate(a).unwrap();
+        unsafe { mech.ungoverned() }.allocator().deallocate(a).unwrap();
         addr
     };
 

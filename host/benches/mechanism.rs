@@ -67,9 +67,9 @@ fn bench(c: &mut Criterion) {
     let mech = plugin.mechanism("cpu").expect("cpu mechanism").clone();
     let direct = direct_of(&lib);
     let host_pair = |size: u64| {
-        let a = mech.allocator().allocate(size, 16).unwrap();
+        let a = unsafe { mech.ungoverned() }.allocator().allocate(size, 16).unwrap();
         let addr = a.addr();
-        mech.allocator().deallocate(a).unwrap();
+        unsafe { mech.ungoverned() }.allocator().deallocate(a).unwrap();
         addr
     };
 
@@ -87,7 +87,7 @@ fn bench(c: &mut Criterion) {
         g.finish();
     }
 
-    let vb = mech.virtual_backing().expect("virtual backing");
+    let vb = unsafe { mech.ungoverned() }.virtual_backing().expect("virtual backing");
     let res = vb.reserve(TWO_MIB as u64).unwrap();
     let raw = RawRegion::new();
     let host_cd = || {

@@ -92,7 +92,11 @@ fn invariant_3_selection_names_the_missing_capability_and_never_falls_back() {
     let plain = manager.select(CPU0, Requirements::ALLOCATOR_ONLY).unwrap();
     assert_eq!(plain.mechanism().name(), "plain");
     let m = plain.mechanism();
-    assert!(m.virtual_backing().is_none() && m.shared_mapping().is_none() && m.sync().is_none());
+    assert!(
+        unsafe { m.ungoverned() }.virtual_backing().is_none()
+            && unsafe { m.ungoverned() }.shared_mapping().is_none()
+            && m.sync().is_none()
+    );
 
     match manager.select(CPU0, ALL) {
         Err(ManagerError::Registry(RegistryError::MissingCapability { device, wanted, candidates })) => {
@@ -210,11 +214,11 @@ fn a_refused_unload_leaves_the_selection_order_as_it_was() {
     // the refusal comes from the plugin's own gate, after the registry let
     // the plugin go.
     let m = manager.context("plain/plain").unwrap().mechanism().clone();
-    let a = m.allocator().allocate(64, 16).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
     let e = manager.unload_plugin("plain").unwrap_err().to_string();
     assert!(e.contains("1 allocations of mechanism 'plain'"), "{e}");
     assert_eq!(first(&manager), "plain", "a refused unload changed which mechanism is selected");
-    m.allocator().deallocate(a).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     drop(m);
     manager.unload_plugin("plain").unwrap();
     assert_eq!(first(&manager), "memplug-cpu");
@@ -236,8 +240,8 @@ fn invariant_1_two_loaded_copies_of_a_plugin_never_free_each_others_memory() {
     assert!(!m1.same_as(&m2));
 
     // The host refuses the other mechanism's token before the plugin sees it.
-    let a = m1.allocator().allocate(256, 16).unwrap();
-    let e = m2.allocator().deallocate(a).unwrap_err();
+    let a = unsafe { m1.ungoverned() }.allocator().allocate(256, 16).unwrap();
+    let e = unsafe { m2.ungoverned() }.allocator().deallocate(a).unwrap_err();
     assert_eq!(e.error.status, Status::WrongMechanism, "{}", e.error);
     assert!(e.error.to_string().contains("another mechanism"), "{}", e.error);
     let a = e.object;
@@ -249,7 +253,7 @@ fn invariant_1_two_loaded_copies_of_a_plugin_never_free_each_others_memory() {
     raw.mechanism_key = m2.key();
     // SAFETY: deliberately forged, to show the plugin refuses it too.
     let forged = unsafe { Allocation::from_raw(raw) };
-    let e = m2.allocator().deallocate(forged).unwrap_err();
+    let e = unsafe { m2.ungoverned() }.allocator().deallocate(forged).unwrap_err();
     assert_eq!(e.error.status, Status::UnknownAllocation, "{}", e.error);
     let _ = e.object.into_raw();
     // SAFETY: the token `a` is still the one m1 made; nothing freed it.
@@ -257,7 +261,7 @@ fn invariant_1_two_loaded_copies_of_a_plugin_never_free_each_others_memory() {
     probe.fill(0x42);
 
     // Its creator frees it.
-    m1.allocator().deallocate(a).unwrap();
+    unsafe { m1.ungoverned() }.allocator().deallocate(a).unwrap();
     assert_eq!((m1.live(ObjectKind::Allocation), m2.live(ObjectKind::Allocation)), (0, 0));
 
     // Through bindings: each frees its own; a prefix made by one cannot be
@@ -329,12 +333,12 @@ fn invariant_9_what_crosses_the_boundary_is_copied_never_owned_by_the_other_side
     // A failure message is written by the plugin into the host's sink, on
     // the calling thread: the host owns its copy, which outlives the
     // library itself.
-    let a = m.allocator().allocate(64, 16).unwrap();
+    let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
     let mut raw = *a.raw();
     raw.object_id ^= 1;
     // SAFETY: deliberately altered, so the plugin refuses it.
     let altered = unsafe { Allocation::from_raw(raw) };
-    let refused = m.allocator().deallocate(altered).unwrap_err();
+    let refused = unsafe { m.ungoverned() }.allocator().deallocate(altered).unwrap_err();
     let _ = refused.object.into_raw();
     let error = refused.error;
     assert_eq!(error.status, Status::UnknownAllocation);
@@ -353,7 +357,7 @@ fn invariant_9_what_crosses_the_boundary_is_copied_never_owned_by_the_other_side
 
     // The plugin frees what it made: the block goes back through its own
     // deallocate, and then the plugin holds nothing.
-    m.allocator().deallocate(a).unwrap();
+    unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
     drop((f, stream));
     assert_eq!(live(&m), [0; 5]);
     drop(m);

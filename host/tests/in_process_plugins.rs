@@ -107,10 +107,10 @@ fn assert_panic_reported(e: &memplug_host::CallError, what: &str) {
 fn invariant_8_panics_in_every_slot_kind_become_internal_errors() {
     let p = unsafe { Plugin::from_entry(panicky_entry, "panicky", &LoadOptions::default()) }.unwrap();
     let m = p.mechanism("boom").unwrap().clone();
-    assert_panic_reported(&m.allocator().allocate(64, 8).unwrap_err(), "allocate");
-    let vb = m.virtual_backing().unwrap();
+    assert_panic_reported(&unsafe { m.ungoverned() }.allocator().allocate(64, 8).unwrap_err(), "allocate");
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     assert_panic_reported(&vb.reserve(4096).unwrap_err(), "reserve");
-    let sm = m.shared_mapping().unwrap();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
     assert_panic_reported(&sm.create(4096).unwrap_err(), "create");
     let sy = m.sync().unwrap();
     assert_panic_reported(&sy.stream_create().unwrap_err(), "stream_create");
@@ -151,16 +151,16 @@ declare_entry!(codes_entry, unknown_plugin);
 fn a_failure_carries_code_and_message() {
     let p = unsafe { Plugin::from_entry(codes_entry, "codes", &LoadOptions::default()) }.unwrap();
     let m = &p.mechanisms()[0];
-    let e = m.allocator().allocate(8, 8).unwrap_err();
+    let e = unsafe { m.ungoverned() }.allocator().allocate(8, 8).unwrap_err();
     assert_eq!(e.status, Status::Busy);
     assert_eq!(e.message, "busy with something");
     assert!(e.to_string().contains("codes/codes"), "{e}");
     assert!(e.to_string().contains("MEMPLUG_STATUS_BUSY"), "{e}");
     // Unsupported is an explicit absence, never a success (invariant 3).
-    assert!(m.virtual_backing().is_none());
-    assert!(m.shared_mapping().is_none());
+    assert!(unsafe { m.ungoverned() }.virtual_backing().is_none());
+    assert!(unsafe { m.ungoverned() }.shared_mapping().is_none());
     assert!(m.sync().is_none());
-    assert!(m.allocator().memory_info().is_none());
+    assert!(m.memory_info().is_none());
 }
 
 /// Claims success but returns blocks that break the contract.
@@ -193,7 +193,7 @@ declare_entry!(liar_entry, liar_plugin);
 #[test]
 fn null_misaligned_or_short_blocks_on_success_are_refused() {
     let p = unsafe { Plugin::from_entry(liar_entry, "liar", &LoadOptions::default()) }.unwrap();
-    let a = p.mechanisms()[0].allocator();
+    let a = unsafe { p.mechanisms()[0].ungoverned() }.allocator();
     for expect in ["addr 0x0", "addr 0x1001", "size 63"] {
         let e = a.allocate(64, 64).unwrap_err();
         assert_eq!(e.status, Status::Internal);

@@ -1357,10 +1357,10 @@ fn check_loaded(plugin: Plugin, e: &Expected) {
             device: m.device().0,
             capabilities: m.capabilities().0,
             properties: m.properties(),
-            virtual_backing: m.virtual_backing().is_some(),
-            shared_mapping: m.shared_mapping().map(|s| s.can_export()),
+            virtual_backing: unsafe { m.ungoverned() }.virtual_backing().is_some(),
+            shared_mapping: unsafe { m.ungoverned() }.shared_mapping().map(|s| s.can_export()),
             sync: m.sync().map(|s| s.can_adopt()),
-            memory_info: m.allocator().memory_info().is_some(),
+            memory_info: m.memory_info().is_some(),
         })
         .collect();
     assert_eq!(got, e.mechanisms);
@@ -1369,7 +1369,7 @@ fn check_loaded(plugin: Plugin, e: &Expected) {
     for m in plugin.mechanisms() {
         assert!(plugin.mechanism(m.name()).is_some_and(|x| x.same_as(m)));
         assert_eq!(m.plugin_name(), e.name);
-        if let Some(r) = m.allocator().memory_info() {
+        if let Some(r) = m.memory_info() {
             let err = r.expect_err("the stub refuses");
             assert_eq!(err.raw, MEMPLUG_STATUS_UNSUPPORTED);
         }

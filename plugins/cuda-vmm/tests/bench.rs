@@ -69,7 +69,7 @@ fn gib(b: u64) -> f64 {
 }
 
 fn used_bytes(m: &Mechanism) -> u64 {
-    let i = m.allocator().memory_info().unwrap().unwrap();
+    let i = m.memory_info().unwrap().unwrap();
     i.total_bytes - i.free_bytes
 }
 
@@ -86,7 +86,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn bench_granule(p: &Plugin, cfg: &Config) -> f64 {
     let m = cuda0(p);
     let g = m.properties().granularity;
-    let vb = m.virtual_backing().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let r = vb.reserve(g).unwrap();
     let d = drv();
     let vmm = d.vmm.expect("VMM entry points");
@@ -163,7 +163,7 @@ fn bench_kv_growth(p: &Plugin, cfg: &Config) -> (u64, u64) {
     let m = cuda0(p);
     let g = m.properties().granularity;
     let steps = cfg.kv_target / g;
-    let vb = m.virtual_backing().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let base = used_bytes(&m);
 
     let t = Instant::now();
@@ -182,7 +182,7 @@ fn bench_kv_growth(p: &Plugin, cfg: &Config) -> (u64, u64) {
     assert_eq!(vb.committed_bytes(&r).unwrap(), cfg.kv_target);
     vb.release(r).unwrap();
 
-    let a = m.allocator();
+    let a = unsafe { m.ungoverned() }.allocator();
     let t = Instant::now();
     let mut cap = g;
     let mut cur = a.allocate(cap, 256).unwrap();
@@ -238,8 +238,8 @@ fn ms(d: Duration) -> f64 {
 fn bench_shared_prefix(p: &Plugin, cfg: &Config) -> u64 {
     let m = cuda0(p);
     let g = m.properties().granularity;
-    let vb = m.virtual_backing().unwrap();
-    let sm = m.shared_mapping().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
     let base = used_bytes(&m);
     let t = Instant::now();
     let prefix = sm.create(cfg.prefix).unwrap();

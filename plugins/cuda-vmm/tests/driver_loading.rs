@@ -28,9 +28,9 @@ fn child_load() {
             let names: Vec<String> =
                 p.mechanisms().iter().map(|m| format!("{}={:?}", m.name(), m.capabilities())).collect();
             let m = cuda0(&p);
-            let info = m.allocator().memory_info().unwrap().unwrap();
-            let a = m.allocator().allocate(4096, 256).unwrap();
-            m.allocator().deallocate(a).unwrap();
+            let info = m.memory_info().unwrap().unwrap();
+            let a = unsafe { m.ungoverned() }.allocator().allocate(4096, 256).unwrap();
+            unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
             let sync = m.sync().unwrap();
             let s = sync.stream_create().unwrap();
             let f = sync.fence_record(&s).unwrap();

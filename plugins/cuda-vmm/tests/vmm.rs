@@ -47,12 +47,12 @@ fn one_mechanism_per_device_with_every_capability() {
     // Each mechanism allocates on its own device.
     for (i, m) in p.mechanisms().iter().enumerate() {
         let before = fake_used(i as i32);
-        let b = m.allocator().allocate(MIB, 256).unwrap();
+        let b = unsafe { m.ungoverned() }.allocator().allocate(MIB, 256).unwrap();
         if let (Some(u0), Some(u1)) = (before, fake_used(i as i32)) {
             assert_eq!(u1 - u0, MIB, "device {i}");
             assert!(fake_ctx_refs(i as i32).unwrap() >= 1);
         }
-        m.allocator().deallocate(b).unwrap();
+        unsafe { m.ungoverned() }.allocator().deallocate(b).unwrap();
     }
     // Nothing left: no object, no retained context.
     assert_quiescent(&p);
@@ -64,7 +64,7 @@ fn allocate_write_read_free_and_memory_info_follows() {
     let _s = serial();
     let p = load();
     let m = cuda0(&p);
-    let a = m.allocator();
+    let a = unsafe { m.ungoverned() }.allocator();
     let before = a.memory_info().expect("memory_info is published").unwrap();
     assert!(before.total_bytes > 0 && before.free_bytes <= before.total_bytes);
     let mut blocks = Vec::new();
@@ -109,7 +109,7 @@ fn commit_and_decommit_are_exact_and_range_checked() {
     let p = load();
     let m = cuda0(&p);
     let g = granularity(&p);
-    let vb = m.virtual_backing().expect("virtual backing is published");
+    let vb = unsafe { m.ungoverned() }.virtual_backing().expect("virtual backing is published");
     let r = vb.reserve(8 * g - 1).unwrap();
     assert_eq!(r.size(), 8 * g, "rounded up to the granularity");
     assert_eq!(r.addr() % g, 0);
@@ -175,8 +175,8 @@ fn a_commit_the_device_cannot_back_is_out_of_memory_and_commits_nothing() {
     let p = load();
     let m = cuda0(&p);
     let g = granularity(&p);
-    let vb = m.virtual_backing().unwrap();
-    let total = m.allocator().memory_info().unwrap().unwrap().total_bytes;
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let total = m.memory_info().unwrap().unwrap().total_bytes;
     let too_much = (total + 4 * g).next_multiple_of(g);
     let r = vb.reserve(too_much).unwrap();
     let before = fake_used(0);
@@ -196,8 +196,8 @@ fn a_shared_object_is_coherent_across_reservations_and_freed_last() {
     let p = load();
     let m = cuda0(&p);
     let g = granularity(&p);
-    let vb = m.virtual_backing().unwrap();
-    let sm = m.shared_mapping().expect("shared mapping is published");
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().expect("shared mapping is published");
     let obj = sm.create(2 * g).unwrap();
     assert_eq!(obj.addr(), 0);
     assert_eq!(obj.size(), 2 * g);
@@ -270,8 +270,8 @@ fn a_read_only_view_refuses_writes() {
     let p = load();
     let m = cuda0(&p);
     let g = granularity(&p);
-    let vb = m.virtual_backing().unwrap();
-    let sm = m.shared_mapping().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
     let obj = sm.create(g).unwrap();
     let rw = vb.reserve(g).unwrap();
     let ro = vb.reserve(g).unwrap();
@@ -320,8 +320,8 @@ fn child_write_through_read_only_view() {
     let p = load();
     let m = cuda0(&p);
     let g = granularity(&p);
-    let vb = m.virtual_backing().unwrap();
-    let sm = m.shared_mapping().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
     let obj = sm.create(g).unwrap();
     let ro = vb.reserve(g).unwrap();
     match sm.map(&obj, 0, &ro, 0, g, Access::ReadOnly) {
@@ -468,7 +468,7 @@ fn forged_and_foreign_references_are_refused() {
     let _s = serial();
     let p = load();
     let m0 = cuda0(&p);
-    let a = m0.allocator();
+    let a = unsafe { m0.ungoverned() }.allocator();
     let block = a.allocate(4096, 256).unwrap();
     let raw = block.into_raw();
     let forged = |f: &dyn Fn(&mut RawObject)| {
@@ -491,7 +491,7 @@ fn forged_and_foreign_references_are_refused() {
     expect(forged(&|r| r.object_id += 1), Status::UnknownAllocation);
     expect(forged(&|r| r.size += 1), Status::UnknownAllocation);
     // A reservation's handle is not an allocation's.
-    let vb = m0.virtual_backing().unwrap();
+    let vb = unsafe { m0.ungoverned() }.virtual_backing().unwrap();
     let res = vb.reserve(1).unwrap();
     let res_raw = res.into_raw();
     expect(forged(&|r| *r = res_raw), Status::UnknownAllocation);
@@ -514,13 +514,13 @@ fn unload_is_refused_while_anything_lives() {
     let _s = serial();
     let p = load();
     let m = cuda0(&p);
-    let r = m.virtual_backing().unwrap().reserve(1).unwrap();
+    let r = unsafe { m.ungoverned() }.virtual_backing().unwrap().reserve(1).unwrap();
     drop(m);
     let refused = p.unload().unwrap_err();
     assert!(refused.report.plugin_reported >= 1, "{}", refused.report);
     let p = refused.plugin;
     let m = cuda0(&p);
-    m.virtual_backing().unwrap().release(r).unwrap();
+    unsafe { m.ungoverned() }.virtual_backing().unwrap().release(r).unwrap();
     drop(m);
     assert_quiescent(&p);
     p.unload().unwrap();
@@ -532,13 +532,13 @@ fn concurrent_commits_and_decommits_stay_exact() {
     let p = load();
     let m = cuda0(&p);
     let g = granularity(&p);
-    let r = m.virtual_backing().unwrap().reserve(16 * g).unwrap();
+    let r = unsafe { m.ungoverned() }.virtual_backing().unwrap().reserve(16 * g).unwrap();
     std::thread::scope(|scope| {
         for t in 0..4u64 {
             let m = m.clone();
             let r = &r;
             scope.spawn(move || {
-                let vb = m.virtual_backing().unwrap();
+                let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
                 for i in 0..8 {
                     let off = (t * 4 + i % 4) * g;
                     vb.commit(r, off, g).unwrap();
@@ -548,7 +548,7 @@ fn concurrent_commits_and_decommits_stay_exact() {
             });
         }
     });
-    let vb = m.virtual_backing().unwrap();
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     assert_eq!(vb.committed_bytes(&r).unwrap(), 8 * g);
     vb.release(r).unwrap();
     assert_quiescent(&p);
