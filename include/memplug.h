@@ -22,6 +22,25 @@
  * memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1 (checked by abi-tests). */
 #define MEMPLUG_ENTRY_SYMBOL_V1 "memplug_plugin_v1"
 
+/* Rules every slot of this header follows (docs/ABI-CHANGELOG.md has the
+ * history of each):
+ *  - Threads: every slot, of every table, may be called from any thread,
+ *    concurrently with any other slot, unless its documentation says
+ *    otherwise. Neither side holds a lock of its own across a call into the
+ *    other. No slot unwinds (no C++ exception, no Rust panic leaves it).
+ *  - Out-parameters are written only on success, and never past the
+ *    struct_size the caller set.
+ *  - A struct that can grow starts with uint32_t struct_size. A reader
+ *    copies min(struct_size, sizeof) bytes into a zeroed local, refuses a
+ *    struct shorter than its 1.0 size (MEMPLUG_*_SIZE_1_0), and never calls
+ *    a slot the writer did not publish.
+ *  - Device work: decommit, unmap, release and deallocate must not be called
+ *    while device work still uses the range (on a GPU that is a fault that
+ *    kills the context). The memplug host orders them behind the fences of
+ *    the work that used the memory; a plugin does not wait for device work
+ *    inside them.
+ *  - Nothing allocated on one side is freed on the other. */
+
 /* Marks the one symbol a plugin exports; build plugins with
  * -fvisibility=hidden so nothing else is. */
 #ifndef MEMPLUG_EXPORT
@@ -387,13 +406,17 @@ typedef struct MemplugVirtualBacking {
                             uint64_t offset,
                             uint64_t len,
                             const struct MemplugMessageSink *sink);
-  // Required. Writes the exact number of committed bytes.
+  // Required. Writes the exact number of bytes committed in the
+  // reservation by `commit` and not yet decommitted. Ranges mapped with
+  // `MemplugSharedMapping::map` are not committed bytes (their memory
+  // belongs to the physical object) and are never counted here.
   MemplugStatus (*committed_bytes)(void *ctx,
                                    const struct MemplugObjectRef *reservation,
                                    uint64_t *out_bytes,
                                    const struct MemplugMessageSink *sink);
   // Required. Decommits everything, unmaps every shared mapping in the
-  // reservation and gives the address range back.
+  // reservation (dropping the reference each mapping held on its
+  // physical object) and gives the address range back.
   MemplugStatus (*release)(void *ctx,
                            const struct MemplugObjectRef *reservation,
                            const struct MemplugMessageSink *sink);
@@ -402,7 +425,12 @@ typedef struct MemplugVirtualBacking {
 // Optional capability: physical objects that can be mapped into ranges of
 // several reservations (of the same mechanism). A physical object holds one
 // reference from `create`, one per `retain`, and one per live mapping; its
-// memory goes back to the device when the last is dropped.
+// memory goes back to the device when the last is dropped. Every slot
+// that takes a physical object or a reservation checks it as `deallocate`
+// checks an allocation: another mechanism's object is refused with
+// `MEMPLUG_STATUS_WRONG_MECHANISM`, another device's with
+// `MEMPLUG_STATUS_WRONG_DEVICE`, an unknown, released or altered one with
+// `MEMPLUG_STATUS_UNKNOWN_ALLOCATION`, and nothing changes.
 typedef struct MemplugSharedMapping {
   // `sizeof(MemplugSharedMapping)` as the plugin knows it.
   uint32_t struct_size;
@@ -447,6 +475,9 @@ typedef struct MemplugSharedMapping {
   // this mechanism), for another process to `import_fd`. The caller owns
   // the descriptor and closes it; it stays valid after the object is
   // released (it holds the memory, not a reference the plugin counts).
+  // It must be a descriptor made for this call (for example with
+  // `dup`), never one the plugin keeps, closes later or shares, and
+  // never 0, 1 or 2.
   // `*out_fd` is written only on success.
   MemplugStatus (*export_fd)(void *ctx,
                              const struct MemplugObjectRef *object,
@@ -491,10 +522,16 @@ typedef struct MemplugSync {
                                 uint64_t *out_stream,
                                 const struct MemplugMessageSink *sink);
   // Required. Destroys a stream after the work already submitted to it
-  // has run (blocks until then). Fences recorded on it stay valid.
+  // has run (blocks until then). Fences recorded on it stay valid: each
+  // completes (it already has, once this returns) and stays complete
+  // until destroyed. Called from one of the stream's own host functions
+  // it returns `MEMPLUG_STATUS_BUSY` and destroys nothing.
   MemplugStatus (*stream_destroy)(void *ctx, uint64_t stream, const struct MemplugMessageSink *sink);
   // Required. Runs `func(userdata)` on the stream after the work submitted
-  // before it.
+  // before it, exactly once when this returns `MEMPLUG_STATUS_OK` and
+  // never when it returns a failure. A plugin for an API without host
+  // callbacks meets this with a thread that waits on an event recorded
+  // behind the work, then calls `func`.
   MemplugStatus (*enqueue_host_fn)(void *ctx,
                                    uint64_t stream,
                                    MemplugHostFn func,
@@ -507,10 +544,14 @@ typedef struct MemplugSync {
                                 uint64_t *out_fence,
                                 const struct MemplugMessageSink *sink);
   // Required. `MEMPLUG_STATUS_OK` when complete, `MEMPLUG_STATUS_NOT_READY`
-  // when not; never blocks.
+  // when not; never blocks. Monotonic: once a fence has reported
+  // complete (here or through `fence_wait`) it reports complete until it
+  // is destroyed.
   MemplugStatus (*fence_query)(void *ctx, uint64_t fence, const struct MemplugMessageSink *sink);
   // Required. Blocks until the fence completes (`MEMPLUG_STATUS_OK`) or
-  // `timeout_ns` passes (`MEMPLUG_STATUS_TIMEOUT`).
+  // `timeout_ns` passes (`MEMPLUG_STATUS_TIMEOUT`). A `timeout_ns` of
+  // `UINT64_MAX` waits without limit: it never returns
+  // `MEMPLUG_STATUS_TIMEOUT`. Zero polls, as `fence_query` does.
   MemplugStatus (*fence_wait)(void *ctx,
                               uint64_t fence,
                               uint64_t timeout_ns,
@@ -589,6 +630,11 @@ typedef struct MemplugNegotiation {
   uint32_t agreed_minor;
   // The plugin descriptor. Plugin-owned; valid until the library is
   // unloaded (after the host has called `unload`, when published).
+  // It must be the descriptor of the agreed minor: no capability bit
+  // that a later minor defines is set (`MEMPLUG_CAP_SHARED_EXPORT` only
+  // when `agreed_minor` is at least 1), and the host reads no slot a
+  // later minor appends. A table may be longer than the agreed minor
+  // defines; the host ignores the rest.
   const struct MemplugPlugin *plugin;
 } MemplugNegotiation;
 
@@ -610,8 +656,11 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 // returned for something that was done.
 #define MEMPLUG_STATUS_UNSUPPORTED 1
 
-// An argument is malformed: NULL where a pointer is required, a zero or
-// non-power-of-two alignment, unknown flag bits, a short `struct_size`.
+// An argument is malformed: NULL where a pointer is required, a size of
+// zero, a zero or non-power-of-two alignment, an alignment above the
+// mechanism's `max_alignment`, unknown flag bits, a `struct_size` shorter
+// than the 1.0 size, an access other than read or read|write, a negative
+// file descriptor or one the mechanism cannot use.
 #define MEMPLUG_STATUS_INVALID_ARGUMENT 2
 
 // The device (or the process) has no memory for the request.
@@ -624,7 +673,11 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 #define MEMPLUG_STATUS_WRONG_DEVICE 5
 
 // The handle does not name a live object of this mechanism (never created,
-// already released, or forged).
+// already released, or forged), or names one of another kind (an
+// allocation passed as a reservation), or the reference's `object_id`,
+// `addr` or `size` contradict those of the object its handle names. A
+// reference naming another mechanism or device gets
+// `MEMPLUG_STATUS_WRONG_MECHANISM` or `MEMPLUG_STATUS_WRONG_DEVICE` first.
 #define MEMPLUG_STATUS_UNKNOWN_ALLOCATION 6
 
 // The device or its driver cannot be reached (absent, lost, not initialised).
@@ -633,8 +686,8 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 // The plugin failed internally; a caught panic or C++ exception reports this.
 #define MEMPLUG_STATUS_INTERNAL 8
 
-// A range lies outside its object, is not aligned to the granularity, or
-// `offset + length` overflows.
+// A range is empty (`len` zero), lies outside its object, is not aligned to
+// the granularity, or `offset + len` overflows.
 #define MEMPLUG_STATUS_OUT_OF_RANGE 9
 
 // The object is in the wrong state for the request: committing pages that
@@ -651,8 +704,11 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 // A wait ran out of time before the fence completed.
 #define MEMPLUG_STATUS_TIMEOUT 13
 
-// The object is still in use (for example a stream with pending work being
-// destroyed, or a physical object with live mappings being unmapped wrongly).
+// The request cannot be carried out now without breaking something still
+// in use: for example `stream_destroy` called from one of that stream's own
+// host functions (waiting for the stream's work from inside it would
+// deadlock). A stream with pending work is not busy: `stream_destroy` waits
+// for the work.
 #define MEMPLUG_STATUS_BUSY 14
 
 // Host (CPU) memory.
@@ -662,3 +718,25 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 #define MEMPLUG_DEVICE_CUDA 2
 
 #endif  /* MEMPLUG_H */
+
+/* cbindgen closes the include guard before this trailer: the entry's
+ * declaration has a guard of its own, so the header stays safe to include
+ * twice. */
+#ifndef MEMPLUG_H_ENTRY_V1
+#define MEMPLUG_H_ENTRY_V1
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The entry a plugin exports, of type MemplugEntryV1. Declared here with C
+ * linkage so that a plugin written in C++ exports the unmangled name. */
+MEMPLUG_EXPORT MemplugStatus memplug_plugin_v1(const MemplugHostInfo *host,
+                                               MemplugNegotiation *out,
+                                               const MemplugMessageSink *sink);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif  /* MEMPLUG_H_ENTRY_V1 */

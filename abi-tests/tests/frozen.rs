@@ -23,8 +23,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// SHA-256 of each frozen header, recorded when the minor was released.
-const FROZEN: &[(&str, &str)] =
-    &[("1.0", "267f79266479a11139b13dc147c42689d536ea08b4938775540ba65c55f8af43")];
+const FROZEN: &[(&str, &str)] = &[
+    ("1.0", "267f79266479a11139b13dc147c42689d536ea08b4938775540ba65c55f8af43"),
+    ("1.1", "bfd008a4a72078f219aa0b84fc55841dc94384303ddd9aebdb077d53a7d15f7b"),
+];
 
 /// Constants whose value is allowed to change between minors.
 const MOVING: &[&str] = &["MEMPLUG_ABI_MINOR"];

@@ -95,6 +95,7 @@ impl From<BindingError> for Error {
             BindingError::Plugin(c) => c.into(),
             BindingError::Unsupported { .. } => Error::new(S::Unsupported, e.to_string()),
             BindingError::Invalid(m) => Error::new(S::InvalidArgument, m),
+            BindingError::State(m) => Error::new(S::InvalidState, m),
         }
     }
 }

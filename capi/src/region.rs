@@ -153,10 +153,12 @@ pub unsafe extern "C" fn memplug_host_region_shrink(
 }
 
 /// Maps a shared prefix read-only at the start of an empty region (no
-/// committed bytes, no prefix yet: `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`
+/// committed bytes, no prefix yet: `MEMPLUG_HOST_STATUS_INVALID_STATE`
 /// otherwise); the private part then begins after it. Charges nothing: the
-/// prefix was charged once, at creation. Both must come from the same
-/// mechanism and manager. The region keeps the prefix alive.
+/// prefix was charged once, at creation. A prefix larger than the region is
+/// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`; one of another mechanism
+/// `MEMPLUG_HOST_STATUS_WRONG_MECHANISM`, of another manager
+/// `MEMPLUG_HOST_STATUS_WRONG_MANAGER`. The region keeps the prefix alive.
 /// Thread-safety: any thread.
 #[no_mangle]
 pub extern "C" fn memplug_host_region_map_prefix(

@@ -419,6 +419,9 @@ fn regions_grow_shrink_and_map_a_shared_prefix() {
         let mut r = MemplugHostRegion::default();
         ok(memplug_host_region_reserve(e.binding, 16 << 20, &mut r));
         ok(memplug_host_region_map_prefix(r, p));
+        // A region that already has a prefix is in the wrong state for
+        // another (memplug_host.h names INVALID_STATE; so does the code).
+        assert_eq!(memplug_host_region_map_prefix(r, p), MemplugHostStatus::InvalidState);
         let i = region_info(r);
         assert_eq!(i.prefix_len, pi.len);
         assert_eq!(*(i.addr as *const u8), 0x5a);

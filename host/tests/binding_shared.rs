@@ -183,11 +183,11 @@ fn map_prefix_refuses_what_would_break_the_region() {
         // Into a region that already has private bytes.
         let mut used = rig.binding.reserve_virtual(MIB).unwrap();
         used.grow_to(8 * KIB, |_| Ok::<(), ()>(())).unwrap();
-        assert!(matches!(used.map_prefix(&prefix), Err(BindingError::Invalid(_))));
+        assert!(matches!(used.map_prefix(&prefix), Err(BindingError::State(_))));
         // Twice.
         let mut r = rig.binding.reserve_virtual(MIB).unwrap();
         r.map_prefix(&prefix).unwrap();
-        assert!(matches!(r.map_prefix(&prefix), Err(BindingError::Invalid(_))));
+        assert!(matches!(r.map_prefix(&prefix), Err(BindingError::State(_))));
         assert_eq!(Arc::strong_count(&prefix), 2);
         assert_eq!(rig.pool.used(), 64 * KIB + 8 * KIB);
         drop((small, used, r, prefix));

@@ -39,8 +39,11 @@ pub const MEMPLUG_STATUS_OK: MemplugStatus = 0;
 /// The capability or operation is not provided by this mechanism. Never
 /// returned for something that was done.
 pub const MEMPLUG_STATUS_UNSUPPORTED: MemplugStatus = 1;
-/// An argument is malformed: NULL where a pointer is required, a zero or
-/// non-power-of-two alignment, unknown flag bits, a short `struct_size`.
+/// An argument is malformed: NULL where a pointer is required, a size of
+/// zero, a zero or non-power-of-two alignment, an alignment above the
+/// mechanism's `max_alignment`, unknown flag bits, a `struct_size` shorter
+/// than the 1.0 size, an access other than read or read|write, a negative
+/// file descriptor or one the mechanism cannot use.
 pub const MEMPLUG_STATUS_INVALID_ARGUMENT: MemplugStatus = 2;
 /// The device (or the process) has no memory for the request.
 pub const MEMPLUG_STATUS_OUT_OF_MEMORY: MemplugStatus = 3;
@@ -49,14 +52,18 @@ pub const MEMPLUG_STATUS_WRONG_MECHANISM: MemplugStatus = 4;
 /// The object or request names a device this mechanism does not serve.
 pub const MEMPLUG_STATUS_WRONG_DEVICE: MemplugStatus = 5;
 /// The handle does not name a live object of this mechanism (never created,
-/// already released, or forged).
+/// already released, or forged), or names one of another kind (an
+/// allocation passed as a reservation), or the reference's `object_id`,
+/// `addr` or `size` contradict those of the object its handle names. A
+/// reference naming another mechanism or device gets
+/// `MEMPLUG_STATUS_WRONG_MECHANISM` or `MEMPLUG_STATUS_WRONG_DEVICE` first.
 pub const MEMPLUG_STATUS_UNKNOWN_ALLOCATION: MemplugStatus = 6;
 /// The device or its driver cannot be reached (absent, lost, not initialised).
 pub const MEMPLUG_STATUS_DEVICE_UNAVAILABLE: MemplugStatus = 7;
 /// The plugin failed internally; a caught panic or C++ exception reports this.
 pub const MEMPLUG_STATUS_INTERNAL: MemplugStatus = 8;
-/// A range lies outside its object, is not aligned to the granularity, or
-/// `offset + length` overflows.
+/// A range is empty (`len` zero), lies outside its object, is not aligned to
+/// the granularity, or `offset + len` overflows.
 pub const MEMPLUG_STATUS_OUT_OF_RANGE: MemplugStatus = 9;
 /// The object is in the wrong state for the request: committing pages that
 /// are already committed, decommitting pages that are not, mapping over a
@@ -68,8 +75,11 @@ pub const MEMPLUG_STATUS_VERSION_MISMATCH: MemplugStatus = 11;
 pub const MEMPLUG_STATUS_NOT_READY: MemplugStatus = 12;
 /// A wait ran out of time before the fence completed.
 pub const MEMPLUG_STATUS_TIMEOUT: MemplugStatus = 13;
-/// The object is still in use (for example a stream with pending work being
-/// destroyed, or a physical object with live mappings being unmapped wrongly).
+/// The request cannot be carried out now without breaking something still
+/// in use: for example `stream_destroy` called from one of that stream's own
+/// host functions (waiting for the stream's work from inside it would
+/// deadlock). A stream with pending work is not busy: `stream_destroy` waits
+/// for the work.
 pub const MEMPLUG_STATUS_BUSY: MemplugStatus = 14;
 
 /// Capability flag: the mechanism has an allocator (required of every
@@ -201,6 +211,11 @@ pub struct MemplugNegotiation {
     pub agreed_minor: u32,
     /// The plugin descriptor. Plugin-owned; valid until the library is
     /// unloaded (after the host has called `unload`, when published).
+    /// It must be the descriptor of the agreed minor: no capability bit
+    /// that a later minor defines is set (`MEMPLUG_CAP_SHARED_EXPORT` only
+    /// when `agreed_minor` is at least 1), and the host reads no slot a
+    /// later minor appends. A table may be longer than the agreed minor
+    /// defines; the host ignores the rest.
     pub plugin: *const MemplugPlugin,
 }
 
@@ -463,7 +478,10 @@ pub struct MemplugVirtualBacking {
             sink: *const MemplugMessageSink,
         ) -> MemplugStatus,
     >,
-    /// Required. Writes the exact number of committed bytes.
+    /// Required. Writes the exact number of bytes committed in the
+    /// reservation by `commit` and not yet decommitted. Ranges mapped with
+    /// `MemplugSharedMapping::map` are not committed bytes (their memory
+    /// belongs to the physical object) and are never counted here.
     pub committed_bytes: Option<
         unsafe extern "C" fn(
             ctx: *mut c_void,
@@ -473,7 +491,8 @@ pub struct MemplugVirtualBacking {
         ) -> MemplugStatus,
     >,
     /// Required. Decommits everything, unmaps every shared mapping in the
-    /// reservation and gives the address range back.
+    /// reservation (dropping the reference each mapping held on its
+    /// physical object) and gives the address range back.
     pub release: Option<
         unsafe extern "C" fn(
             ctx: *mut c_void,
@@ -486,7 +505,12 @@ pub struct MemplugVirtualBacking {
 /// Optional capability: physical objects that can be mapped into ranges of
 /// several reservations (of the same mechanism). A physical object holds one
 /// reference from `create`, one per `retain`, and one per live mapping; its
-/// memory goes back to the device when the last is dropped.
+/// memory goes back to the device when the last is dropped. Every slot
+/// that takes a physical object or a reservation checks it as `deallocate`
+/// checks an allocation: another mechanism's object is refused with
+/// `MEMPLUG_STATUS_WRONG_MECHANISM`, another device's with
+/// `MEMPLUG_STATUS_WRONG_DEVICE`, an unknown, released or altered one with
+/// `MEMPLUG_STATUS_UNKNOWN_ALLOCATION`, and nothing changes.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct MemplugSharedMapping {
@@ -553,6 +577,9 @@ pub struct MemplugSharedMapping {
     /// this mechanism), for another process to `import_fd`. The caller owns
     /// the descriptor and closes it; it stays valid after the object is
     /// released (it holds the memory, not a reference the plugin counts).
+    /// It must be a descriptor made for this call (for example with
+    /// `dup`), never one the plugin keeps, closes later or shares, and
+    /// never 0, 1 or 2.
     /// `*out_fd` is written only on success.
     pub export_fd: Option<
         unsafe extern "C" fn(
@@ -615,12 +642,18 @@ pub struct MemplugSync {
         ) -> MemplugStatus,
     >,
     /// Required. Destroys a stream after the work already submitted to it
-    /// has run (blocks until then). Fences recorded on it stay valid.
+    /// has run (blocks until then). Fences recorded on it stay valid: each
+    /// completes (it already has, once this returns) and stays complete
+    /// until destroyed. Called from one of the stream's own host functions
+    /// it returns `MEMPLUG_STATUS_BUSY` and destroys nothing.
     pub stream_destroy: Option<
         unsafe extern "C" fn(ctx: *mut c_void, stream: u64, sink: *const MemplugMessageSink) -> MemplugStatus,
     >,
     /// Required. Runs `func(userdata)` on the stream after the work submitted
-    /// before it.
+    /// before it, exactly once when this returns `MEMPLUG_STATUS_OK` and
+    /// never when it returns a failure. A plugin for an API without host
+    /// callbacks meets this with a thread that waits on an event recorded
+    /// behind the work, then calls `func`.
     pub enqueue_host_fn: Option<
         unsafe extern "C" fn(
             ctx: *mut c_void,
@@ -641,12 +674,16 @@ pub struct MemplugSync {
         ) -> MemplugStatus,
     >,
     /// Required. `MEMPLUG_STATUS_OK` when complete, `MEMPLUG_STATUS_NOT_READY`
-    /// when not; never blocks.
+    /// when not; never blocks. Monotonic: once a fence has reported
+    /// complete (here or through `fence_wait`) it reports complete until it
+    /// is destroyed.
     pub fence_query: Option<
         unsafe extern "C" fn(ctx: *mut c_void, fence: u64, sink: *const MemplugMessageSink) -> MemplugStatus,
     >,
     /// Required. Blocks until the fence completes (`MEMPLUG_STATUS_OK`) or
-    /// `timeout_ns` passes (`MEMPLUG_STATUS_TIMEOUT`).
+    /// `timeout_ns` passes (`MEMPLUG_STATUS_TIMEOUT`). A `timeout_ns` of
+    /// `UINT64_MAX` waits without limit: it never returns
+    /// `MEMPLUG_STATUS_TIMEOUT`. Zero polls, as `fence_query` does.
     pub fence_wait: Option<
         unsafe extern "C" fn(
             ctx: *mut c_void,
@@ -821,6 +858,13 @@ mod tests {
         for ((name, v10, ..), want) in sizes().into_iter().zip(frozen) {
             assert_eq!(v10, want, "{name}: a released size is frozen");
         }
+    }
+
+    #[test]
+    fn frozen_structs_never_grow() {
+        // "Frozen: this struct never grows" (MemplugDevice, MemplugMessageSink).
+        assert_eq!(size_of::<MemplugDevice>(), 8);
+        assert_eq!(size_of::<MemplugMessageSink>(), 16);
     }
 
     #[test]

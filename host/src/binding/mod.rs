@@ -52,6 +52,10 @@ pub enum BindingError {
     /// The request is malformed (overflowing size, beyond the region...).
     #[error("{0}")]
     Invalid(String),
+    /// The object is in the wrong state for the request (a prefix mapped
+    /// into a region that already has committed bytes or a prefix).
+    #[error("{0}")]
+    State(String),
 }
 
 /// A grow whose commit or update failed; the region is as it was.

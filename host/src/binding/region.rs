@@ -123,7 +123,11 @@ impl Region {
     /// once, at creation).
     pub fn map_prefix(&mut self, prefix: &Arc<SharedPrefix>) -> Result<(), BindingError> {
         if self.committed != 0 || self.prefix.is_some() {
-            return Err(BindingError::Invalid("a prefix maps only into an empty region".into()));
+            return Err(BindingError::State(format!(
+                "a prefix maps only into an empty region; this one has {} committed bytes{}",
+                self.committed,
+                if self.prefix.is_some() { " and a prefix" } else { "" }
+            )));
         }
         if prefix.len > self.capacity() {
             return Err(BindingError::Invalid(format!(
@@ -133,7 +137,11 @@ impl Region {
             )));
         }
         if !Arc::ptr_eq(&prefix.binding.context, &self.binding.context) {
-            return Err(BindingError::Invalid("the prefix was made by another mechanism context".into()));
+            return Err(BindingError::Plugin(self.binding.mechanism().refusal(
+                "binding",
+                memplug_sdk::Status::WrongMechanism,
+                "the prefix was made by another mechanism context".into(),
+            )));
         }
         let b = &*self.binding;
         let sm = b.mechanism().shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
