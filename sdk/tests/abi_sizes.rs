@@ -1,0 +1,45 @@
+//! Frozen facts of the ABI's structs: 1.0 sizes never change, 1.1 fields
+//! start where 1.0 ended, frozen structs never grow, and capability and
+//! class numbers are what they were. (That the size table matches the
+//! structs is `memplug_sdk::facts`' own test.)
+
+use core::mem::{offset_of, size_of};
+use memplug_sdk::abi::*;
+
+#[test]
+fn the_1_0_sizes_never_change() {
+    let frozen = [24, 16, 72, 72, 32, 24, 40, 32, 56, 40, 48, 48, 72];
+    assert_eq!(memplug_sdk::facts::SIZES.len(), frozen.len(), "one frozen size per growable struct");
+    for (fact, want) in memplug_sdk::facts::SIZES.iter().zip(frozen) {
+        let (name, v10) = (fact.name, fact.size_1_0);
+        assert_eq!(v10, want, "{name}: a released size is frozen");
+    }
+}
+
+#[test]
+fn frozen_structs_never_grow() {
+    // "Frozen: this struct never grows" (MemplugDevice, MemplugMessageSink).
+    assert_eq!(size_of::<MemplugDevice>(), 8);
+    assert_eq!(size_of::<MemplugMessageSink>(), 16);
+}
+
+#[test]
+fn the_1_1_fields_start_where_1_0_ended() {
+    assert_eq!(offset_of!(MemplugRequest, class_tag), size_1_0::REQUEST as usize);
+    assert_eq!(offset_of!(MemplugSharedMapping, export_fd), size_1_0::SHARED_MAPPING as usize);
+    assert_eq!(offset_of!(MemplugSharedMapping, import_fd), size_1_0::SHARED_MAPPING as usize + 8);
+}
+
+#[test]
+fn capability_and_class_numbers() {
+    assert_eq!(MEMPLUG_CAP_ALL_1_0 & MEMPLUG_CAP_SHARED_EXPORT, 0, "a new bit, never a reused one");
+    assert_eq!(MEMPLUG_CAP_ALL_1_1, 0x1f);
+    let classes = [
+        MEMPLUG_CLASS_OTHER,
+        MEMPLUG_CLASS_WEIGHTS,
+        MEMPLUG_CLASS_KV,
+        MEMPLUG_CLASS_ACTIVATIONS,
+        MEMPLUG_CLASS_WORKSPACE,
+    ];
+    assert_eq!(classes, [0, 1, 2, 3, 4]);
+}
