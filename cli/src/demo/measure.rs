@@ -3,7 +3,7 @@
 //! (exact), and `/proc/self/smaps` over the whole process (a delta since
 //! the start, within [`PROCESS_TOLERANCE`]).
 
-use super::report::{Checks, Recorder};
+use super::timeline::{Checks, Recorder};
 use super::{mib, signed_mib, KIB, MIB};
 use memplug_host::governor::{AllocationClass, Pool};
 use serde::Serialize;

@@ -42,6 +42,7 @@ mod measure;
 mod report;
 mod serving;
 mod story;
+mod timeline;
 
 use memplug_host::governor::Priority;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};

@@ -3,12 +3,11 @@
 //! one JSON document for `--json`).
 
 use super::measure::Measurement;
-use super::{lock, mib, signed_mib, KIB};
-use memplug_host::governor::{AllocationClass, HolderId, Pool, PoolSnapshot, PressureTicket, Priority};
+use super::timeline::{Check, Event};
+use super::{mib, signed_mib, KIB};
+use memplug_host::governor::{AllocationClass, Pool, PoolSnapshot};
 use memplug_host::QueueStats;
 use serde::Serialize;
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
 
 // ----- the report --------------------------------------------------------------
 
@@ -38,21 +37,6 @@ pub(super) struct Scenario {
     pub(super) resident_method: &'static str,
     pub(super) process_method: &'static str,
     pub(super) process_tolerance: u64,
-}
-
-/// One line of the timeline.
-#[derive(Serialize, Clone)]
-pub(super) struct Event {
-    t_ms: f64,
-    /// `setup`, `load`, `prefix`, `admit`, `grow`, `ticket`, `evict`,
-    /// `out_of_budget`, `rollback`, `release`, `poll`, `fence`, `retired`,
-    /// `finish`, `teardown`, `drain`, `unload`, `measure`.
-    kind: &'static str,
-    /// Who: a request (`r1`..), a holder, the queue, the plugin.
-    subject: String,
-    detail: String,
-    /// The pool's `used` right after the event.
-    pool_used: u64,
 }
 
 #[derive(Serialize)]
@@ -121,13 +105,6 @@ pub(super) struct Ledger {
     process_delta_after: Option<i64>,
 }
 
-#[derive(Serialize)]
-pub(super) struct Check {
-    pub(super) name: &'static str,
-    pub(super) ok: bool,
-    pub(super) detail: String,
-}
-
 impl Ledger {
     /// The ledger after teardown: the pool's figures (`snap`), its holders,
     /// the deferred-free queue (`q`) and what `drain` left, the plugin, and
@@ -190,75 +167,6 @@ impl Ledger {
             resident_after: last.and_then(|m| m.resident_kv.zip(m.resident_weights).map(|(k, w)| k + w)),
             process_delta_after: last.and_then(|m| m.process_delta),
         }
-    }
-}
-
-// ----- the timeline ------------------------------------------------------------
-
-pub(super) struct Recorder {
-    start: Instant,
-    pool: Arc<Pool>,
-    events: Mutex<Vec<Event>>,
-    holders: Mutex<Vec<(HolderId, &'static str)>>,
-}
-
-impl Recorder {
-    /// A timeline that starts at `start` and notes `pool`'s `used` after
-    /// each event.
-    pub(super) fn new(start: Instant, pool: Arc<Pool>) -> Recorder {
-        Recorder { start, pool, events: Mutex::default(), holders: Mutex::default() }
-    }
-
-    /// Names the holders tickets mention.
-    pub(super) fn name_holders(&self, names: impl IntoIterator<Item = (HolderId, &'static str)>) {
-        lock(&self.holders).extend(names);
-    }
-
-    /// The events so far.
-    pub(super) fn timeline(&self) -> Vec<Event> {
-        lock(&self.events).clone()
-    }
-
-    pub(super) fn log(&self, kind: &'static str, subject: impl Into<String>, detail: impl Into<String>) {
-        let e = Event {
-            t_ms: (self.start.elapsed().as_secs_f64() * 1e4).round() / 10.0,
-            kind,
-            subject: subject.into(),
-            detail: detail.into(),
-            pool_used: self.pool.used(),
-        };
-        lock(&self.events).push(e);
-    }
-
-    fn holder_name(&self, h: Option<HolderId>) -> String {
-        match h {
-            None => "the scheduler".into(),
-            Some(h) => lock(&self.holders)
-                .iter()
-                .find(|(id, _)| *id == h)
-                .map_or_else(|| h.to_string(), |(_, n)| (*n).to_string()),
-        }
-    }
-
-    pub(super) fn ticket_text(&self, t: &PressureTicket) -> String {
-        let priority =
-            if t.priority == Priority::HIGHEST { "highest".to_string() } else { t.priority.to_string() };
-        let no_holder = if t.requester.is_none() { "no holder, " } else { "" };
-        format!(
-            "{} wanted by {} ({no_holder}class {}, priority {priority})",
-            mib(t.bytes_wanted),
-            self.holder_name(t.requester),
-            t.class
-        )
-    }
-}
-
-#[derive(Default)]
-pub(super) struct Checks(pub(super) Vec<Check>);
-
-impl Checks {
-    pub(super) fn add(&mut self, name: &'static str, ok: bool, detail: impl Into<String>) {
-        self.0.push(Check { name, ok, detail: detail.into() });
     }
 }
 

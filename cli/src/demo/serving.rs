@@ -3,7 +3,7 @@
 //! token-by-token decoding that grows a region at a stable address, and the
 //! read-backs that prove the bytes (KV and the shared prefix) intact.
 
-use super::report::Recorder;
+use super::timeline::Recorder;
 use super::{lock, mib, KV_PER_TOKEN, PREFIX, STEP, SYSTEM_PROMPT};
 use memplug_host::governor::PressureTicket;
 use memplug_host::{GrowError, OwnedAllocation, Region};

@@ -4,8 +4,9 @@
 //! checks each step makes; and the report at the end.
 
 use super::measure::{self, Kernel, Measurement, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD};
-use super::report::{Checks, Ledger, PluginLine, Recorder, Report, Scenario};
+use super::report::{Ledger, PluginLine, Report, Scenario};
 use super::serving::{decode, filled_with, grow, kv_intact, prefix_intact, Request, Shard, Tally, Weights};
+use super::timeline::{Checks, Recorder};
 use super::{
     lock, mib, CAPACITY, CPU0, DECODE_STEPS, EXPERTS, KERNEL_MS, KV_PRIORITY, PINNED, PREFILL, PREFILL_RETRY,
     PREFILL_TOO_BIG, PREFIX, REGION_MAX, REQUESTS, SHARD, STEP, SYSTEM_PROMPT, TOKENS_PER_STEP,

@@ -8,8 +8,9 @@
 //! * this file — [`MemoryBinding`], what it shares with the objects it
 //!   makes (`BindingInner`), and the errors;
 //! * `allocation.rs` — [`MemoryBinding::allocate`] and [`OwnedAllocation`];
-//! * `region.rs` — [`MemoryBinding::reserve_virtual`], [`Region`] (grow,
-//!   shrink, prefix mapping) and [`RegionView`];
+//! * `region.rs` — [`MemoryBinding::reserve_virtual`] and [`Region`] (grow,
+//!   shrink, prefix mapping);
+//! * `view.rs` — [`RegionView`], what updates and initialisers see;
 //! * `prefix.rs` — [`MemoryBinding::create_shared`] and [`SharedPrefix`];
 //! * `settle.rs` — the two steps every path above is made of: make and
 //!   commit the charge (or undo the make), and release or quarantine.
@@ -21,10 +22,12 @@ mod allocation;
 mod prefix;
 mod region;
 mod settle;
+mod view;
 
 pub use allocation::OwnedAllocation;
 pub use prefix::SharedPrefix;
-pub use region::{Region, RegionView};
+pub use region::Region;
+pub use view::RegionView;
 
 use crate::deferred::DeferredFreeQueue;
 use crate::error::CallError;

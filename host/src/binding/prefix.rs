@@ -1,8 +1,8 @@
 //! Shared prefixes: [`MemoryBinding::create_shared`], the owning
 //! [`SharedPrefix`], and its retire job.
 
-use super::region::RegionView;
 use super::settle::{self, Charge};
+use super::view::RegionView;
 use super::{round_up, BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::governor::Lease;

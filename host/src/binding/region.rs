@@ -1,9 +1,10 @@
 //! Virtual regions: [`MemoryBinding::reserve_virtual`], the owning
-//! [`Region`] (prefix mapping, grow, shrink), [`RegionView`], and the
+//! [`Region`] (prefix mapping, grow, shrink) and the
 //! retire jobs of a shrink and of the region itself.
 
 use super::prefix::SharedPrefix;
 use super::settle::{self, Charge};
+use super::view::RegionView;
 use super::{round_up, BindingError, BindingInner, GrowError, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::SharedFence;
@@ -33,25 +34,6 @@ impl MemoryBinding {
             pending: Arc::new(Mutex::new(Vec::new())),
             fences: Vec::new(),
         })
-    }
-}
-
-/// A view of a region's usable bytes, given to grow updates and prefix
-/// initialisers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RegionView {
-    pub addr: u64,
-    pub len: u64,
-}
-
-impl RegionView {
-    /// The bytes, for mechanisms whose addresses are host addresses (CPU).
-    ///
-    /// # Safety
-    /// The mechanism's memory must be host-accessible and mapped writable,
-    /// and nothing else may access it for the lifetime of the slice.
-    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
-        std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len as usize)
     }
 }
 

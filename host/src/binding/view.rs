@@ -1,0 +1,21 @@
+//! What a grow update or a prefix initialiser sees of a region: its base
+//! address and usable length.
+
+/// A view of a region's usable bytes, given to grow updates and prefix
+/// initialisers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RegionView {
+    pub addr: u64,
+    pub len: u64,
+}
+
+impl RegionView {
+    /// The bytes, for mechanisms whose addresses are host addresses (CPU).
+    ///
+    /// # Safety
+    /// The mechanism's memory must be host-accessible and mapped writable,
+    /// and nothing else may access it for the lifetime of the slice.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.addr as *mut u8, self.len as usize)
+    }
+}
