@@ -28,7 +28,10 @@ pub fn cpu_plugin_path() -> Option<PathBuf> {
 }
 
 /// Loads `path`, or the reference CPU plugin: its library when found, else
-/// the copy linked into this binary (through the same validation).
+/// the copy linked into this binary (through the same validation). `path`
+/// (and `$MEMPLUG_CPU_PLUGIN`) is loaded under the host's loading policy
+/// (`memplug_host::policy::open_checked`): a path such as `./libx.so`; a
+/// bare file name is refused with a message saying so, never searched for.
 pub fn load(path: Option<&Path>) -> Result<Plugin, LoadError> {
     match path {
         Some(p) => Plugin::load(p),

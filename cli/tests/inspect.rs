@@ -1,7 +1,9 @@
 //! `memplug inspect` as a user runs it: the reference CPU plugin by
 //! default, JSON on request, a plugin given by path, and a clear error for
-//! a file that is not a plugin.
+//! a file that is not a plugin or a bare file name.
 
+use memplug_test_support::{compile_c_plugin, find_cdylib, repo_root, test_tmp_dir};
+use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
 fn memplug(args: &[&str]) -> std::process::Output {
@@ -54,4 +56,43 @@ fn inspect_refuses_a_file_that_is_not_a_plugin() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn inspect_takes_a_path_and_never_searches_for_a_bare_name() {
+    let chmod = |p: &std::path::Path, mode: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+    };
+    const FILE: &str = "libmemplug_plugin_cpu.so";
+    // The current directory holds the CPU plugin; LD_LIBRARY_PATH a
+    // different, world-writable library under the same file name.
+    let here = test_tmp_dir("inspect_bare_here");
+    chmod(&here, 0o755);
+    std::fs::copy(find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN"), here.join(FILE)).unwrap();
+    chmod(&here.join(FILE), 0o755);
+    let elsewhere = test_tmp_dir("inspect_bare_elsewhere");
+    let other =
+        compile_c_plugin(&repo_root().join("c-examples/plugin/example_plugin.c"), &[], "inspect_bare");
+    std::fs::copy(other, elsewhere.join(FILE)).unwrap();
+    chmod(&elsewhere.join(FILE), 0o666);
+    chmod(&elsewhere, 0o777);
+    let inspect = |arg: &str| {
+        Command::new(env!("CARGO_BIN_EXE_memplug"))
+            .args(["inspect", arg])
+            .current_dir(&here)
+            .env("LD_LIBRARY_PATH", &elsewhere)
+            .output()
+            .expect("run memplug")
+    };
+    let out = inspect(FILE);
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!out.status.success(), "a bare name was loaded:\n{stdout}");
+    assert!(!stdout.contains("memplug-c-example"), "{stdout}");
+    assert!(stderr.contains("bare file name") && stderr.contains(&format!("./{FILE}")), "{stderr}");
+    let out = inspect(&format!("./{FILE}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("plugin      memplug-cpu"), "{stdout}");
+    assert!(stdout.contains(&format!("origin      ./{FILE}")), "{stdout}");
+    chmod(&elsewhere, 0o755);
 }

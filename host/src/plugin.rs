@@ -12,7 +12,7 @@ use memplug_sdk::Status;
 use std::collections::HashSet;
 use std::ffi::c_char;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 /// The minor range this host build understands for major 1.
@@ -120,48 +120,15 @@ impl Plugin {
         Self::load_with(path, &LoadOptions::default())
     }
 
-    /// Loads a plugin library by path.
+    /// Loads a plugin library by path: absolute, or relative with a `/`
+    /// (`./libx.so`); a bare file name is refused, never searched for. The
+    /// file is opened once, the loading policy runs on that descriptor,
+    /// and that descriptor is what gets loaded ([`crate::policy`]).
     pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Plugin, LoadError> {
         let path = path.as_ref();
-        if !path.exists() {
-            return Err(LoadError::NotFound(path.to_path_buf()));
-        }
-        let policy = |detail: String| LoadError::Policy { origin: path.display().to_string(), detail };
-        if !opts.allow_writable_by_others {
-            match crate::policy::writable_by_others(path) {
-                Ok(None) => {}
-                Ok(Some((p, mode))) => {
-                    return Err(policy(format!(
-                        "{} (mode {mode:o}) is writable by others than its owner; refusing to load \
-                         (LoadOptions::allow_writable_by_others overrides)",
-                        p.display()
-                    )))
-                }
-                Err(e) => return Err(policy(format!("cannot check permissions: {e}"))),
-            }
-        }
-        // With a pin, hash an open descriptor and load that same descriptor,
-        // so the bytes checked are the bytes loaded.
-        let pinned = match &opts.expected_sha256 {
-            None => None,
-            Some(want) => {
-                let mut f = std::fs::File::open(path).map_err(|e| policy(format!("cannot open: {e}")))?;
-                let got =
-                    crate::policy::sha256_hex(&mut f).map_err(|e| policy(format!("cannot hash: {e}")))?;
-                if !got.eq_ignore_ascii_case(want.trim()) {
-                    return Err(policy(format!("SHA-256 mismatch: expected {want}, the file has {got}")));
-                }
-                Some(f)
-            }
-        };
-        let lib = match &pinned {
-            Some(f) => {
-                use std::os::fd::AsRawFd;
-                open_library(Path::new(&format!("/proc/self/fd/{}", f.as_raw_fd())))?
-            }
-            None => open_library(path)?,
-        };
-        drop(pinned);
+        let checked = crate::policy::open_checked(path, opts)?;
+        let lib = open_library(&checked)?;
+        drop(checked);
         let mut found = None;
         for sym in ENTRY_SYMBOLS {
             // SAFETY: the symbol's type is fixed by the ABI for this name.
@@ -365,16 +332,10 @@ impl Plugin {
     }
 }
 
-fn open_library(path: &Path) -> Result<libloading::Library, LoadError> {
-    // RTLD_NOW: a library with unresolved symbols is refused here rather
-    // than crashing the host on first call; RTLD_LOCAL: its symbols stay
-    // out of the global namespace.
-    let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
+fn open_library(checked: &crate::policy::CheckedFile) -> Result<libloading::Library, LoadError> {
     // SAFETY: loading runs the library's initialisers; that is what loading
     // a plugin means, and the path was chosen by the embedder.
-    unsafe { libloading::os::unix::Library::open(Some(path), flags) }
-        .map(libloading::Library::from)
-        .map_err(|e| LoadError::NotALibrary { path: PathBuf::from(path), reason: e.to_string() })
+    unsafe { checked.dlopen() }
 }
 
 /// Reads untrusted plugin structs.
