@@ -271,7 +271,10 @@ fn invariant_1_two_loaded_copies_of_a_plugin_never_free_each_others_memory() {
     let prefix = so.binding.create_shared(16 * KIB, |_| {}).unwrap();
     let mut region = other.binding.reserve_virtual(MIB).unwrap();
     match region.map_prefix(&prefix) {
-        Err(BindingError::Invalid(msg)) => assert!(msg.contains("another mechanism"), "{msg}"),
+        Err(BindingError::Plugin(e)) => {
+            assert_eq!(e.status, Status::WrongMechanism, "{e}");
+            assert!(e.message.contains("another mechanism"), "{e}")
+        }
         other => panic!("{other:?}"),
     }
     assert_eq!(region.len(), 0);
