@@ -233,6 +233,11 @@ pub const CHECKS: &[CheckInfo] = &[
          MEMPLUG_CAP_SHARED_EXPORT only with shared mapping and an agreed minor >= 1; no bit the plugin's \
          newest minor does not define",
     ),
+    per_mechanism(
+        "descriptor.minor_0_is_1_0",
+        "negotiated with a host speaking only 1.0, the mechanism's descriptor sets no capability bit 1.1 \
+         added (MEMPLUG_CAP_SHARED_EXPORT)",
+    ),
     per_mechanism("descriptor.device", "the device kind is one ABI 1.0 defines"),
     per_mechanism(
         "descriptor.vtables",
@@ -274,6 +279,11 @@ pub const CHECKS: &[CheckInfo] = &[
         "ABI 1.1: requests tagged with every class, and an unknown class, are served alike",
     ),
     per_mechanism(
+        "allocator.block_size_sane",
+        "allocate (4 KiB), reserve and create report request <= size <= round_up(request, max(granularity, \
+         max_alignment, 4096)) + max(granularity, 2 MiB)",
+    ),
+    per_mechanism(
         "structs.short_host_structs",
         "requests, object references and outputs shorter than 1.0 are refused with INVALID_ARGUMENT and \
          change nothing",
@@ -303,6 +313,11 @@ pub const CHECKS: &[CheckInfo] = &[
         "reservations: forged, foreign and released references are refused with their codes",
     ),
     per_mechanism(
+        "identity.no_overlap",
+        "64 live allocations of mixed sizes and 4 live reservations: no two address ranges overlap (and, on \
+         CPU devices, no two show the same memory)",
+    ),
+    per_mechanism(
         "virtual_backing.reserve",
         "reserve: granularity-aligned address, size rounded up to the granularity, nothing committed; \
          zero and huge sizes refused",
@@ -318,12 +333,17 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "virtual_backing.out_of_range",
-        "ranges past the end, overflowing or unaligned are refused with OUT_OF_RANGE (empty ranges too, \
-         or INVALID_ARGUMENT); committed_bytes unchanged",
+        "ranges past the end, overflowing, unaligned or empty are refused with OUT_OF_RANGE; committed_bytes \
+         unchanged",
     ),
     per_mechanism(
         "virtual_backing.invalid_state",
         "double commit and decommit of uncommitted pages are refused with INVALID_STATE; nothing changes",
+    ),
+    per_mechanism(
+        "virtual_backing.release_drops_mappings",
+        "releasing a reservation that still has shared mappings drops their references: the object's own \
+         release then brings live_objects back",
     ),
     per_mechanism(
         "shared_mapping.create",
@@ -362,6 +382,17 @@ pub const CHECKS: &[CheckInfo] = &[
          memory; bad descriptors, oversized imports and forged exports are refused",
     ),
     per_mechanism(
+        "shared_mapping.export_is_fresh_fd",
+        "ABI 1.1: each export_fd is a new descriptor (never 0, 1 or 2): two differ, closing one leaves the \
+         other usable, and it stays open on the same memory after the object's release and further calls",
+    ),
+    per_mechanism(
+        "shared_mapping.physical_identity",
+        "map, retain, release and export_fd of a physical object naming another mechanism, another device, a \
+         forged handle, another object id or size, or a released object are refused with their codes; nothing \
+         changes",
+    ),
+    per_mechanism(
         "sync.streams",
         "streams are created and destroyed; destroy waits for submitted work; a second destroy is refused",
     ),
@@ -380,6 +411,24 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism("sync.stream_adopt", "stream_adopt, when published, refuses a NULL native stream"),
     per_mechanism(
+        "sync.fence_after_stream_destroy",
+        "fences recorded on a stream stay valid after stream_destroy, report complete, and destroy",
+    ),
+    per_mechanism(
+        "sync.wait_forever",
+        "fence_wait(UINT64_MAX) on a fence behind ~50 ms of work returns OK, never TIMEOUT (under a watchdog)",
+    ),
+    per_mechanism(
+        "sync.fence_monotonic",
+        "once a fence reported complete (query or wait) every later query reports complete, also while later \
+         work on its stream is blocked",
+    ),
+    per_mechanism(
+        "sync.enqueue_refusal",
+        "a host function whose enqueue_host_fn was refused (stream 0, never made, forged, destroyed) never runs; \
+         an accepted one runs exactly once",
+    ),
+    per_mechanism(
         "concurrency.allocator",
         "several threads allocating and freeing at once: every call succeeds, no two live blocks overlap, \
          live_objects balances",
@@ -391,6 +440,11 @@ pub const CHECKS: &[CheckInfo] = &[
     per_mechanism(
         "concurrency.sync",
         "several threads with their own streams and fences at once complete and balance",
+    ),
+    per_mechanism(
+        "concurrency.shared_mapping",
+        "several threads creating, mapping into their own reservations, unmapping, retaining and releasing \
+         physical objects at once: every call succeeds, live_objects balances",
     ),
     per_mechanism(
         "lifecycle.live_objects",
@@ -434,7 +488,11 @@ mod tests {
             assert!(seen.insert(c.name), "{} listed twice", c.name);
             let (group, name) = c.name.split_once('.').expect("group.name");
             assert!(!group.is_empty() && !name.is_empty(), "{}", c.name);
-            assert!(c.name.bytes().all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.'), "{}", c.name);
+            assert!(
+                c.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.'),
+                "{}",
+                c.name
+            );
             assert!(!c.verifies.is_empty());
         }
     }

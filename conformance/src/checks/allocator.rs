@@ -79,6 +79,7 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &mut MechState
     });
     res.run("allocator.memory_info", name, || memory_info(ctx, m));
     res.run("allocator.class_tags", name, || class_tags(ctx, m));
+    res.run("allocator.block_size_sane", name, || block_size_sane(ctx, m));
     res.run("structs.short_host_structs", name, || short_structs(ctx, m));
     res.run("structs.long_host_structs", name, || long_structs(ctx, m));
     res.run("identity.wrong_mechanism", name, || wrong_mechanism(ctx, m));
@@ -86,6 +87,7 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &mut MechState
     res.run("identity.unknown_allocation", name, || unknown_allocation(ctx, m));
     res.run("identity.double_free", name, || double_free(ctx, m));
     res.run("identity.reservation", name, || reservation_identity(ctx, m));
+    res.run("identity.no_overlap", name, || no_overlap(ctx, m, st));
 }
 
 fn usable(ctx: &Ctx, m: &Mech, st: &mut MechState) -> Checked {
@@ -487,4 +489,136 @@ pub(crate) fn live_objects(ctx: &Ctx, m: &Mech) -> Checked {
     drop(s);
     expect_live(m, base, "after releasing everything")?;
     Ok(format!("counted exactly: {}", counted.join(", ")))
+}
+
+/// The most bytes a block may say it has for a request of `request`
+/// bytes: the request rounded up to the largest of the granularity,
+/// `max_alignment` and 4096, plus the larger of the granularity and 2 MiB
+/// (room for a size class or a huge page, never orders of magnitude).
+/// Saturates instead of overflowing.
+pub(crate) fn size_bound(m: &Mech, request: u64) -> u64 {
+    let unit = m.props.granularity.max(m.props.max_alignment).max(4096);
+    let slack = m.props.granularity.max(2 << 20);
+    request.checked_next_multiple_of(unit).and_then(|r| r.checked_add(slack)).unwrap_or(u64::MAX)
+}
+
+/// `allocator.block_size_sane`.
+fn block_size_sane(ctx: &Ctx, m: &Mech) -> Checked {
+    const ASK: u64 = 4096;
+    let mut s = Scope::new(ctx, m);
+    let bound = size_bound(m, ASK);
+    let sane = |what: &str, made: &crate::raw::Made| -> Result<u64, super::Verdict> {
+        expect(made.status, &[MEMPLUG_STATUS_OK], &format!("{what}({ASK})"))?;
+        let got = made.block.size;
+        ensure!(got >= ASK, "{what}({ASK}) reported {got} bytes, fewer than asked");
+        ensure!(
+            got <= bound,
+            "{what}({ASK}) reported {got} bytes ({got:#x}), more than the bound {bound} = round_up({ASK}, \
+             max(granularity {}, max_alignment {}, 4096)) + max(granularity, 2 MiB): a block must not claim \
+             memory it does not have",
+            m.props.granularity,
+            m.props.max_alignment
+        );
+        Ok(got)
+    };
+    let mut seen =
+        vec![format!("allocate {}", sane("allocate", &s.allocate(&request(m, ASK, m.props.min_alignment)))?)];
+    if m.vb.is_some() {
+        let made = s.reserve(ASK);
+        seen.push(format!("reserve {}", sane("reserve", &made)?));
+    }
+    if m.sm.is_some() {
+        let made = s.create(ASK);
+        seen.push(format!("create {}", sane("create", &made)?));
+    }
+    Ok(format!(
+        "{ASK}-byte requests reported ({}) within [{ASK}, {bound}], bound = round_up(request, \
+         max(granularity, max_alignment, 4096)) + max(granularity, 2 MiB)",
+        seen.join(", ")
+    ))
+}
+
+/// Sizes of the `identity.no_overlap` allocations, cycled.
+const MIXED_SIZES: [u64; 8] = [16, 4096, 100, 65536, 24, 1 << 20, 3000, 512];
+
+/// `identity.no_overlap`: the address ranges are compared as numbers
+/// first; only once they are proved disjoint (and mapped read-write) does
+/// the kit write to them.
+fn no_overlap(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
+    let mut s = Scope::new(ctx, m);
+    // (start, bytes counted, what)
+    let mut ranges: Vec<(u64, u64, String)> = Vec::new();
+    // The bytes a range covers: what the block reports when that is sane
+    // (allocator.block_size_sane judges the rest), else what was asked.
+    let counted =
+        |asked: u64, got: u64| if got >= asked && got <= size_bound(m, asked) { got } else { asked };
+    let mut allocations = Vec::new();
+    for i in 0..64 {
+        let size = MIXED_SIZES[i % MIXED_SIZES.len()];
+        let made = s.allocate(&request(m, size, m.props.min_alignment));
+        expect(made.status, &[MEMPLUG_STATUS_OK], &format!("allocate #{i} ({size} bytes, with {i} live)"))?;
+        ensure!(made.block.addr != 0, "allocate #{i} ({size} bytes) returned OK with address 0");
+        ranges.push((
+            made.block.addr,
+            counted(size, made.block.size),
+            format!("allocation #{i} ({size} bytes)"),
+        ));
+        allocations.push((made.block.addr, size));
+    }
+    let mut reserved = 0;
+    if m.vb.is_some() {
+        let g = m.props.granularity;
+        for (i, n) in [1u64, 2, 4, 8].into_iter().enumerate() {
+            let made = s.reserve(n * g);
+            expect(made.status, &[MEMPLUG_STATUS_OK], &format!("reserve #{i} ({n} granules)"))?;
+            ensure!(made.block.addr != 0, "reserve #{i} returned OK with address 0");
+            ranges.push((
+                made.block.addr,
+                counted(n * g, made.block.size),
+                format!("reservation #{i} ({n}g)"),
+            ));
+            reserved += 1;
+        }
+    }
+    ranges.sort_by_key(|r| r.0);
+    for w in ranges.windows(2) {
+        let ((a, alen, awhat), (b, blen, bwhat)) = (&w[0], &w[1]);
+        if a.saturating_add(*alen) > *b {
+            let same = if a == b { " (one address handed out twice)" } else { "" };
+            fail!("{awhat} at [{a:#x}, +{alen}) and {bwhat} at [{b:#x}, +{blen}) overlap{same}, both live");
+        }
+    }
+    let mut detail = format!(
+        "{} allocations and {reserved} reservations live at once, pairwise disjoint",
+        allocations.len()
+    );
+    if m.is_cpu() && st.touch_ok {
+        // Disjoint as numbers; now as memory: a tag at each end of every
+        // block, all written before any is read back.
+        for (i, &(addr, size)) in allocations.iter().enumerate() {
+            ensure!(writable(addr, size), "allocation #{i} [{addr:#x}, +{size}) is not mapped read-write");
+        }
+        let tag =
+            |i: usize, end: bool| (i as u8).wrapping_mul(2).wrapping_add(u8::from(end)).wrapping_add(0x31);
+        // SAFETY: each range is a live allocation of the kit, mapped
+        // read-write (checked above), disjoint from every other (checked
+        // above).
+        unsafe {
+            for (i, &(addr, size)) in allocations.iter().enumerate() {
+                (addr as *mut u8).write_volatile(tag(i, false));
+                ((addr + size - 1) as *mut u8).write_volatile(tag(i, true));
+            }
+            for (i, &(addr, size)) in allocations.iter().enumerate() {
+                let (first, last) =
+                    ((addr as *const u8).read_volatile(), ((addr + size - 1) as *const u8).read_volatile());
+                ensure!(
+                    first == tag(i, false) && last == tag(i, true),
+                    "allocation #{i} at {addr:#x} does not keep what was written to it while the other blocks \
+                     were written: two addresses show the same memory"
+                );
+            }
+        }
+        detail += "; each keeps its own contents";
+    }
+    Ok(detail)
 }

@@ -12,6 +12,7 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &MechState) {
     res.run("concurrency.allocator", name, || allocator(ctx, m, st));
     res.run("concurrency.virtual_backing", name, || virtual_backing(ctx, m, st));
     res.run("concurrency.sync", name, || sync(ctx, m, st));
+    res.run("concurrency.shared_mapping", name, || shared_mapping(ctx, m, st));
 }
 
 /// Runs `body(thread)` on `ctx.opts.threads` threads; the errors, first
@@ -230,5 +231,130 @@ fn sync(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
         m,
         live,
         format!("{} threads x {rounds} stream/host function/fence rounds", ctx.opts.threads),
+    )
+}
+
+/// What one round of the shared-mapping storm still holds, so a round that
+/// fails half-way gives back what it made.
+struct Held<'a> {
+    m: &'a Mech,
+    ctx: &'a Ctx,
+    r: MemplugObjectRef,
+    o: MemplugObjectRef,
+    refs: u32,
+    views: Vec<u64>,
+}
+
+impl Held<'_> {
+    fn check(&self, what: &str, s: MemplugStatus) -> Result<(), String> {
+        if s == MEMPLUG_STATUS_OK {
+            Ok(())
+        } else {
+            Err(format!("{what}: {}", status_name(s)))
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        let g = self.m.props.granularity;
+        for off in self.views.drain(..) {
+            self.m.unmap(&self.ctx.log, &self.r, off, 2 * g);
+        }
+        for _ in 0..self.refs {
+            self.m.release_object(&self.ctx.log, &self.o);
+        }
+    }
+}
+
+/// One round: create, map twice (read-write, then read-only, after a
+/// retain), check both views show the same memory (CPU), unmap the first,
+/// drop both references, unmap the last view (which frees the object).
+fn shared_round(ctx: &Ctx, m: &Mech, r: &MemplugObjectRef, touch: bool, tag: u64) -> Result<(), String> {
+    let g = m.props.granularity;
+    let rw = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
+    let made = m.create(&ctx.log, 2 * g);
+    if made.status != MEMPLUG_STATUS_OK {
+        return Err(format!("create: {}", status_name(made.status)));
+    }
+    let mut h = Held { m, ctx, r: *r, o: made.obj, refs: 1, views: Vec::new() };
+    let o = made.obj;
+    h.check("map [0, 2g) read-write", m.map(&ctx.log, &o, 0, r, 0, 2 * g, rw))?;
+    h.views.push(0);
+    h.check("retain", m.retain(&ctx.log, &o))?;
+    h.refs += 1;
+    h.check("map [2g, 4g) read-only", m.map(&ctx.log, &o, 0, r, 2 * g, 2 * g, MEMPLUG_ACCESS_READ))?;
+    h.views.push(2 * g);
+    if touch {
+        if !crate::os::writable(r.addr, 8) {
+            return Err(format!("the read-write view at {:#x} is not mapped read-write", r.addr));
+        }
+        if !crate::os::protection(r.addr + 2 * g, 8).is_some_and(|p| p.read) {
+            return Err(format!("the read-only view at {:#x} is not mapped readable", r.addr + 2 * g));
+        }
+        // SAFETY: both views lie in this thread's own reservation and were
+        // just checked mapped (read-write, and readable).
+        let seen = unsafe {
+            (r.addr as *mut u64).write_volatile(tag);
+            ((r.addr + 2 * g) as *const u64).read_volatile()
+        };
+        if seen != tag {
+            return Err(format!(
+                "the two views of one object show different memory ({seen:#x} read back for {tag:#x})"
+            ));
+        }
+    }
+    h.check("unmap [0, 2g)", m.unmap(&ctx.log, r, 0, 2 * g))?;
+    h.views.retain(|&v| v != 0);
+    for which in ["release of the retained reference", "release of the create reference"] {
+        h.check(which, m.release_object(&ctx.log, &o))?;
+        h.refs -= 1;
+    }
+    h.check("unmap of the last view [2g, 4g)", m.unmap(&ctx.log, r, 2 * g, 2 * g))?;
+    h.views.clear();
+    Ok(())
+}
+
+fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
+    if m.sm.is_none() {
+        skip!("no shared_mapping capability (flag clear, pointer NULL)");
+    }
+    if m.vb.is_none() {
+        skip!("mapping needs reservations, and the mechanism has no virtual_backing capability");
+    }
+    let live = m.live();
+    let g = m.props.granularity;
+    let rounds = (ctx.opts.iterations / 20).max(1);
+    let touch = st.touch_ok && m.is_cpu();
+    let errors = storm(ctx, |t| {
+        let made = m.reserve(&ctx.log, 4 * g);
+        if made.status != MEMPLUG_STATUS_OK {
+            return Err(format!("reserve: {}", status_name(made.status)));
+        }
+        let r = made.obj;
+        let mut result = Ok(());
+        for i in 0..rounds {
+            if let Err(e) = shared_round(ctx, m, &r, touch, (t as u64) << 32 | i as u64) {
+                result = Err(format!("round {i}: {e}"));
+                break;
+            }
+        }
+        let s = m.release_reservation(&ctx.log, &r);
+        result?;
+        if s != MEMPLUG_STATUS_OK {
+            return Err(format!("release of the reservation: {}", status_name(s)));
+        }
+        Ok(())
+    });
+    verdict(
+        errors,
+        m,
+        live,
+        format!(
+            "{} threads x {rounds} create/map/retain/map/unmap/release/release/unmap rounds, each in its own \
+             reservation{}",
+            ctx.opts.threads,
+            if touch { ", both views checked to show one object" } else { "" }
+        ),
     )
 }

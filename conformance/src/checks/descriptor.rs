@@ -1,6 +1,6 @@
 //! `descriptor.*`: what the plugin publishes, read as untrusted prefixes.
 
-use super::{ensure, expect, fail, Ctx, Results, Verdict};
+use super::{ensure, expect, fail, skip, Checked, Ctx, Results, Verdict};
 use crate::raw::{device_kind_name, plugin_string, Mech};
 use core::ffi::c_void;
 use memplug_sdk::abi::*;
@@ -282,6 +282,7 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
     }
     let r = r.map_err(|(v, _)| v);
     res.add("descriptor.capabilities", name, r);
+    res.run("descriptor.minor_0_is_1_0", name, || minor_0_is_1_0(ctx, plugin, &desc));
 
     res.add(
         "descriptor.device",
@@ -325,8 +326,10 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
                     "shared_mapping (MEMPLUG_CAP_SHARED_EXPORT is set)",
                 )?;
             } else {
+                // Below 1.1 the export slots are past what the agreed minor
+                // defines: a longer table is allowed, and they are ignored.
                 ensure!(
-                    !export,
+                    !export || plugin.agreed_minor < 1,
                     "shared_mapping publishes export_fd or import_fd but MEMPLUG_CAP_SHARED_EXPORT is not set"
                 );
                 v.export_fd = None;
@@ -398,4 +401,59 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
     });
     m.props = props.filter(|_| ok)?;
     Some(m)
+}
+
+/// Capability bits ABI 1.1 added to 1.0's.
+const ADDED_BY_1_1: u32 = MEMPLUG_CAP_ALL_1_1 & !MEMPLUG_CAP_ALL_1_0;
+
+/// `descriptor.minor_0_is_1_0`: the descriptor a host speaking only 1.0
+/// gets describes this mechanism as 1.0 defines it.
+fn minor_0_is_1_0(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Checked {
+    if plugin.min_minor > 0 {
+        skip!("the plugin's oldest minor is 1.{}: it does not speak 1.0", plugin.min_minor);
+    }
+    let (st, n) = super::negotiation::negotiate_range(ctx, 0, 0);
+    expect(st, &[MEMPLUG_STATUS_OK], "negotiation with a host speaking only 1.0 (minors 0..=0)")?;
+    ensure!(n.agreed_minor == 0, "a host speaking only 1.0 agreed on 1.{}", n.agreed_minor);
+    let at = n.plugin as usize;
+    ensure!(
+        at == 0 || (at >= 4096 && at % core::mem::align_of::<MemplugPlugin>() == 0),
+        "negotiated at 1.0, the plugin descriptor pointer {at:#x} cannot point at a descriptor"
+    );
+    // SAFETY: plugin-owned descriptor, at least struct_size bytes.
+    let d: MemplugPlugin = match unsafe { prefix::read(n.plugin) } {
+        Ok(d) => d,
+        Err(PrefixError::Null) => fail!("negotiated at 1.0, the plugin descriptor is NULL"),
+        Err(PrefixError::Short { declared, .. }) => {
+            fail!("negotiated at 1.0, the plugin descriptor's struct_size {declared} is shorter than 1.0's")
+        }
+    };
+    ensure!(
+        d.mechanism_count <= MAX_MECHANISMS && (d.mechanism_count == 0 || !d.mechanisms.is_null()),
+        "negotiated at 1.0, the descriptor lists {} mechanisms at {:p}",
+        d.mechanism_count,
+        d.mechanisms
+    );
+    for i in 0..d.mechanism_count as usize {
+        // SAFETY: `mechanism_count` pointers, as the descriptor says.
+        let p = unsafe { *d.mechanisms.add(i) };
+        // SAFETY: plugin-owned descriptor, at least struct_size bytes.
+        let Ok(mech) = (unsafe { prefix::read::<MemplugMechanism>(p) }) else {
+            continue;
+        };
+        if mech.mechanism_id != desc.mechanism_id {
+            continue;
+        }
+        let added = mech.capabilities & ADDED_BY_1_1;
+        ensure!(
+            added == 0,
+            "negotiated at 1.0, the mechanism sets capability bits {added:#x} (MEMPLUG_CAP_SHARED_EXPORT), which \
+             ABI 1.1 added: a plugin hands a 1.0 host its 1.0 descriptor (a host refuses the mechanism)"
+        );
+        return Ok(format!(
+            "a host speaking only 1.0 agreed on 1.0; the mechanism's capabilities there: {}",
+            capability_names(mech.capabilities).join(", ")
+        ));
+    }
+    Ok("a host speaking only 1.0 agreed on 1.0; its descriptor does not list this mechanism (one of a later minor)".into())
 }

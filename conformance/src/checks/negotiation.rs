@@ -61,6 +61,21 @@ fn negotiate(ctx: &Ctx, h: &HostBuf, out_size: u32) -> Answer {
     Answer { status, out }
 }
 
+/// Negotiates as a host speaking `1.min_minor..=1.max_minor` (1.0-sized
+/// host info and answer): the status and the answer as written.
+pub(crate) fn negotiate_range(
+    ctx: &Ctx,
+    min_minor: u32,
+    max_minor: u32,
+) -> (MemplugStatus, MemplugNegotiation) {
+    let a = negotiate(
+        ctx,
+        &host(MEMPLUG_HOST_INFO_SIZE_1_0, MEMPLUG_ABI_MAJOR, min_minor, max_minor),
+        MEMPLUG_NEGOTIATION_SIZE_1_0,
+    );
+    (a.status, a.negotiation())
+}
+
 /// The plugin's declared minor range, when its descriptor is long enough
 /// to hold it.
 fn declared_range(p: *const MemplugPlugin) -> Option<(u32, u32)> {

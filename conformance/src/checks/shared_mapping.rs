@@ -3,7 +3,7 @@
 use super::allocator::touch;
 use super::{ensure, expect, expect_live, fail, skip, CheckFn, Checked, Ctx, Results, Scope};
 use crate::os::{in_child, protection, writable, ChildEnd};
-use crate::raw::{status_name, Mech};
+use crate::raw::{fd_file_size, fd_identity, status_name, FdView, Mech, OwnedFds};
 use memplug_sdk::abi::*;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ const RO: u32 = MEMPLUG_ACCESS_READ;
 
 pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
-    let checks: [(&'static str, bool, bool, CheckFn); 8] = [
+    let checks: [(&'static str, bool, bool, CheckFn); 10] = [
         ("shared_mapping.create", false, false, create),
         ("shared_mapping.coherence", true, true, coherence),
         ("shared_mapping.read_only", true, true, read_only),
@@ -21,6 +21,8 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech) {
         ("shared_mapping.unknown_access", true, false, unknown_access),
         ("shared_mapping.references", true, false, references),
         ("shared_mapping.export_import", false, false, export_import),
+        ("shared_mapping.export_is_fresh_fd", false, false, export_is_fresh_fd),
+        ("shared_mapping.physical_identity", false, false, physical_identity),
     ];
     for (check, maps, cpu_only, f) in checks {
         res.run(check, name, || {
@@ -232,12 +234,7 @@ fn references(ctx: &Ctx, m: &Mech) -> Checked {
 }
 
 fn export_import(ctx: &Ctx, m: &Mech) -> Checked {
-    if m.caps & MEMPLUG_CAP_SHARED_EXPORT == 0 {
-        skip!(
-            "no MEMPLUG_CAP_SHARED_EXPORT: the mechanism shares no physical object across processes (flag \
-             clear, export_fd and import_fd NULL)"
-        );
-    }
+    needs_export(m)?;
     let g = m.props.granularity;
     let mut s = Scope::new(ctx, m);
     let live = m.live();
@@ -283,4 +280,239 @@ fn export_import(ctx: &Ctx, m: &Mech) -> Checked {
     Ok(format!(
         "exported and imported{shown}; a bad descriptor, an oversized import and a forged export refused"
     ))
+}
+
+/// Skips unless the mechanism publishes `export_fd` and `import_fd`.
+fn needs_export(m: &Mech) -> Result<(), super::Verdict> {
+    if m.caps & MEMPLUG_CAP_SHARED_EXPORT == 0 {
+        skip!(
+            "no MEMPLUG_CAP_SHARED_EXPORT: the mechanism shares no physical object across processes (flag \
+             clear, export_fd and import_fd NULL)"
+        );
+    }
+    Ok(())
+}
+
+/// One `export_fd`: a descriptor that is open, above the standard streams,
+/// with the identity of the file it names. Nothing here closes it: whose it
+/// is has not been shown yet.
+fn export_once(
+    ctx: &Ctx,
+    m: &Mech,
+    o: &MemplugObjectRef,
+    what: &str,
+) -> Result<(i32, (u64, u64)), super::Verdict> {
+    let (st, fd) = m.export_fd(&ctx.log, o);
+    expect(st, &[MEMPLUG_STATUS_OK], &format!("export_fd ({what})"))?;
+    ensure!(
+        fd > 2,
+        "export_fd ({what}) returned the descriptor {fd}: 0, 1 and 2 are the process's standard streams (and a \
+         negative number is no descriptor)"
+    );
+    let Some(id) = fd_identity(fd) else {
+        fail!("export_fd ({what}) returned the descriptor {fd}, which is not open");
+    };
+    Ok((fd, id))
+}
+
+/// The `2g` bytes of pattern `seed` the kit writes through an exported
+/// descriptor and looks for later.
+fn pattern(i: u64, seed: u8) -> u8 {
+    seed.wrapping_add((i / 509) as u8)
+}
+
+/// `shared_mapping.export_is_fresh_fd`.
+fn export_is_fresh_fd(ctx: &Ctx, m: &Mech) -> Checked {
+    needs_export(m)?;
+    let g = m.props.granularity;
+    let len = 2 * g;
+    let mut s = Scope::new(ctx, m);
+    let mut owned = OwnedFds::default();
+    let o = s.create_ok(len)?;
+    let (e1, id1) = export_once(ctx, m, &o, "the first")?;
+    let (e2, id2) = export_once(ctx, m, &o, "the second")?;
+    // Until the two are shown to differ neither is closed: a plugin that
+    // hands out its own descriptor keeps using it.
+    ensure!(
+        e1 != e2,
+        "two export_fd calls returned the same descriptor {e1}: the plugin hands out a descriptor of its own \
+         (one it keeps, and may close or share), not one made for the call"
+    );
+    owned.adopt(e1, id1);
+    owned.adopt(e2, id2);
+    owned.close(e1);
+    ensure!(
+        fd_identity(e2) == Some(id2),
+        "closing the first exported descriptor {e1} closed or changed the second, {e2}"
+    );
+    // On a CPU device a memfd-like export is mapped here to recognise the
+    // memory later; other descriptors are judged by being open and
+    // importable.
+    let mappable = m.is_cpu() && fd_file_size(e2).is_some_and(|n| n >= len);
+    if mappable {
+        let Some(v) = FdView::map(e2, len, true) else {
+            fail!(
+                "the exported descriptor {e2} is a file of at least {len} bytes but cannot be mapped shared"
+            );
+        };
+        // SAFETY: a fresh shared mapping of `len` bytes of the kit's own
+        // descriptor (shown above to be distinct and open).
+        unsafe {
+            for i in (0..len).step_by(509) {
+                v.addr.add(i as usize).write_volatile(pattern(i, 0x5c));
+            }
+        }
+    }
+    expect(s.release_object(&o), &[MEMPLUG_STATUS_OK], "release of the exported object")?;
+    // Further work, which a plugin that closes descriptors it handed out
+    // (late, or when a slot is reused) would do now.
+    let o2 = s.create_ok(len)?;
+    let (e3, id3) = export_once(ctx, m, &o2, "an export of another object")?;
+    ensure!(
+        e3 != e2,
+        "export_fd of another object returned {e3}, the descriptor already handed out for the first"
+    );
+    owned.adopt(e3, id3);
+    expect(s.release_object(&o2), &[MEMPLUG_STATUS_OK], "release of the other object")?;
+    owned.close(e3);
+    let a = s.alloc_ok(64, m.props.min_alignment)?;
+    expect(s.free(&a), &[MEMPLUG_STATUS_OK], "deallocate")?;
+    let o3 = s.create_ok(g)?;
+    expect(s.release_object(&o3), &[MEMPLUG_STATUS_OK], "release of a third object")?;
+    match fd_identity(e2) {
+        Some(id) if id == id2 => {}
+        Some(_) => fail!(
+            "after the object's release and further calls, the exported descriptor {e2} names another file: the \
+             plugin closed it and the number was reused"
+        ),
+        None => fail!(
+            "after the object's release and further calls, the exported descriptor {e2} is closed: the plugin \
+             closed a descriptor it had handed out (the caller owns it)"
+        ),
+    }
+    let mut shown = String::new();
+    if mappable {
+        let Some(v) = FdView::map(e2, len, false) else {
+            fail!("after the object's release the exported descriptor {e2} can no longer be mapped");
+        };
+        for i in (0..len).step_by(509) {
+            // SAFETY: a fresh read-only mapping of `len` bytes of a regular
+            // file at least that long.
+            let got = unsafe { v.addr.add(i as usize).read_volatile() };
+            ensure!(
+                got == pattern(i, 0x5c),
+                "after the object's release, byte {i} of the exported memory reads {got:#x}: the descriptor no \
+                 longer holds the object's memory"
+            );
+        }
+        shown = ", still holding what was written through it".into();
+    }
+    let made = s.import(e2, len);
+    expect(made.status, &[MEMPLUG_STATUS_OK], "import_fd of the export after the object's release")?;
+    if mappable && m.vb.is_some() {
+        let r = s.reserve_ok(len)?;
+        expect(s.map(&made.obj, 0, &r, 0, len, RO), &[MEMPLUG_STATUS_OK], "map the import")?;
+        ensure!(
+            protection(r.addr, len).is_some_and(|p| p.read) && byte(r.addr + 509) == pattern(509, 0x5c),
+            "the import of the exported descriptor does not show the memory written through it"
+        );
+        shown += "; imported, it shows that memory";
+    }
+    Ok(format!(
+        "two exports gave descriptors {e1} and {e2}; closing one left the other; after the object's release and \
+         further calls {e2} stayed open on the same file{shown}"
+    ))
+}
+
+/// `shared_mapping.physical_identity`.
+fn physical_identity(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let base = m.live();
+    let o = s.create_ok(2 * g)?;
+    let gone = s.create_ok(g)?;
+    expect(s.release_object(&gone), &[MEMPLUG_STATUS_OK], "release")?;
+    let r = if m.vb.is_some() { Some(s.reserve_ok(2 * g)?) } else { None };
+    let export = m.caps & MEMPLUG_CAP_SHARED_EXPORT != 0;
+    let live = m.live();
+    let with = |f: &dyn Fn(&mut MemplugObjectRef)| {
+        let mut x = o;
+        f(&mut x);
+        x
+    };
+    let (mech, unknown) = (MEMPLUG_STATUS_WRONG_MECHANISM, MEMPLUG_STATUS_UNKNOWN_ALLOCATION);
+    let cases: [(&str, MemplugObjectRef, MemplugStatus); 8] = [
+        ("naming another mechanism id", with(&|x| x.mechanism_id = m.id ^ (1 << 63)), mech),
+        (
+            "naming the device's ordinal + 1",
+            with(&|x| x.device.ordinal = x.device.ordinal.wrapping_add(1)),
+            MEMPLUG_STATUS_WRONG_DEVICE,
+        ),
+        (
+            "naming another device kind",
+            with(&|x| x.device.kind = other_kind(x.device.kind)),
+            MEMPLUG_STATUS_WRONG_DEVICE,
+        ),
+        ("with a forged handle (high bits flipped)", with(&|x| x.handle ^= 0xffff_0000_0000_0000), unknown),
+        (
+            "with the right handle and another object id",
+            with(&|x| x.object_id = x.object_id.wrapping_add(0x10_0000)),
+            unknown,
+        ),
+        ("with the right handle and another size", with(&|x| x.size += g), unknown),
+        ("with the right handle and a non-zero address", with(&|x| x.addr = 0x10_0000), unknown),
+        ("that was released", gone, unknown),
+    ];
+    let mut calls = vec!["retain", "release"];
+    if r.is_some() {
+        calls.push("map");
+    }
+    if export {
+        calls.push("export_fd");
+    }
+    for (what, bad, want) in &cases {
+        let want = [*want];
+        if let Some(r) = &r {
+            expect(s.map(bad, 0, r, 0, g, RW), &want, &format!("map of a physical object {what}"))?;
+        }
+        expect(s.retain(bad), &want, &format!("retain of a physical object {what}"))?;
+        expect(s.release_object(bad), &want, &format!("release of a physical object {what}"))?;
+        if export {
+            let (st, fd) = m.export_fd(&ctx.log, bad);
+            if st == MEMPLUG_STATUS_OK {
+                if let Some(id) = fd_identity(fd).filter(|_| fd > 2) {
+                    OwnedFds::default().adopt(fd, id);
+                }
+            }
+            expect(st, &want, &format!("export_fd of a physical object {what}"))?;
+        }
+        expect_live(m, live, &format!("after the refused calls on a physical object {what}"))?;
+    }
+    // Nothing changed: the reservation range is free, and the object has
+    // exactly its create reference.
+    if let Some(r) = &r {
+        expect(s.map(&o, 0, r, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map of the real object afterwards")?;
+        expect(s.unmap(r, 0, 2 * g), &[MEMPLUG_STATUS_OK], "unmap")?;
+    }
+    expect(s.release_object(&o), &[MEMPLUG_STATUS_OK], "release of the real object's create reference")?;
+    expect(
+        m.release_object(&ctx.log, &o),
+        &[unknown],
+        "a second release of the real object (did a refused retain add a reference?)",
+    )?;
+    expect_live(m, base + u64::from(r.is_some()), "after the real object's release")?;
+    Ok(format!(
+        "{} refused for {} kinds of bad reference with their codes; live_objects and the object's references \
+         unchanged",
+        calls.join(", "),
+        cases.len()
+    ))
+}
+
+fn other_kind(k: MemplugDeviceKind) -> MemplugDeviceKind {
+    if k == MEMPLUG_DEVICE_CPU {
+        MEMPLUG_DEVICE_CUDA
+    } else {
+        MEMPLUG_DEVICE_CPU
+    }
 }

@@ -5,8 +5,9 @@ use super::{
     Verdict,
 };
 use crate::raw::{status_name, Mech};
+use core::ffi::c_void;
 use memplug_sdk::abi::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -14,6 +15,10 @@ use std::time::{Duration, Instant};
 const SLEEP: Duration = Duration::from_millis(100);
 /// The timeout `sync.wait_timeout` asks for.
 const SHORT_WAIT: Duration = Duration::from_millis(20);
+/// How long the work behind the fence of `sync.wait_forever` takes.
+const BRIEF: Duration = Duration::from_millis(50);
+/// How long `sync.enqueue_refusal` gives a refused host function to run.
+const REFUSED_GRACE: Duration = Duration::from_millis(100);
 
 pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &mut MechState) {
     let name = Some(m.name.as_str());
@@ -46,6 +51,22 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &mut MechState
     res.run("sync.stream_adopt", name, || {
         absent()?;
         stream_adopt(ctx, m)
+    });
+    res.run("sync.fence_after_stream_destroy", name, || {
+        absent()?;
+        fence_after_stream_destroy(ctx, m)
+    });
+    res.run("sync.wait_forever", name, || {
+        absent()?;
+        wait_forever(ctx, m, st)
+    });
+    res.run("sync.fence_monotonic", name, || {
+        absent()?;
+        fence_monotonic(ctx, m, st)
+    });
+    res.run("sync.enqueue_refusal", name, || {
+        absent()?;
+        enqueue_refusal(ctx, m, st)
     });
 }
 
@@ -203,4 +224,212 @@ fn stream_adopt(ctx: &Ctx, m: &Mech) -> Checked {
         fail!("stream_adopt(NULL) returned OK");
     }
     Ok(format!("stream_adopt(NULL) refused with {}", status_name(st)))
+}
+
+/// `sync.fence_after_stream_destroy`.
+fn fence_after_stream_destroy(ctx: &Ctx, m: &Mech) -> Checked {
+    let mut s = Scope::new(ctx, m);
+    let live = m.live();
+    let h = s.stream_ok()?;
+    let idle = s.fence_ok(h)?;
+    let ran = Arc::new(AtomicBool::new(false));
+    s.enqueue_ok(h, Job::SleepThenSet(Duration::from_millis(30), ran.clone()))?;
+    let behind = s.fence_ok(h)?;
+    expect(s.stream_destroy(h), &[MEMPLUG_STATUS_OK], "stream_destroy with two fences recorded on it")?;
+    ensure!(
+        ran.load(Ordering::SeqCst),
+        "stream_destroy returned before the work submitted to the stream had run"
+    );
+    for (what, f) in
+        [("the fence recorded on the idle stream", idle), ("the fence recorded behind work", behind)]
+    {
+        let q = m.fence_query(&ctx.log, f);
+        ensure!(
+            q != MEMPLUG_STATUS_UNKNOWN_ALLOCATION,
+            "fence_query of {what} after stream_destroy: UNKNOWN_ALLOCATION (stream_destroy invalidated a fence \
+             recorded on it; fences stay valid until destroyed)"
+        );
+        expect(q, &[MEMPLUG_STATUS_OK], &format!("fence_query of {what} after stream_destroy"))?;
+        let w = wait(ctx, m, f, Duration::ZERO)?;
+        expect(w, &[MEMPLUG_STATUS_OK], &format!("fence_wait(0) of {what} after stream_destroy"))?;
+    }
+    expect_live(m, live + 2, "with the stream destroyed and its two fences alive")?;
+    for f in [idle, behind] {
+        expect(s.fence_destroy(f), &[MEMPLUG_STATUS_OK], "fence_destroy of a fence whose stream is gone")?;
+    }
+    expect_live(m, live, "after destroying both fences")?;
+    Ok("two fences of a destroyed stream stayed valid, reported complete, and destroyed".into())
+}
+
+/// `sync.wait_forever`: the wait runs on a thread of its own and is given
+/// up on (failing the check) if it has not returned well after the work
+/// finished, so a plugin that really waits forever cannot hang the run.
+fn wait_forever(ctx: &Ctx, m: &Mech, st: &mut MechState) -> Checked {
+    let mut s = Scope::new(ctx, m);
+    let h = s.stream_ok()?;
+    let ran = Arc::new(AtomicBool::new(false));
+    s.enqueue_ok(h, Job::SleepThenSet(BRIEF, ran.clone()))?;
+    let f = s.fence_ok(h)?;
+    let pending = !ran.load(Ordering::SeqCst);
+    let (mm, log) = (m.clone(), ctx.log.clone());
+    let limit = BRIEF + completion_timeout(ctx, st) + Duration::from_secs(2);
+    let t = Instant::now();
+    let Some(w) = bounded(limit, move || mm.fence_wait(&log, f, u64::MAX)) else {
+        st.fences_stuck = true;
+        fail!("fence_wait(UINT64_MAX) on a fence behind {BRIEF:?} of work had not returned after {limit:?}");
+    };
+    let took = t.elapsed();
+    ensure!(
+        w != MEMPLUG_STATUS_TIMEOUT,
+        "fence_wait(UINT64_MAX) returned TIMEOUT after {took:?}: a timeout of UINT64_MAX waits without limit and \
+         never times out"
+    );
+    expect(w, &[MEMPLUG_STATUS_OK], "fence_wait(UINT64_MAX)")?;
+    ensure!(
+        ran.load(Ordering::SeqCst),
+        "fence_wait(UINT64_MAX) returned OK before the work before the fence ran"
+    );
+    let when = if pending { ", the work still running when the wait began" } else { "" };
+    Ok(format!("OK after {took:?} ({BRIEF:?} of work{when})"))
+}
+
+/// Polls `fence_query` until it says OK (or `limit` passes).
+fn poll_complete(ctx: &Ctx, m: &Mech, f: u64, limit: Duration) -> Result<(), Verdict> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let q = m.fence_query(&ctx.log, f);
+        if q == MEMPLUG_STATUS_OK {
+            return Ok(());
+        }
+        expect(q, &[MEMPLUG_STATUS_NOT_READY], "fence_query while the work ran")?;
+        ensure!(Instant::now() < deadline, "the fence did not complete within {limit:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Fails unless `n` queries of `f` all say OK.
+fn stays_complete(ctx: &Ctx, m: &Mech, f: u64, n: usize, what: &str) -> Result<(), Verdict> {
+    for i in 0..n {
+        let q = m.fence_query(&ctx.log, f);
+        ensure!(
+            q == MEMPLUG_STATUS_OK,
+            "{what}: query #{} after it had reported complete said {} (a complete fence stays complete until \
+             destroyed)",
+            i + 1,
+            status_name(q)
+        );
+    }
+    Ok(())
+}
+
+/// `sync.fence_monotonic`.
+fn fence_monotonic(ctx: &Ctx, m: &Mech, st: &mut MechState) -> Checked {
+    let mut s = Scope::new(ctx, m);
+    let h = s.stream_ok()?;
+    let limit = SLEEP + completion_timeout(ctx, st);
+    // Completion first seen by fence_query.
+    s.enqueue_ok(h, Job::SleepThenSet(Duration::from_millis(20), Arc::new(AtomicBool::new(false))))?;
+    let f1 = s.fence_ok(h)?;
+    poll_complete(ctx, m, f1, limit)?;
+    stays_complete(ctx, m, f1, 50, "a fence seen complete by fence_query")?;
+    expect(wait(ctx, m, f1, Duration::ZERO)?, &[MEMPLUG_STATUS_OK], "fence_wait(0) of a complete fence")?;
+    // Completion first seen by fence_wait.
+    s.enqueue_ok(h, Job::SleepThenSet(Duration::from_millis(20), Arc::new(AtomicBool::new(false))))?;
+    let f2 = s.fence_ok(h)?;
+    let w = wait(ctx, m, f2, limit)?;
+    if w == MEMPLUG_STATUS_TIMEOUT {
+        st.fences_stuck = true;
+    }
+    expect(w, &[MEMPLUG_STATUS_OK], &format!("fence_wait({limit:?})"))?;
+    stays_complete(ctx, m, f2, 50, "a fence seen complete by fence_wait")?;
+    // Later work on the same stream, blocked, leaves both complete.
+    let gate = Arc::new(Gate::default());
+    s.enqueue_ok(h, Job::Gate(gate.clone()))?;
+    let f3 = s.fence_ok(h)?;
+    stays_complete(ctx, m, f1, 10, "the first fence, while later work on its stream is blocked")?;
+    stays_complete(ctx, m, f2, 10, "the second fence, while later work on its stream is blocked")?;
+    gate.open();
+    let w = wait(ctx, m, f3, completion_timeout(ctx, st))?;
+    expect(w, &[MEMPLUG_STATUS_OK], "fence_wait on the fence behind the released work")?;
+    for (f, what) in [(f1, "the first fence"), (f2, "the second fence"), (f3, "the third fence")] {
+        stays_complete(ctx, m, f, 10, what)?;
+    }
+    Ok("fences seen complete by query and by wait stayed complete through 50 queries each and while later \
+        work on their stream was blocked"
+        .into())
+}
+
+/// Counts its runs; leaked, so a plugin that runs a refused function late
+/// (after the check, after the run) still finds it.
+unsafe extern "C" fn count_run(userdata: *mut c_void) {
+    // SAFETY: `userdata` is a leaked `AtomicUsize` (see `counter`).
+    let runs = unsafe { &*userdata.cast::<AtomicUsize>() };
+    runs.fetch_add(1, Ordering::SeqCst);
+}
+
+fn counter() -> &'static AtomicUsize {
+    Box::leak(Box::new(AtomicUsize::new(0)))
+}
+
+fn enqueue_count(ctx: &Ctx, m: &Mech, stream: u64, runs: &'static AtomicUsize) -> MemplugStatus {
+    let p = (runs as *const AtomicUsize).cast_mut().cast::<c_void>();
+    m.enqueue(&ctx.log, stream, Some(count_run), p)
+}
+
+/// `sync.enqueue_refusal`.
+fn enqueue_refusal(ctx: &Ctx, m: &Mech, st: &mut MechState) -> Checked {
+    let mut s = Scope::new(ctx, m);
+    let live_stream = s.stream_ok()?;
+    let destroyed = {
+        let h = s.stream_ok()?;
+        expect(s.stream_destroy(h), &[MEMPLUG_STATUS_OK], "stream_destroy")?;
+        h
+    };
+    let probes = [
+        ("the handle 0", 0u64),
+        ("a handle never made", 0x7ead_beef_0002u64),
+        ("a forged handle (high bits flipped)", live_stream ^ 0xffff_0000_0000_0000),
+        ("a destroyed stream", destroyed),
+    ];
+    let mut refused = Vec::new();
+    for (what, h) in probes {
+        let runs = counter();
+        let st = enqueue_count(ctx, m, h, runs);
+        ensure!(st != MEMPLUG_STATUS_OK, "enqueue_host_fn on {what} returned OK");
+        refused.push((what, runs, st));
+    }
+    std::thread::sleep(REFUSED_GRACE);
+    for (what, runs, st) in &refused {
+        let n = runs.load(Ordering::SeqCst);
+        ensure!(
+            n == 0,
+            "enqueue_host_fn on {what} was refused ({}), yet the function ran {n} time(s): a refused host function \
+             must never run",
+            status_name(*st)
+        );
+    }
+    let runs = counter();
+    expect(
+        enqueue_count(ctx, m, live_stream, runs),
+        &[MEMPLUG_STATUS_OK],
+        "enqueue_host_fn on a live stream",
+    )?;
+    let f = s.fence_ok(live_stream)?;
+    let timeout = completion_timeout(ctx, st);
+    let w = wait(ctx, m, f, timeout)?;
+    if w == MEMPLUG_STATUS_TIMEOUT {
+        st.fences_stuck = true;
+    }
+    expect(w, &[MEMPLUG_STATUS_OK], &format!("fence_wait({timeout:?}) behind the accepted function"))?;
+    ensure!(
+        runs.load(Ordering::SeqCst) == 1,
+        "the accepted function had run {} time(s) when its fence completed",
+        runs.load(Ordering::SeqCst)
+    );
+    std::thread::sleep(REFUSED_GRACE / 2);
+    expect(s.stream_destroy(live_stream), &[MEMPLUG_STATUS_OK], "stream_destroy")?;
+    let n = runs.load(Ordering::SeqCst);
+    ensure!(n == 1, "the accepted function ran {n} times (exactly once is the rule)");
+    let codes: Vec<String> = refused.iter().map(|(w, _, st)| format!("{w}: {}", status_name(*st))).collect();
+    Ok(format!("refused and never run ({}); the accepted one ran exactly once", codes.join(", ")))
 }
