@@ -10,9 +10,18 @@ use std::time::Duration;
 
 /// A failure a plugin reports: a status code (never `Ok`) and a message the
 /// host receives through its sink.
+///
+/// Build one with the helper named after its code
+/// ([`PluginError::unknown_allocation`], [`PluginError::wrong_device`], …);
+/// there is one for every failure code of [`Status`]. The message is the
+/// host's only explanation: say what was refused and why, with the values
+/// involved. It is formatted only on the failure path, so a hot path that
+/// succeeds pays nothing for it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PluginError {
+    /// The code the slot returns (never `Status::Ok`).
     pub status: Status,
+    /// What the host's message sink receives (nothing is sent when empty).
     pub message: String,
 }
 
@@ -23,26 +32,88 @@ impl PluginError {
         let status = if status == Status::Ok { Status::Internal } else { status };
         PluginError { status, message: message.into() }
     }
+    /// `MEMPLUG_STATUS_UNSUPPORTED`: the operation is not provided (never
+    /// for something that was done).
     pub fn unsupported(m: impl Into<String>) -> Self {
         Self::new(Status::Unsupported, m)
     }
+    /// `MEMPLUG_STATUS_INVALID_ARGUMENT`: a malformed argument. The SDK
+    /// already refuses the ones the ABI lists (NULL pointers, short
+    /// structs, zero sizes, bad alignments, unknown flags and access bits,
+    /// negative descriptors); use it for what only the mechanism knows, such
+    /// as a descriptor it cannot use.
     pub fn invalid_argument(m: impl Into<String>) -> Self {
         Self::new(Status::InvalidArgument, m)
     }
+    /// `MEMPLUG_STATUS_OUT_OF_MEMORY`: the device has no memory for the
+    /// request, including sizes no object could have.
     pub fn out_of_memory(m: impl Into<String>) -> Self {
         Self::new(Status::OutOfMemory, m)
     }
-    pub fn out_of_range(m: impl Into<String>) -> Self {
-        Self::new(Status::OutOfRange, m)
+    /// `MEMPLUG_STATUS_WRONG_MECHANISM`: the object was made by another
+    /// mechanism. The SDK refuses references whose `mechanism_id` is not
+    /// this mechanism's before your trait is called; you need this only for
+    /// identities the SDK cannot see.
+    pub fn wrong_mechanism(m: impl Into<String>) -> Self {
+        Self::new(Status::WrongMechanism, m)
     }
-    pub fn invalid_state(m: impl Into<String>) -> Self {
-        Self::new(Status::InvalidState, m)
+    /// `MEMPLUG_STATUS_WRONG_DEVICE`: the object or request names a device
+    /// this mechanism does not serve. The SDK refuses requests and
+    /// references naming another device than the mechanism's before your
+    /// trait is called.
+    pub fn wrong_device(m: impl Into<String>) -> Self {
+        Self::new(Status::WrongDevice, m)
     }
+    /// `MEMPLUG_STATUS_UNKNOWN_ALLOCATION`: the handle names no live object
+    /// of this mechanism and kind, or the reference's `object_id`, `addr`
+    /// or `size` contradict the object's. Only the mechanism can tell: the
+    /// SDK never checks handles.
     pub fn unknown_allocation(m: impl Into<String>) -> Self {
         Self::new(Status::UnknownAllocation, m)
     }
+    /// `MEMPLUG_STATUS_DEVICE_UNAVAILABLE`: the device or its driver cannot
+    /// be reached (absent, lost, not initialised).
+    pub fn device_unavailable(m: impl Into<String>) -> Self {
+        Self::new(Status::DeviceUnavailable, m)
+    }
+    /// `MEMPLUG_STATUS_INTERNAL`: the plugin failed internally. A panic in
+    /// a trait method is reported with this code by the SDK.
     pub fn internal(m: impl Into<String>) -> Self {
         Self::new(Status::Internal, m)
+    }
+    /// `MEMPLUG_STATUS_OUT_OF_RANGE`: a range lies outside its object. The
+    /// SDK refuses empty, unaligned and overflowing ranges; the bounds
+    /// against your object's size are yours to check.
+    pub fn out_of_range(m: impl Into<String>) -> Self {
+        Self::new(Status::OutOfRange, m)
+    }
+    /// `MEMPLUG_STATUS_INVALID_STATE`: the object is in the wrong state
+    /// (committing committed pages, mapping over a mapping, …).
+    pub fn invalid_state(m: impl Into<String>) -> Self {
+        Self::new(Status::InvalidState, m)
+    }
+    /// `MEMPLUG_STATUS_VERSION_MISMATCH`: the versions do not overlap. The
+    /// SDK's negotiation reports it; a slot has no use for it.
+    pub fn version_mismatch(m: impl Into<String>) -> Self {
+        Self::new(Status::VersionMismatch, m)
+    }
+    /// `MEMPLUG_STATUS_NOT_READY`: a fence has not completed. A
+    /// [`StreamSync::fence_query`] that returns [`FenceState::Pending`] gets
+    /// this code with no message; you rarely need it directly.
+    pub fn not_ready(m: impl Into<String>) -> Self {
+        Self::new(Status::NotReady, m)
+    }
+    /// `MEMPLUG_STATUS_TIMEOUT`: a wait ran out of time. A
+    /// [`StreamSync::fence_wait`] that returns [`FenceState::Pending`] gets
+    /// this code with no message; you rarely need it directly.
+    pub fn timeout(m: impl Into<String>) -> Self {
+        Self::new(Status::Timeout, m)
+    }
+    /// `MEMPLUG_STATUS_BUSY`: the request cannot be carried out now without
+    /// breaking something in use (for example a stream destroyed from one
+    /// of its own host functions).
+    pub fn busy(m: impl Into<String>) -> Self {
+        Self::new(Status::Busy, m)
     }
 }
 
@@ -54,15 +125,41 @@ impl core::fmt::Display for PluginError {
 
 impl std::error::Error for PluginError {}
 
+/// What every trait method returns.
 pub type PluginResult<T> = Result<T, PluginError>;
 
-/// A request as the plugin sees it (the prefix the host sent, zero-extended).
+/// A request as the plugin sees it: the prefix the host sent, zero-extended,
+/// after the SDK's checks.
+///
+/// By the time a trait method sees it, the SDK has refused (before calling
+/// you) every request whose `flags` has a bit no ABI minor defines, whose
+/// `size` is zero, or whose `device` is not the mechanism's, so `flags` is
+/// zero, `size` is at least 1 and `device` is the one given to
+/// [`MechanismBuilder::new`](crate::MechanismBuilder::new). For
+/// [`Allocator::allocate`] the alignment is checked too (see
+/// [`Request::alignment`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Request {
+    /// `MEMPLUG_REQUEST` flags: none is defined up to ABI 1.1, and the SDK
+    /// refuses unknown bits, so this is zero when you see it.
     pub flags: u32,
+    /// Bytes wanted; never zero when you see it.
     pub size: u64,
+    /// For [`Allocator::allocate`]: a power of two, at most the
+    /// mechanism's `max_alignment` (both checked by the SDK) and at least
+    /// its `min_alignment` — a smaller request is raised to `min_alignment`
+    /// by the SDK, so aligning to exactly this value honours both the
+    /// request and the promise `min_alignment` makes. For `reserve`,
+    /// `create` and `import_fd` the ABI says the field is ignored (they
+    /// align to the granularity): it is passed as the host sent it,
+    /// unchecked.
     pub alignment: u64,
+    /// Host-assigned identifier of the object to be made, unique for the
+    /// life of the host process. Remember it: a later reference whose
+    /// `object_id` differs is `UNKNOWN_ALLOCATION`.
     pub object_id: u64,
+    /// The device the host believes it is talking to; always the
+    /// mechanism's device when you see it.
     pub device: MemplugDevice,
     /// The raw `MEMPLUG_CLASS_*` tag (ABI 1.1); `MEMPLUG_CLASS_OTHER` when
     /// the host sent a 1.0 request. Read it through [`Request::class`],
@@ -132,36 +229,62 @@ impl RequestClass {
 }
 
 /// An object a plugin made: address (zero for a physical object), actual
-/// size, and the plugin's own handle.
+/// size, and the plugin's own handle. The SDK writes it into the host's
+/// `MemplugBlock` only when the method returns `Ok`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Block {
+    /// Device address of the first byte; zero for a physical object.
     pub addr: u64,
+    /// Bytes actually obtained: at least the bytes requested (for
+    /// reservations and physical objects, rounded up to the granularity).
     pub size: u64,
+    /// Your handle for the object, opaque to the host, which sends it back
+    /// in every [`ObjectRef`] to this object.
     pub handle: u64,
 }
 
-/// The host's name for an object the plugin made earlier. Untrusted: a
-/// plugin checks mechanism, device and handle before believing it.
+/// The host's name for an object the plugin made earlier.
+///
+/// Untrusted, but partly checked: before any trait method sees one, the
+/// SDK has refused references whose `mechanism_id` is not the mechanism's
+/// (`WRONG_MECHANISM`) or whose `device` is not the mechanism's
+/// (`WRONG_DEVICE`), in that order. What only you can check is left to you:
+/// that `handle` names a live object of yours of the kind the method takes
+/// (an allocation passed as a reservation is `UNKNOWN_ALLOCATION`), and that
+/// `object_id`, `addr` and `size` are those of that object. Compare `size`
+/// with what you recorded, never trust it as a bound.
 pub type ObjectRef = MemplugObjectRef;
 
-/// Static properties of a mechanism.
+/// Static properties of a mechanism, as [`Allocator::properties`] reports
+/// them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Properties {
+    /// Alignment every allocation has at least (a power of two).
     pub min_alignment: u64,
+    /// Largest alignment `allocate` honours (a power of two, at least
+    /// `min_alignment`); the SDK refuses larger requests.
     pub max_alignment: u64,
+    /// Granularity of virtual ranges and physical objects (a power of
+    /// two); zero when the mechanism has neither capability. The SDK
+    /// refuses ranges that are not multiples of it.
     pub granularity: u64,
 }
 
+/// Free and total memory of the device, as it reports them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct MemoryInfo {
+    /// Bytes free on the device.
     pub free_bytes: u64,
+    /// Bytes the device has in all (non-zero, at least `free_bytes`).
     pub total_bytes: u64,
 }
 
 /// Whether a fence has completed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FenceState {
+    /// The work recorded before the fence has run.
     Complete,
+    /// It has not yet.
     Pending,
 }
 
@@ -193,33 +316,102 @@ impl HostFn {
 }
 
 /// Required capability: plain allocations.
+///
+/// Every method is called through the SDK's slot functions, which run it
+/// behind a panic boundary (a panic is `MEMPLUG_STATUS_INTERNAL` with its
+/// message), turn `Err` into its code and message, and write the host's
+/// out-params only on `Ok`. Before calling you they read the host's structs
+/// as untrusted prefixes (NULL and short structs refused), check the
+/// out-param can be written, and check what the mechanism's facts decide
+/// (see each method). Methods are called from any thread, concurrently.
 pub trait Allocator: Send + Sync + 'static {
     /// Whether `memory_info` is published; when false the slot is NULL and
     /// the host reports the absence.
     const HAS_MEMORY_INFO: bool = false;
 
+    /// The mechanism's properties. Called once, by
+    /// [`MechanismBuilder::new`](crate::MechanismBuilder::new): the SDK
+    /// answers the `properties` slot with that copy and checks every request
+    /// and range against it, so it must not change afterwards. The host
+    /// refuses a mechanism whose alignments are not powers of two with
+    /// `min_alignment <= max_alignment`, or whose granularity is not a power
+    /// of two while it publishes virtual backing or shared mapping.
     fn properties(&self) -> Properties;
+
+    /// Makes an allocation of at least `request.size` bytes aligned to
+    /// `request.alignment`.
+    ///
+    /// Already checked by the SDK: no unknown flag bits, `size` non-zero,
+    /// `alignment` a power of two no larger than `max_alignment` (all
+    /// `INVALID_ARGUMENT`), `device` the mechanism's (`WRONG_DEVICE`), and
+    /// the host's out block writable. `alignment` is at least
+    /// `min_alignment` (the SDK raises smaller requests).
+    ///
+    /// Yours: sizes you cannot serve (`OUT_OF_MEMORY`, also for sizes no
+    /// object could have, such as 2^63), and remembering `object_id` with
+    /// the block so that [`Allocator::deallocate`] can check references.
     fn allocate(&self, request: &Request) -> PluginResult<Block>;
+
+    /// Frees an allocation made by [`Allocator::allocate`].
+    ///
+    /// Already checked by the SDK: `object.mechanism_id`
+    /// (`WRONG_MECHANISM`) and `object.device` (`WRONG_DEVICE`).
+    ///
+    /// Yours: that `object.handle` names a live allocation of this
+    /// mechanism (not a reservation or physical object, not already freed)
+    /// whose `object_id`, `addr` and `size` are those in the reference —
+    /// `UNKNOWN_ALLOCATION` otherwise, changing nothing.
     fn deallocate(&self, object: &ObjectRef) -> PluginResult<()>;
-    /// Called only when `HAS_MEMORY_INFO` is true.
+
+    /// Free and total bytes of the device. Called only when
+    /// `HAS_MEMORY_INFO` is true; must then not answer `UNSUPPORTED`.
     fn memory_info(&self) -> PluginResult<MemoryInfo> {
         Err(PluginError::unsupported("memory_info is not published"))
     }
 }
 
-/// Optional capability: reserve, commit, decommit, release.
+/// Optional capability: reserve address ranges, commit and decommit
+/// physical memory in them, release them.
+///
+/// Already checked by the SDK for every method, before it is called: each
+/// reservation reference's `mechanism_id` (`WRONG_MECHANISM`) and `device`
+/// (`WRONG_DEVICE`), and for `commit` and `decommit` that the range
+/// `(offset, len)` is non-empty, a multiple of the granularity at both ends
+/// and that `offset + len` does not overflow (all `OUT_OF_RANGE`). The SDK
+/// cannot know a reservation's real size, so the bound `offset + len <=
+/// size` (`OUT_OF_RANGE`) is yours, against the size you recorded.
 pub trait VirtualBacking: Send + Sync + 'static {
+    /// Reserves `request.size` bytes rounded up to the granularity, nothing
+    /// committed, at a granularity-aligned address. The request is checked
+    /// as for [`Allocator::allocate`] except the alignment, which the ABI
+    /// says is ignored and is passed unchecked. Yours: rounding (a size
+    /// that cannot be rounded is `OUT_OF_MEMORY`) and remembering
+    /// `object_id`.
     fn reserve(&self, request: &Request) -> PluginResult<Block>;
+    /// Makes `[offset, offset + len)` usable. Yours: the handle names a live
+    /// reservation (`UNKNOWN_ALLOCATION`), the range is within it
+    /// (`OUT_OF_RANGE`), no page of it is committed or mapped
+    /// (`INVALID_STATE`); on failure nothing is committed.
     fn commit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()>;
+    /// Gives the memory of `[offset, offset + len)` back; it reads as zeros
+    /// after a later commit. Yours: as for `commit`, with every page
+    /// committed (`INVALID_STATE` otherwise).
     fn decommit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()>;
+    /// Bytes committed by `commit` and not decommitted (mapped ranges do
+    /// not count). Yours: the handle (`UNKNOWN_ALLOCATION`).
     fn committed_bytes(&self, reservation: &ObjectRef) -> PluginResult<u64>;
+    /// Decommits everything, unmaps every shared mapping in the reservation
+    /// (dropping their references) and gives the range back. Yours: the
+    /// handle (`UNKNOWN_ALLOCATION`).
     fn release(&self, reservation: &ObjectRef) -> PluginResult<()>;
 }
 
 /// Access of a shared mapping.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// `MEMPLUG_ACCESS_READ`: writes through the mapping fault.
     ReadOnly,
+    /// `MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE`.
     ReadWrite,
 }
 
@@ -233,6 +425,7 @@ impl Access {
             _ => None,
         }
     }
+    /// The `MEMPLUG_ACCESS_*` bits.
     pub fn bits(self) -> u32 {
         match self {
             Access::ReadOnly => abi::MEMPLUG_ACCESS_READ,
@@ -241,9 +434,27 @@ impl Access {
     }
 }
 
-/// Optional capability: physical objects mapped into reservations.
+/// Optional capability: physical objects mapped into ranges of
+/// reservations of the same mechanism.
+///
+/// Already checked by the SDK for every method, before it is called: each
+/// object and reservation reference's `mechanism_id` (`WRONG_MECHANISM`)
+/// and `device` (`WRONG_DEVICE`); for `map` the access bits (read or
+/// read|write, else `INVALID_ARGUMENT`) and both ranges, and for `unmap`
+/// its range: non-empty, multiples of the granularity, no overflow of
+/// `offset + len` (`OUT_OF_RANGE`). Yours: handles (`UNKNOWN_ALLOCATION`,
+/// including a reservation passed as a physical object), bounds against the
+/// sizes you recorded (`OUT_OF_RANGE`), and state (`INVALID_STATE`);
+/// nothing changes on failure.
 pub trait SharedMapping: Send + Sync + 'static {
+    /// Creates a zero-filled physical object of `request.size` bytes
+    /// rounded up to the granularity, holding one reference; `addr` is
+    /// zero. The request is checked as for [`VirtualBacking::reserve`].
     fn create(&self, request: &Request) -> PluginResult<Block>;
+    /// Maps `[object_offset, object_offset + len)` of `object` at
+    /// `[offset, offset + len)` of `reservation`, adding a reference to the
+    /// object. Yours: both handles, both bounds, and that the reservation
+    /// range is neither committed nor mapped (`INVALID_STATE`).
     #[allow(clippy::too_many_arguments)]
     fn map(
         &self,
@@ -254,8 +465,15 @@ pub trait SharedMapping: Send + Sync + 'static {
         len: u64,
         access: Access,
     ) -> PluginResult<()>;
+    /// Unmaps exactly one earlier mapping that starts at `offset` of
+    /// `reservation` and spans `len` bytes, dropping its reference. Yours:
+    /// the handle, and that such a mapping exists.
     fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()>;
+    /// Adds a reference to `object`. Yours: the handle.
     fn retain(&self, object: &ObjectRef) -> PluginResult<()>;
+    /// Drops a reference from `create` or `retain`; the memory goes back
+    /// when the last reference (mappings included) is gone. Yours: the
+    /// handle, and refusing a release too many.
     fn release(&self, object: &ObjectRef) -> PluginResult<()>;
 
     /// Whether `export_fd` and `import_fd` are published (ABI 1.1,
@@ -266,7 +484,9 @@ pub trait SharedMapping: Send + Sync + 'static {
 
     /// A new descriptor for the memory of a live physical object, owned by
     /// the caller (the host, which may pass it to another process). Called
-    /// only when `CAN_EXPORT` is true.
+    /// only when `CAN_EXPORT` is true, with the reference checked as for
+    /// the other methods and the host's `out_fd` non-NULL. Yours: the
+    /// handle; make the descriptor for this call (never one you keep).
     fn export_fd(&self, _object: &ObjectRef) -> PluginResult<OwnedFd> {
         Err(PluginError::unsupported("export_fd is not published"))
     }
@@ -274,7 +494,10 @@ pub trait SharedMapping: Send + Sync + 'static {
     /// A physical object backed by the memory `fd` names, of
     /// `request.size` bytes (rounded up to the granularity), holding one
     /// reference as from `create`. `fd` stays the caller's: duplicate what
-    /// you keep. Called only when `CAN_EXPORT` is true.
+    /// you keep. Called only when `CAN_EXPORT` is true, with `fd`
+    /// non-negative and the request checked as for `create`. Yours: a
+    /// descriptor you cannot use (`INVALID_ARGUMENT`), and a size larger
+    /// than the memory behind it.
     fn import_fd(&self, _fd: BorrowedFd<'_>, _request: &Request) -> PluginResult<Block> {
         Err(PluginError::unsupported("import_fd is not published"))
     }
@@ -282,19 +505,43 @@ pub trait SharedMapping: Send + Sync + 'static {
 
 /// Optional capability: streams and fences. (Named `StreamSync` so it does
 /// not shadow `std::marker::Sync`.)
+///
+/// Streams and fences are your own non-zero `u64` handles; the SDK cannot
+/// check them, so every method that takes one must refuse a handle that
+/// names no live stream or fence of this mechanism with
+/// `UNKNOWN_ALLOCATION`. The SDK checks the host's out-pointers (non-NULL,
+/// before calling you) and a host function's pointer, and maps
+/// [`FenceState::Pending`] to `NOT_READY` (query) or `TIMEOUT` (wait)
+/// without a message.
 pub trait StreamSync: Send + Sync + 'static {
     /// Whether `stream_adopt` is published.
     const CAN_ADOPT: bool = false;
 
+    /// Creates a stream owned by the plugin.
     fn stream_create(&self) -> PluginResult<u64>;
-    /// Called only when `CAN_ADOPT` is true.
+    /// Wraps a runtime's native stream without owning it. Called only when
+    /// `CAN_ADOPT` is true; `native` is unchecked (refuse NULL with
+    /// `INVALID_ARGUMENT`).
     fn stream_adopt(&self, _native: *mut c_void) -> PluginResult<u64> {
         Err(PluginError::unsupported("stream_adopt is not published"))
     }
+    /// Destroys a stream after its submitted work has run (blocks until
+    /// then); from one of the stream's own host functions it is `BUSY` and
+    /// destroys nothing.
     fn stream_destroy(&self, stream: u64) -> PluginResult<()>;
+    /// Runs `f` on the stream after the work submitted before it: exactly
+    /// once when this returns `Ok`, never when it fails.
     fn enqueue_host_fn(&self, stream: u64, f: HostFn) -> PluginResult<()>;
+    /// Records a fence that completes when the work submitted to `stream`
+    /// before it has run.
     fn fence_record(&self, stream: u64) -> PluginResult<u64>;
+    /// Whether the fence has completed; never blocks. Monotonic: once
+    /// complete, complete until destroyed.
     fn fence_query(&self, fence: u64) -> PluginResult<FenceState>;
+    /// Blocks until the fence completes or `timeout` passes. The host's
+    /// `UINT64_MAX` nanoseconds (the largest `Duration` this is given)
+    /// means no limit: never answer `Pending` then.
     fn fence_wait(&self, fence: u64, timeout: Duration) -> PluginResult<FenceState>;
+    /// Destroys a fence handle, complete or not.
     fn fence_destroy(&self, fence: u64) -> PluginResult<()>;
 }

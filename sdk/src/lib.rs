@@ -5,8 +5,11 @@
 //! * [`Status`] — status codes as a Rust enum.
 //! * [`author`] — the traits a vendor implements ([`Allocator`] required;
 //!   [`VirtualBacking`], [`SharedMapping`], [`StreamSync`] optional).
-//! * [`export`] — builders that turn those traits into vtables, and the
-//!   [`export_plugin!`] macro that defines the entry symbol.
+//! * [`export`] — builders that turn those traits into vtables, checking
+//!   every call against the mechanism's id, device and properties before
+//!   the trait sees it, and the [`export_plugin!`] macro that defines the
+//!   entry symbol. The built plugin is freed when the host calls its
+//!   `unload` slot.
 //! * [`prefix`] — the `struct_size` prefix protocol (reading and writing
 //!   growable structs, reading bounded plugin strings), the one
 //!   implementation every reader and writer uses.
@@ -24,5 +27,5 @@ pub mod prefix;
 pub mod status;
 
 pub use author::*;
-pub use export::{BuiltMechanism, ExportedPlugin, MechanismBuilder, PluginBuilder};
+pub use export::{BuiltMechanism, ExportedPlugin, MechanismBuilder, MechanismState, PluginBuilder};
 pub use status::Status;

@@ -6,7 +6,7 @@
 //! inlined whole into the SDK's slot thunk: one slot insert or remove under
 //! a short per-shard lock, and the memory call made outside it.
 
-use crate::checks::{check_owner, check_request, unknown};
+use crate::checks::unknown;
 use crate::mechanism::CpuMechanism;
 use crate::meminfo;
 use crate::slots::Slots;
@@ -55,23 +55,22 @@ impl Allocations {
         self.table.len()
     }
 
+    /// The SDK has refused unknown flags, a zero size, another device and an
+    /// alignment that is not a power of two up to [`MAX_ALIGNMENT`] (this
+    /// mechanism's `max_alignment`), and raised it to [`MIN_ALIGNMENT`].
     #[inline(always)]
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
-        check_request(r, "allocate")?;
-        // A power of two from 1 to MAX_ALIGNMENT, in two compares: `a - 1`
-        // wraps to u64::MAX for zero, and has no bit in common with `a`
-        // exactly when `a` is a power of two.
-        let mask = r.alignment.wrapping_sub(1);
-        if mask >= MAX_ALIGNMENT || r.alignment & mask != 0 {
-            return Err(bad_alignment(r.alignment));
-        }
+        debug_assert!(r.size != 0 && r.alignment.is_power_of_two());
+        debug_assert!((MIN_ALIGNMENT..=MAX_ALIGNMENT).contains(&r.alignment));
         if r.size > MAX_SIZE {
             return Err(too_big(r.size));
         }
-        let align = r.alignment.max(MIN_ALIGNMENT);
-        // SAFETY: `align` is a power of two and the size, rounded up to it,
-        // stays within isize::MAX (both checked above), so the layout is
-        // valid; the size is non-zero (check_request), as `alloc` requires.
+        let align = r.alignment;
+        // SAFETY: `align` is a power of two at most MAX_ALIGNMENT (the SDK
+        // checked it against the properties this mechanism publishes) and
+        // the size, rounded up to it, stays within isize::MAX (checked
+        // above), so the layout is valid; the size is non-zero (the SDK
+        // refused zero), as `alloc` requires.
         // `System` rather than `std::alloc::alloc`: the host gets the C
         // allocator's memory whatever global allocator this library might
         // set, and the call skips the global-allocator shims.
@@ -89,9 +88,9 @@ impl Allocations {
         Ok(Block { addr: p as u64, size: r.size, handle })
     }
 
+    /// The SDK has refused references of another mechanism or device.
     #[inline(always)]
     fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
-        check_owner(obj, "allocation")?;
         let Some(issued) = self.table.remove(obj.handle, |e| e.is(obj)) else {
             return Err(unknown(obj, "allocation"));
         };
@@ -106,13 +105,6 @@ impl Allocations {
         };
         Ok(())
     }
-}
-
-#[cold]
-fn bad_alignment(alignment: u64) -> PluginError {
-    PluginError::invalid_argument(format!(
-        "allocate: alignment {alignment} must be a power of two from 1 to {MAX_ALIGNMENT}"
-    ))
 }
 
 #[cold]

@@ -1,42 +1,17 @@
-//! Checks shared by every capability: who an object reference belongs to,
-//! whether a request is well-formed, whether a range fits its object.
+//! Checks shared by every capability: whether a range fits its object, and
+//! the refusal of a reference no table accepts.
+//!
+//! The SDK has already checked what the mechanism's facts decide before any
+//! trait method runs: request flags, sizes and devices, the alignment of
+//! allocations, every reference's mechanism id and device, and that ranges
+//! are non-empty, granularity-aligned and do not overflow. What is left
+//! here needs this plugin's tables: handles and bounds.
 //!
 //! Failure messages are formatted here, on the failure path only; the
 //! success path of every check is a few comparisons.
 
-use crate::mechanism::{DEVICE, MECHANISM_ID, MECHANISM_NAME};
-use memplug_sdk::abi::MemplugDevice;
-use memplug_sdk::{ObjectRef, PluginError, PluginResult, Request, Status};
-
-/// Whether `d` is the device this mechanism serves, as one 64-bit compare
-/// rather than two: it runs on every allocate and every free.
-#[inline(always)]
-fn is_ours(d: &MemplugDevice) -> bool {
-    const OURS: u64 = (DEVICE.ordinal as u64) << 32 | DEVICE.kind as u64;
-    (u64::from(d.ordinal) << 32 | u64::from(d.kind)) == OURS
-}
-
-/// Refuses a reference made by another mechanism (`WRONG_MECHANISM`) or for
-/// another device (`WRONG_DEVICE`), in that order. The handle is checked by
-/// the table that owns the object kind.
-#[inline(always)]
-pub fn check_owner(obj: &ObjectRef, what: &str) -> PluginResult<()> {
-    if obj.mechanism_id != MECHANISM_ID {
-        return Err(wrong_mechanism(what, obj.mechanism_id));
-    }
-    if !is_ours(&obj.device) {
-        return Err(wrong_device(what, obj.device.kind, obj.device.ordinal));
-    }
-    Ok(())
-}
-
-#[cold]
-fn wrong_mechanism(what: &str, id: u64) -> PluginError {
-    PluginError::new(
-        Status::WrongMechanism,
-        format!("{what} belongs to mechanism {id}, not to \"{MECHANISM_NAME}\" (id {MECHANISM_ID})"),
-    )
-}
+use crate::mechanism::MECHANISM_NAME;
+use memplug_sdk::{ObjectRef, PluginError, PluginResult};
 
 /// The `UNKNOWN_ALLOCATION` failure for a reference no table accepted.
 /// Inlined, so the reference's fields are passed in registers: taking the
@@ -54,46 +29,6 @@ fn unknown_object(what: &str, handle: u64, object_id: u64, addr: u64, size: u64)
     ))
 }
 
-#[cold]
-fn wrong_device(what: &str, kind: u32, ordinal: u32) -> PluginError {
-    PluginError::new(
-        Status::WrongDevice,
-        format!(
-            "{what} names device (kind {kind}, ordinal {ordinal}); mechanism \"{MECHANISM_NAME}\" serves only \
-             CPU 0 (kind {}, ordinal {})",
-            DEVICE.kind, DEVICE.ordinal
-        ),
-    )
-}
-
-/// Checks what `allocate`, `reserve` and `create` have in common: the
-/// device, no flag bits (ABI 1.0 defines none) and a non-zero size.
-#[inline(always)]
-pub fn check_request(r: &Request, what: &str) -> PluginResult<()> {
-    if !is_ours(&r.device) {
-        return Err(wrong_device(what, r.device.kind, r.device.ordinal));
-    }
-    if r.flags != 0 {
-        return Err(unknown_flags(what, r.flags));
-    }
-    if r.size == 0 {
-        return Err(zero_size(what));
-    }
-    Ok(())
-}
-
-#[cold]
-fn zero_size(what: &str) -> PluginError {
-    PluginError::invalid_argument(format!("{what}: size is zero"))
-}
-
-#[cold]
-fn unknown_flags(what: &str, flags: u32) -> PluginError {
-    PluginError::invalid_argument(format!(
-        "{what}: request flags {flags:#x} are unknown (ABI 1.0 defines none)"
-    ))
-}
-
 /// `size` rounded up to the granularity, or `OUT_OF_MEMORY` when the
 /// rounded size does not fit in 64 bits (no such object can exist).
 pub fn round_up(size: u64, granularity: u64, what: &str) -> PluginResult<u64> {
@@ -103,8 +38,9 @@ pub fn round_up(size: u64, granularity: u64, what: &str) -> PluginResult<u64> {
 }
 
 /// Checks a range `[offset, offset + len)` inside an object of `limit`
-/// bytes: non-empty, granularity-aligned, no overflow, in bounds. Returns
-/// the end of the range.
+/// bytes: in bounds (and, as the SDK already did, non-empty,
+/// granularity-aligned, no overflow, kept so the check is whole on its
+/// own). Returns the end of the range.
 pub fn check_range(offset: u64, len: u64, limit: u64, granularity: u64, what: &str) -> PluginResult<u64> {
     let fail = |why: &str| {
         Err(PluginError::out_of_range(format!("{what} range (offset {offset:#x}, len {len:#x}) {why}")))
@@ -127,6 +63,7 @@ pub fn check_range(offset: u64, len: u64, limit: u64, granularity: u64, what: &s
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memplug_sdk::Status;
 
     #[test]
     fn ranges_are_checked_in_full() {

@@ -49,7 +49,8 @@ fn plugin() -> ExportedPlugin {
         .virtual_backing()
         .shared_mapping()
         .sync();
-    let state = mechanism.implementation();
+    // Freed with the plugin when the host unloads it.
+    let state = mechanism.state();
     PluginBuilder::new("memplug-cpu", env!("CARGO_PKG_VERSION"))
         .mechanism(mechanism.build())
         .live_objects(move || state.live_objects())

@@ -8,7 +8,7 @@
 //! the table, so a caller that found it just before the release sees the
 //! flag and touches no address that may already belong to someone else.
 
-use crate::checks::{check_owner, unknown};
+use crate::checks::unknown;
 use crate::handles::Table;
 use crate::ranges::RangeSet;
 use memplug_sdk::{ObjectRef, PluginResult};
@@ -101,10 +101,9 @@ impl Reservations {
         self.table.insert(Arc::new(r))
     }
 
-    /// Finds the reservation `obj` names, checking mechanism, device and
-    /// handle in that order.
+    /// Finds the reservation `obj` names by its handle (the SDK has checked
+    /// its mechanism and device).
     pub fn find(&self, obj: &ObjectRef) -> PluginResult<Arc<Reservation>> {
-        check_owner(obj, "reservation")?;
         self.table
             .with(obj.handle, |r| r.is(obj), |r| Arc::clone(r))
             .ok_or_else(|| unknown(obj, "reservation"))

@@ -16,7 +16,7 @@
 //! Lock order: a reservation's lock, then this table's lock; never the
 //! other way round.
 
-use crate::checks::{check_owner, check_range, check_request, round_up, unknown};
+use crate::checks::{check_range, round_up, unknown};
 use crate::classes::Counted;
 use crate::fd_sharing;
 use crate::handles::Table;
@@ -101,7 +101,6 @@ fn wrong_state(msg: String) -> PluginError {
 
 impl SharedMapping for CpuMechanism {
     fn create(&self, request: &Request) -> PluginResult<Block> {
-        check_request(request, "create")?;
         let size = round_up(request.size, self.granularity, "create")?;
         if size > self.memory_capacity {
             return Err(PluginError::out_of_memory(format!(
@@ -122,7 +121,6 @@ impl SharedMapping for CpuMechanism {
         len: u64,
         access: Access,
     ) -> PluginResult<()> {
-        check_owner(object, "physical object")?;
         let res = self.reservations.find(reservation)?;
         let mut state = res.lock(reservation)?;
         let end = check_range(offset, len, res.size, self.granularity, "map: reservation")?;
@@ -186,7 +184,6 @@ impl SharedMapping for CpuMechanism {
     }
 
     fn retain(&self, object: &ObjectRef) -> PluginResult<()> {
-        check_owner(object, "physical object")?;
         self.physical
             .table
             .with(
@@ -203,7 +200,6 @@ impl SharedMapping for CpuMechanism {
     }
 
     fn release(&self, object: &ObjectRef) -> PluginResult<()> {
-        check_owner(object, "physical object")?;
         // A last reference's memfd closes as `_last` drops, outside the lock.
         let _last = self
             .physical
@@ -223,7 +219,6 @@ impl SharedMapping for CpuMechanism {
     const CAN_EXPORT: bool = true;
 
     fn export_fd(&self, object: &ObjectRef) -> PluginResult<OwnedFd> {
-        check_owner(object, "physical object")?;
         self.physical
             .table
             .with(object.handle, |p| p.is(object), |p| fd_sharing::duplicate(&p.fd, "export_fd"))
@@ -231,7 +226,6 @@ impl SharedMapping for CpuMechanism {
     }
 
     fn import_fd(&self, fd: BorrowedFd<'_>, request: &Request) -> PluginResult<Block> {
-        check_request(request, "import_fd")?;
         let size = round_up(request.size, self.granularity, "import_fd")?;
         let kept = fd_sharing::adopt(fd, size)?;
         Ok(self.physical.insert(request, size, kept))

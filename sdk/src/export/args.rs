@@ -6,7 +6,6 @@
 use crate::abi::{self, *};
 use crate::author::*;
 use crate::prefix::{self, PrefixError, Prefixed};
-use core::ffi::c_void;
 use core::ptr::addr_of_mut;
 
 /// The refusal of the host struct `what` that the prefix protocol turned
@@ -113,9 +112,4 @@ pub(super) unsafe fn write_u64(out: *mut u64, v: u64, what: &str) -> PluginResul
     }
     out.write(v);
     Ok(())
-}
-
-#[inline]
-pub(super) unsafe fn this<'a, M>(ctx: *mut c_void) -> &'a M {
-    &*(ctx as *const M)
 }

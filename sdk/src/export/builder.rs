@@ -1,13 +1,21 @@
-//! Builders that freeze a vendor's mechanisms and plugin into the static
-//! ABI descriptors a host reads, one view per minor the SDK speaks.
+//! Builders that freeze a vendor's mechanisms and plugin into the ABI
+//! descriptors a host reads, one view per minor the SDK speaks.
+//!
+//! Everything a descriptor points at (the descriptors, sub-vtables, names,
+//! mechanism lists, contexts) is owned by the [`ExportedPlugin`], and freed
+//! with it: the entry's cell drops it when the host calls the plugin's
+//! `unload` slot ([`super::entry`]), so loading and unloading a library
+//! again and again does not grow memory.
 
-use super::args::this;
+use super::context::{Facts, MechCtx};
+use super::owned::Owned;
 use super::thunks::*;
 use crate::abi::{self, *};
 use crate::author::*;
-use core::ffi::c_void;
+use core::ffi::{c_char, c_void};
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 /// One mechanism under construction: a vendor object `M` implementing
 /// [`Allocator`] and whichever optional capabilities it opts into.
@@ -15,33 +23,79 @@ pub struct MechanismBuilder<M: 'static> {
     name: CString,
     id: u64,
     device: MemplugDevice,
-    imp: &'static M,
+    ctx: Arc<MechCtx<M>>,
     virtual_backing: Option<MemplugVirtualBacking>,
     shared_mapping: Option<MemplugSharedMapping>,
     sync: Option<MemplugSync>,
 }
 
+/// A counted reference to a mechanism's implementation, for plugin-level
+/// bookkeeping such as [`PluginBuilder::live_objects`]: it derefs to `M`.
+///
+/// The implementation is freed (its `Drop` runs) when the built plugin and
+/// every `MechanismState` of it are gone — normally when the host calls the
+/// plugin's `unload` slot, which drops the plugin and the `live_objects`
+/// function holding this.
+pub struct MechanismState<M>(Arc<MechCtx<M>>);
+
+impl<M> Clone for MechanismState<M> {
+    fn clone(&self) -> Self {
+        MechanismState(Arc::clone(&self.0))
+    }
+}
+
+impl<M> core::ops::Deref for MechanismState<M> {
+    type Target = M;
+    fn deref(&self) -> &M {
+        &self.0.imp
+    }
+}
+
 impl<M: Allocator> MechanismBuilder<M> {
-    /// `id` must be non-zero and unique in the plugin; `name` unique too.
-    /// The implementation lives as long as the loaded library.
+    /// A mechanism named `name`, with identifier `id` (non-zero, unique in
+    /// the plugin; the name unique too), serving `device`, implemented by
+    /// `imp`.
+    ///
+    /// Calls `imp.properties()` once: the id, the device and those
+    /// properties are what the SDK checks every call against before the
+    /// vendor's trait sees it (see [`Allocator`]), and the `properties`
+    /// slot answers with them.
     pub fn new(name: &str, id: u64, device: MemplugDevice, imp: M) -> Self {
+        let properties = imp.properties();
         MechanismBuilder {
             name: CString::new(name).expect("mechanism name contains NUL"),
             id,
             device,
-            imp: Box::leak(Box::new(imp)),
+            ctx: Arc::new(MechCtx { facts: Facts::new(name, id, device, properties), imp }),
             virtual_backing: None,
             shared_mapping: None,
             sync: None,
         }
     }
 
-    /// The implementation, for plugin-level bookkeeping such as
-    /// `live_objects`.
-    pub fn implementation(&self) -> &'static M {
-        self.imp
+    /// A counted reference to the implementation (see [`MechanismState`]),
+    /// freed with the plugin at unload. Prefer it to
+    /// [`MechanismBuilder::implementation`].
+    pub fn state(&self) -> MechanismState<M> {
+        MechanismState(Arc::clone(&self.ctx))
     }
 
+    /// The implementation, as a reference for the rest of the process.
+    ///
+    /// For the reference to stay valid, calling this keeps the
+    /// implementation alive for good: it is then never freed, not at
+    /// `unload` either, and every load of the library that calls this
+    /// leaks it (the descriptors are still freed). Use
+    /// [`MechanismBuilder::state`] unless something really needs a
+    /// `&'static M`.
+    pub fn implementation(&self) -> &'static M {
+        let kept = Arc::into_raw(Arc::clone(&self.ctx));
+        // SAFETY: the count taken by `into_raw` is never given back, so the
+        // context is never freed.
+        unsafe { &(*kept).imp }
+    }
+
+    /// Publishes the virtual backing capability, implemented by `M`.
     pub fn virtual_backing(mut self) -> Self
     where
         M: VirtualBacking,
@@ -58,6 +112,8 @@ impl<M: Allocator> MechanismBuilder<M> {
         self
     }
 
+    /// Publishes the shared mapping capability, implemented by `M` (with
+    /// `export_fd`/`import_fd` when `M::CAN_EXPORT`).
     pub fn shared_mapping(mut self) -> Self
     where
         M: SharedMapping,
@@ -77,6 +133,7 @@ impl<M: Allocator> MechanismBuilder<M> {
         self
     }
 
+    /// Publishes the sync capability, implemented by `M`.
     pub fn sync(mut self) -> Self
     where
         M: StreamSync,
@@ -96,23 +153,26 @@ impl<M: Allocator> MechanismBuilder<M> {
         self
     }
 
-    /// Freezes the mechanism into ABI structs that live as long as the
-    /// library (they are leaked on purpose: a plugin descriptor is static).
-    /// One descriptor per minor the SDK speaks: a host that agreed on 1.0
-    /// gets a 1.0 view (no 1.1 capability bit, 1.0-sized sub-vtables), so
-    /// it never sees what it cannot use and a 1.1 host never has to mask.
+    /// Freezes the mechanism into its ABI structs, owned by what this
+    /// returns (and then by the plugin it is added to). One descriptor per
+    /// minor the SDK speaks: a host that agreed on 1.0 gets a 1.0 view (no
+    /// 1.1 capability bit, 1.0-sized sub-vtables), so it never sees what it
+    /// cannot use and a 1.1 host never has to mask.
     pub fn build(self) -> BuiltMechanism {
-        fn leak<T>(v: Option<T>) -> *const T {
-            v.map_or(core::ptr::null(), |v| Box::leak(Box::new(v)) as *const T)
+        fn own<T>(v: Option<T>) -> Option<Owned<T>> {
+            v.map(Owned::new)
         }
-        let allocator = MemplugAllocator {
+        fn ptr<T>(v: &Option<Owned<T>>) -> *const T {
+            v.as_ref().map_or(core::ptr::null(), |o| o.ptr() as *const T)
+        }
+        let allocator = Owned::new(MemplugAllocator {
             struct_size: abi::size_1_0::ALLOCATOR,
             reserved0: 0,
             properties: Some(a_properties::<M>),
             allocate: Some(a_allocate::<M>),
             deallocate: Some(a_deallocate::<M>),
             memory_info: if M::HAS_MEMORY_INFO { Some(a_memory_info::<M>) } else { None },
-        };
+        });
         let mut caps = abi::MEMPLUG_CAP_ALLOCATOR;
         if self.virtual_backing.is_some() {
             caps |= abi::MEMPLUG_CAP_VIRTUAL_BACKING;
@@ -127,37 +187,95 @@ impl<M: Allocator> MechanismBuilder<M> {
             caps |= abi::MEMPLUG_CAP_SYNC;
         }
         // ABI 1.0's view of the shared mapping table: the 1.0 prefix only.
-        let shared_1_0 = self.shared_mapping.map(|sm| MemplugSharedMapping {
+        let shared_1_0 = own(self.shared_mapping.map(|sm| MemplugSharedMapping {
             struct_size: abi::size_1_0::SHARED_MAPPING,
             export_fd: None,
             import_fd: None,
             ..sm
-        });
+        }));
+        let virtual_backing = own(self.virtual_backing);
+        let shared_1_1 = own(self.shared_mapping);
+        let sync = own(self.sync);
+        let name = OwnedCStr::new(self.name);
         let mech_1_1 = MemplugMechanism {
             struct_size: abi::size_1_1::MECHANISM,
             capabilities: caps,
             mechanism_id: self.id,
-            name: self.name.into_raw(),
+            name: name.ptr(),
             device: self.device,
-            ctx: self.imp as *const M as *mut c_void,
-            allocator: leak(Some(allocator)),
-            virtual_backing: leak(self.virtual_backing),
-            shared_mapping: leak(self.shared_mapping),
-            sync: leak(self.sync),
+            ctx: Arc::as_ptr(&self.ctx) as *mut c_void,
+            allocator: allocator.ptr(),
+            virtual_backing: ptr(&virtual_backing),
+            shared_mapping: ptr(&shared_1_1),
+            sync: ptr(&sync),
         };
         let mech_1_0 = MemplugMechanism {
             struct_size: abi::size_1_0::MECHANISM,
             capabilities: caps & abi::MEMPLUG_CAP_ALL_1_0,
-            shared_mapping: leak(shared_1_0),
+            shared_mapping: ptr(&shared_1_0),
             ..mech_1_1
         };
-        BuiltMechanism([Box::leak(Box::new(mech_1_0)), Box::leak(Box::new(mech_1_1))])
+        BuiltMechanism {
+            views: [Owned::new(mech_1_0), Owned::new(mech_1_1)],
+            _tables: Tables {
+                _allocator: allocator,
+                _virtual_backing: virtual_backing,
+                _shared_1_0: shared_1_0,
+                _shared_1_1: shared_1_1,
+                _sync: sync,
+                _name: name,
+            },
+            _ctx: self.ctx,
+        }
     }
 }
 
 /// A mechanism frozen into its ABI descriptors, one per minor the SDK
-/// speaks (index = minor).
-pub struct BuiltMechanism([&'static MemplugMechanism; VIEWS]);
+/// speaks (index = minor), with everything they point at.
+pub struct BuiltMechanism {
+    views: [Owned<MemplugMechanism>; VIEWS],
+    _tables: Tables,
+    /// The slots' context; type-erased, kept for its drop.
+    _ctx: Arc<dyn Send + Sync>,
+}
+
+/// What a mechanism's descriptors point at, kept for its drop (never read
+/// here: the host reads it through the descriptors).
+struct Tables {
+    _allocator: Owned<MemplugAllocator>,
+    _virtual_backing: Option<Owned<MemplugVirtualBacking>>,
+    _shared_1_0: Option<Owned<MemplugSharedMapping>>,
+    _shared_1_1: Option<Owned<MemplugSharedMapping>>,
+    _sync: Option<Owned<MemplugSync>>,
+    _name: OwnedCStr,
+}
+
+/// A C string a descriptor points at, freed on drop.
+struct OwnedCStr(*mut c_char);
+
+impl OwnedCStr {
+    fn new(s: CString) -> Self {
+        OwnedCStr(s.into_raw())
+    }
+    fn ptr(&self) -> *const c_char {
+        self.0
+    }
+}
+
+impl Drop for OwnedCStr {
+    fn drop(&mut self) {
+        // SAFETY: from `CString::into_raw` in `new`, reclaimed only here.
+        drop(unsafe { CString::from_raw(self.0) });
+    }
+}
+
+// SAFETY: the descriptors and tables are immutable once built (the host only
+// reads them), the contexts are `Send + Sync`, and every slot is required by
+// the ABI to be callable from any thread.
+unsafe impl Send for BuiltMechanism {}
+unsafe impl Sync for BuiltMechanism {}
+unsafe impl Send for OwnedCStr {}
+unsafe impl Sync for OwnedCStr {}
 
 /// Number of minors this SDK writes descriptors for (1.0 and 1.1).
 const VIEWS: usize = abi::MEMPLUG_ABI_MINOR as usize + 1;
@@ -173,6 +291,8 @@ pub struct PluginBuilder {
 }
 
 impl PluginBuilder {
+    /// A plugin called `name` (unique among the plugins a host loads), at
+    /// `version`; both go into the descriptor as C strings.
     pub fn new(name: &'static str, version: &'static str) -> Self {
         PluginBuilder {
             name,
@@ -192,78 +312,116 @@ impl PluginBuilder {
         self
     }
 
+    /// Adds a built mechanism (at least one is required).
     pub fn mechanism(mut self, m: BuiltMechanism) -> Self {
         self.mechanisms.push(m);
         self
     }
 
-    /// How many objects the plugin holds alive (required: the host's unload
-    /// gate asks it).
+    /// How many objects (allocations, reservations, physical objects,
+    /// streams, fences) the plugin holds alive (required: the host's unload
+    /// gate asks it, and never unloads while it is non-zero). Give it a
+    /// [`MechanismBuilder::state`] to count from; it is dropped at unload.
+    /// A panic in it reports `u64::MAX` (the host then keeps the plugin).
     pub fn live_objects(mut self, f: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
         self.live_objects = Some(Box::new(f));
         self
     }
 
+    /// Freezes the plugin into its descriptors (one per minor).
     pub fn build(self) -> ExportedPlugin {
         let live = self.live_objects.expect("PluginBuilder::live_objects is required");
-        let live: &'static (dyn Fn() -> u64 + Send + Sync) = Box::leak(live);
-        let live_ctx: &'static LiveFn = Box::leak(Box::new(LiveFn(live)));
-        let name = CString::new(self.name).expect("plugin name contains NUL").into_raw();
-        let version = CString::new(self.version).expect("plugin version contains NUL").into_raw();
+        let ctx = Owned::new(PluginCtx { live, cell: core::ptr::null() });
+        let name = OwnedCStr::new(CString::new(self.name).expect("plugin name contains NUL"));
+        let version = OwnedCStr::new(CString::new(self.version).expect("plugin version contains NUL"));
         let count = self.mechanisms.len() as u32;
-        let descs = core::array::from_fn(|minor| {
+        let lists: [Owned<[*const MemplugMechanism]>; VIEWS] = core::array::from_fn(|minor| {
             let ptrs: Vec<*const MemplugMechanism> =
-                self.mechanisms.iter().map(|m| m.0[minor] as *const _).collect();
-            let desc = MemplugPlugin {
+                self.mechanisms.iter().map(|m| m.views[minor].ptr() as *const _).collect();
+            Owned::from_box(ptrs.into_boxed_slice())
+        });
+        let descs = core::array::from_fn(|minor| {
+            Owned::new(MemplugPlugin {
                 struct_size: abi::size_1_0::PLUGIN,
                 abi_major: abi::MEMPLUG_ABI_MAJOR,
                 min_minor: self.min_minor,
                 max_minor: self.max_minor,
-                name,
-                version,
-                ctx: live_ctx as *const LiveFn as *mut c_void,
+                name: name.ptr(),
+                version: version.ptr(),
+                ctx: ctx.ptr().cast(),
                 mechanism_count: count,
                 reserved0: 0,
-                mechanisms: Box::leak(ptrs.into_boxed_slice()).as_ptr(),
+                mechanisms: lists[minor].ptr() as *const *const MemplugMechanism,
                 live_objects: Some(live_thunk),
                 unload: None,
-            };
-            &*Box::leak(Box::new(desc))
+            })
         });
-        ExportedPlugin { descs, max_minor: self.max_minor }
+        ExportedPlugin {
+            descs,
+            max_minor: self.max_minor,
+            _lists: lists,
+            _mechanisms: self.mechanisms,
+            _strings: [name, version],
+            ctx,
+        }
     }
 }
 
-struct LiveFn(&'static (dyn Fn() -> u64 + Send + Sync));
+/// The plugin descriptor's `ctx`: the `live_objects` function, and the
+/// entry's cell the plugin lives in (set when the cell takes it), which
+/// `unload` empties.
+pub(super) struct PluginCtx {
+    live: Box<dyn Fn() -> u64 + Send + Sync>,
+    pub(super) cell: *const super::entry::PluginCell,
+}
 
 unsafe extern "C" fn live_thunk(ctx: *mut c_void) -> u64 {
     // A panic here cannot be reported through a status; report "still
     // alive" so the host refuses to unload, the conservative answer.
-    catch_unwind(AssertUnwindSafe(|| (this::<LiveFn>(ctx).0)())).unwrap_or(u64::MAX)
+    catch_unwind(AssertUnwindSafe(|| ((*(ctx as *const PluginCtx)).live)())).unwrap_or(u64::MAX)
 }
 
-/// A finished plugin descriptor (one view per minor), static for the life
-/// of the library.
+/// A finished plugin: its descriptors (one view per minor) and everything
+/// they point at, freed on drop.
 pub struct ExportedPlugin {
-    descs: [&'static MemplugPlugin; VIEWS],
+    descs: [Owned<MemplugPlugin>; VIEWS],
     max_minor: u32,
+    _lists: [Owned<[*const MemplugMechanism]>; VIEWS],
+    _mechanisms: Vec<BuiltMechanism>,
+    _strings: [OwnedCStr; 2],
+    ctx: Owned<PluginCtx>,
 }
 
-// SAFETY: the descriptor is immutable after build and every slot is required
-// by the ABI to be callable from any thread.
+// SAFETY: the descriptors are immutable once published, the context's
+// function is `Send + Sync`, its cell pointer names a `static`, and every
+// slot is required by the ABI to be callable from any thread.
 unsafe impl Send for ExportedPlugin {}
 unsafe impl Sync for ExportedPlugin {}
 
 impl ExportedPlugin {
     /// The descriptor of the newest minor the plugin speaks.
-    pub fn descriptor(&self) -> &'static MemplugPlugin {
+    pub fn descriptor(&self) -> &MemplugPlugin {
         self.descriptor_for(self.max_minor)
     }
 
     /// The descriptor a host that agreed on `minor` gets: what ABI 1.`minor`
     /// defines and nothing newer (minors past this SDK's newest get its
-    /// newest view).
-    pub fn descriptor_for(&self, minor: u32) -> &'static MemplugPlugin {
-        self.descs[(minor as usize).min(VIEWS - 1)]
+    /// newest view). Valid while `self` is.
+    pub fn descriptor_for(&self, minor: u32) -> &MemplugPlugin {
+        // SAFETY: owned by `self`, written only before it is published.
+        unsafe { &*self.descs[(minor as usize).min(VIEWS - 1)].ptr() }
+    }
+
+    /// Hands the plugin to the entry's `cell`: publishes the `unload` slot,
+    /// which gives the cell's hold back. Called once, before any
+    /// descriptor is handed out.
+    ///
+    /// # Safety
+    /// `cell` outlives the plugin and does not move (it is a `static`).
+    pub(super) unsafe fn bind(&mut self, cell: *const super::entry::PluginCell) {
+        (*self.ctx.ptr()).cell = cell;
+        for d in &self.descs {
+            (*d.ptr()).unload = Some(super::entry::unload_thunk);
+        }
     }
 }

@@ -1,24 +1,100 @@
-//! The entry symbol: negotiation of the minor with the host, and the macros
-//! that define `memplug_plugin_v1` (or an in-process twin) around a
-//! plugin's init function.
+//! The entry symbol: negotiation of the minor with the host, the cell that
+//! owns the built plugin from the first negotiation to the last `unload`,
+//! and the macros that define `memplug_plugin_v1` (or an in-process twin)
+//! around a plugin's init function.
 
 use super::args::{read_in, write_out};
-use super::builder::ExportedPlugin;
+use super::builder::{ExportedPlugin, PluginCtx};
 use super::guard::{guard, panic_text};
 use crate::abi::{self, *};
 use crate::author::*;
 use crate::status::Status;
-use std::panic::catch_unwind;
-use std::sync::OnceLock;
+use core::ffi::c_void;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// Storage for a plugin built on first negotiation.
-pub type PluginCell = OnceLock<Result<ExportedPlugin, String>>;
+/// The storage of an entry symbol's plugin (a `static` next to the entry):
+/// built on the first negotiation, freed when the last host that
+/// negotiated it calls the descriptor's `unload` slot, and built again by
+/// the next negotiation after that.
+///
+/// Every successful negotiation is one hold (a "load", in the header's
+/// words) and every `unload` gives one back: two hosts sharing one loaded
+/// library (`dlopen` hands both the same copy) each get the same
+/// descriptor, and it outlives the first `unload`. A host that never calls
+/// `unload` — it keeps a plugin whose objects are alive, or it never
+/// published a load — keeps its hold, and the plugin stays built. A
+/// negotiation that fails while nobody holds the plugin frees it at once.
+pub struct PluginCell {
+    state: Mutex<CellState>,
+}
 
-/// The body of an entry symbol: builds the plugin once, negotiates the minor
-/// with the host (two-sided), writes the answer.
+struct CellState {
+    plugin: Option<ExportedPlugin>,
+    /// Successful negotiations not yet given back by `unload`.
+    holds: u64,
+}
+
+impl PluginCell {
+    /// An empty cell, for a `static`.
+    pub const fn new() -> Self {
+        PluginCell { state: Mutex::new(CellState { plugin: None, holds: 0 }) }
+    }
+
+    /// Nothing the cell guards can be left half-changed by a panic (the
+    /// vendor's code runs inside `catch_unwind`), so a poisoned lock is used
+    /// as it is.
+    fn lock(&self) -> MutexGuard<'_, CellState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a plugin is built now (for tests of the lifecycle).
+    pub fn is_built(&self) -> bool {
+        self.lock().plugin.is_some()
+    }
+
+    /// Gives back one hold; the last frees the plugin (outside the lock, so
+    /// that the vendor's `Drop` runs without it).
+    fn unload(&self) {
+        let freed = {
+            let mut st = self.lock();
+            st.holds = st.holds.saturating_sub(1);
+            if st.holds == 0 {
+                st.plugin.take()
+            } else {
+                None
+            }
+        };
+        drop(freed);
+    }
+}
+
+impl Default for PluginCell {
+    fn default() -> Self {
+        PluginCell::new()
+    }
+}
+
+/// The descriptor's `unload` slot: the host's last call into this load of
+/// the plugin. Frees the plugin when no other load holds it.
+pub(super) unsafe extern "C" fn unload_thunk(ctx: *mut c_void) {
+    // Read the cell before the plugin (and `ctx` with it) may be freed.
+    let cell = (*(ctx as *const PluginCtx)).cell;
+    if let Some(cell) = cell.as_ref() {
+        // `unload` reports nothing; a panic in the vendor's `Drop` is caught
+        // and leaves the rest of the plugin unfreed.
+        let _ = catch_unwind(AssertUnwindSafe(|| cell.unload()));
+    }
+}
+
+/// The body of an entry symbol: builds the plugin if the cell holds none,
+/// negotiates the minor with the host (two-sided), writes the answer, and
+/// counts a hold on the plugin when it succeeded.
 ///
 /// # Safety
 /// Pointers as the entry-symbol contract (`MemplugEntryV1`) describes.
+/// `cell` is a `static` (it must outlive every descriptor it hands out, and
+/// never move), used with one `init` only.
 pub unsafe fn negotiate(
     cell: &PluginCell,
     init: fn() -> ExportedPlugin,
@@ -26,7 +102,8 @@ pub unsafe fn negotiate(
     out: *mut MemplugNegotiation,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "memplug_plugin_v1", || {
+    let mut unheld = None;
+    let status = guard(sink, "memplug_plugin_v1", || {
         let host = read_in(host, "host info")?;
         if host.abi_major != abi::MEMPLUG_ABI_MAJOR {
             return Err(PluginError::new(
@@ -34,32 +111,56 @@ pub unsafe fn negotiate(
                 format!("host speaks ABI major {}, this entry serves major 1", host.abi_major),
             ));
         }
-        let plugin = cell
-            .get_or_init(|| {
-                catch_unwind(init).map_err(|p| format!("plugin init panicked: {}", panic_text(&*p)))
-            })
-            .as_ref()
-            .map_err(|e| PluginError::internal(e.clone()))?;
-        let d = plugin.descriptor();
-        let lo = host.min_minor.max(d.min_minor);
-        let hi = host.max_minor.min(d.max_minor);
-        if lo > hi {
-            return Err(PluginError::new(
-                Status::VersionMismatch,
-                format!(
-                    "no common minor: host speaks 1.{}..=1.{}, plugin speaks 1.{}..=1.{}",
-                    host.min_minor, host.max_minor, d.min_minor, d.max_minor
-                ),
-            ));
+        let mut st = cell.lock();
+        if st.plugin.is_none() {
+            let mut built = catch_unwind(init)
+                .map_err(|p| PluginError::internal(format!("plugin init panicked: {}", panic_text(&*p))))?;
+            // SAFETY: `cell` is a static (this function's contract).
+            built.bind(cell);
+            st.plugin = Some(built);
         }
-        let answer =
-            MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: plugin.descriptor_for(hi) };
-        write_out(out, &answer, "out negotiation")
-    })
+        let answered = answer(st.plugin.as_ref().expect("built above"), &host, out);
+        match answered {
+            Ok(()) => st.holds += 1,
+            // Nobody holds what was just built (or kept from a failed
+            // negotiation): free it, after the lock is released.
+            Err(_) if st.holds == 0 => unheld = st.plugin.take(),
+            Err(_) => {}
+        }
+        answered
+    });
+    drop(unheld);
+    status
+}
+
+/// Picks the minor and writes the answer.
+unsafe fn answer(
+    plugin: &ExportedPlugin,
+    host: &MemplugHostInfo,
+    out: *mut MemplugNegotiation,
+) -> PluginResult<()> {
+    let d = plugin.descriptor();
+    let lo = host.min_minor.max(d.min_minor);
+    let hi = host.max_minor.min(d.max_minor);
+    if lo > hi {
+        return Err(PluginError::new(
+            Status::VersionMismatch,
+            format!(
+                "no common minor: host speaks 1.{}..=1.{}, plugin speaks 1.{}..=1.{}",
+                host.min_minor, host.max_minor, d.min_minor, d.max_minor
+            ),
+        ));
+    }
+    let answer = MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: plugin.descriptor_for(hi) };
+    write_out(out, &answer, "out negotiation")
 }
 
 /// Exports a plugin from a cdylib: defines the `memplug_plugin_v1` entry
-/// symbol around `init: fn() -> ExportedPlugin`.
+/// symbol around `init: fn() -> ExportedPlugin`, with a [`PluginCell`] of
+/// its own. `init` runs on the first negotiation, and again on the first
+/// after the host's `unload` freed the plugin (see [`PluginCell`]): build
+/// the implementation inside it, not in a `static` of your own, so that
+/// what you allocate is freed with it.
 ///
 /// ```ignore
 /// memplug_sdk::export_plugin!(my_plugin);
@@ -86,7 +187,9 @@ macro_rules! export_plugin {
 
 /// Defines an entry function with the `memplug_plugin_v1` signature under
 /// another, unexported name: for plugins linked into the host's own binary
-/// and handed to the loader as an in-process entry.
+/// and handed to the loader as an in-process entry. Each has its own
+/// [`PluginCell`], so its plugin is a separate instance, built and freed as
+/// for [`export_plugin!`].
 #[macro_export]
 macro_rules! declare_entry {
     ($vis:vis $name:ident, $init:path) => {

@@ -1,9 +1,12 @@
 //! The slot functions a vtable publishes, generic over the vendor's
-//! implementation `M`: each reads its arguments ([`super::args`]), calls
-//! the author trait behind [`guard`], and writes its out-params only on
-//! success.
+//! implementation `M`: each reads its arguments ([`super::args`]), checks
+//! what the mechanism's facts decide ([`super::context`]: request flags,
+//! size, alignment and device; references' mechanism and device; ranges),
+//! calls the author trait behind [`guard`], and writes its out-params only
+//! on success.
 
-use super::args::{block_capacity, object_of, request_of, this, write_block, write_out, write_u64};
+use super::args::{block_capacity, object_of, request_of, write_block, write_out, write_u64};
+use super::context::mech;
 use super::guard::guard;
 use crate::abi::*;
 use crate::author::*;
@@ -19,7 +22,8 @@ pub(super) unsafe extern "C" fn a_properties<M: Allocator>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "properties", || {
-        let p = this::<M>(ctx).properties();
+        // The copy taken at build time, which every check uses.
+        let p = mech::<M>(ctx).facts.properties;
         let v = MemplugProperties {
             struct_size: 0,
             reserved0: 0,
@@ -38,9 +42,10 @@ pub(super) unsafe extern "C" fn a_allocate<M: Allocator>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "allocate", || {
-        let r = request_of(request)?;
+        let m = mech::<M>(ctx);
+        let r = m.facts.allocation(request_of(request)?)?;
         let cap = block_capacity(out)?;
-        let b = this::<M>(ctx).allocate(&r)?;
+        let b = m.imp.allocate(&r)?;
         write_block(out, b, cap);
         Ok(())
     })
@@ -51,7 +56,12 @@ pub(super) unsafe extern "C" fn a_deallocate<M: Allocator>(
     object: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "deallocate", || this::<M>(ctx).deallocate(&object_of(object, "object")?))
+    guard(sink, "deallocate", || {
+        let m = mech::<M>(ctx);
+        let o = object_of(object, "object")?;
+        m.facts.object(&o, "deallocate: allocation")?;
+        m.imp.deallocate(&o)
+    })
 }
 
 pub(super) unsafe extern "C" fn a_memory_info<M: Allocator>(
@@ -60,7 +70,7 @@ pub(super) unsafe extern "C" fn a_memory_info<M: Allocator>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "memory_info", || {
-        let m = this::<M>(ctx).memory_info()?;
+        let m = mech::<M>(ctx).imp.memory_info()?;
         let v = MemplugMemoryInfo {
             struct_size: 0,
             reserved0: 0,
@@ -80,9 +90,11 @@ pub(super) unsafe extern "C" fn v_reserve<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "reserve", || {
+        let m = mech::<M>(ctx);
         let r = request_of(request)?;
+        m.facts.request(&r, "reserve")?;
         let cap = block_capacity(out)?;
-        let b = this::<M>(ctx).reserve(&r)?;
+        let b = m.imp.reserve(&r)?;
         write_block(out, b, cap);
         Ok(())
     })
@@ -95,7 +107,13 @@ pub(super) unsafe extern "C" fn v_commit<M: VirtualBacking>(
     len: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "commit", || this::<M>(ctx).commit(&object_of(res, "reservation")?, offset, len))
+    guard(sink, "commit", || {
+        let m = mech::<M>(ctx);
+        let r = object_of(res, "reservation")?;
+        m.facts.object(&r, "commit: reservation")?;
+        m.facts.range(offset, len, "commit")?;
+        m.imp.commit(&r, offset, len)
+    })
 }
 
 pub(super) unsafe extern "C" fn v_decommit<M: VirtualBacking>(
@@ -105,7 +123,13 @@ pub(super) unsafe extern "C" fn v_decommit<M: VirtualBacking>(
     len: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "decommit", || this::<M>(ctx).decommit(&object_of(res, "reservation")?, offset, len))
+    guard(sink, "decommit", || {
+        let m = mech::<M>(ctx);
+        let r = object_of(res, "reservation")?;
+        m.facts.object(&r, "decommit: reservation")?;
+        m.facts.range(offset, len, "decommit")?;
+        m.imp.decommit(&r, offset, len)
+    })
 }
 
 pub(super) unsafe extern "C" fn v_committed<M: VirtualBacking>(
@@ -115,7 +139,10 @@ pub(super) unsafe extern "C" fn v_committed<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "committed_bytes", || {
-        let n = this::<M>(ctx).committed_bytes(&object_of(res, "reservation")?)?;
+        let m = mech::<M>(ctx);
+        let r = object_of(res, "reservation")?;
+        m.facts.object(&r, "committed_bytes: reservation")?;
+        let n = m.imp.committed_bytes(&r)?;
         write_u64(out, n, "out_bytes")
     })
 }
@@ -125,7 +152,12 @@ pub(super) unsafe extern "C" fn v_release<M: VirtualBacking>(
     res: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "release", || this::<M>(ctx).release(&object_of(res, "reservation")?))
+    guard(sink, "release", || {
+        let m = mech::<M>(ctx);
+        let r = object_of(res, "reservation")?;
+        m.facts.object(&r, "release: reservation")?;
+        VirtualBacking::release(&m.imp, &r)
+    })
 }
 
 // ---- shared mapping thunks ----
@@ -137,9 +169,11 @@ pub(super) unsafe extern "C" fn s_create<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "create", || {
+        let m = mech::<M>(ctx);
         let r = request_of(request)?;
+        m.facts.request(&r, "create")?;
         let cap = block_capacity(out)?;
-        let b = this::<M>(ctx).create(&r)?;
+        let b = m.imp.create(&r)?;
         write_block(out, b, cap);
         Ok(())
     })
@@ -162,14 +196,14 @@ pub(super) unsafe extern "C" fn s_map<M: SharedMapping>(
                 "access {access:#x} is neither MEMPLUG_ACCESS_READ nor READ|WRITE"
             ))
         })?;
-        this::<M>(ctx).map(
-            &object_of(object, "object")?,
-            object_offset,
-            &object_of(res, "reservation")?,
-            offset,
-            len,
-            acc,
-        )
+        let m = mech::<M>(ctx);
+        let o = object_of(object, "object")?;
+        let r = object_of(res, "reservation")?;
+        m.facts.object(&o, "map: physical object")?;
+        m.facts.object(&r, "map: reservation")?;
+        m.facts.range(object_offset, len, "map: physical object")?;
+        m.facts.range(offset, len, "map: reservation")?;
+        m.imp.map(&o, object_offset, &r, offset, len, acc)
     })
 }
 
@@ -180,7 +214,13 @@ pub(super) unsafe extern "C" fn s_unmap<M: SharedMapping>(
     len: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "unmap", || this::<M>(ctx).unmap(&object_of(res, "reservation")?, offset, len))
+    guard(sink, "unmap", || {
+        let m = mech::<M>(ctx);
+        let r = object_of(res, "reservation")?;
+        m.facts.object(&r, "unmap: reservation")?;
+        m.facts.range(offset, len, "unmap")?;
+        m.imp.unmap(&r, offset, len)
+    })
 }
 
 pub(super) unsafe extern "C" fn s_retain<M: SharedMapping>(
@@ -188,7 +228,12 @@ pub(super) unsafe extern "C" fn s_retain<M: SharedMapping>(
     object: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "retain", || this::<M>(ctx).retain(&object_of(object, "object")?))
+    guard(sink, "retain", || {
+        let m = mech::<M>(ctx);
+        let o = object_of(object, "object")?;
+        m.facts.object(&o, "retain: physical object")?;
+        m.imp.retain(&o)
+    })
 }
 
 pub(super) unsafe extern "C" fn s_release<M: SharedMapping>(
@@ -196,7 +241,12 @@ pub(super) unsafe extern "C" fn s_release<M: SharedMapping>(
     object: *const MemplugObjectRef,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "release", || SharedMapping::release(this::<M>(ctx), &object_of(object, "object")?))
+    guard(sink, "release", || {
+        let m = mech::<M>(ctx);
+        let o = object_of(object, "object")?;
+        m.facts.object(&o, "release: physical object")?;
+        SharedMapping::release(&m.imp, &o)
+    })
 }
 
 pub(super) unsafe extern "C" fn s_export_fd<M: SharedMapping>(
@@ -211,7 +261,10 @@ pub(super) unsafe extern "C" fn s_export_fd<M: SharedMapping>(
         if out_fd.is_null() {
             return Err(PluginError::invalid_argument("out_fd is NULL"));
         }
-        let fd = this::<M>(ctx).export_fd(&object_of(object, "object")?)?;
+        let m = mech::<M>(ctx);
+        let o = object_of(object, "object")?;
+        m.facts.object(&o, "export_fd: physical object")?;
+        let fd = m.imp.export_fd(&o)?;
         out_fd.write(std::os::fd::IntoRawFd::into_raw_fd(fd));
         Ok(())
     })
@@ -228,12 +281,14 @@ pub(super) unsafe extern "C" fn s_import_fd<M: SharedMapping>(
         if fd < 0 {
             return Err(PluginError::invalid_argument(format!("fd {fd} is not a file descriptor")));
         }
+        let m = mech::<M>(ctx);
         let r = request_of(request)?;
+        m.facts.request(&r, "import_fd")?;
         let cap = block_capacity(out)?;
         // SAFETY: the caller keeps `fd` open for the duration of the call
         // (ABI contract); the plugin only borrows it.
         let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
-        let b = this::<M>(ctx).import_fd(borrowed, &r)?;
+        let b = m.imp.import_fd(borrowed, &r)?;
         write_block(out, b, cap);
         Ok(())
     })
@@ -250,7 +305,7 @@ pub(super) unsafe extern "C" fn y_stream_create<M: StreamSync>(
         if out.is_null() {
             return Err(PluginError::invalid_argument("out_stream is NULL"));
         }
-        let s = this::<M>(ctx).stream_create()?;
+        let s = mech::<M>(ctx).imp.stream_create()?;
         write_u64(out, s, "out_stream")
     })
 }
@@ -265,7 +320,7 @@ pub(super) unsafe extern "C" fn y_stream_adopt<M: StreamSync>(
         if out.is_null() {
             return Err(PluginError::invalid_argument("out_stream is NULL"));
         }
-        let s = this::<M>(ctx).stream_adopt(native)?;
+        let s = mech::<M>(ctx).imp.stream_adopt(native)?;
         write_u64(out, s, "out_stream")
     })
 }
@@ -275,7 +330,7 @@ pub(super) unsafe extern "C" fn y_stream_destroy<M: StreamSync>(
     stream: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "stream_destroy", || this::<M>(ctx).stream_destroy(stream))
+    guard(sink, "stream_destroy", || mech::<M>(ctx).imp.stream_destroy(stream))
 }
 
 pub(super) unsafe extern "C" fn y_enqueue<M: StreamSync>(
@@ -287,7 +342,7 @@ pub(super) unsafe extern "C" fn y_enqueue<M: StreamSync>(
 ) -> MemplugStatus {
     guard(sink, "enqueue_host_fn", || {
         let f = func.ok_or_else(|| PluginError::invalid_argument("func is NULL"))?;
-        this::<M>(ctx).enqueue_host_fn(stream, HostFn::new(f, userdata))
+        mech::<M>(ctx).imp.enqueue_host_fn(stream, HostFn::new(f, userdata))
     })
 }
 
@@ -301,7 +356,7 @@ pub(super) unsafe extern "C" fn y_fence_record<M: StreamSync>(
         if out.is_null() {
             return Err(PluginError::invalid_argument("out_fence is NULL"));
         }
-        let f = this::<M>(ctx).fence_record(stream)?;
+        let f = mech::<M>(ctx).imp.fence_record(stream)?;
         write_u64(out, f, "out_fence")
     })
 }
@@ -321,7 +376,7 @@ pub(super) unsafe extern "C" fn y_fence_query<M: StreamSync>(
     fence: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "fence_query", || fence_status(this::<M>(ctx).fence_query(fence)?, Status::NotReady))
+    guard(sink, "fence_query", || fence_status(mech::<M>(ctx).imp.fence_query(fence)?, Status::NotReady))
 }
 
 pub(super) unsafe extern "C" fn y_fence_wait<M: StreamSync>(
@@ -331,7 +386,7 @@ pub(super) unsafe extern "C" fn y_fence_wait<M: StreamSync>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "fence_wait", || {
-        let st = this::<M>(ctx).fence_wait(fence, Duration::from_nanos(timeout_ns))?;
+        let st = mech::<M>(ctx).imp.fence_wait(fence, Duration::from_nanos(timeout_ns))?;
         fence_status(st, Status::Timeout)
     })
 }
@@ -341,5 +396,5 @@ pub(super) unsafe extern "C" fn y_fence_destroy<M: StreamSync>(
     fence: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "fence_destroy", || this::<M>(ctx).fence_destroy(fence))
+    guard(sink, "fence_destroy", || mech::<M>(ctx).imp.fence_destroy(fence))
 }

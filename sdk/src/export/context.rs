@@ -1,0 +1,196 @@
+//! The per-mechanism context every slot receives as `ctx`: the vendor's
+//! implementation next to the facts the export layer knows about the
+//! mechanism at build time (its id, device and properties), and the checks
+//! those facts decide, made before the vendor's trait is called.
+//!
+//! Each check's success path is a few compares against fields of the
+//! context the slot already holds; every refusal is formatted out of line,
+//! on the failure path only.
+
+use crate::abi::MemplugDevice;
+use crate::author::*;
+use crate::status::Status;
+
+/// Request flag bits some ABI minor defines: none, up to 1.1.
+pub(super) const KNOWN_REQUEST_FLAGS: u32 = 0;
+
+/// What a slot's `ctx` points at: an `Arc<MechCtx<M>>`'s contents, shared
+/// by the built mechanism and every [`MechanismState`](super::MechanismState).
+pub(super) struct MechCtx<M> {
+    pub(super) facts: Facts,
+    pub(super) imp: M,
+}
+
+/// What the export layer knows of a mechanism, fixed at build time.
+pub(super) struct Facts {
+    pub(super) id: u64,
+    /// The device as one word ([`device_word`]): one compare per check.
+    device: u64,
+    min_alignment: u64,
+    max_alignment: u64,
+    /// `granularity - 1` when the granularity is a power of two; all ones
+    /// otherwise (no range is a multiple of a granularity that is not one).
+    granule_mask: u64,
+    pub(super) properties: Properties,
+    name: Box<str>,
+}
+
+/// A device as one 64-bit word: two fields compared in one instruction.
+#[inline(always)]
+fn device_word(d: MemplugDevice) -> u64 {
+    u64::from(d.ordinal) << 32 | u64::from(d.kind)
+}
+
+/// Slot contexts are `*mut c_void`; this is the one cast back.
+///
+/// # Safety
+/// `ctx` is the `ctx` of a mechanism descriptor built for `M`, whose
+/// plugin has not been unloaded.
+#[inline(always)]
+pub(super) unsafe fn mech<'a, M>(ctx: *mut core::ffi::c_void) -> &'a MechCtx<M> {
+    &*(ctx as *const MechCtx<M>)
+}
+
+impl Facts {
+    pub(super) fn new(name: &str, id: u64, device: MemplugDevice, properties: Properties) -> Facts {
+        let g = properties.granularity;
+        Facts {
+            id,
+            device: device_word(device),
+            min_alignment: properties.min_alignment,
+            max_alignment: properties.max_alignment,
+            granule_mask: if g.is_power_of_two() { g - 1 } else { u64::MAX },
+            properties,
+            name: name.into(),
+        }
+    }
+
+    fn device(&self) -> (u32, u32) {
+        (self.device as u32, (self.device >> 32) as u32)
+    }
+
+    /// The request of `allocate` as the vendor sees it: no unknown flags, a
+    /// non-zero size, the mechanism's device, and an alignment that is a
+    /// power of two at most `max_alignment`, raised to `min_alignment`.
+    #[inline(always)]
+    pub(super) fn allocation(&self, r: Request) -> PluginResult<Request> {
+        // `a - 1` wraps to all ones for zero (above any maximum), and has
+        // no bit in common with `a` exactly when `a` is a power of two.
+        let mask = r.alignment.wrapping_sub(1);
+        let ok = (r.flags & !KNOWN_REQUEST_FLAGS == 0)
+            & (r.size != 0)
+            & (device_word(r.device) == self.device)
+            & (r.alignment & mask == 0)
+            & (mask < self.max_alignment);
+        if !ok {
+            return Err(self.refuse_allocation(r.flags, r.size, r.alignment, r.device));
+        }
+        Ok(Request { alignment: r.alignment.max(self.min_alignment), ..r })
+    }
+
+    /// The request of `reserve`, `create` and `import_fd` (`what`): as for
+    /// `allocate` without the alignment, which the ABI says they ignore.
+    #[inline(always)]
+    pub(super) fn request(&self, r: &Request, what: &'static str) -> PluginResult<()> {
+        let ok =
+            (r.flags & !KNOWN_REQUEST_FLAGS == 0) & (r.size != 0) & (device_word(r.device) == self.device);
+        if !ok {
+            return Err(self.refuse_request(what, r.flags, r.size, r.device));
+        }
+        Ok(())
+    }
+
+    /// A reference to an object of this mechanism: its `mechanism_id` and
+    /// `device` (`what` names the object for the message).
+    #[inline(always)]
+    pub(super) fn object(&self, o: &ObjectRef, what: &'static str) -> PluginResult<()> {
+        if (o.mechanism_id != self.id) | (device_word(o.device) != self.device) {
+            return Err(self.refuse_object(what, o.mechanism_id, o.device));
+        }
+        Ok(())
+    }
+
+    /// A range `(offset, len)`: non-empty, both ends on the granularity, and
+    /// `offset + len` within 64 bits. Its bound against the object's size
+    /// is the vendor's to check (only the vendor knows the size).
+    #[inline(always)]
+    pub(super) fn range(&self, offset: u64, len: u64, what: &'static str) -> PluginResult<()> {
+        let ok = (len != 0) & ((offset | len) & self.granule_mask == 0) & offset.checked_add(len).is_some();
+        if !ok {
+            return Err(self.refuse_range(what, offset, len));
+        }
+        Ok(())
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refuse_allocation(&self, flags: u32, size: u64, alignment: u64, device: MemplugDevice) -> PluginError {
+        if let Err(e) =
+            self.request(&Request { flags, size, alignment, object_id: 0, device, class_tag: 0 }, "allocate")
+        {
+            return e;
+        }
+        PluginError::invalid_argument(format!(
+            "allocate: alignment {alignment} must be a power of two from 1 to {} (max_alignment of \
+             mechanism \"{}\")",
+            self.max_alignment, self.name
+        ))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refuse_request(&self, what: &str, flags: u32, size: u64, device: MemplugDevice) -> PluginError {
+        if device_word(device) != self.device {
+            return self.wrong_device(what, "request", device);
+        }
+        if flags & !KNOWN_REQUEST_FLAGS != 0 {
+            return PluginError::invalid_argument(format!(
+                "{what}: request flags {flags:#x} have bits no ABI minor up to 1.{} defines",
+                crate::abi::MEMPLUG_ABI_MINOR
+            ));
+        }
+        debug_assert_eq!(size, 0);
+        PluginError::invalid_argument(format!("{what}: size is zero"))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refuse_object(&self, what: &str, mechanism_id: u64, device: MemplugDevice) -> PluginError {
+        if mechanism_id != self.id {
+            return PluginError::wrong_mechanism(format!(
+                "{what} belongs to mechanism {mechanism_id}, not to \"{}\" (id {})",
+                self.name, self.id
+            ));
+        }
+        self.wrong_device(what, "reference", device)
+    }
+
+    fn wrong_device(&self, what: &str, kind_of: &str, d: MemplugDevice) -> PluginError {
+        let (kind, ordinal) = self.device();
+        PluginError::wrong_device(format!(
+            "{what}: the {kind_of} names device (kind {}, ordinal {}); mechanism \"{}\" serves only (kind \
+             {kind}, ordinal {ordinal})",
+            d.kind, d.ordinal, self.name
+        ))
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refuse_range(&self, what: &str, offset: u64, len: u64) -> PluginError {
+        let g = self.properties.granularity;
+        let why = if len == 0 {
+            "is empty".to_string()
+        } else if !g.is_power_of_two() {
+            return PluginError::internal(format!(
+                "{what}: mechanism \"{}\" publishes granularity {g}, not a power of two, so no range can \
+                 be checked",
+                self.name
+            ));
+        } else if (offset | len) & self.granule_mask != 0 {
+            format!("is not aligned to the granularity of {g:#x} bytes")
+        } else {
+            "overflows: offset + len exceeds 2^64".to_string()
+        };
+        PluginError::new(Status::OutOfRange, format!("{what} range (offset {offset:#x}, len {len:#x}) {why}"))
+    }
+}
