@@ -388,9 +388,9 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "shared_mapping.physical_identity",
-        "map, retain, release and export_fd of a physical object naming another mechanism, another device, a \
-         forged handle, another object id or size, or a released object are refused with their codes; nothing \
-         changes",
+        "map, retain, release and export_fd of a physical object naming another mechanism, another device, \
+         a forged handle, another object id or size, or a released object are refused with their codes; \
+         nothing changes",
     ),
     per_mechanism(
         "sync.streams",
@@ -416,7 +416,8 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "sync.wait_forever",
-        "fence_wait(UINT64_MAX) on a fence behind ~50 ms of work returns OK, never TIMEOUT (under a watchdog)",
+        "fence_wait(UINT64_MAX) on a fence behind ~50 ms of work returns OK, never TIMEOUT (under a \
+         watchdog)",
     ),
     per_mechanism(
         "sync.fence_monotonic",
@@ -425,8 +426,8 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "sync.enqueue_refusal",
-        "a host function whose enqueue_host_fn was refused (stream 0, never made, forged, destroyed) never runs; \
-         an accepted one runs exactly once",
+        "a host function whose enqueue_host_fn was refused (stream 0, never made, forged, destroyed) never \
+         runs; an accepted one runs exactly once",
     ),
     per_mechanism(
         "concurrency.allocator",
@@ -489,7 +490,9 @@ mod tests {
             let (group, name) = c.name.split_once('.').expect("group.name");
             assert!(!group.is_empty() && !name.is_empty(), "{}", c.name);
             assert!(
-                c.name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.'),
+                c.name
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'.'),
                 "{}",
                 c.name
             );
