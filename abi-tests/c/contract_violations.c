@@ -36,6 +36,8 @@
  * VIOLATE_RUN_REFUSED         enqueue_host_fn on stream 0 runs the    sync.enqueue_refusal
  *                             function ("default stream") yet
  *                             returns UNKNOWN_ALLOCATION
+ * VIOLATE_COUNTS_MAPPED       committed_bytes also counts the bytes   shared_mapping.mapped_not_committed
+ *                             mapped into the reservation
  * VIOLATE_MAP_TRYLOCK         map takes its lock with trylock and     concurrency.shared_mapping
  *                             refuses (INTERNAL) when another map
  *                             holds it
@@ -67,7 +69,8 @@
 #if (defined(VIOLATE_EXPORT_OWN_FD) + defined(VIOLATE_EXPORT_KEPT_DUP) + defined(VIOLATE_RELEASE_KEEPS_MAPS) + \
      defined(VIOLATE_DESTROY_FENCES) + defined(VIOLATE_WAIT_FOREVER) + defined(VIOLATE_FENCE_REGRESS) +         \
      defined(VIOLATE_PHYS_IDENTITY) + defined(VIOLATE_EXPORT_AT_1_0) + defined(VIOLATE_BLOCK_SIZE) +             \
-     defined(VIOLATE_SAME_ADDRESS) + defined(VIOLATE_RUN_REFUSED) + defined(VIOLATE_MAP_TRYLOCK)) > 1
+     defined(VIOLATE_SAME_ADDRESS) + defined(VIOLATE_RUN_REFUSED) + defined(VIOLATE_MAP_TRYLOCK) +               \
+     defined(VIOLATE_COUNTS_MAPPED)) > 1
 #error "define at most one VIOLATE_* variant"
 #endif
 
@@ -644,6 +647,16 @@ static MemplugStatus cv_committed_bytes(void *ctx, const MemplugObjectRef *reser
     st = find_res(&ref, &i, &why);
     if (st == MEMPLUG_STATUS_OK) {
         *out_bytes = g_res[i].committed;
+#ifdef VIOLATE_COUNTS_MAPPED
+        {
+            uint32_t m;
+            for (m = 0; m < CV_MAPPINGS; m++) {
+                if (g_maps[m].used && g_maps[m].res == (uint32_t)i) {
+                    *out_bytes += g_maps[m].len;
+                }
+            }
+        }
+#endif
     }
     unlock();
     return st == MEMPLUG_STATUS_OK ? st : say(sink, st, why);

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The checks these tests are about.
-const CONTRACT_CHECKS: [&str; 11] = [
+const CONTRACT_CHECKS: [&str; 12] = [
     "shared_mapping.export_is_fresh_fd",
     "virtual_backing.release_drops_mappings",
     "sync.fence_after_stream_destroy",
@@ -31,6 +31,7 @@ const CONTRACT_CHECKS: [&str; 11] = [
     "identity.no_overlap",
     "concurrency.shared_mapping",
     "sync.enqueue_refusal",
+    "shared_mapping.mapped_not_committed",
 ];
 
 /// Serialises kit runs (see the module documentation).
@@ -143,6 +144,7 @@ violations! {
     one_address_handed_out_twice: "VIOLATE_SAME_ADDRESS" => "identity.no_overlap";
     running_a_refused_host_function: "VIOLATE_RUN_REFUSED" => "sync.enqueue_refusal";
     map_refusing_concurrent_maps: "VIOLATE_MAP_TRYLOCK" => "concurrency.shared_mapping";
+    committed_bytes_counting_mapped_ranges: "VIOLATE_COUNTS_MAPPED" => "shared_mapping.mapped_not_committed";
 }
 
 #[test]

@@ -364,6 +364,10 @@ pub const CHECKS: &[CheckInfo] = &[
          mapping is refused",
     ),
     per_mechanism(
+        "shared_mapping.mapped_not_committed",
+        "committed_bytes counts what commit committed and never a mapped range, before and after unmap",
+    ),
+    per_mechanism(
         "shared_mapping.out_of_range",
         "object or reservation ranges out of bounds are refused with OUT_OF_RANGE",
     ),

@@ -12,11 +12,12 @@ const RO: u32 = MEMPLUG_ACCESS_READ;
 
 pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
-    let checks: [(&'static str, bool, bool, CheckFn); 10] = [
+    let checks: [(&'static str, bool, bool, CheckFn); 11] = [
         ("shared_mapping.create", false, false, create),
         ("shared_mapping.coherence", true, true, coherence),
         ("shared_mapping.read_only", true, true, read_only),
         ("shared_mapping.invalid_state", true, false, invalid_state),
+        ("shared_mapping.mapped_not_committed", true, false, mapped_not_committed),
         ("shared_mapping.out_of_range", true, false, out_of_range),
         ("shared_mapping.unknown_access", true, false, unknown_access),
         ("shared_mapping.references", true, false, references),
@@ -141,6 +142,30 @@ fn read_only(ctx: &Ctx, m: &Mech) -> Checked {
         ChildEnd::Exited(0) => fail!("a write through the read-only view succeeded (the child lived on)"),
         other => fail!("the child writing through the read-only view {}", other.describe()),
     }
+}
+
+/// `committed_bytes` counts what `commit` committed, never what a mapping
+/// brings: a mapped range is the physical object's memory.
+fn mapped_not_committed(ctx: &Ctx, m: &Mech) -> Checked {
+    let g = m.props.granularity;
+    let mut s = Scope::new(ctx, m);
+    let o = s.create_ok(2 * g)?;
+    let r = s.reserve_ok(8 * g)?;
+    let committed = |what: &str, want: u64| -> Checked {
+        let (st, n) = m.committed(&ctx.log, &r);
+        expect(st, &[MEMPLUG_STATUS_OK], &format!("committed_bytes {what}"))?;
+        ensure!(n == want, "committed_bytes {what} is {n}, expected {want}");
+        Ok(String::new())
+    };
+    expect(s.map(&o, 0, &r, 0, 2 * g, RW), &[MEMPLUG_STATUS_OK], "map at [0, 2g)")?;
+    committed("with [0, 2g) mapped and nothing committed", 0)?;
+    expect(m.commit(&ctx.log, &r, 4 * g, g), &[MEMPLUG_STATUS_OK], "commit [4g, 5g)")?;
+    committed("with [0, 2g) mapped and [4g, 5g) committed", g)?;
+    expect(s.unmap(&r, 0, 2 * g), &[MEMPLUG_STATUS_OK], "unmap [0, 2g)")?;
+    committed("after the unmap", g)?;
+    expect(m.decommit(&ctx.log, &r, 4 * g, g), &[MEMPLUG_STATUS_OK], "decommit [4g, 5g)")?;
+    committed("after the decommit", 0)?;
+    Ok("mapped ranges are never counted as committed bytes".into())
 }
 
 fn invalid_state(ctx: &Ctx, m: &Mech) -> Checked {
