@@ -6,13 +6,55 @@
 //! on success.
 
 use super::args::{block_capacity, object_of, request_of, write_block, write_out, write_u64};
-use super::context::mech;
+use super::context::{mech, MechCtx};
 use super::guard::guard;
 use crate::abi::*;
 use crate::author::*;
 use crate::status::Status;
 use core::ffi::c_void;
 use std::time::Duration;
+
+impl<M> MechCtx<M> {
+    /// Reads an object reference (`kind` names the argument when it is
+    /// malformed) and checks it names this mechanism and device (`what`
+    /// names the object in the refusal).
+    ///
+    /// # Safety
+    /// `p` as for [`object_of`].
+    #[inline(always)]
+    unsafe fn object(
+        &self,
+        p: *const MemplugObjectRef,
+        kind: &'static str,
+        what: &'static str,
+    ) -> PluginResult<ObjectRef> {
+        let o = object_of(p, kind)?;
+        self.facts.object(&o, what)?;
+        Ok(o)
+    }
+
+    /// The body of every slot that makes an object from a request other
+    /// than `allocate` (`reserve`, `create`, `import_fd`): read and check
+    /// the request, check the out-block before anything is made, make it,
+    /// write the block.
+    ///
+    /// # Safety
+    /// `request` as for [`request_of`], `out` as for [`block_capacity`].
+    #[inline(always)]
+    unsafe fn make_block(
+        &self,
+        request: *const MemplugRequest,
+        out: *mut MemplugBlock,
+        what: &'static str,
+        make: impl FnOnce(&Request) -> PluginResult<Block>,
+    ) -> PluginResult<()> {
+        let r = request_of(request)?;
+        self.facts.request(&r, what)?;
+        let cap = block_capacity(out)?;
+        write_block(out, make(&r)?, cap);
+        Ok(())
+    }
+}
 
 // ---- allocator thunks ----
 
@@ -58,8 +100,7 @@ pub(super) unsafe extern "C" fn a_deallocate<M: Allocator>(
 ) -> MemplugStatus {
     guard(sink, "deallocate", || {
         let m = mech::<M>(ctx);
-        let o = object_of(object, "object")?;
-        m.facts.object(&o, "deallocate: allocation")?;
+        let o = m.object(object, "object", "deallocate: allocation")?;
         m.imp.deallocate(&o)
     })
 }
@@ -91,12 +132,7 @@ pub(super) unsafe extern "C" fn v_reserve<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "reserve", || {
         let m = mech::<M>(ctx);
-        let r = request_of(request)?;
-        m.facts.request(&r, "reserve")?;
-        let cap = block_capacity(out)?;
-        let b = m.imp.reserve(&r)?;
-        write_block(out, b, cap);
-        Ok(())
+        m.make_block(request, out, "reserve", |r| m.imp.reserve(r))
     })
 }
 
@@ -109,8 +145,7 @@ pub(super) unsafe extern "C" fn v_commit<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "commit", || {
         let m = mech::<M>(ctx);
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "commit: reservation")?;
+        let r = m.object(res, "reservation", "commit: reservation")?;
         m.facts.range(offset, len, "commit")?;
         m.imp.commit(&r, offset, len)
     })
@@ -125,8 +160,7 @@ pub(super) unsafe extern "C" fn v_decommit<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "decommit", || {
         let m = mech::<M>(ctx);
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "decommit: reservation")?;
+        let r = m.object(res, "reservation", "decommit: reservation")?;
         m.facts.range(offset, len, "decommit")?;
         m.imp.decommit(&r, offset, len)
     })
@@ -140,8 +174,7 @@ pub(super) unsafe extern "C" fn v_committed<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "committed_bytes", || {
         let m = mech::<M>(ctx);
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "committed_bytes: reservation")?;
+        let r = m.object(res, "reservation", "committed_bytes: reservation")?;
         let n = m.imp.committed_bytes(&r)?;
         write_u64(out, n, "out_bytes")
     })
@@ -154,8 +187,7 @@ pub(super) unsafe extern "C" fn v_release<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "release", || {
         let m = mech::<M>(ctx);
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "release: reservation")?;
+        let r = m.object(res, "reservation", "release: reservation")?;
         VirtualBacking::release(&m.imp, &r)
     })
 }
@@ -170,12 +202,7 @@ pub(super) unsafe extern "C" fn s_create<M: SharedMapping>(
 ) -> MemplugStatus {
     guard(sink, "create", || {
         let m = mech::<M>(ctx);
-        let r = request_of(request)?;
-        m.facts.request(&r, "create")?;
-        let cap = block_capacity(out)?;
-        let b = m.imp.create(&r)?;
-        write_block(out, b, cap);
-        Ok(())
+        m.make_block(request, out, "create", |r| m.imp.create(r))
     })
 }
 
@@ -216,8 +243,7 @@ pub(super) unsafe extern "C" fn s_unmap<M: SharedMapping>(
 ) -> MemplugStatus {
     guard(sink, "unmap", || {
         let m = mech::<M>(ctx);
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "unmap: reservation")?;
+        let r = m.object(res, "reservation", "unmap: reservation")?;
         m.facts.range(offset, len, "unmap")?;
         m.imp.unmap(&r, offset, len)
     })
@@ -230,8 +256,7 @@ pub(super) unsafe extern "C" fn s_retain<M: SharedMapping>(
 ) -> MemplugStatus {
     guard(sink, "retain", || {
         let m = mech::<M>(ctx);
-        let o = object_of(object, "object")?;
-        m.facts.object(&o, "retain: physical object")?;
+        let o = m.object(object, "object", "retain: physical object")?;
         m.imp.retain(&o)
     })
 }
@@ -243,8 +268,7 @@ pub(super) unsafe extern "C" fn s_release<M: SharedMapping>(
 ) -> MemplugStatus {
     guard(sink, "release", || {
         let m = mech::<M>(ctx);
-        let o = object_of(object, "object")?;
-        m.facts.object(&o, "release: physical object")?;
+        let o = m.object(object, "object", "release: physical object")?;
         SharedMapping::release(&m.imp, &o)
     })
 }
@@ -262,8 +286,7 @@ pub(super) unsafe extern "C" fn s_export_fd<M: SharedMapping>(
             return Err(PluginError::invalid_argument("out_fd is NULL"));
         }
         let m = mech::<M>(ctx);
-        let o = object_of(object, "object")?;
-        m.facts.object(&o, "export_fd: physical object")?;
+        let o = m.object(object, "object", "export_fd: physical object")?;
         let fd = m.imp.export_fd(&o)?;
         out_fd.write(std::os::fd::IntoRawFd::into_raw_fd(fd));
         Ok(())
@@ -282,15 +305,10 @@ pub(super) unsafe extern "C" fn s_import_fd<M: SharedMapping>(
             return Err(PluginError::invalid_argument(format!("fd {fd} is not a file descriptor")));
         }
         let m = mech::<M>(ctx);
-        let r = request_of(request)?;
-        m.facts.request(&r, "import_fd")?;
-        let cap = block_capacity(out)?;
         // SAFETY: the caller keeps `fd` open for the duration of the call
         // (ABI contract); the plugin only borrows it.
         let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
-        let b = m.imp.import_fd(borrowed, &r)?;
-        write_block(out, b, cap);
-        Ok(())
+        m.make_block(request, out, "import_fd", |r| m.imp.import_fd(borrowed, r))
     })
 }
 
