@@ -1,23 +1,36 @@
 //! A plugin exports only its versioned entry symbols (DESIGN.md section 3,
-//! Symbols): `nm -D --defined-only` of each plugin library lists exactly
-//! `memplug_plugin_v1`.
+//! Symbols): the dynamic symbol table of each plugin library, read as the
+//! conformance kit reads it (`memplug_conformance::elf::exported_symbols`:
+//! defined, global or weak, default or protected visibility, version
+//! definitions left out), lists exactly `memplug_plugin_v1`.
 //!
 //! * the reference CPU plugin cdylib (`libmemplug_plugin_cpu.so`, built by
 //!   cargo because `memplug-plugin-cpu` is a dev-dependency; override the
 //!   path with `MEMPLUG_CPU_PLUGIN`);
 //! * the C example plugin, compiled here with gcc and clang;
 //! * the bad plugin fixture: the default and every variant export exactly
-//!   their entry symbol (`BAD_NO_ENTRY` exports the wrong name instead).
+//!   their entry symbol (`BAD_NO_ENTRY` exports the wrong name instead);
+//! * the C example plugin linked with a standard version script
+//!   (`abi-tests/c/versioned_plugin.map`): the linker's `MEMPLUG_1.0`
+//!   version symbol is not an export.
 
 use memplug_test_support::{
-    bad_plugin, compile_c_plugin, compile_c_plugin_with, exported_symbols, find_cdylib, repo_root,
-    BAD_PLUGIN_VARIANTS,
+    bad_plugin, compile_c_plugin, compile_c_plugin_with, find_cdylib, include_dir, repo_root, run_tool,
+    test_tmp_dir, BAD_PLUGIN_VARIANTS, C_PLUGIN_FLAGS,
 };
 use std::collections::BTreeSet;
 use std::path::Path;
 
 fn exactly(names: &[&str]) -> BTreeSet<String> {
     names.iter().map(|s| s.to_string()).collect()
+}
+
+/// What `lib` exports, read by the conformance kit's ELF reader.
+fn exported_symbols(lib: &Path) -> BTreeSet<String> {
+    memplug_conformance::elf::exported_symbols(lib)
+        .unwrap_or_else(|e| panic!("{}: {e}", lib.display()))
+        .into_iter()
+        .collect()
 }
 
 fn assert_exports(lib: &Path, expected: &[&str]) {
@@ -54,4 +67,26 @@ fn bad_plugins_export_only_their_entry_symbol() {
             }
         });
     }
+}
+
+#[test]
+fn a_version_script_exports_only_the_entry_symbol() {
+    let dir = test_tmp_dir("versioned_plugin");
+    let lib = dir.join("libversioned_plugin.so");
+    let map = repo_root().join("abi-tests/c/versioned_plugin.map");
+    let mut cmd = std::process::Command::new("gcc");
+    cmd.args(C_PLUGIN_FLAGS)
+        .arg("-I")
+        .arg(include_dir())
+        .arg(repo_root().join("c-examples/plugin/example_plugin.c"))
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .arg("-o")
+        .arg(&lib)
+        .arg("-lpthread");
+    run_tool(cmd);
+    // The version node is in the dynamic symbol table (what `nm -D` shows
+    // as `A MEMPLUG_1.0`), and is not an export.
+    let raw = std::fs::read(&lib).unwrap();
+    assert!(raw.windows(12).any(|w| w == b"MEMPLUG_1.0\0"), "the version script was not applied");
+    assert_exports(&lib, &["memplug_plugin_v1"]);
 }

@@ -1,91 +1,414 @@
 //! `memplug conformance`: runs the vendor conformance kit
-//! (`memplug-conformance`) on a plugin library and prints its report, as a
-//! table or as JSON. Exits non-zero when any check fails.
+//! (`memplug-conformance`) on a plugin library, each check in its own
+//! process, and prints its report: a table streamed as checks end, or one
+//! JSON document (`docs/conformance-json.md`); `--junit FILE` also writes
+//! a JUnit XML report. The exit status says how it went ([`EXIT_CODES`]).
 
 use crate::locate;
-use memplug_conformance::{Options, Outcome, Report};
-use std::error::Error;
+use memplug_conformance::{printable, printable_text, CheckResult, Options, Outcome, Report, CHECKS};
+use std::fs::File;
 use std::io::Write;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
 
-/// Widest detail column of the table before it is cut (JSON has it whole).
-const DETAIL_WIDTH: usize = 120;
+/// Every check passed (skips allowed).
+pub const EXIT_PASSED: u8 = 0;
+/// A check failed, crashed or timed out.
+pub const EXIT_FAILED: u8 = 1;
+/// Bad usage.
+pub const EXIT_USAGE: u8 = 2;
+/// The kit could not run on the plugin at all.
+pub const EXIT_COULD_NOT_RUN: u8 = 3;
 
-pub fn run(plugin: Option<&Path>, mechanism: Option<&str>, json: bool) -> Result<(), Box<dyn Error>> {
-    let path: PathBuf = match plugin {
-        Some(p) => p.to_path_buf(),
-        None => locate::cpu_plugin_path().ok_or_else(|| {
-            format!(
-                "the reference CPU plugin library ({}) was not found next to this executable; pass a \
-                 plugin path or set {}",
-                locate::CPU_PLUGIN_FILE,
-                locate::CPU_PLUGIN_ENV
-            )
-        })?,
+/// What `memplug conformance --help` says about exit statuses.
+pub const EXIT_CODES: &str = "\
+Each check runs in its own process: a check whose process crashes is reported as crashed (with its signal \
+and the end of its output), one that gives no sign of life for --timeout seconds is killed and reported as \
+timed out, and the run goes on. Text output streams one line per check as it ends.
+
+Exit status:
+  0  every check passed (skips allowed)
+  1  a check failed, crashed or timed out
+  2  usage error: a bad option or value, --mechanism naming no published mechanism, a --junit file that \
+cannot be created
+  3  the kit could not run: the file is missing, is not a loadable library, has no memplug_plugin_v1, does \
+not negotiate (or answers malformed), or its plugin descriptor cannot be read
+A closed stdout or stderr does not change the exit status.";
+
+/// The arguments of `memplug conformance`.
+pub struct Args {
+    pub plugin: Option<PathBuf>,
+    pub mechanism: Option<String>,
+    pub json: bool,
+    pub junit: Option<PathBuf>,
+    pub timeout: Duration,
+}
+
+/// Parses `--timeout SECONDS`: a positive number of seconds (fractions
+/// allowed), at most a day.
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s.trim().parse().map_err(|_| format!("'{s}' is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("{s} is not between 0 (excluded) and 86400 seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// Standard output that stops being written once its reader is gone (a
+/// closed pipe is not an error of the run).
+struct Out {
+    broken: bool,
+}
+
+impl Out {
+    fn write(&mut self, s: &str) {
+        if self.broken {
+            return;
+        }
+        let mut out = std::io::stdout().lock();
+        if out.write_all(s.as_bytes()).and_then(|()| out.flush()).is_err() {
+            self.broken = true;
+        }
+    }
+}
+
+/// A line on stderr; a closed stderr is ignored.
+fn complain(s: &str) {
+    let _ = writeln!(std::io::stderr(), "memplug: {s}");
+}
+
+/// Makes sure descriptors 0, 1 and 2 are open (on `/dev/null` if they were
+/// closed), so nothing the kit opens later lands on them.
+fn ensure_std_fds() {
+    while let Ok(f) = File::options().read(true).write(true).open("/dev/null") {
+        if f.as_raw_fd() > 2 {
+            break;
+        }
+        // It took the place of a closed 0, 1 or 2: keep it there.
+        std::mem::forget(f);
+    }
+}
+
+pub fn run(args: Args) -> ExitCode {
+    ensure_std_fds();
+    let mut out = Out { broken: false };
+    let opts = Options { mechanism: args.mechanism.clone(), timeout: args.timeout, ..Options::default() };
+    // Create the JUnit file first: a path that cannot be written is a
+    // usage error, found before the run rather than after it.
+    let junit = match &args.junit {
+        Some(p) => match File::create(p) {
+            Ok(f) => Some((p.clone(), f)),
+            Err(e) => {
+                complain(&format!("cannot create the JUnit report {}: {e}", p.display()));
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+        None => None,
     };
-    let opts = Options { mechanism: mechanism.map(str::to_string), ..Options::default() };
-    let report = memplug_conformance::run(&path, &opts)?;
-    let text = if json { serde_json::to_string_pretty(&report)? + "\n" } else { render(&report) };
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        // A reader that stopped early (`| head`) is not a failure.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
-        _ => {}
+    let path: PathBuf = match &args.plugin {
+        Some(p) => p.clone(),
+        None => match locate::cpu_plugin_path() {
+            Some(p) => p,
+            None => {
+                let why = format!(
+                    "the reference CPU plugin library ({}) was not found next to this executable; pass a plugin \
+                     path or set {}",
+                    locate::CPU_PLUGIN_FILE,
+                    locate::CPU_PLUGIN_ENV
+                );
+                let report = Report::could_not_run(Path::new(locate::CPU_PLUGIN_FILE), &opts, why);
+                return finish(&report, &args, junit, &mut out);
+            }
+        },
+    };
+    let widths = Widths::new();
+    if !args.json {
+        out.write(&render_start(&path, &opts, &widths));
+    }
+    let json = args.json;
+    let mut on_result = |c: &CheckResult| {
+        if !json {
+            out.write(&render_line(c, &widths));
+        }
+    };
+    let report = match memplug_conformance::run_streaming(&path, &opts, &mut on_result) {
+        Ok(r) => r,
+        Err(e @ memplug_conformance::Error::NoSuchMechanism { .. }) => {
+            complain(&e.to_string());
+            return ExitCode::from(EXIT_USAGE);
+        }
+        Err(e) => Report::could_not_run(&path, &opts, e.to_string()),
+    };
+    finish(&report, &args, junit, &mut out)
+}
+
+/// Prints the rest of the report, writes the JUnit file, says what failed,
+/// and gives the exit status.
+fn finish(report: &Report, args: &Args, junit: Option<(PathBuf, File)>, out: &mut Out) -> ExitCode {
+    if args.json {
+        match serde_json::to_string_pretty(report) {
+            Ok(s) => out.write(&(s + "\n")),
+            Err(e) => complain(&format!("cannot write the JSON report: {e}")),
+        }
+    } else {
+        out.write(&render_end(report));
+    }
+    if let Some((p, mut f)) = junit {
+        if let Err(e) = f.write_all(junit_xml(report).as_bytes()).and_then(|()| f.flush()) {
+            complain(&format!("cannot write the JUnit report {}: {e}", p.display()));
+        }
     }
     let failed: Vec<&str> = report.failures().map(|c| c.name).collect();
-    if failed.is_empty() {
-        Ok(())
+    if !failed.is_empty() {
+        let mut names = failed.clone();
+        names.dedup();
+        complain(&format!("{} conformance check(s) failed: {}", failed.len(), names.join(", ")));
+    }
+    if let Some(why) = &report.could_not_run {
+        complain(&format!("the conformance kit could not run on {}: {why}", report.plugin_path.display()));
+        return ExitCode::from(EXIT_COULD_NOT_RUN);
+    }
+    if report.ok {
+        ExitCode::from(EXIT_PASSED)
     } else {
-        Err(format!("{} conformance check(s) failed: {}", failed.len(), failed.join(", ")).into())
+        ExitCode::from(EXIT_FAILED)
     }
 }
 
-fn cut(s: &str, width: usize) -> String {
-    if s.chars().count() <= width {
-        return s.to_string();
-    }
-    let mut t: String = s.chars().take(width - 1).collect();
-    t.push('…');
-    t
+// ---------------------------------------------------------------------------
+// Text
+// ---------------------------------------------------------------------------
+
+/// Column widths of the table, fixed before the first line is known.
+struct Widths {
+    name: usize,
+    mechanism: usize,
 }
 
-fn render(r: &Report) -> String {
-    let mut s = String::new();
+impl Widths {
+    fn new() -> Self {
+        Widths { name: CHECKS.iter().map(|c| c.name.len()).max().unwrap_or(5).max(5), mechanism: 10 }
+    }
+}
+
+fn render_start(path: &Path, opts: &Options, w: &Widths) -> String {
+    let mut s = format!("memplug conformance kit {}\n", env!("CARGO_PKG_VERSION"));
+    s += &format!("library   {}\n", printable(&path.display().to_string()));
+    s += &format!(
+        "isolation each check in its own process, killed after {} s without a sign of life\n\n",
+        opts.timeout.as_secs_f64()
+    );
+    s += &format!(
+        "{:<nw$}  {:<mw$}  {:<7}  {:>7}  DETAIL\n",
+        "CHECK",
+        "MECHANISM",
+        "RESULT",
+        "TIME",
+        nw = w.name,
+        mw = w.mechanism
+    );
+    s
+}
+
+fn duration(d: Duration) -> String {
+    if d < Duration::from_millis(1) {
+        "<1 ms".into()
+    } else if d < Duration::from_secs(10) {
+        format!("{} ms", d.as_millis())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
+    }
+}
+
+fn render_line(c: &CheckResult, w: &Widths) -> String {
+    let result = match c.outcome {
+        Outcome::Pass => "pass",
+        Outcome::Fail => "FAIL",
+        Outcome::Skip => "skip",
+        Outcome::Crash => "CRASH",
+        Outcome::Timeout => "TIMEOUT",
+    };
+    let detail = printable_text(&c.detail);
+    let mut lines = detail.lines();
+    let mut s = format!(
+        "{:<nw$}  {:<mw$}  {result:<7}  {:>7}  {}\n",
+        c.name,
+        printable(c.mechanism.as_deref().unwrap_or("-")),
+        duration(c.duration),
+        lines.next().unwrap_or(""),
+        nw = w.name,
+        mw = w.mechanism
+    );
+    for l in lines {
+        s += &format!("{:indent$}| {l}\n", "", indent = w.name + 2);
+    }
+    s
+}
+
+fn render_end(r: &Report) -> String {
+    let mut s = String::from("\n");
     let name = match (&r.plugin_name, &r.plugin_version) {
-        (Some(n), Some(v)) => format!("{n} {v}"),
+        (Some(n), Some(v)) => format!("{} {}", printable(n), printable(v)),
         _ => "(plugin not identified)".into(),
     };
     s += &format!("memplug conformance: {name}\n");
-    s += &format!("library   {}\n", r.plugin_path.display());
+    s += &format!("library   {}\n", printable(&r.plugin_path.display().to_string()));
     if let Some(abi) = &r.abi {
         s += &format!("abi       {abi} (plugin speaks {})\n", r.plugin_abi_range.as_deref().unwrap_or("?"));
     }
     for m in &r.mechanisms {
-        s += &format!("mechanism {} (id {}, {}): {}\n", m.name, m.id, m.device, m.capabilities.join(", "));
-    }
-    s += "\n";
-    let w_name = r.checks.iter().map(|c| c.name.len()).max().unwrap_or(5).max(5);
-    let w_mech =
-        r.checks.iter().map(|c| c.mechanism.as_deref().unwrap_or("-").len()).max().unwrap_or(9).max(9);
-    s += &format!("{:<w_name$}  {:<w_mech$}  RESULT  DETAIL\n", "CHECK", "MECHANISM");
-    for c in &r.checks {
-        let result = match c.outcome {
-            Outcome::Pass => "pass",
-            Outcome::Fail => "FAIL",
-            Outcome::Skip => "skip",
-        };
         s += &format!(
-            "{:<w_name$}  {:<w_mech$}  {result:<6}  {}\n",
-            c.name,
-            c.mechanism.as_deref().unwrap_or("-"),
-            cut(&c.detail, DETAIL_WIDTH)
+            "mechanism {} (id {}, {}): {}\n",
+            printable(&m.name),
+            m.id,
+            printable(&m.device),
+            m.capabilities.join(", ")
         );
     }
+    if let Some(why) = &r.could_not_run {
+        s += &format!("could not run: {}\n", printable(why));
+    }
+    let c = &r.counts;
     s += &format!(
-        "\n{} passed, {} failed, {} skipped\n",
-        r.count(Outcome::Pass),
-        r.count(Outcome::Fail),
-        r.count(Outcome::Skip)
+        "\n{} passed, {} failed, {} skipped, {} crashed, {} timed out\n",
+        c.pass, c.fail, c.skip, c.crash, c.timeout
     );
     s
+}
+
+// ---------------------------------------------------------------------------
+// JUnit XML
+// ---------------------------------------------------------------------------
+
+/// `s` as XML character data (`attr`: as an attribute value). Control
+/// characters XML cannot carry are written as visible escapes.
+fn xml(s: &str, attr: bool) -> String {
+    let mut o = String::with_capacity(s.len());
+    for ch in s.chars() {
+        match ch {
+            '&' => o.push_str("&amp;"),
+            '<' => o.push_str("&lt;"),
+            '>' => o.push_str("&gt;"),
+            '"' => o.push_str("&quot;"),
+            '\'' => o.push_str("&apos;"),
+            '\n' if attr => o.push_str("&#10;"),
+            '\t' if attr => o.push_str("&#9;"),
+            '\n' | '\t' => o.push(ch),
+            '\u{fffe}' | '\u{ffff}' => o.push_str(&format!("\\u{{{:x}}}", ch as u32)),
+            c if c.is_control() => o.push_str(&printable(&c.to_string())),
+            c => o.push(c),
+        }
+    }
+    o
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64())
+}
+
+/// The report as JUnit XML: one testsuite, one testcase per check (named
+/// `check [mechanism]`, class `memplug.conformance.<group>`), a `failure`
+/// for a failed check, an `error` for a crash or timeout, `skipped` for a
+/// skip; when the kit could not run, one more testcase `could_not_run`
+/// with an `error` saying why.
+pub fn junit_xml(r: &Report) -> String {
+    let c = &r.counts;
+    let extra = usize::from(r.could_not_run.is_some());
+    let tests = r.checks.len() + extra;
+    let (failures, errors, skipped) = (c.fail, c.crash + c.timeout + extra, c.skip);
+    let time: Duration = r.checks.iter().map(|c| c.duration).sum();
+    let suite = match (&r.plugin_name, &r.plugin_version) {
+        (Some(n), Some(v)) => format!("memplug conformance: {n} {v}"),
+        _ => format!("memplug conformance: {}", r.plugin_path.display()),
+    };
+    let counts = format!(
+        "tests=\"{tests}\" failures=\"{failures}\" errors=\"{errors}\" skipped=\"{skipped}\" time=\"{}\"",
+        secs(time)
+    );
+    let mut s = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+    s += &format!("<testsuites name=\"memplug conformance\" {counts}>\n");
+    s += &format!("  <testsuite name=\"{}\" {counts}>\n", xml(&suite, true));
+    s += "    <properties>\n";
+    let mut props = vec![
+        ("schema_version", memplug_conformance::SCHEMA_VERSION.to_string()),
+        ("kit_version", r.kit_version.to_string()),
+        ("plugin_path", r.plugin_path.display().to_string()),
+        ("timeout_s", r.timeout.as_secs_f64().to_string()),
+    ];
+    for (k, v) in
+        [("abi", &r.abi), ("plugin_abi_range", &r.plugin_abi_range), ("could_not_run", &r.could_not_run)]
+    {
+        if let Some(v) = v {
+            props.push((k, v.clone()));
+        }
+    }
+    for (k, v) in props {
+        s += &format!("      <property name=\"{k}\" value=\"{}\"/>\n", xml(&v, true));
+    }
+    s += "    </properties>\n";
+    for check in &r.checks {
+        let name = match &check.mechanism {
+            Some(m) => format!("{} [{m}]", check.name),
+            None => check.name.to_string(),
+        };
+        let group = check.name.split('.').next().unwrap_or("kit");
+        s += &format!(
+            "    <testcase name=\"{}\" classname=\"memplug.conformance.{}\" time=\"{}\"",
+            xml(&name, true),
+            xml(group, true),
+            secs(check.duration)
+        );
+        let first = check.detail.lines().next().unwrap_or("");
+        let (tag, kind) = match check.outcome {
+            Outcome::Pass => {
+                s += "/>\n";
+                continue;
+            }
+            Outcome::Skip => {
+                s += &format!(">\n      <skipped message=\"{}\"/>\n    </testcase>\n", xml(first, true));
+                continue;
+            }
+            Outcome::Fail => ("failure", "fail"),
+            Outcome::Crash => ("error", "crash"),
+            Outcome::Timeout => ("error", "timeout"),
+        };
+        s += &format!(
+            ">\n      <{tag} message=\"{}\" type=\"{kind}\">{}</{tag}>\n    </testcase>\n",
+            xml(first, true),
+            xml(&check.detail, false)
+        );
+    }
+    if let Some(why) = &r.could_not_run {
+        s += &format!(
+            "    <testcase name=\"could_not_run\" classname=\"memplug.conformance.kit\" time=\"0.000\">\n      \
+             <error message=\"{}\" type=\"could_not_run\">{}</error>\n    </testcase>\n",
+            xml(why, true),
+            xml(why, false)
+        );
+    }
+    s += "  </testsuite>\n</testsuites>\n";
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xml_escapes_markup_and_controls() {
+        assert_eq!(xml("a<b>&\"c'", true), "a&lt;b&gt;&amp;&quot;c&apos;");
+        assert_eq!(xml("x\ny\x1b[0m", true), "x&#10;y\\x1b[0m");
+        assert_eq!(xml("x\ny\u{7}", false), "x\ny\\x07");
+    }
+
+    #[test]
+    fn timeouts_parse() {
+        assert_eq!(parse_timeout("10").unwrap(), Duration::from_secs(10));
+        assert_eq!(parse_timeout("1.5").unwrap(), Duration::from_millis(1500));
+        for bad in ["0", "-1", "abc", "", "nan", "inf", "1e9"] {
+            assert!(parse_timeout(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -2,8 +2,9 @@
 //! scenario on the reference CPU plugin under a hard budget and checks it
 //! against the kernel; `inspect [PLUGIN] [--json]` shows what a plugin
 //! publishes (without PLUGIN, the reference CPU plugin);
-//! `conformance [PLUGIN] [--mechanism NAME] [--json]` runs the vendor
-//! conformance kit on it.
+//! `conformance [PLUGIN] [--mechanism NAME] [--json] [--junit FILE]
+//! [--timeout SECONDS]` runs the vendor conformance kit on it, each check in
+//! its own process (exit statuses: `conformance::EXIT_CODES`).
 
 mod conformance;
 mod demo;
@@ -37,16 +38,27 @@ enum Command {
     },
     /// Run the vendor conformance kit on a plugin: negotiation, descriptor,
     /// identity, alignment, ranges, residency, sharing, fences, threads,
-    /// messages, exports. Exits non-zero if any check fails.
+    /// messages, exports. Each check runs in its own process; exits 0 when
+    /// every check passed, 1 when one failed, crashed or timed out, 2 on
+    /// bad usage, 3 when the kit could not run on the plugin.
+    #[command(after_help = conformance::EXIT_CODES)]
     Conformance {
         /// Path of the plugin library; the reference CPU plugin if omitted.
         plugin: Option<PathBuf>,
         /// Check only this mechanism (plugin-wide checks still run).
         #[arg(long)]
         mechanism: Option<String>,
-        /// Print JSON instead of a table.
+        /// Print one JSON document (schema: docs/conformance-json.md)
+        /// instead of a table.
         #[arg(long)]
         json: bool,
+        /// Also write a JUnit XML report (one testcase per check) to FILE.
+        #[arg(long, value_name = "FILE")]
+        junit: Option<PathBuf>,
+        /// Kill a check's process, and report the check as timed out, after
+        /// SECONDS without a sign of life.
+        #[arg(long, value_name = "SECONDS", default_value = "10", value_parser = conformance::parse_timeout)]
+        timeout: std::time::Duration,
     },
     /// Show a plugin's ABI version, mechanisms, devices, capabilities,
     /// granularity and alignment.
@@ -63,8 +75,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Demo { json } => demo::run(json),
-        Command::Conformance { plugin, mechanism, json } => {
-            conformance::run(plugin.as_deref(), mechanism.as_deref(), json)
+        Command::Conformance { plugin, mechanism, json, junit, timeout } => {
+            return conformance::run(conformance::Args { plugin, mechanism, json, junit, timeout });
         }
         Command::Inspect { plugin, json } => inspect::run(plugin.as_deref(), json),
     };

@@ -281,3 +281,511 @@ fn a_file_that_is_not_a_plugin() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
 }
+
+// ---------------------------------------------------------------------------
+// The isolated kit: every check in its own process
+// ---------------------------------------------------------------------------
+
+/// One variant of `abi-tests/c/kit_crashers.c` (`None`: the C example
+/// plugin behind the fixture's wrapper, unchanged).
+fn crasher(variant: Option<&str>) -> std::path::PathBuf {
+    let src = repo_root().join("abi-tests/c/kit_crashers.c");
+    let name = format!("kit_{}", variant.unwrap_or("plain").to_lowercase());
+    compile_c_plugin(&src, variant.as_slice(), &name)
+}
+
+/// A run with any arguments: exit code, stdout, stderr.
+fn memplug_code(args: &[&str]) -> (i32, Vec<u8>, String) {
+    let out = memplug(args);
+    (
+        out.status.code().expect("exited, not killed"),
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A JSON run of `plugin`: exit code, the report, stderr.
+fn json_code(plugin: &Path, extra: &[&str]) -> (i32, Value, String) {
+    let mut args = vec!["conformance", "--json", plugin.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = memplug_code(&args);
+    let v: Value = serde_json::from_slice(&stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&stdout)));
+    (code, v, stderr)
+}
+
+/// `(name, mechanism)` of every result.
+fn ran(v: &Value) -> BTreeSet<(String, String)> {
+    checks(v)
+        .iter()
+        .map(|c| {
+            (c["name"].as_str().unwrap().to_string(), c["mechanism"].as_str().unwrap_or("-").to_string())
+        })
+        .collect()
+}
+
+/// The report is complete: schema 1, counts that add up to the checks,
+/// `ok` as the outcomes say, and every check the clean plugin runs.
+fn assert_complete(v: &Value, clean: &Value) {
+    assert_eq!(v["schema_version"], 1, "{v:#}");
+    let n = checks(v).len();
+    let counts = &v["counts"];
+    let total: u64 =
+        ["pass", "fail", "skip", "crash", "timeout"].iter().map(|k| counts[*k].as_u64().unwrap()).sum();
+    assert_eq!(total as usize, n, "counts {counts} for {n} checks");
+    for k in ["pass", "fail", "skip", "crash", "timeout"] {
+        assert_eq!(counts[k].as_u64().unwrap() as usize, with_outcome_all(v, k), "{k}");
+    }
+    let failing = counts["fail"].as_u64().unwrap()
+        + counts["crash"].as_u64().unwrap()
+        + counts["timeout"].as_u64().unwrap();
+    assert_eq!(v["ok"], failing == 0 && v["could_not_run"].is_null(), "{v:#}");
+    for c in checks(v) {
+        assert!(c["duration_ms"].as_f64().is_some(), "{c}");
+    }
+    assert_eq!(ran(v), ran(clean), "the run did not go on with every check");
+}
+
+/// How many results ended `outcome` (per mechanism, unlike `with_outcome`).
+fn with_outcome_all(v: &Value, outcome: &str) -> usize {
+    checks(v).iter().filter(|c| c["outcome"] == outcome).count()
+}
+
+fn result<'a>(v: &'a Value, name: &str) -> &'a Value {
+    checks(v)
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("{name} is not in the report: {v:#}"))
+}
+
+/// The text table of one run: exit code, stdout (lossless), stderr.
+fn text_code(plugin: &Path, extra: &[&str]) -> (i32, String, String) {
+    let mut args = vec!["conformance", plugin.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (code, stdout, stderr) = memplug_code(&args);
+    (code, String::from_utf8(stdout).expect("UTF-8 table"), stderr)
+}
+
+/// The table's line for `check`.
+fn line<'a>(text: &'a str, check: &str) -> &'a str {
+    text.lines()
+        .find(|l| l.split_whitespace().next() == Some(check))
+        .unwrap_or_else(|| panic!("no line for {check} in:\n{text}"))
+}
+
+fn clean_report() -> &'static Value {
+    static CLEAN: std::sync::OnceLock<Value> = std::sync::OnceLock::new();
+    CLEAN.get_or_init(|| {
+        let (code, v, stderr) = json_code(&crasher(None), &[]);
+        assert_eq!(code, 0, "the fixture's base plugin must pass: {stderr}\n{v:#}");
+        v
+    })
+}
+
+#[test]
+fn a_segfault_in_allocate_is_that_checks_crash_and_the_run_goes_on() {
+    let so = crasher(Some("KIT_SEGV_ALLOCATE"));
+    let (code, v, stderr) = json_code(&so, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert_complete(&v, clean_report());
+    let usable = result(&v, "allocator.usable");
+    assert_eq!(usable["outcome"], "crash", "{usable}");
+    assert_eq!(usable["signal"], "SIGSEGV", "{usable}");
+    assert!(usable["detail"].as_str().unwrap().contains("SIGSEGV"), "{usable}");
+    // What does not allocate still passes, before and after the crashes.
+    for name in ["descriptor.properties", "virtual_backing.residency", "lifecycle.unload_ready"] {
+        assert_eq!(result(&v, name)["outcome"], "pass", "{name}: {v:#}");
+    }
+    let (code, text, _) = text_code(&so, &[]);
+    assert_eq!(code, 1);
+    let l = line(&text, "allocator.usable");
+    assert!(l.contains("CRASH") && l.contains("SIGSEGV"), "{l}");
+    assert!(line(&text, "lifecycle.unload_ready").contains("pass"), "{text}");
+    assert!(text.contains(" crashed, 0 timed out"), "{text}");
+}
+
+#[test]
+fn an_abort_is_that_checks_crash_and_nothing_else_fails() {
+    let so = crasher(Some("KIT_ABORT_MEMORY_INFO"));
+    let (code, v, stderr) = json_code(&so, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("1 conformance check(s) failed: allocator.memory_info"), "{stderr}");
+    assert_complete(&v, clean_report());
+    assert_eq!(with_outcome(&v, "crash"), BTreeSet::from(["allocator.memory_info".to_string()]));
+    assert!(with_outcome(&v, "fail").is_empty(), "{v:#}");
+    assert_eq!(result(&v, "allocator.memory_info")["signal"], "SIGABRT");
+    let (code, text, _) = text_code(&so, &[]);
+    assert_eq!(code, 1);
+    assert!(line(&text, "allocator.memory_info").contains("SIGABRT"), "{text}");
+    assert!(text.contains(" 0 failed, ") && text.contains(" skipped, 1 crashed, 0 timed out"), "{text}");
+}
+
+#[test]
+fn an_exit_in_a_slot_is_a_crash_too() {
+    let (code, v, _) = json_code(&crasher(Some("KIT_EXIT_MEMORY_INFO")), &[]);
+    assert_eq!(code, 1);
+    assert_complete(&v, clean_report());
+    let c = result(&v, "allocator.memory_info");
+    assert_eq!(c["outcome"], "crash");
+    assert!(c["detail"].as_str().unwrap().contains("exited with status 3"), "{c}");
+}
+
+#[test]
+fn a_hang_is_that_checks_timeout_and_the_run_goes_on() {
+    let so = crasher(Some("KIT_HANG_MEMORY_INFO"));
+    let t = std::time::Instant::now();
+    let (code, v, stderr) = json_code(&so, &["--timeout", "1"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(t.elapsed() < std::time::Duration::from_secs(30), "{:?}", t.elapsed());
+    assert_complete(&v, clean_report());
+    assert_eq!(v["timeout_s"], 1.0);
+    assert_eq!(with_outcome(&v, "timeout"), BTreeSet::from(["allocator.memory_info".to_string()]));
+    assert!(with_outcome(&v, "fail").is_empty() && with_outcome(&v, "crash").is_empty(), "{v:#}");
+    let c = result(&v, "allocator.memory_info");
+    assert!(c["duration_ms"].as_f64().unwrap() >= 900.0, "{c}");
+    assert!(c["detail"].as_str().unwrap().contains("SIGKILL"), "{c}");
+
+    // Text streams: the lines before the hang are out while it hangs.
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_memplug"))
+        .args(["conformance", "--timeout", "2", so.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let before = lines.by_ref().map(|l| l.unwrap()).find(|l| l.starts_with("allocator.unknown_flags"));
+    assert!(before.is_some(), "no allocator.unknown_flags line");
+    assert!(child.try_wait().unwrap().is_none(), "the line came only once the run ended");
+    let rest: Vec<String> = lines.map(|l| l.unwrap()).collect();
+    assert!(rest.iter().any(|l| l.starts_with("allocator.memory_info") && l.contains("TIMEOUT")), "{rest:?}");
+    assert!(rest.iter().any(|l| l.contains("1 timed out")), "{rest:?}");
+    assert_eq!(child.wait().unwrap().code(), Some(1));
+}
+
+#[test]
+fn what_a_crashing_plugin_prints_is_captured_escaped_and_kept_out_of_the_report() {
+    let so = crasher(Some("KIT_NOISY_MEMORY_INFO"));
+    let (code, stdout, _) = memplug_code(&["conformance", "--json", so.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    assert!(!stdout.contains(&0x1b), "a raw escape reached stdout");
+    let v: Value = serde_json::from_slice(&stdout).expect("the plugin's output did not corrupt the JSON");
+    assert_complete(&v, clean_report());
+    let c = result(&v, "allocator.memory_info");
+    let d = c["detail"].as_str().unwrap();
+    assert_eq!(c["outcome"], "crash");
+    assert!(d.contains("kit-noise on stdout") && d.contains("kit-noise on stderr"), "{d}");
+    assert!(d.contains("\\x1b[31mred") && !d.contains('\x1b') && !d.contains('\x07'), "{d:?}");
+    let (code, text, _) = text_code(&so, &[]);
+    assert_eq!(code, 1);
+    assert!(!text.contains('\x1b') && text.contains("kit-noise on stderr \\x1b]0;title\\x07"), "{text}");
+}
+
+#[test]
+fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
+    let so = crasher(Some("KIT_UNWRITTEN_ANSWER"));
+    let (code, v, stderr) = json_code(&so, &[]);
+    assert_eq!(code, 3, "{stderr}\n{v:#}");
+    assert_eq!(v["ok"], false);
+    let c = result(&v, "negotiation.accepts_host");
+    assert_eq!(c["outcome"], "fail", "{c}");
+    assert!(c["detail"].as_str().unwrap().contains("without writing its answer"), "{c}");
+    assert!(v["could_not_run"].as_str().unwrap().contains("negotiation.accepts_host"), "{v:#}");
+    assert!(with_outcome(&v, "crash").is_empty(), "{v:#}");
+    assert!(stderr.contains("could not run"), "{stderr}");
+    let (code, text, _) = text_code(&so, &[]);
+    assert_eq!(code, 3);
+    assert!(text.contains("could not run: negotiation.accepts_host failed"), "{text}");
+}
+
+#[test]
+fn malformed_negotiation_answers_are_refused_before_they_are_read() {
+    for (variant, says) in [
+        ("KIT_MISALIGNED_ANSWER", "is not aligned"),
+        ("KIT_UNMAPPED_ANSWER", "not mapped readable"),
+        ("KIT_MINOR_ANSWER", "agreed minor 77"),
+        ("KIT_STRUCT_SIZE_ANSWER", "overwrote the answer's struct_size"),
+    ] {
+        let (code, v, stderr) = json_code(&crasher(Some(variant)), &[]);
+        assert_eq!(code, 3, "{variant}: {stderr}\n{v:#}");
+        let c = result(&v, "negotiation.accepts_host");
+        assert_eq!(c["outcome"], "fail", "{variant}: {c}");
+        assert!(c["detail"].as_str().unwrap().contains(says), "{variant}: {c}");
+        assert!(with_outcome(&v, "crash").is_empty(), "{variant}: {v:#}");
+        assert!(v["could_not_run"].is_string(), "{variant}");
+    }
+}
+
+#[test]
+fn names_with_terminal_escapes_are_printed_escaped_in_every_format() {
+    let so = crasher(Some("KIT_ESCAPE_NAMES"));
+    let dir = test_tmp_dir("escape_names_junit");
+    let junit = dir.join("report.xml");
+    let (code, stdout, stderr) =
+        memplug_code(&["conformance", "--json", "--junit", junit.to_str().unwrap(), so.to_str().unwrap()]);
+    assert_eq!(code, 0, "{stderr}");
+    let v: Value = serde_json::from_slice(&stdout).unwrap();
+    assert_eq!(v["plugin_name"], "evil\\x1b[2J\\x1b[31m-plugin");
+    assert_eq!(v["plugin_version"], "6.6.6\\x07\\r\\x1b[1A");
+    assert_eq!(v["mechanisms"][0]["name"], "mech\\x1b]0;pwned\\x07");
+    let (code, text, _) = text_code(&so, &[]);
+    assert_eq!(code, 0);
+    let xml = std::fs::read_to_string(&junit).unwrap();
+    for (what, s) in [("json", String::from_utf8(stdout).unwrap()), ("text", text), ("junit", xml.clone())] {
+        let bad: Vec<char> = s.chars().filter(|c| c.is_control() && *c != '\n').collect();
+        assert!(bad.is_empty(), "{what} carries control characters {bad:?}");
+        // In JSON the escape's backslash is itself escaped.
+        let want = if what == "json" { r"mech\\x1b]0;pwned\\x07" } else { r"mech\x1b]0;pwned\x07" };
+        assert!(s.contains(want), "{what} does not name the mechanism escaped");
+    }
+    parse_xml(&xml).unwrap();
+}
+
+#[test]
+fn a_plugin_linked_with_a_version_script_exports_only_its_entry() {
+    let so = versioned_example_plugin("versioned_conformance");
+    let (code, v, stderr) = json_code(&so, &[]);
+    let c = result(&v, "exports.only_entry_symbols");
+    assert_eq!(c["outcome"], "pass", "{c}");
+    assert_eq!(c["detail"], "exports only memplug_plugin_v1");
+    assert_eq!(code, 0, "{stderr}\n{v:#}");
+}
+
+/// The C example plugin linked with `abi-tests/c/versioned_plugin.map`.
+fn versioned_example_plugin(name: &str) -> std::path::PathBuf {
+    let dir = test_tmp_dir(name);
+    let so = dir.join(format!("lib{name}.so"));
+    let map = repo_root().join("abi-tests/c/versioned_plugin.map");
+    let mut cmd = Command::new("gcc");
+    cmd.args(memplug_test_support::C_PLUGIN_FLAGS)
+        .arg("-I")
+        .arg(memplug_test_support::include_dir())
+        .arg(repo_root().join("c-examples/plugin/example_plugin.c"))
+        .arg(format!("-Wl,--version-script={}", map.display()))
+        .arg("-o")
+        .arg(&so)
+        .arg("-lpthread");
+    memplug_test_support::run_tool(cmd);
+    so
+}
+
+/// An XML element: its name and attributes.
+type Element = (String, Vec<(String, String)>);
+
+/// A strict small XML reader, enough to say a report is well-formed: an
+/// optional declaration, one root element, elements with quoted
+/// attributes, character data with the predefined entities and character
+/// references, nothing XML 1.0 forbids. Returns each element's name and
+/// attributes in document order.
+fn parse_xml(s: &str) -> Result<Vec<Element>, String> {
+    fn entities(t: &str) -> Result<(), String> {
+        let mut rest = t;
+        while let Some(i) = rest.find('&') {
+            let after = &rest[i + 1..];
+            let end = after.find(';').ok_or_else(|| format!("unterminated entity in {t:?}"))?;
+            let e = &after[..end];
+            let ok = matches!(e, "amp" | "lt" | "gt" | "quot" | "apos")
+                || e.strip_prefix("#x")
+                    .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
+                || e.strip_prefix('#')
+                    .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()));
+            if !ok {
+                return Err(format!("bad entity &{e}; in {t:?}"));
+            }
+            rest = &after[end + 1..];
+        }
+        if let Some(c) = t.chars().find(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r')) {
+            return Err(format!("control character {c:?} in {t:?}"));
+        }
+        Ok(())
+    }
+    fn name(s: &str) -> (&str, &str) {
+        let end = s.find(|c: char| !(c.is_alphanumeric() || "_-.:".contains(c))).unwrap_or(s.len());
+        (&s[..end], &s[end..])
+    }
+    let mut rest = s.trim_start();
+    if let Some(r) = rest.strip_prefix("<?xml") {
+        rest = &r[r.find("?>").ok_or("unterminated declaration")? + 2..];
+    }
+    let mut stack: Vec<String> = Vec::new();
+    let mut elements = Vec::new();
+    let mut roots = 0;
+    loop {
+        let lt = rest.find('<');
+        let text = &rest[..lt.unwrap_or(rest.len())];
+        if stack.is_empty() && !text.trim().is_empty() {
+            return Err(format!("text outside the root: {text:?}"));
+        }
+        entities(text)?;
+        let Some(lt) = lt else { break };
+        rest = &rest[lt + 1..];
+        if let Some(r) = rest.strip_prefix('/') {
+            let (n, r) = name(r);
+            let r = r.trim_start().strip_prefix('>').ok_or_else(|| format!("bad end tag {n}"))?;
+            if stack.pop().as_deref() != Some(n) {
+                return Err(format!("end tag {n} does not close the open element"));
+            }
+            rest = r;
+            continue;
+        }
+        let (n, mut r) = name(rest);
+        if n.is_empty() {
+            return Err(format!("bad tag at {:?}", &rest[..rest.len().min(20)]));
+        }
+        if stack.is_empty() {
+            roots += 1;
+        }
+        let mut attrs = Vec::new();
+        loop {
+            r = r.trim_start();
+            if let Some(x) = r.strip_prefix("/>") {
+                rest = x;
+                break;
+            }
+            if let Some(x) = r.strip_prefix('>') {
+                stack.push(n.to_string());
+                rest = x;
+                break;
+            }
+            let (a, x) = name(r);
+            let x = x.strip_prefix('=').ok_or_else(|| format!("attribute {a} of {n} has no value"))?;
+            let q = x.chars().next().filter(|c| *c == '"' || *c == '\'').ok_or("unquoted attribute")?;
+            let end = x[1..].find(q).ok_or("unterminated attribute")?;
+            let value = &x[1..1 + end];
+            if value.contains('<') {
+                return Err(format!("'<' in attribute {a}"));
+            }
+            entities(value)?;
+            if attrs.iter().any(|(k, _): &(String, String)| k == a) {
+                return Err(format!("attribute {a} twice on {n}"));
+            }
+            attrs.push((a.to_string(), value.to_string()));
+            r = &x[end + 2..];
+        }
+        elements.push((n.to_string(), attrs));
+    }
+    if !stack.is_empty() || roots != 1 {
+        return Err(format!("unclosed elements {stack:?} or {roots} roots"));
+    }
+    Ok(elements)
+}
+
+fn attr<'a>(e: &'a Element, k: &str) -> &'a str {
+    e.1.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("{} has no {k}", e.0))
+}
+
+#[test]
+fn the_junit_report_parses_and_its_counts_match() {
+    for (plugin, code) in
+        [(crasher(Some("KIT_ABORT_MEMORY_INFO")), 1), (crasher(Some("KIT_SEGV_ALLOCATE")), 1)]
+    {
+        let dir = test_tmp_dir("junit_counts");
+        let junit = dir.join("report.xml");
+        let (got, v, stderr) = json_code(&plugin, &["--junit", junit.to_str().unwrap()]);
+        assert_eq!(got, code, "{stderr}");
+        let xml = std::fs::read_to_string(&junit).unwrap();
+        let elements = parse_xml(&xml).unwrap_or_else(|e| panic!("{e}\n{xml}"));
+        let cases: Vec<_> = elements.iter().filter(|e| e.0 == "testcase").collect();
+        assert_eq!(cases.len(), checks(&v).len(), "one testcase per check");
+        let count = |tag: &str| elements.iter().filter(|e| e.0 == tag).count();
+        let n = |k: &str| v["counts"][k].as_u64().unwrap() as usize;
+        assert_eq!(count("failure"), n("fail"));
+        assert_eq!(count("error"), n("crash") + n("timeout"));
+        assert_eq!(count("skipped"), n("skip"));
+        for root in elements.iter().filter(|e| e.0 == "testsuites" || e.0 == "testsuite") {
+            assert_eq!(attr(root, "tests"), cases.len().to_string());
+            assert_eq!(attr(root, "failures"), n("fail").to_string());
+            assert_eq!(attr(root, "errors"), (n("crash") + n("timeout")).to_string());
+            assert_eq!(attr(root, "skipped"), n("skip").to_string());
+        }
+        assert!(
+            elements.iter().any(|e| e.0 == "error" && attr(e, "type") == "crash"),
+            "a crash is an error element"
+        );
+    }
+    // A file that is not a plugin: the JUnit report says so as an error.
+    let dir = test_tmp_dir("junit_not_a_plugin");
+    let junit = dir.join("report.xml");
+    let (code, _, _) =
+        memplug_code(&["conformance", "--junit", junit.to_str().unwrap(), "/nonexistent/libx.so"]);
+    assert_eq!(code, 3);
+    let elements = parse_xml(&std::fs::read_to_string(&junit).unwrap()).unwrap();
+    assert!(elements.iter().any(|e| e.0 == "testcase" && attr(e, "name") == "could_not_run"));
+}
+
+#[test]
+fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
+    for bad in [
+        &["conformance", "--timeout", "0"][..],
+        &["conformance", "--timeout", "soon"],
+        &["conformance", "--no-such-flag"],
+        &["conformance", "--mechanism", "no-such-mechanism"],
+        &["conformance", "--junit", "/nonexistent/dir/report.xml"],
+        &["conformance", "a", "b"],
+    ] {
+        let (code, _, stderr) = memplug_code(bad);
+        assert_eq!(code, 2, "{bad:?}: {stderr}");
+    }
+    let (code, stdout, _) = memplug_code(&["conformance", "--help"]);
+    assert_eq!(code, 0);
+    let help = String::from_utf8(stdout).unwrap();
+    for want in [
+        "Exit status",
+        "0  every check passed",
+        "1  a check failed, crashed or timed out",
+        "2  usage",
+        "3  the kit could not run",
+        "--timeout",
+        "--junit",
+    ] {
+        assert!(help.contains(want), "--help does not say {want:?}:\n{help}");
+    }
+    // Missing file, not a library: 3, and --json still prints a report.
+    let (code, v, stderr) = json_code(Path::new("/nonexistent/libx.so"), &[]);
+    assert_eq!(code, 3, "{stderr}");
+    assert!(v["could_not_run"].as_str().unwrap().contains("does not exist"), "{v:#}");
+    assert_eq!((v["ok"].clone(), v["schema_version"].clone()), (Value::Bool(false), Value::from(1)));
+    let dir = test_tmp_dir("exit_not_a_library");
+    let bogus = dir.join("libbogus.so");
+    std::fs::write(&bogus, "not a library").unwrap();
+    let (code, v, _) = json_code(&bogus, &[]);
+    assert_eq!(code, 3);
+    assert!(v["could_not_run"].as_str().unwrap().starts_with("load.open failed"), "{v:#}");
+    let (code, _, _) = json_code(&bad_plugin(Some("BAD_NO_ENTRY")), &[]);
+    assert_eq!(code, 3);
+    // The reference plugin: 0.
+    assert_eq!(memplug_code(&["conformance", "--json"]).0, 0);
+}
+
+#[test]
+fn a_closed_stdout_or_stderr_changes_nothing() {
+    use std::process::Stdio;
+    let bin = env!("CARGO_BIN_EXE_memplug");
+    // A reader that went away (EPIPE), text and JSON.
+    for args in [&["conformance"][..], &["conformance", "--json"]] {
+        let mut child =
+            Command::new(bin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
+    }
+    // Failing plugins (one that fails a check, one that crashes) with
+    // stderr gone too: still 1, not 101 (the panic of a failed eprintln!).
+    for so in [bad_plugin(Some("BAD_DOUBLE_FREE_OK")), crasher(Some("KIT_ABORT_MEMORY_INFO"))] {
+        for json in [false, true] {
+            let mut args = vec!["conformance", so.to_str().unwrap()];
+            if json {
+                args.push("--json");
+            }
+            let mut child =
+                Command::new(bin).args(&args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            drop(child.stdout.take());
+            drop(child.stderr.take());
+            assert_eq!(child.wait().unwrap().code(), Some(1), "{args:?}");
+        }
+    }
+    // Descriptors closed outright (`>&- 2>&-`).
+    let status = Command::new("sh").args(["-c", "exec \"$0\" conformance >&- 2>&-", bin]).status().unwrap();
+    assert_eq!(status.code(), Some(0));
+}

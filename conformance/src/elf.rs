@@ -1,97 +1,107 @@
-//! A small reader of an ELF64 shared object's dynamic symbol table: the
-//! names a library exports (defined, global or weak, default or protected
-//! visibility) — what `nm -D --defined-only` lists.
+//! The names a shared library exports, read from its ELF dynamic symbol
+//! table with the `object` crate: defined, global or weak, default or
+//! protected visibility — what `nm -D --defined-only` lists, less the
+//! symbols the linker makes for version definitions.
+//!
+//! A library linked with a version script (`MEMPLUG_1.0 { global:
+//! memplug_plugin_v1; local: *; };`) carries one absolute, zero-sized
+//! symbol per version it defines, named after the version (`MEMPLUG_1.0`).
+//! It names a version, not code or data: it is not an export, and counting
+//! it would fail a correctly built plugin.
+//!
+//! Used by `exports.only_entry_symbols`, and public so the tests that
+//! inspect exports read them the same way.
 
+use object::elf;
+use object::read::elf::{FileHeader, SectionHeader, Sym};
+use object::read::StringTable;
+use object::{Endianness, FileKind};
+use std::collections::BTreeSet;
 use std::path::Path;
 
-const SHT_DYNSYM: u32 = 11;
-const STB_LOCAL: u8 = 0;
-const STT_SECTION: u8 = 3;
-const STV_HIDDEN: u8 = 2;
-const STV_INTERNAL: u8 = 1;
-
-fn u16_at(b: &[u8], at: usize) -> Option<u16> {
-    Some(u16::from_le_bytes(b.get(at..at + 2)?.try_into().ok()?))
+/// The exported names of the library at `path`, sorted, each whole, with
+/// version-definition symbols left out. ELF32 and ELF64 of either byte
+/// order are read.
+///
+/// # Errors
+/// When the file cannot be read, is not ELF, is malformed, or has no
+/// dynamic symbol table; the message says which.
+pub fn exported_symbols(path: &Path) -> Result<Vec<String>, String> {
+    let data = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    exported_from(&data)
 }
 
-fn u32_at(b: &[u8], at: usize) -> Option<u32> {
-    Some(u32::from_le_bytes(b.get(at..at + 4)?.try_into().ok()?))
-}
-
-fn u64_at(b: &[u8], at: usize) -> Option<u64> {
-    Some(u64::from_le_bytes(b.get(at..at + 8)?.try_into().ok()?))
-}
-
-/// The exported names of `path`, sorted.
-pub(crate) fn exported_symbols(path: &Path) -> Result<Vec<String>, String> {
-    let b = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    exported_from(&b).ok_or_else(|| "not a little-endian ELF64 file with a dynamic symbol table".to_string())
-}
-
-fn exported_from(b: &[u8]) -> Option<Vec<String>> {
-    if b.get(0..4)? != b"\x7fELF" || *b.get(4)? != 2 || *b.get(5)? != 1 {
-        return None;
+/// [`exported_symbols`] of a library already in memory.
+///
+/// # Errors
+/// As [`exported_symbols`].
+pub fn exported_from(data: &[u8]) -> Result<Vec<String>, String> {
+    match FileKind::parse(data) {
+        Ok(FileKind::Elf64) => exported::<elf::FileHeader64<Endianness>>(data),
+        Ok(FileKind::Elf32) => exported::<elf::FileHeader32<Endianness>>(data),
+        Ok(other) => Err(format!("not an ELF file (it reads as {other:?})")),
+        Err(e) => Err(format!("not an ELF file ({e})")),
     }
-    let shoff = usize::try_from(u64_at(b, 0x28)?).ok()?;
-    let shentsize = usize::from(u16_at(b, 0x3a)?);
-    let shnum = usize::from(u16_at(b, 0x3c)?);
-    if shoff == 0 || shentsize < 64 {
-        return None;
+}
+
+fn exported<Elf: FileHeader<Endian = Endianness>>(data: &[u8]) -> Result<Vec<String>, String> {
+    let bad = |e: object::Error| format!("malformed ELF file: {e}");
+    let header = Elf::parse(data).map_err(bad)?;
+    let endian = header.endian().map_err(bad)?;
+    let sections = header.sections(endian, data).map_err(bad)?;
+    if !sections.iter().any(|s| s.sh_type(endian) == elf::SHT_DYNSYM) {
+        return Err("the ELF file has no dynamic symbol table (not a shared library?)".into());
     }
-    let section = |i: usize| -> Option<(u32, usize, usize, u32, usize)> {
-        let h = shoff.checked_add(i.checked_mul(shentsize)?)?;
-        Some((
-            u32_at(b, h + 4)?,
-            usize::try_from(u64_at(b, h + 24)?).ok()?,
-            usize::try_from(u64_at(b, h + 32)?).ok()?,
-            u32_at(b, h + 40)?,
-            usize::try_from(u64_at(b, h + 56)?).ok()?,
-        ))
-    };
-    let mut names = Vec::new();
-    let mut found = false;
-    for i in 0..shnum {
-        let (kind, off, size, link, entsize) = section(i)?;
-        if kind != SHT_DYNSYM {
+    let dynsym = sections.symbols(endian, data, elf::SHT_DYNSYM).map_err(bad)?;
+    let versions = version_names(&sections, endian, data).map_err(bad)?;
+    let mut names = BTreeSet::new();
+    for sym in dynsym.symbols() {
+        let shndx = sym.st_shndx(endian);
+        let vis = sym.st_visibility();
+        if shndx == elf::SHN_UNDEF
+            || sym.st_bind() == elf::STB_LOCAL
+            || sym.st_type() == elf::STT_SECTION
+            || sym.st_type() == elf::STT_FILE
+            || vis == elf::STV_HIDDEN
+            || vis == elf::STV_INTERNAL
+        {
             continue;
         }
-        found = true;
-        let (_, str_off, str_size, _, _) = section(link as usize)?;
-        let strtab = b.get(str_off..str_off.checked_add(str_size)?)?;
-        let entsize = if entsize == 0 { 24 } else { entsize };
-        let syms = b.get(off..off.checked_add(size)?)?;
-        for sym in syms.chunks_exact(entsize) {
-            let name = u32_at(sym, 0)? as usize;
-            let info = *sym.get(4)?;
-            let other = *sym.get(5)?;
-            let shndx = u16_at(sym, 6)?;
-            let (bind, kind, vis) = (info >> 4, info & 0xf, other & 3);
-            if shndx == 0
-                || bind == STB_LOCAL
-                || kind == STT_SECTION
-                || vis == STV_HIDDEN
-                || vis == STV_INTERNAL
-            {
-                continue;
-            }
-            let rest = strtab.get(name..)?;
-            let end = rest.iter().position(|&c| c == 0)?;
-            let s = String::from_utf8_lossy(&rest[..end]).into_owned();
-            if !s.is_empty() {
-                names.push(s);
-            }
+        let raw = sym.name(endian, dynsym.strings()).map_err(bad)?;
+        if raw.is_empty() {
+            continue;
+        }
+        let is_version = shndx == elf::SHN_ABS && sym.st_size(endian).into() == 0 && versions.contains(raw);
+        if is_version {
+            continue;
+        }
+        names.insert(String::from_utf8_lossy(raw).into_owned());
+    }
+    Ok(names.into_iter().collect())
+}
+
+/// The names of every version the library defines (`SHT_GNU_VERDEF`),
+/// the base version (the library's own name) included.
+fn version_names<'data, Elf: FileHeader<Endian = Endianness>>(
+    sections: &object::read::elf::SectionTable<'data, Elf, &'data [u8]>,
+    endian: Endianness,
+    data: &'data [u8],
+) -> object::Result<BTreeSet<&'data [u8]>> {
+    let mut names = BTreeSet::new();
+    let Some((mut defs, link)) = sections.gnu_verdef(endian, data)? else {
+        return Ok(names);
+    };
+    let strings: StringTable<'data, &'data [u8]> = sections.strings(endian, data, link)?;
+    while let Some((_, mut aux)) = defs.next()? {
+        if let Some(a) = aux.next()? {
+            names.insert(a.name(endian, strings)?);
         }
     }
-    if !found {
-        return None;
-    }
-    names.sort();
-    names.dedup();
-    Some(names)
+    Ok(names)
 }
 
 /// True for `memplug_plugin_v<major>` (a versioned entry symbol).
-pub(crate) fn is_entry_symbol(name: &str) -> bool {
+pub fn is_entry_symbol(name: &str) -> bool {
     name.strip_prefix("memplug_plugin_v")
         .is_some_and(|v| !v.is_empty() && v.bytes().all(|c| c.is_ascii_digit()) && !v.starts_with('0'))
 }
@@ -108,23 +118,32 @@ mod tests {
         assert!(!is_entry_symbol("memplug_plugin"));
         assert!(!is_entry_symbol("memplug_plugin_v0"));
         assert!(!is_entry_symbol("memplug_plugin_v1x"));
+        assert!(!is_entry_symbol("MEMPLUG_1.0"));
     }
 
     #[test]
     fn garbage_is_not_elf() {
-        assert!(exported_from(b"not an elf file at all").is_none());
-        assert!(exported_from(&[]).is_none());
+        assert!(exported_from(b"not an elf file at all").is_err());
+        assert!(exported_from(&[]).is_err());
+        // An ELF magic with nothing behind it is malformed, not a panic.
+        let mut stub = b"\x7fELF\x02\x01\x01".to_vec();
+        stub.resize(80, 0);
+        assert!(exported_from(&stub).is_err());
     }
 
     #[test]
     fn reads_a_real_library() {
-        // libc exports malloc; any distribution's libc.so.6 is ELF64 LE on
-        // the platforms ABI 1 targets.
+        // libc exports malloc and defines versions (GLIBC_2.2.5, ...), none
+        // of which may show up as an export.
         for p in
             ["/lib/x86_64-linux-gnu/libc.so.6", "/lib/aarch64-linux-gnu/libc.so.6", "/usr/lib64/libc.so.6"]
         {
             if let Ok(names) = exported_symbols(Path::new(p)) {
                 assert!(names.iter().any(|n| n == "malloc"), "{p}: {}", names.len());
+                assert!(
+                    !names.iter().any(|n| n.starts_with("GLIBC_")),
+                    "{p}: a version counted as an export"
+                );
                 return;
             }
         }

@@ -7,9 +7,10 @@
 //! privately, so it also exercises what a host would refuse.
 //!
 //! Every check has a stable name ([`CHECKS`]) and ends [`Outcome::Pass`],
-//! [`Outcome::Fail`] or [`Outcome::Skip`]. A check is skipped only where
-//! the plugin explicitly lacks what it tests (a NULL optional slot, an
-//! absent capability flag) or where the device cannot show it to the host
+//! [`Outcome::Fail`], [`Outcome::Skip`], [`Outcome::Crash`] or
+//! [`Outcome::Timeout`]. A check is skipped only where the plugin
+//! explicitly lacks what it tests (a NULL optional slot, an absent
+//! capability flag) or where the device cannot show it to the host
 //! (residency and memory contents of non-CPU devices), always with the
 //! reason.
 //!
@@ -22,29 +23,73 @@
 //! assert!(report.passed(), "{:?}", report.failures().collect::<Vec<_>>());
 //! ```
 //!
-//! Crash-prone probes (NULL arguments, NULL sinks, writes to read-only
-//! views) run in a forked child, so a plugin that crashes on them fails the
-//! check instead of ending the run. Memory of CPU-kind devices is touched
-//! only after `/proc/self/maps` says it is mapped writable.
+//! # Isolation
+//!
+//! The calling process never loads the plugin. Every check runs in a child
+//! process of its own, forked from the caller's thread (which starts no
+//! thread of its own for the run): the child opens the plugin, negotiates,
+//! reads the descriptor, runs that one check and reports its verdict over a
+//! pipe. A child that dies (SIGSEGV, SIGABRT, `exit`) is reported as the
+//! check crashing, one that sends nothing for [`Options::timeout`] is
+//! killed (SIGKILL, with anything it started) and reported as timed out,
+//! and the run goes on with the next check. Whatever a child writes to
+//! stdout or stderr is captured; the last bytes of it are part of a
+//! crashed or timed-out check's detail. See `checks/mod.rs` for how later
+//! checks still see what earlier ones learnt.
+//!
+//! Because of the fork, call [`run`] from a process that is not loading
+//! libraries on another thread at the same moment (the `memplug` command
+//! calls it from its only thread).
+//!
+//! Inside a check, probes expected (or feared) to crash — NULL arguments,
+//! NULL sinks, writes to read-only views — run in a further child, so a
+//! plugin that crashes on them fails that check. Memory of CPU-kind
+//! devices is touched only after `/proc/self/maps` says it is mapped
+//! writable.
+//!
+//! Strings that come from the plugin (names, versions, messages, its
+//! output) reach the report with control characters escaped
+//! ([`printable`]), so no report format can carry a terminal escape
+//! sequence.
 
 mod checks;
-mod elf;
+pub mod elf;
 mod os;
 mod raw;
 mod sink;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// The version of the JSON report (`docs/conformance-json.md`): bumped
+/// when a field changes meaning or goes away, not when one is added.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// How long a check may run by default before its process is killed.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How one check ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Outcome {
     Pass,
     Fail,
     Skip,
+    /// The check's process died before it gave a verdict (a signal, or an
+    /// exit the plugin made).
+    Crash,
+    /// The check's process gave no sign of life for [`Options::timeout`]
+    /// and was killed.
+    Timeout,
+}
+
+impl Outcome {
+    /// Fail, crash and timeout: what makes a run fail.
+    pub fn is_failure(self) -> bool {
+        matches!(self, Outcome::Fail | Outcome::Crash | Outcome::Timeout)
+    }
 }
 
 impl fmt::Display for Outcome {
@@ -53,8 +98,18 @@ impl fmt::Display for Outcome {
             Outcome::Pass => "pass",
             Outcome::Fail => "fail",
             Outcome::Skip => "skip",
+            Outcome::Crash => "crash",
+            Outcome::Timeout => "timeout",
         })
     }
+}
+
+fn as_millis<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1e6).round() / 1e3)
+}
+
+fn as_secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
 }
 
 /// The result of one check (for one mechanism, when it is per mechanism).
@@ -65,8 +120,17 @@ pub struct CheckResult {
     /// The mechanism checked, for per-mechanism checks.
     pub mechanism: Option<String>,
     pub outcome: Outcome,
-    /// What was seen: for a failure what is wrong, for a skip why.
+    /// What was seen: for a failure what is wrong, for a skip why, for a
+    /// crash or timeout how the process ended and the tail of its output.
+    /// Control characters other than newlines are escaped.
     pub detail: String,
+    /// How long the check ran (from its start in its process to its
+    /// verdict, or to the process's end).
+    #[serde(rename = "duration_ms", serialize_with = "as_millis")]
+    pub duration: Duration,
+    /// For a crash by a signal, its name (`"SIGSEGV"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signal: Option<&'static str>,
 }
 
 /// A mechanism as the plugin published it.
@@ -78,9 +142,24 @@ pub struct MechanismSummary {
     pub capabilities: Vec<&'static str>,
 }
 
-/// Everything one run found.
+/// How many checks ended each way.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub pass: usize,
+    pub fail: usize,
+    pub skip: usize,
+    pub crash: usize,
+    pub timeout: usize,
+}
+
+/// Everything one run found. Serialised, it is the JSON report of
+/// `docs/conformance-json.md`.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The kit's own version.
+    pub kit_version: &'static str,
     /// The library checked.
     pub plugin_path: PathBuf,
     pub plugin_name: Option<String>,
@@ -89,22 +168,76 @@ pub struct Report {
     pub abi: Option<String>,
     /// The minor range the plugin declared (`"1.0..=1.0"`).
     pub plugin_abi_range: Option<String>,
+    /// The per-check timeout of the run.
+    #[serde(rename = "timeout_s", serialize_with = "as_secs")]
+    pub timeout: Duration,
     pub mechanisms: Vec<MechanismSummary>,
     pub checks: Vec<CheckResult>,
+    /// Kept equal to the counts of `checks` by the kit.
+    pub counts: Counts,
+    /// Why the kit could not check the plugin at all (the file is missing,
+    /// does not load, has no entry symbol, does not negotiate, or its
+    /// descriptor cannot be read), or `None` when it got that far.
+    pub could_not_run: Option<String>,
+    /// True when the kit could run and no check failed, crashed or timed
+    /// out (skips allowed).
+    pub ok: bool,
 }
 
 impl Report {
-    /// True when no check failed.
+    /// A report of a run that found nothing: `path` could not be checked
+    /// because of `reason`.
+    pub fn could_not_run(path: &Path, opts: &Options, reason: String) -> Report {
+        let mut r = Report::empty(path, opts);
+        r.could_not_run = Some(printable(&reason));
+        r.settle();
+        r
+    }
+
+    pub(crate) fn empty(path: &Path, opts: &Options) -> Report {
+        Report {
+            schema_version: SCHEMA_VERSION,
+            kit_version: env!("CARGO_PKG_VERSION"),
+            plugin_path: path.to_path_buf(),
+            plugin_name: None,
+            plugin_version: None,
+            abi: None,
+            plugin_abi_range: None,
+            timeout: opts.timeout,
+            mechanisms: Vec::new(),
+            checks: Vec::new(),
+            counts: Counts::default(),
+            could_not_run: None,
+            ok: false,
+        }
+    }
+
+    /// Recomputes `counts` and `ok` from `checks` and `could_not_run`.
+    pub(crate) fn settle(&mut self) {
+        let n = |o| self.checks.iter().filter(|c| c.outcome == o).count();
+        self.counts = Counts {
+            pass: n(Outcome::Pass),
+            fail: n(Outcome::Fail),
+            skip: n(Outcome::Skip),
+            crash: n(Outcome::Crash),
+            timeout: n(Outcome::Timeout),
+        };
+        self.ok = self.could_not_run.is_none() && !self.checks.iter().any(|c| c.outcome.is_failure());
+    }
+
+    /// True when the kit could run and no check failed, crashed or timed
+    /// out.
     pub fn passed(&self) -> bool {
-        self.count(Outcome::Fail) == 0
+        self.ok
     }
 
     pub fn count(&self, o: Outcome) -> usize {
         self.checks.iter().filter(|c| c.outcome == o).count()
     }
 
+    /// The checks that failed, crashed or timed out.
     pub fn failures(&self) -> impl Iterator<Item = &CheckResult> {
-        self.checks.iter().filter(|c| c.outcome == Outcome::Fail)
+        self.checks.iter().filter(|c| c.outcome.is_failure())
     }
 
     /// Every result of the check called `name` (one per mechanism for
@@ -126,11 +259,20 @@ pub struct Options {
     pub threads: usize,
     /// Operations per thread in the `concurrency.*` checks.
     pub iterations: usize,
+    /// How long a check's process may go without a sign of life before it
+    /// is killed and the check reported as timed out.
+    pub timeout: Duration,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { mechanism: None, fence_timeout: Duration::from_secs(2), threads: 4, iterations: 1000 }
+        Options {
+            mechanism: None,
+            fence_timeout: Duration::from_secs(2),
+            threads: 4,
+            iterations: 1000,
+            timeout: DEFAULT_TIMEOUT,
+        }
     }
 }
 
@@ -141,6 +283,9 @@ pub enum Error {
     NotFound(PathBuf),
     /// `--mechanism` named a mechanism the plugin does not publish.
     NoSuchMechanism { name: String, available: Vec<String> },
+    /// The kit could not start the process of a check (fork or pipe
+    /// failed).
+    Isolation(String),
 }
 
 impl fmt::Display for Error {
@@ -148,13 +293,55 @@ impl fmt::Display for Error {
         match self {
             Error::NotFound(p) => write!(f, "{} does not exist", p.display()),
             Error::NoSuchMechanism { name, available } => {
-                write!(f, "the plugin has no mechanism '{name}' (it publishes: {})", available.join(", "))
+                let available: Vec<String> = available.iter().map(|a| printable(a)).collect();
+                write!(
+                    f,
+                    "the plugin has no mechanism '{}' (it publishes: {})",
+                    printable(name),
+                    available.join(", ")
+                )
             }
+            Error::Isolation(e) => write!(f, "cannot start a check's process: {e}"),
         }
     }
 }
 
 impl std::error::Error for Error {}
+
+/// `s` with every control character escaped (`\n`, `\r`, `\t`, `\x1b`,
+/// `\u{9b}`, …): safe to print on a terminal, in one line.
+pub fn printable(s: &str) -> String {
+    escape(s, false)
+}
+
+/// [`printable`], but newlines stay (for multi-line details).
+pub fn printable_text(s: &str) -> String {
+    escape(s, true)
+}
+
+fn escape(s: &str, keep_newlines: bool) -> String {
+    use std::fmt::Write;
+    if !s.chars().any(char::is_control) {
+        return s.to_string();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' if keep_newlines => out.push('\n'),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if c.is_control() => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
 
 /// One entry of the check list.
 #[derive(Clone, Copy, Debug)]
@@ -473,17 +660,28 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
 ];
 
-/// Runs every check on the plugin library at `path`.
+/// Runs every check on the plugin library at `path`, each in its own
+/// process (see the crate documentation).
 pub fn run(path: &Path, opts: &Options) -> Result<Report, Error> {
+    run_streaming(path, opts, &mut |_| {})
+}
+
+/// [`run`], calling `on_result` with each result as its check ends (in
+/// report order), before the report is complete.
+pub fn run_streaming(
+    path: &Path,
+    opts: &Options,
+    on_result: &mut dyn FnMut(&CheckResult),
+) -> Result<Report, Error> {
     if !path.exists() {
         return Err(Error::NotFound(path.to_path_buf()));
     }
-    checks::run(path, opts)
+    checks::run(path, opts, on_result)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::CHECKS;
+    use super::{printable, printable_text, CHECKS};
     use std::collections::HashSet;
 
     #[test]
@@ -501,6 +699,20 @@ mod tests {
                 c.name
             );
             assert!(!c.verifies.is_empty());
+        }
+    }
+
+    #[test]
+    fn control_characters_are_escaped() {
+        assert_eq!(printable("memplug-cpu 0.1.0"), "memplug-cpu 0.1.0");
+        assert_eq!(printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+        assert_eq!(printable("bell\x07 del\x7f"), "bell\\x07 del\\x7f");
+        assert_eq!(printable("csi\u{9b}31m"), "csi\\u{9b}31m");
+        assert_eq!(printable("two\nlines\r"), "two\\nlines\\r");
+        assert_eq!(printable_text("two\nlines\r\x1b"), "two\nlines\\r\\x1b");
+        assert_eq!(printable("ünïcödé ✓"), "ünïcödé ✓");
+        for s in [printable("\x00\x1b\u{85}\u{9f}"), printable_text("\x1b]0;title\x07")] {
+            assert!(!s.chars().any(|c| c.is_control() && c != '\n'), "{s:?}");
         }
     }
 }

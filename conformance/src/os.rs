@@ -1,8 +1,11 @@
-//! What the kit asks the OS about memory a CPU-kind plugin hands out, so it
-//! never touches an address the plugin lied about: `/proc/self/maps` for
-//! protections, `mincore` for residency, and a forked child for anything
-//! that is expected (or feared) to crash.
+//! What the kit asks of the OS: the process of each check ([`supervise`]:
+//! forked, its output captured, its verdict read from a pipe, killed when
+//! it hangs); and about memory a CPU-kind plugin hands out, so it never
+//! touches an address the plugin lied about: `/proc/self/maps` for
+//! protections, `mincore` for residency, and a forked child ([`in_child`])
+//! for a probe inside a check that is expected (or feared) to crash.
 
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 /// The OS page size.
@@ -60,6 +63,11 @@ pub(crate) fn protection(addr: u64, len: u64) -> Option<Prot> {
     None
 }
 
+/// True when `[addr, addr + len)` is mapped readable.
+pub(crate) fn readable(addr: u64, len: u64) -> bool {
+    matches!(protection(addr, len), Some(Prot { read: true, .. }))
+}
+
 /// True when `[addr, addr + len)` is mapped readable and writable.
 pub(crate) fn writable(addr: u64, len: u64) -> bool {
     matches!(protection(addr, len), Some(Prot { read: true, write: true }))
@@ -96,13 +104,14 @@ impl ChildEnd {
     pub(crate) fn describe(self) -> String {
         match self {
             ChildEnd::Exited(c) => format!("exited with status {c}"),
-            ChildEnd::Signaled(s) => format!("was killed by signal {s} ({})", signal_name(s)),
+            ChildEnd::Signaled(s) => format!("was killed by {} (signal {s})", signal_name(s)),
             ChildEnd::TimedOut => "did not finish in time (killed)".into(),
             ChildEnd::ForkFailed => "could not be forked".into(),
         }
     }
 }
 
+/// The name of signal `s` (`"SIGSEGV"`), or `"an unknown signal"`.
 pub(crate) fn signal_name(s: i32) -> &'static str {
     match s {
         libc::SIGSEGV => "SIGSEGV",
@@ -111,7 +120,19 @@ pub(crate) fn signal_name(s: i32) -> &'static str {
         libc::SIGKILL => "SIGKILL",
         libc::SIGILL => "SIGILL",
         libc::SIGFPE => "SIGFPE",
-        _ => "other",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGSYS => "SIGSYS",
+        libc::SIGTERM => "SIGTERM",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGUSR1 => "SIGUSR1",
+        libc::SIGUSR2 => "SIGUSR2",
+        libc::SIGXCPU => "SIGXCPU",
+        libc::SIGXFSZ => "SIGXFSZ",
+        _ => "an unknown signal",
     }
 }
 
@@ -130,11 +151,12 @@ pub(crate) fn in_child(timeout: Duration, f: impl FnOnce() -> i32) -> ChildEnd {
         return ChildEnd::ForkFailed;
     }
     if pid == 0 {
-        // SAFETY: in the child; resetting handlers and exiting are
-        // async-signal-safe.
+        // SAFETY: in the child; resetting handlers, asking to die with the
+        // parent and exiting are async-signal-safe.
         unsafe {
             libc::signal(libc::SIGSEGV, libc::SIG_DFL);
             libc::signal(libc::SIGBUS, libc::SIG_DFL);
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
         }
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(101);
         // SAFETY: leaves the child without running the parent's atexit
@@ -165,5 +187,341 @@ pub(crate) fn in_child(timeout: Duration, f: impl FnOnce() -> i32) -> ChildEnd {
             return ChildEnd::TimedOut;
         }
         std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The process of one check
+// ---------------------------------------------------------------------------
+
+/// The descriptor a supervised child writes its messages to.
+pub(crate) const MESSAGE_FD: RawFd = 3;
+
+/// Bytes of a child's output (stdout and stderr together) the kit keeps:
+/// the last ones.
+pub(crate) const OUTPUT_TAIL: usize = 2048;
+
+/// What a supervised child did.
+pub(crate) struct Supervised {
+    /// Each line it wrote to [`MESSAGE_FD`] (without the newline), with
+    /// when the kit read it.
+    pub lines: Vec<(Instant, Vec<u8>)>,
+    /// The last [`OUTPUT_TAIL`] bytes it wrote to stdout or stderr.
+    pub output: Vec<u8>,
+    /// How many bytes it wrote there in all.
+    pub output_len: usize,
+    pub end: ChildEnd,
+    /// When the kit saw it end (or killed it).
+    pub ended: Instant,
+}
+
+/// Closes `fd`, ignoring errors.
+fn close(fd: RawFd) {
+    // SAFETY: closing a descriptor this module opened.
+    unsafe { libc::close(fd) };
+}
+
+/// A pipe, both ends close-on-exec, the read end non-blocking.
+fn pipe() -> Result<(RawFd, RawFd), String> {
+    let mut fds = [-1; 2];
+    // SAFETY: pipe2 writes two descriptors into `fds`.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(format!("pipe failed: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fcntl on the descriptor just made.
+    unsafe {
+        let fl = libc::fcntl(fds[0], libc::F_GETFL);
+        libc::fcntl(fds[0], libc::F_SETFL, fl | libc::O_NONBLOCK);
+    }
+    Ok((fds[0], fds[1]))
+}
+
+/// Runs `child` in a forked child process and watches it from this
+/// thread, starting no thread.
+///
+/// In the child: a process group of its own, SIGKILL when this thread's
+/// process goes away, default actions for the crash signals, no signal
+/// blocked, stdin `/dev/null`, stdout and stderr into a pipe this side
+/// reads (what a plugin prints cannot reach the caller's terminal or
+/// report), messages to [`MESSAGE_FD`], every other inherited descriptor
+/// closed; `child`'s return value is its exit status (101 if it panics),
+/// and it leaves with `_exit` (no destructor or atexit handler of the
+/// caller's runs there).
+///
+/// Here: the child is killed — its whole process group, so anything it
+/// forked too — when `idle` passes without a message line, and otherwise
+/// waited for. Whatever it left in its group is killed once it is gone.
+pub(crate) fn supervise(idle: Duration, child: impl FnOnce(RawFd) -> i32) -> Result<Supervised, String> {
+    let (msg_r, msg_w) = pipe()?;
+    let (out_r, out_w) = match pipe() {
+        Ok(p) => p,
+        Err(e) => {
+            close(msg_r);
+            close(msg_w);
+            return Err(e);
+        }
+    };
+    // SAFETY: getpid has no preconditions.
+    let parent = unsafe { libc::getpid() };
+    // SAFETY: fork; the child runs only `child_setup` and `child`, then
+    // `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        let e = std::io::Error::last_os_error();
+        for fd in [msg_r, msg_w, out_r, out_w] {
+            close(fd);
+        }
+        return Err(format!("fork failed: {e}"));
+    }
+    if pid == 0 {
+        // SAFETY: in the new child, before anything else runs.
+        unsafe { child_setup(parent, msg_w, out_w) };
+        let code =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child(MESSAGE_FD))).unwrap_or(101);
+        // SAFETY: leaves without running the parent's destructors or
+        // atexit handlers.
+        unsafe { libc::_exit(code) };
+    }
+    // SAFETY: the child is ours; setting its group here as well closes the
+    // race with its own setpgid. Closing our copies of its ends.
+    unsafe { libc::setpgid(pid, pid) };
+    close(msg_w);
+    close(out_w);
+    let watched = watch(pid, idle, msg_r, out_r);
+    close(msg_r);
+    close(out_r);
+    Ok(watched)
+}
+
+/// The child's side of [`supervise`], before `child` runs.
+///
+/// # Safety
+/// Only in the child just forked by [`supervise`], with its pipe ends.
+unsafe fn child_setup(parent: libc::pid_t, msg_w: RawFd, out_w: RawFd) {
+    libc::setpgid(0, 0);
+    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+    if libc::getppid() != parent {
+        libc::_exit(0);
+    }
+    for s in
+        [libc::SIGSEGV, libc::SIGBUS, libc::SIGABRT, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS]
+    {
+        libc::signal(s, libc::SIG_DFL);
+    }
+    let mut none: libc::sigset_t = core::mem::zeroed();
+    libc::sigemptyset(&mut none);
+    libc::sigprocmask(libc::SIG_SETMASK, &none, core::ptr::null_mut());
+    // Move the ends out of the way first: any of them may sit on 0..=3.
+    let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD, 64);
+    let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+    let (msg, out, null) = (high(msg_w), high(out_w), if null >= 0 { high(null) } else { -1 });
+    if msg < 0 || out < 0 {
+        libc::_exit(120);
+    }
+    if null >= 0 {
+        libc::dup2(null, 0);
+    }
+    libc::dup2(out, 1);
+    libc::dup2(out, 2);
+    libc::dup2(msg, MESSAGE_FD);
+    close_from(MESSAGE_FD + 1);
+}
+
+/// Closes every descriptor from `first` up.
+///
+/// # Safety
+/// Nothing in this process may use those descriptors afterwards.
+unsafe fn close_from(first: RawFd) {
+    if libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint) == 0
+    {
+        return;
+    }
+    let max = match libc::sysconf(libc::_SC_OPEN_MAX) {
+        n if n > 0 => n.min(1 << 16) as RawFd,
+        _ => 1024,
+    };
+    for fd in first..max {
+        libc::close(fd);
+    }
+}
+
+/// Whether `pid` has ended (without reaping it).
+fn has_ended(pid: libc::pid_t) -> bool {
+    // SAFETY: waitid on our own child, writing only `info`.
+    let mut info: libc::siginfo_t = unsafe { core::mem::zeroed() };
+    let r = unsafe {
+        libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOHANG | libc::WNOWAIT)
+    };
+    // SAFETY: si_pid is set when waitid reported a child.
+    r != 0 || unsafe { info.si_pid() } == pid
+}
+
+/// Kills `pid`'s process group (and `pid` itself, should it not lead one).
+fn kill_group(pid: libc::pid_t) {
+    // SAFETY: `pid` is our unreaped child, so no other process or group
+    // can have its number.
+    unsafe {
+        libc::kill(-pid, libc::SIGKILL);
+        libc::kill(pid, libc::SIGKILL);
+    }
+}
+
+/// Reads what `fd` has now into `buf`; false once it reached its end.
+fn drain(fd: RawFd, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 8192];
+    loop {
+        // SAFETY: reads into a local buffer of its length.
+        let n = unsafe { libc::read(fd, chunk.as_mut_ptr().cast(), chunk.len()) };
+        if n > 0 {
+            buf.extend_from_slice(&chunk[..n as usize]);
+            continue;
+        }
+        if n == 0 {
+            return false;
+        }
+        let e = std::io::Error::last_os_error();
+        return matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted);
+    }
+}
+
+fn watch(pid: libc::pid_t, idle: Duration, msg_r: RawFd, out_r: RawFd) -> Supervised {
+    let mut lines = Vec::new();
+    let mut partial = Vec::new();
+    let mut output = Vec::new();
+    let mut output_len = 0;
+    let (mut msg_open, mut out_open) = (true, true);
+    let mut deadline = Instant::now() + idle;
+    let mut timed_out = false;
+    while msg_open || out_open {
+        let now = Instant::now();
+        if now >= deadline {
+            timed_out = true;
+            break;
+        }
+        let wait = (deadline - now).min(Duration::from_millis(100));
+        let mut fds = [
+            libc::pollfd { fd: if msg_open { msg_r } else { -1 }, events: libc::POLLIN, revents: 0 },
+            libc::pollfd { fd: if out_open { out_r } else { -1 }, events: libc::POLLIN, revents: 0 },
+        ];
+        // SAFETY: polls two descriptors of ours (a negative one is ignored).
+        let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, wait.as_millis().max(1) as libc::c_int) };
+        if r == 0 {
+            // Quiet: the child may be gone while something it forked still
+            // holds the pipes.
+            if has_ended(pid) {
+                break;
+            }
+            continue;
+        }
+        if fds[0].revents != 0 {
+            msg_open = drain(msg_r, &mut partial);
+            let now = Instant::now();
+            while let Some(i) = partial.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=i).collect();
+                lines.push((now, line[..line.len() - 1].to_vec()));
+                deadline = now + idle;
+            }
+        }
+        if fds[1].revents != 0 {
+            let before = output.len();
+            out_open = drain(out_r, &mut output);
+            output_len += output.len() - before;
+            if output.len() > 2 * OUTPUT_TAIL {
+                output.drain(..output.len() - OUTPUT_TAIL);
+            }
+        }
+    }
+    if !timed_out {
+        // Its pipes are closed: it is exiting. Give it until the deadline.
+        while !has_ended(pid) {
+            if Instant::now() >= deadline {
+                timed_out = true;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let ended = Instant::now();
+    // Whatever is left of its group goes, the child with it if it hung.
+    kill_group(pid);
+    let mut status = 0;
+    // SAFETY: reaps our own child (dead, or killed just above).
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    let end = if timed_out {
+        ChildEnd::TimedOut
+    } else if libc::WIFSIGNALED(status) {
+        ChildEnd::Signaled(libc::WTERMSIG(status))
+    } else {
+        ChildEnd::Exited(libc::WEXITSTATUS(status))
+    };
+    if output.len() > OUTPUT_TAIL {
+        output.drain(..output.len() - OUTPUT_TAIL);
+    }
+    Supervised { lines, output, output_len, end, ended }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send(fd: RawFd, s: &str) {
+        // SAFETY: writes a local buffer to the message descriptor.
+        unsafe { libc::write(fd, s.as_ptr().cast(), s.len()) };
+    }
+
+    #[test]
+    fn a_child_reports_and_exits() {
+        let s = supervise(Duration::from_secs(5), |fd| {
+            send(fd, "one\ntwo\n");
+            // Raw writes: the test harness captures println! in-process.
+            send(1, "printed\n");
+            send(2, "complained\n");
+            7
+        })
+        .unwrap();
+        assert_eq!(s.end, ChildEnd::Exited(7));
+        let lines: Vec<&[u8]> = s.lines.iter().map(|l| l.1.as_slice()).collect();
+        assert_eq!(lines, [b"one".as_slice(), b"two"]);
+        let out = String::from_utf8_lossy(&s.output);
+        assert!(out.contains("printed") && out.contains("complained"), "{out}");
+    }
+
+    #[test]
+    fn a_crash_is_a_signal_and_the_output_is_bounded() {
+        let s = supervise(Duration::from_secs(5), |_| {
+            for _ in 0..1000 {
+                send(1, "0123456789012345678901234567890123456789\n");
+            }
+            // SAFETY: deliberately ends the child as a crash would.
+            unsafe { libc::raise(libc::SIGSEGV) };
+            0
+        })
+        .unwrap();
+        assert_eq!(s.end, ChildEnd::Signaled(libc::SIGSEGV));
+        assert_eq!(signal_name(libc::SIGSEGV), "SIGSEGV");
+        assert!(
+            s.output.len() <= OUTPUT_TAIL && s.output_len > 40_000,
+            "{} {}",
+            s.output.len(),
+            s.output_len
+        );
+    }
+
+    #[test]
+    fn a_silent_child_is_killed_with_what_it_forked() {
+        let t = Instant::now();
+        let s = supervise(Duration::from_millis(300), |fd| {
+            // A grandchild holding the pipes open must not keep the kit
+            // waiting either.
+            // SAFETY: fork in a test child that only sleeps afterwards.
+            unsafe { libc::fork() };
+            send(fd, "started\n");
+            std::thread::sleep(Duration::from_secs(60));
+            0
+        })
+        .unwrap();
+        assert_eq!(s.end, ChildEnd::TimedOut);
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        assert!(s.lines.iter().any(|l| l.1 == b"started"));
     }
 }

@@ -6,6 +6,7 @@
 use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::{MemplugMessageSink, MemplugStatus, MEMPLUG_MESSAGE_MAX, MEMPLUG_STATUS_OK};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::thread::ThreadId;
 
@@ -86,8 +87,15 @@ pub(crate) struct Logged {
 }
 
 /// Everything the run observed through sinks and output buffers.
+///
+/// Each check runs in its own process: there the log starts as a copy of
+/// what the checks before it logged ([`Log::snapshot`]), is muted while the
+/// kit re-runs the checks that set the plugin up, and what the check itself
+/// adds ([`Log::since`]) goes back to the kit, which adds it to its own.
 #[derive(Default)]
 pub(crate) struct Log {
+    /// While set, nothing is recorded.
+    muted: AtomicBool,
     calls: Mutex<Vec<Logged>>,
     /// `(slot, detail)`: an output written past its `struct_size`.
     pub(crate) overruns: Mutex<Vec<(&'static str, String)>>,
@@ -95,8 +103,54 @@ pub(crate) struct Log {
     pub(crate) written_on_failure: Mutex<Vec<(&'static str, MemplugStatus)>>,
 }
 
+/// How long each list of a [`Log`] was at some moment.
+#[derive(Clone, Copy)]
+pub(crate) struct Marks(usize, usize, usize);
+
+/// What a [`Log`] recorded after some [`Marks`].
+pub(crate) type Entries = (Vec<Logged>, Vec<(&'static str, String)>, Vec<(&'static str, MemplugStatus)>);
+
+fn locked<T: Clone>(m: &Mutex<Vec<T>>) -> std::sync::MutexGuard<'_, Vec<T>> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn tail<T: Clone>(m: &Mutex<Vec<T>>, from: usize) -> Vec<T> {
+    locked(m).get(from..).map(<[T]>::to_vec).unwrap_or_default()
+}
+
 impl Log {
+    /// Stops (or resumes) recording.
+    pub(crate) fn set_muted(&self, muted: bool) {
+        self.muted.store(muted, Ordering::SeqCst);
+    }
+
+    fn muted(&self) -> bool {
+        self.muted.load(Ordering::SeqCst)
+    }
+
+    /// An unmuted copy of everything recorded so far.
+    pub(crate) fn snapshot(&self) -> Log {
+        Log {
+            muted: AtomicBool::new(false),
+            calls: Mutex::new(locked(&self.calls).clone()),
+            overruns: Mutex::new(locked(&self.overruns).clone()),
+            written_on_failure: Mutex::new(locked(&self.written_on_failure).clone()),
+        }
+    }
+
+    pub(crate) fn marks(&self) -> Marks {
+        Marks(locked(&self.calls).len(), locked(&self.overruns).len(), locked(&self.written_on_failure).len())
+    }
+
+    /// Everything recorded after `m`.
+    pub(crate) fn since(&self, m: Marks) -> Entries {
+        (tail(&self.calls, m.0), tail(&self.overruns, m.1), tail(&self.written_on_failure, m.2))
+    }
+
     pub(crate) fn record(&self, slot: &'static str, status: MemplugStatus, writes: Vec<Write>) {
+        if self.muted() {
+            return;
+        }
         if status != MEMPLUG_STATUS_OK || !writes.is_empty() {
             self.calls.lock().unwrap_or_else(|e| e.into_inner()).push(Logged { slot, status, writes });
         }
@@ -107,10 +161,16 @@ impl Log {
     }
 
     pub(crate) fn overrun(&self, slot: &'static str, detail: String) {
+        if self.muted() {
+            return;
+        }
         self.overruns.lock().unwrap_or_else(|e| e.into_inner()).push((slot, detail));
     }
 
     pub(crate) fn wrote_on_failure(&self, slot: &'static str, status: MemplugStatus) {
+        if self.muted() {
+            return;
+        }
         self.written_on_failure.lock().unwrap_or_else(|e| e.into_inner()).push((slot, status));
     }
 }

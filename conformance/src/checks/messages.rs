@@ -23,8 +23,12 @@ fn listed(items: BTreeSet<String>) -> String {
     v.join(", ")
 }
 
-pub(crate) fn finish(res: &mut Results, ctx: &Ctx, plugin: &PluginView, mechs: &[Mech], start_live: u64) {
+/// Judges what the log holds: every check before these ran in its own
+/// process, and its process sent the kit what it logged, so `ctx.log` (a
+/// copy of the kit's) holds the whole run.
+pub(crate) fn finish(res: &mut Results, ctx: &Ctx, plugin: &PluginView, mechs: &[Mech]) {
     let calls = ctx.log.calls();
+    let leaks = res.leaks().to_vec();
     res.run("messages.present", None, || {
         let refusals: Vec<_> = calls.iter().filter(|c| !NOT_REFUSALS.contains(&c.status)).collect();
         let silent: BTreeSet<String> = refusals
@@ -82,19 +86,30 @@ pub(crate) fn finish(res: &mut Results, ctx: &Ctx, plugin: &PluginView, mechs: &
         Ok("failed calls left their outputs alone".into())
     });
     res.run("lifecycle.unload_ready", None, || {
+        // This process made nothing: what it counts is what the plugin
+        // counts with nothing made. Each check before ran in a process of
+        // its own, and the kit compared the count before and after it.
         let live = plugin.live();
         if live != 0 {
             fail!(
-                "live_objects is {live} after everything the kit made was released (it was {start_live} \
-                 before the kit made anything); a host would never unload this plugin"
+                "live_objects is {live} with nothing made (in a fresh process, after negotiation and the \
+                 descriptor checks); a host would never unload this plugin"
+            );
+        }
+        if !leaks.is_empty() {
+            fail!(
+                "live_objects did not come back after {} check(s) released everything they made: {}; a host \
+                 would never unload this plugin",
+                leaks.len(),
+                listed(leaks.into_iter().collect())
             );
         }
         if let Some(unload) = plugin.unload {
             // SAFETY: published slot, called once, after the last call.
             unsafe { unload(plugin.ctx) };
-            return Ok("live_objects is 0; unload was called".into());
+            return Ok("live_objects is 0 and came back after every check; unload was called".into());
         }
-        Ok("live_objects is 0 (no unload slot published)".into())
+        Ok("live_objects is 0 and came back after every check (no unload slot published)".into())
     });
 }
 

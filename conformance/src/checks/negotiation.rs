@@ -2,7 +2,7 @@
 
 use super::{ensure, expect, fail, Checked, Ctx, Results};
 use crate::os::{in_child, ChildEnd};
-use crate::raw::{status_name, Guarded};
+use crate::raw::{status_name, Guarded, FILL};
 use crate::sink::{call, Recorder};
 use memplug_sdk::abi::*;
 use std::time::Duration;
@@ -95,10 +95,57 @@ fn declared_range(p: *const MemplugPlugin) -> Option<(u32, u32)> {
     }
 }
 
+/// What is wrong with an answer the entry returned OK with, judged before
+/// anything it points at is read: the host's `struct_size` overwritten,
+/// the answer left unwritten (the kit's fill bytes), a NULL, low or
+/// misaligned descriptor pointer, or an agreed minor outside the host's
+/// range `1.host_min..=1.host_max`. `declared` is the `struct_size` the
+/// host set.
+pub(crate) fn malformed_answer(
+    n: &MemplugNegotiation,
+    declared: u32,
+    host_min: u32,
+    host_max: u32,
+) -> Option<String> {
+    let fill_ptr = usize::from_ne_bytes([FILL; core::mem::size_of::<usize>()]);
+    let fill_u32 = u32::from_ne_bytes([FILL; 4]);
+    let p = n.plugin as usize;
+    let align = core::mem::align_of::<MemplugPlugin>();
+    Some(if n.struct_size != declared {
+        format!(
+            "the entry overwrote the answer's struct_size: the host set {declared}, it reads {} (struct_size is the \
+             host's to set)",
+            n.struct_size
+        )
+    } else if p == fill_ptr && n.agreed_minor == fill_u32 {
+        format!(
+            "the entry returned OK without writing its answer: plugin and agreed_minor still hold the kit's fill \
+             bytes ({p:#x}, {fill_u32:#x})"
+        )
+    } else if p == fill_ptr {
+        format!("the entry returned OK without writing the descriptor pointer: plugin still holds the fill bytes {p:#x}")
+    } else if p == 0 {
+        "OK without a plugin descriptor (plugin is NULL)".into()
+    } else if p < 4096 {
+        format!("the plugin descriptor pointer {p:#x} lies in the first page: not a descriptor")
+    } else if p % align != 0 {
+        format!("the plugin descriptor pointer {p:#x} is not aligned to {align} bytes (MemplugPlugin's alignment)")
+    } else if n.agreed_minor < host_min || n.agreed_minor > host_max {
+        format!(
+            "agreed minor {} ({:#x}) lies outside the host's range 1.{host_min}..=1.{host_max}",
+            n.agreed_minor, n.agreed_minor
+        )
+    } else {
+        return None;
+    })
+}
+
 /// Runs every `negotiation.*` check; returns the descriptor and agreed
-/// minor of the first, ordinary negotiation when it succeeded.
+/// minor of the first, ordinary negotiation when it succeeded and its
+/// answer is well-formed (nothing of a malformed answer is dereferenced).
 pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlugin, u32)> {
     let mut found: Option<(*const MemplugPlugin, u32)> = None;
+    let mut range: Option<(u32, u32)> = None;
     res.run("negotiation.accepts_host", None, || {
         let a = negotiate(
             ctx,
@@ -117,9 +164,19 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
             "the plugin wrote past the answer's struct_size ({MEMPLUG_NEGOTIATION_SIZE_1_0})"
         );
         let n = a.negotiation();
-        ensure!(!n.plugin.is_null(), "OK without a plugin descriptor");
+        if let Some(why) = malformed_answer(&n, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, MEMPLUG_ABI_MINOR) {
+            fail!("{why}");
+        }
+        ensure!(
+            crate::os::readable(n.plugin as u64, 16),
+            "the plugin descriptor pointer {:p} is not mapped readable in this process: the descriptor cannot \
+             be read",
+            n.plugin
+        );
+        let declared = declared_range(n.plugin);
         found = Some((n.plugin, n.agreed_minor));
-        if let Some((pmin, pmax)) = declared_range(n.plugin) {
+        range = declared;
+        if let Some((pmin, pmax)) = declared {
             let (lo, hi) = (pmin, pmax.min(MEMPLUG_ABI_MINOR));
             ensure!(
                 n.agreed_minor >= lo && n.agreed_minor <= hi,
@@ -129,7 +186,6 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
         }
         Ok(format!("agreed on 1.{}", n.agreed_minor))
     });
-    let range = found.and_then(|(p, _)| declared_range(p));
     let (pmin, pmax) = range.unwrap_or((0, 0));
 
     res.run("negotiation.host_range_above", None, || {
@@ -198,7 +254,11 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
             &[MEMPLUG_STATUS_OK],
             "host info with struct_size 64, garbage after the 1.0 prefix",
         )?;
-        ensure!(!a.negotiation().plugin.is_null(), "OK without a plugin descriptor");
+        if let Some(why) =
+            malformed_answer(&a.negotiation(), MEMPLUG_NEGOTIATION_SIZE_1_0, 0, MEMPLUG_ABI_MINOR)
+        {
+            fail!("host info with struct_size 64: {why}");
+        }
         Ok("struct_size 64 accepted".into())
     });
     res.run("negotiation.short_out", None, || {
@@ -235,4 +295,40 @@ fn null_arguments(ctx: &Ctx) -> Checked {
         status_name(b)
     );
     Ok("NULL host info and NULL answer refused".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(plugin: usize, agreed_minor: u32) -> MemplugNegotiation {
+        MemplugNegotiation {
+            struct_size: MEMPLUG_NEGOTIATION_SIZE_1_0,
+            agreed_minor,
+            plugin: plugin as *const MemplugPlugin,
+        }
+    }
+
+    #[test]
+    fn a_malformed_answer_is_named_before_it_is_read() {
+        let ok = answer(0x7f00_0000_1000, 1);
+        assert_eq!(malformed_answer(&ok, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, 1), None);
+        let unwritten = Guarded::new(MEMPLUG_NEGOTIATION_SIZE_1_0).read::<MemplugNegotiation>();
+        let why = malformed_answer(&unwritten, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, 1).unwrap();
+        assert!(why.contains("without writing its answer"), "{why}");
+        let mut half = unwritten;
+        half.agreed_minor = 0;
+        assert!(malformed_answer(&half, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, 1).unwrap().contains("fill bytes"));
+        let cases = [
+            (answer(0, 0), "NULL"),
+            (answer(0x10, 0), "first page"),
+            (answer(0x7f00_0000_1001, 0), "not aligned"),
+            (answer(0x7f00_0000_1000, 7), "outside the host's range"),
+            (MemplugNegotiation { struct_size: 4096, ..ok }, "overwrote the answer's struct_size"),
+        ];
+        for (n, want) in cases {
+            let why = malformed_answer(&n, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, 1).unwrap();
+            assert!(why.contains(want), "{why} should say {want}");
+        }
+    }
 }
