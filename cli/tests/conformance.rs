@@ -789,3 +789,29 @@ fn a_closed_stdout_or_stderr_changes_nothing() {
     let status = Command::new("sh").args(["-c", "exec \"$0\" conformance >&- 2>&-", bin]).status().unwrap();
     assert_eq!(status.code(), Some(0));
 }
+
+/// A bare file name is refused (exit 3, saying to give a path) rather than
+/// handed to `dlopen`, which would search `LD_LIBRARY_PATH` for it and
+/// could load a file other than the one checked; the same name given as a
+/// path runs.
+#[test]
+fn a_bare_name_is_refused_and_the_same_file_by_path_runs() {
+    let so = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let dir = so.parent().unwrap();
+    let name = so.file_name().unwrap().to_str().unwrap();
+    let run_in = |arg: &str| {
+        Command::new(env!("CARGO_BIN_EXE_memplug"))
+            .args(["conformance", arg, "--json"])
+            .current_dir(dir)
+            .env("LD_LIBRARY_PATH", dir)
+            .output()
+            .expect("run memplug")
+    };
+    let bare = run_in(name);
+    assert_eq!(bare.status.code(), Some(3), "{}", String::from_utf8_lossy(&bare.stdout));
+    let v: Value = serde_json::from_slice(&bare.stdout).unwrap();
+    let why = v["could_not_run"].as_str().unwrap_or_default();
+    assert!(why.contains("bare file name") && why.contains(&format!("./{name}")), "{why}");
+    let by_path = run_in(&format!("./{name}"));
+    assert_eq!(by_path.status.code(), Some(0), "{}", String::from_utf8_lossy(&by_path.stdout));
+}

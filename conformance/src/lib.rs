@@ -281,6 +281,12 @@ impl Default for Options {
 pub enum Error {
     /// The file does not exist.
     NotFound(PathBuf),
+    /// A bare file name (no `/`): `dlopen` would search for it
+    /// (`LD_LIBRARY_PATH`, the loader cache), so the file checked and the
+    /// file loaded could differ. The kit, like the host, takes a path.
+    BareName(PathBuf),
+    /// The file exists but cannot be opened, or is not a regular file.
+    Unreadable { path: PathBuf, reason: String },
     /// `--mechanism` named a mechanism the plugin does not publish.
     NoSuchMechanism { name: String, available: Vec<String> },
     /// The kit could not start the process of a check (fork or pipe
@@ -292,6 +298,15 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::NotFound(p) => write!(f, "{} does not exist", p.display()),
+            Error::BareName(p) => write!(
+                f,
+                "{} is a bare file name, which is not searched for (not in LD_LIBRARY_PATH, the loader \
+                 cache or the current directory); give the plugin's path: ./{} for the file in the \
+                 current directory, or an absolute path",
+                p.display(),
+                p.display()
+            ),
+            Error::Unreadable { path, reason } => write!(f, "cannot open {}: {reason}", path.display()),
             Error::NoSuchMechanism { name, available } => {
                 let available: Vec<String> = available.iter().map(|a| printable(a)).collect();
                 write!(
@@ -673,10 +688,23 @@ pub fn run_streaming(
     opts: &Options,
     on_result: &mut dyn FnMut(&CheckResult),
 ) -> Result<Report, Error> {
+    use std::os::unix::ffi::OsStrExt;
+    if !path.as_os_str().as_bytes().contains(&b'/') {
+        return Err(Error::BareName(path.to_path_buf()));
+    }
     if !path.exists() {
         return Err(Error::NotFound(path.to_path_buf()));
     }
-    checks::run(path, opts, on_result)
+    // Opened once: every check's process loads this descriptor (inherited
+    // through fork) and the export check reads it, so what is checked is
+    // what was opened, even if the name is replaced during the run.
+    let unreadable = |reason: String| Error::Unreadable { path: path.to_path_buf(), reason };
+    let file = std::fs::File::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let meta = file.metadata().map_err(|e| unreadable(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unreadable("not a regular file".into()));
+    }
+    checks::run(path, &file, opts, on_result)
 }
 
 #[cfg(test)]

@@ -197,6 +197,10 @@ pub(crate) fn in_child(timeout: Duration, f: impl FnOnce() -> i32) -> ChildEnd {
 /// The descriptor a supervised child writes its messages to.
 pub(crate) const MESSAGE_FD: RawFd = 3;
 
+/// Where a child finds the descriptor [`supervise`] was asked to keep (the
+/// plugin file the parent opened, which every check loads).
+pub(crate) const KEPT_FD: RawFd = MESSAGE_FD + 1;
+
 /// Bytes of a child's output (stdout and stderr together) the kit keeps:
 /// the last ones.
 pub(crate) const OUTPUT_TAIL: usize = 2048;
@@ -243,15 +247,19 @@ fn pipe() -> Result<(RawFd, RawFd), String> {
 /// process goes away, default actions for the crash signals, no signal
 /// blocked, stdin `/dev/null`, stdout and stderr into a pipe this side
 /// reads (what a plugin prints cannot reach the caller's terminal or
-/// report), messages to [`MESSAGE_FD`], every other inherited descriptor
-/// closed; `child`'s return value is its exit status (101 if it panics),
+/// report), messages to [`MESSAGE_FD`], `keep` (when given) at
+/// [`KEPT_FD`], every other inherited descriptor closed; `child`'s return value is its exit status (101 if it panics),
 /// and it leaves with `_exit` (no destructor or atexit handler of the
 /// caller's runs there).
 ///
 /// Here: the child is killed — its whole process group, so anything it
 /// forked too — when `idle` passes without a message line, and otherwise
 /// waited for. Whatever it left in its group is killed once it is gone.
-pub(crate) fn supervise(idle: Duration, child: impl FnOnce(RawFd) -> i32) -> Result<Supervised, String> {
+pub(crate) fn supervise(
+    idle: Duration,
+    keep: Option<RawFd>,
+    child: impl FnOnce(RawFd) -> i32,
+) -> Result<Supervised, String> {
     let (msg_r, msg_w) = pipe()?;
     let (out_r, out_w) = match pipe() {
         Ok(p) => p,
@@ -275,7 +283,7 @@ pub(crate) fn supervise(idle: Duration, child: impl FnOnce(RawFd) -> i32) -> Res
     }
     if pid == 0 {
         // SAFETY: in the new child, before anything else runs.
-        unsafe { child_setup(parent, msg_w, out_w) };
+        unsafe { child_setup(parent, msg_w, out_w, keep) };
         let code =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| child(MESSAGE_FD))).unwrap_or(101);
         // SAFETY: leaves without running the parent's destructors or
@@ -297,7 +305,7 @@ pub(crate) fn supervise(idle: Duration, child: impl FnOnce(RawFd) -> i32) -> Res
 ///
 /// # Safety
 /// Only in the child just forked by [`supervise`], with its pipe ends.
-unsafe fn child_setup(parent: libc::pid_t, msg_w: RawFd, out_w: RawFd) {
+unsafe fn child_setup(parent: libc::pid_t, msg_w: RawFd, out_w: RawFd, keep: Option<RawFd>) {
     libc::setpgid(0, 0);
     libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
     if libc::getppid() != parent {
@@ -315,7 +323,8 @@ unsafe fn child_setup(parent: libc::pid_t, msg_w: RawFd, out_w: RawFd) {
     let high = |fd: RawFd| libc::fcntl(fd, libc::F_DUPFD, 64);
     let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
     let (msg, out, null) = (high(msg_w), high(out_w), if null >= 0 { high(null) } else { -1 });
-    if msg < 0 || out < 0 {
+    let kept = keep.map(high);
+    if msg < 0 || out < 0 || kept.is_some_and(|k| k < 0) {
         libc::_exit(120);
     }
     if null >= 0 {
@@ -324,7 +333,13 @@ unsafe fn child_setup(parent: libc::pid_t, msg_w: RawFd, out_w: RawFd) {
     libc::dup2(out, 1);
     libc::dup2(out, 2);
     libc::dup2(msg, MESSAGE_FD);
-    close_from(MESSAGE_FD + 1);
+    match kept {
+        Some(k) => {
+            libc::dup2(k, KEPT_FD);
+            close_from(KEPT_FD + 1);
+        }
+        None => close_from(MESSAGE_FD + 1),
+    }
 }
 
 /// Closes every descriptor from `first` up.
@@ -471,7 +486,7 @@ mod tests {
 
     #[test]
     fn a_child_reports_and_exits() {
-        let s = supervise(Duration::from_secs(5), |fd| {
+        let s = supervise(Duration::from_secs(5), None, |fd| {
             send(fd, "one\ntwo\n");
             // Raw writes: the test harness captures println! in-process.
             send(1, "printed\n");
@@ -488,7 +503,7 @@ mod tests {
 
     #[test]
     fn a_crash_is_a_signal_and_the_output_is_bounded() {
-        let s = supervise(Duration::from_secs(5), |_| {
+        let s = supervise(Duration::from_secs(5), None, |_| {
             for _ in 0..1000 {
                 send(1, "0123456789012345678901234567890123456789\n");
             }
@@ -510,7 +525,7 @@ mod tests {
     #[test]
     fn a_silent_child_is_killed_with_what_it_forked() {
         let t = Instant::now();
-        let s = supervise(Duration::from_millis(300), |fd| {
+        let s = supervise(Duration::from_millis(300), None, |fd| {
             // A grandchild holding the pipes open must not keep the kit
             // waiting either.
             // SAFETY: fork in a test child that only sleeps afterwards.

@@ -382,8 +382,12 @@ enum Next {
     End,
 }
 
+/// Runs the checks on the plugin named `path` (as reports show it), whose
+/// opened file is `file`: every check's process loads and reads that
+/// descriptor (as `/proc/self/fd/4`), never the name again.
 pub(crate) fn run(
     path: &Path,
+    file: &std::fs::File,
     opts: &Options,
     on_result: &mut dyn FnMut(&CheckResult),
 ) -> Result<Report, Error> {
@@ -391,7 +395,9 @@ pub(crate) fn run(
     let mut report = Report::empty(path, opts);
     loop {
         let target = kit.history.len();
-        let child = os::supervise(opts.timeout, |fd| child_main(path, opts, &kit, target, fd))
+        let keep = std::os::fd::AsRawFd::as_raw_fd(file);
+        let opened = std::path::PathBuf::from(format!("/proc/self/fd/{}", os::KEPT_FD));
+        let child = os::supervise(opts.timeout, Some(keep), |fd| child_main(&opened, opts, &kit, target, fd))
             .map_err(Error::Isolation)?;
         let (result, go) = match kit.absorb(child, opts)? {
             Next::Go(r) => (r, true),
