@@ -108,6 +108,35 @@
  *                           answer whatever its size
  * BAD_READ_ONLY_WRITABLE    [full] read-only mappings are   cannot see it (it never writes
  *                           made read-write                 through a read-only view)
+ * BAD_HOST_FN_TWICE         [full] the stream worker runs   runs the host's closure once; the
+ *                           every host function twice       second run is counted as stray
+ * BAD_HOST_FN_REFUSED_RUNS  [full] enqueue_host_fn runs the the closure ran once (before the
+ *                           function inline, then fails     failure); nothing runs after it
+ * BAD_HOST_FN_LATE          [full] enqueue_host_fn fails    drops the closure on the failure;
+ *                           but keeps the function and runs the late run is counted as stray
+ *                           it from the worker when the     and runs nothing
+ *                           stream is destroyed
+ * BAD_OVERLAPPING_BLOCKS    [full] while an allocation (a   refuses the new block (INTERNAL,
+ *                           reservation) is live, a new one naming both objects); it is not
+ *                           is reported at the address of   counted, charged, used or freed
+ *                           the oldest live one
+ * BAD_EXPORT_FD_STDIN       [full, ABI 1.1] export_fd       refuses fd 0 and leaves it open
+ *                           returns 0 (the host's stdin)
+ * BAD_EXPORT_FD_CLOSED      [full, ABI 1.1] export_fd       refuses a number that is not open
+ *                           returns a number it has closed
+ * BAD_EXPORT_FD_PIPE        [full, ABI 1.1] export_fd       refuses a pipe (cannot carry
+ *                           returns the read end of a pipe  memory) and does not close it
+ * BAD_IMPORT_CLOSES_FD      [full, ABI 1.1] import_fd       lends a duplicate, so the caller's
+ *                           closes the descriptor it was    descriptor stays open; refuses the
+ *                           given                           import (INTERNAL)
+ * BAD_ESCAPES_IN_NAMES      plugin name, version and        shows every control character
+ *                           mechanism name carry terminal   escaped (\x1b, \r, \x07, ...),
+ *                           escapes, CR, BEL, C1 and bidi   never raw
+ *                           controls
+ * BAD_DOUBLE_FREE_WITNESS   deallocate of a freed or stale  never sends a second free (the
+ *                           handle says OK and remembers:   plugin's count stays 0 and
+ *                           live_objects counts it forever  allocate keeps working)
+ *                           and allocate refuses after it
  *
  * None of the variants crashes the host when called the way the ABI says;
  * a host that crashes on one of them has a bug.
@@ -119,10 +148,13 @@
 #include "memplug.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -141,14 +173,29 @@
      defined(BAD_DUPLICATE_NAME) + defined(BAD_SINK_TWICE) + defined(BAD_SINK_OTHER_THREAD) +    \
      defined(BAD_REENTRANT_ENTRY) + defined(BAD_LIVE_ZERO) + defined(BAD_DEALLOC_ANY) +          \
      defined(BAD_DOUBLE_FREE_OK) + defined(BAD_WRITES_OUT_ON_FAILURE) +                          \
-     defined(BAD_NEGOTIATE_LAX) + defined(BAD_READ_ONLY_WRITABLE)) > 1
+     defined(BAD_NEGOTIATE_LAX) + defined(BAD_READ_ONLY_WRITABLE) + defined(BAD_HOST_FN_TWICE) +    \
+     defined(BAD_HOST_FN_REFUSED_RUNS) + defined(BAD_HOST_FN_LATE) + defined(BAD_OVERLAPPING_BLOCKS) + \
+     defined(BAD_EXPORT_FD_STDIN) + defined(BAD_EXPORT_FD_CLOSED) + defined(BAD_EXPORT_FD_PIPE) +       \
+     defined(BAD_IMPORT_CLOSES_FD) + defined(BAD_ESCAPES_IN_NAMES) + defined(BAD_DOUBLE_FREE_WITNESS)) > 1
 #error "define at most one BAD_* variant"
 #endif
 
 /* The variants whose misbehaviour lies in an optional capability publish
  * all of them. */
+/* The variants that speak ABI 1.1 (and only 1.1) and publish the shared
+ * mapping's export_fd and import_fd. */
+#if defined(BAD_EXPORT_FD_STDIN) || defined(BAD_EXPORT_FD_CLOSED) || defined(BAD_EXPORT_FD_PIPE) ||        \
+    defined(BAD_IMPORT_CLOSES_FD)
+#define BAD_EXPORTS 1
+#define BAD_MINOR 1u
+#else
+#define BAD_MINOR 0u
+#endif
+
 #if defined(BAD_UNKNOWN_ACCESS) || defined(BAD_RANGE_UNCHECKED) || defined(BAD_COMMITTED_LIES) ||     \
-    defined(BAD_FORGED_FENCE) || defined(BAD_FENCE_NEVER) || defined(BAD_READ_ONLY_WRITABLE)
+    defined(BAD_FORGED_FENCE) || defined(BAD_FENCE_NEVER) || defined(BAD_READ_ONLY_WRITABLE) ||        \
+    defined(BAD_HOST_FN_TWICE) || defined(BAD_HOST_FN_REFUSED_RUNS) || defined(BAD_HOST_FN_LATE) ||    \
+    defined(BAD_OVERLAPPING_BLOCKS) || defined(BAD_EXPORTS)
 #define BAD_FULL 1
 #endif
 
@@ -286,6 +333,11 @@ struct bad_slot {
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct bad_slot g_slots[BAD_MAX_LIVE];
 static uint64_t g_live;
+#ifdef BAD_DOUBLE_FREE_WITNESS
+/* Frees received for a handle already freed (or of a slot reused since). */
+static uint64_t g_second_frees;
+static uint64_t g_second_free_handle;
+#endif
 
 static MemplugStatus bad_properties(void *ctx, MemplugProperties *out, const MemplugMessageSink *sink)
 {
@@ -422,6 +474,19 @@ static MemplugStatus bad_allocate(void *ctx, const MemplugRequest *request, Memp
     }
     addr = (uint64_t)(uintptr_t)p + extra;
     pthread_mutex_lock(&g_lock);
+#ifdef BAD_DOUBLE_FREE_WITNESS
+    if (g_second_frees != 0) {
+        /* Tells whoever looks that the host sent a second free. */
+        static char seen[160];
+        (void)snprintf(seen, sizeof seen,
+                       "bad_plugin: the host sent %llu second free(s), the last for handle %#llx",
+                       (unsigned long long)g_second_frees, (unsigned long long)g_second_free_handle);
+        pthread_mutex_unlock(&g_lock);
+        free(p);
+        say(sink, seen);
+        return bad_refuse(out, MEMPLUG_STATUS_INTERNAL);
+    }
+#endif
     for (i = 0; i < BAD_MAX_LIVE && g_slots[i].ptr != NULL; i++) {
         /* find a free slot */
     }
@@ -436,6 +501,20 @@ static MemplugStatus bad_allocate(void *ctx, const MemplugRequest *request, Memp
     g_slots[i].object_id = r.object_id;
     g_slots[i].size = r.size;
     g_live++;
+#ifdef BAD_OVERLAPPING_BLOCKS
+    {
+        /* Reports the address of the oldest other live allocation (its own
+         * bookkeeping keeps the real one, so a free of that block would
+         * never match). */
+        uint32_t j;
+        for (j = 0; j < BAD_MAX_LIVE; j++) {
+            if (j != i && g_slots[j].ptr != NULL) {
+                addr = g_slots[j].addr;
+                break;
+            }
+        }
+    }
+#endif
     write_block(out, addr, r.size, ((uint64_t)g_slots[i].generation << 32) | (i + 1u));
     pthread_mutex_unlock(&g_lock);
     return MEMPLUG_STATUS_OK;
@@ -472,6 +551,16 @@ static MemplugStatus bad_deallocate(void *ctx, const MemplugObjectRef *object,
 #ifdef BAD_DOUBLE_FREE_OK
     /* A slot already free: "freed" again, successfully. */
     if (s != NULL && s->ptr == NULL) {
+        pthread_mutex_unlock(&g_lock);
+        return MEMPLUG_STATUS_OK;
+    }
+#endif
+#ifdef BAD_DOUBLE_FREE_WITNESS
+    /* A slot already free, or reused since the handle was given out: a
+     * second free, "successful", and remembered. */
+    if (s != NULL && (s->ptr == NULL || s->generation != (uint32_t)(o.handle >> 32))) {
+        g_second_frees++;
+        g_second_free_handle = o.handle;
         pthread_mutex_unlock(&g_lock);
         return MEMPLUG_STATUS_OK;
     }
@@ -738,6 +827,20 @@ static MemplugStatus bad_reserve(void *ctx, const MemplugRequest *request, Mempl
     g_res[i].pages = pages;
     g_res[i].phantom = 0;
     g_res_live++;
+#ifdef BAD_OVERLAPPING_BLOCKS
+    {
+        /* Reports the address of the oldest other live reservation; its
+         * own bookkeeping keeps the real one. */
+        uint32_t j;
+        for (j = 0; j < BAD_MAX_RESERVATIONS; j++) {
+            if (j != i && g_res[j].live) {
+                write_block(out, g_res[j].addr, size, make_handle(g_res[i].generation, BAD_KIND_RESERVATION, i));
+                pthread_mutex_unlock(&g_lock);
+                return MEMPLUG_STATUS_OK;
+            }
+        }
+    }
+#endif
     write_block(out, g_res[i].addr, size, make_handle(g_res[i].generation, BAD_KIND_RESERVATION, i));
     pthread_mutex_unlock(&g_lock);
     return MEMPLUG_STATUS_OK;
@@ -897,6 +1000,34 @@ static MemplugStatus bad_release_reservation(void *ctx, const MemplugObjectRef *
     return st;
 }
 
+/* Records a new physical object of `size` bytes backed by `fd` (taken
+ * over: closed on failure) and writes its block. */
+static MemplugStatus add_physical(int fd, uint64_t size, uint64_t object_id, MemplugBlock *out,
+                                  const MemplugMessageSink *sink)
+{
+    uint32_t i;
+    pthread_mutex_lock(&g_lock);
+    for (i = 0; i < BAD_MAX_PHYSICAL && g_phys[i].live; i++) {
+        /* find a free slot */
+    }
+    if (i == BAD_MAX_PHYSICAL) {
+        pthread_mutex_unlock(&g_lock);
+        close(fd);
+        say(sink, "bad_plugin: too many physical objects");
+        return MEMPLUG_STATUS_OUT_OF_MEMORY;
+    }
+    g_phys[i].live = 1;
+    g_phys[i].object_id = object_id;
+    g_phys[i].size = size;
+    g_phys[i].host_refs = 1;
+    g_phys[i].mapping_refs = 0;
+    g_phys[i].fd = fd;
+    g_phys_live++;
+    write_block(out, 0, size, make_handle(g_phys[i].generation, BAD_KIND_PHYSICAL, i));
+    pthread_mutex_unlock(&g_lock);
+    return MEMPLUG_STATUS_OK;
+}
+
 static MemplugStatus bad_create(void *ctx, const MemplugRequest *request, MemplugBlock *out,
                                 const MemplugMessageSink *sink)
 {
@@ -904,7 +1035,6 @@ static MemplugStatus bad_create(void *ctx, const MemplugRequest *request, Memplu
     const char *why = NULL;
     uint64_t size;
     int fd;
-    uint32_t i;
     MemplugStatus st = check_request(request, out, &r, &why);
 
     (void)ctx;
@@ -927,27 +1057,104 @@ static MemplugStatus bad_create(void *ctx, const MemplugRequest *request, Memplu
         say(sink, "bad_plugin: create: ftruncate failed");
         return MEMPLUG_STATUS_OUT_OF_MEMORY;
     }
+    return add_physical(fd, size, r.object_id, out, sink);
+}
+
+#ifdef BAD_EXPORTS
+/* ABI 1.1: a new descriptor of the object's memfd (correct apart from the
+ * variant's one misbehaviour). */
+static MemplugStatus bad_export_fd(void *ctx, const MemplugObjectRef *object, int32_t *out_fd,
+                                   const MemplugMessageSink *sink)
+{
+    const char *why = NULL;
+    uint32_t i;
+    int fd = -1;
+    MemplugStatus st;
+
+    (void)ctx;
+    if (out_fd == NULL) {
+        say(sink, "bad_plugin: export_fd: out_fd is NULL");
+        return MEMPLUG_STATUS_INVALID_ARGUMENT;
+    }
     pthread_mutex_lock(&g_lock);
-    for (i = 0; i < BAD_MAX_PHYSICAL && g_phys[i].live; i++) {
-        /* find a free slot */
+    st = find_physical(object, &i, &why);
+    if (st == MEMPLUG_STATUS_OK) {
+        fd = fcntl(g_phys[i].fd, F_DUPFD_CLOEXEC, 3);
+        if (fd < 0) {
+            why = "bad_plugin: export_fd: cannot duplicate the memfd";
+            st = MEMPLUG_STATUS_OUT_OF_MEMORY;
+        }
     }
-    if (i == BAD_MAX_PHYSICAL) {
-        pthread_mutex_unlock(&g_lock);
-        close(fd);
-        say(sink, "bad_plugin: create: too many physical objects");
-        return MEMPLUG_STATUS_OUT_OF_MEMORY;
-    }
-    g_phys[i].live = 1;
-    g_phys[i].object_id = r.object_id;
-    g_phys[i].size = size;
-    g_phys[i].host_refs = 1;
-    g_phys[i].mapping_refs = 0;
-    g_phys[i].fd = fd;
-    g_phys_live++;
-    write_block(out, 0, size, make_handle(g_phys[i].generation, BAD_KIND_PHYSICAL, i));
     pthread_mutex_unlock(&g_lock);
+    if (st != MEMPLUG_STATUS_OK) {
+        say(sink, why);
+        return st;
+    }
+#if defined(BAD_EXPORT_FD_STDIN)
+    /* The host's standard input, as if it were new. */
+    close(fd);
+    *out_fd = 0;
+#elif defined(BAD_EXPORT_FD_CLOSED)
+    /* A number it has just closed. */
+    close(fd);
+    *out_fd = fd;
+#elif defined(BAD_EXPORT_FD_PIPE)
+    {
+        /* A pipe, which carries no memory. */
+        int p[2];
+        close(fd);
+        if (pipe2(p, O_CLOEXEC) != 0) {
+            say(sink, "bad_plugin: export_fd: pipe failed");
+            return MEMPLUG_STATUS_INTERNAL;
+        }
+        close(p[1]);
+        *out_fd = p[0];
+    }
+#else
+    *out_fd = fd;
+#endif
     return MEMPLUG_STATUS_OK;
 }
+
+/* ABI 1.1: a physical object over the memory `fd` names; keeps a
+ * duplicate. */
+static MemplugStatus bad_import_fd(void *ctx, int32_t fd, const MemplugRequest *request, MemplugBlock *out,
+                                   const MemplugMessageSink *sink)
+{
+    MemplugRequest r;
+    const char *why = NULL;
+    struct stat st_buf;
+    uint64_t size;
+    int kept;
+    MemplugStatus st = check_request(request, out, &r, &why);
+
+    (void)ctx;
+    if (st != MEMPLUG_STATUS_OK) {
+        say(sink, why);
+        return st;
+    }
+    size = rounded(r.size);
+    if (size == 0 || fstat(fd, &st_buf) != 0 || st_buf.st_size < 0 || (uint64_t)st_buf.st_size < size) {
+        say(sink, "bad_plugin: import_fd: the descriptor is unusable or smaller than asked");
+        return MEMPLUG_STATUS_INVALID_ARGUMENT;
+    }
+    kept = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (kept < 0) {
+        say(sink, "bad_plugin: import_fd: cannot duplicate the descriptor");
+        return MEMPLUG_STATUS_OUT_OF_MEMORY;
+    }
+#ifdef BAD_IMPORT_CLOSES_FD
+    /* Closes the caller's descriptor (it should only have duplicated it). */
+    close(fd);
+#endif
+    return add_physical(kept, size, r.object_id, out, sink);
+}
+#define BAD_EXPORT_FD bad_export_fd
+#define BAD_IMPORT_FD bad_import_fd
+#else
+#define BAD_EXPORT_FD NULL
+#define BAD_IMPORT_FD NULL
+#endif
 
 static MemplugStatus bad_map(void *ctx, const MemplugObjectRef *object, uint64_t object_offset,
                              const MemplugObjectRef *reservation, uint64_t offset, uint64_t len, uint32_t access,
@@ -1131,6 +1338,9 @@ struct bad_stream {
     pthread_t thread;
     struct bad_job *head;
     struct bad_job *tail;
+    /* BAD_HOST_FN_LATE: functions whose enqueue was refused, kept to be
+     * run when the stream is destroyed. */
+    struct bad_job *limbo;
     uint64_t submitted;
     uint64_t completed;
 };
@@ -1172,6 +1382,10 @@ static void *bad_worker(void *arg)
         }
         pthread_mutex_unlock(&g_sync_lock);
         job->func(job->userdata);
+#ifdef BAD_HOST_FN_TWICE
+        /* Once more, as if the first run had not happened. */
+        job->func(job->userdata);
+#endif
         free(job);
         pthread_mutex_lock(&g_sync_lock);
         s->completed++;
@@ -1235,6 +1449,7 @@ static MemplugStatus bad_stream_create(void *ctx, uint64_t *out_stream, const Me
     g_streams[i].state = BAD_STREAM_LIVE;
     g_streams[i].head = NULL;
     g_streams[i].tail = NULL;
+    g_streams[i].limbo = NULL;
     g_streams[i].submitted = 0;
     g_streams[i].completed = 0;
     if (pthread_create(&g_streams[i].thread, NULL, bad_worker, (void *)(uintptr_t)i) != 0) {
@@ -1262,6 +1477,20 @@ static MemplugStatus bad_stream_destroy(void *ctx, uint64_t stream, const Memplu
         pthread_mutex_unlock(&g_sync_lock);
         say(sink, "bad_plugin: stream_destroy: no such stream");
         return MEMPLUG_STATUS_UNKNOWN_ALLOCATION;
+    }
+    /* Refused functions it kept (BAD_HOST_FN_LATE): run by the worker now,
+     * long after their enqueue failed. */
+    while (g_streams[i].limbo != NULL) {
+        struct bad_job *late = g_streams[i].limbo;
+        g_streams[i].limbo = late->next;
+        late->next = NULL;
+        if (g_streams[i].tail != NULL) {
+            g_streams[i].tail->next = late;
+        } else {
+            g_streams[i].head = late;
+        }
+        g_streams[i].tail = late;
+        g_streams[i].submitted++;
     }
     g_streams[i].state = BAD_STREAM_CLOSING;
     thread = g_streams[i].thread;
@@ -1294,6 +1523,15 @@ static MemplugStatus bad_enqueue(void *ctx, uint64_t stream, MemplugHostFn func,
         say(sink, "bad_plugin: enqueue_host_fn: func is NULL");
         return MEMPLUG_STATUS_INVALID_ARGUMENT;
     }
+#ifdef BAD_HOST_FN_REFUSED_RUNS
+    /* Runs the function here and now, then reports failure. */
+    (void)stream;
+    (void)job;
+    (void)i;
+    func(userdata);
+    say(sink, "bad_plugin: enqueue_host_fn: refused (after running the function)");
+    return MEMPLUG_STATUS_INTERNAL;
+#else
     job = (struct bad_job *)malloc(sizeof *job);
     if (job == NULL) {
         say(sink, "bad_plugin: enqueue_host_fn: out of memory");
@@ -1310,6 +1548,14 @@ static MemplugStatus bad_enqueue(void *ctx, uint64_t stream, MemplugHostFn func,
         say(sink, "bad_plugin: enqueue_host_fn: no such stream");
         return MEMPLUG_STATUS_UNKNOWN_ALLOCATION;
     }
+#ifdef BAD_HOST_FN_LATE
+    /* Refuses, and keeps the function anyway. */
+    job->next = g_streams[i].limbo;
+    g_streams[i].limbo = job;
+    pthread_mutex_unlock(&g_sync_lock);
+    say(sink, "bad_plugin: enqueue_host_fn: refused (the function is kept for later)");
+    return MEMPLUG_STATUS_INTERNAL;
+#else
     if (g_streams[i].tail != NULL) {
         g_streams[i].tail->next = job;
     } else {
@@ -1320,6 +1566,8 @@ static MemplugStatus bad_enqueue(void *ctx, uint64_t stream, MemplugHostFn func,
     pthread_cond_broadcast(&g_sync_cv);
     pthread_mutex_unlock(&g_sync_lock);
     return MEMPLUG_STATUS_OK;
+#endif
+#endif
 }
 
 static MemplugStatus bad_fence_record(void *ctx, uint64_t stream, uint64_t *out_fence,
@@ -1490,6 +1738,8 @@ static const MemplugSharedMapping g_shared_mapping = {
     .unmap = bad_unmap,
     .retain = bad_retain,
     .release = bad_release_object,
+    .export_fd = BAD_EXPORT_FD,
+    .import_fd = BAD_IMPORT_FD,
 };
 
 static const MemplugSync g_full_sync = {
@@ -1516,6 +1766,10 @@ static uint64_t bad_live_objects(void *ctx)
 #else
     pthread_mutex_lock(&g_lock);
     n = g_live;
+#ifdef BAD_DOUBLE_FREE_WITNESS
+    /* Each second free is a ghost no host can release. */
+    n += g_second_frees;
+#endif
 #ifdef BAD_FULL
     n += g_res_live + g_phys_live;
 #endif
@@ -1606,6 +1860,8 @@ static const MemplugSync g_sync = {.struct_size = sizeof(MemplugSync)};
 #define BAD_CAPS (BAD_BASE_CAPS | MEMPLUG_CAP_VIRTUAL_BACKING)
 #elif defined(BAD_UNKNOWN_CAPS)
 #define BAD_CAPS (BAD_BASE_CAPS | 0x80000000u)
+#elif defined(BAD_EXPORTS)
+#define BAD_CAPS (BAD_BASE_CAPS | MEMPLUG_CAP_SHARED_EXPORT)
 #elif defined(BAD_CAPS_ABOVE_MINOR)
 /* Bit 4, MEMPLUG_CAP_SHARED_EXPORT: defined by ABI 1.1, which this plugin
  * does not speak (and it has no shared mapping either). */
@@ -1624,8 +1880,11 @@ static const struct bad_mechanism_storage g_mechanism = {
 #endif
             .capabilities = BAD_CAPS,
             .mechanism_id = BAD_MECHANISM_ID,
-#ifdef BAD_NULL_NAME
+#if defined(BAD_NULL_NAME)
             .name = NULL,
+#elif defined(BAD_ESCAPES_IN_NAMES)
+            /* ESC [1m (bold), a line feed, DEL. */
+            .name = "bad-\x1b[1mplugin\n\x7f",
 #else
             .name = "bad-plugin",
 #endif
@@ -1677,10 +1936,18 @@ static const struct bad_plugin_storage g_plugin = {
 #else
             .abi_major = 1,
 #endif
-            .min_minor = 0,
-            .max_minor = 0,
+            .min_minor = BAD_MINOR,
+            .max_minor = BAD_MINOR,
+#ifdef BAD_ESCAPES_IN_NAMES
+            /* Clear screen, set the terminal title (OSC ... BEL), a carriage
+             * return over the line; red, a C1 CSI (U+009B) and a
+             * right-to-left override (U+202E). */
+            .name = "memplug-bad-\x1b[2J\x1b]0;owned\x07plugin\r",
+            .version = "0.0.0\x1b[31m\xc2\x9b\xe2\x80\xae",
+#else
             .name = "memplug-bad-plugin",
             .version = "0.0.0",
+#endif
             .ctx = NULL,
 #ifdef BAD_ZERO_MECHANISMS
             .mechanism_count = 0,
@@ -1754,15 +2021,21 @@ MEMPLUG_EXPORT MemplugStatus BAD_ENTRY(const MemplugHostInfo *host, MemplugNegot
     say(sink, "init failed: no device");
     return MEMPLUG_STATUS_INTERNAL;
 #else
-    /* This file implements ABI 1.0 exactly. */
-    if (h.abi_major != 1 || h.min_minor > h.max_minor || h.min_minor > 0) {
+    /* This file implements ABI 1.0 exactly, or (BAD_EXPORTS) 1.1 exactly. */
+    if (h.abi_major != 1 || h.min_minor > h.max_minor || h.min_minor > BAD_MINOR) {
         say(sink, "bad_plugin: no common ABI version with the host");
         return MEMPLUG_STATUS_VERSION_MISMATCH;
     }
+#ifdef BAD_EXPORTS
+    if (h.max_minor < 1) {
+        say(sink, "bad_plugin: this variant speaks only ABI 1.1");
+        return MEMPLUG_STATUS_VERSION_MISMATCH;
+    }
+#endif
 #ifdef BAD_AGREED_MINOR
     answer.agreed_minor = 7;
 #else
-    answer.agreed_minor = 0; /* min(host max, plugin max 0) */
+    answer.agreed_minor = BAD_MINOR; /* the one minor both speak */
 #endif
 #ifdef BAD_NULL_PLUGIN
     answer.plugin = NULL;

@@ -4,6 +4,9 @@
 //! and inspected through the raw ABI, with no host code involved; the
 //! default must be a working minimal plugin.
 
+mod contained;
+
+use contained::{contained_plugin, CONTAINMENT_VARIANTS};
 use core::ffi::{c_char, c_void, CStr};
 use memplug_sdk::abi::*;
 use memplug_test_support::{bad_plugin, BAD_PLUGIN_VARIANTS};
@@ -138,6 +141,51 @@ fn every_variant_is_known_to_the_c_source() {
     for v in BAD_PLUGIN_VARIANTS {
         assert!(src.contains(&format!("defined({v})")), "{v} is not counted in the #error guard");
         assert!(src.contains(&format!(" * {v} ")), "{v} is not in the header comment");
+    }
+}
+
+#[test]
+fn every_containment_variant_is_known_to_the_c_source() {
+    let src =
+        std::fs::read_to_string(memplug_test_support::repo_root().join("abi-tests/c/bad_plugin.c")).unwrap();
+    for v in CONTAINMENT_VARIANTS {
+        assert!(src.contains(&format!("defined({v})")), "{v} is not counted in the #error guard");
+        assert!(src.contains(&format!(" * {v} ")), "{v} is not in the header comment");
+    }
+}
+
+#[test]
+fn the_descriptor_variants_speak_only_abi_1_1_and_publish_export_and_import() {
+    for v in ["BAD_EXPORT_FD_STDIN", "BAD_EXPORT_FD_CLOSED", "BAD_EXPORT_FD_PIPE", "BAD_IMPORT_CLOSES_FD"] {
+        let l = load(&contained_plugin(v));
+        assert_eq!((l.status, l.answer.agreed_minor), (MEMPLUG_STATUS_OK, 1), "{v}: {}", l.message);
+        assert_eq!((l.plugin().min_minor, l.plugin().max_minor), (1, 1), "{v}");
+        let m = l.mechanism(0);
+        assert_ne!(m.capabilities & MEMPLUG_CAP_SHARED_EXPORT, 0, "{v}");
+        let sm = unsafe { &*m.shared_mapping };
+        assert!(sm.struct_size >= MEMPLUG_SHARED_MAPPING_SIZE_1_1, "{v}");
+        assert!(sm.export_fd.is_some() && sm.import_fd.is_some(), "{v}");
+    }
+    // The others keep speaking 1.0 only.
+    let l = load(&contained_plugin("BAD_HOST_FN_TWICE"));
+    assert_eq!((l.status, l.answer.agreed_minor), (MEMPLUG_STATUS_OK, 0));
+}
+
+#[test]
+fn the_escapes_variant_really_puts_control_characters_in_its_names() {
+    let l = load(&contained_plugin("BAD_ESCAPES_IN_NAMES"));
+    assert_eq!(l.status, MEMPLUG_STATUS_OK, "{}", l.message);
+    let name = unsafe { CStr::from_ptr(l.plugin().name) }.to_bytes();
+    let version = unsafe { CStr::from_ptr(l.plugin().version) }.to_bytes();
+    let mechanism = unsafe { CStr::from_ptr(l.mechanism(0).name) }.to_bytes();
+    assert!(name.contains(&0x1b) && name.contains(&0x07) && name.contains(&b'\r'), "{name:?}");
+    assert!(version.contains(&0x1b), "{version:?}");
+    assert!(mechanism.contains(&0x1b) && mechanism.contains(&b'\n'), "{mechanism:?}");
+    for s in [name, version, mechanism] {
+        assert!(
+            std::str::from_utf8(s).is_ok(),
+            "valid UTF-8, so only the escaping stands between it and a terminal"
+        );
     }
 }
 

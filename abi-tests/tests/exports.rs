@@ -14,6 +14,9 @@
 //!   (`abi-tests/c/versioned_plugin.map`): the linker's `MEMPLUG_1.0`
 //!   version symbol is not an export.
 
+mod contained;
+
+use contained::{contained_plugin, CONTAINMENT_VARIANTS};
 use memplug_test_support::{
     bad_plugin, compile_c_plugin, compile_c_plugin_with, find_cdylib, include_dir, repo_root, run_tool,
     test_tmp_dir, BAD_PLUGIN_VARIANTS, C_PLUGIN_FLAGS,
@@ -64,6 +67,17 @@ fn bad_plugins_export_only_their_entry_symbol() {
                     let expected = if *v == "BAD_NO_ENTRY" { "memplug_plugin" } else { "memplug_plugin_v1" };
                     assert_exports(&bad_plugin(Some(v)), &[expected]);
                 });
+            }
+        });
+    }
+}
+
+#[test]
+fn containment_variants_export_only_their_entry_symbol() {
+    for pair in CONTAINMENT_VARIANTS.chunks(2) {
+        std::thread::scope(|s| {
+            for v in pair {
+                s.spawn(move || assert_exports(&contained_plugin(v), &["memplug_plugin_v1"]));
             }
         });
     }

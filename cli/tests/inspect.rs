@@ -96,3 +96,39 @@ fn inspect_takes_a_path_and_never_searches_for_a_bare_name() {
     assert!(stdout.contains(&format!("origin      ./{FILE}")), "{stdout}");
     chmod(&elsewhere, 0o755);
 }
+
+#[test]
+fn inspect_shows_control_characters_in_names_escaped_never_raw() {
+    // A plugin whose name, version and mechanism name carry terminal
+    // escapes (clear screen, set title, colours), CR, LF, BEL, DEL, a C1
+    // CSI and a right-to-left override (abi-tests/c/bad_plugin.c,
+    // BAD_ESCAPES_IN_NAMES).
+    let src = memplug_test_support::repo_root().join("abi-tests/c/bad_plugin.c");
+    let so =
+        memplug_test_support::compile_c_plugin(&src, &["BAD_ESCAPES_IN_NAMES"], "bad_plugin_escapes_inspect");
+    let path = so.to_str().unwrap();
+    for args in [vec!["inspect", path], vec!["inspect", path, "--json"]] {
+        let out = memplug(&args);
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        for (stream, bytes) in [("stdout", &out.stdout), ("stderr", &out.stderr)] {
+            for bad in [0x1b, 0x07, b'\r', 0x7f] {
+                assert!(!bytes.contains(&bad), "{args:?}: byte {bad:#04x} on {stream}");
+            }
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            assert!(!text.contains('\u{9b}') && !text.contains('\u{202e}'), "{args:?}: {text:?}");
+        }
+        let text = String::from_utf8(out.stdout).unwrap();
+        if args.len() == 2 {
+            for want in [
+                r"memplug-bad-\x1b[2J\x1b]0;owned\x07plugin\r 0.0.0\x1b[31m\u{9b}\u{202e}",
+                r"bad-\x1b[1mplugin\n\x7f",
+            ] {
+                assert!(text.contains(want), "missing {want:?} in:\n{text}");
+            }
+        } else {
+            let v: serde_json::Value = serde_json::from_str(&text).expect("valid JSON");
+            assert_eq!(v["name"], r"memplug-bad-\x1b[2J\x1b]0;owned\x07plugin\r");
+            assert_eq!(v["mechanisms"][0]["name"], r"bad-\x1b[1mplugin\n\x7f");
+        }
+    }
+}

@@ -45,8 +45,8 @@ pub use error::{CallError, LoadError, ObjectKind, ReleaseError};
 pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
-    Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
-    Ungoverned, VirtualBackingApi,
+    inside_plugin_call, Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties,
+    SharedMappingApi, SyncApi, Ungoverned, VirtualBackingApi,
 };
 pub use memplug_sdk::Status;
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};

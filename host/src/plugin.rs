@@ -3,7 +3,7 @@
 //! refuse — with a message naming the problem — anything malformed.
 
 use crate::error::{LoadError, ObjectKind};
-use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
+use crate::mechanism::{Capabilities, InPluginCall, Mechanism, MechanismInner, Properties};
 use crate::sink::Capture;
 use memplug_sdk::abi::*;
 use memplug_sdk::facts::{self, Need, Vtable};
@@ -36,6 +36,18 @@ pub struct LoadOptions {
     pub allow_writable_by_others: bool,
     /// Refuse unless the file's SHA-256 (hex) is this (default: no pin).
     pub expected_sha256: Option<String>,
+    /// Check every allocation and reservation a mechanism returns against
+    /// the live ones of the same mechanism, and refuse one whose address
+    /// range overlaps a live block (or wraps around the address space) as
+    /// the plugin's internal failure, naming both objects; the refused
+    /// block is not counted, charged, used or freed. Default: on in debug
+    /// builds (`cfg!(debug_assertions)`), off in release builds: the
+    /// index's lock and `BTreeMap` lookups cost about 650 instructions per
+    /// allocate/free pair, which would more than double the host's own
+    /// path and add about three quarters to a governed binding's
+    /// (`scripts/callgrind.sh`; see `mechanism/blocks.rs`). Turn it on for
+    /// plugins under test or not fully trusted.
+    pub check_overlaps: bool,
 }
 
 impl Default for LoadOptions {
@@ -45,6 +57,7 @@ impl Default for LoadOptions {
             max_minor: HOST_MAX_MINOR,
             allow_writable_by_others: false,
             expected_sha256: None,
+            check_overlaps: cfg!(debug_assertions),
         }
     }
 }
@@ -181,7 +194,10 @@ impl Plugin {
         };
         let mut cap = Capture::default();
         let sink = cap.sink();
-        let raw = entry(&host, &mut out, &sink);
+        let raw = {
+            let _inside = InPluginCall::enter();
+            entry(&host, &mut out, &sink)
+        };
         if raw != MEMPLUG_STATUS_OK {
             let message = cap.take().unwrap_or_else(|| "the plugin gave no message".into());
             if raw == MEMPLUG_STATUS_VERSION_MISMATCH {
@@ -190,7 +206,7 @@ impl Plugin {
             let status = Status::from_raw_conservative(raw);
             return Err(LoadError::EntryFailed { origin, status, raw, message });
         }
-        let r = Reader { origin: &origin, minor: u32::MAX };
+        let r = Reader { origin: &origin, minor: u32::MAX, check_overlaps: opts.check_overlaps };
         let desc: MemplugPlugin = r.prefix(out.plugin, MEMPLUG_PLUGIN_SIZE_1_0, "plugin descriptor")?;
         if desc.abi_major != MEMPLUG_ABI_MAJOR {
             return Err(r.malformed(format!(
@@ -222,7 +238,7 @@ impl Plugin {
             )));
         }
         // From here on the agreed minor is known and within both ranges.
-        let r = Reader { origin: &origin, minor: out.agreed_minor };
+        let r = Reader { origin: &origin, minor: out.agreed_minor, check_overlaps: opts.check_overlaps };
         let name = r.string(desc.name, "plugin name")?;
         let version = r.string(desc.version, "plugin version")?;
         let Some(live_objects) = desc.live_objects else {
@@ -344,6 +360,8 @@ struct Reader<'a> {
     /// The agreed minor (checked against both ranges before any mechanism
     /// is read).
     minor: u32,
+    /// `LoadOptions::check_overlaps`, for each mechanism.
+    check_overlaps: bool,
 }
 
 impl Reader<'_> {
@@ -370,9 +388,11 @@ impl Reader<'_> {
 
     /// Reads a plugin string through the SDK's bounded reader
     /// ([`prefix::read_bounded_str`]: never past its terminator, at most
-    /// [`MAX_NAME`] bytes).
+    /// [`MAX_NAME`] bytes), in its [`escape_untrusted`] form: names and
+    /// versions go to terminals, logs and C strings, so a control
+    /// character never leaves the loader raw.
     unsafe fn string(&self, p: *const c_char, what: &str) -> Result<String, LoadError> {
-        prefix::read_bounded_str(p).map_err(|e| match e {
+        prefix::read_bounded_str(p).map(|s| escape_untrusted(&s)).map_err(|e| match e {
             StringError::Null => LoadError::NullRequired { origin: self.origin.into(), what: what.into() },
             StringError::Unterminated => {
                 self.malformed(format!("{what} has no NUL terminator within {MAX_NAME} bytes"))
@@ -485,6 +505,7 @@ impl Reader<'_> {
             virtual_backing,
             shared_mapping,
             sync,
+            self.check_overlaps,
             shared.clone(),
         );
         let props = self.properties(&inner)?;
@@ -580,10 +601,95 @@ impl Reader<'_> {
     }
 }
 
+/// A plugin's text (its name, version, a mechanism's name) in a form safe
+/// to print and to pass as a C string, faithful and reversible:
+///
+/// * a backslash becomes `\\`;
+/// * tab, line feed and carriage return become `\t`, `\n`, `\r`;
+/// * every other control character (C0, DEL, C1: terminal escapes such as
+///   `ESC [2J`, BEL) becomes `\xNN` below U+0080 and `\u{NN}` above;
+/// * characters that reorder or hide text (the bidirectional embeddings,
+///   overrides, isolates and marks, zero-width characters, the byte order
+///   mark, the line and paragraph separators) become `\u{NNNN}`.
+///
+/// Everything else, including any other non-ASCII text, is kept as it is.
+/// The loader stores names in this form, so `Plugin::name`, error messages,
+/// `memplug inspect` and the C API all show the same escaped text.
+pub fn escape_untrusted(s: &str) -> String {
+    use std::fmt::Write;
+    if !s.chars().any(needs_escape) {
+        return s.to_owned();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if needs_escape(c) && (c as u32) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if needs_escape(c) => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn needs_escape(c: char) -> bool {
+    c == '\\'
+        || c.is_control()
+        || matches!(
+            c,
+            '\u{061c}'
+                | '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{feff}'
+        )
+}
+
 fn agree(flag: bool, pointer: bool, flag_name: &str, field: &str) -> Result<(), String> {
     match (flag, pointer) {
         (true, false) => Err(format!("{flag_name} is set but the {field} pointer is NULL")),
         (false, true) => Err(format!("the {field} pointer is set but {flag_name} is not")),
         _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape_untrusted;
+
+    #[test]
+    fn plain_names_are_kept() {
+        for s in ["memplug-cpu", "cuda-vmm 1.2.3", "mémoire-設備", "a/b:c"] {
+            assert_eq!(escape_untrusted(s), s);
+        }
+    }
+
+    #[test]
+    fn control_and_reordering_characters_are_escaped_visibly() {
+        assert_eq!(escape_untrusted("a\x1b[2Jb"), "a\\x1b[2Jb");
+        assert_eq!(escape_untrusted("bell\x07\r\n\t"), "bell\\x07\\r\\n\\t");
+        assert_eq!(escape_untrusted("del\x7f c1\u{9b}"), "del\\x7f c1\\u{9b}");
+        assert_eq!(escape_untrusted("evil\u{202e}txt.so"), "evil\\u{202e}txt.so");
+        assert_eq!(escape_untrusted("zw\u{200b}j\u{feff}"), "zw\\u{200b}j\\u{feff}");
+        assert_eq!(escape_untrusted("back\\slash"), "back\\\\slash");
+    }
+
+    #[test]
+    fn the_escaped_form_is_printable_and_distinct_for_distinct_inputs() {
+        let inputs = ["a\x1bb", "a\\x1bb", "a\\\x1bb", "a\nb", "a\\nb"];
+        let out: Vec<String> = inputs.iter().map(|s| escape_untrusted(s)).collect();
+        for (i, o) in out.iter().enumerate() {
+            assert!(!o.chars().any(|c| c.is_control()), "{o:?}");
+            for p in &out[i + 1..] {
+                assert_ne!(o, p);
+            }
+        }
     }
 }

@@ -42,6 +42,7 @@ impl<'m> AllocatorApi<'m> {
         if out.addr == 0 || out.addr & (alignment.max(1).wrapping_sub(1)) != 0 || out.size < size {
             return Err(self.bad_block(&req, &out));
         }
+        m.admit_block("allocator.allocate", ObjectKind::Allocation, &req, &out)?;
         m.born(ObjectKind::Allocation);
         Ok(Allocation(m.object(&req, &out)))
     }
@@ -67,9 +68,14 @@ impl<'m> AllocatorApi<'m> {
     pub fn deallocate(&self, a: Allocation) -> Result<(), ReleaseError<Allocation>> {
         let m = self.m;
         let slot = slot!(m.allocator.deallocate);
-        m.release_object("allocator.deallocate", a, ObjectKind::Allocation, slot, |a| {
-            Ok((m.ref_if_made_here("allocator.deallocate", &a.0)?,))
-        })
+        m.release_block(
+            "allocator.deallocate",
+            a,
+            |a| &a.0,
+            ObjectKind::Allocation,
+            slot,
+            |a| Ok((m.ref_if_made_here("allocator.deallocate", &a.0)?,)),
+        )
     }
 
     /// Free and total memory of the device, or `None` when the plugin does

@@ -4,7 +4,13 @@
 //! code on the host's hot paths, so the argument for its soundness is made
 //! once, here, and anything every call must do (the operation gate of a
 //! context, for example) has one place to go.
+//!
+//! The door also marks the calling thread as inside plugin code for the
+//! length of the call ([`inside_plugin_call`]), so a host entry point that
+//! plugin code reaches on the same thread (a host function the plugin runs
+//! inline, a C API call from inside a slot) can tell it is being re-entered.
 
+use super::blocks::BlockIndex;
 use super::MechanismInner;
 use crate::error::{CallError, ReleaseError};
 use crate::sink::Capture;
@@ -13,7 +19,45 @@ use memplug_sdk::abi::{
     MemplugHostFn, MemplugMessageSink, MemplugObjectRef, MemplugStatus, MEMPLUG_STATUS_OK,
 };
 use memplug_sdk::Status;
+use std::cell::Cell;
 use std::ffi::c_void;
+
+std::thread_local! {
+    /// How many plugin calls the running thread is inside (nested when a
+    /// plugin's code reaches the host, which calls a plugin again).
+    static PLUGIN_CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the running thread is inside a call into plugin code made by
+/// this host: a slot of any mechanism or a plugin's entry point. True, for
+/// example, in a host function a plugin runs inline inside
+/// `enqueue_host_fn`, or in a C API function a plugin calls from a slot; false
+/// on a plugin's own worker threads, which are not inside a call from the
+/// host. One thread-local load.
+#[inline]
+pub fn inside_plugin_call() -> bool {
+    PLUGIN_CALL_DEPTH.with(|d| d.get() != 0)
+}
+
+/// Marks the running thread as inside plugin code while it lives.
+pub(crate) struct InPluginCall(());
+
+impl InPluginCall {
+    #[inline(always)]
+    pub(crate) fn enter() -> InPluginCall {
+        // Cannot overflow: each level is a plugin call on this thread's
+        // stack, which runs out long before u32 does.
+        PLUGIN_CALL_DEPTH.with(|d| d.set(d.get().wrapping_add(1)));
+        InPluginCall(())
+    }
+}
+
+impl Drop for InPluginCall {
+    #[inline(always)]
+    fn drop(&mut self) {
+        PLUGIN_CALL_DEPTH.with(|d| d.set(d.get().wrapping_sub(1)));
+    }
+}
 
 /// An argument a slot receives, in the safe form the host holds it in.
 ///
@@ -164,7 +208,10 @@ impl MechanismInner {
         // type it allocated, so the plugin never reads or writes past them.
         // `sink` points at `cap`, which outlives the call. The ABI requires
         // each slot to be callable from any thread and never to unwind.
-        let raw = unsafe { slot.invoke(self.ctx, args, &sink) };
+        let raw = {
+            let _inside = InPluginCall::enter();
+            unsafe { slot.invoke(self.ctx, args, &sink) }
+        };
         (raw, cap)
     }
 
@@ -191,6 +238,51 @@ impl MechanismInner {
             }
             Err(error) => Err(ReleaseError { object, error }),
         }
+    }
+
+    /// [`release_object`](Self::release_object) for an object with an
+    /// address (an allocation or a reservation): it leaves the index of
+    /// live blocks before the plugin frees it, so the plugin may hand the
+    /// address out again at once, and comes back if the plugin refuses.
+    #[inline(always)]
+    pub(crate) fn release_block<T: std::fmt::Debug, A>(
+        &self,
+        name: &'static str,
+        object: T,
+        raw: fn(&T) -> &RawObject,
+        kind: crate::error::ObjectKind,
+        slot: impl Slot<A>,
+        args: impl FnOnce(&T) -> Result<A, CallError>,
+    ) -> Result<(), ReleaseError<T>> {
+        match &self.blocks {
+            None => self.release_object(name, object, kind, slot, args),
+            Some(ix) => self.release_indexed(ix, name, object, raw, kind, slot, args),
+        }
+    }
+
+    // Out of line and marked cold: only a mechanism loaded with
+    // `check_overlaps` goes here, and the unchecked path stays as it was.
+    #[cold]
+    #[inline(never)]
+    #[allow(clippy::too_many_arguments)]
+    fn release_indexed<T: std::fmt::Debug, A>(
+        &self,
+        ix: &BlockIndex,
+        name: &'static str,
+        object: T,
+        raw: fn(&T) -> &RawObject,
+        kind: crate::error::ObjectKind,
+        slot: impl Slot<A>,
+        args: impl FnOnce(&T) -> Result<A, CallError>,
+    ) -> Result<(), ReleaseError<T>> {
+        // A foreign object is refused below, before the plugin sees it; it
+        // has no entry here (object ids are unique in the process).
+        let held = if raw(&object).mechanism_key == self.key { ix.forget(raw(&object)) } else { None };
+        let r = self.release_object(name, object, kind, slot, args);
+        if let (Err(e), Some(b)) = (&r, held) {
+            ix.restore(raw(&e.object), b);
+        }
+        r
     }
 
     /// The plugin's failure as a [`CallError`]; an unknown code is mapped

@@ -23,12 +23,15 @@ macro_rules! slot {
 }
 
 mod allocator;
+mod blocks;
 mod call;
 mod shared_mapping;
 mod sync;
 mod virtual_backing;
 
 pub use allocator::AllocatorApi;
+pub use call::inside_plugin_call;
+pub(crate) use call::InPluginCall;
 pub use shared_mapping::SharedMappingApi;
 pub use sync::stray_host_fn_calls;
 pub use sync::SyncApi;
@@ -38,6 +41,7 @@ use crate::error::{CallError, ObjectKind};
 use crate::governor::AllocationClass;
 use crate::library::LoadedLibrary;
 use crate::tokens::{next_mechanism_key, next_object_id, RawObject};
+use blocks::{BlockIndex, Conflict};
 use memplug_sdk::abi::*;
 pub use memplug_sdk::Access;
 use memplug_sdk::Status;
@@ -174,6 +178,9 @@ pub(crate) struct MechanismInner {
     pub(crate) shared_mapping: Option<MemplugSharedMapping>,
     pub(crate) sync: Option<MemplugSync>,
     pub(crate) live: [AtomicU64; 5],
+    /// Live allocations and reservations by address, when
+    /// `LoadOptions::check_overlaps` is on (`blocks.rs`).
+    pub(crate) blocks: Option<Box<BlockIndex>>,
     // Last field: dropped after everything above, so the library outlives
     // every pointer into it.
     pub(crate) plugin: Arc<LoadedLibrary>,
@@ -210,6 +217,8 @@ impl MechanismInner {
     /// plugin whose library is `plugin`; every required slot of each table
     /// present is non-NULL, and 1.1 slots are set only when the agreed
     /// `minor` is at least 1 and the capability is claimed.
+    /// `check_overlaps` keeps an index of live blocks by address
+    /// (`LoadOptions::check_overlaps`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn new(
         id: u64,
@@ -222,6 +231,7 @@ impl MechanismInner {
         virtual_backing: Option<MemplugVirtualBacking>,
         shared_mapping: Option<MemplugSharedMapping>,
         sync: Option<MemplugSync>,
+        check_overlaps: bool,
         plugin: Arc<LoadedLibrary>,
     ) -> MechanismInner {
         MechanismInner {
@@ -240,6 +250,7 @@ impl MechanismInner {
             shared_mapping,
             sync,
             live: Default::default(),
+            blocks: check_overlaps.then(Box::default),
             plugin,
         }
     }
@@ -297,6 +308,71 @@ impl MechanismInner {
             size: b.size,
             handle: b.handle,
         }
+    }
+
+    /// Admits a new block (an allocation or a reservation) into the index
+    /// of live blocks, when the mechanism keeps one: a block that overlaps
+    /// a live one of this mechanism, or runs past the end of the address
+    /// space, is refused as the plugin's internal failure, and is then not
+    /// counted, not charged, not used and not freed (freeing a bogus block
+    /// could do more harm).
+    #[inline(always)]
+    fn admit_block(
+        &self,
+        slot: &'static str,
+        kind: ObjectKind,
+        req: &MemplugRequest,
+        b: &MemplugBlock,
+    ) -> Result<(), CallError> {
+        match &self.blocks {
+            None => Ok(()),
+            Some(ix) => self.admit_indexed(ix, slot, kind, req.object_id, b.addr, b.size),
+        }
+    }
+
+    // Out of line and marked cold: only a mechanism loaded with
+    // `check_overlaps` goes here, and the unchecked path stays as it was.
+    #[cold]
+    #[inline(never)]
+    fn admit_indexed(
+        &self,
+        ix: &BlockIndex,
+        slot: &'static str,
+        kind: ObjectKind,
+        id: u64,
+        addr: u64,
+        size: u64,
+    ) -> Result<(), CallError> {
+        ix.admit(kind, id, addr, size).map_err(|c| self.block_refusal(slot, kind, id, addr, size, c))
+    }
+
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn block_refusal(
+        &self,
+        slot: &'static str,
+        kind: ObjectKind,
+        id: u64,
+        addr: u64,
+        size: u64,
+        c: Conflict,
+    ) -> CallError {
+        let new = format!("{} object {id} at {addr:#x} ({size} bytes)", kind.singular());
+        let why = match c {
+            Conflict::Wraps => "which runs past the end of the address space".to_string(),
+            Conflict::Overlaps { object_id, addr, size, kind } => format!(
+                "which overlaps live {} object {object_id} at {addr:#x} ({size} bytes) of this mechanism",
+                kind.singular()
+            ),
+        };
+        self.refuse(
+            slot,
+            Status::Internal,
+            format!(
+                "plugin reported success but returned {new}, {why}; the new block is not used, not charged \
+                 and not freed"
+            ),
+        )
     }
 }
 
@@ -356,6 +432,11 @@ impl Mechanism {
     /// Objects of `kind` the host gave out and has not seen released.
     pub fn live(&self, kind: ObjectKind) -> u64 {
         self.inner.live_counter(kind).load(Ordering::Relaxed)
+    }
+    /// Whether the host checks every new allocation and reservation of
+    /// this mechanism against its live ones (`LoadOptions::check_overlaps`).
+    pub fn checks_overlaps(&self) -> bool {
+        self.inner.blocks.is_some()
     }
     /// True when both handles name the same loaded mechanism.
     pub fn same_as(&self, other: &Mechanism) -> bool {

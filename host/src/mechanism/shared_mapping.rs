@@ -7,7 +7,7 @@ use crate::governor::AllocationClass;
 use crate::tokens::{PhysicalObject, Reservation};
 use memplug_sdk::abi::*;
 use memplug_sdk::Status;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// Physical objects mapped into reservations.
 #[derive(Clone, Copy)]
@@ -126,15 +126,25 @@ impl<'m> SharedMappingApi<'m> {
         let o = self.m.ref_if_made_here(SLOT, &object.0)?;
         let mut fd: i32 = -1;
         self.m.call(SLOT, f, (&o, &mut fd))?;
-        if fd < 0 {
+        if let Err(why) = exported_fd_fault(fd) {
+            // Not closed: the number may be the host's own (its stdin, a
+            // file it has open), and closing it would do the harm this
+            // check is here to prevent. A plugin that made a descriptor
+            // of a wrong kind leaks it.
             return Err(self.m.refuse(
                 SLOT,
                 Status::Internal,
-                format!("plugin reported success but returned fd {fd}"),
+                format!(
+                    "plugin reported success but returned fd {fd}, {why}; the host does not own it and \
+                     leaves it as it is"
+                ),
             ));
         }
-        // SAFETY: on success the plugin hands over a descriptor the caller
-        // owns (ABI contract); nothing else owns this number.
+        // SAFETY: on success the plugin hands over a new descriptor the
+        // caller owns (ABI contract), checked above to be open, not a
+        // standard stream and of a kind that can carry memory. What the
+        // host cannot check is that the plugin keeps no copy of the number
+        // (the contract says it must not).
         Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
@@ -149,10 +159,41 @@ impl<'m> SharedMappingApi<'m> {
             return Err(self.no_export(SLOT));
         };
         let m = self.m;
+        // The plugin is lent a duplicate, closed here after the call: a
+        // plugin that closes what it was given (it must duplicate what it
+        // keeps) then closes only the duplicate, never the caller's
+        // descriptor.
+        let lent = fd.try_clone_to_owned().map_err(|e| {
+            m.refuse(SLOT, Status::OutOfMemory, format!("cannot duplicate the descriptor to lend it: {e}"))
+        })?;
+        let lent_fd = lent.as_raw_fd();
+        let before = file_identity(lent_fd);
         let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER);
         let mut out = MechanismInner::empty_block();
-        // `fd` is borrowed: open for the whole call.
-        m.call(SLOT, f, (fd.as_raw_fd(), &req, &mut out))?;
+        let r = m.call(SLOT, f, (lent_fd, &req, &mut out));
+        if before.is_none() || file_identity(lent_fd) != before {
+            // The plugin closed (or replaced) the number it was lent. It
+            // is not the host's any more: closing it could close another
+            // thread's descriptor that reused the number.
+            std::mem::forget(lent);
+            let answer = match &r {
+                Ok(()) => "and reported success (the object it made is not used, not counted and not \
+                           released)"
+                    .to_string(),
+                Err(e) => format!("and failed: {e}"),
+            };
+            return Err(m.refuse(
+                SLOT,
+                Status::Internal,
+                format!(
+                    "the plugin closed the descriptor it was lent (fd {lent_fd}, a duplicate) {answer}; \
+                     the caller's fd {} is untouched",
+                    fd.as_raw_fd()
+                ),
+            ));
+        }
+        drop(lent);
+        r?;
         self.new_object(SLOT, &req, &out, size)
     }
 
@@ -163,5 +204,123 @@ impl<'m> SharedMappingApi<'m> {
         m.release_object(SLOT, object, ObjectKind::PhysicalObject, slot!(self.vt.release), |o| {
             Ok((m.ref_if_made_here(SLOT, &o.0)?,))
         })
+    }
+}
+
+/// Why `fd`, returned by a plugin's `export_fd`, cannot be taken as a new
+/// descriptor for memory: a standard stream or negative, not open, an
+/// `O_PATH` handle, or of a kind that cannot carry memory. Memory travels
+/// as a regular file (a memfd, a file in shm or hugetlbfs), a character
+/// device, or an anonymous inode (a dma-buf, say); sockets, pipes and
+/// FIFOs, directories, block devices and symbolic links are refused.
+fn exported_fd_fault(fd: RawFd) -> Result<(), String> {
+    if fd < 0 {
+        return Err("which is not a descriptor".into());
+    }
+    if fd <= 2 {
+        return Err("one of the standard descriptors (stdin, stdout, stderr), never a new one".into());
+    }
+    // SAFETY: fcntl and fstat on a number read only kernel state; an
+    // unopened number fails with EBADF and changes nothing.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if unsafe { libc::fcntl(fd, libc::F_GETFD) } == -1 || flags == -1 {
+        return Err("which is not open".into());
+    }
+    if flags & libc::O_PATH != 0 {
+        return Err("an O_PATH handle, which cannot map memory".into());
+    }
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: `st` is writable and sized for `struct stat`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return Err(format!("which cannot be examined ({})", std::io::Error::last_os_error()));
+    }
+    // SAFETY: fstat succeeded, so it filled `st`.
+    let kind = unsafe { st.assume_init() }.st_mode & libc::S_IFMT;
+    match kind {
+        // An anonymous inode has no file type bits.
+        0 | libc::S_IFREG | libc::S_IFCHR => Ok(()),
+        libc::S_IFSOCK => Err("a socket, which cannot carry memory".into()),
+        libc::S_IFIFO => Err("a pipe or FIFO, which cannot carry memory".into()),
+        libc::S_IFDIR => Err("a directory, which cannot carry memory".into()),
+        libc::S_IFBLK => Err("a block device, which is not exported memory".into()),
+        libc::S_IFLNK => Err("a symbolic link, which cannot carry memory".into()),
+        other => Err(format!("of unknown file type {other:#o}")),
+    }
+}
+
+/// The open file `fd` names (device and inode), or `None` when it is not
+/// open.
+fn file_identity(fd: RawFd) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: as in `exported_fd_fault`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exported_fd_fault;
+    use std::os::fd::{AsRawFd, IntoRawFd};
+
+    fn fault(fd: i32) -> String {
+        exported_fd_fault(fd).expect_err("refused")
+    }
+
+    #[test]
+    fn standard_negative_and_closed_numbers_are_refused() {
+        for fd in [0, 1, 2] {
+            assert!(fault(fd).contains("standard"), "{fd}");
+        }
+        assert!(fault(-1).contains("not a descriptor"));
+        let closed = std::fs::File::open("/dev/null").unwrap().into_raw_fd();
+        unsafe { libc::close(closed) };
+        assert!(fault(closed).contains("not open"));
+    }
+
+    #[test]
+    fn descriptors_that_cannot_carry_memory_are_refused() {
+        let mut p = [0i32; 2];
+        assert_eq!(unsafe { libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        assert!(fault(p[0]).contains("pipe"));
+        assert!(fault(p[1]).contains("pipe"));
+        unsafe { libc::close(p[0]) };
+        unsafe { libc::close(p[1]) };
+        let (a, _b) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(fault(a.as_raw_fd()).contains("socket"));
+        let dir = std::fs::File::open("/").unwrap();
+        assert!(fault(dir.as_raw_fd()).contains("directory"));
+        let path = std::ffi::CString::new("/dev/null").unwrap();
+        let opath = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+        assert!(opath >= 0);
+        assert!(fault(opath).contains("O_PATH"));
+        unsafe { libc::close(opath) };
+    }
+
+    #[test]
+    fn memory_descriptors_are_accepted() {
+        let name = std::ffi::CString::new("memplug-test").unwrap();
+        let memfd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(memfd >= 0);
+        assert_eq!(exported_fd_fault(memfd), Ok(()));
+        unsafe { libc::close(memfd) };
+        let file = tempfile_like();
+        assert_eq!(exported_fd_fault(file.as_raw_fd()), Ok(()));
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(exported_fd_fault(null.as_raw_fd()), Ok(()), "a character device");
+        let ev = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        assert!(ev >= 0);
+        assert_eq!(exported_fd_fault(ev), Ok(()), "an anonymous inode");
+        unsafe { libc::close(ev) };
+    }
+
+    fn tempfile_like() -> std::fs::File {
+        let path = std::env::temp_dir().join(format!("memplug-export-{}", std::process::id()));
+        let f = std::fs::File::create(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        f
     }
 }

@@ -1,4 +1,26 @@
 //! The sync capability: streams, host functions, fences.
+//!
+//! # Host functions a plugin misuses
+//!
+//! A host function (`SyncApi::enqueue`) reaches the plugin as an id in
+//! `userdata`, never as a pointer: the closure stays in a host table until
+//! its first run takes it out. So, whatever the plugin does:
+//!
+//! * the closure runs **at most once**: a second run of the same id finds
+//!   no entry and does nothing;
+//! * it is **never called after it was freed**: the table owns it until the
+//!   run that consumes it, and a stale id only misses in the table;
+//! * a **refused enqueue** (`enqueue_host_fn` returned a failure) means the
+//!   host drops the function when the call returns: it does not run after
+//!   that, and a plugin that runs the id anyway, then or later, from any
+//!   thread, is ignored. A plugin that ran it *during* the failing call
+//!   (before returning its failure) has run it once, which is the other
+//!   safe reading of a refusal; a caller must not assume either.
+//!
+//! Every ignored run (a second run, a run after a refusal, an id never
+//! issued) is counted in [`stray_host_fn_calls`]. What the host cannot
+//! tell is a plugin that runs the id of *another* pending function early
+//! (ids are not secrets): that breaks ordering, not memory safety.
 
 use super::call::Opaque;
 use super::MechanismInner;
@@ -103,8 +125,10 @@ impl<'m> SyncApi<'m> {
     }
 
     /// Runs `f` on the stream after the work submitted before it. `f` runs
-    /// at most once, whatever the plugin does; when the enqueue fails it is
-    /// dropped unrun.
+    /// at most once, whatever the plugin does. When the enqueue fails, `f`
+    /// is dropped as the call returns and never runs after that (it may
+    /// have run once already if the plugin ran it before failing; see the
+    /// module documentation).
     pub fn enqueue(&self, s: &Stream, f: impl FnOnce() + Send + 'static) -> Result<(), CallError> {
         const SLOT: &str = "sync.enqueue_host_fn";
         self.m.check_handle_made_here(SLOT, s.mechanism_key, "stream")?;

@@ -42,6 +42,7 @@ impl<'m> VirtualBackingApi<'m> {
                 ),
             ));
         }
+        m.admit_block("virtual_backing.reserve", ObjectKind::Reservation, &req, &out)?;
         m.born(ObjectKind::Reservation);
         Ok(Reservation(m.object(&req, &out)))
     }
@@ -76,8 +77,13 @@ impl<'m> VirtualBackingApi<'m> {
     pub fn release(&self, r: Reservation) -> Result<(), ReleaseError<Reservation>> {
         const SLOT: &str = "virtual_backing.release";
         let m = self.m;
-        m.release_object(SLOT, r, ObjectKind::Reservation, slot!(self.vt.release), |r| {
-            Ok((m.ref_if_made_here(SLOT, &r.0)?,))
-        })
+        m.release_block(
+            SLOT,
+            r,
+            |r| &r.0,
+            ObjectKind::Reservation,
+            slot!(self.vt.release),
+            |r| Ok((m.ref_if_made_here(SLOT, &r.0)?,)),
+        )
     }
 }
