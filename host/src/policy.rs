@@ -41,7 +41,7 @@ use sha2::{Digest, Sha256};
 use std::ffi::{c_int, c_void, CStr};
 use std::fs::{File, Metadata};
 use std::io::Read;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
@@ -132,9 +132,8 @@ impl CheckedFile {
     /// that far (that is what loading a plugin means).
     pub unsafe fn dlopen(&self) -> Result<libloading::Library, LoadError> {
         let not_a_library = |reason: String| LoadError::NotALibrary { path: self.named.clone(), reason };
-        let (_dup, fd) = unused_fd_name(&self.file)
-            .map_err(|e| not_a_library(format!("cannot pick a descriptor to load it through: {e}")))?;
-        let name = fd_path(fd);
+        let name = unused_fd_name(&self.file)
+            .map_err(|e| not_a_library(format!("cannot pick a name to load it through: {e}")))?;
         let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
         // SAFETY: the caller's; `name` is our open descriptor.
         unsafe { libloading::os::unix::Library::open(Some(&name), flags) }
@@ -144,7 +143,6 @@ impl CheckedFile {
                 let reason = e.to_string().replace(&*name.to_string_lossy(), &self.named.to_string_lossy());
                 not_a_library(reason)
             })
-        // `_dup` (if any) closes here: the loader holds its own mapping.
     }
 }
 
@@ -285,27 +283,34 @@ fn writable_mode(md: &Metadata) -> Option<u32> {
     (mode & 0o022 != 0 && !sticky_dir).then_some(mode & 0o7777)
 }
 
-/// The descriptor numbers of `file` to hand the dynamic loader: its own,
-/// unless a loaded object's name is already `/proc/self/fd/<that number>`;
-/// then a duplicate (returned, so it stays open until the load is done)
-/// with a number no loaded object's name uses.
-fn unused_fd_name(file: &File) -> std::io::Result<(Option<OwnedFd>, RawFd)> {
-    let taken = loaded_object_names();
-    let mut dup: Option<OwnedFd> = None;
-    let mut fd = file.as_raw_fd();
-    while taken.contains(fd_path(fd).as_os_str().as_bytes()) {
-        // SAFETY: F_DUPFD_CLOEXEC on our open descriptor; the new one is
-        // owned below. The previous duplicate (if any) closes when replaced,
-        // after the new one, numbered above it, exists.
-        let new = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_DUPFD_CLOEXEC, fd + 1) };
-        if new < 0 {
-            return Err(std::io::Error::last_os_error());
+/// Every name this process handed the dynamic loader. The loader keeps a
+/// name it was given as an alias of what it loaded (also when the file was
+/// already loaded under another name) and answers any later `dlopen` of
+/// that name with that object, whatever file the name means by then; so a
+/// `/proc/self/fd/N` name, whose meaning changes with every descriptor, is
+/// never given twice.
+static NAMES_GIVEN: std::sync::Mutex<Option<std::collections::HashSet<Vec<u8>>>> =
+    std::sync::Mutex::new(None);
+
+/// A name of `file` for the dynamic loader that it has never been given
+/// and that names no loaded object: `/proc/self/fd/N`, or when that was
+/// used, the same path with `./` steps added (`/proc/self/fd/./N`, …),
+/// which the kernel resolves to the same descriptor. Recorded as given.
+fn unused_fd_name(file: &File) -> std::io::Result<PathBuf> {
+    let loaded = loaded_object_names();
+    let mut given = NAMES_GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let given = given.get_or_insert_with(Default::default);
+    let fd = file.as_raw_fd();
+    // The longest a name can grow before it passes PATH_MAX.
+    for steps in 0..1000 {
+        let name = PathBuf::from(format!("/proc/self/fd/{}{fd}", "./".repeat(steps)));
+        let bytes = name.as_os_str().as_bytes();
+        if !loaded.contains(bytes) && !given.contains(bytes) {
+            given.insert(bytes.to_vec());
+            return Ok(name);
         }
-        // SAFETY: `new` is a fresh descriptor nothing else owns.
-        dup = Some(unsafe { OwnedFd::from_raw_fd(new) });
-        fd = new;
     }
-    Ok((dup, fd))
+    Err(std::io::Error::other(format!("every name for descriptor {fd} was already given to the loader")))
 }
 
 /// The names of every object the dynamic loader has loaded.

@@ -159,6 +159,22 @@ fn child_scenario() {
             let c = Plugin::load(&second);
             println!("THIRD={}", outcome(&c));
         }
+        // A file loaded a second time while its first load lives makes
+        // the loader keep the second `/proc/self/fd/N` as an alias of it; a
+        // different file loaded later through a descriptor of the same
+        // number must not be answered with that first library.
+        "alias" => {
+            let first = env_path("FIRST");
+            let second = env_path("SECOND");
+            let a = Plugin::load(&first);
+            println!("A={}", outcome(&a));
+            let again = Plugin::load(&first);
+            println!("AGAIN={}", outcome(&again));
+            drop(again);
+            let b = Plugin::load(&second);
+            println!("B={}", outcome(&b));
+            println!("B_MAPPED={}", mapped(&second));
+        }
         other => panic!("unknown scenario {other}"),
     }
 }
@@ -203,6 +219,18 @@ fn each_pinned_load_maps_the_file_whose_bytes_were_hashed() {
     assert_eq!(field(&out, "SECOND"), format!("loaded {C_EXAMPLE_NAME}"), "{out}");
     assert_eq!(field(&out, "SECOND_MAPPED"), "true", "{out}");
     assert_eq!(field(&out, "THIRD"), format!("loaded {C_EXAMPLE_NAME}"), "{out}");
+}
+
+#[test]
+fn a_descriptor_name_the_loader_saw_before_never_loads_the_old_library() {
+    let dir = private_dir("alias");
+    let first = copy_as(&cpu_plugin(), &dir, "libfirst.so", 0o755);
+    let second = copy_as(&c_example("alias"), &dir, "libsecond.so", 0o755);
+    let out = run_child("alias", &dir, &[("FIRST", &first), ("SECOND", &second)]);
+    assert_eq!(field(&out, "A"), "loaded memplug-cpu", "{out}");
+    assert_eq!(field(&out, "AGAIN"), "loaded memplug-cpu", "{out}");
+    assert_eq!(field(&out, "B"), format!("loaded {C_EXAMPLE_NAME}"), "{out}");
+    assert_eq!(field(&out, "B_MAPPED"), "true", "{out}");
 }
 
 #[test]
