@@ -97,6 +97,9 @@
 // Size of `MemplugHostPoolStats` in API 1.0.
 #define MEMPLUG_HOST_POOL_STATS_SIZE_1_0 112
 
+// Size of `MemplugHostPoolInfo` in API 1.0.
+#define MEMPLUG_HOST_POOL_INFO_SIZE_1_0 192
+
 // Size of `MemplugHostHolderStats` in API 1.0.
 #define MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0 88
 
@@ -171,7 +174,9 @@ enum MemplugHostStatus
   MEMPLUG_HOST_STATUS_INVALID_HANDLE = 261,
   // The call is not allowed from inside a callback the host is running
   // on this thread (destroying the manager from a pressure callback,
-  // growing the region whose grow is running the callback).
+  // growing the region whose grow is running the callback), nor from
+  // inside a plugin slot the host is calling on this thread (no function
+  // of this API may be called from plugin code the host called).
   MEMPLUG_HOST_STATUS_REENTRANT = 262,
   // A plugin could not be loaded (missing file, not a library, no entry
   // symbol, malformed or lying tables); the message says which.
@@ -337,6 +342,45 @@ typedef struct MemplugHostPollReport {
   // Frees still waiting for fences.
   uint64_t pending;
 } MemplugHostPollReport;
+
+// A pool's place in a tree of pools (`memplug_host_pool_info`): its
+// identity, its parent, its capacity and the share of its use that comes
+// from the pools below it. `capacity`, `used` and `free` are one
+// consistent reading; `children_used` sums the children's use, read one
+// after the other (exact when no operation is in flight).
+//
+// The pool and parent ids are the governor's: unique in the process,
+// never reused, the same number whatever handle names the pool (so a
+// child's `parent_id` equals its parent's `pool_id`).
+typedef struct MemplugHostPoolInfo {
+  // `sizeof(MemplugHostPoolInfo)`; set to the bytes written.
+  uint32_t struct_size;
+  // Ancestors above the pool: 0 for a pool made with
+  // `memplug_host_pool_create`, 1 for its children, and so on.
+  uint32_t depth;
+  // The pool's id.
+  uint64_t pool_id;
+  // The parent's id; 0 for a pool without a parent
+  // (`memplug_host_pool_parent` gives a handle to the parent).
+  uint64_t parent_id;
+  // Bytes the pool may charge in all (`memplug_host_pool_set_capacity`);
+  // a parent's smaller capacity may bind first.
+  uint64_t capacity;
+  // Bytes charged at this level, the pools below it included (as in
+  // `MemplugHostPoolStats`).
+  uint64_t used;
+  // `capacity - used`.
+  uint64_t free;
+  // Of `used`, the bytes charged through the pools below this one.
+  uint64_t children_used;
+  // Pools created directly under this one, alive now.
+  uint32_t children;
+  uint32_t reserved0;
+  // The pool's name, NUL-terminated (truncated to fit).
+  char name[MEMPLUG_HOST_NAME_MAX];
+  // The parent's name, NUL-terminated; empty for a pool without a parent.
+  char parent_name[MEMPLUG_HOST_NAME_MAX];
+} MemplugHostPoolInfo;
 
 // A request for room, given to a holder's pressure callback.
 typedef struct MemplugHostPressureTicket {
@@ -765,6 +809,26 @@ MemplugHostStatus memplug_host_manager_destroy(struct MemplugHostManager manager
 MemplugHostStatus memplug_host_manager_load_plugin(struct MemplugHostManager manager,
                                                    const char *path);
 
+// Registers a plugin linked into the program (a statically linked plugin,
+// or one the program opened itself): `entry` is its `memplug_plugin_v1`
+// function, called once, now, through the same negotiation and validation
+// as a library loaded by path; `label` names it in messages. Fails as
+// `memplug_host_manager_load_plugin` does (`MEMPLUG_HOST_STATUS_NULL_ARGUMENT`
+// for a NULL `entry`). The plugin's code must stay mapped for as long as the
+// manager exists.
+//
+// Thread-safety: any thread.
+//
+// # Safety
+// `entry` must follow the `memplug_plugin_v1` contract of `memplug.h` as
+// far as memory safety goes (the host validates everything it can check);
+// `label` must be NULL or a NUL-terminated string.
+MemplugHostStatus memplug_host_manager_register_entry(struct MemplugHostManager manager,
+                                                      MemplugStatus (*entry)(const MemplugHostInfo*,
+                                                                             MemplugNegotiation*,
+                                                                             const MemplugMessageSink*),
+                                                      const char *label);
+
 // Unloads a plugin by name, or refuses with `MEMPLUG_HOST_STATUS_BUSY`
 // (the message says what is still alive: mechanism handles, bindings,
 // allocations, queued frees) and leaves it loaded.
@@ -880,6 +944,77 @@ MemplugHostStatus memplug_host_manager_drain(struct MemplugHostManager manager,
 MemplugHostStatus memplug_host_pool_create(struct MemplugHostManager manager,
                                            const char *name,
                                            uint64_t capacity,
+                                           struct MemplugHostPool *out);
+
+// Creates a pool of `capacity` bytes under `parent_pool` (a pool of the
+// same manager): a per-tenant or per-model budget inside a device pool, a
+// device pool under a process-wide limit. Every charge made in the new
+// pool (by bindings, allocations, regions, prefixes) must fit in it and in
+// every ancestor, and is charged at each level: the parent's `used`
+// includes its children's charges. A refusal
+// (`MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`) says in its message which level was
+// short; pressure tickets go to the holders registered under the pool that
+// is short (that pool and every pool below it), lowest priority first. A
+// child's capacity may exceed its parent's: the smaller limit binds.
+//
+// Statuses: `MEMPLUG_HOST_STATUS_ALREADY_EXISTS` for a name taken in this
+// manager, `_OUT_OF_RANGE` for a capacity the governor cannot represent,
+// `_WRONG_MANAGER` for a parent of another manager, `_NULL_ARGUMENT`,
+// `_INVALID_HANDLE` and `_STALE_HANDLE` as usual.
+//
+// Ownership: the caller owns the new handle (`memplug_host_pool_release`);
+// the child keeps its parent pool alive, whatever becomes of the parent's
+// handle. Thread-safety: any thread.
+//
+// # Safety
+// `name` must be NULL or NUL-terminated; `out` NULL or writable.
+MemplugHostStatus memplug_host_pool_create_child(struct MemplugHostManager manager,
+                                                 struct MemplugHostPool parent_pool,
+                                                 const char *name,
+                                                 uint64_t capacity,
+                                                 struct MemplugHostPool *out);
+
+// Changes a pool's capacity at run time.
+//
+// * Raising always succeeds (requests waiting for room are woken).
+// * Lowering to at least the bytes live in the pool (its `used`, the
+//   pools below it included) succeeds at once.
+// * Lowering below what is live first sends pressure tickets for the
+//   excess to the holders registered with this pool or any pool below it
+//   (lowest priority first, one at a time, no requester, priority
+//   `MEMPLUG_HOST_PRIORITY_HIGHEST`, class `MEMPLUG_HOST_CLASS_OTHER`, a
+//   timeout of 0), stopping once the rest fits. If more than `capacity` is
+//   still live then, the call fails with `MEMPLUG_HOST_STATUS_BUSY` and the
+//   capacity stays as it was; the last error message says how many bytes
+//   are live ("... N B are live ...").
+//
+// The change is atomic with respect to every charge: none can exceed the
+// new capacity. A capacity above 2^63 - 1 is `_OUT_OF_RANGE`. A child's
+// capacity may exceed its parent's. Thread-safety: any thread, also from
+// inside a pressure callback (a lowering made there sends no tickets to
+// holders under a pool related to the ticket's).
+MemplugHostStatus memplug_host_pool_set_capacity(struct MemplugHostPool pool, uint64_t capacity);
+
+// Reads a pool's place in a tree of pools: its id, its parent's id and
+// name, its depth, its capacity and use, and the share of the pools below
+// it (see `MemplugHostPoolInfo`). Set `out->struct_size` to
+// `sizeof(MemplugHostPoolInfo)` first; written only on success.
+// Thread-safety: any thread; never blocks an allocation.
+//
+// # Safety
+// `out` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_pool_info(struct MemplugHostPool pool,
+                                         struct MemplugHostPoolInfo *out);
+
+// Gives a new handle to a pool's parent (`MEMPLUG_HOST_STATUS_NOT_FOUND`
+// for a pool without a parent), in the pool's manager.
+//
+// Ownership: the caller owns the new handle (`memplug_host_pool_release`).
+// Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_pool_parent(struct MemplugHostPool pool,
                                            struct MemplugHostPool *out);
 
 // Releases a pool handle. The pool lives on while bindings and holders

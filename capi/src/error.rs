@@ -155,11 +155,24 @@ fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
+/// Why a call made from inside a plugin slot is refused.
+const REENTERED_FROM_PLUGIN: &str =
+    "called from inside a plugin slot on this thread: a plugin may not call back into the host C API";
+
 /// The panic boundary: runs an exported function's body, turns `Err` into
 /// its code (recording the message) and a panic into
-/// `MEMPLUG_HOST_STATUS_PANIC`. No unwind leaves (invariant 8).
+/// `MEMPLUG_HOST_STATUS_PANIC`. No unwind leaves (invariant 8). Refuses
+/// with `MEMPLUG_HOST_STATUS_REENTRANT` when called from inside a plugin
+/// slot on this thread.
 #[inline(always)]
 pub(crate) fn boundary(name: &'static str, body: impl FnOnce() -> Result<()>) -> S {
+    // A plugin slot that calls back into the C API on the thread the host
+    // called it from could destroy what the outer call is using (the
+    // manager, the binding) and make that call return a dead handle: refused
+    // as re-entrant, as from a callback that may not re-enter.
+    if memplug_host_dep::inside_plugin_call() {
+        return fail(name, Error::new(S::Reentrant, REENTERED_FROM_PLUGIN));
+    }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => S::Ok,
         Ok(Err(e)) => fail(name, e),

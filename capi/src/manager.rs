@@ -12,10 +12,10 @@ use crate::types::{
     MemplugHostPollReport, MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0, MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
 };
 use memplug_host_dep::registry::{Context, Requirements};
-use memplug_host_dep::{LoadOptions, ProcessMemoryManager};
+use memplug_host_dep::{LoadOptions, Plugin, ProcessMemoryManager};
 use memplug_sdk::abi::{
-    MemplugDevice, MEMPLUG_CAP_ALLOCATOR, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC,
-    MEMPLUG_CAP_VIRTUAL_BACKING,
+    MemplugDevice, MemplugHostInfo, MemplugMessageSink, MemplugNegotiation, MemplugStatus,
+    MEMPLUG_CAP_ALLOCATOR, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC, MEMPLUG_CAP_VIRTUAL_BACKING,
 };
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -106,6 +106,47 @@ pub unsafe extern "C" fn memplug_host_manager_load_plugin(
         let path = unsafe { c_str(path, "path") }?;
         let (m, _) = pin_manager(manager.id)?;
         m.pm.load_plugin(path, &LoadOptions::default())?;
+        Ok(())
+    })
+}
+
+/// Registers a plugin linked into the program (a statically linked plugin,
+/// or one the program opened itself): `entry` is its `memplug_plugin_v1`
+/// function, called once, now, through the same negotiation and validation
+/// as a library loaded by path; `label` names it in messages. Fails as
+/// `memplug_host_manager_load_plugin` does (`MEMPLUG_HOST_STATUS_NULL_ARGUMENT`
+/// for a NULL `entry`). The plugin's code must stay mapped for as long as the
+/// manager exists.
+///
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `entry` must follow the `memplug_plugin_v1` contract of `memplug.h` as
+/// far as memory safety goes (the host validates everything it can check);
+/// `label` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_manager_register_entry(
+    manager: MemplugHostManager,
+    // Spelled out rather than `Option<MemplugEntryV1>` so cbindgen writes a
+    // C function pointer; `Plugin::from_entry` checks it is that type.
+    entry: Option<
+        unsafe extern "C" fn(
+            *const MemplugHostInfo,
+            *mut MemplugNegotiation,
+            *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+    label: *const c_char,
+) -> MemplugHostStatus {
+    boundary("memplug_host_manager_register_entry", || {
+        let entry = entry.ok_or_else(|| Error::null("entry"))?;
+        // SAFETY: the caller's contract.
+        let label = unsafe { c_str(label, "label") }?;
+        let (m, _) = pin_manager(manager.id)?;
+        // SAFETY: the caller vouches for `entry` (see above).
+        let plugin = unsafe { Plugin::from_entry(entry, label, &LoadOptions::default()) }
+            .map_err(memplug_host_dep::ManagerError::from)?;
+        m.pm.register_plugin(plugin)?;
         Ok(())
     })
 }

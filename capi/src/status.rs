@@ -74,7 +74,9 @@ pub enum MemplugHostStatus {
     InvalidHandle = 261,
     /// The call is not allowed from inside a callback the host is running
     /// on this thread (destroying the manager from a pressure callback,
-    /// growing the region whose grow is running the callback).
+    /// growing the region whose grow is running the callback), nor from
+    /// inside a plugin slot the host is calling on this thread (no function
+    /// of this API may be called from plugin code the host called).
     Reentrant = 262,
     /// A plugin could not be loaded (missing file, not a library, no entry
     /// symbol, malformed or lying tables); the message says which.
