@@ -1,8 +1,11 @@
 //! What a plugin and each of its mechanisms share: the opened library and
 //! the plugin-level slots. Owned by neither side, so the loader
 //! (`plugin.rs`) and the mechanism wrappers (`mechanism/`) both depend on
-//! it and not on each other.
+//! it and not on each other. Its two plugin calls (`live_objects`,
+//! `unload`) mark the thread as inside plugin code, as the mechanism door
+//! does, so a plugin cannot re-enter the host's C API from them.
 
+use crate::mechanism::InPluginCall;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 
@@ -51,6 +54,7 @@ impl LoadedLibrary {
 
     /// What the plugin reports holding alive.
     pub(crate) fn plugin_live_objects(&self) -> u64 {
+        let _inside = InPluginCall::enter();
         // SAFETY: validated non-NULL at load; the library is loaded while
         // `self` exists.
         unsafe { (self.live_objects)(self.ctx) }
@@ -66,6 +70,7 @@ impl Drop for LoadedLibrary {
             return;
         }
         if let Some(unload) = self.unload {
+            let _inside = InPluginCall::enter();
             // SAFETY: published slot, called once, after the last call.
             unsafe { unload(self.ctx) };
         }
