@@ -27,6 +27,8 @@ pub mod error;
 pub mod fence;
 pub mod governor;
 mod library;
+mod reentry;
+pub use reentry::inside_plugin_call;
 pub mod manager;
 pub mod mechanism;
 pub mod plugin;
@@ -45,8 +47,8 @@ pub use error::{CallError, LoadError, ObjectKind, ReleaseError};
 pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
-    inside_plugin_call, Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties,
-    SharedMappingApi, SyncApi, Ungoverned, VirtualBackingApi,
+    Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
+    Ungoverned, VirtualBackingApi,
 };
 pub use memplug_sdk::Status;
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};

@@ -5,7 +5,7 @@
 //! `unload`) mark the thread as inside plugin code, as the mechanism door
 //! does, so a plugin cannot re-enter the host's C API from them.
 
-use crate::mechanism::InPluginCall;
+use crate::reentry::InPluginCall;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 

@@ -3,7 +3,8 @@
 //! refuse — with a message naming the problem — anything malformed.
 
 use crate::error::{LoadError, ObjectKind};
-use crate::mechanism::{Capabilities, InPluginCall, Mechanism, MechanismInner, Properties};
+use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
+use crate::reentry::InPluginCall;
 use crate::sink::Capture;
 use memplug_sdk::abi::*;
 use memplug_sdk::facts::{self, Need, Vtable};

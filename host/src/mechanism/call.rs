@@ -6,58 +6,21 @@
 //! context, for example) has one place to go.
 //!
 //! The door also marks the calling thread as inside plugin code for the
-//! length of the call ([`inside_plugin_call`]), so a host entry point that
+//! length of the call ([`crate::inside_plugin_call`]), so a host entry point that
 //! plugin code reaches on the same thread (a host function the plugin runs
 //! inline, a C API call from inside a slot) can tell it is being re-entered.
 
 use super::blocks::BlockIndex;
 use super::MechanismInner;
 use crate::error::{CallError, ReleaseError};
+use crate::reentry::InPluginCall;
 use crate::sink::Capture;
 use crate::tokens::RawObject;
 use memplug_sdk::abi::{
     MemplugHostFn, MemplugMessageSink, MemplugObjectRef, MemplugStatus, MEMPLUG_STATUS_OK,
 };
 use memplug_sdk::Status;
-use std::cell::Cell;
 use std::ffi::c_void;
-
-std::thread_local! {
-    /// How many plugin calls the running thread is inside (nested when a
-    /// plugin's code reaches the host, which calls a plugin again).
-    static PLUGIN_CALL_DEPTH: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Whether the running thread is inside a call into plugin code made by
-/// this host: a slot of any mechanism or a plugin's entry point. True, for
-/// example, in a host function a plugin runs inline inside
-/// `enqueue_host_fn`, or in a C API function a plugin calls from a slot; false
-/// on a plugin's own worker threads, which are not inside a call from the
-/// host. One thread-local load.
-#[inline]
-pub fn inside_plugin_call() -> bool {
-    PLUGIN_CALL_DEPTH.with(|d| d.get() != 0)
-}
-
-/// Marks the running thread as inside plugin code while it lives.
-pub(crate) struct InPluginCall(());
-
-impl InPluginCall {
-    #[inline(always)]
-    pub(crate) fn enter() -> InPluginCall {
-        // Cannot overflow: each level is a plugin call on this thread's
-        // stack, which runs out long before u32 does.
-        PLUGIN_CALL_DEPTH.with(|d| d.set(d.get().wrapping_add(1)));
-        InPluginCall(())
-    }
-}
-
-impl Drop for InPluginCall {
-    #[inline(always)]
-    fn drop(&mut self) {
-        PLUGIN_CALL_DEPTH.with(|d| d.set(d.get().wrapping_sub(1)));
-    }
-}
 
 /// An argument a slot receives, in the safe form the host holds it in.
 ///

@@ -30,8 +30,6 @@ mod sync;
 mod virtual_backing;
 
 pub use allocator::AllocatorApi;
-pub use call::inside_plugin_call;
-pub(crate) use call::InPluginCall;
 pub use shared_mapping::SharedMappingApi;
 pub use sync::stray_host_fn_calls;
 pub use sync::SyncApi;
