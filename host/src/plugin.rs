@@ -429,21 +429,23 @@ impl Reader<'_> {
         if d.allocator.is_null() {
             return Err(mismatch("MEMPLUG_CAP_ALLOCATOR is set but the allocator pointer is NULL".into()));
         }
-        agree(
-            caps.virtual_backing(),
-            !d.virtual_backing.is_null(),
-            "MEMPLUG_CAP_VIRTUAL_BACKING",
-            "virtual_backing",
-        )
-        .map_err(&mismatch)?;
-        agree(
-            caps.shared_mapping(),
-            !d.shared_mapping.is_null(),
-            "MEMPLUG_CAP_SHARED_MAPPING",
-            "shared_mapping",
-        )
-        .map_err(&mismatch)?;
-        agree(caps.sync(), !d.sync.is_null(), "MEMPLUG_CAP_SYNC", "sync").map_err(&mismatch)?;
+        for (flag, pointer, flag_name, field) in [
+            (
+                caps.virtual_backing(),
+                !d.virtual_backing.is_null(),
+                "MEMPLUG_CAP_VIRTUAL_BACKING",
+                "virtual_backing",
+            ),
+            (
+                caps.shared_mapping(),
+                !d.shared_mapping.is_null(),
+                "MEMPLUG_CAP_SHARED_MAPPING",
+                "shared_mapping",
+            ),
+            (caps.sync(), !d.sync.is_null(), "MEMPLUG_CAP_SYNC", "sync"),
+        ] {
+            agree(flag, pointer, flag_name, field).map_err(&mismatch)?;
+        }
         // Bits of 1.1: a claim above the agreed minor is a contradiction,
         // not an unknown bit (this host knows what the bit means).
         if caps.shared_export() {

@@ -84,6 +84,24 @@ unsafe extern "C" fn run_host_fn(userdata: *mut c_void) {
 }
 
 impl<'m> SyncApi<'m> {
+    /// Gives a stream or fence back: checks this mechanism issued it
+    /// (`parts` says its key, its handle and what it is), then destroys it.
+    fn destroy<T: std::fmt::Debug>(
+        &self,
+        slot_name: &'static str,
+        token: T,
+        kind: ObjectKind,
+        slot: unsafe extern "C" fn(*mut c_void, u64, *const MemplugMessageSink) -> MemplugStatus,
+        parts: impl FnOnce(&T) -> (u64, u64, &'static str),
+    ) -> Result<(), ReleaseError<T>> {
+        let m = self.m;
+        m.release_object(slot_name, token, kind, slot, |t| {
+            let (key, handle, what) = parts(t);
+            m.check_handle_made_here(slot_name, key, what)?;
+            Ok((handle,))
+        })
+    }
+
     pub fn stream_create(&self) -> Result<Stream, CallError> {
         let mut out = 0u64;
         self.m.call("sync.stream_create", slot!(self.vt.stream_create), (&mut out,))?;
@@ -118,11 +136,8 @@ impl<'m> SyncApi<'m> {
 
     /// Destroys a stream after its submitted work has run.
     pub fn stream_destroy(&self, s: Stream) -> Result<(), ReleaseError<Stream>> {
-        const SLOT: &str = "sync.stream_destroy";
-        let m = self.m;
-        m.release_object(SLOT, s, ObjectKind::Stream, slot!(self.vt.stream_destroy), |s| {
-            m.check_handle_made_here(SLOT, s.mechanism_key, "stream")?;
-            Ok((s.handle,))
+        self.destroy("sync.stream_destroy", s, ObjectKind::Stream, slot!(self.vt.stream_destroy), |s| {
+            (s.mechanism_key, s.handle, "stream")
         })
     }
 
@@ -173,11 +188,8 @@ impl<'m> SyncApi<'m> {
     }
 
     pub fn fence_destroy(&self, f: Fence) -> Result<(), ReleaseError<Fence>> {
-        const SLOT: &str = "sync.fence_destroy";
-        let m = self.m;
-        m.release_object(SLOT, f, ObjectKind::Fence, slot!(self.vt.fence_destroy), |f| {
-            m.check_handle_made_here(SLOT, f.mechanism_key, "fence")?;
-            Ok((f.handle,))
+        self.destroy("sync.fence_destroy", f, ObjectKind::Fence, slot!(self.vt.fence_destroy), |f| {
+            (f.mechanism_key, f.handle, "fence")
         })
     }
 }
