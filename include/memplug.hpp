@@ -363,9 +363,30 @@ class Holder {
     std::unique_ptr<Callback> cb_;
 };
 
+/// A budget pool handle (owned). Pools form trees: a child pool's charges
+/// count against it and every ancestor (Manager::create_child_pool).
 class Pool : public detail::Owned<MemplugHostPool, memplug_host_pool_release> {
   public:
     using Owned::Owned;
+    /// Its place in the tree: ids, parent, depth, capacity, use, the
+    /// children's share (memplug_host_pool_info).
+    MemplugHostPoolInfo info() const {
+        auto i = detail::sized<MemplugHostPoolInfo>();
+        check(memplug_host_pool_info(h_, &i));
+        return i;
+    }
+    /// Changes the capacity (memplug_host_pool_set_capacity): raising always
+    /// works; lowering below what is live first asks the holders under this
+    /// pool, then throws memplug::Error with MEMPLUG_HOST_STATUS_BUSY (its
+    /// message says how many bytes are live) and leaves the capacity as it was.
+    void set_capacity(uint64_t capacity) const { check(memplug_host_pool_set_capacity(h_, capacity)); }
+    /// A new handle to the parent pool; throws MEMPLUG_HOST_STATUS_NOT_FOUND
+    /// for a pool without a parent.
+    Pool parent() const {
+        MemplugHostPool p{};
+        check(memplug_host_pool_parent(h_, &p));
+        return Pool(p);
+    }
     MemplugHostPoolStats stats() const {
         auto s = detail::sized<MemplugHostPoolStats>();
         check(memplug_host_pool_stats(h_, &s));
@@ -418,6 +439,14 @@ class Manager : public detail::Owned<MemplugHostManager, memplug_host_manager_de
     Pool create_pool(const std::string &name, uint64_t capacity) const {
         MemplugHostPool p{};
         check(memplug_host_pool_create(h_, name.c_str(), capacity, &p));
+        return Pool(p);
+    }
+    /// A pool under `parent` (memplug_host_pool_create_child): its charges
+    /// must fit in it and in every ancestor. The child keeps its parent
+    /// alive; `parent` may be destroyed first.
+    Pool create_child_pool(const Pool &parent, const std::string &name, uint64_t capacity) const {
+        MemplugHostPool p{};
+        check(memplug_host_pool_create_child(h_, parent.get(), name.c_str(), capacity, &p));
         return Pool(p);
     }
     Binding bind(const Mechanism &m, const Pool &p, const BindingOptions &o = {}) const {

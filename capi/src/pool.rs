@@ -1,14 +1,17 @@
 //! Pools and holders (pressure callbacks).
 
 use crate::callbacks::{CallbackScope, UserData};
-use crate::error::{boundary, c_str, require_non_null, write_out, Result};
-use crate::manager_tables::{self, pin, pin_manager, HolderEntry, HolderShared, PoolEntry};
+use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
+use crate::handle::Kind;
+use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, HolderShared, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::types::{
-    MemplugHostHolder, MemplugHostManager, MemplugHostPool, MemplugHostPressureFn, MemplugHostPressureTicket,
+    name_field, write_sized, MemplugHostHolder, MemplugHostManager, MemplugHostPool, MemplugHostPoolInfo,
+    MemplugHostPressureFn, MemplugHostPressureTicket, MEMPLUG_HOST_NAME_MAX, MEMPLUG_HOST_POOL_INFO_SIZE_1_0,
     MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0,
 };
-use memplug_host_dep::governor::{PressureTicket, Priority};
+use memplug_host_dep::governor::{GovernorError, PressureTicket, Priority};
+use memplug_host_dep::ManagerError;
 use std::ffi::{c_char, c_void};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -37,6 +40,156 @@ pub unsafe extern "C" fn memplug_host_pool_create(
         let (m, seat) = pin_manager(manager.id)?;
         let pool = m.pm.create_pool(name, capacity)?;
         let id = manager_tables::insert(seat, PoolEntry { pool }, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, MemplugHostPool { id }) };
+        Ok(())
+    })
+}
+
+/// Creates a pool of `capacity` bytes under `parent_pool` (a pool of the
+/// same manager): a per-tenant or per-model budget inside a device pool, a
+/// device pool under a process-wide limit. Every charge made in the new
+/// pool (by bindings, allocations, regions, prefixes) must fit in it and in
+/// every ancestor, and is charged at each level: the parent's `used`
+/// includes its children's charges. A refusal
+/// (`MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`) says in its message which level was
+/// short; pressure tickets go to the holders registered under the pool that
+/// is short (that pool and every pool below it), lowest priority first. A
+/// child's capacity may exceed its parent's: the smaller limit binds.
+///
+/// Statuses: `MEMPLUG_HOST_STATUS_ALREADY_EXISTS` for a name taken in this
+/// manager, `_OUT_OF_RANGE` for a capacity the governor cannot represent,
+/// `_WRONG_MANAGER` for a parent of another manager, `_NULL_ARGUMENT`,
+/// `_INVALID_HANDLE` and `_STALE_HANDLE` as usual.
+///
+/// Ownership: the caller owns the new handle (`memplug_host_pool_release`);
+/// the child keeps its parent pool alive, whatever becomes of the parent's
+/// handle. Thread-safety: any thread.
+///
+/// # Safety
+/// `name` must be NULL or NUL-terminated; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_pool_create_child(
+    manager: MemplugHostManager,
+    parent_pool: MemplugHostPool,
+    name: *const c_char,
+    capacity: u64,
+    out: *mut MemplugHostPool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_pool_create_child", || {
+        // SAFETY: the caller's contract.
+        let name = unsafe { c_str(name, "name") }?;
+        require_non_null(out, "out")?;
+        let (m, seat) = pin_manager(manager.id)?;
+        let (parent, _) = pin::<PoolEntry>(parent_pool.id)?;
+        same_manager(seat, parent_pool.id, Kind::Pool)?;
+        let pool = m.pm.create_child_pool(name, &parent.pool, capacity).map_err(|e| match e {
+            ManagerError::Governor(GovernorError::UnknownPool { .. }) => {
+                Error::new(MemplugHostStatus::WrongManager, "the parent pool belongs to another manager")
+            }
+            e => e.into(),
+        })?;
+        drop(parent);
+        let id = manager_tables::insert(seat, PoolEntry { pool }, [0, 0])?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, MemplugHostPool { id }) };
+        Ok(())
+    })
+}
+
+/// Changes a pool's capacity at run time.
+///
+/// * Raising always succeeds (requests waiting for room are woken).
+/// * Lowering to at least the bytes live in the pool (its `used`, the
+///   pools below it included) succeeds at once.
+/// * Lowering below what is live first sends pressure tickets for the
+///   excess to the holders registered with this pool or any pool below it
+///   (lowest priority first, one at a time, no requester, priority
+///   `MEMPLUG_HOST_PRIORITY_HIGHEST`, class `MEMPLUG_HOST_CLASS_OTHER`, a
+///   timeout of 0), stopping once the rest fits. If more than `capacity` is
+///   still live then, the call fails with `MEMPLUG_HOST_STATUS_BUSY` and the
+///   capacity stays as it was; the last error message says how many bytes
+///   are live ("... N B are live ...").
+///
+/// The change is atomic with respect to every charge: none can exceed the
+/// new capacity. A capacity above 2^63 - 1 is `_OUT_OF_RANGE`. A child's
+/// capacity may exceed its parent's. Thread-safety: any thread, also from
+/// inside a pressure callback (a lowering made there sends no tickets to
+/// holders under a pool related to the ticket's).
+#[no_mangle]
+pub extern "C" fn memplug_host_pool_set_capacity(pool: MemplugHostPool, capacity: u64) -> MemplugHostStatus {
+    boundary("memplug_host_pool_set_capacity", || {
+        let (e, _) = pin::<PoolEntry>(pool.id)?;
+        e.pool.set_capacity(capacity).map_err(|err| match err {
+            GovernorError::CapacityBelowLive { .. } => Error::new(MemplugHostStatus::Busy, err.to_string()),
+            err => err.into(),
+        })
+    })
+}
+
+/// Reads a pool's place in a tree of pools: its id, its parent's id and
+/// name, its depth, its capacity and use, and the share of the pools below
+/// it (see `MemplugHostPoolInfo`). Set `out->struct_size` to
+/// `sizeof(MemplugHostPoolInfo)` first; written only on success.
+/// Thread-safety: any thread; never blocks an allocation.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_pool_info(
+    pool: MemplugHostPool,
+    out: *mut MemplugHostPoolInfo,
+) -> MemplugHostStatus {
+    boundary("memplug_host_pool_info", || {
+        require_non_null(out, "out")?;
+        let (e, _) = pin::<PoolEntry>(pool.id)?;
+        let p = &e.pool;
+        let (used, capacity) = p.used_and_capacity();
+        let children = p.children();
+        let parent = p.parent();
+        let v = MemplugHostPoolInfo {
+            struct_size: MEMPLUG_HOST_POOL_INFO_SIZE_1_0,
+            depth: p.depth().min(u32::MAX as usize) as u32,
+            pool_id: p.id().get(),
+            parent_id: parent.map_or(0, |q| q.id().get()),
+            capacity,
+            used,
+            free: capacity - used,
+            children_used: children.iter().map(|c| c.used()).fold(0, u64::saturating_add),
+            children: children.len().min(u32::MAX as usize) as u32,
+            reserved0: 0,
+            name: name_field(p.name()),
+            parent_name: parent.map_or([0; MEMPLUG_HOST_NAME_MAX], |q| name_field(q.name())),
+        };
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, v, "MemplugHostPoolInfo") }
+    })
+}
+
+/// Gives a new handle to a pool's parent (`MEMPLUG_HOST_STATUS_NOT_FOUND`
+/// for a pool without a parent), in the pool's manager.
+///
+/// Ownership: the caller owns the new handle (`memplug_host_pool_release`).
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_pool_parent(
+    pool: MemplugHostPool,
+    out: *mut MemplugHostPool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_pool_parent", || {
+        require_non_null(out, "out")?;
+        let (e, seat) = pin::<PoolEntry>(pool.id)?;
+        let Some(parent) = e.pool.parent().cloned() else {
+            return Err(Error::new(
+                MemplugHostStatus::NotFound,
+                format!("pool '{}' has no parent", e.pool.name()),
+            ));
+        };
+        drop(e);
+        let id = manager_tables::insert(seat, PoolEntry { pool: parent }, [0, 0])?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(out, MemplugHostPool { id }) };
         Ok(())

@@ -330,6 +330,47 @@ pub struct MemplugHostPoolStats {
     pub wait_timeouts: u64,
 }
 
+/// A pool's place in a tree of pools (`memplug_host_pool_info`): its
+/// identity, its parent, its capacity and the share of its use that comes
+/// from the pools below it. `capacity`, `used` and `free` are one
+/// consistent reading; `children_used` sums the children's use, read one
+/// after the other (exact when no operation is in flight).
+///
+/// The pool and parent ids are the governor's: unique in the process,
+/// never reused, the same number whatever handle names the pool (so a
+/// child's `parent_id` equals its parent's `pool_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemplugHostPoolInfo {
+    /// `sizeof(MemplugHostPoolInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Ancestors above the pool: 0 for a pool made with
+    /// `memplug_host_pool_create`, 1 for its children, and so on.
+    pub depth: u32,
+    /// The pool's id.
+    pub pool_id: u64,
+    /// The parent's id; 0 for a pool without a parent
+    /// (`memplug_host_pool_parent` gives a handle to the parent).
+    pub parent_id: u64,
+    /// Bytes the pool may charge in all (`memplug_host_pool_set_capacity`);
+    /// a parent's smaller capacity may bind first.
+    pub capacity: u64,
+    /// Bytes charged at this level, the pools below it included (as in
+    /// `MemplugHostPoolStats`).
+    pub used: u64,
+    /// `capacity - used`.
+    pub free: u64,
+    /// Of `used`, the bytes charged through the pools below this one.
+    pub children_used: u64,
+    /// Pools created directly under this one, alive now.
+    pub children: u32,
+    pub reserved0: u32,
+    /// The pool's name, NUL-terminated (truncated to fit).
+    pub name: [c_char; MEMPLUG_HOST_NAME_MAX],
+    /// The parent's name, NUL-terminated; empty for a pool without a parent.
+    pub parent_name: [c_char; MEMPLUG_HOST_NAME_MAX],
+}
+
 /// A holder's figures (`memplug_host_holder_stats`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -435,6 +476,8 @@ pub const MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0: u32 = 48;
 pub const MEMPLUG_HOST_CLASS_STATS_SIZE_1_0: u32 = 80;
 /// Size of `MemplugHostPoolStats` in API 1.0.
 pub const MEMPLUG_HOST_POOL_STATS_SIZE_1_0: u32 = 112;
+/// Size of `MemplugHostPoolInfo` in API 1.0.
+pub const MEMPLUG_HOST_POOL_INFO_SIZE_1_0: u32 = 192;
 /// Size of `MemplugHostHolderStats` in API 1.0.
 pub const MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0: u32 = 88;
 /// Size of `MemplugHostPollReport` in API 1.0.
@@ -464,6 +507,7 @@ prefixed! {
     MemplugHostPressureTicket => MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0,
     MemplugHostClassStats => MEMPLUG_HOST_CLASS_STATS_SIZE_1_0,
     MemplugHostPoolStats => MEMPLUG_HOST_POOL_STATS_SIZE_1_0,
+    MemplugHostPoolInfo => MEMPLUG_HOST_POOL_INFO_SIZE_1_0,
     MemplugHostHolderStats => MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0,
     MemplugHostPollReport => MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
 }

@@ -11,8 +11,12 @@
 //!
 //! `GOVERNOR_RATIOS_ONLY=1` skips criterion and prints only the ratios.
 //!
+//! Nested budgets: the same cycle on a child pool (one ancestor) and on a
+//! grandchild (two) — a charge there is one compare-exchange per level —
+//! is measured beside it (`reserve_commit_release_child`, `_grandchild`).
+//!
 //! Instruction counts (exact, immune to machine noise): with
-//! `GOVERNOR_PROBE=atomic|governor|holder` the binary runs only that loop
+//! `GOVERNOR_PROBE=atomic|governor|holder|child|grandchild` the binary runs only that loop
 //! `GOVERNOR_PROBE_N` times (default 1,000,000) and exits, so callgrind can
 //! count the loop function alone:
 //!
@@ -78,6 +82,16 @@ fn fixture() -> (Arc<Pool>, memplug_host::governor::HolderRegistration) {
     let pool = g.pool(g.create_pool("bench", 1 << 40).unwrap()).unwrap();
     let reg = pool.register_holder("bench-holder", Priority(1), |_t: &PressureTicket| 0);
     (pool, reg)
+}
+
+/// A pool under a parent, and one under that: (child, grandchild). The
+/// ancestors stay alive through their children.
+fn tree_fixture() -> (Arc<Pool>, Arc<Pool>) {
+    let g = Governor::new();
+    let root = g.create_pool("bench-process", 1 << 42).unwrap();
+    let child = g.pool(g.create_child_pool("bench-device", root, 1 << 41).unwrap()).unwrap();
+    let grandchild = g.pool(g.create_child_pool("bench-tenant", &child, 1 << 40).unwrap()).unwrap();
+    (child, grandchild)
 }
 
 /// Best ns per iteration of each subject over `rounds` interleaved runs of
@@ -147,15 +161,26 @@ fn ratios() {
     let holder = Some(reg.id());
     let atomic = Padded(AtomicU64::new(0));
 
-    let subjects =
-        [Subject::Atomic(&atomic.0), Subject::Governor(&pool, None), Subject::Governor(&pool, holder)];
+    let (child, grandchild) = tree_fixture();
+    let subjects = [
+        Subject::Atomic(&atomic.0),
+        Subject::Governor(&pool, None),
+        Subject::Governor(&pool, holder),
+        Subject::Governor(&child, None),
+        Subject::Governor(&grandchild, None),
+    ];
     let t = time_single(&subjects, 200_000, 40);
-    let (a, g, gh) = (t[0], t[1], t[2]);
+    let (a, g, gh, gc, gg) = (t[0], t[1], t[2], t[3], t[4]);
     println!(
         "single thread: atomic fetch_add+fetch_sub {a:.2} ns, governor reserve+commit+release {g:.2} ns \
          (for a holder {gh:.2} ns)"
     );
     println!("ratio governor/atomic (1 thread): {:.2}x (holder account: {:.2}x) [budget 3x]", g / a, gh / a);
+    println!(
+        "nested: child pool (1 ancestor) {gc:.2} ns ({:.2}x the atomic pair), grandchild (2) {gg:.2} ns ({:.2}x)",
+        gc / a,
+        gg / a
+    );
 
     let t = time_contended(&subjects[..2], 200_000, 30);
     let ((ca, na), (cg, ng)) = (t[0], t[1]);
@@ -176,6 +201,9 @@ fn criterion_benches(c: &mut Criterion) {
     g.bench_function("atomic_fetch_add_fetch_sub", |b| b.iter(|| atomic_pair(&atomic.0)));
     g.bench_function("reserve_commit_release", |b| b.iter(|| governor_cycle(&pool, None)));
     g.bench_function("reserve_commit_release_holder", |b| b.iter(|| governor_cycle(&pool, holder)));
+    let (child, grandchild) = tree_fixture();
+    g.bench_function("reserve_commit_release_child", |b| b.iter(|| governor_cycle(&child, None)));
+    g.bench_function("reserve_commit_release_grandchild", |b| b.iter(|| governor_cycle(&grandchild, None)));
 
     let shared = Arc::new(Padded(AtomicU64::new(0)));
     g.bench_function("atomic_pair_2_threads", |b| {
@@ -220,12 +248,15 @@ fn main() {
     if let Ok(which) = std::env::var("GOVERNOR_PROBE") {
         let n = std::env::var("GOVERNOR_PROBE_N").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
         let (pool, reg) = fixture();
+        let (child, grandchild) = tree_fixture();
         let atomic = Padded(AtomicU64::new(0));
         let s = match which.as_str() {
             "atomic" => Subject::Atomic(&atomic.0),
             "governor" => Subject::Governor(&pool, None),
             "holder" => Subject::Governor(&pool, Some(reg.id())),
-            other => panic!("GOVERNOR_PROBE={other}: expected atomic, governor or holder"),
+            "child" => Subject::Governor(&child, None),
+            "grandchild" => Subject::Governor(&grandchild, None),
+            other => panic!("GOVERNOR_PROBE={other}: expected atomic, governor, holder, child or grandchild"),
         };
         probe_loop(&s, n);
         println!("probe {which}: {n} iterations");

@@ -120,6 +120,21 @@ impl ProcessMemoryManager {
         Ok(self.governor.pool(id).expect("just created"))
     }
 
+    /// Creates a pool of `capacity` bytes under `parent` (a pool of this
+    /// manager): every charge made in it must fit in it and in every
+    /// ancestor, and is charged at each (see
+    /// [`Governor::create_child_pool`]). A parent of another manager is
+    /// [`GovernorError::UnknownPool`]. Thread-safe.
+    pub fn create_child_pool(
+        &self,
+        name: &str,
+        parent: &Pool,
+        capacity: u64,
+    ) -> Result<Arc<Pool>, ManagerError> {
+        let id = self.governor.create_child_pool(name, parent, capacity)?;
+        Ok(self.governor.pool(id).expect("just created"))
+    }
+
     /// Issues a binding: the only way to allocate.
     pub fn bind(
         &self,

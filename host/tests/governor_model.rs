@@ -628,3 +628,375 @@ fn scripted_sequence_matches_model() {
     ];
     run(ops).unwrap();
 }
+
+// ----- trees of pools ---------------------------------------------------------
+//
+// Random charges, commits of more and less, growth, partial refunds,
+// quarantines, releases and capacity changes on a two- or three-level tree
+// (root > {a, b}, and a grandchild under a), against a reference model:
+// after every step each level's `used` equals the sum of what is charged
+// in its subtree, never exceeds its capacity, its own figures and its
+// children's share match, refusals name the first short level (leaf to
+// root) and change nothing, and at the end every level is back to its
+// quarantine.
+
+#[derive(Debug, Clone)]
+enum TreeOp {
+    Reserve { pool: usize, bytes: u64 },
+    Commit { grant: usize, num: u8 },
+    CommitOver { grant: usize, extra: u64 },
+    DropGrant { grant: usize },
+    Grow { lease: usize, bytes: u64, num: u8 },
+    Shrink { lease: usize, num: u8 },
+    QuarantinePart { lease: usize, num: u8 },
+    Release { lease: usize },
+    Quarantine { lease: usize },
+    SetCapacity { pool: usize, capacity: u64 },
+}
+
+fn tree_op() -> impl Strategy<Value = TreeOp> {
+    let bytes = prop_oneof![0u64..=16, 0u64..=400, 300u64..=1200];
+    let pool = 0usize..4;
+    prop_oneof![
+        8 => (pool.clone(), bytes.clone()).prop_map(|(pool, bytes)| TreeOp::Reserve { pool, bytes }),
+        5 => (any::<usize>(), any::<u8>()).prop_map(|(grant, num)| TreeOp::Commit { grant, num }),
+        2 => (any::<usize>(), 1u64..=400).prop_map(|(grant, extra)| TreeOp::CommitOver { grant, extra }),
+        2 => any::<usize>().prop_map(|grant| TreeOp::DropGrant { grant }),
+        2 => (any::<usize>(), bytes, any::<u8>()).prop_map(|(lease, bytes, num)| TreeOp::Grow { lease, bytes, num }),
+        2 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| TreeOp::Shrink { lease, num }),
+        1 => (any::<usize>(), any::<u8>()).prop_map(|(lease, num)| TreeOp::QuarantinePart { lease, num }),
+        4 => any::<usize>().prop_map(|lease| TreeOp::Release { lease }),
+        1 => any::<usize>().prop_map(|lease| TreeOp::Quarantine { lease }),
+        3 => (pool, prop_oneof![0u64..=200, 0u64..=2500]).prop_map(|(pool, capacity)| TreeOp::SetCapacity { pool, capacity }),
+    ]
+}
+
+/// A token of the tree model: the pool it was made on, and its bytes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct TTok {
+    pool: usize,
+    bytes: u64,
+}
+
+/// Per pool: parent, capacity, own charges by kind, peak.
+#[derive(Default)]
+struct TreeModel {
+    parent: Vec<Option<usize>>,
+    cap: Vec<u64>,
+    reserved: Vec<u64>,
+    leased: Vec<u64>,
+    quarantined: Vec<u64>,
+    peak: Vec<u64>,
+    failures: Vec<u64>,
+    grants: Vec<TTok>,
+    leases: Vec<TTok>,
+}
+
+impl TreeModel {
+    fn own(&self, i: usize) -> u64 {
+        self.reserved[i] + self.leased[i] + self.quarantined[i]
+    }
+
+    /// Everything charged at level `i`: its own and its descendants'.
+    fn used(&self, i: usize) -> u64 {
+        (0..self.cap.len()).filter(|&j| self.path(j).contains(&i)).map(|j| self.own(j)).sum()
+    }
+
+    /// `i`, then its ancestors, the root last.
+    fn path(&self, i: usize) -> Vec<usize> {
+        let mut v = vec![i];
+        while let Some(p) = self.parent[*v.last().unwrap()] {
+            v.push(p);
+        }
+        v
+    }
+
+    /// The first level (leaf to root) where `bytes` more do not fit.
+    fn short(&self, i: usize, bytes: u64) -> Option<usize> {
+        self.path(i).into_iter().find(|&k| self.used(k) + bytes > self.cap[k])
+    }
+
+    /// Charges `bytes` more at pool `i` (already checked to fit) and
+    /// updates the peaks.
+    fn charged(&mut self, i: usize, kind: fn(&mut TreeModel) -> &mut Vec<u64>, bytes: u64) {
+        kind(self)[i] += bytes;
+        for k in self.path(i) {
+            self.peak[k] = self.peak[k].max(self.used(k));
+        }
+    }
+}
+
+fn check_tree(pools: &[Arc<Pool>], m: &TreeModel) -> Result<(), TestCaseError> {
+    for (i, p) in pools.iter().enumerate() {
+        let s = p.snapshot();
+        let used = m.used(i);
+        prop_assert!(s.used <= s.capacity, "level {i} over capacity: {}", s);
+        prop_assert_eq!((s.used, s.capacity, s.free), (used, m.cap[i], m.cap[i] - used), "level {}", i);
+        prop_assert_eq!(p.used_and_capacity(), (used, m.cap[i]));
+        prop_assert_eq!(s.peak, m.peak[i], "peak of level {}", i);
+        prop_assert_eq!(
+            (s.reserved, s.leased, s.quarantined),
+            (m.reserved[i], m.leased[i], m.quarantined[i])
+        );
+        let children: Vec<usize> = (0..pools.len()).filter(|&j| m.parent[j] == Some(i)).collect();
+        prop_assert_eq!(s.children, children.len());
+        prop_assert_eq!(s.children_used, children.iter().map(|&j| m.used(j)).sum::<u64>());
+        prop_assert_eq!(s.own_used(), m.own(i), "own charges of level {}", i);
+        prop_assert_eq!(s.parent, m.parent[i].map(|j| pools[j].id()));
+        prop_assert_eq!(s.depth, m.path(i).len() - 1);
+        prop_assert_eq!(s.totals().failures, m.failures[i]);
+    }
+    Ok(())
+}
+
+fn run_tree(three_levels: bool, caps: [u64; 4], ops: Vec<TreeOp>) -> Result<(), TestCaseError> {
+    let g = Governor::new();
+    let root = g.pool(g.create_pool("root", caps[0]).unwrap()).unwrap();
+    let a = g.pool(g.create_child_pool("a", &root, caps[1]).unwrap()).unwrap();
+    let b = g.pool(g.create_child_pool("b", root.id(), caps[2]).unwrap()).unwrap();
+    let mut pools = vec![root, a, b];
+    let mut parent = vec![None, Some(0), Some(0)];
+    if three_levels {
+        pools.push(g.pool(g.create_child_pool("a.0", &pools[1], caps[3]).unwrap()).unwrap());
+        parent.push(Some(1));
+    }
+    let n = pools.len();
+    let mut m = TreeModel {
+        parent,
+        cap: caps[..n].to_vec(),
+        reserved: vec![0; n],
+        leased: vec![0; n],
+        quarantined: vec![0; n],
+        peak: vec![0; n],
+        failures: vec![0; n],
+        ..TreeModel::default()
+    };
+    let mut grants: Vec<Grant<'_>> = Vec::new();
+    let mut leases: Vec<Lease> = Vec::new();
+    let tt = |l: &Lease, pool: usize| TTok { pool, bytes: l.bytes() };
+    let refused =
+        |o: &memplug_host::governor::OutOfBudget, m: &TreeModel, i: usize, short: usize, bytes: u64| {
+            prop_assert_eq!(o.requested, bytes);
+            prop_assert_eq!(o.requested_pool(), pools[i].id());
+            prop_assert_eq!(o.short_pool(), pools[short].id());
+            prop_assert_eq!(o.short_level(), m.path(i).iter().position(|&k| k == short).unwrap());
+            prop_assert_eq!(o.path.pools.len(), m.path(i).len());
+            prop_assert_eq!(o.snapshot.used, m.used(short));
+            Ok(())
+        };
+    check_tree(&pools, &m)?;
+    for op in ops {
+        match op {
+            TreeOp::Reserve { pool, bytes } => {
+                let i = pool % n;
+                match (pools[i].try_reserve(bytes, AllocationClass::Kv, None), m.short(i, bytes)) {
+                    (Ok(r), None) => {
+                        m.charged(i, |m| &mut m.reserved, bytes);
+                        grants.push(r);
+                        m.grants.push(TTok { pool: i, bytes });
+                    }
+                    (Err(GovernorError::OutOfBudget(o)), Some(short)) => {
+                        refused(&o, &m, i, short, bytes)?;
+                        m.failures[i] += 1;
+                    }
+                    (got, want) => prop_assert!(
+                        false,
+                        "reserve {bytes} in {i}: got {:?}, model {want:?}",
+                        got.map(|_| ())
+                    ),
+                }
+            }
+            TreeOp::Commit { grant, num } => {
+                if grants.is_empty() {
+                    continue;
+                }
+                let k = grant % grants.len();
+                let (r, t) = (grants.remove(k), m.grants.remove(k));
+                let actual = t.bytes * u64::from(num) / 255;
+                let l = r.commit(actual).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                m.reserved[t.pool] -= t.bytes;
+                m.leased[t.pool] += actual;
+                prop_assert_eq!(tt(&l, t.pool), TTok { bytes: actual, ..t });
+                leases.push(l);
+                m.leases.push(TTok { bytes: actual, ..t });
+            }
+            TreeOp::CommitOver { grant, extra } => {
+                if grants.is_empty() {
+                    continue;
+                }
+                let k = grant % grants.len();
+                let (r, t) = (grants.remove(k), m.grants[k]);
+                match (r.commit(t.bytes + extra), m.short(t.pool, extra)) {
+                    (Ok(l), None) => {
+                        m.grants.remove(k);
+                        m.reserved[t.pool] -= t.bytes;
+                        m.charged(t.pool, |m| &mut m.leased, t.bytes + extra);
+                        leases.push(l);
+                        m.leases.push(TTok { bytes: t.bytes + extra, ..t });
+                    }
+                    (Err(rej), Some(short)) => {
+                        let Some(o) = rej.error.out_of_budget() else {
+                            return Err(TestCaseError::fail(rej.error.to_string()));
+                        };
+                        refused(o, &m, t.pool, short, extra)?;
+                        m.failures[t.pool] += 1;
+                        grants.insert(k, rej.into_inner());
+                    }
+                    (got, want) => {
+                        prop_assert!(false, "over-commit: got {:?}, model {want:?}", got.map(|_| ()))
+                    }
+                }
+            }
+            TreeOp::DropGrant { grant } => {
+                if grants.is_empty() {
+                    continue;
+                }
+                let k = grant % grants.len();
+                drop(grants.remove(k));
+                let t = m.grants.remove(k);
+                m.reserved[t.pool] -= t.bytes;
+            }
+            TreeOp::Grow { lease, bytes, num } => {
+                if leases.is_empty() {
+                    continue;
+                }
+                let k = lease % leases.len();
+                let t = m.leases[k];
+                match (pools[t.pool].try_reserve(bytes, AllocationClass::Kv, None), m.short(t.pool, bytes)) {
+                    (Ok(r), None) => {
+                        m.charged(t.pool, |m| &mut m.reserved, bytes);
+                        let actual = bytes * u64::from(num) / 255;
+                        r.commit_into(&mut leases[k], actual)
+                            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                        m.reserved[t.pool] -= bytes;
+                        m.leased[t.pool] += actual;
+                        m.leases[k].bytes += actual;
+                        prop_assert_eq!(tt(&leases[k], t.pool), m.leases[k]);
+                    }
+                    (Err(GovernorError::OutOfBudget(o)), Some(short)) => {
+                        refused(&o, &m, t.pool, short, bytes)?;
+                        m.failures[t.pool] += 1;
+                    }
+                    (got, want) => prop_assert!(false, "grow: got {:?}, model {want:?}", got.map(|_| ())),
+                }
+            }
+            TreeOp::Shrink { lease, num } | TreeOp::QuarantinePart { lease, num } => {
+                if leases.is_empty() {
+                    continue;
+                }
+                let k = lease % leases.len();
+                let t = m.leases[k];
+                let part = t.bytes * u64::from(num) / 255;
+                let p = &pools[t.pool];
+                if matches!(op, TreeOp::Shrink { .. }) {
+                    p.release_part(&mut leases[k], part).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    m.leased[t.pool] -= part;
+                } else {
+                    p.quarantine_part(&mut leases[k], part)
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    m.leased[t.pool] -= part;
+                    m.quarantined[t.pool] += part;
+                }
+                m.leases[k].bytes -= part;
+                prop_assert_eq!(tt(&leases[k], t.pool), m.leases[k]);
+            }
+            TreeOp::Release { lease } | TreeOp::Quarantine { lease } => {
+                if leases.is_empty() {
+                    continue;
+                }
+                let k = lease % leases.len();
+                let (l, t) = (leases.remove(k), m.leases.remove(k));
+                prop_assert_eq!(tt(&l, t.pool), t);
+                let p = &pools[t.pool];
+                m.leased[t.pool] -= t.bytes;
+                if matches!(op, TreeOp::Release { .. }) {
+                    p.release(l).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                } else {
+                    p.quarantine(l).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    m.quarantined[t.pool] += t.bytes;
+                }
+            }
+            TreeOp::SetCapacity { pool, capacity } => {
+                let i = pool % n;
+                let live = m.used(i);
+                match pools[i].set_capacity(capacity) {
+                    Ok(()) => {
+                        prop_assert!(capacity >= live, "lowered to {capacity} below {live} live");
+                        m.cap[i] = capacity;
+                    }
+                    Err(GovernorError::CapacityBelowLive { requested, live: l, capacity: kept, .. }) => {
+                        prop_assert!(capacity < live, "refused {capacity} with {live} live");
+                        prop_assert_eq!((requested, l, kept), (capacity, live, m.cap[i]));
+                    }
+                    Err(e) => prop_assert!(false, "set_capacity: {e}"),
+                }
+            }
+        }
+        check_tree(&pools, &m)?;
+    }
+
+    // Teardown: everything ends the ordinary way; only quarantine stays.
+    drop(grants);
+    for t in m.grants.drain(..) {
+        m.reserved[t.pool] -= t.bytes;
+    }
+    for (l, t) in leases.into_iter().zip(m.leases.drain(..)) {
+        pools[t.pool].release(l).unwrap();
+        m.leased[t.pool] -= t.bytes;
+    }
+    check_tree(&pools, &m)?;
+    for (i, p) in pools.iter().enumerate() {
+        let s = p.snapshot();
+        prop_assert_eq!((s.reserved, s.leased), (0, 0));
+        let quarantined: u64 = (0..n).filter(|&j| m.path(j).contains(&i)).map(|j| m.quarantined[j]).sum();
+        prop_assert_eq!(s.used, quarantined, "level {} after teardown", i);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Every level of a tree of pools against the reference model.
+    #[test]
+    fn pool_trees_match_reference_model(
+        three_levels in any::<bool>(),
+        caps in [0u64..=2048, 0u64..=1500, 0u64..=1500, 0u64..=1200],
+        ops in proptest::collection::vec(tree_op(), 1..80),
+    ) {
+        run_tree(three_levels, caps, ops)?;
+    }
+}
+
+/// A fixed tree sequence touching every operation (a refusal at each level,
+/// a refused and an accepted lowering, an over-subscribed child).
+#[test]
+fn scripted_tree_sequence_matches_model() {
+    use TreeOp::*;
+    // root 950 > {a 400 > {a.0 500}, b 700}.
+    let ops = vec![
+        Reserve { pool: 3, bytes: 300 },
+        Commit { grant: 0, num: 255 }, // a.0 300, a 300, root 300
+        Reserve { pool: 2, bytes: 500 },
+        CommitOver { grant: 0, extra: 100 },    // b 600, root 900
+        Reserve { pool: 1, bytes: 401 },        // short at a (level 0)
+        Reserve { pool: 3, bytes: 201 },        // short at a.0 (level 0)
+        Reserve { pool: 3, bytes: 101 },        // short at a (level 1)
+        Reserve { pool: 3, bytes: 60 },         // short at the root (level 2)
+        Reserve { pool: 1, bytes: 60 },         // short at the root (level 1)
+        SetCapacity { pool: 0, capacity: 800 }, // below the 900 live: refused
+        SetCapacity { pool: 0, capacity: 900 }, // to what is live: accepted
+        Grow { lease: 0, bytes: 50, num: 200 }, // short at the root
+        Shrink { lease: 0, num: 100 },
+        QuarantinePart { lease: 1, num: 10 },
+        Reserve { pool: 0, bytes: 10 },
+        Grow { lease: 0, bytes: 50, num: 200 },
+        DropGrant { grant: 0 },
+        SetCapacity { pool: 3, capacity: 5000 }, // over-subscribed child
+        CommitOver { grant: 0, extra: 1 },
+        Quarantine { lease: 0 },
+        Release { lease: 0 },
+        SetCapacity { pool: 1, capacity: 0 },
+    ];
+    run_tree(true, [950, 400, 700, 500], ops).unwrap();
+}

@@ -4,10 +4,12 @@ use super::class::AllocationClass;
 use super::ids::{HolderId, PoolId};
 use super::stats::PoolSnapshot;
 use std::fmt;
+use std::sync::Arc;
 
-/// A request the pool could not grant: what was asked and the pool's
-/// figures just after the refusal. The snapshot is boxed so that results
-/// stay small on the fast path.
+/// A request the pool could not grant: what was asked, where in the tree
+/// of pools it was short, and the short pool's figures just after the
+/// refusal. The snapshot and the path are boxed so that results stay small
+/// on the fast path.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OutOfBudget {
     /// Bytes requested.
@@ -16,8 +18,41 @@ pub struct OutOfBudget {
     pub class: AllocationClass,
     /// The requesting holder, if any.
     pub holder: Option<HolderId>,
-    /// The pool's figures when the request was refused.
+    /// The figures of the pool that was short (the pool asked, or one of
+    /// its ancestors; see [`path`](Self::path)) when the request was
+    /// refused.
     pub snapshot: Box<PoolSnapshot>,
+    /// The pools the charge had to fit in, and which one was short.
+    pub path: Box<ChargePath>,
+}
+
+/// The pools a charge had to fit in: the pool asked first, then each
+/// ancestor, the root last; and which one had no room.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChargePath {
+    /// Ids and names, the pool asked first, the root last (one entry for a
+    /// pool without a parent).
+    pub pools: Vec<(PoolId, Arc<str>)>,
+    /// Index in `pools` of the pool that was short (0: the pool asked).
+    pub short: usize,
+}
+
+impl OutOfBudget {
+    /// The pool the request was made on.
+    pub fn requested_pool(&self) -> PoolId {
+        self.path.pools[0].0
+    }
+
+    /// The pool that had no room (the snapshot's).
+    pub fn short_pool(&self) -> PoolId {
+        self.snapshot.pool
+    }
+
+    /// Levels above the pool asked of the pool that was short (0: the pool
+    /// asked itself).
+    pub fn short_level(&self) -> usize {
+        self.path.short
+    }
 }
 
 impl fmt::Display for OutOfBudget {
@@ -25,6 +60,11 @@ impl fmt::Display for OutOfBudget {
         write!(f, "out of budget: {} B of {} requested", self.requested, self.class)?;
         if let Some(h) = self.holder {
             write!(f, " by {h}")?;
+        }
+        if self.path.pools.len() > 1 {
+            let names: Vec<&str> = self.path.pools.iter().map(|(_, n)| &**n).collect();
+            let short = names.get(self.path.short).copied().unwrap_or("?");
+            write!(f, " in '{}' (within {}), short in '{short}'", names[0], names.join(" < "))?;
         }
         write!(f, "; {}", self.snapshot)
     }
@@ -61,6 +101,17 @@ pub enum GovernorError {
     /// A pool name already taken in this governor.
     #[error("a pool named '{name}' already exists")]
     DuplicatePool { name: String },
+    /// A parent pool this governor does not have.
+    #[error("{pool} is not a pool of this governor")]
+    UnknownPool { pool: PoolId },
+    /// A capacity lowered below the bytes live in the pool (its
+    /// descendants' included), still too many after pressure tickets: the
+    /// capacity stays as it was.
+    #[error(
+        "cannot lower the capacity of pool '{pool}' to {requested} B: {live} B are live \
+         (the capacity stays {capacity} B)"
+    )]
+    CapacityBelowLive { pool: Arc<str>, requested: u64, live: u64, capacity: u64 },
 }
 
 impl GovernorError {

@@ -87,16 +87,17 @@ impl<'p> Grant<'p> {
     }
 
     /// Charges `actual - bytes` more (the mechanism obtained more than was
-    /// granted, e.g. granularity rounding); on refusal the grant comes back
-    /// unchanged with the reason.
+    /// granted, e.g. granularity rounding) at the pool and every ancestor;
+    /// on refusal the levels already charged are refunded and the grant
+    /// comes back unchanged with the reason.
     #[cold]
     #[inline(never)]
     fn cover(self, actual: u64) -> Result<Self, Rejected<Self>> {
         let extra = actual - self.bytes;
-        if !self.pool.try_charge(extra) {
+        if let Err(short) = self.pool.charge_chain(extra) {
             let uid = self.pool.account_uid(self.holder);
             self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
-            let error = self.pool.out_of_budget(extra, self.class, self.holder);
+            let error = self.pool.out_of_budget(short, extra, self.class, self.holder);
             return Err(Rejected { value: self, error });
         }
         Ok(self)
@@ -106,10 +107,10 @@ impl<'p> Grant<'p> {
     /// mechanism actually mapped (invariant 2).
     ///
     /// `actual < bytes`: the remainder is refunded at once.
-    /// `actual > bytes`: the difference is charged if it fits now (no
-    /// tickets, no waiting); otherwise the grant comes back in the
-    /// error, unchanged, so the caller can free what it mapped and then drop
-    /// it. No lock on the fast path.
+    /// `actual > bytes`: the difference is charged if it fits now, at the
+    /// pool and every ancestor (no tickets, no waiting); otherwise the
+    /// grant comes back in the error, unchanged, so the caller can free
+    /// what it mapped and then drop it. No lock on the fast path.
     #[inline]
     pub fn commit(self, actual: u64) -> Result<Lease, Rejected<Self>> {
         let me = if actual > self.bytes { self.cover(actual)? } else { self };

@@ -22,9 +22,10 @@ use std::time::Instant;
 /// refund: only actual releases refund.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PressureTicket {
-    /// The pool that needs room.
+    /// The pool that needs room: the holder's own pool or one of its
+    /// ancestors (a short parent asks the holders of every pool under it).
     pub pool: PoolId,
-    /// Bytes still missing when the ticket was issued.
+    /// Bytes still missing in that pool when the ticket was issued.
     pub bytes_wanted: u64,
     /// Class of the request.
     pub class: AllocationClass,
@@ -45,8 +46,9 @@ pub struct PressureTicket {
 /// Called on the requesting thread, with no governor lock held, possibly
 /// from several threads at once (hence `Sync`). It may re-enter the
 /// governor: release, quarantine, reserve (a `reserve` made from inside a
-/// callback issues no tickets of its own on that pool, so pressure never
-/// recurses), take snapshots, even drop its own registration. A panic is
+/// callback issues no tickets of its own on the ticket's pool, nor on any
+/// pool above or below it, so pressure never recurses), change a
+/// capacity, take snapshots, even drop its own registration. A panic is
 /// caught and counts as a zero answer.
 pub type PressureCallback = dyn Fn(&PressureTicket) -> u64 + Send + Sync;
 
@@ -111,7 +113,8 @@ struct CallState {
 /// A registered holder, as the pool keeps it.
 pub(crate) struct HolderEntry {
     pub core: Arc<AccountCore>,
-    /// Registration order, the tie-break among equal priorities.
+    /// Registration order (the holder's id, which grows process-wide), the
+    /// tie-break among equal priorities.
     pub seq: u64,
     callback: Box<PressureCallback>,
     calls: Mutex<CallState>,
@@ -137,9 +140,10 @@ impl HolderEntry {
         self.core.holder.as_ref().map_or(Priority::LOWEST, |m| m.priority)
     }
 
-    /// Delivers a ticket. `None`: the holder unregistered meanwhile (no
-    /// ticket delivered). `Some(None)`: the callback panicked.
-    pub fn deliver(&self, ticket: &PressureTicket) -> Option<Option<u64>> {
+    /// Delivers a ticket for the pool whose lineage (its id, then its
+    /// ancestors') is `lineage`. `None`: the holder unregistered meanwhile
+    /// (no ticket delivered). `Some(None)`: the callback panicked.
+    pub fn deliver(&self, ticket: &PressureTicket, lineage: &Arc<[PoolId]>) -> Option<Option<u64>> {
         let me = sync::current_thread_id();
         {
             let mut st = lock(&self.calls);
@@ -149,7 +153,7 @@ impl HolderEntry {
             st.in_flight.push(me);
         }
         let answer = {
-            let _guard = InPressure::enter(ticket.pool);
+            let _guard = InPressure::enter(lineage.clone());
             catch_unwind(AssertUnwindSafe(|| (self.callback)(ticket))).ok()
         };
         {
@@ -175,23 +179,24 @@ impl HolderEntry {
     }
 }
 
-// Pools for which this thread is inside a pressure callback. (loom's
-// `thread_local!` takes no `const { }` initialiser.)
+// Pools for which this thread is inside a pressure callback, each as its
+// lineage (its id, then its ancestors'). (loom's `thread_local!` takes no
+// `const { }` initialiser.)
 #[cfg(not(loom))]
 thread_local! {
-    static IN_PRESSURE: RefCell<Vec<PoolId>> = const { RefCell::new(Vec::new()) };
+    static IN_PRESSURE: RefCell<Vec<Arc<[PoolId]>>> = const { RefCell::new(Vec::new()) };
 }
 #[cfg(loom)]
 thread_local! {
-    static IN_PRESSURE: RefCell<Vec<PoolId>> = RefCell::new(Vec::new());
+    static IN_PRESSURE: RefCell<Vec<Arc<[PoolId]>>> = RefCell::new(Vec::new());
 }
 
-struct InPressure(PoolId);
+struct InPressure(Arc<[PoolId]>);
 
 impl InPressure {
-    fn enter(pool: PoolId) -> InPressure {
-        let _ = IN_PRESSURE.try_with(|v| v.borrow_mut().push(pool));
-        InPressure(pool)
+    fn enter(lineage: Arc<[PoolId]>) -> InPressure {
+        let _ = IN_PRESSURE.try_with(|v| v.borrow_mut().push(lineage.clone()));
+        InPressure(lineage)
     }
 }
 
@@ -199,16 +204,21 @@ impl Drop for InPressure {
     fn drop(&mut self) {
         let _ = IN_PRESSURE.try_with(|v| {
             let mut v = v.borrow_mut();
-            if let Some(i) = v.iter().rposition(|p| *p == self.0) {
+            if let Some(i) = v.iter().rposition(|p| Arc::ptr_eq(p, &self.0)) {
                 v.remove(i);
             }
         });
     }
 }
 
-/// True while this thread runs a pressure callback for `pool`.
-pub(crate) fn in_pressure(pool: PoolId) -> bool {
-    IN_PRESSURE.try_with(|v| v.borrow().contains(&pool)).unwrap_or(false)
+/// True while this thread runs a pressure callback for the pool whose
+/// lineage is `lineage`, for one of its ancestors or for one of its
+/// descendants: a pool whose holders may be those of the callback running.
+pub(crate) fn in_pressure_near(lineage: &[PoolId]) -> bool {
+    let me = lineage[0];
+    IN_PRESSURE
+        .try_with(|v| v.borrow().iter().any(|running| running.contains(&me) || lineage.contains(&running[0])))
+        .unwrap_or(false)
 }
 
 /// A holder's registration with one pool; dropping it unregisters.

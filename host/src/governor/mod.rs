@@ -39,11 +39,28 @@
 //! late, from deferred frees — and fails with [`OutOfBudget`] (carrying a
 //! [`PoolSnapshot`]) when the deadline passes.
 //!
+//! # Trees of pools
+//!
+//! A pool may have a parent ([`Governor::create_child_pool`]): a
+//! process-wide limit over per-device pools, per-model or per-tenant pools
+//! under a device pool. A charge fits only if it fits in the pool and in
+//! every ancestor, and is charged at each level, leaf first: a parent's
+//! `used` includes its children's charges. A level that has no room
+//! refunds the levels already charged, so no level ever exceeds its
+//! capacity and nothing leaks; refunds, partial refunds, quarantine and
+//! commits of more or less than granted are exact at every level. The
+//! refusal ([`OutOfBudget`]) names the chain and the level that was short,
+//! and carries that pool's snapshot. Pressure tickets go to the holders
+//! under the short pool (that pool and its descendants). Capacities change
+//! at run time ([`Pool::set_capacity`]); a child's may exceed its parent's.
+//!
 //! # Fast path and cost (DESIGN §6)
 //!
-//! Capacity is one 64-bit word per pool: a grant is a compare-exchange loop
-//! that never lets the bytes exceed the capacity, a refund one
-//! `fetch_sub`. Its top bit says "someone waits", so a refund learns from
+//! Capacity is one 64-bit word per pool (`used` plus the capacity's
+//! offset from the maximum, so a capacity change is one update of the same
+//! word): a grant is a compare-exchange loop that never lets the bytes
+//! exceed the capacity, a refund one `fetch_sub`; a pool with `k`
+//! ancestors costs `k + 1` of each, a pool without a parent one test more. Its top bit says "someone waits", so a refund learns from
 //! the value it already read whether to wake anyone. The compare-exchange
 //! starts from the value the thread last saw (kept in its shard), so an
 //! uncontended grant needs no separate load and a contended one no extra
@@ -59,8 +76,9 @@
 //! The price is in snapshots: per-class figures are exact whenever no
 //! operation is in flight, and approximate (each clamped at zero) while
 //! other threads operate; `used`, `free`, `capacity` and `peak` are always
-//! exact. The peak is kept per pool only: a per-class peak would need a
-//! shared counter per class on the fast path.
+//! exact (`peak` but for a charge racing a capacity change, see
+//! [`PoolSnapshot::peak`]). The peak is kept per pool only: a per-class
+//! peak would need a shared counter per class on the fast path.
 //!
 //! # Thread-safety
 //!
@@ -73,16 +91,19 @@ mod error;
 mod grant;
 mod holder;
 mod ids;
+mod level;
 mod pool;
 mod shard;
 pub mod stats;
+mod tree;
 
 pub use class::AllocationClass;
-pub use error::{GovernorError, OutOfBudget, Rejected};
+pub use error::{ChargePath, GovernorError, OutOfBudget, Rejected};
 pub use grant::{Grant, Lease};
 pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
 pub use ids::{HolderId, PoolId, Priority};
-pub use pool::{Pool, MAX_CAPACITY};
+pub use level::MAX_CAPACITY;
+pub use pool::Pool;
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 
 use crate::sync::{lock, Mutex};
@@ -111,6 +132,36 @@ impl Governor {
             return Err(GovernorError::DuplicatePool { name: name.to_owned() });
         }
         let pool = Pool::new(name, capacity_bytes)?;
+        let id = pool.id();
+        pools.push(pool);
+        Ok(id)
+    }
+
+    /// Creates a pool of `capacity_bytes` under `parent` (a pool of this
+    /// governor, by id or by reference): every charge made in it must fit
+    /// in it and in every ancestor, and is charged at each (a parent's
+    /// `used` includes its children's charges). A child's capacity may
+    /// exceed its parent's: the smaller limit binds. Names are unique
+    /// within a governor; a parent this governor does not have is
+    /// [`GovernorError::UnknownPool`].
+    ///
+    /// The child holds its parent alive. Thread-safety: as
+    /// [`create_pool`](Self::create_pool).
+    pub fn create_child_pool(
+        &self,
+        name: &str,
+        parent: impl Into<PoolId>,
+        capacity_bytes: u64,
+    ) -> Result<PoolId, GovernorError> {
+        let parent = parent.into();
+        let mut pools = lock(&self.pools);
+        if pools.iter().any(|p| p.name() == name) {
+            return Err(GovernorError::DuplicatePool { name: name.to_owned() });
+        }
+        let Some(parent) = pools.iter().find(|p| p.id() == parent).cloned() else {
+            return Err(GovernorError::UnknownPool { pool: parent });
+        };
+        let pool = Pool::new_under(name, capacity_bytes, parent)?;
         let id = pool.id();
         pools.push(pool);
         Ok(id)

@@ -1,103 +1,123 @@
-//! Pools: the capacity word, granting (with pressure and waiting), ending
-//! leases, holders and statistics. The tokens are in `grant.rs`.
+//! Pools: granting (with pressure and waiting), ending leases, holders
+//! and statistics. The capacity word is in `level.rs`, the tree of pools
+//! (ancestors charged with every charge, pressure under the short pool,
+//! capacity changes) in `tree.rs`, the tokens in `grant.rs`.
 
 use super::class::AllocationClass;
-use super::error::{GovernorError, OutOfBudget, Rejected};
+use super::error::{GovernorError, Rejected};
 use super::grant::{leaks, Grant, Lease};
-use super::holder::{in_pressure, HolderEntry, HolderRegistration, PressureCounters, PressureTicket};
+use super::holder::{HolderEntry, HolderRegistration, PressureCounters, PressureTicket};
 use super::ids::{next_uid, HolderId, PoolId, Priority};
+use super::level::{Level, MAX_CAPACITY};
 use super::shard::{self, Account, AccountCore, HolderMeta, RawClass, Shard};
 use super::stats::{ClassStats, HolderStats, PoolSnapshot};
-use crate::sync::{self, lock, AtomicU64, Condvar, Mutex};
+use super::tree::{ask_holders, Request};
+use crate::sync::{lock, AtomicU64, Mutex};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
-use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Weak};
 use std::time::Instant;
 
-/// Top bit of the capacity word: set while some thread waits for room.
-const WAITERS: u64 = 1 << 63;
-/// The byte count in the capacity word.
-const BYTES: u64 = WAITERS - 1;
+#[cfg(test)]
+use super::level::{BYTES, WAITERS};
 
-/// Largest capacity a pool can have (2^63 - 1 bytes).
-pub const MAX_CAPACITY: u64 = BYTES;
-
-/// The word every grant and refund touches, alone on its cache line with
-/// the (rarely written) peak.
-#[repr(align(64))]
-struct Hot {
-    /// Charged bytes (grants + leases + quarantine), plus [`WAITERS`].
-    used: AtomicU64,
-    peak: AtomicU64,
-}
-
-struct Holders {
-    /// Registered holders, in registration order.
-    list: Vec<Arc<HolderEntry>>,
-    next_seq: u64,
-}
-
-/// One physical memory domain's budget.
+/// One physical memory domain's budget, or a part of one: a pool may have
+/// a parent (a process-wide limit over per-device pools, per-tenant pools
+/// under a device pool), and then every byte it charges is charged at
+/// every ancestor too.
 ///
-/// A pool charges grants and leases against a fixed capacity; it
-/// never allocates or frees memory. Obtain one from
-/// [`Governor::create_pool`](super::Governor::create_pool) and
-/// [`Governor::pool`](super::Governor::pool).
+/// A pool charges grants and leases against its capacity (and its
+/// ancestors'); it never allocates or frees memory. Obtain one from
+/// [`Governor::create_pool`](super::Governor::create_pool),
+/// [`Governor::create_child_pool`](super::Governor::create_child_pool) and
+/// [`Governor::pool`](super::Governor::pool). A child keeps its parent
+/// alive (it holds an `Arc` of it); a parent only knows its children
+/// weakly.
 ///
 /// Thread-safety: `Send + Sync`. Every method may be called from any
 /// thread, concurrently. [`try_reserve`](Self::try_reserve),
 /// [`Grant::commit`], [`Grant::commit_into`] and
 /// [`release`](Self::release) take no lock once the calling thread has
 /// touched the account (holder or anonymous) before: the first touch takes
-/// the account's lock once to obtain the thread's statistics shard. No
-/// method holds a lock while it calls a holder.
+/// the account's lock once to obtain the thread's statistics shard. A
+/// charge on a pool with `k` ancestors is `k + 1` compare-exchanges in the
+/// common case. No method holds a lock while it calls a holder.
 pub struct Pool {
-    hot: Hot,
-    id: PoolId,
-    capacity: u64,
-    name: Arc<str>,
+    /// The capacity word and the pool above, whose capacity (and whose
+    /// ancestors') every charge must fit in too.
+    pub(super) level: Level,
+    pub(super) id: PoolId,
+    /// This pool's id, then its parent's, ... the root's last.
+    pub(super) lineage: Arc<[PoolId]>,
+    /// Pools created under this one (weak: children keep parents alive,
+    /// not the reverse).
+    pub(super) children: Mutex<Vec<Weak<Pool>>>,
+    pub(super) name: Arc<str>,
     /// The account of requests made on behalf of no holder; uid = pool id.
     anon: Arc<Account>,
     /// Holder accounts by holder id, registered or not (kept for the pool's
     /// life so that late releases and statistics find them).
     accounts: Mutex<BTreeMap<u64, Arc<Account>>>,
-    holders: Mutex<Holders>,
-    wait: Mutex<usize>,
-    room: Condvar,
-    pressure: PressureCounters,
-    waits: AtomicU64,
-    wait_timeouts: AtomicU64,
+    /// Registered holders, in registration order.
+    pub(super) holders: Mutex<Vec<Arc<HolderEntry>>>,
+    pub(super) pressure: PressureCounters,
+    pub(super) waits: AtomicU64,
+    pub(super) wait_timeouts: AtomicU64,
 }
 
 /// Outcome of one attempt to charge.
-enum Attempt {
+pub(super) enum Attempt<'p> {
     Granted,
-    NoRoom,
+    /// This pool (the one asked, or an ancestor) had no room.
+    NoRoom(&'p Pool),
     Unknown,
 }
 
 impl Pool {
+    /// A pool without a parent.
     pub(crate) fn new(name: &str, capacity: u64) -> Result<Arc<Pool>, GovernorError> {
+        Self::build(name, capacity, None)
+    }
+
+    /// A pool under `parent`.
+    pub(crate) fn new_under(
+        name: &str,
+        capacity: u64,
+        parent: Arc<Pool>,
+    ) -> Result<Arc<Pool>, GovernorError> {
+        Self::build(name, capacity, Some(parent))
+    }
+
+    fn build(name: &str, capacity: u64, parent: Option<Arc<Pool>>) -> Result<Arc<Pool>, GovernorError> {
         if capacity > MAX_CAPACITY {
             return Err(GovernorError::CapacityTooLarge { capacity, max: MAX_CAPACITY });
         }
         let id = PoolId(next_uid());
+        let lineage: Arc<[PoolId]> = match &parent {
+            None => Arc::new([id]),
+            Some(p) => std::iter::once(id).chain(p.lineage.iter().copied()).collect(),
+        };
         leaks().insert(id.get(), BTreeMap::new());
-        Ok(Arc::new(Pool {
-            hot: Hot { used: AtomicU64::new(0), peak: AtomicU64::new(0) },
+        let pool = Arc::new(Pool {
+            level: Level::new(capacity, parent),
             id,
-            capacity,
+            lineage,
+            children: Mutex::new(Vec::new()),
             name: name.into(),
             anon: Arc::new(Account::new(id.get(), id, None)),
             accounts: Mutex::new(BTreeMap::new()),
-            holders: Mutex::new(Holders { list: Vec::new(), next_seq: 0 }),
-            wait: Mutex::new(0),
-            room: Condvar::new(),
+            holders: Mutex::new(Vec::new()),
             pressure: PressureCounters::new(),
             waits: AtomicU64::new(0),
             wait_timeouts: AtomicU64::new(0),
-        }))
+        });
+        if let Some(p) = pool.level.parent() {
+            let mut children = lock(&p.children);
+            children.retain(|c| c.strong_count() > 0);
+            children.push(Arc::downgrade(&pool));
+        }
+        Ok(pool)
     }
 
     /// This pool's id.
@@ -110,135 +130,57 @@ impl Pool {
         &self.name
     }
 
-    /// Bytes it may charge in all.
+    /// Bytes it may charge in all (see [`set_capacity`](Self::set_capacity)).
+    /// An ancestor's smaller capacity may bind first: a child's capacity
+    /// may exceed its parent's.
     pub fn capacity(&self) -> u64 {
-        self.capacity
+        self.level.capacity()
     }
 
-    /// Bytes charged now (grants, leases, quarantine). Exact.
+    /// Bytes charged now (grants, leases, quarantine), its descendants'
+    /// charges included. Exact.
     #[inline]
     pub fn used(&self) -> u64 {
-        self.hot.used.load(Acquire) & BYTES
+        self.level.read().0
     }
 
-    /// `capacity - used`. Exact.
+    /// `(used, capacity)` read together: the pair at one moment, even
+    /// while the capacity changes. Exact; lock-free but for waiting out a
+    /// capacity change caught between its two stores.
+    pub fn used_and_capacity(&self) -> (u64, u64) {
+        self.level.read()
+    }
+
+    /// `capacity - used` at this level (an ancestor may have less). Exact.
     #[inline]
     pub fn free(&self) -> u64 {
-        self.capacity - self.used()
+        self.level.free()
     }
 
-    /// Highest `used` ever reached.
+    /// Highest `used` ever reached (see [`PoolSnapshot::peak`]).
     pub fn peak(&self) -> u64 {
-        self.hot.peak.load(Relaxed)
+        self.level.peak()
     }
 
-    // ----- the capacity word -------------------------------------------------
-
-    /// Charges `bytes` if they fit: a compare-exchange loop on the capacity
-    /// word, no lock. The bytes in the word never exceed `capacity`.
-    #[inline(always)]
-    pub(super) fn try_charge(&self, bytes: u64) -> bool {
-        self.charge(self.hot.used.load(Relaxed), true, bytes).is_some()
+    /// The pool above this one, if any.
+    pub fn parent(&self) -> Option<&Arc<Pool>> {
+        self.level.parent()
     }
 
-    /// The compare-exchange loop, starting from `expected`: a fresh read
-    /// when `fresh`, else a guess (the thread's last seen value). Returns
-    /// the new word. A refusal is only ever decided on a fresh read — a
-    /// load or a failed compare-exchange — never on a guess.
-    #[inline(always)]
-    fn charge(&self, expected: u64, fresh: bool, bytes: u64) -> Option<u64> {
-        let used = &self.hot.used;
-        let (mut cur, mut fresh) = (expected, fresh);
-        loop {
-            let held = cur & BYTES;
-            debug_assert!(held <= self.capacity || !fresh);
-            if held > self.capacity || bytes > self.capacity - held {
-                if fresh {
-                    return None;
-                }
-                cur = used.load(Relaxed);
-                fresh = true;
-                continue;
-            }
-            // held + bytes <= capacity < 2^63: the waiters bit is untouched.
-            match used.compare_exchange_weak(cur, cur + bytes, AcqRel, Relaxed) {
-                Ok(_) => {
-                    let now = held + bytes;
-                    if now > self.hot.peak.load(Relaxed) {
-                        self.hot.peak.fetch_max(now, Relaxed);
-                    }
-                    return Some(cur + bytes);
-                }
-                Err(seen) => {
-                    cur = seen;
-                    fresh = true;
-                }
-            }
-        }
+    /// This pool's id, then each ancestor's, the root's last.
+    pub fn lineage(&self) -> &[PoolId] {
+        &self.lineage
     }
 
-    /// Returns `bytes` to the pool and wakes waiters if any announced
-    /// themselves. Only ever called with bytes a token held, so the word
-    /// cannot go below zero.
-    #[inline(always)]
-    pub(super) fn refund(&self, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let prev = self.hot.used.fetch_sub(bytes, AcqRel);
-        self.after_refund(prev, bytes);
+    /// Ancestors above this pool: 0 for a pool without a parent.
+    pub fn depth(&self) -> usize {
+        self.lineage.len() - 1
     }
 
-    /// Checks and wake-up after `bytes` left a word that was `prev`.
-    #[inline(always)]
-    fn after_refund(&self, prev: u64, bytes: u64) {
-        debug_assert!(
-            prev & BYTES >= bytes,
-            "governor refund of {bytes} B exceeds the {} B charged",
-            prev & BYTES
-        );
-        if prev & WAITERS != 0 {
-            self.wake_waiters();
-        }
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn wake_waiters(&self) {
-        let _g = lock(&self.wait);
-        // Waiters re-announce themselves (under this lock) if still short.
-        self.hot.used.fetch_and(!WAITERS, AcqRel);
-        self.room.notify_all();
-    }
-
-    /// Waits until `bytes` can be charged (and charges them) or `deadline`
-    /// passes. The protocol: under the wait lock, try to charge; if short,
-    /// set [`WAITERS`] with an atomic OR and look at the value it returns —
-    /// every refund ordered after the OR sees the bit and takes the wait
-    /// lock to notify, so no wake-up is lost; a refund ordered before it is
-    /// visible in the returned value.
-    fn wait_for_room(&self, bytes: u64, deadline: Instant) -> bool {
-        let mut waiting = lock(&self.wait);
-        *waiting += 1;
-        let granted = loop {
-            if self.try_charge(bytes) {
-                break true;
-            }
-            let seen = self.hot.used.fetch_or(WAITERS, AcqRel);
-            if bytes <= self.capacity - (seen & BYTES) {
-                continue;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break false;
-            }
-            waiting = sync::wait_timeout(&self.room, waiting, deadline - now);
-        };
-        *waiting -= 1;
-        if *waiting == 0 {
-            self.hot.used.fetch_and(!WAITERS, AcqRel);
-        }
-        granted
+    /// The pools created directly under this one that are still alive, in
+    /// creation order. Takes a short lock.
+    pub fn children(&self) -> Vec<Arc<Pool>> {
+        lock(&self.children).iter().filter_map(Weak::upgrade).collect()
     }
 
     // ----- accounts and shards ----------------------------------------------
@@ -284,30 +226,64 @@ impl Pool {
         debug_assert!(r.is_ok(), "a token of {} names an account the pool does not have", self.id);
     }
 
+    /// One attempt to grant `bytes` at this pool and every ancestor: the
+    /// pool's word from this thread's hint, then each ancestor's; a
+    /// refusal at an ancestor refunds the levels already charged.
     #[inline(always)]
-    fn try_grant(&self, uid: u64, bytes: u64, class: AllocationClass, count_failure: bool) -> Attempt {
+    pub(super) fn try_grant(
+        &self,
+        uid: u64,
+        bytes: u64,
+        class: AllocationClass,
+        count_failure: bool,
+    ) -> Attempt<'_> {
         self.with_shard(uid, |s| {
             if !s.core.registered.load(Relaxed) {
                 return Attempt::Unknown;
             }
             let c = s.cells(class);
-            if let Some(word) = self.charge(s.hint.load(Relaxed), false, bytes) {
-                s.hint.store(word, Relaxed);
-                s.add(&c.reserved, bytes);
-                s.add(&c.grants, 1);
-                Attempt::Granted
-            } else {
-                if count_failure {
-                    s.add(&c.failures, 1);
+            match self.level.charge(s.hint.load(Relaxed), false, bytes) {
+                Some(word) => {
+                    s.hint.store(word, Relaxed);
+                    if let Some(parent) = self.level.parent() {
+                        if let Some(short) = self.charge_above(parent, bytes, s) {
+                            if count_failure {
+                                s.add(&c.failures, 1);
+                            }
+                            return Attempt::NoRoom(short);
+                        }
+                    }
+                    // Only a charge that stands counts for the peak.
+                    self.level.note_peak(word);
+                    s.add(&c.reserved, bytes);
+                    s.add(&c.grants, 1);
+                    Attempt::Granted
                 }
-                Attempt::NoRoom
+                None => {
+                    if count_failure {
+                        s.add(&c.failures, 1);
+                    }
+                    Attempt::NoRoom(self)
+                }
             }
         })
         .unwrap_or(Attempt::Unknown)
     }
 
+    /// Charges `bytes` at `parent` and its ancestors, after this pool
+    /// charged them; on a refusal refunds every level charged, this pool's
+    /// included, and returns the one that was short.
     #[cold]
-    fn unknown_holder(&self, holder: Option<HolderId>) -> GovernorError {
+    #[inline(never)]
+    fn charge_above<'p>(&'p self, parent: &'p Pool, bytes: u64, s: &Shard) -> Option<&'p Pool> {
+        let short = parent.charge_chain(bytes).err()?;
+        let prev = self.level.refund(bytes);
+        s.hint.store(prev.wrapping_sub(bytes), Relaxed);
+        Some(short)
+    }
+
+    #[cold]
+    pub(super) fn unknown_holder(&self, holder: Option<HolderId>) -> GovernorError {
         match holder {
             Some(holder) => GovernorError::UnknownHolder { pool: self.id, holder },
             // The anonymous account always exists.
@@ -315,31 +291,17 @@ impl Pool {
         }
     }
 
-    #[cold]
-    #[inline(never)]
-    pub(super) fn out_of_budget(
-        &self,
-        requested: u64,
-        class: AllocationClass,
-        holder: Option<HolderId>,
-    ) -> GovernorError {
-        GovernorError::OutOfBudget(OutOfBudget {
-            requested,
-            class,
-            holder,
-            snapshot: Box::new(self.snapshot()),
-        })
-    }
-
     // ----- granting ----------------------------------------------------------
 
     /// Grants `bytes` of `class` on behalf of `holder` (or of no holder) if
-    /// they fit now; never asks holders, never waits.
+    /// they fit now, here and in every ancestor; never asks holders, never
+    /// waits.
     ///
-    /// Fast path: one compare-exchange on the capacity word plus plain
-    /// stores to this thread's statistics shard; no lock, no allocation.
-    /// Fails with [`GovernorError::OutOfBudget`] (a refusal is counted in
-    /// `failures`) or [`GovernorError::UnknownHolder`].
+    /// Fast path: one compare-exchange on the capacity word (plus one per
+    /// ancestor) and plain stores to this thread's statistics shard; no
+    /// lock, no allocation. Fails with [`GovernorError::OutOfBudget`] (a
+    /// refusal is counted in `failures`; its snapshot is the short pool's)
+    /// or [`GovernorError::UnknownHolder`].
     #[inline]
     pub fn try_reserve(
         &self,
@@ -349,30 +311,39 @@ impl Pool {
     ) -> Result<Grant<'_>, GovernorError> {
         match self.try_grant(self.account_uid(holder), bytes, class, true) {
             Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
-            Attempt::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
+            Attempt::NoRoom(short) => Err(self.out_of_budget(short, bytes, class, holder)),
             Attempt::Unknown => Err(self.unknown_holder(holder)),
         }
     }
 
     /// Grants `bytes`, asking holders for room and optionally waiting.
     ///
-    /// 1. If the bytes fit, as [`try_reserve`](Self::try_reserve).
-    /// 2. Otherwise, unless `bytes` exceeds the capacity or this thread is
-    ///    inside a pressure callback of this pool, tickets go one at a time
-    ///    to the registered holders whose priority is lower than or equal to
-    ///    the requester's ([`Priority::HIGHEST`] for no holder), the
-    ///    requester excluded: lowest priority first, equal priorities in
-    ///    registration order. Each ticket asks for the bytes still missing;
-    ///    after each answer the grant is retried, and no further holder is
-    ///    asked once it succeeds. Callbacks run on this thread with no
-    ///    governor lock held.
-    /// 3. If still short and `deadline` is given, waits until refunds make
-    ///    room (every refund wakes waiters, however late it arrives — e.g.
-    ///    a deferred free completing) or the deadline passes. Holders are
-    ///    not asked again while waiting.
+    /// 1. If the bytes fit (here and in every ancestor), as
+    ///    [`try_reserve`](Self::try_reserve).
+    /// 2. Otherwise, tickets go to the holders registered under the pool
+    ///    that is short — that pool and every pool below it: a tenant's
+    ///    holders free room in the tenant, a device pool that is short asks
+    ///    the holders of every pool under it. Unless `bytes` exceeds the
+    ///    short pool's capacity, or this thread is inside a pressure
+    ///    callback of a pool above, below or equal to it, tickets go one
+    ///    at a time to those whose priority is lower than or equal to the
+    ///    requester's ([`Priority::HIGHEST`] for no holder), the requester
+    ///    excluded: lowest priority first, equal priorities in registration
+    ///    order. Each ticket asks for the bytes still missing in the short
+    ///    pool; after each answer the grant is retried, and no further
+    ///    holder is asked once it succeeds. When the retry is short in
+    ///    another pool, the holders under that one are asked next; no
+    ///    holder receives two tickets for one request. Callbacks run on
+    ///    this thread with no governor lock held.
+    /// 3. If still short and `deadline` is given, waits until refunds (or a
+    ///    capacity raise) make room in the pool that is short (every
+    ///    refund wakes waiters, however late it arrives — e.g. a deferred
+    ///    free completing) or the deadline passes. Holders are not asked
+    ///    again while waiting.
     ///
-    /// Fails with [`GovernorError::OutOfBudget`], whose snapshot is taken
-    /// after the last attempt, or [`GovernorError::UnknownHolder`].
+    /// Fails with [`GovernorError::OutOfBudget`], whose snapshot is the
+    /// short pool's, taken after the last attempt, or
+    /// [`GovernorError::UnknownHolder`].
     #[inline]
     pub fn reserve(
         &self,
@@ -385,52 +356,43 @@ impl Pool {
         match self.try_grant(uid, bytes, class, false) {
             Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
             Attempt::Unknown => Err(self.unknown_holder(holder)),
-            Attempt::NoRoom => self.reserve_slow(uid, bytes, class, holder, deadline),
+            Attempt::NoRoom(short) => self.reserve_slow(uid, bytes, class, holder, deadline, short),
         }
     }
 
     #[cold]
     #[inline(never)]
-    fn reserve_slow(
-        &self,
+    fn reserve_slow<'p>(
+        &'p self,
         uid: u64,
         bytes: u64,
         class: AllocationClass,
         holder: Option<HolderId>,
         deadline: Option<Instant>,
-    ) -> Result<Grant<'_>, GovernorError> {
-        if bytes <= self.capacity && !in_pressure(self.id) {
-            let priority = match holder {
-                None => Priority::HIGHEST,
-                Some(h) => match lock(&self.holders).list.iter().find(|e| e.id() == h) {
-                    Some(e) => e.priority(),
-                    None => return Err(self.unknown_holder(holder)),
-                },
-            };
-            for h in self.candidates(holder, priority) {
-                let wanted = bytes.saturating_sub(self.free());
-                if wanted > 0 {
-                    let ticket = PressureTicket {
-                        pool: self.id,
-                        bytes_wanted: wanted,
-                        class,
-                        priority,
-                        requester: holder,
-                        deadline: deadline.unwrap_or_else(Instant::now),
-                    };
-                    if let Some(answer) = h.deliver(&ticket) {
-                        self.pressure.record(wanted, answer);
-                        h.core.pressure.record(wanted, answer);
-                    }
-                }
-                match self.try_grant(uid, bytes, class, false) {
-                    Attempt::Granted => return Ok(Grant { pool: self, bytes, class, holder }),
-                    Attempt::Unknown => return Err(self.unknown_holder(holder)),
-                    Attempt::NoRoom => {}
-                }
-            }
+        short: &'p Pool,
+    ) -> Result<Grant<'p>, GovernorError> {
+        let grant = || Grant { pool: self, bytes, class, holder };
+        let priority = match holder {
+            None => Priority::HIGHEST,
+            Some(h) => match lock(&self.holders).iter().find(|e| e.id() == h) {
+                Some(e) => e.priority(),
+                None => return Err(self.unknown_holder(holder)),
+            },
+        };
+        let request = Request { class, requester: holder, priority, deadline };
+        let asked = ask_holders(
+            short,
+            &request,
+            |p| bytes <= p.capacity(),
+            |p| bytes.saturating_sub(p.free()),
+            || self.try_grant(uid, bytes, class, false),
+        );
+        match asked {
+            Attempt::Granted => return Ok(grant()),
+            Attempt::Unknown => return Err(self.unknown_holder(holder)),
+            Attempt::NoRoom(_) => {}
         }
-        if let Some(deadline) = deadline.filter(|_| bytes <= self.capacity) {
+        if let Some(deadline) = deadline.filter(|_| self.fits_capacities(bytes)) {
             self.waits.fetch_add(1, Relaxed);
             if self.wait_for_room(bytes, deadline) {
                 let registered = self
@@ -441,7 +403,7 @@ impl Pool {
                         s.core.registered.load(Relaxed)
                     })
                     .unwrap_or(false);
-                let r = Grant { pool: self, bytes, class, holder };
+                let r = grant();
                 if !registered {
                     drop(r); // the holder left while we waited: give it back
                     return Err(self.unknown_holder(holder));
@@ -452,22 +414,10 @@ impl Pool {
         }
         // One last attempt: a refund may have landed since the last one.
         match self.try_grant(uid, bytes, class, true) {
-            Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
-            Attempt::NoRoom => Err(self.out_of_budget(bytes, class, holder)),
+            Attempt::Granted => Ok(grant()),
+            Attempt::NoRoom(short) => Err(self.out_of_budget(short, bytes, class, holder)),
             Attempt::Unknown => Err(self.unknown_holder(holder)),
         }
-    }
-
-    /// Holders that may receive a ticket, in the order they receive it.
-    fn candidates(&self, requester: Option<HolderId>, priority: Priority) -> Vec<Arc<HolderEntry>> {
-        let mut v: Vec<Arc<HolderEntry>> = lock(&self.holders)
-            .list
-            .iter()
-            .filter(|e| Some(e.id()) != requester && e.priority() <= priority)
-            .cloned()
-            .collect();
-        v.sort_by_key(|e| (e.priority(), e.seq));
-        v
     }
 
     // ----- ending leases -----------------------------------------------------
@@ -488,10 +438,13 @@ impl Pool {
             let c = s.cells(class);
             s.sub(&c.leased, bytes);
             s.sub(&c.leases, 1);
-            prev = self.hot.used.fetch_sub(bytes, AcqRel);
+            prev = self.level.take(bytes);
             s.hint.store(prev.wrapping_sub(bytes), Relaxed);
         });
-        self.after_refund(prev, bytes);
+        self.level.after_refund(prev, bytes);
+        if let Some(parent) = self.level.parent() {
+            parent.refund_chain(bytes);
+        }
         Ok(())
     }
 
@@ -583,20 +536,17 @@ impl Pool {
         let account = Arc::new(Account::new(id.get(), self.id, Some(meta)));
         let core = account.core.clone();
         lock(&self.accounts).insert(id.get(), account);
-        let entry = {
-            let mut holders = lock(&self.holders);
-            let seq = holders.next_seq;
-            holders.next_seq += 1;
-            let entry = Arc::new(HolderEntry::new(core, seq, Box::new(callback)));
-            holders.list.push(entry.clone());
-            entry
-        };
+        // Ids grow with every registration in the process, so they order
+        // holders of different pools too (the tie-break among equal
+        // priorities when a short ancestor asks several pools' holders).
+        let entry = Arc::new(HolderEntry::new(core, id.get(), Box::new(callback)));
+        lock(&self.holders).push(entry.clone());
         HolderRegistration { pool: self.clone(), entry }
     }
 
     pub(crate) fn unregister_holder(&self, entry: &Arc<HolderEntry>) {
         entry.core.registered.store(false, Relaxed);
-        lock(&self.holders).list.retain(|e| !Arc::ptr_eq(e, entry));
+        lock(&self.holders).retain(|e| !Arc::ptr_eq(e, entry));
         entry.close();
     }
 
@@ -620,23 +570,29 @@ impl Pool {
             }
         }
         let totals = super::stats::total(&classes);
-        let word = self.hot.used.load(Acquire);
-        let used = word & BYTES;
+        let (used, capacity) = self.level.read();
+        let children = self.children();
+        let children_used = children.iter().map(|c| c.used()).fold(0u64, u64::saturating_add);
         PoolSnapshot {
             pool: self.id,
             name: self.name.clone(),
-            capacity: self.capacity,
+            parent: self.level.parent().map(|p| p.id),
+            parent_name: self.level.parent().map(|p| p.name.clone()),
+            depth: self.depth(),
+            capacity,
             used,
-            free: self.capacity - used,
-            peak: self.hot.peak.load(Relaxed),
+            free: capacity - used,
+            peak: self.level.peak(),
             reserved: totals.reserved,
             leased: totals.leased,
             quarantined: totals.quarantined,
+            children: children.len(),
+            children_used,
             classes,
             pressure: self.pressure.get(),
             waits: self.waits.load(Relaxed),
             wait_timeouts: self.wait_timeouts.load(Relaxed),
-            holders: lock(&self.holders).list.len(),
+            holders: lock(&self.holders).len(),
         }
     }
 
@@ -682,6 +638,18 @@ impl Pool {
     }
 }
 
+impl From<&Pool> for PoolId {
+    fn from(p: &Pool) -> PoolId {
+        p.id
+    }
+}
+
+impl From<&Arc<Pool>> for PoolId {
+    fn from(p: &Arc<Pool>) -> PoolId {
+        p.id
+    }
+}
+
 impl Drop for Pool {
     fn drop(&mut self) {
         leaks().remove(&self.id.get());
@@ -693,7 +661,8 @@ impl fmt::Debug for Pool {
         f.debug_struct("Pool")
             .field("id", &self.id)
             .field("name", &self.name)
-            .field("capacity", &self.capacity)
+            .field("parent", &self.level.parent().map(|p| p.id))
+            .field("capacity", &self.capacity())
             .field("used", &self.used())
             .finish()
     }

@@ -1,7 +1,11 @@
 //! Statistics: what snapshots report.
 //!
 //! Exactness: `used`, `free`, `capacity` and `peak` are read from the
-//! pool's one capacity word and are always exact. The per-class figures are
+//! pool's one capacity word and are always exact (`peak` but for a charge
+//! racing a capacity change; see [`PoolSnapshot::peak`]). In a tree of
+//! pools each level has its own word: a parent's `used` includes its
+//! descendants' charges, and `children_used` sums the children's `used`,
+//! read one after the other (exact whenever no operation is in flight). The per-class figures are
 //! sums of per-thread counters (see the module docs of
 //! [`governor`](super)): exact whenever no operation on the pool is in
 //! flight (for example after the threads that used it were joined); while
@@ -84,23 +88,45 @@ pub struct PressureStats {
 }
 
 /// A pool's figures at one moment (see the module docs for exactness).
+///
+/// In a tree of pools, `used` (and `free`, `peak`) count everything charged
+/// at this level: the pool's own charges and those of every pool below it.
+/// The per-class figures (`reserved`, `leased`, `quarantined`, `classes`)
+/// are the pool's own accounts only; `children_used` is the share of the
+/// pools below, so `used == own + children_used` with `own` =
+/// `reserved + leased + quarantined` ([`own_used`](Self::own_used)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolSnapshot {
     pub pool: PoolId,
     pub name: Arc<str>,
-    /// Bytes the pool may charge in all.
+    /// The pool above this one, if any.
+    pub parent: Option<PoolId>,
+    /// Its name.
+    pub parent_name: Option<Arc<str>>,
+    /// Ancestors above this pool (0: no parent).
+    pub depth: usize,
+    /// Bytes the pool may charge in all (an ancestor may bind first).
     pub capacity: u64,
-    /// Bytes charged: grants, leases and quarantine. Exact.
+    /// Bytes charged at this level: grants, leases and quarantine, its
+    /// descendants' included. Exact.
     pub used: u64,
     /// `capacity - used`. Exact.
     pub free: u64,
-    /// Highest `used` ever reached. Exact.
+    /// Highest `used` ever reached. Exact, except that a charge made at the
+    /// very moment the capacity changes may record its peak with the
+    /// capacity before or after the change (off by at most the change).
     pub peak: u64,
-    /// Sums over `classes`.
+    /// Sums over `classes` (this pool's own accounts).
     pub reserved: u64,
     pub leased: u64,
     pub quarantined: u64,
-    /// Per class, indexed by [`AllocationClass::index`]; all accounts of the pool.
+    /// Pools directly below this one, alive now.
+    pub children: usize,
+    /// Bytes charged through those pools (the sum of their `used`, each
+    /// exact, read one after the other).
+    pub children_used: u64,
+    /// Per class, indexed by [`AllocationClass::index`]; all accounts of
+    /// the pool (not those of the pools below).
     pub classes: [ClassStats; AllocationClass::COUNT],
     /// Tickets this pool issued.
     pub pressure: PressureStats,
@@ -122,6 +148,12 @@ impl PoolSnapshot {
     pub fn totals(&self) -> ClassStats {
         total(&self.classes)
     }
+
+    /// Bytes charged by this pool's own accounts: `used - children_used`
+    /// (clamped at zero while operations are in flight).
+    pub fn own_used(&self) -> u64 {
+        self.used.saturating_sub(self.children_used)
+    }
 }
 
 impl fmt::Display for PoolSnapshot {
@@ -137,7 +169,14 @@ impl fmt::Display for PoolSnapshot {
             self.leased,
             self.quarantined,
             self.free
-        )
+        )?;
+        if self.children > 0 {
+            write!(f, ", {} B of it through {} child pool(s)", self.children_used, self.children)?;
+        }
+        if let Some(parent) = &self.parent_name {
+            write!(f, ", under '{parent}'")?;
+        }
+        Ok(())
     }
 }
 
