@@ -5,6 +5,7 @@
 //! `unload`) mark the thread as inside plugin code, as the mechanism door
 //! does, so a plugin cannot re-enter the host's C API from them.
 
+use crate::policy::OpenLibrary;
 use crate::reentry::InPluginCall;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
@@ -19,7 +20,7 @@ pub(crate) struct LoadedLibrary {
     ctx: *mut c_void,
     live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
     unload: Option<unsafe extern "C" fn(*mut c_void)>,
-    library: ManuallyDrop<Option<libloading::Library>>,
+    library: ManuallyDrop<Option<OpenLibrary>>,
 }
 
 // SAFETY: the plugin's slots are callable from any thread (ABI rule), and
@@ -39,7 +40,7 @@ impl LoadedLibrary {
         ctx: *mut c_void,
         live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
         unload: Option<unsafe extern "C" fn(*mut c_void)>,
-        library: Option<libloading::Library>,
+        library: Option<OpenLibrary>,
     ) -> LoadedLibrary {
         LoadedLibrary {
             name,

@@ -146,7 +146,7 @@ impl Plugin {
         let mut found = None;
         for sym in ENTRY_SYMBOLS {
             // SAFETY: the symbol's type is fixed by the ABI for this name.
-            if let Ok(f) = unsafe { lib.get::<MemplugEntryV1>(sym.as_bytes()) } {
+            if let Ok(f) = unsafe { lib.library().get::<MemplugEntryV1>(sym.as_bytes()) } {
                 found = Some(*f);
                 break;
             }
@@ -178,7 +178,7 @@ impl Plugin {
     unsafe fn negotiate(
         entry: MemplugEntryV1,
         origin: String,
-        library: Option<libloading::Library>,
+        library: Option<crate::policy::OpenLibrary>,
         opts: &LoadOptions,
     ) -> Result<Plugin, LoadError> {
         let host = MemplugHostInfo {
@@ -349,7 +349,7 @@ impl Plugin {
     }
 }
 
-fn open_library(checked: &crate::policy::CheckedFile) -> Result<libloading::Library, LoadError> {
+fn open_library(checked: &crate::policy::CheckedFile) -> Result<crate::policy::OpenLibrary, LoadError> {
     // SAFETY: loading runs the library's initialisers; that is what loading
     // a plugin means, and the path was chosen by the embedder.
     unsafe { checked.dlopen() }

@@ -118,31 +118,104 @@ impl CheckedFile {
     /// symbols are refused here rather than crashing the host on first
     /// call; `RTLD_LOCAL`: its symbols stay out of the global namespace).
     ///
-    /// The loader is handed `/proc/self/fd/N`. Because glibc returns an
-    /// already loaded object whose name matches the string it is given, a
-    /// name that some library still loaded was opened under (through a
-    /// descriptor since closed and whose number is now ours) is never
-    /// used: the descriptor is duplicated to a number no loaded object's
-    /// name mentions. The library returned is therefore this file, newly
-    /// mapped, or an object the loader already mapped from this same
-    /// inode.
+    /// The loader is handed a `/proc/self/fd/N` name of the descriptor.
+    /// glibc keeps every name it was given as an alias of the object it
+    /// loaded and answers a later `dlopen` of that name with that object,
+    /// whatever file the name means by then; so the name used is one no
+    /// loaded object is known by ([`OpenLibrary`] keeps it reserved until
+    /// the library is closed). The library returned is therefore this
+    /// file, newly mapped, or an object the loader already mapped from this
+    /// same inode.
     ///
     /// # Safety
     /// Loading runs the library's initialisers: the caller trusts the file
     /// that far (that is what loading a plugin means).
-    pub unsafe fn dlopen(&self) -> Result<libloading::Library, LoadError> {
+    pub unsafe fn dlopen(&self) -> Result<OpenLibrary, LoadError> {
         let not_a_library = |reason: String| LoadError::NotALibrary { path: self.named.clone(), reason };
-        let name = unused_fd_name(&self.file)
+        let meta = self.file.metadata().map_err(|e| not_a_library(e.to_string()))?;
+        let name = LoaderName::reserve(&self.file, (meta.dev(), meta.ino()))
             .map_err(|e| not_a_library(format!("cannot pick a name to load it through: {e}")))?;
+        let path = PathBuf::from(std::ffi::OsStr::from_bytes(&name.name));
         let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
-        // SAFETY: the caller's; `name` is our open descriptor.
-        unsafe { libloading::os::unix::Library::open(Some(&name), flags) }
-            .map(libloading::Library::from)
-            .map_err(|e| {
+        // SAFETY: the caller's; `path` names our open descriptor.
+        match unsafe { libloading::os::unix::Library::open(Some(&path), flags) } {
+            Ok(l) => Ok(OpenLibrary { library: libloading::Library::from(l), _name: name }),
+            Err(e) => {
                 // The loader's message names the descriptor; name the file.
-                let reason = e.to_string().replace(&*name.to_string_lossy(), &self.named.to_string_lossy());
-                not_a_library(reason)
-            })
+                let reason = e.to_string().replace(&*path.to_string_lossy(), &self.named.to_string_lossy());
+                Err(not_a_library(reason))
+            }
+        }
+    }
+}
+
+/// A library loaded by [`CheckedFile::dlopen`], with the loader name it was
+/// opened under kept reserved: dropping it closes the library, then frees
+/// the name (unless the same file is still open through another
+/// `OpenLibrary`, whose object keeps every alias it was given).
+pub struct OpenLibrary {
+    // Dropped in this order: the library first, then its name.
+    library: libloading::Library,
+    _name: LoaderName,
+}
+
+impl OpenLibrary {
+    /// The library.
+    pub fn library(&self) -> &libloading::Library {
+        &self.library
+    }
+}
+
+/// Loader names in use, by the object (device, inode) they were given for:
+/// the names, and how many [`LoaderName`]s hold that object open.
+type NamesInUse = std::collections::BTreeMap<(u64, u64), (Vec<Vec<u8>>, usize)>;
+static NAMES_IN_USE: std::sync::Mutex<NamesInUse> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+fn names_in_use() -> std::sync::MutexGuard<'static, NamesInUse> {
+    NAMES_IN_USE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// One hold on a loader name (see [`CheckedFile::dlopen`]).
+struct LoaderName {
+    name: Vec<u8>,
+    object: (u64, u64),
+}
+
+impl LoaderName {
+    /// A name of `file` (object `object`) that names no loaded object and
+    /// no object this process loaded and has not closed:
+    /// `/proc/self/fd/N`, or, when that is taken, the same path with `./`
+    /// steps added (`/proc/self/fd/./N`, …), which the kernel resolves to
+    /// the same descriptor.
+    fn reserve(file: &File, object: (u64, u64)) -> std::io::Result<LoaderName> {
+        let loaded = loaded_object_names();
+        let mut in_use = names_in_use();
+        let fd = file.as_raw_fd();
+        for steps in 0..1000 {
+            let name = format!("/proc/self/fd/{}{fd}", "./".repeat(steps)).into_bytes();
+            let taken = loaded.contains(&name) || in_use.values().any(|(names, _)| names.contains(&name));
+            if !taken {
+                let entry = in_use.entry(object).or_default();
+                entry.0.push(name.clone());
+                entry.1 += 1;
+                return Ok(LoaderName { name, object });
+            }
+        }
+        Err(std::io::Error::other(format!("every name for descriptor {fd} is in use by a loaded library")))
+    }
+}
+
+impl Drop for LoaderName {
+    fn drop(&mut self) {
+        let mut in_use = names_in_use();
+        if let Some(entry) = in_use.get_mut(&self.object) {
+            entry.1 -= 1;
+            // The object's last handle is closed: the loader dropped it and
+            // every alias it had.
+            if entry.1 == 0 {
+                in_use.remove(&self.object);
+            }
+        }
     }
 }
 
@@ -281,36 +354,6 @@ fn writable_mode(md: &Metadata) -> Option<u32> {
     let mode = md.mode();
     let sticky_dir = md.is_dir() && mode & 0o1000 != 0;
     (mode & 0o022 != 0 && !sticky_dir).then_some(mode & 0o7777)
-}
-
-/// Every name this process handed the dynamic loader. The loader keeps a
-/// name it was given as an alias of what it loaded (also when the file was
-/// already loaded under another name) and answers any later `dlopen` of
-/// that name with that object, whatever file the name means by then; so a
-/// `/proc/self/fd/N` name, whose meaning changes with every descriptor, is
-/// never given twice.
-static NAMES_GIVEN: std::sync::Mutex<Option<std::collections::HashSet<Vec<u8>>>> =
-    std::sync::Mutex::new(None);
-
-/// A name of `file` for the dynamic loader that it has never been given
-/// and that names no loaded object: `/proc/self/fd/N`, or when that was
-/// used, the same path with `./` steps added (`/proc/self/fd/./N`, …),
-/// which the kernel resolves to the same descriptor. Recorded as given.
-fn unused_fd_name(file: &File) -> std::io::Result<PathBuf> {
-    let loaded = loaded_object_names();
-    let mut given = NAMES_GIVEN.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    let given = given.get_or_insert_with(Default::default);
-    let fd = file.as_raw_fd();
-    // The longest a name can grow before it passes PATH_MAX.
-    for steps in 0..1000 {
-        let name = PathBuf::from(format!("/proc/self/fd/{}{fd}", "./".repeat(steps)));
-        let bytes = name.as_os_str().as_bytes();
-        if !loaded.contains(bytes) && !given.contains(bytes) {
-            given.insert(bytes.to_vec());
-            return Ok(name);
-        }
-    }
-    Err(std::io::Error::other(format!("every name for descriptor {fd} was already given to the loader")))
 }
 
 /// The names of every object the dynamic loader has loaded.
