@@ -169,19 +169,12 @@ unsafe fn answer(
 #[macro_export]
 macro_rules! export_plugin {
     ($init:path) => {
-        /// memplug entry symbol, ABI major 1.
-        ///
-        /// # Safety
-        /// Called by a memplug host according to `memplug.h`.
-        #[no_mangle]
-        pub unsafe extern "C" fn memplug_plugin_v1(
-            host: *const $crate::abi::MemplugHostInfo,
-            out: *mut $crate::abi::MemplugNegotiation,
-            sink: *const $crate::abi::MemplugMessageSink,
-        ) -> $crate::abi::MemplugStatus {
-            static CELL: $crate::export::PluginCell = $crate::export::PluginCell::new();
-            $crate::export::negotiate(&CELL, $init, host, out, sink)
-        }
+        $crate::declare_entry!(
+            /// memplug entry symbol, ABI major 1.
+            #[no_mangle]
+            pub memplug_plugin_v1,
+            $init
+        );
     };
 }
 
@@ -192,8 +185,10 @@ macro_rules! export_plugin {
 /// for [`export_plugin!`].
 #[macro_export]
 macro_rules! declare_entry {
-    ($vis:vis $name:ident, $init:path) => {
-        /// In-process memplug entry function, ABI major 1.
+    ($(#[$attr:meta])* $vis:vis $name:ident, $init:path) => {
+        $(#[$attr])*
+        /// In-process memplug entry function, ABI major 1 (or, through
+        /// [`export_plugin!`], the exported entry symbol).
         ///
         /// # Safety
         /// Called by a memplug host according to `memplug.h`.

@@ -33,6 +33,28 @@ impl<M> MechCtx<M> {
         Ok(o)
     }
 
+    /// The body of the slots that act on a range of a reservation
+    /// (`commit`, `decommit`, `unmap`): the reservation checked, the range
+    /// checked, then `act`.
+    ///
+    /// # Safety
+    /// `res` as for [`object_of`].
+    #[inline(always)]
+    unsafe fn on_range(
+        &self,
+        res: *const MemplugObjectRef,
+        offset: u64,
+        len: u64,
+        slot: &'static str,
+        reservation: &'static str,
+        act: impl FnOnce(&ObjectRef) -> PluginResult<()>,
+    ) -> PluginResult<()> {
+        let r = object_of(res, "reservation")?;
+        self.facts.object(&r, reservation)?;
+        self.facts.range(offset, len, slot)?;
+        act(&r)
+    }
+
     /// The body of every slot that makes an object from a request other
     /// than `allocate` (`reserve`, `create`, `import_fd`): read and check
     /// the request, check the out-block before anything is made, make it,
@@ -145,9 +167,7 @@ pub(super) unsafe extern "C" fn v_commit<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "commit", || {
         let m = mech::<M>(ctx);
-        let r = m.object(res, "reservation", "commit: reservation")?;
-        m.facts.range(offset, len, "commit")?;
-        m.imp.commit(&r, offset, len)
+        m.on_range(res, offset, len, "commit", "commit: reservation", |r| m.imp.commit(r, offset, len))
     })
 }
 
@@ -160,9 +180,7 @@ pub(super) unsafe extern "C" fn v_decommit<M: VirtualBacking>(
 ) -> MemplugStatus {
     guard(sink, "decommit", || {
         let m = mech::<M>(ctx);
-        let r = m.object(res, "reservation", "decommit: reservation")?;
-        m.facts.range(offset, len, "decommit")?;
-        m.imp.decommit(&r, offset, len)
+        m.on_range(res, offset, len, "decommit", "decommit: reservation", |r| m.imp.decommit(r, offset, len))
     })
 }
 
@@ -243,9 +261,7 @@ pub(super) unsafe extern "C" fn s_unmap<M: SharedMapping>(
 ) -> MemplugStatus {
     guard(sink, "unmap", || {
         let m = mech::<M>(ctx);
-        let r = m.object(res, "reservation", "unmap: reservation")?;
-        m.facts.range(offset, len, "unmap")?;
-        m.imp.unmap(&r, offset, len)
+        m.on_range(res, offset, len, "unmap", "unmap: reservation", |r| m.imp.unmap(r, offset, len))
     })
 }
 
