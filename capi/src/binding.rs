@@ -83,10 +83,8 @@ pub unsafe extern "C" fn memplug_host_binding_create(
             spec = spec.wait(Duration::from_nanos(opts.wait_ns));
         }
         let b = m.pm.bind(&ctx, &p.pool, spec)?;
-        let id = manager_tables::insert(seat, b, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostBinding { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, b, [0, 0], out, |id| MemplugHostBinding { id }) }
     })
 }
 

@@ -102,10 +102,8 @@ pub unsafe extern "C" fn memplug_host_stream_create(
         })?;
         let stream = sync.stream_create()?;
         let entry = StreamEntry { mechanism: mech, stream: Mutex::new(Some(stream)) };
-        let id = manager_tables::insert(seat, entry, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostStream { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, entry, [0, 0], out, |id| MemplugHostStream { id }) }
     })
 }
 
@@ -173,10 +171,8 @@ pub unsafe extern "C" fn memplug_host_fence_record(
         let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
         let f = PluginFence::record(&e.mechanism, s)?;
         drop(guard);
-        let id = manager_tables::insert(seat, f, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostFence { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, f, [0, 0], out, |id| MemplugHostFence { id }) }
     })
 }
 
@@ -264,10 +260,8 @@ pub unsafe extern "C" fn memplug_host_fence_from_callbacks(
         let rf = Arc::new(RuntimeFence { query, wait, release, userdata: UserData(userdata) });
         let (q, w) = (rf.clone(), rf);
         let f = FnFence::new(name, move || q.query(), move |t| w.wait(t));
-        let id = manager_tables::insert(seat, f, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostFence { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, f, [0, 0], out, |id| MemplugHostFence { id }) }
     })
 }
 

@@ -199,6 +199,24 @@ pub(crate) fn meta<T: Object>(bits: u64) -> Result<[u64; 2]> {
     table.meta(raw.key()).map_err(|m| Error::miss(m, T::KIND, bits))
 }
 
+/// The last step of every function that makes an object: stores `value`
+/// in its table ([`insert`]) and writes its handle to `out`.
+///
+/// # Safety
+/// `out` is non-NULL and writable (the caller checked it).
+pub(crate) unsafe fn issue<T: Object, H>(
+    seat: u32,
+    value: T,
+    meta: [u64; 2],
+    out: *mut H,
+    handle: fn(u64) -> H,
+) -> Result<()> {
+    let id = insert(seat, value, meta)?;
+    // SAFETY: the caller's.
+    unsafe { crate::error::write_out(out, handle(id)) };
+    Ok(())
+}
+
 /// Stores `value` in the table of manager seat `seat`; returns its handle.
 #[inline]
 pub(crate) fn insert<T: Object>(seat: u32, value: T, meta: [u64; 2]) -> Result<u64> {

@@ -39,10 +39,8 @@ pub unsafe extern "C" fn memplug_host_pool_create(
         require_non_null(out, "out")?;
         let (m, seat) = pin_manager(manager.id)?;
         let pool = m.pm.create_pool(name, capacity)?;
-        let id = manager_tables::insert(seat, PoolEntry { pool }, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostPool { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, PoolEntry { pool }, [0, 0], out, |id| MemplugHostPool { id }) }
     })
 }
 
@@ -90,10 +88,8 @@ pub unsafe extern "C" fn memplug_host_pool_create_child(
             e => e.into(),
         })?;
         drop(parent);
-        let id = manager_tables::insert(seat, PoolEntry { pool }, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostPool { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, PoolEntry { pool }, [0, 0], out, |id| MemplugHostPool { id }) }
     })
 }
 
@@ -189,10 +185,10 @@ pub unsafe extern "C" fn memplug_host_pool_parent(
             ));
         };
         drop(e);
-        let id = manager_tables::insert(seat, PoolEntry { pool: parent }, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostPool { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe {
+            manager_tables::issue(seat, PoolEntry { pool: parent }, [0, 0], out, |id| MemplugHostPool { id })
+        }
     })
 }
 

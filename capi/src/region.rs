@@ -1,7 +1,7 @@
 //! Virtual regions (reserve, grow, shrink, free) and shared prefixes.
 
 use crate::callbacks::{lock_region, CallbackScope, UserData};
-use crate::error::{boundary, require_non_null, write_out, Error};
+use crate::error::{boundary, require_non_null, Error};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, same_manager, RegionEntry};
@@ -40,10 +40,8 @@ pub unsafe extern "C" fn memplug_host_region_reserve(
         let region = b.reserve_virtual(max_bytes)?;
         drop(b);
         let entry = RegionEntry { region: Mutex::new(region), owner: AtomicU64::new(0) };
-        let id = manager_tables::insert(seat, entry, [0, 0])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostRegion { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, entry, [0, 0], out, |id| MemplugHostRegion { id }) }
     })
 }
 
@@ -261,10 +259,8 @@ pub unsafe extern "C" fn memplug_host_prefix_create(
         })?;
         drop(b);
         let (len, charged) = (p.len(), p.charged());
-        let id = manager_tables::insert(seat, p, [len, charged])?;
-        // SAFETY: checked non-NULL.
-        unsafe { write_out(out, MemplugHostPrefix { id }) };
-        Ok(())
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { manager_tables::issue(seat, p, [len, charged], out, |id| MemplugHostPrefix { id }) }
     })
 }
 
