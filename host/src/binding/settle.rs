@@ -84,25 +84,21 @@ pub(super) trait Made: fmt::Debug {
     fn id(&self) -> u64;
 }
 
-impl Made for Allocation {
-    const KIND: &'static str = "allocation";
-    fn bytes(&self) -> u64 {
-        self.size()
-    }
-    fn id(&self) -> u64 {
-        self.object_id()
-    }
+// Both tokens name their kind and carry their size and id.
+macro_rules! made {
+    ($($token:ty => $kind:literal),*) => {$(
+        impl Made for $token {
+            const KIND: &'static str = $kind;
+            fn bytes(&self) -> u64 {
+                self.size()
+            }
+            fn id(&self) -> u64 {
+                self.object_id()
+            }
+        }
+    )*};
 }
-
-impl Made for PhysicalObject {
-    const KIND: &'static str = "physical object";
-    fn bytes(&self) -> u64 {
-        self.size()
-    }
-    fn id(&self) -> u64 {
-        self.object_id()
-    }
-}
+made!(Allocation => "allocation", PhysicalObject => "physical object");
 
 /// Grants `bytes`, runs `make`, and commits the charge with the bytes the
 /// object actually has. When the object came out larger than granted and

@@ -50,19 +50,35 @@ impl<'m> VirtualBackingApi<'m> {
     /// Commits `[offset, offset + len)`.
     #[inline]
     pub fn commit(&self, r: &Reservation, offset: u64, len: u64) -> Result<(), CallError> {
-        const SLOT: &str = "virtual_backing.commit";
-        let o = self.m.ref_if_made_here(SLOT, &r.0)?;
-        self.m.check_range(SLOT, "reservation", r.0.size, offset, len)?;
-        self.m.call(SLOT, slot!(self.vt.commit), (&o, offset, len))
+        self.on_range("virtual_backing.commit", slot!(self.vt.commit), r, offset, len)
     }
 
     /// Decommits `[offset, offset + len)`: the pages go back to the device.
     #[inline]
     pub fn decommit(&self, r: &Reservation, offset: u64, len: u64) -> Result<(), CallError> {
-        const SLOT: &str = "virtual_backing.decommit";
-        let o = self.m.ref_if_made_here(SLOT, &r.0)?;
-        self.m.check_range(SLOT, "reservation", r.0.size, offset, len)?;
-        self.m.call(SLOT, slot!(self.vt.decommit), (&o, offset, len))
+        self.on_range("virtual_backing.decommit", slot!(self.vt.decommit), r, offset, len)
+    }
+
+    /// Commit and decommit: the reservation must be this mechanism's and
+    /// the range inside it, on the granularity, before the plugin sees it.
+    #[inline(always)]
+    fn on_range(
+        &self,
+        name: &'static str,
+        slot: unsafe extern "C" fn(
+            *mut std::ffi::c_void,
+            *const MemplugObjectRef,
+            u64,
+            u64,
+            *const MemplugMessageSink,
+        ) -> MemplugStatus,
+        r: &Reservation,
+        offset: u64,
+        len: u64,
+    ) -> Result<(), CallError> {
+        let o = self.m.ref_if_made_here(name, &r.0)?;
+        self.m.check_range(name, "reservation", r.0.size, offset, len)?;
+        self.m.call(name, slot, (&o, offset, len))
     }
 
     /// Exact committed bytes of the reservation.
