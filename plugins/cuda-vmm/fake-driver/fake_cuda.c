@@ -33,7 +33,8 @@
  *
  * Variants for tests: -DFAKE_CUDA_OMIT_VMM leaves out the VMM entry points
  * (an old driver); -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
- * broken one). fake_cuda_* functions let tests look inside.
+ * broken one); -DFAKE_STUB makes cuInit answer CUDA_ERROR_STUB_LIBRARY (34),
+ * as the CUDA toolkit's stub libcuda.so does. fake_cuda_* functions let tests look inside.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -82,6 +83,7 @@ enum {
     CUDA_ERROR_INVALID_VALUE = 1,
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_STUB_LIBRARY = 34,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
@@ -188,6 +190,10 @@ static unsigned long long env_ull(const char *name, unsigned long long dflt) {
 API CUresult cuInit(unsigned int flags) {
     if (flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
+#ifdef FAKE_STUB
+    /* The CUDA toolkit's stub libcuda.so: links, but is no driver. */
+    return CUDA_ERROR_STUB_LIBRARY;
+#endif
     pthread_mutex_lock(&g_lock);
     if (!g_initialized) {
         unsigned long long n = env_ull("MEMPLUG_FAKE_CUDA_DEVICES", 1);
@@ -261,6 +267,7 @@ API CUresult cuGetErrorName(CUresult error, const char **str) {
     case CUDA_ERROR_INVALID_VALUE: *str = "CUDA_ERROR_INVALID_VALUE"; break;
     case CUDA_ERROR_OUT_OF_MEMORY: *str = "CUDA_ERROR_OUT_OF_MEMORY"; break;
     case CUDA_ERROR_NOT_INITIALIZED: *str = "CUDA_ERROR_NOT_INITIALIZED"; break;
+    case CUDA_ERROR_STUB_LIBRARY: *str = "CUDA_ERROR_STUB_LIBRARY"; break;
     case CUDA_ERROR_NO_DEVICE: *str = "CUDA_ERROR_NO_DEVICE"; break;
     case CUDA_ERROR_INVALID_DEVICE: *str = "CUDA_ERROR_INVALID_DEVICE"; break;
     case CUDA_ERROR_INVALID_CONTEXT: *str = "CUDA_ERROR_INVALID_CONTEXT"; break;

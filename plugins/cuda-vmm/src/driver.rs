@@ -3,19 +3,22 @@
 //!
 //! **Finding it.** `MEMPLUG_CUDA_DRIVER=/path/to/libcuda.so.1` names the
 //! library to use (tests point it at the fake in `fake-driver/`). Without
-//! it, cudarc's loader finds the system's `libcuda` (it tries `libcuda.so`,
-//! a list of versioned names, and last `libcuda.so.1`, through the dynamic
-//! loader's search path, so `LD_LIBRARY_PATH` applies).
+//! it, the dynamic loader's search path (so `LD_LIBRARY_PATH` applies) is
+//! tried for `libcuda.so.1` first (the driver's ABI name), then `libcuda.so`
+//! (which may be the CUDA toolkit's *stub*), then the other names cudarc
+//! knows. A candidate whose `cuInit` answers `CUDA_ERROR_STUB_LIBRARY` (34)
+//! is closed and the next one tried, so a stub on the path never hides the
+//! real driver. The file actually loaded (`dladdr`) is `Driver::loaded_path`
+//! and is in the plugin's version string.
 //!
 //! **Why a table.** cudarc's `sys` functions resolve each symbol on first
 //! use and panic when the library or the symbol is missing; its `CUresult`
 //! is a Rust enum, so a status code newer than the bindings would be an
 //! invalid value. Here every entry point the plugin uses is resolved at
-//! load, through cudarc's own loaded library (or the override), typed with
-//! cudarc's `sys` structs but with a plain `u32` result: a missing symbol is
-//! a clear `DEVICE_UNAVAILABLE` at load, and no driver call can panic. The
-//! two cudarc calls that can panic (`is_culib_present`, `culib`) run inside
-//! `catch_unwind`, once, and their answer is cached for the process.
+//! load, typed with cudarc's `sys` structs but with a plain `u32` result: a
+//! missing symbol is a clear `DEVICE_UNAVAILABLE` at load, and no driver
+//! call can panic. Loading runs inside `catch_unwind` once, and its answer
+//! is cached for the process.
 //!
 //! This module is public (hidden from the docs) so that tests and benches
 //! can make raw driver calls through the very library the plugin uses.
@@ -158,14 +161,6 @@ pub struct DeviceInfo {
     pub vmm_granularity: Option<u64>,
 }
 
-/// Where the driver library came from.
-enum Source {
-    /// cudarc's loader found it.
-    System,
-    /// `MEMPLUG_CUDA_DRIVER` named it; loaded here and never closed.
-    Path(&'static libloading::Library),
-}
-
 /// The loaded, initialised driver.
 pub struct Driver {
     /// Entry points every mechanism needs.
@@ -178,7 +173,11 @@ pub struct Driver {
     pub devices: Vec<DeviceInfo>,
     /// Where the library came from, for messages.
     pub origin: String,
-    source: Source,
+    /// The file the dynamic loader actually loaded (from `dladdr` of
+    /// `cuInit`), e.g. `/usr/lib/x86_64-linux-gnu/libcuda.so.1`; in the
+    /// plugin's version string, so a device check can print it.
+    pub loaded_path: String,
+    lib: &'static libloading::Library,
 }
 
 // SAFETY: function pointers and a library handle that is never closed; the
@@ -190,10 +189,7 @@ impl Driver {
     /// The address of any symbol of the loaded library (tests use it to
     /// reach the fake driver's introspection functions).
     pub fn symbol(&self, name: &str) -> Option<*mut c_void> {
-        match self.source {
-            Source::System => guarded(|| unsafe { cu::culib() }).ok().and_then(|lib| lookup(lib, name)),
-            Source::Path(lib) => lookup(lib, name),
-        }
+        lookup(self.lib, name)
     }
 
     /// Turns a driver status into a plugin result; `call` names the entry
@@ -274,9 +270,12 @@ fn unavailable(msg: String) -> PluginError {
     PluginError::new(Status::DeviceUnavailable, msg)
 }
 
-/// The library names cudarc's loader tries, in order, without repeats.
+/// The library names tried, in order, without repeats: `libcuda.so.1` (the
+/// driver's ABI name, which the toolkit's stub never has), then
+/// `libcuda.so` (which may be the toolkit's stub, or a development link to
+/// the driver), then the other names cudarc knows.
 fn searched_names() -> Vec<String> {
-    let mut names: Vec<String> = Vec::new();
+    let mut names: Vec<String> = vec!["libcuda.so.1".into(), "libcuda.so".into()];
     for n in cudarc::get_lib_name_candidates("cuda") {
         if !names.contains(&n) {
             names.push(n);
@@ -292,46 +291,122 @@ pub fn driver() -> PluginResult<&'static Driver> {
     DRIVER.get_or_init(|| guarded(load).and_then(|r| r)).as_ref().map_err(Clone::clone)
 }
 
+/// `CUDA_ERROR_STUB_LIBRARY`: what the toolkit's stub `libcuda.so` answers
+/// to `cuInit`.
+pub const CUDA_ERROR_STUB_LIBRARY: CuResult = 34;
+
+/// Opens `name` (a path, or a bare name the dynamic loader searches for).
+fn open(name: &std::ffi::OsStr) -> Result<libloading::Library, String> {
+    let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
+    // SAFETY: loading runs the library's initialisers; the name is the
+    // CUDA driver's, or one whoever set MEMPLUG_CUDA_DRIVER chose.
+    match unsafe { libloading::os::unix::Library::open(Some(name), flags) } {
+        Ok(lib) => Ok(lib.into()),
+        // libloading puts dlerror()'s text in the source.
+        Err(e) => Err(std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string())),
+    }
+}
+
+/// The file the loader mapped for the object that holds `sym`.
+fn loaded_file(sym: *mut c_void) -> Option<String> {
+    // SAFETY: `dladdr` only reads the loader's tables; `info` is written on
+    // success, and its `dli_fname` is a NUL-terminated string of the loader.
+    unsafe {
+        let mut info: libc::Dl_info = std::mem::zeroed();
+        if libc::dladdr(sym.cast_const(), &mut info) == 0 || info.dli_fname.is_null() {
+            return None;
+        }
+        Some(CStr::from_ptr(info.dli_fname).to_string_lossy().into_owned())
+    }
+}
+
+/// What one candidate library turned out to be.
+enum Candidate {
+    /// Opened, `cuInit` succeeded (or failed with something other than
+    /// "stub"); kept.
+    Driver(libloading::Library),
+    /// `cuInit` said `CUDA_ERROR_STUB_LIBRARY`: the toolkit's stub, closed.
+    Stub(String),
+    /// Not found or not loadable.
+    Absent,
+}
+
+/// Opens `name` and calls its `cuInit` once to tell the toolkit's stub from
+/// a driver (the call is repeated, harmlessly, by `initialise`).
+fn try_candidate(name: &str) -> Candidate {
+    let Ok(lib) = open(std::ffi::OsStr::new(name)) else {
+        return Candidate::Absent;
+    };
+    let Some(init) = lookup(&lib, "cuInit") else {
+        // Not a driver at all: `Core::resolve` will say what it lacks.
+        return Candidate::Driver(lib);
+    };
+    // SAFETY: the driver's `cuInit(unsigned int)`.
+    let init: unsafe extern "C" fn(c_uint) -> CuResult = unsafe { std::mem::transmute(init) };
+    // SAFETY: as above; flags must be 0.
+    if unsafe { init(0) } == CUDA_ERROR_STUB_LIBRARY {
+        let path = lookup(&lib, "cuInit").and_then(loaded_file).unwrap_or_else(|| name.to_string());
+        drop(lib);
+        return Candidate::Stub(path);
+    }
+    Candidate::Driver(lib)
+}
+
 fn load() -> PluginResult<Driver> {
-    let (source, origin) = match std::env::var_os(DRIVER_ENV).filter(|v| !v.is_empty()) {
+    let (lib, origin) = match std::env::var_os(DRIVER_ENV).filter(|v| !v.is_empty()) {
         Some(path) => {
             let shown = format!("{DRIVER_ENV}={}", path.to_string_lossy());
-            let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
-            // SAFETY: loading runs the library's initialisers; the path was
-            // chosen by whoever set the variable, to be a CUDA driver.
-            let lib = unsafe { libloading::os::unix::Library::open(Some(&path), flags) }.map_err(|e| {
-                // libloading puts dlerror()'s text in the source.
-                let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-                unavailable(format!("no CUDA driver: {shown} cannot be loaded: {why}"))
-            })?;
-            let lib: &'static libloading::Library = Box::leak(Box::new(lib.into()));
-            (Source::Path(lib), shown)
+            let lib = open(&path)
+                .map_err(|why| unavailable(format!("no CUDA driver: {shown} cannot be loaded: {why}")))?;
+            (lib, shown)
         }
         None => {
-            // SAFETY: tries to open libraries by name, nothing more.
-            if !guarded(|| unsafe { cu::is_culib_present() })? {
-                return Err(unavailable(format!(
-                    "no CUDA driver: libcuda.so.1 not found (searched the loader's path for {}); install \
-                     the NVIDIA driver or set {DRIVER_ENV}=/path/to/libcuda.so.1",
-                    searched_names().join(", ")
-                )));
+            let names = searched_names();
+            let mut stubs = Vec::new();
+            let mut found = None;
+            for name in &names {
+                match try_candidate(name) {
+                    Candidate::Driver(lib) => {
+                        found = Some((lib, format!("{name}, found on the loader's path")));
+                        break;
+                    }
+                    Candidate::Stub(path) => stubs.push(path),
+                    Candidate::Absent => {}
+                }
             }
-            (Source::System, "the system CUDA driver (libcuda, found by cudarc)".to_string())
+            match found {
+                Some(f) => f,
+                None if !stubs.is_empty() => {
+                    return Err(unavailable(format!(
+                        "no CUDA driver: only the CUDA toolkit's stub library was found ({}: cuInit failed with \
+                         CUDA_ERROR_STUB_LIBRARY (34)); install the NVIDIA driver, take the stub's folder off \
+                         LD_LIBRARY_PATH, or set {DRIVER_ENV}=/path/to/libcuda.so.1",
+                        stubs.join(", ")
+                    )))
+                }
+                None => {
+                    return Err(unavailable(format!(
+                        "no CUDA driver: libcuda.so.1 not found (searched the loader's path for {}); install \
+                         the NVIDIA driver or set {DRIVER_ENV}=/path/to/libcuda.so.1",
+                        names.join(", ")
+                    )))
+                }
+            }
         }
     };
-    let find = |name: &str| match source {
-        // SAFETY: presence was checked just above; a panic is caught.
-        Source::System => guarded(|| unsafe { cu::culib() }).ok().and_then(|lib| lookup(lib, name)),
-        Source::Path(lib) => lookup(lib, name),
-    };
+    // Never closed: the entry points are used for the life of the process.
+    let lib: &'static libloading::Library = Box::leak(Box::new(lib));
+    let find = |name: &str| lookup(lib, name);
     let api = Core::resolve(&find).map_err(|missing| {
         unavailable(format!(
             "the CUDA driver ({origin}) lacks entry points this plugin needs: {}",
             missing.join(", ")
         ))
     })?;
+    let loaded_path = loaded_file(api.init as *mut c_void).unwrap_or_else(|| "an unknown file".into());
+    let origin = format!("{origin}: {loaded_path}");
     let vmm = Vmm::resolve(&find).ok();
-    let mut driver = Driver { api, vmm, version: 0, devices: Vec::new(), origin, source };
+    let mut driver = Driver { api, vmm, version: 0, devices: Vec::new(), origin, loaded_path, lib };
     driver.initialise()?;
     Ok(driver)
 }
@@ -507,10 +582,11 @@ mod tests {
     }
 
     #[test]
-    fn the_searched_names_end_with_libcuda_so_1_and_do_not_repeat() {
+    fn the_searched_names_start_with_libcuda_so_1_then_libcuda_so_and_do_not_repeat() {
         let names = searched_names();
-        assert_eq!(names.first().map(String::as_str), Some("libcuda.so"));
-        assert_eq!(names.last().map(String::as_str), Some("libcuda.so.1"));
+        // The driver's ABI name first, then the name a toolkit stub has.
+        assert_eq!(names[0], "libcuda.so.1");
+        assert_eq!(names[1], "libcuda.so");
         let mut sorted = names.clone();
         sorted.sort();
         sorted.dedup();

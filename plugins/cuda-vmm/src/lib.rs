@@ -100,7 +100,13 @@ unsafe fn entry(
 /// found the driver.
 fn plugin() -> ExportedPlugin {
     let driver = driver::driver().expect("the entry checked the driver before building the plugin");
-    let mut builder = PluginBuilder::new("memplug-cuda-vmm", env!("CARGO_PKG_VERSION"));
+    // The version names the driver file in use, so a check can print it
+    // (made once: the driver is found once per process).
+    static VERSION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let version: &'static str = VERSION.get_or_init(|| {
+        format!("{} (CUDA driver {}: {})", env!("CARGO_PKG_VERSION"), driver.version, driver.loaded_path)
+    });
+    let mut builder = PluginBuilder::new("memplug-cuda-vmm", version);
     let mut states: Vec<&'static CudaMechanism> = Vec::new();
     for info in &driver.devices {
         let m = CudaMechanism::new(driver, info);

@@ -38,6 +38,7 @@ fn child_load() {
             sync.fence_destroy(f).unwrap();
             sync.stream_destroy(s).unwrap();
             drop(m);
+            println!("DRIVER {}", p.version());
             println!("RESULT loaded {} total={}", names.join(","), info.total_bytes);
             p.unload().unwrap();
         }
@@ -49,6 +50,15 @@ fn result(out: &Output) -> String {
     text.lines()
         .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))
         .unwrap_or_else(|| panic!("the child printed no RESULT line:\n{text}"))
+        .to_string()
+}
+
+/// The plugin's version line the child printed (it names the driver file).
+fn driver_line(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.split_once("DRIVER ").map(|(_, v)| v))
+        .unwrap_or_else(|| panic!("the child printed no DRIVER line:\n{text}"))
         .to_string()
 }
 
@@ -100,6 +110,60 @@ fn cudarc_finds_a_driver_on_the_library_path() {
         r,
         format!("loaded cuda0-vmm=allocator|virtual_backing|shared_mapping|sync total={}", 96u64 << 20)
     );
+}
+
+/// A CUDA toolkit's stub `libcuda.so` on the library path (cuInit answers
+/// CUDA_ERROR_STUB_LIBRARY) beside the driver's `libcuda.so.1`: the driver
+/// is used, and the plugin's version names the file.
+#[test]
+fn a_toolkit_stub_named_libcuda_so_does_not_hide_the_driver() {
+    if real() {
+        return;
+    }
+    let dir = memplug_test_support::test_tmp_dir("fake-cuda-stub-beside-driver");
+    build_fake_into(&dir, "libcuda.so", &["-DFAKE_STUB"]);
+    build_fake_into(&dir, "libcuda.so.1", &[]);
+    let out = run_child(
+        "child_load",
+        &[
+            ("MEMPLUG_CUDA_DRIVER", None),
+            ("LD_LIBRARY_PATH", Some(dir.as_os_str())),
+            ("MEMPLUG_FAKE_CUDA_DEVICES", Some(OsStr::new("1"))),
+        ],
+    );
+    let r = result(&out);
+    assert!(r.starts_with("loaded cuda0-vmm="), "the stub hid the driver: {r}");
+    let version = driver_line(&out);
+    let real_one = dir.join("libcuda.so.1");
+    assert!(version.ends_with(&format!(": {})", real_one.display())), "version {version:?}");
+}
+
+/// A stub that does have the ABI name (earlier on the path) is skipped:
+/// the next candidate, `libcuda.so` from a later folder, is the driver.
+#[test]
+fn a_stub_answering_cuinit_with_34_is_skipped_for_the_next_candidate() {
+    if real() {
+        return;
+    }
+    let stub = memplug_test_support::test_tmp_dir("fake-cuda-stub-first");
+    build_fake_into(&stub, "libcuda.so.1", &["-DFAKE_STUB"]);
+    let good = memplug_test_support::test_tmp_dir("fake-cuda-driver-second");
+    build_fake_into(&good, "libcuda.so", &[]);
+    let path = std::env::join_paths([&stub, &good]).unwrap();
+    let out = run_child(
+        "child_load",
+        &[
+            ("MEMPLUG_CUDA_DRIVER", None),
+            ("LD_LIBRARY_PATH", Some(path.as_os_str())),
+            ("MEMPLUG_FAKE_CUDA_DEVICES", Some(OsStr::new("1"))),
+        ],
+    );
+    assert!(result(&out).starts_with("loaded cuda0-vmm="), "{}", result(&out));
+    let version = driver_line(&out);
+    assert!(version.ends_with(&format!(": {})", good.join("libcuda.so").display())), "version {version:?}");
+    // Only stubs: a message that says so.
+    let r = load_in_child(&[("MEMPLUG_CUDA_DRIVER", None), ("LD_LIBRARY_PATH", Some(stub.as_os_str()))]);
+    assert_unavailable(&r, "only the CUDA toolkit's stub library was found");
 }
 
 #[test]

@@ -39,9 +39,17 @@ pub fn plugin_path() -> PathBuf {
 /// its own, as `libcuda.so.1` with a `libcuda.so` link beside it; returns
 /// the folder.
 pub fn build_fake(variant: &str, defines: &[&str]) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake-driver/fake_cuda.c");
     let dir = test_tmp_dir(&format!("fake-cuda-{variant}"));
-    let out = dir.join("libcuda.so.1");
+    build_fake_into(&dir, "libcuda.so.1", defines);
+    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).expect("symlink libcuda.so");
+    dir
+}
+
+/// Compiles a variant of the fake driver (with `defines`) as `dir/file`
+/// (soname `libcuda.so.1`, like the real driver and its stub).
+pub fn build_fake_into(dir: &Path, file: &str, defines: &[&str]) {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake-driver/fake_cuda.c");
+    let out = dir.join(file);
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
     let mut cmd = Command::new(cc);
     cmd.args([
@@ -61,8 +69,6 @@ pub fn build_fake(variant: &str, defines: &[&str]) -> PathBuf {
     .arg("-o")
     .arg(&out);
     run_tool(cmd);
-    std::os::unix::fs::symlink("libcuda.so.1", dir.join("libcuda.so")).expect("symlink libcuda.so");
-    dir
 }
 
 /// Readies this process: in fake mode builds the fake and points the
