@@ -21,7 +21,9 @@
  *     cuMemCreate = a memfd; cuMemMap = mmap(MAP_SHARED|MAP_FIXED) with no
  *     access; cuMemSetAccess = mprotect; cuMemUnmap puts PROT_NONE back;
  *     physical memory goes when it is both released and unmapped;
- *   - primary contexts are reference counted; calls that need a current
+ *   - primary contexts are reference counted (retain and release calls are
+ *     counted too: fake_cuda_primary_ctx_calls); a live context takes
+ *     MEMPLUG_FAKE_CUDA_CTX_MIB (default 16) MiB off cuMemGetInfo's free; calls that need a current
  *     context check the calling thread's context stack; when the last
  *     reference goes the context is destroyed, and its streams, events and
  *     allocations with it (using them afterwards is
@@ -106,6 +108,12 @@ static int g_initialized;
 static int g_device_count = 1;
 static unsigned long long g_capacity = 1024ull << 20;
 static unsigned long long g_used[MAX_DEVICES];
+/* Device memory a live context takes (MEMPLUG_FAKE_CUDA_CTX_MIB, default
+ * 16), as a real context's own allocations do: cuMemGetInfo's free drops by
+ * it while the device's primary context exists. */
+static unsigned long long g_ctx_overhead = 16ull << 20;
+/* cuDevicePrimaryCtxRetain / Release calls per device (context churn). */
+static unsigned long g_retain_calls[MAX_DEVICES], g_release_calls[MAX_DEVICES];
 
 struct fake_ctx {
     int device;
@@ -199,6 +207,9 @@ API CUresult cuInit(unsigned int flags) {
         unsigned long long n = env_ull("MEMPLUG_FAKE_CUDA_DEVICES", 1);
         g_device_count = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
         g_capacity = env_ull("MEMPLUG_FAKE_CUDA_MEM_MIB", 1024) << 20;
+        g_ctx_overhead = env_ull("MEMPLUG_FAKE_CUDA_CTX_MIB", 16) << 20;
+        if (g_ctx_overhead > g_capacity / 2)
+            g_ctx_overhead = g_capacity / 2;
         for (int i = 0; i < MAX_DEVICES; i++)
             g_ctx[i].device = i;
         g_initialized = 1;
@@ -291,6 +302,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
+    g_retain_calls[dev]++;
     if (g_ctx[dev].refs++ == 0)
         g_ctx[dev].gen++;
     pthread_mutex_unlock(&g_lock);
@@ -304,6 +316,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
+    g_release_calls[dev]++;
     if (g_ctx[dev].refs == 0)
         r = CUDA_ERROR_INVALID_CONTEXT;
     else
@@ -406,6 +419,13 @@ static int accessible(CUdeviceptr p, size_t n, int need_write) {
     return ok;
 }
 
+/* Bytes device `dev` can still give: its capacity less what is in use and
+ * what its context takes while it exists. g_lock held. */
+static unsigned long long available_locked(int dev) {
+    unsigned long long taken = g_used[dev] + (g_ctx[dev].refs > 0 ? g_ctx_overhead : 0);
+    return taken >= g_capacity ? 0 : g_capacity - taken;
+}
+
 /* ---- plain allocations ---- */
 
 API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
@@ -420,7 +440,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         return CUDA_ERROR_INVALID_VALUE;
     len = (size + 4095) & ~(size_t)4095;
     pthread_mutex_lock(&g_lock);
-    if (len > g_capacity - g_used[dev]) {
+    if (len > available_locked(dev)) {
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -474,7 +494,7 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     if (free_bytes == NULL || total_bytes == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    *free_bytes = (size_t)(g_capacity - g_used[dev]);
+    *free_bytes = (size_t)available_locked(dev);
     *total_bytes = (size_t)g_capacity;
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
@@ -956,7 +976,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
         return CUDA_ERROR_INVALID_VALUE;
     dev = prop->location.id;
     pthread_mutex_lock(&g_lock);
-    if (size > g_capacity - g_used[dev]) {
+    if (size > available_locked(dev)) {
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -1156,12 +1176,32 @@ API int fake_cuda_primary_ctx_refs(int dev) {
     return n;
 }
 
+/* cuDevicePrimaryCtxRetain (which = 0) or cuDevicePrimaryCtxRelease_v2
+ * (which = 1) calls made for device `dev` so far. */
+API long fake_cuda_primary_ctx_calls(int dev, int which) {
+    long n;
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return -1;
+    pthread_mutex_lock(&g_lock);
+    n = (long)(which == 0 ? g_retain_calls[dev] : g_release_calls[dev]);
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
 API unsigned long long fake_cuda_used_bytes(int dev) {
     unsigned long long n;
     if (dev < 0 || dev >= MAX_DEVICES)
         return 0;
     pthread_mutex_lock(&g_lock);
     n = g_used[dev];
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+API long fake_cuda_live_streams(void) {
+    long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_live_streams;
     pthread_mutex_unlock(&g_lock);
     return n;
 }

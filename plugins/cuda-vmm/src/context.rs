@@ -1,12 +1,17 @@
 //! Primary contexts: each device's primary context is retained
-//! (`cuDevicePrimaryCtxRetain`) while anything the plugin made on the device
-//! is alive, and released when the last such thing goes. Every live object
-//! holds a [`Pin`]; the first pin retains the context, the last one drops it.
+//! (`cuDevicePrimaryCtxRetain`) on the plugin's first use of the device and
+//! released only when the mechanism is freed, at the plugin's unload. A
+//! primary context costs ~0.1–0.5 s and device memory to create, so
+//! retaining it per object (or per `memory_info` call when nothing is
+//! alive) would create and destroy one over and over; a runtime (vLLM,
+//! PyTorch) keeps it retained for the life of the process too. Every live
+//! object still holds a [`Pin`], the handle through which it reaches the
+//! context.
 //!
 //! Each device also has a plugin-owned, non-blocking stream used only to
 //! zero-fill memory the plugin commits or creates (the ABI promises zeros),
 //! so that zeroing never waits behind a runtime's work on other streams. It
-//! lives exactly as long as the pins do.
+//! lives as long as the context's retention.
 
 use crate::driver::{CUcontext, CUdevice, CUdeviceptr, CUstream, Driver, Entered, STREAM_NON_BLOCKING};
 use memplug_sdk::PluginResult;
@@ -48,11 +53,11 @@ impl DeviceContext {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// A pin: the primary context is retained (on the first pin) and stays
-    /// so until the pin is dropped.
+    /// A pin: the primary context is retained (on the first pin ever) and
+    /// stays so until the mechanism is freed.
     pub fn pin(self: &Arc<Self>) -> PluginResult<Pin> {
         let mut s = self.lock();
-        if s.pins == 0 {
+        if s.ctx.is_null() {
             let mut ctx: CUcontext = std::ptr::null_mut();
             // SAFETY: resolved entry point, out-pointer to a local.
             let r = unsafe { (self.driver.api.primary_ctx_retain)(&mut ctx, self.device) };
@@ -64,9 +69,18 @@ impl DeviceContext {
     }
 
     fn unpin(&self) {
-        let mut s = self.lock();
-        s.pins -= 1;
-        if s.pins > 0 {
+        // The context stays retained (see the module docs).
+        self.lock().pins -= 1;
+    }
+}
+
+impl Drop for DeviceContext {
+    /// At unload (no pin can be left: each holds an `Arc` of this): the
+    /// zero-fill stream goes and the retention of the first pin is given
+    /// back.
+    fn drop(&mut self) {
+        let s = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if s.ctx.is_null() {
             return;
         }
         let d = self.driver;

@@ -13,8 +13,10 @@
 //!   functions through `cuLaunchHostFunc`, fences that are events.
 //!
 //! A device without VMM support gets a mechanism with only the allocator
-//! and sync. Each device's primary context is retained while anything made
-//! in it is alive, and released after.
+//! and sync. Each device's primary context is retained from the plugin's
+//! first use of the device until the plugin is unloaded (as vLLM keeps it):
+//! `memory_info` with nothing alive, or the last object going, never
+//! creates or destroys a context.
 //!
 //! Without a usable driver (no `libcuda`, missing entry points, `cuInit`
 //! failing, no device) the entry symbol fails with
@@ -107,7 +109,7 @@ fn plugin() -> ExportedPlugin {
         format!("{} (CUDA driver {}: {})", env!("CARGO_PKG_VERSION"), driver.version, driver.loaded_path)
     });
     let mut builder = PluginBuilder::new("memplug-cuda-vmm", version);
-    let mut states: Vec<&'static CudaMechanism> = Vec::new();
+    let mut states: Vec<memplug_sdk::MechanismState<CudaMechanism>> = Vec::new();
     for info in &driver.devices {
         let m = CudaMechanism::new(driver, info);
         let vmm = m.has_vmm();
@@ -118,7 +120,9 @@ fn plugin() -> ExportedPlugin {
             mb = mb.virtual_backing().shared_mapping();
         }
         mb = mb.sync();
-        states.push(mb.implementation());
+        // Counted, not leaked: each mechanism (and the primary context it
+        // keeps retained) is freed when the plugin is unloaded.
+        states.push(mb.state());
         builder = builder.mechanism(mb.build());
     }
     builder.live_objects(move || states.iter().map(|m| m.live_objects()).sum()).build()

@@ -55,8 +55,7 @@ fn one_mechanism_per_device_with_every_capability() {
         unsafe { m.ungoverned() }.allocator().deallocate(b).unwrap();
     }
     // Nothing left: no object, no retained context.
-    assert_quiescent(&p);
-    p.unload().unwrap();
+    unload_released(p);
 }
 
 #[test]
@@ -99,8 +98,7 @@ fn allocate_write_read_free_and_memory_info_follows() {
         assert_eq!(a.memory_info().unwrap().unwrap(), before);
     }
     drop(m);
-    assert_quiescent(&p);
-    p.unload().unwrap();
+    unload_released(p);
 }
 
 #[test]
@@ -165,8 +163,7 @@ fn commit_and_decommit_are_exact_and_range_checked() {
         assert_eq!(u1, u0);
     }
     drop(m);
-    assert_quiescent(&p);
-    p.unload().unwrap();
+    unload_released(p);
 }
 
 #[test]
@@ -248,8 +245,7 @@ fn a_shared_object_is_coherent_across_reservations_and_freed_last() {
     vb.release(b).unwrap();
     vb.release(c).unwrap();
     drop(m);
-    assert_quiescent(&p);
-    p.unload().unwrap();
+    unload_released(p);
 }
 
 /// A write through a read-only view faults (fake: in a forked child, on the
@@ -375,8 +371,7 @@ fn fences_complete_after_the_work_before_them() {
     sync.fence_destroy(f1).unwrap();
     sync.fence_destroy(f2).unwrap();
     drop(m);
-    assert_quiescent(&p);
-    p.unload().unwrap();
+    unload_released(p);
 }
 
 #[test]
@@ -522,8 +517,47 @@ fn unload_is_refused_while_anything_lives() {
     let m = cuda0(&p);
     unsafe { m.ungoverned() }.virtual_backing().unwrap().release(r).unwrap();
     drop(m);
-    assert_quiescent(&p);
-    p.unload().unwrap();
+    unload_released(p);
+}
+
+/// The primary context is retained once, at first use, and kept until the
+/// plugin is unloaded: memory_info with nothing alive, and objects made and
+/// freed one after another, cause no context churn (creating a context
+/// costs ~0.1–0.5 s and device memory on a GPU).
+#[test]
+fn the_primary_context_is_retained_once_for_the_life_of_the_plugin() {
+    let _s = serial();
+    if real() {
+        return;
+    }
+    let p = load();
+    let m = cuda0(&p);
+    let g = granularity(&p);
+    let (retains0, releases0) = fake_ctx_calls(0).unwrap();
+    let first = m.memory_info().unwrap().unwrap();
+    for _ in 0..20 {
+        assert_eq!(m.memory_info().unwrap().unwrap(), first, "no context made or destroyed in between");
+        let a = unsafe { m.ungoverned() }.allocator();
+        let b = a.allocate(4096, 256).unwrap();
+        a.deallocate(b).unwrap();
+        let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+        let r = vb.reserve(g).unwrap();
+        vb.commit(&r, 0, g).unwrap();
+        vb.release(r).unwrap();
+        let sync = m.sync().unwrap();
+        let s = sync.stream_create().unwrap();
+        sync.stream_destroy(s).unwrap();
+        assert_eq!(fake_ctx_refs(0), Some(1), "retained, once, while the plugin is loaded");
+    }
+    let (retains, releases) = fake_ctx_calls(0).unwrap();
+    assert_eq!(retains - retains0, 1, "one cuDevicePrimaryCtxRetain for everything");
+    assert_eq!(releases, releases0, "no cuDevicePrimaryCtxRelease while loaded");
+    // The context's own memory shows in memory_info, and stays taken.
+    let total = first.total_bytes;
+    assert!(first.free_bytes < total, "{first:?}");
+    drop(m);
+    unload_released(p);
+    assert_eq!(fake_ctx_calls(0).unwrap().1 - releases0, 1, "released once, at unload");
 }
 
 #[test]

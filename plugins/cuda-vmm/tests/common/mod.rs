@@ -184,6 +184,13 @@ pub fn fake_ctx_refs(dev: i32) -> Option<i32> {
     fake_fn::<unsafe extern "C" fn(i32) -> i32>("fake_cuda_primary_ctx_refs").map(|f| unsafe { f(dev) })
 }
 
+/// `cuDevicePrimaryCtxRetain` and `cuDevicePrimaryCtxRelease` calls made
+/// for `dev` so far, in the fake.
+pub fn fake_ctx_calls(dev: i32) -> Option<(i64, i64)> {
+    fake_fn::<unsafe extern "C" fn(i32, i32) -> i64>("fake_cuda_primary_ctx_calls")
+        .map(|f| unsafe { (f(dev, 0), f(dev, 1)) })
+}
+
 /// Bytes of physical memory in use on `dev` in the fake.
 pub fn fake_used(dev: i32) -> Option<u64> {
     fake_fn::<unsafe extern "C" fn(i32) -> u64>("fake_cuda_used_bytes").map(|f| unsafe { f(dev) })
@@ -195,16 +202,44 @@ pub fn fake_live_objects() -> Option<i64> {
     fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_objects").map(|f| unsafe { f() })
 }
 
+/// Streams alive in the fake.
+pub fn fake_live_streams() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_streams").map(|f| unsafe { f() })
+}
+
 /// Asserts nothing is left: the plugin reports no live object, and (fake
-/// mode) no primary context is retained and the driver holds nothing.
+/// mode) each primary context is retained at most once (by the plugin,
+/// which keeps it until it is unloaded) and the driver holds nothing but
+/// the plugin's zero-fill stream of each retained context.
 #[track_caller]
 pub fn assert_quiescent(p: &Plugin) {
     assert_eq!(p.plugin_live_objects(), 0, "plugin live objects: {}", p.live_report());
     if let Some(n) = fake_live_objects() {
-        assert_eq!(n, 0, "objects left in the (fake) driver");
+        let mut retained = 0;
         for dev in 0..2 {
-            assert_eq!(fake_ctx_refs(dev), Some(0), "primary context of device {dev} still retained");
+            let refs = fake_ctx_refs(dev).unwrap();
+            assert!(refs <= 1, "primary context of device {dev} retained {refs} times with nothing alive");
+            retained += i64::from(refs);
         }
+        let streams = fake_live_streams().unwrap();
+        assert!(streams <= retained, "{streams} streams left for {retained} retained contexts");
+        assert_eq!(n - streams, 0, "objects left in the (fake) driver");
+    }
+}
+
+/// Unloads `p` (nothing may be alive) and asserts (fake mode) that no
+/// primary context is retained any more.
+#[track_caller]
+pub fn unload_released(p: Plugin) {
+    assert_quiescent(&p);
+    p.unload().unwrap();
+    for dev in 0..2 {
+        if let Some(refs) = fake_ctx_refs(dev) {
+            assert_eq!(refs, 0, "primary context of device {dev} still retained after unload");
+        }
+    }
+    if let Some(n) = fake_live_objects() {
+        assert_eq!(n, 0, "objects left in the (fake) driver after unload");
     }
 }
 
