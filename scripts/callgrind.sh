@@ -3,6 +3,8 @@
 # immune to machine noise). Each path runs at two iteration counts; the
 # difference divided by the extra iterations cancels all set-up cost.
 #   scripts/callgrind.sh [PATH...]     (default: every path)
+# LO and HI (default 1000 and 11000) set the two iteration counts, for paths
+# too slow under callgrind at the defaults.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p memplug-plugin-cpu -p memplug-host --example hotpath
@@ -17,7 +19,7 @@ count() { # path iterations -> total instructions
     awk '/^summary:/ {print $2}' "$out"
     rm -f "$out"
 }
-lo=1000 hi=11000
+lo=${LO:-1000} hi=${HI:-11000}
 printf '%-28s %12s\n' path instr/op
 for p in "${paths[@]}"; do
     a=$(count "$p" $lo)

@@ -3,7 +3,13 @@
 //! set-up cost cancels out. Paths: libc and an atomic pair (baselines),
 //! direct (the plugin's vtable), host (the `Mechanism` wrapper), governor
 //! (reserve+commit+release), binding (allocate + drop), binding-fenced
-//! (allocate + release after an already-complete fence).
+//! (allocate + release after an already-complete fence); poll-1, poll-1k,
+//! poll-100k (one enqueue behind an already-complete stream fence and one
+//! deferred-free `poll`, with 1 / 1000 / 100 000 other frees pending on
+//! distinct fences of a stream that never finishes: the per-op figure is
+//! one poll with that many pending); shrink-0, shrink-100, shrink-10k (a
+//! region grow + shrink naming a completed fence, after 0 / 100 / 10 000
+//! earlier fenced shrinks whose fences completed).
 //!
 //! `hotpath PATH N [PLUGIN.so]`
 
@@ -27,6 +33,10 @@ enum Path {
     Governor,
     Binding,
     BindingFenced,
+    /// n frees pending on fences that never complete.
+    Poll(usize),
+    /// n earlier fenced shrinks of the region.
+    Shrink(usize),
 }
 
 const PATHS: &[(&str, Path)] = &[
@@ -37,6 +47,12 @@ const PATHS: &[(&str, Path)] = &[
     ("governor", Path::Governor),
     ("binding", Path::Binding),
     ("binding-fenced", Path::BindingFenced),
+    ("poll-1", Path::Poll(1)),
+    ("poll-1k", Path::Poll(1000)),
+    ("poll-100k", Path::Poll(100_000)),
+    ("shrink-0", Path::Shrink(0)),
+    ("shrink-100", Path::Shrink(100)),
+    ("shrink-10k", Path::Shrink(10_000)),
 ];
 
 /// What the paths run against.
@@ -46,6 +62,54 @@ struct Rig {
     pool: std::sync::Arc<memplug_host::governor::Pool>,
     binding: memplug_host::MemoryBinding,
     done: memplug_host::SharedFence,
+    poll: Option<PollRig>,
+    shrink: Option<std::cell::RefCell<memplug_host::Region>>,
+}
+
+/// A free that does nothing: the poll paths measure the queue, not a free.
+struct Nop;
+
+impl memplug_host::Retire for Nop {
+    fn retire(self: Box<Self>) -> memplug_host::RetireOutcome {
+        memplug_host::RetireOutcome::Freed { bytes: 0 }
+    }
+    fn describe(&self) -> String {
+        "nop".into()
+    }
+}
+
+/// A queue with n frees pending on distinct fences of a stream blocked for
+/// good, and a fence of another stream that has completed.
+struct PollRig {
+    queue: std::sync::Arc<memplug_host::DeferredFreeQueue>,
+    ready: memplug_host::SharedFence,
+}
+
+impl PollRig {
+    fn new(mech: &memplug_host::Mechanism, n: usize) -> PollRig {
+        let sync = mech.sync().expect("the cpu plugin has streams");
+        let queue = memplug_host::DeferredFreeQueue::new();
+        let blocked = sync.stream_create().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        // Blocks the stream's worker for the rest of the process (a futex
+        // wait, so no instructions counted while it waits); `tx` leaks.
+        sync.enqueue(&blocked, move || {
+            let _ = rx.recv();
+        })
+        .unwrap();
+        std::mem::forget(tx);
+        for _ in 0..n {
+            let f = memplug_host::PluginFence::record(mech, &blocked).unwrap();
+            queue.enqueue(vec![f], Box::new(Nop));
+        }
+        let done = sync.stream_create().unwrap();
+        let ready = memplug_host::PluginFence::record(mech, &done).unwrap();
+        assert!(ready.wait(std::time::Duration::from_secs(10)).unwrap());
+        // Both streams stay for the process's life: tokens without a
+        // destructor, never handed back to the plugin.
+        let _ = (blocked, done);
+        PollRig { queue, ready }
+    }
 }
 
 fn main() {
@@ -75,11 +139,32 @@ fn main() {
         DirectAllocator::first_mechanism(*e).unwrap()
     };
     let done = memplug_host::FnFence::new("done", || true, |_| true);
-    let rig = Rig { mech: ctx.mechanism().clone(), direct, pool, binding, done };
+    let mech = ctx.mechanism().clone();
+    let poll = match path {
+        Path::Poll(k) => Some(PollRig::new(&mech, k)),
+        _ => None,
+    };
+    let shrink = match path {
+        Path::Shrink(k) => {
+            let mut r = binding.reserve_virtual(1 << 20).unwrap();
+            for _ in 0..k {
+                let f = memplug_host::FnFence::new("done", || true, |_| true);
+                r.grow_to(1, |_| Ok::<(), ()>(())).unwrap();
+                r.shrink_to(0, vec![f]).unwrap();
+            }
+            Some(std::cell::RefCell::new(r))
+        }
+        _ => None,
+    };
+    let rig = Rig { mech, direct, pool, binding, done, poll, shrink };
     // Warm every path once so first-use costs (TLS, lazy init) fall
     // outside the difference.
     run(path, 16, &rig);
     run(path, n, &rig);
+    if let Path::Poll(_) = path {
+        // The blocked stream never finishes: skip the teardown's drain.
+        std::process::exit(0);
+    }
 }
 
 /// One loop per path, so each loop body is only the path being measured.
@@ -110,6 +195,21 @@ fn run(path: Path, n: u64, rig: &Rig) {
             for _ in 0..n {
                 let a = rig.binding.allocate(black_box(64), 16).unwrap();
                 a.release_after([rig.done.clone()]);
+            }
+        }
+        Path::Poll(_) => {
+            let p = rig.poll.as_ref().expect("set up");
+            for _ in 0..n {
+                p.queue.enqueue(vec![p.ready.clone()], Box::new(Nop));
+                let r = p.queue.poll();
+                assert_eq!(black_box(r).retired, 1);
+            }
+        }
+        Path::Shrink(_) => {
+            let mut r = rig.shrink.as_ref().expect("set up").borrow_mut();
+            for _ in 0..n {
+                r.grow_to(black_box(1), |_| Ok::<(), ()>(())).unwrap();
+                r.shrink_to(0, vec![rig.done.clone()]).unwrap();
             }
         }
         Path::Libc => {

@@ -10,6 +10,7 @@
 use crate::fence::SharedFence;
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
 use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -33,22 +34,86 @@ pub trait Retire: Send {
     fn describe(&self) -> String;
 }
 
+/// One object waiting to be freed.
 struct Entry {
+    /// The fences not yet known complete. The entry waits on the last one;
+    /// fences known complete are dropped from the end.
     fences: Vec<SharedFence>,
     job: Box<dyn Retire>,
 }
 
-impl Entry {
-    /// True when every fence reports completion; a fence whose query fails
-    /// counts as not complete (never free on a guess).
-    fn ready(&self, errors: &AtomicU64) -> bool {
-        self.fences.iter().all(|f| match f.query() {
-            Ok(done) => done,
-            Err(_) => {
-                errors.fetch_add(1, Ordering::Relaxed);
-                false
+/// The entries waiting on one fence.
+struct Bucket {
+    fence: SharedFence,
+    entries: Vec<Entry>,
+}
+
+/// A stream's identity in `order_key`: (mechanism key, stream handle).
+type StreamKey = (u64, u64);
+/// A bucket's place in its stream: (sequence, fence identity).
+type StreamSlot = (u64, usize);
+
+/// A fence's identity while a bucket holds it (its address cannot be
+/// reused while the `Arc` lives).
+fn identity(f: &SharedFence) -> usize {
+    Arc::as_ptr(f) as *const () as usize
+}
+
+/// Where entries wait, by the fence they wait on. Ordered fences (those with
+/// an [`order_key`](crate::fence::FenceSource::order_key)) wait in their
+/// stream's queue, oldest first: a poll queries only each stream's oldest
+/// fence until it meets one not complete, so retiring costs O(streams +
+/// ready), not O(pending). Other fences wait grouped by fence: a poll
+/// queries each distinct fence once.
+#[derive(Default)]
+struct Waiting {
+    streams: HashMap<StreamKey, BTreeMap<StreamSlot, Bucket>>,
+    unordered: HashMap<usize, Bucket>,
+    /// Entries with no fence left: retired by the next poll.
+    ready: Vec<Entry>,
+}
+
+impl Waiting {
+    fn place(&mut self, e: Entry) {
+        let Some(f) = e.fences.last() else {
+            self.ready.push(e);
+            return;
+        };
+        let id = identity(f);
+        let bucket = match f.order_key() {
+            Some((mechanism, stream, sequence)) => self
+                .streams
+                .entry((mechanism, stream))
+                .or_default()
+                .entry((sequence, id))
+                .or_insert_with(|| Bucket { fence: f.clone(), entries: Vec::new() }),
+            None => {
+                self.unordered.entry(id).or_insert_with(|| Bucket { fence: f.clone(), entries: Vec::new() })
             }
-        })
+        };
+        bucket.entries.push(e);
+    }
+
+    /// The oldest fence of `stream`, cloned to be queried outside the lock.
+    fn head(&self, stream: &StreamKey) -> Option<(StreamSlot, SharedFence)> {
+        let (slot, b) = self.streams.get(stream)?.first_key_value()?;
+        Some((*slot, b.fence.clone()))
+    }
+
+    /// Takes the bucket at `slot` of `stream` (gone when another poller
+    /// took it first), dropping the stream's queue once empty.
+    fn take(&mut self, stream: &StreamKey, slot: &StreamSlot) -> Option<Bucket> {
+        let q = self.streams.get_mut(stream)?;
+        let b = q.remove(slot);
+        if q.is_empty() {
+            self.streams.remove(stream);
+        }
+        b
+    }
+
+    fn entries(&self) -> impl Iterator<Item = &Entry> {
+        let ordered = self.streams.values().flat_map(|q| q.values());
+        ordered.chain(self.unordered.values()).flat_map(|b| b.entries.iter()).chain(self.ready.iter())
     }
 }
 
@@ -90,7 +155,7 @@ impl DrainReport {
 /// The queue. Thread-safe; share it as `Arc<DeferredFreeQueue>`.
 #[derive(Default)]
 pub struct DeferredFreeQueue {
-    entries: Mutex<Vec<Entry>>,
+    waiting: Mutex<Waiting>,
     /// Entries enqueued and not yet retired, including those a poller holds
     /// outside the lock.
     outstanding: AtomicUsize,
@@ -111,8 +176,8 @@ impl DeferredFreeQueue {
     /// Frees now when every fence has already completed (the common case
     /// for host-visible work), else enqueues. Never blocks on a fence.
     pub fn release(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
-        let e = Entry { fences, job };
-        if e.ready(&self.fence_errors) {
+        let mut e = Entry { fences, job };
+        if self.settle(&mut e) {
             self.immediate.fetch_add(1, Ordering::Relaxed);
             self.count(e.job.retire());
         } else {
@@ -130,7 +195,32 @@ impl DeferredFreeQueue {
         self.enqueued.fetch_add(1, Ordering::Relaxed);
         // No wake-up per entry: the reaper polls on its interval, and a
         // notify here would cost a futex call on every enqueue.
-        lock(&self.entries).push(e);
+        lock(&self.waiting).place(e);
+    }
+
+    /// `true` when `f` reports completion; a fence whose query fails counts
+    /// as not complete (never free on a guess).
+    fn done(&self, f: &SharedFence) -> bool {
+        match f.query() {
+            Ok(done) => done,
+            Err(_) => {
+                self.fence_errors.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// Drops fences from the end of `e` while they report completion
+    /// (outside every lock: dropping a plugin fence calls the plugin);
+    /// `true` when none is left. The last one left is the one to wait on.
+    fn settle(&self, e: &mut Entry) -> bool {
+        while let Some(f) = e.fences.last() {
+            if !self.done(f) {
+                return false;
+            }
+            e.fences.pop();
+        }
+        true
     }
 
     fn count(&self, outcome: RetireOutcome) -> bool {
@@ -146,28 +236,81 @@ impl DeferredFreeQueue {
         }
     }
 
-    /// Retires every entry whose fences have completed.
+    /// The entries of a bucket whose fence completed: each drops that
+    /// fence (its last) and either retires or goes to `again`, to wait on
+    /// its next fence not known complete.
+    fn advance(&self, b: Bucket, report: &mut PollReport, again: &mut Vec<Entry>) {
+        for mut e in b.entries {
+            e.fences.pop();
+            self.retire_or_keep(e, report, again);
+        }
+    }
+
+    fn retire_or_keep(&self, mut e: Entry, report: &mut PollReport, again: &mut Vec<Entry>) {
+        if !self.settle(&mut e) {
+            again.push(e);
+            return;
+        }
+        let freed = self.count(e.job.retire());
+        self.outstanding.fetch_sub(1, Ordering::AcqRel);
+        if freed {
+            report.retired += 1;
+        } else {
+            report.quarantined += 1;
+        }
+    }
+
+    /// Retires every entry whose fences have completed. Queries each
+    /// stream's oldest pending fence (and the next, while they complete)
+    /// and each distinct unordered fence once; nothing else. Every entry is
+    /// in the structure or held by exactly one poller, never both, so two
+    /// pollers never retire one entry twice.
     pub fn poll(&self) -> PollReport {
-        let batch = std::mem::take(&mut *lock(&self.entries));
         let mut report = PollReport::default();
-        let mut keep = Vec::new();
-        for e in batch {
-            if e.ready(&self.fence_errors) {
-                let freed = self.count(e.job.retire());
-                self.outstanding.fetch_sub(1, Ordering::AcqRel);
-                if freed {
-                    report.retired += 1;
-                } else {
-                    report.quarantined += 1;
+        let mut again = Vec::new();
+        let (ready, streams, unordered) = {
+            let mut w = lock(&self.waiting);
+            let ready = std::mem::take(&mut w.ready);
+            let streams: Vec<StreamKey> = w.streams.keys().copied().collect();
+            let unordered: Vec<(usize, SharedFence)> =
+                w.unordered.iter().map(|(id, b)| (*id, b.fence.clone())).collect();
+            (ready, streams, unordered)
+        };
+        for e in ready {
+            self.retire_or_keep(e, &mut report, &mut again);
+        }
+        for stream in &streams {
+            // Fences of one stream complete in order: stop at the first
+            // that has not.
+            loop {
+                // Bound first: a guard in a `while let` scrutinee would be
+                // held through the query.
+                let head = lock(&self.waiting).head(stream);
+                let Some((slot, fence)) = head else { break };
+                if !self.done(&fence) {
+                    break;
                 }
-            } else {
-                keep.push(e);
+                let taken = lock(&self.waiting).take(stream, &slot);
+                if let Some(b) = taken {
+                    self.advance(b, &mut report, &mut again);
+                }
             }
         }
-        report.still_pending = keep.len();
-        if !keep.is_empty() {
-            lock(&self.entries).extend(keep);
+        for (id, fence) in unordered {
+            if self.done(&fence) {
+                let taken = lock(&self.waiting).unordered.remove(&id);
+                if let Some(b) = taken {
+                    self.advance(b, &mut report, &mut again);
+                }
+            }
         }
+        if !again.is_empty() {
+            let mut w = lock(&self.waiting);
+            for e in again {
+                w.place(e);
+            }
+        }
+        report.still_pending = self.pending();
         report
     }
 
@@ -213,9 +356,9 @@ impl DeferredFreeQueue {
                 None => std::thread::sleep(slice.min(Duration::from_millis(1))),
             }
         }
-        let entries = lock(&self.entries);
-        report.left = entries
-            .iter()
+        let waiting = lock(&self.waiting);
+        report.left = waiting
+            .entries()
             .map(|e| {
                 let fences: Vec<String> = e.fences.iter().map(|f| f.describe()).collect();
                 format!("{} waiting on [{}]", e.job.describe(), fences.join(", "))
@@ -225,8 +368,9 @@ impl DeferredFreeQueue {
     }
 
     fn first_pending_fence(&self) -> Option<SharedFence> {
-        let entries = lock(&self.entries);
-        entries.first().and_then(|e| e.fences.first().cloned())
+        let w = lock(&self.waiting);
+        let ordered = w.streams.values().filter_map(|q| q.first_key_value()).map(|(_, b)| &b.fence);
+        ordered.chain(w.unordered.values().map(|b| &b.fence)).next().cloned()
     }
 
     /// Starts a background thread that polls every `interval`. Stopped and

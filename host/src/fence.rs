@@ -18,6 +18,16 @@ pub trait FenceSource: Send + Sync {
     fn wait(&self, timeout: Duration) -> Result<bool, CallError>;
     /// For reports of what could not be retired.
     fn describe(&self) -> String;
+    /// For fences known to complete in the order they were recorded on one
+    /// stream: `(mechanism key, stream handle, sequence)`, the sequence
+    /// increasing in recording order on that stream. The deferred-free
+    /// queue then looks only at the oldest pending fence of each stream.
+    /// The order only schedules queries — nothing retires without its own
+    /// fences reporting completion — so a wrong order can delay a free,
+    /// never advance one. `None` (the default): no order known.
+    fn order_key(&self) -> Option<(u64, u64, u64)> {
+        None
+    }
 }
 
 /// A shareable fence: several frees may wait on the same one.
@@ -28,14 +38,30 @@ pub type SharedFence = Arc<dyn FenceSource>;
 pub struct PluginFence {
     mechanism: Mechanism,
     fence: Option<Fence>,
+    /// The stream it was recorded on.
+    stream: u64,
+    /// Recording order, process-wide (see [`FenceSource::order_key`]).
+    sequence: u64,
 }
+
+/// Sequence numbers of recorded plugin fences. Taken after the plugin's
+/// record returns: two threads recording on one stream at once may get
+/// numbers in the other order, which can only delay a free (the queue
+/// queries every fence before retiring behind it).
+static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 impl PluginFence {
     /// Records a fence on `stream` of `mechanism`'s sync capability.
     pub fn record(mechanism: &Mechanism, stream: &Stream) -> Result<SharedFence, CallError> {
         let sync = mechanism.sync().ok_or_else(|| no_sync(mechanism))?;
         let fence = sync.fence_record(stream)?;
-        Ok(Arc::new(PluginFence { mechanism: mechanism.clone(), fence: Some(fence) }))
+        let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Arc::new(PluginFence {
+            mechanism: mechanism.clone(),
+            fence: Some(fence),
+            stream: stream.handle(),
+            sequence,
+        }))
     }
 
     fn fence(&self) -> &Fence {
@@ -57,6 +83,10 @@ impl FenceSource for PluginFence {
     }
     fn describe(&self) -> String {
         format!("fence {} of {}", self.fence().handle(), self.mechanism.label())
+    }
+    /// Fences recorded on one stream complete in recording order.
+    fn order_key(&self) -> Option<(u64, u64, u64)> {
+        Some((self.mechanism.key(), self.stream, self.sequence))
     }
 }
 

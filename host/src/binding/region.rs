@@ -7,7 +7,8 @@ use super::settle::{self, Charge};
 use super::view::RegionView;
 use super::{round_up, BindingError, BindingInner, GrowError, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
-use crate::fence::SharedFence;
+use crate::error::CallError;
+use crate::fence::{FenceSource, SharedFence};
 use crate::governor::Lease;
 use crate::mechanism::Access;
 use crate::sync::{lock, Mutex};
@@ -15,6 +16,7 @@ use crate::tokens::{RawObject, Reservation};
 use memplug_sdk::Status;
 use std::fmt;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 impl MemoryBinding {
     /// Reserves `max` bytes of address space whose base never moves;
@@ -285,14 +287,45 @@ impl Drop for Region {
             prefix: self.prefix.take(),
             base: self.base,
         };
-        // Enqueued after any pending shrink of this region, so those run
-        // first against a live reservation.
-        let fences = std::mem::take(&mut self.fences);
-        if fences.is_empty() && lock(&self.pending).is_empty() {
+        // Waits for every pending shrink of this region to have run (the
+        // queue keeps no order between entries), so those decommit against
+        // a live reservation. First in the list: the entry waits on the
+        // device fences (the last) before it looks at this one.
+        let mut fences = std::mem::take(&mut self.fences);
+        if !lock(&self.pending).is_empty() {
+            fences.insert(0, Arc::new(ShrinksDone(self.pending.clone())));
+        }
+        if fences.is_empty() {
             let _ = Retire::retire(Box::new(job));
         } else {
             self.binding.queue.enqueue(fences, Box::new(job));
         }
+    }
+}
+
+/// Complete once every queued shrink of a region has run: the fence its
+/// release waits on besides the device's.
+struct ShrinksDone(Arc<Mutex<Vec<(u64, u64)>>>);
+
+impl FenceSource for ShrinksDone {
+    fn query(&self) -> Result<bool, CallError> {
+        Ok(lock(&self.0).is_empty())
+    }
+    fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.query()? {
+                return Ok(true);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(false);
+            }
+            std::thread::sleep((deadline - now).min(Duration::from_millis(1)));
+        }
+    }
+    fn describe(&self) -> String {
+        format!("{} queued decommit(s) of the region", lock(&self.0).len())
     }
 }
 
