@@ -164,11 +164,46 @@ static struct fake_stream *g_streams;
 static __thread CUcontext t_stack[64];
 static __thread int t_depth;
 
-#define CHECK_INIT()                                                                               \
+/* Set on the callback thread (see host functions below): CUDA forbids any
+ * driver call from a host function, so every call made there is refused. */
+static __thread int t_in_callback;
+/* The sticky error, once one happened: every later call fails with it, as
+ * with a real context after an illegal address. Set by a bad access the
+ * fake detects, by fake_cuda_sticky_fault, or after
+ * FAKE_CUDA_STICKY_FAULT_AFTER=N calls. */
+static unsigned int g_sticky;
+static long g_calls;
+static long g_fault_after = -1;
+
+static CUresult check_call(int sticky_applies) {
+    long n;
+    if (t_in_callback)
+        return CUDA_ERROR_NOT_PERMITTED;
+    n = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
+    if (g_fault_after >= 0 && n > g_fault_after)
+        __atomic_store_n(&g_sticky, CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
+    return sticky_applies ? __atomic_load_n(&g_sticky, __ATOMIC_RELAXED) : CUDA_SUCCESS;
+}
+
+/* A bad device access: the context is dead from now on. */
+static CUresult fault(void) {
+    __atomic_store_n(&g_sticky, CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
+    return CUDA_ERROR_ILLEGAL_ADDRESS;
+}
+
+#define CHECK_INIT_STICKY(applies)                                                                 \
     do {                                                                                           \
+        CUresult check_r_;                                                                         \
         if (!g_initialized)                                                                        \
             return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        check_r_ = check_call(applies);                                                            \
+        if (check_r_ != CUDA_SUCCESS)                                                              \
+            return check_r_;                                                                       \
     } while (0)
+/* Every entry point; the thread's context stack (push, pop, get current)
+ * and giving a primary context back still work after a sticky fault. */
+#define CHECK_INIT() CHECK_INIT_STICKY(1)
+#define CHECK_INIT_CTX_STACK() CHECK_INIT_STICKY(0)
 
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
 
@@ -208,6 +243,8 @@ API CUresult cuInit(unsigned int flags) {
         g_device_count = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
         g_capacity = env_ull("MEMPLUG_FAKE_CUDA_MEM_MIB", 1024) << 20;
         g_ctx_overhead = env_ull("MEMPLUG_FAKE_CUDA_CTX_MIB", 16) << 20;
+        if (getenv("FAKE_CUDA_STICKY_FAULT_AFTER") != NULL)
+            g_fault_after = (long)env_ull("FAKE_CUDA_STICKY_FAULT_AFTER", 0);
         if (g_ctx_overhead > g_capacity / 2)
             g_ctx_overhead = g_capacity / 2;
         for (int i = 0; i < MAX_DEVICES; i++)
@@ -312,7 +349,7 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
 
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     CUresult r = CUDA_SUCCESS;
-    CHECK_INIT();
+    CHECK_INIT_CTX_STACK();
     if (!valid_device(dev))
         return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_lock);
@@ -326,7 +363,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 }
 
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
-    CHECK_INIT();
+    CHECK_INIT_CTX_STACK();
     if (!ctx_alive(ctx))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (t_depth == (int)(sizeof t_stack / sizeof t_stack[0]))
@@ -336,7 +373,7 @@ API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
 }
 
 API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
-    CHECK_INIT();
+    CHECK_INIT_CTX_STACK();
     if (t_depth == 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     t_depth--;
@@ -346,7 +383,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
 }
 
 API CUresult cuCtxGetCurrent(CUcontext *ctx) {
-    CHECK_INIT();
+    CHECK_INIT_CTX_STACK();
     if (ctx == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     *ctx = current();
@@ -507,7 +544,7 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!accessible(dst, n, 1))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return fault();
     memcpy((void *)(uintptr_t)dst, src, n);
     return CUDA_SUCCESS;
 }
@@ -517,7 +554,7 @@ API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!accessible(src, n, 0))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return fault();
     memcpy(dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -527,7 +564,7 @@ API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!accessible(dst, n, 1) || !accessible(src, n, 0))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return fault();
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
     return CUDA_SUCCESS;
 }
@@ -537,7 +574,7 @@ API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (!accessible(dst, n, 1))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return fault();
     memset((void *)(uintptr_t)dst, value, n);
     return CUDA_SUCCESS;
 }
@@ -604,9 +641,68 @@ static void event_complete(CUevent e, unsigned long long gen) {
     pthread_mutex_unlock(&e->m);
 }
 
+/* Host functions: all of them, of every stream, run on ONE callback thread,
+ * one at a time, as the real driver may do; the stream whose turn it is
+ * waits until its host function returns. Driver calls made on that thread
+ * are refused (CUDA_ERROR_NOT_PERMITTED). */
+struct cb_job {
+    struct cb_job *next;
+    struct op *op;
+    int done;
+};
+static pthread_mutex_t g_cb_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_cb_cv = PTHREAD_COND_INITIALIZER;
+static struct cb_job *g_cb_head, *g_cb_tail;
+static int g_cb_started;
+
+static void *callback_thread(void *arg) {
+    (void)arg;
+    t_in_callback = 1;
+    pthread_mutex_lock(&g_cb_lock);
+    for (;;) {
+        struct cb_job *j;
+        while (g_cb_head == NULL)
+            pthread_cond_wait(&g_cb_cv, &g_cb_lock);
+        j = g_cb_head;
+        g_cb_head = j->next;
+        if (g_cb_head == NULL)
+            g_cb_tail = NULL;
+        pthread_mutex_unlock(&g_cb_lock);
+        j->op->fn(j->op->data);
+        pthread_mutex_lock(&g_cb_lock);
+        j->done = 1;
+        pthread_cond_broadcast(&g_cb_cv);
+    }
+    return NULL;
+}
+
+static void run_host_fn(struct op *o) {
+    struct cb_job j = {NULL, o, 0};
+    pthread_mutex_lock(&g_cb_lock);
+    if (!g_cb_started) {
+        pthread_t t;
+        if (pthread_create(&t, NULL, callback_thread, NULL) != 0) {
+            pthread_mutex_unlock(&g_cb_lock);
+            o->fn(o->data); /* cannot happen in tests; run it somewhere */
+            return;
+        }
+        pthread_detach(t);
+        g_cb_started = 1;
+    }
+    if (g_cb_tail)
+        g_cb_tail->next = &j;
+    else
+        g_cb_head = &j;
+    g_cb_tail = &j;
+    pthread_cond_broadcast(&g_cb_cv);
+    while (!j.done)
+        pthread_cond_wait(&g_cb_cv, &g_cb_lock);
+    pthread_mutex_unlock(&g_cb_lock);
+}
+
 static void run_op(struct op *o) {
     switch (o->kind) {
-    case OP_HOST_FN: o->fn(o->data); break;
+    case OP_HOST_FN: run_host_fn(o); break;
     case OP_EVENT:
         event_complete(o->event, o->gen);
         event_unref(o->event);
@@ -786,7 +882,7 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUs
     struct op *o;
     CHECK_INIT();
     if (!accessible(dst, n, 1))
-        return CUDA_ERROR_ILLEGAL_ADDRESS;
+        return fault();
     o = calloc(1, sizeof *o);
     if (o == NULL)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1205,6 +1301,19 @@ API long fake_cuda_live_streams(void) {
     pthread_mutex_unlock(&g_lock);
     return n;
 }
+
+/* Makes the context sticky-faulted (every later call returns `code`, 700
+ * when 0), as an illegal address in a kernel does. */
+API void fake_cuda_sticky_fault(unsigned int code) {
+    __atomic_store_n(&g_sticky, code == 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : code, __ATOMIC_RELAXED);
+}
+
+/* Clears the sticky fault: for tests that probe a bad access on purpose and
+ * go on in the same process (a real process would have to restart). */
+API void fake_cuda_clear_sticky(void) { __atomic_store_n(&g_sticky, 0, __ATOMIC_RELAXED); }
+
+/* Driver calls made so far (every entry point that checks initialisation). */
+API long fake_cuda_calls(void) { return __atomic_load_n(&g_calls, __ATOMIC_RELAXED); }
 
 /* Live driver objects of every kind, summed: allocations, reservations,
  * physical objects whose pages are held, mappings, streams, events. */

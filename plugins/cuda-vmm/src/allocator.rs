@@ -38,6 +38,7 @@ impl Allocator for CudaMechanism {
     }
 
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
+        let _slot = self.slot("allocate")?;
         self.check_request(r, "allocate")?;
         let max = MAX_ALIGNMENT.max(self.granularity);
         if !r.alignment.is_power_of_two() || r.alignment > max {
@@ -73,6 +74,7 @@ impl Allocator for CudaMechanism {
     }
 
     fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
+        let _slot = self.slot("deallocate")?;
         self.check_owner(obj, "allocation")?;
         let (base, ctx) = self
             .allocations
@@ -108,6 +110,7 @@ impl Allocator for CudaMechanism {
     }
 
     fn memory_info(&self) -> PluginResult<MemoryInfo> {
+        let _slot = self.slot("memory_info")?;
         let d = self.driver;
         let pin = self.ctx.pin()?;
         let _e = pin.enter()?;

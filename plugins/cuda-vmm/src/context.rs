@@ -14,8 +14,8 @@
 //! lives as long as the context's retention.
 
 use crate::driver::{CUcontext, CUdevice, CUdeviceptr, CUstream, Driver, Entered, STREAM_NON_BLOCKING};
-use memplug_sdk::PluginResult;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use memplug_sdk::{PluginError, PluginResult};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 struct State {
     pins: u64,
@@ -28,6 +28,10 @@ pub struct DeviceContext {
     driver: &'static Driver,
     device: CUdevice,
     state: Mutex<State>,
+    /// Set by the first sticky error seen in the context (the driver's
+    /// context is dead): every later slot fails with it, without calling
+    /// the driver.
+    pub(crate) dead: OnceLock<PluginError>,
 }
 
 // SAFETY: the raw pointers are driver handles, usable from any thread; the
@@ -46,6 +50,7 @@ impl DeviceContext {
                 ctx: std::ptr::null_mut(),
                 zero_stream: std::ptr::null_mut(),
             }),
+            dead: OnceLock::new(),
         })
     }
 
@@ -84,7 +89,7 @@ impl Drop for DeviceContext {
             return;
         }
         let d = self.driver;
-        if !s.zero_stream.is_null() {
+        if !s.zero_stream.is_null() && self.dead.get().is_none() {
             if let Ok(_e) = Entered::new(d, s.ctx) {
                 // SAFETY: the plugin's own stream, idle (every zero-fill
                 // waits for its memset before returning).

@@ -203,10 +203,22 @@ impl Driver {
         }
     }
 
-    /// The failure for a driver status other than success.
+    /// The failure for a driver status other than success. A sticky code
+    /// (see [`is_sticky`]) is also noted for the slot running on this
+    /// thread, which marks its context dead when it returns.
     #[cold]
     pub fn error(&self, code: CuResult, call: &str) -> PluginError {
-        PluginError::new(status_of(code), format!("{call} failed: {} ({code})", self.error_name(code)))
+        let e =
+            PluginError::new(status_of(code), format!("{call} failed: {} ({code})", self.error_name(code)));
+        if is_sticky(code) {
+            STICKY_SEEN.with(|s| {
+                let mut s = s.borrow_mut();
+                if s.is_none() {
+                    *s = Some(e.clone());
+                }
+            });
+        }
+        e
     }
 
     /// The driver's name for a status code, e.g. `CUDA_ERROR_OUT_OF_MEMORY`.
@@ -223,6 +235,26 @@ impl Driver {
     }
 }
 
+thread_local! {
+    /// The first sticky failure seen on this thread since the running slot
+    /// began (`take_sticky`).
+    static STICKY_SEEN: std::cell::RefCell<Option<PluginError>> = const { std::cell::RefCell::new(None) };
+}
+
+/// Takes the sticky failure noted on this thread, if any.
+pub(crate) fn take_sticky() -> Option<PluginError> {
+    STICKY_SEEN.with(|s| s.borrow_mut().take())
+}
+
+/// Whether `code` is a *sticky* error: the context is unusable for the rest
+/// of the process and every later call in it fails (ILLEGAL_ADDRESS 700,
+/// LAUNCH_TIMEOUT 702, HARDWARE_STACK_ERROR 714, ILLEGAL_INSTRUCTION 715,
+/// MISALIGNED_ADDRESS 716, INVALID_ADDRESS_SPACE 717, INVALID_PC 718,
+/// LAUNCH_FAILED 719).
+pub fn is_sticky(code: CuResult) -> bool {
+    matches!(code, 700 | 702 | 714..=719)
+}
+
 /// The memplug status of a driver status code: exhaustion is
 /// `OUT_OF_MEMORY`; a driver, device or context that is absent, lost or
 /// broken (sticky errors included) is `DEVICE_UNAVAILABLE`; "not supported"
@@ -232,12 +264,15 @@ pub fn status_of(code: CuResult) -> Status {
         2 => Status::OutOfMemory,
         // NOT_INITIALIZED, DEINITIALIZED, STUB_LIBRARY, INSUFFICIENT_DRIVER,
         // DEVICE_UNAVAILABLE, NO_DEVICE, INVALID_DEVICE, DEVICE_NOT_LICENSED,
-        // CONTEXT_IS_DESTROYED, ECC_UNCORRECTABLE, ILLEGAL_ADDRESS,
-        // LAUNCH_FAILED, SYSTEM_NOT_READY, SYSTEM_DRIVER_MISMATCH,
-        // COMPAT_NOT_SUPPORTED_ON_DEVICE, UNKNOWN.
-        3 | 4 | 34 | 35 | 46 | 100 | 101 | 102 | 709 | 214 | 700 | 719 | 802 | 803 | 804 | 999 => {
+        // CONTEXT_IS_DESTROYED, ECC_UNCORRECTABLE, SYSTEM_NOT_READY,
+        // SYSTEM_DRIVER_MISMATCH, COMPAT_NOT_SUPPORTED_ON_DEVICE, UNKNOWN.
+        3 | 4 | 34 | 35 | 46 | 100 | 101 | 102 | 709 | 214 | 802 | 803 | 804 | 999 => {
             Status::DeviceUnavailable
         }
+        // The sticky errors: the context is dead. TODO(ABI 1.2): these become
+        // MEMPLUG_STATUS_DEVICE_LOST when ABI 1.2 adds it; DEVICE_UNAVAILABLE
+        // is the nearest code of ABI 1.0/1.1.
+        c if is_sticky(c) => Status::DeviceUnavailable,
         CUDA_ERROR_NOT_SUPPORTED => Status::Unsupported,
         _ => Status::Internal,
     }
@@ -576,6 +611,11 @@ mod tests {
         for lost in [3, 4, 35, 100, 101, 700, 709, 999] {
             assert_eq!(status_of(lost), Status::DeviceUnavailable, "{lost}");
         }
+        for sticky in [700, 702, 714, 715, 716, 717, 718, 719] {
+            assert!(is_sticky(sticky));
+            assert_eq!(status_of(sticky), Status::DeviceUnavailable, "{sticky}");
+        }
+        assert!(!is_sticky(701) && !is_sticky(713) && !is_sticky(720));
         assert_eq!(status_of(CUDA_ERROR_NOT_SUPPORTED), Status::Unsupported);
         assert_eq!(status_of(CUDA_ERROR_INVALID_VALUE), Status::Internal);
         assert_eq!(status_of(123_456), Status::Internal, "a code newer than this build");

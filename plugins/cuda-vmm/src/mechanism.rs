@@ -199,6 +199,56 @@ impl CudaMechanism {
     }
 }
 
+/// One slot call in progress (see [`CudaMechanism::slot`]): when it ends, a
+/// sticky driver error seen on this thread marks the context dead.
+pub(crate) struct Slot<'a> {
+    m: &'a CudaMechanism,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(e) = crate::driver::take_sticky() {
+            let dead = PluginError::new(
+                e.status,
+                format!(
+                    "the CUDA context of device {} is dead (a sticky error: {}); every later call fails \
+                     without reaching the driver: the process must end to use the device again",
+                    self.m.device.ordinal, e.message
+                ),
+            );
+            let _ = self.m.ctx.dead.set(dead);
+        }
+    }
+}
+
+impl CudaMechanism {
+    /// What every slot does first: refuse a call made from inside a host
+    /// function this plugin launched (`BUSY`: CUDA forbids any driver call
+    /// there, and the driver may run the host functions of every stream on
+    /// one thread, so waiting there can deadlock), and refuse everything
+    /// once the context is dead (the first sticky error's failure, no
+    /// driver call). The answer is held for the slot's duration.
+    #[inline]
+    pub(crate) fn slot(&self, call: &str) -> PluginResult<Slot<'_>> {
+        if crate::streams::in_host_fn() {
+            return Err(PluginError::new(
+                Status::Busy,
+                format!(
+                    "{call}: called from inside a host function; CUDA forbids driver calls there (and may run \
+                     every stream's host functions on one thread, so waiting there could deadlock): call it \
+                     from another thread"
+                ),
+            ));
+        }
+        if let Some(e) = self.ctx.dead.get() {
+            return Err(PluginError::new(e.status, format!("{call}: {}", e.message)));
+        }
+        // Nothing noted on this thread belongs to this slot yet.
+        let _ = crate::driver::take_sticky();
+        Ok(Slot { m: self })
+    }
+}
+
 /// `INVALID_STATE`, saying nothing was changed.
 #[cold]
 pub(crate) fn wrong_state(msg: String) -> PluginError {

@@ -116,6 +116,7 @@ impl CudaMechanism {
 
 impl SharedMapping for CudaMechanism {
     fn create(&self, request: &Request) -> PluginResult<Block> {
+        let _slot = self.slot("create")?;
         let vmm = self.vmm("create")?;
         self.check_request(request, "create")?;
         let size = self.round_up(request.size, "create")?;
@@ -149,6 +150,7 @@ impl SharedMapping for CudaMechanism {
         len: u64,
         access: Access,
     ) -> PluginResult<()> {
+        let _slot = self.slot("map")?;
         let vmm = self.vmm("map")?;
         self.check_owner(object, "physical object")?;
         let res = self.find_reservation(reservation)?;
@@ -192,6 +194,7 @@ impl SharedMapping for CudaMechanism {
     }
 
     fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let _slot = self.slot("unmap")?;
         let vmm = self.vmm("unmap")?;
         let res = self.find_reservation(reservation)?;
         let mut st = res.lock(self, reservation)?;
@@ -220,6 +223,7 @@ impl SharedMapping for CudaMechanism {
     }
 
     fn retain(&self, object: &ObjectRef) -> PluginResult<()> {
+        let _slot = self.slot("retain")?;
         self.check_owner(object, "physical object")?;
         self.physical
             .with(
@@ -236,6 +240,7 @@ impl SharedMapping for CudaMechanism {
     }
 
     fn release(&self, object: &ObjectRef) -> PluginResult<()> {
+        let _slot = self.slot("release")?;
         self.check_owner(object, "physical object")?;
         self.drop_ref(object.handle, |p| p.is(object), |p| p.host_refs -= 1)
             .ok_or_else(|| self.unknown(object, "physical object"))?

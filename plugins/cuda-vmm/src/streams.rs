@@ -72,6 +72,11 @@ unsafe extern "C" fn run_host_fn(userdata: *mut c_void) {
     IN_HOST_FN.with(|c| c.set(false));
 }
 
+/// Whether this thread is running a host function this plugin launched.
+pub(crate) fn in_host_fn() -> bool {
+    IN_HOST_FN.with(Cell::get)
+}
+
 fn split(handle: u64) -> (u64, u32) {
     (handle & KEY_BITS, (handle >> 32) as u32)
 }
@@ -146,6 +151,7 @@ impl StreamSync for CudaMechanism {
     const CAN_ADOPT: bool = true;
 
     fn stream_create(&self) -> PluginResult<u64> {
+        let _slot = self.slot("stream_create")?;
         let d = self.driver;
         let pin = self.ctx.pin()?;
         let raw = {
@@ -167,6 +173,7 @@ impl StreamSync for CudaMechanism {
     }
 
     fn stream_adopt(&self, native: *mut c_void) -> PluginResult<u64> {
+        let _slot = self.slot("stream_adopt")?;
         if native as usize == STREAM_PER_THREAD {
             return Err(PluginError::invalid_argument(
                 "stream_adopt: CU_STREAM_PER_THREAD names a different stream on every thread; adopt a real \
@@ -208,13 +215,7 @@ impl StreamSync for CudaMechanism {
     }
 
     fn stream_destroy(&self, stream: u64) -> PluginResult<()> {
-        if IN_HOST_FN.with(Cell::get) {
-            return Err(PluginError::new(
-                Status::Busy,
-                "stream_destroy: a stream cannot be destroyed from a host function (CUDA forbids driver calls \
-                 there)",
-            ));
-        }
+        let _slot = self.slot("stream_destroy")?;
         let (raw, ctx, owned) = self.with_open_stream(stream, "stream_destroy", |s| {
             s.closing = true;
             Ok((s.raw, s.ctx, s.owned))
@@ -246,6 +247,7 @@ impl StreamSync for CudaMechanism {
     }
 
     fn enqueue_host_fn(&self, stream: u64, f: HostFn) -> PluginResult<()> {
+        let _slot = self.slot("enqueue_host_fn")?;
         let d = self.driver;
         self.with_open_stream(stream, "enqueue_host_fn", |s| {
             let _e = Entered::new(d, s.ctx)?;
@@ -263,6 +265,7 @@ impl StreamSync for CudaMechanism {
     }
 
     fn fence_record(&self, stream: u64) -> PluginResult<u64> {
+        let _slot = self.slot("fence_record")?;
         let d = self.driver;
         let (event, ctx, pin) = self.with_open_stream(stream, "fence_record", |s| {
             let _e = Entered::new(d, s.ctx)?;
@@ -290,10 +293,12 @@ impl StreamSync for CudaMechanism {
     }
 
     fn fence_query(&self, fence: u64) -> PluginResult<FenceState> {
+        let _slot = self.slot("fence_query")?;
         self.query(fence)
     }
 
     fn fence_wait(&self, fence: u64, timeout: Duration) -> PluginResult<FenceState> {
+        let _slot = self.slot("fence_wait")?;
         // Polls cuEventQuery: cuEventSynchronize cannot time out, and how it
         // waits (spin, yield, block) depends on flags the runtime set on the
         // context. Sleeps grow from 1 µs to 200 µs between polls.
@@ -314,6 +319,7 @@ impl StreamSync for CudaMechanism {
     }
 
     fn fence_destroy(&self, fence: u64) -> PluginResult<()> {
+        let _slot = self.slot("fence_destroy")?;
         let (key, serial) = split(fence);
         let d = self.driver;
         let (gone, r) = self

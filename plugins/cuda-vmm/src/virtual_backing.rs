@@ -185,6 +185,7 @@ pub(crate) fn release_all(vmm: Vmm, handles: &[CUmemGenericAllocationHandle]) {
 
 impl VirtualBacking for CudaMechanism {
     fn reserve(&self, request: &Request) -> PluginResult<Block> {
+        let _slot = self.slot("reserve")?;
         let vmm = self.vmm("reserve")?;
         self.check_request(request, "reserve")?;
         let size = self.round_up(request.size, "reserve")?;
@@ -210,6 +211,7 @@ impl VirtualBacking for CudaMechanism {
     }
 
     fn commit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let _slot = self.slot("commit")?;
         let vmm = self.vmm("commit")?;
         let res = self.find_reservation(reservation)?;
         let mut st = res.lock(self, reservation)?;
@@ -243,6 +245,7 @@ impl VirtualBacking for CudaMechanism {
     }
 
     fn decommit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
+        let _slot = self.slot("decommit")?;
         let vmm = self.vmm("decommit")?;
         let res = self.find_reservation(reservation)?;
         let mut st = res.lock(self, reservation)?;
@@ -271,12 +274,14 @@ impl VirtualBacking for CudaMechanism {
     }
 
     fn committed_bytes(&self, reservation: &ObjectRef) -> PluginResult<u64> {
+        let _slot = self.slot("committed_bytes")?;
         let res = self.find_reservation(reservation)?;
         let st = res.lock(self, reservation)?;
         Ok(st.committed.len() as u64 * self.granularity)
     }
 
     fn release(&self, reservation: &ObjectRef) -> PluginResult<()> {
+        let _slot = self.slot("release")?;
         let vmm = self.vmm("release")?;
         let res = self.find_reservation(reservation)?;
         let mut st = res.lock(self, reservation)?;

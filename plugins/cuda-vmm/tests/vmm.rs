@@ -150,7 +150,7 @@ fn commit_and_decommit_are_exact_and_range_checked() {
     assert_eq!(vb.committed_bytes(&r).unwrap(), 3 * g);
     assert!(has_stamp(r.addr(), 11) && has_stamp(r.addr() + 2 * g, 12) && has_stamp(r.addr() + 5 * g, 13));
     if !real() {
-        assert!(write(r.addr() + g, &[1]).is_err(), "a decommitted granule is not accessible");
+        assert_bad_access(|| write(r.addr() + g, &[1]), "a decommitted granule is not accessible");
     }
     vb.commit(&r, g, g).unwrap();
     assert_eq!(read(r.addr() + g, 64), vec![0; 64]);
@@ -275,7 +275,7 @@ fn a_read_only_view_refuses_writes() {
     sm.map(&obj, 0, &ro, 0, g, Access::ReadOnly).unwrap();
     stamp(rw.addr(), 31);
     assert!(has_stamp(ro.addr(), 31), "the read-only view reads");
-    assert!(write(ro.addr(), &[1]).is_err(), "the driver refuses a copy into it");
+    assert_bad_access(|| write(ro.addr(), &[1]), "the driver refuses a copy into it");
     // The fake's memory is host memory: poke it directly in a child.
     let target = ro.addr() as *mut u8;
     // Past the stamp: the child's write through the writable view shows in
@@ -586,4 +586,96 @@ fn concurrent_commits_and_decommits_stay_exact() {
     assert_eq!(vb.committed_bytes(&r).unwrap(), 8 * g);
     vb.release(r).unwrap();
     assert_quiescent(&p);
+}
+
+/// A host function must make no driver call, and the driver may run every
+/// stream's host functions on one thread (the fake does): a slot called
+/// from inside one is refused with BUSY at once, never deadlocks, and never
+/// reaches the driver (the fake would answer CUDA_ERROR_NOT_PERMITTED).
+#[test]
+fn slots_called_from_a_host_function_are_refused_with_busy() {
+    let _s = serial();
+    let p = load();
+    let m = cuda0(&p);
+    let g = granularity(&p);
+    let sync = m.sync().unwrap();
+    let s1 = sync.stream_create().unwrap();
+    let s2 = Arc::new(sync.stream_create().unwrap());
+    let f2 = Arc::new(sync.fence_record(&s2).unwrap());
+    let r = Arc::new(unsafe { m.ungoverned() }.virtual_backing().unwrap().reserve(g).unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    {
+        let (m, s2, f2, r, seen) =
+            (m.clone(), Arc::clone(&s2), Arc::clone(&f2), Arc::clone(&r), Arc::clone(&seen));
+        sync.enqueue(&s1, move || {
+            let sync = m.sync().unwrap();
+            let mut seen = seen.lock().unwrap();
+            seen.push((
+                "fence_wait",
+                sync.fence_wait(&f2, Duration::from_secs(5)).map(|_| ()).unwrap_err().status,
+            ));
+            seen.push(("enqueue", sync.enqueue(&s2, || {}).unwrap_err().status));
+            let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+            seen.push(("commit", vb.commit(&r, 0, g).unwrap_err().status));
+            seen.push(("memory_info", m.memory_info().unwrap().unwrap_err().status));
+        })
+        .unwrap();
+    }
+    let f1 = sync.fence_record(&s1).unwrap();
+    assert!(sync.fence_wait(&f1, Duration::from_secs(10)).unwrap(), "the host function returned");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    for (call, status) in &seen {
+        assert_eq!(*status, Status::Busy, "{call} from a host function");
+    }
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    assert_eq!(vb.committed_bytes(&r).unwrap(), 0, "the refused commit did nothing");
+    sync.fence_destroy(f1).unwrap();
+    sync.fence_destroy(Arc::into_inner(f2).unwrap()).unwrap();
+    sync.stream_destroy(s1).unwrap();
+    sync.stream_destroy(Arc::into_inner(s2).unwrap()).unwrap();
+    vb.release(Arc::into_inner(r).unwrap()).unwrap();
+    drop(m);
+    unload_released(p);
+}
+
+/// After a sticky error (the fake's switch: every later call returns 700)
+/// the context is dead: the slot that met it and every later one fail with
+/// DEVICE_UNAVAILABLE, the later ones without calling the driver. In a
+/// child process: the fault is for the rest of the process.
+#[test]
+fn a_sticky_error_kills_the_context_for_every_later_slot() {
+    if real() || is_child() {
+        return;
+    }
+    let out = run_child("child_sticky_fault", &[]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("STICKY OK"));
+}
+
+#[test]
+#[ignore = "run by a_sticky_error_kills_the_context_for_every_later_slot in a child process"]
+fn child_sticky_fault() {
+    if !is_child() {
+        return;
+    }
+    let p = load();
+    let m = cuda0(&p);
+    let a = unsafe { m.ungoverned() }.allocator();
+    let block = a.allocate(4096, 256).unwrap();
+    fake_sticky_fault(700);
+    let e = a.allocate(4096, 256).unwrap_err();
+    assert_eq!(e.status, Status::DeviceUnavailable, "{e}");
+    assert!(e.message.contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{e}");
+    let calls = fake_calls().unwrap();
+    let e = a.deallocate(block).unwrap_err();
+    assert_eq!(e.error.status, Status::DeviceUnavailable, "{}", e.error);
+    assert!(e.error.message.contains("is dead"), "{}", e.error);
+    let _ = e.object.into_raw();
+    assert_eq!(m.memory_info().unwrap().unwrap_err().status, Status::DeviceUnavailable);
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    assert_eq!(vb.reserve(1).unwrap_err().status, Status::DeviceUnavailable);
+    assert_eq!(m.sync().unwrap().stream_create().unwrap_err().status, Status::DeviceUnavailable);
+    assert_eq!(fake_calls().unwrap(), calls, "no driver call after the context died");
+    println!("STICKY OK");
+    std::mem::forget(p);
 }

@@ -202,6 +202,32 @@ pub fn fake_live_objects() -> Option<i64> {
     fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_objects").map(|f| unsafe { f() })
 }
 
+/// Driver calls the fake has answered so far.
+pub fn fake_calls() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_calls").map(|f| unsafe { f() })
+}
+
+/// Makes the fake's contexts sticky-faulted with `code` (every later call
+/// fails with it).
+pub fn fake_sticky_fault(code: u32) {
+    let f = fake_fn::<unsafe extern "C" fn(u32)>("fake_cuda_sticky_fault").expect("fake mode");
+    unsafe { f(code) }
+}
+
+/// Asserts that `probe`, a deliberate bad access made straight through the
+/// driver, fails; in fake mode it must fail with the sticky
+/// CUDA_ERROR_ILLEGAL_ADDRESS, which is then cleared (a real process would
+/// have to end) so the test can go on.
+#[track_caller]
+pub fn assert_bad_access(probe: impl FnOnce() -> Result<(), u32>, what: &str) {
+    let r = probe();
+    assert!(r.is_err(), "{what}: the access went through");
+    if let Some(clear) = fake_fn::<unsafe extern "C" fn()>("fake_cuda_clear_sticky") {
+        assert_eq!(r, Err(700), "{what}: the fake reports a bad access as sticky ILLEGAL_ADDRESS");
+        unsafe { clear() };
+    }
+}
+
 /// Streams alive in the fake.
 pub fn fake_live_streams() -> Option<i64> {
     fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_streams").map(|f| unsafe { f() })
