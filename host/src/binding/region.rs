@@ -93,7 +93,20 @@ impl Region {
     }
     /// Records device work that uses the region: its release waits.
     pub fn used_by(&mut self, fence: SharedFence) {
-        self.fences.push(fence);
+        self.add_fences([fence]);
+    }
+
+    /// Keeps only the fences not yet known complete: drops the completed
+    /// ones already held (a query that fails keeps its fence: never drop on
+    /// a guess), then adds `fences` not already held. The list stays the
+    /// size of the work still in flight, not of every shrink ever made.
+    fn add_fences(&mut self, fences: impl IntoIterator<Item = SharedFence>) {
+        self.fences.retain(|f| !matches!(f.query(), Ok(true)));
+        for f in fences {
+            if !self.fences.iter().any(|g| Arc::ptr_eq(g, &f)) {
+                self.fences.push(f);
+            }
+        }
     }
 
     /// Releases the region after `fences` (and any recorded with
@@ -231,12 +244,14 @@ impl Region {
             pending: self.pending.clone(),
         };
         lock(&self.pending).push((offset, delta));
-        // The region's own release must wait for these fences too, so it
-        // can never run before this decommit (which needs the reservation).
-        self.fences.extend(fences);
+        // The region's own release waits for these fences too (and for the
+        // queued shrinks themselves, see `Drop`).
+        self.add_fences(fences);
         self.committed = keep;
         // The tail may be in use by any work recorded on the region with
-        // `used_by`, not only by the work named here (invariant 4).
+        // `used_by`, not only by the work named here (invariant 4): the
+        // shrink waits for every fence not yet known complete — none, when
+        // all have completed, and then it runs now.
         self.binding.queue.release(self.fences.clone(), Box::new(job));
         Ok(())
     }
