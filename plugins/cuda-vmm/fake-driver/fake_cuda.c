@@ -17,6 +17,7 @@
  *     capacity of MEMPLUG_FAKE_CUDA_MEM_MIB MiB (default 1024) that
  *     cuMemGetInfo reports, dropping as physical memory is created
  *     (cuMemAlloc, cuMemCreate) and rising as it is freed;
+ *   - fresh physical memory holds a pattern (0xa5), not zeros;
  *   - granularity 2 MiB; cuMemAddressReserve = mmap(PROT_NONE);
  *     cuMemCreate = a memfd; cuMemMap = mmap(MAP_SHARED|MAP_FIXED) with no
  *     access; cuMemSetAccess = mprotect; cuMemUnmap puts PROT_NONE back;
@@ -98,6 +99,8 @@ enum {
 };
 
 #define GRAN (2ull << 20)
+/* What fresh physical memory (cuMemCreate, cuMemAlloc) holds. */
+#define FAKE_GARBAGE 0xa5
 #define MAX_DEVICES 8
 #define ATTR_VMM_SUPPORTED 102
 
@@ -489,6 +492,7 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    memset(p, FAKE_GARBAGE, len); /* not zeros, as on a GPU */
     a->ptr = (CUdeviceptr)(uintptr_t)p;
     a->len = len;
     a->device = dev;
@@ -1082,6 +1086,15 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
             close(fd);
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    {
+        /* Fresh device memory holds whatever was there before, as on a GPU:
+         * a pattern, not zeros, so a missing zero-fill shows. */
+        void *fill = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (fill != MAP_FAILED) {
+            memset(fill, FAKE_GARBAGE, size);
+            munmap(fill, size);
+        }
     }
     grown = realloc(g_phys, (g_phys_len + 1) * sizeof *g_phys);
     if (grown == NULL) {
