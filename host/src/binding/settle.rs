@@ -33,16 +33,56 @@ pub(super) enum Charge<'a> {
 /// failure hands back is dropped: tokens are plain data, so the object
 /// stays alive in the plugin and its address is never reissued.
 ///
-/// Every retire path, and every rollback, ends its objects here.
-#[inline]
+/// Every retire path, and every rollback, ends its objects here. The
+/// success path is inlined into the caller, so the plugin's result is
+/// matched where it is made and a failure (a large value: the object and
+/// the plugin's message) is built only on the cold path.
+#[inline(always)]
 pub(super) fn release_or_quarantine<E: fmt::Display>(
     binding: &BindingInner,
     charge: Charge<'_>,
     release: impl FnOnce() -> Result<(), E>,
     describe: impl FnOnce(&E, &str) -> String,
 ) -> RetireOutcome {
-    let released = release();
+    match release() {
+        Ok(()) => refund(binding, charge),
+        Err(e) => quarantine(binding, charge, e, describe),
+    }
+}
+
+/// The released object's charge goes back to the pool.
+#[inline(always)]
+fn refund(binding: &BindingInner, charge: Charge<'_>) -> RetireOutcome {
     let pool = &binding.pool;
+    match charge {
+        Charge::Whole(lease) => {
+            let bytes = lease.as_ref().map_or(0, Lease::bytes);
+            if let Some(l) = lease {
+                let _ = pool.release(l);
+            }
+            RetireOutcome::Freed { bytes }
+        }
+        Charge::Part { slot, bytes } => {
+            let mut slot = lock(slot);
+            let Some(lease) = slot.as_mut() else {
+                return RetireOutcome::Freed { bytes: 0 };
+            };
+            let _ = pool.release_part(lease, bytes);
+            RetireOutcome::Freed { bytes }
+        }
+    }
+}
+
+/// The plugin refused the release: the charge stays, as quarantined, with
+/// the reason recorded (invariant 7).
+#[cold]
+#[inline(never)]
+fn quarantine<E: fmt::Display>(
+    binding: &BindingInner,
+    charge: Charge<'_>,
+    e: E,
+    describe: impl FnOnce(&E, &str) -> String,
+) -> RetireOutcome {
     let (bytes, lease) = match charge {
         Charge::Whole(lease) => (lease.as_ref().map_or(0, Lease::bytes), lease),
         Charge::Part { slot, bytes } => {
@@ -50,28 +90,15 @@ pub(super) fn release_or_quarantine<E: fmt::Display>(
             let Some(lease) = slot.as_mut() else {
                 return RetireOutcome::Freed { bytes: 0 };
             };
-            let _ = match released {
-                Ok(()) => pool.release_part(lease, bytes),
-                Err(_) => pool.quarantine_part(lease, bytes),
-            };
+            let _ = binding.pool.quarantine_part(lease, bytes);
             (bytes, None)
         }
     };
-    match released {
-        Ok(()) => {
-            if let Some(l) = lease {
-                let _ = pool.release(l);
-            }
-            RetireOutcome::Freed { bytes }
-        }
-        Err(e) => {
-            let reason = e.to_string();
-            let what = describe(&e, &reason);
-            drop(e);
-            binding.quarantine(what, lease);
-            RetireOutcome::Quarantined { bytes, reason }
-        }
-    }
+    let reason = e.to_string();
+    let what = describe(&e, &reason);
+    drop(e);
+    binding.quarantine(what, lease);
+    RetireOutcome::Quarantined { bytes, reason }
 }
 
 /// A token a make step returns: what its commit charges, and how a
