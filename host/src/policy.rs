@@ -133,9 +133,8 @@ impl CheckedFile {
     pub unsafe fn dlopen(&self) -> Result<OpenLibrary, LoadError> {
         let not_a_library = |reason: String| LoadError::NotALibrary { path: self.named.clone(), reason };
         let meta = self.file.metadata().map_err(|e| not_a_library(e.to_string()))?;
-        let name = LoaderName::reserve(&self.file, (meta.dev(), meta.ino()))
+        let (name, path) = LoaderName::reserve(&self.file, (meta.dev(), meta.ino()))
             .map_err(|e| not_a_library(format!("cannot pick a name to load it through: {e}")))?;
-        let path = PathBuf::from(std::ffi::OsStr::from_bytes(&name.name));
         let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
         // SAFETY: the caller's; `path` names our open descriptor.
         match unsafe { libloading::os::unix::Library::open(Some(&path), flags) } {
@@ -175,9 +174,10 @@ fn names_in_use() -> std::sync::MutexGuard<'static, NamesInUse> {
     NAMES_IN_USE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// One hold on a loader name (see [`CheckedFile::dlopen`]).
+/// One hold on the loader names of an object (see [`CheckedFile::dlopen`]).
+/// The names themselves live in the process-wide table, so a hold that is
+/// never dropped (a library kept mapped for good) leaks nothing unreachable.
 struct LoaderName {
-    name: Vec<u8>,
     object: (u64, u64),
 }
 
@@ -187,7 +187,7 @@ impl LoaderName {
     /// `/proc/self/fd/N`, or, when that is taken, the same path with `./`
     /// steps added (`/proc/self/fd/./N`, …), which the kernel resolves to
     /// the same descriptor.
-    fn reserve(file: &File, object: (u64, u64)) -> std::io::Result<LoaderName> {
+    fn reserve(file: &File, object: (u64, u64)) -> std::io::Result<(LoaderName, PathBuf)> {
         let loaded = loaded_object_names();
         let mut in_use = names_in_use();
         let fd = file.as_raw_fd();
@@ -195,10 +195,11 @@ impl LoaderName {
             let name = format!("/proc/self/fd/{}{fd}", "./".repeat(steps)).into_bytes();
             let taken = loaded.contains(&name) || in_use.values().any(|(names, _)| names.contains(&name));
             if !taken {
+                let path = PathBuf::from(std::ffi::OsStr::from_bytes(&name));
                 let entry = in_use.entry(object).or_default();
-                entry.0.push(name.clone());
+                entry.0.push(name);
                 entry.1 += 1;
-                return Ok(LoaderName { name, object });
+                return Ok((LoaderName { object }, path));
             }
         }
         Err(std::io::Error::other(format!("every name for descriptor {fd} is in use by a loaded library")))
