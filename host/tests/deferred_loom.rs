@@ -134,7 +134,12 @@ fn two_pollers_never_retire_the_same_entry_twice() {
 
 #[test]
 fn stream_fences_retire_in_order_once_each_while_a_producer_enqueues() {
-    loom::model(|| {
+    // Three threads: bounded at two preemptions, which keeps the model to
+    // seconds (unbounded it ran for minutes) and still interleaves the
+    // producer's enqueue with both polls.
+    let mut model = loom::model::Builder::new();
+    model.preemption_bound = Some(2);
+    model.check(|| {
         let q = Arc::new(DeferredFreeQueue::default());
         let freed = Arc::new(AtomicU64::new(0));
         let (d1, d2) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
