@@ -126,7 +126,8 @@ impl MechanismInner {
     /// message (an unknown code mapped to `Internal`, kept raw).
     #[inline(always)]
     pub(crate) fn call<A>(&self, name: &'static str, slot: impl Slot<A>, args: A) -> Result<(), CallError> {
-        let (raw, mut cap) = self.invoke(slot, args);
+        let mut cap = Capture::default();
+        let raw = self.invoke(slot, args, &mut cap);
         if raw == MEMPLUG_STATUS_OK {
             Ok(())
         } else {
@@ -145,7 +146,8 @@ impl MechanismInner {
         args: A,
         answer: MemplugStatus,
     ) -> Result<bool, CallError> {
-        let (raw, mut cap) = self.invoke(slot, args);
+        let mut cap = Capture::default();
+        let raw = self.invoke(slot, args, &mut cap);
         if raw == MEMPLUG_STATUS_OK {
             Ok(true)
         } else if raw == answer {
@@ -156,8 +158,9 @@ impl MechanismInner {
     }
 
     #[inline(always)]
-    fn invoke<A>(&self, slot: impl Slot<A>, args: A) -> (MemplugStatus, Capture) {
-        let mut cap = Capture::default();
+    fn invoke<A>(&self, slot: impl Slot<A>, args: A, cap: &mut Capture) -> MemplugStatus {
+        // The capture stays in the caller's frame (not moved out with the
+        // status), so a success costs the sink's two stores and a compare.
         let sink = cap.sink();
         // SAFETY: every slot pointer the host holds was read from a table
         // the loader validated (non-NULL where called: required slots are
@@ -171,11 +174,8 @@ impl MechanismInner {
         // type it allocated, so the plugin never reads or writes past them.
         // `sink` points at `cap`, which outlives the call. The ABI requires
         // each slot to be callable from any thread and never to unwind.
-        let raw = {
-            let _inside = InPluginCall::enter();
-            unsafe { slot.invoke(self.ctx, args, &sink) }
-        };
-        (raw, cap)
+        let _inside = InPluginCall::enter();
+        unsafe { slot.invoke(self.ctx, args, &sink) }
     }
 
     /// Gives an object back to its mechanism through `slot`: on success the
