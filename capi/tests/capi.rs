@@ -6,27 +6,12 @@ use memplug_host::*;
 use memplug_sdk::abi::{
     MemplugDevice, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC, MEMPLUG_CAP_VIRTUAL_BACKING,
 };
-use std::ffi::{c_void, CString};
+use std::ffi::c_void;
 use std::ptr::{null, null_mut};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-fn plugin_path() -> CString {
-    let p = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
-    CString::new(p.to_str().unwrap()).unwrap()
-}
-
-fn last_error() -> String {
-    let n = unsafe { memplug_host_last_error_message(null_mut(), 0) };
-    let mut buf = vec![0u8; n + 1];
-    unsafe { memplug_host_last_error_message(buf.as_mut_ptr().cast(), buf.len()) };
-    buf.truncate(n);
-    String::from_utf8(buf).unwrap()
-}
-
-#[track_caller]
-fn ok(s: MemplugHostStatus) {
-    assert_eq!(s, MemplugHostStatus::Ok, "{}", last_error());
-}
+mod common;
+use common::{last_error, ok, plugin_path};
 
 struct Env {
     m: MemplugHostManager,
