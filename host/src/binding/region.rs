@@ -33,6 +33,7 @@ impl MemoryBinding {
             committed: 0,
             lease: Arc::new(Mutex::new(None)),
             prefix: None,
+            prefix_access: Access::ReadOnly,
             pending: Arc::new(Mutex::new(Vec::new())),
             fences: Vec::new(),
         })
@@ -40,8 +41,10 @@ impl MemoryBinding {
 }
 
 /// A virtual region: a reservation whose base address never changes,
-/// optionally starting with a read-only shared prefix, followed by a
-/// private part that grows and shrinks in granules.
+/// optionally starting with a shared prefix (read-only, or read-write where
+/// the mechanism refuses read-only views: see
+/// [`prefix_access`](Region::prefix_access)), followed by a private part
+/// that grows and shrinks in granules.
 pub struct Region {
     binding: Arc<BindingInner>,
     reservation: Option<Reservation>,
@@ -54,6 +57,8 @@ pub struct Region {
     /// shrinks, which refund their part once their decommit has run.
     lease: Arc<Mutex<Option<Lease>>>,
     prefix: Option<Arc<SharedPrefix>>,
+    /// How the prefix is mapped (meaningful only while `prefix` is set).
+    prefix_access: Access,
     /// Ranges whose decommit waits for fences; not re-committable before.
     pending: Arc<Mutex<Vec<(u64, u64)>>>,
     fences: Vec<SharedFence>,
@@ -61,7 +66,17 @@ pub struct Region {
 
 impl fmt::Debug for Region {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Region({:#x}, prefix {} B, committed {} B)", self.addr(), self.base, self.committed)
+        let access = match self.prefix_access() {
+            Some(Access::ReadWrite) => " read-write",
+            _ => "",
+        };
+        write!(
+            f,
+            "Region({:#x}, prefix {} B{access}, committed {} B)",
+            self.addr(),
+            self.base,
+            self.committed
+        )
     }
 }
 
@@ -87,6 +102,20 @@ impl Region {
     /// Private bytes committed (and charged).
     pub fn committed(&self) -> u64 {
         self.committed
+    }
+    /// How the prefix is mapped: `None` without a prefix,
+    /// `Some(Access::ReadOnly)` normally, `Some(Access::ReadWrite)` when the
+    /// mechanism refused a read-only view with `UNSUPPORTED` and
+    /// [`map_prefix`](Self::map_prefix) fell back (writes through this
+    /// region then reach the prefix every other region shares).
+    pub fn prefix_access(&self) -> Option<Access> {
+        self.prefix.as_ref().map(|_| self.prefix_access)
+    }
+    /// Whether a prefix is mapped and the device cannot write it through
+    /// this region; `false` without a prefix or after the read-write
+    /// fallback of [`map_prefix`](Self::map_prefix).
+    pub fn prefix_is_read_only(&self) -> bool {
+        self.prefix_access() == Some(Access::ReadOnly)
     }
     pub fn view(&self) -> RegionView {
         RegionView { addr: self.addr(), len: self.len() }
@@ -118,6 +147,16 @@ impl Region {
     /// Maps `prefix` read-only at the start of an empty region; the private
     /// part then begins after it. Charges nothing (the prefix is charged
     /// once, at creation).
+    ///
+    /// A mechanism may refuse read-only views with `UNSUPPORTED` (CUDA:
+    /// `cuMemSetAccess` with `CU_MEM_ACCESS_FLAGS_PROT_READ` on some drivers
+    /// and devices). The prefix is then mapped read-write instead, and the
+    /// region says so: [`prefix_access`](Self::prefix_access) is
+    /// `Some(Access::ReadWrite)` and
+    /// [`prefix_is_read_only`](Self::prefix_is_read_only) is false. Nothing
+    /// then stops device work through this region from writing the shared
+    /// bytes; callers that need the protection check and refuse. Any other
+    /// refusal of the read-only map is returned as it is.
     pub fn map_prefix(&mut self, prefix: &Arc<SharedPrefix>) -> Result<(), BindingError> {
         if self.committed != 0 || self.prefix.is_some() {
             return Err(BindingError::State(format!(
@@ -136,15 +175,23 @@ impl Region {
         if !Arc::ptr_eq(&prefix.binding.context, &self.binding.context) {
             return Err(BindingError::Plugin(self.binding.mechanism().refusal(
                 "binding",
-                memplug_sdk::Status::WrongMechanism,
+                Status::WrongMechanism,
                 "the prefix was made by another mechanism context".into(),
             )));
         }
         let b = &*self.binding;
         let sm = b.mechanism().shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
-        sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadOnly)?;
+        let access = match sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadOnly) {
+            Ok(()) => Access::ReadOnly,
+            Err(e) if e.status == Status::Unsupported => {
+                sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadWrite)?;
+                Access::ReadWrite
+            }
+            Err(e) => return Err(e.into()),
+        };
         self.base = prefix.len;
         self.prefix = Some(prefix.clone());
+        self.prefix_access = access;
         Ok(())
     }
 
