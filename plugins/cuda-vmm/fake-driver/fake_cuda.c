@@ -34,6 +34,12 @@
  *     event records in order; an event completes when the worker reaches
  *     the place it was recorded at.
  *
+ * Switches for tests: MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1 (read at the first
+ * cuInit) or fake_cuda_set_no_read_only(1) make cuMemSetAccess refuse
+ * read-only access (CU_MEM_ACCESS_FLAGS_PROT_READ) with
+ * CUDA_ERROR_NOT_SUPPORTED (801) and change nothing, as a driver or device
+ * without read-only mappings may.
+ *
  * Variants for tests: -DFAKE_CUDA_OMIT_VMM leaves out the VMM entry points
  * (an old driver); -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
  * broken one); -DFAKE_STUB makes cuInit answer CUDA_ERROR_STUB_LIBRARY (34),
@@ -177,6 +183,8 @@ static __thread int t_in_callback;
 static unsigned int g_sticky;
 static long g_calls;
 static long g_fault_after = -1;
+/* MEMPLUG_FAKE_CUDA_NO_READ_ONLY / fake_cuda_set_no_read_only. */
+static int g_no_read_only;
 
 static CUresult check_call(int sticky_applies) {
     long n;
@@ -246,6 +254,8 @@ API CUresult cuInit(unsigned int flags) {
         g_device_count = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
         g_capacity = env_ull("MEMPLUG_FAKE_CUDA_MEM_MIB", 1024) << 20;
         g_ctx_overhead = env_ull("MEMPLUG_FAKE_CUDA_CTX_MIB", 16) << 20;
+        if (env_ull("MEMPLUG_FAKE_CUDA_NO_READ_ONLY", 0) != 0)
+            __atomic_store_n(&g_no_read_only, 1, __ATOMIC_RELAXED);
         if (getenv("FAKE_CUDA_STICKY_FAULT_AFTER") != NULL)
             g_fault_after = (long)env_ull("FAKE_CUDA_STICKY_FAULT_AFTER", 0);
         if (g_ctx_overhead > g_capacity / 2)
@@ -1220,6 +1230,8 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     case 3: prot = PROT_READ | PROT_WRITE; break;
     default: return CUDA_ERROR_INVALID_VALUE;
     }
+    if (prot == PROT_READ && __atomic_load_n(&g_no_read_only, __ATOMIC_RELAXED))
+        return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&g_lock);
     if (!mapped_locked(ptr, size) || mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
         pthread_mutex_unlock(&g_lock);
@@ -1324,6 +1336,13 @@ API void fake_cuda_sticky_fault(unsigned int code) {
 /* Clears the sticky fault: for tests that probe a bad access on purpose and
  * go on in the same process (a real process would have to restart). */
 API void fake_cuda_clear_sticky(void) { __atomic_store_n(&g_sticky, 0, __ATOMIC_RELAXED); }
+
+/* Makes cuMemSetAccess refuse (on != 0) or accept (0) read-only access;
+ * the refusal is CUDA_ERROR_NOT_SUPPORTED and changes nothing. Returns the
+ * previous setting. */
+API int fake_cuda_set_no_read_only(int on) {
+    return __atomic_exchange_n(&g_no_read_only, on != 0, __ATOMIC_RELAXED);
+}
 
 /* Driver calls made so far (every entry point that checks initialisation). */
 API long fake_cuda_calls(void) { return __atomic_load_n(&g_calls, __ATOMIC_RELAXED); }

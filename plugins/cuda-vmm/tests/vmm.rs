@@ -5,8 +5,12 @@
 mod common;
 
 use common::*;
-use memplug_host::{Access, Allocation, Capabilities, Plugin, RawObject, Reservation, Status};
-use memplug_sdk::abi::MEMPLUG_DEVICE_CUDA;
+use memplug_host::governor::AllocationClass;
+use memplug_host::{
+    Access, Allocation, BindingSpec, Capabilities, Plugin, ProcessMemoryManager, RawObject, Requirements,
+    Reservation, Status,
+};
+use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CUDA};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -202,9 +206,11 @@ fn a_shared_object_is_coherent_across_reservations_and_freed_last() {
     let b = vb.reserve(4 * g).unwrap();
     let c = vb.reserve(g).unwrap();
     sm.map(&obj, 0, &a, g, 2 * g, Access::ReadWrite).unwrap();
-    sm.map(&obj, 0, &b, 0, 2 * g, Access::ReadOnly).unwrap();
+    // Read-only where the driver allows it; read-write (with a note) where
+    // it refuses: coherence is the point here.
+    map_read_only_or_fallback(&sm, &obj, 0, &b, 0, 2 * g);
     // Only the second granule of the object, at the start of `c`.
-    sm.map(&obj, g, &c, 0, g, Access::ReadOnly).unwrap();
+    map_read_only_or_fallback(&sm, &obj, g, &c, 0, g);
     assert_eq!(read(b.addr(), 64), vec![0; 64], "a new object is zero-filled");
 
     stamp(a.addr() + g, 21);
@@ -272,7 +278,23 @@ fn a_read_only_view_refuses_writes() {
     let rw = vb.reserve(g).unwrap();
     let ro = vb.reserve(g).unwrap();
     sm.map(&obj, 0, &rw, 0, g, Access::ReadWrite).unwrap();
-    sm.map(&obj, 0, &ro, 0, g, Access::ReadOnly).unwrap();
+    if let Err(e) = sm.map(&obj, 0, &ro, 0, g, Access::ReadOnly) {
+        // MEMPLUG_FAKE_CUDA_NO_READ_ONLY: the refusal is UNSUPPORTED, names
+        // the driver's code, and leaves the range unmapped.
+        assert_eq!(e.status, Status::Unsupported, "{e}");
+        assert!(e.message.contains("CUDA_ERROR_NOT_SUPPORTED"), "{e}");
+        println!("NOTE: read-only mappings refused ({e}); the write-fault check is skipped");
+        sm.map(&obj, 0, &ro, 0, g, Access::ReadWrite).unwrap();
+        stamp(rw.addr(), 31);
+        assert!(has_stamp(ro.addr(), 31), "the read-write fallback view reads");
+        sm.unmap(&ro, 0, g).unwrap();
+        sm.unmap(&rw, 0, g).unwrap();
+        sm.release(obj).unwrap();
+        vb.release(ro).unwrap();
+        vb.release(rw).unwrap();
+        assert_quiescent(&p);
+        return;
+    }
     stamp(rw.addr(), 31);
     assert!(has_stamp(ro.addr(), 31), "the read-only view reads");
     assert_bad_access(|| write(ro.addr(), &[1]), "the driver refuses a copy into it");
@@ -304,6 +326,83 @@ fn a_read_only_view_refuses_writes() {
     vb.release(ro).unwrap();
     vb.release(rw).unwrap();
     assert_quiescent(&p);
+}
+
+/// A driver that refuses read-only access (the fake with
+/// `MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1`, in a child process): the plugin's map
+/// is `UNSUPPORTED` and changes nothing, the range then maps read-write,
+/// and the host's `Region::map_prefix` falls back to read-write and says so.
+#[test]
+fn a_driver_that_refuses_read_only_access_gets_the_read_write_fallback() {
+    if real() || is_child() {
+        return;
+    }
+    let _s = serial();
+    let on = std::ffi::OsStr::new("1");
+    let out = run_child("child_read_only_refused", &[("MEMPLUG_FAKE_CUDA_NO_READ_ONLY", Some(on))]);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("FALLBACK OK"));
+}
+
+#[test]
+#[ignore = "run by a_driver_that_refuses_read_only_access_gets_the_read_write_fallback in a child process"]
+fn child_read_only_refused() {
+    if !is_child() {
+        return;
+    }
+    assert!(no_read_only_env(), "the parent sets MEMPLUG_FAKE_CUDA_NO_READ_ONLY");
+    let _s = serial();
+    let p = load();
+    let m = cuda0(&p);
+    let g = granularity(&p);
+    {
+        let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+        let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+        let obj = sm.create(2 * g).unwrap();
+        let r = vb.reserve(2 * g).unwrap();
+        let objects = fake_live_objects().unwrap();
+        let e = sm.map(&obj, 0, &r, 0, 2 * g, Access::ReadOnly).unwrap_err();
+        assert_eq!(e.status, Status::Unsupported, "{e}");
+        assert!(e.message.contains("CUDA_ERROR_NOT_SUPPORTED") && e.message.contains("read-only"), "{e}");
+        assert_eq!(fake_live_objects().unwrap(), objects, "the refused map left no mapping behind");
+        assert_eq!(map_read_only_or_fallback(&sm, &obj, 0, &r, 0, 2 * g), Access::ReadWrite);
+        stamp(r.addr() + g, 61);
+        assert!(has_stamp(r.addr() + g, 61));
+        // Read-write commits are unaffected.
+        let c = vb.reserve(g).unwrap();
+        vb.commit(&c, 0, g).unwrap();
+        vb.release(c).unwrap();
+        sm.unmap(&r, 0, 2 * g).unwrap();
+        sm.release(obj).unwrap();
+        vb.release(r).unwrap();
+    }
+    // Through the host's binding: the prefix maps read-write, the region
+    // says so, and the prefix is charged once.
+    drop(m);
+    let manager = ProcessMemoryManager::new();
+    manager.register_plugin(p).unwrap();
+    let dev = MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 };
+    let all = Requirements { virtual_backing: true, shared_mapping: true, sync: true };
+    let context = manager.select(dev, all).unwrap();
+    let pool = manager.create_pool("pool", 64 * g).unwrap();
+    let binding = manager.bind(&context, &pool, BindingSpec::new(AllocationClass::Other)).unwrap();
+    let prefix = binding.create_shared(g, |v| stamp(v.addr, 62)).unwrap();
+    let mut regions = Vec::new();
+    for _ in 0..3 {
+        let mut region = binding.reserve_virtual(4 * g).unwrap();
+        region.map_prefix(&prefix).unwrap();
+        assert_eq!(region.prefix_access(), Some(Access::ReadWrite), "{region:?}");
+        assert!(!region.prefix_is_read_only());
+        assert!(has_stamp(region.addr(), 62), "the region shows the prefix");
+        regions.push(region);
+    }
+    assert_eq!(pool.snapshot().used, g, "three regions, one prefix charged once");
+    drop(regions);
+    drop(prefix);
+    assert_eq!(pool.snapshot().used, 0);
+    drop(binding);
+    drop(context);
+    manager.unload_plugin("memplug-cuda-vmm").unwrap();
+    println!("FALLBACK OK");
 }
 
 /// Real-GPU half of the test above, run in its own process.
@@ -547,7 +646,11 @@ fn the_primary_context_is_retained_once_for_the_life_of_the_plugin() {
         let sync = m.sync().unwrap();
         let s = sync.stream_create().unwrap();
         sync.stream_destroy(s).unwrap();
-        assert_eq!(fake_ctx_refs(0), Some(1), "retained, once, while the plugin is loaded");
+        assert_eq!(
+            fake_ctx_refs(0),
+            Some(baseline().ctx_refs[0] + 1),
+            "retained, once, while the plugin is loaded"
+        );
     }
     let (retains, releases) = fake_ctx_calls(0).unwrap();
     assert_eq!(retains - retains0, 1, "one cuDevicePrimaryCtxRetain for everything");

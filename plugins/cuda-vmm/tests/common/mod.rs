@@ -9,17 +9,31 @@
 //!   system's driver and GPU; nothing is compiled, fake-only checks are
 //!   skipped.
 //!
+//! Isolation: every [`load`] opens a private copy of the plugin library (a
+//! test that fails with objects alive leaves its copy loaded, with its own
+//! state, and the next test gets a fresh one), and [`serial`] takes the
+//! fake driver's counts as the test's baseline, so the quiescence checks
+//! compare against what this test found, not against zero: one failure
+//! cannot cascade into every later test. The guard [`serial`] returns
+//! reports, on a panic, what the failing test left behind.
+//!
+//! `MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1` (fake mode) makes the fake refuse
+//! read-only access; the tests then take the read-write fallback
+//! ([`map_read_only_or_fallback`]) and say so.
+//!
 //! Data is always moved with driver copies (`cuMemcpy*`), never by
 //! dereferencing device addresses, so the same tests run on both.
 
 #![allow(dead_code)]
 
+use memplug_host::{Access, PhysicalObject, Reservation, SharedMappingApi, Status};
 use memplug_host::{Mechanism, Plugin};
 use memplug_plugin_cuda_vmm::driver::{self, CUcontext, CUdevice, Driver, CUDA_SUCCESS};
 use memplug_test_support::{find_cdylib, run_tool, test_tmp_dir};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// The granularity of the fake driver.
@@ -90,16 +104,115 @@ pub fn setup() {
     });
 }
 
-/// Serialises the tests of one binary: live-object counts are per process.
-pub fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(PoisonError::into_inner)
+/// The fake driver's counts when a test began (all zero in real mode and in
+/// child processes that take no [`serial`] guard).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Baseline {
+    pub objects: i64,
+    pub streams: i64,
+    pub ctx_refs: [i32; 2],
 }
 
-/// Loads the plugin (after [`setup`]).
+static BASELINE: Mutex<Baseline> = Mutex::new(Baseline { objects: 0, streams: 0, ctx_refs: [0, 0] });
+
+fn current_counts() -> Baseline {
+    match fake_live_objects() {
+        None => Baseline::default(),
+        Some(objects) => Baseline {
+            objects,
+            streams: fake_live_streams().unwrap(),
+            ctx_refs: [fake_ctx_refs(0).unwrap(), fake_ctx_refs(1).unwrap()],
+        },
+    }
+}
+
+/// The running test's baseline.
+pub fn baseline() -> Baseline {
+    *BASELINE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held for a test's duration (see [`serial`]).
+pub struct TestGuard {
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Drop for TestGuard {
+    fn drop(&mut self) {
+        // Runs on a panic too: say what the failing test left; the next test
+        // takes its own baseline and its own plugin copy, so it is not
+        // affected.
+        if std::thread::panicking() && !real() {
+            let (b, now) = (baseline(), current_counts());
+            if b != now {
+                eprintln!(
+                    "NOTE: the failing test left the fake driver at {now:?} (it began at {b:?}); its plugin \
+                     copy stays loaded; later tests compare against their own baseline"
+                );
+            }
+        }
+    }
+}
+
+/// Serialises the tests of one binary (the fake driver's counts are per
+/// process) and records the driver's counts as this test's baseline.
+pub fn serial() -> TestGuard {
+    static LOCK: Mutex<()> = Mutex::new(());
+    let lock = LOCK.lock().unwrap_or_else(PoisonError::into_inner);
+    setup();
+    *BASELINE.lock().unwrap_or_else(PoisonError::into_inner) = current_counts();
+    TestGuard { _lock: lock }
+}
+
+/// Loads a private copy of the plugin (after [`setup`]): a library opened
+/// twice by one path is one library, and one left loaded by a failed test
+/// (a plugin with live objects is never closed) would hand its state to the
+/// next.
 pub fn load() -> Plugin {
     setup();
-    Plugin::load(plugin_path()).unwrap_or_else(|e| panic!("the CUDA plugin did not load: {e}"))
+    static N: AtomicUsize = AtomicUsize::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let src = plugin_path();
+    let dir = test_tmp_dir(&format!("cuda-plugin-{}-{n}", std::process::id()));
+    let dst = dir.join(format!("libmemplug_plugin_cuda_vmm_{n}.so"));
+    std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
+    let p = Plugin::load(&dst).unwrap_or_else(|e| panic!("the CUDA plugin did not load: {e}"));
+    // The mapping stays; the file is not needed once loaded.
+    let _ = std::fs::remove_dir_all(&dir);
+    p
+}
+
+/// Whether the fake was told to refuse read-only access
+/// (`MEMPLUG_FAKE_CUDA_NO_READ_ONLY`, read at its first `cuInit`).
+pub fn no_read_only_env() -> bool {
+    !real() && std::env::var("MEMPLUG_FAKE_CUDA_NO_READ_ONLY").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Maps `len` bytes of `obj` at `offset` read-only into `res` at `at`; when
+/// the driver refuses read-only access (`UNSUPPORTED`) it asserts the
+/// refusal left the range unmapped, prints a note and maps it read-write
+/// instead (the host's `Region::map_prefix` fallback). Returns the access
+/// the range got.
+#[track_caller]
+pub fn map_read_only_or_fallback(
+    sm: &SharedMappingApi<'_>,
+    obj: &PhysicalObject,
+    offset: u64,
+    res: &Reservation,
+    at: u64,
+    len: u64,
+) -> Access {
+    match sm.map(obj, offset, res, at, len, Access::ReadOnly) {
+        Ok(()) => Access::ReadOnly,
+        Err(e) if e.status == Status::Unsupported => {
+            assert!(e.message.contains("read-only"), "{e}");
+            println!("NOTE: read-only mapping refused ({e}); mapping read-write instead");
+            // The refusal left nothing mapped there: the same range maps.
+            sm.map(obj, offset, res, at, len, Access::ReadWrite)
+                .unwrap_or_else(|e| panic!("the read-write fallback failed: {e}"));
+            Access::ReadWrite
+        }
+        Err(e) => panic!("read-only map: {e}"),
+    }
 }
 
 /// The mechanism of device 0.
@@ -233,23 +346,28 @@ pub fn fake_live_streams() -> Option<i64> {
     fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_streams").map(|f| unsafe { f() })
 }
 
-/// Asserts nothing is left: the plugin reports no live object, and (fake
-/// mode) each primary context is retained at most once (by the plugin,
-/// which keeps it until it is unloaded) and the driver holds nothing but
-/// the plugin's zero-fill stream of each retained context.
+/// Asserts nothing is left of this test's plugin: it reports no live
+/// object, and (fake mode, counted from the test's [`baseline`]) each
+/// primary context is retained at most once more (by the plugin, which
+/// keeps it until it is unloaded) and the driver holds nothing more but the
+/// plugin's zero-fill stream of each retained context.
 #[track_caller]
 pub fn assert_quiescent(p: &Plugin) {
     assert_eq!(p.plugin_live_objects(), 0, "plugin live objects: {}", p.live_report());
     if let Some(n) = fake_live_objects() {
+        let b = baseline();
         let mut retained = 0;
         for dev in 0..2 {
-            let refs = fake_ctx_refs(dev).unwrap();
-            assert!(refs <= 1, "primary context of device {dev} retained {refs} times with nothing alive");
+            let refs = fake_ctx_refs(dev).unwrap() - b.ctx_refs[dev as usize];
+            assert!(
+                refs <= 1,
+                "primary context of device {dev} retained {refs} more times with nothing alive"
+            );
             retained += i64::from(refs);
         }
-        let streams = fake_live_streams().unwrap();
+        let streams = fake_live_streams().unwrap() - b.streams;
         assert!(streams <= retained, "{streams} streams left for {retained} retained contexts");
-        assert_eq!(n - streams, 0, "objects left in the (fake) driver");
+        assert_eq!(n - b.objects - streams, 0, "objects left in the (fake) driver");
     }
 }
 
@@ -259,13 +377,17 @@ pub fn assert_quiescent(p: &Plugin) {
 pub fn unload_released(p: Plugin) {
     assert_quiescent(&p);
     p.unload().unwrap();
+    let b = baseline();
     for dev in 0..2 {
         if let Some(refs) = fake_ctx_refs(dev) {
-            assert_eq!(refs, 0, "primary context of device {dev} still retained after unload");
+            assert_eq!(
+                refs, b.ctx_refs[dev as usize],
+                "primary context of device {dev} still retained after unload"
+            );
         }
     }
     if let Some(n) = fake_live_objects() {
-        assert_eq!(n, 0, "objects left in the (fake) driver after unload");
+        assert_eq!(n, b.objects, "objects left in the (fake) driver after unload");
     }
 }
 
