@@ -27,6 +27,7 @@ pub mod error;
 pub mod fence;
 pub mod governor;
 mod library;
+mod load_options;
 mod reentry;
 pub use reentry::inside_plugin_call;
 pub mod manager;

@@ -36,7 +36,7 @@
 //!   less privileged caller.
 
 use crate::error::LoadError;
-use crate::plugin::LoadOptions;
+use crate::load_options::LoadOptions;
 use sha2::{Digest, Sha256};
 use std::ffi::{c_int, c_void, CStr};
 use std::fs::{File, Metadata};

@@ -331,7 +331,7 @@ impl PluginBuilder {
     /// Freezes the plugin into its descriptors (one per minor).
     pub fn build(self) -> ExportedPlugin {
         let live = self.live_objects.expect("PluginBuilder::live_objects is required");
-        let ctx = Owned::new(PluginCtx { live, cell: core::ptr::null() });
+        let ctx = Owned::new(PluginCtx { live, holder: core::ptr::null(), release: None });
         let name = OwnedCStr::new(CString::new(self.name).expect("plugin name contains NUL"));
         let version = OwnedCStr::new(CString::new(self.version).expect("plugin version contains NUL"));
         let count = self.mechanisms.len() as u32;
@@ -367,12 +367,28 @@ impl PluginBuilder {
     }
 }
 
-/// The plugin descriptor's `ctx`: the `live_objects` function, and the
-/// entry's cell the plugin lives in (set when the cell takes it), which
-/// `unload` empties.
+/// The plugin descriptor's `ctx`: the `live_objects` function, and who
+/// holds the plugin (set when the entry's cell takes it: the cell, and the
+/// function that gives its hold back), which `unload` calls.
 pub(super) struct PluginCtx {
     live: Box<dyn Fn() -> u64 + Send + Sync>,
-    pub(super) cell: *const super::entry::PluginCell,
+    holder: *const c_void,
+    release: Option<unsafe fn(*const c_void)>,
+}
+
+/// The descriptor's `unload` slot: the host's last call into this load of
+/// the plugin. Gives the holder's hold back (the last one frees the plugin).
+unsafe extern "C" fn unload_thunk(ctx: *mut c_void) {
+    // Read both before the plugin (and `ctx` with it) may be freed.
+    let (holder, release) = {
+        let c = &*(ctx as *const PluginCtx);
+        (c.holder, c.release)
+    };
+    if let Some(release) = release {
+        // `unload` reports nothing; a panic in the vendor's `Drop` is caught
+        // and leaves the rest of the plugin unfreed.
+        let _ = catch_unwind(AssertUnwindSafe(|| release(holder)));
+    }
 }
 
 unsafe extern "C" fn live_thunk(ctx: *mut c_void) -> u64 {
@@ -412,16 +428,19 @@ impl ExportedPlugin {
         unsafe { &*self.descs[(minor as usize).min(VIEWS - 1)].ptr() }
     }
 
-    /// Hands the plugin to the entry's `cell`: publishes the `unload` slot,
-    /// which gives the cell's hold back. Called once, before any
-    /// descriptor is handed out.
+    /// Hands the plugin to its holder (the entry's cell): publishes the
+    /// `unload` slot, which calls `release(holder)` to give the hold back.
+    /// Called once, before any descriptor is handed out.
     ///
     /// # Safety
-    /// `cell` outlives the plugin and does not move (it is a `static`).
-    pub(super) unsafe fn bind(&mut self, cell: *const super::entry::PluginCell) {
-        (*self.ctx.ptr()).cell = cell;
+    /// `holder` outlives the plugin and does not move (it is a `static`),
+    /// and `release` may be called with it from any thread.
+    pub(super) unsafe fn bind(&mut self, holder: *const c_void, release: unsafe fn(*const c_void)) {
+        let ctx = self.ctx.ptr();
+        (*ctx).holder = holder;
+        (*ctx).release = Some(release);
         for d in &self.descs {
-            (*d.ptr()).unload = Some(super::entry::unload_thunk);
+            (*d.ptr()).unload = Some(unload_thunk);
         }
     }
 }

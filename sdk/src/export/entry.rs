@@ -4,13 +4,13 @@
 //! around a plugin's init function.
 
 use super::args::{read_in, write_out};
-use super::builder::{ExportedPlugin, PluginCtx};
+use super::builder::ExportedPlugin;
 use super::guard::{guard, panic_text};
 use crate::abi::{self, *};
 use crate::author::*;
 use crate::status::Status;
 use core::ffi::c_void;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::catch_unwind;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// The storage of an entry symbol's plugin (a `static` next to the entry):
@@ -75,15 +75,14 @@ impl Default for PluginCell {
     }
 }
 
-/// The descriptor's `unload` slot: the host's last call into this load of
-/// the plugin. Frees the plugin when no other load holds it.
-pub(super) unsafe extern "C" fn unload_thunk(ctx: *mut c_void) {
-    // Read the cell before the plugin (and `ctx` with it) may be freed.
-    let cell = (*(ctx as *const PluginCtx)).cell;
-    if let Some(cell) = cell.as_ref() {
-        // `unload` reports nothing; a panic in the vendor's `Drop` is caught
-        // and leaves the rest of the plugin unfreed.
-        let _ = catch_unwind(AssertUnwindSafe(|| cell.unload()));
+/// What the descriptor's `unload` slot calls (through the plugin's
+/// context): gives one hold on the plugin back to its cell.
+///
+/// # Safety
+/// `cell` is the `PluginCell` the plugin was bound to.
+unsafe fn release_hold(cell: *const c_void) {
+    if let Some(cell) = (cell as *const PluginCell).as_ref() {
+        cell.unload();
     }
 }
 
@@ -116,7 +115,7 @@ pub unsafe fn negotiate(
             let mut built = catch_unwind(init)
                 .map_err(|p| PluginError::internal(format!("plugin init panicked: {}", panic_text(&*p))))?;
             // SAFETY: `cell` is a static (this function's contract).
-            built.bind(cell);
+            built.bind(cell as *const PluginCell as *const c_void, release_hold);
             st.plugin = Some(built);
         }
         let answered = answer(st.plugin.as_ref().expect("built above"), &host, out);
