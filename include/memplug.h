@@ -57,8 +57,8 @@
 #define MEMPLUG_ABI_MAJOR 1
 
 // The newest minor version this header describes. Items added after 1.0
-// say "Since 1.1" (docs/ABI-CHANGELOG.md lists them).
-#define MEMPLUG_ABI_MINOR 1
+// say "Since 1.1" or "Since 1.2" (docs/ABI-CHANGELOG.md lists them).
+#define MEMPLUG_ABI_MINOR 2
 
 // Capability flag: the mechanism has an allocator (required of every
 // mechanism).
@@ -120,90 +120,6 @@
 // truncated by the host.
 #define MEMPLUG_MESSAGE_MAX 1024
 
-// Sizes of each growable struct as ABI 1.0 defined it: a reader refuses a
-// struct whose `struct_size` is below these. Frozen: they never change, and
-// each is a prefix of the current struct.
-#define MEMPLUG_HOST_INFO_SIZE_1_0 24
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_NEGOTIATION_SIZE_1_0 16
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_PLUGIN_SIZE_1_0 72
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_MECHANISM_SIZE_1_0 72
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_PROPERTIES_SIZE_1_0 32
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_MEMORY_INFO_SIZE_1_0 24
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_REQUEST_SIZE_1_0 40
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_BLOCK_SIZE_1_0 32
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_OBJECT_REF_SIZE_1_0 56
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_ALLOCATOR_SIZE_1_0 40
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_0 48
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_SHARED_MAPPING_SIZE_1_0 48
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
-#define MEMPLUG_SYNC_SIZE_1_0 72
-
-// Sizes of each growable struct as ABI 1.1 defines it (the current
-// `sizeof`). A writer of 1.1 that sets `struct_size` to these publishes the
-// 1.1 fields; a reader finds a 1.1 field only in a struct at least this
-// long. Grown in 1.1: `MemplugRequest` (`class_tag`) and
-// `MemplugSharedMapping` (`export_fd`, `import_fd`).
-#define MEMPLUG_HOST_INFO_SIZE_1_1 24
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_NEGOTIATION_SIZE_1_1 16
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_PLUGIN_SIZE_1_1 72
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_MECHANISM_SIZE_1_1 72
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_PROPERTIES_SIZE_1_1 32
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_MEMORY_INFO_SIZE_1_1 24
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_REQUEST_SIZE_1_1 48
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_BLOCK_SIZE_1_1 32
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_OBJECT_REF_SIZE_1_1 56
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_ALLOCATOR_SIZE_1_1 40
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_1 48
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_SHARED_MAPPING_SIZE_1_1 64
-
-// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
-#define MEMPLUG_SYNC_SIZE_1_1 72
-
 // Result of every fallible slot. `MEMPLUG_STATUS_OK` (zero) is success; every
 // other value is a failure, optionally explained through the call's
 // [`MemplugMessageSink`]. Values are never renumbered; a reader maps a value
@@ -238,6 +154,35 @@ typedef struct MemplugMessageSink {
   void (*write)(void *ctx, const char *msg, size_t len);
 } MemplugMessageSink;
 
+// Since 1.2. What a plugin may ask of the host, at any time after
+// negotiation, from any thread (its own workers, a driver's callback
+// thread, inside a slot the host called). No service blocks: each records
+// what it was told and returns; the host acts on it later, on its own
+// threads. Host-owned and immutable; grows by appending slots (a plugin
+// calls a slot only when `struct_size` covers it and it is non-NULL).
+typedef struct MemplugHostServices {
+  // `sizeof(MemplugHostServices)` as the host knows it.
+  uint32_t struct_size;
+  // Explicit padding; zero.
+  uint32_t reserved0;
+  // Host context, passed back as the first argument of every service.
+  void *ctx;
+  // Reports that the device or context behind mechanism `mechanism_id`
+  // (one of this plugin's) is lost. After reporting, every slot of that
+  // mechanism returns `MEMPLUG_STATUS_DEVICE_LOST`. `reason` is
+  // `reason_len` bytes of UTF-8 (need not be NUL-terminated; may be
+  // NULL when `reason_len` is 0). Returns `MEMPLUG_STATUS_OK` when the
+  // loss is recorded (a second report of the same loss is `OK` and
+  // changes nothing), `MEMPLUG_STATUS_WRONG_MECHANISM` for an id the
+  // plugin did not publish, and `MEMPLUG_STATUS_INVALID_STATE` during
+  // negotiation (no mechanism exists yet), after `unload`, or when the
+  // agreed minor is below 2.
+  MemplugStatus (*report_device_lost)(void *ctx,
+                                      uint64_t mechanism_id,
+                                      const char *reason,
+                                      size_t reason_len);
+} MemplugHostServices;
+
 // What the host tells a plugin when negotiating. Host-owned, valid for the
 // duration of the entry call.
 typedef struct MemplugHostInfo {
@@ -251,6 +196,14 @@ typedef struct MemplugHostInfo {
   uint32_t max_minor;
   // Host name for diagnostics, NUL-terminated; may be NULL.
   const char *host_name;
+  // Since 1.2 (present when `struct_size` is at least
+  // `MEMPLUG_HOST_INFO_SIZE_1_2`). The host's services: the plugin's only
+  // way to call the host. Host-owned; valid from the entry call until
+  // the host calls the descriptor's `unload` (for a load the host
+  // refused, it stays valid and answers every service with
+  // `MEMPLUG_STATUS_INVALID_STATE`). A plugin may keep the pointer, and
+  // calls services only when the agreed minor is at least 2. May be NULL.
+  const struct MemplugHostServices *services;
 } MemplugHostInfo;
 
 // Static properties of a mechanism, written by `MemplugAllocator::properties`
@@ -710,6 +663,14 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 // deadlock). A stream with pending work is not busy: `stream_destroy` waits
 // for the work.
 #define MEMPLUG_STATUS_BUSY 14
+
+// Since 1.2. The device or the context behind this mechanism is gone (a
+// sticky fault, a reset, a device off the bus): every later call of every
+// slot of the mechanism fails the same way, and every object it made went
+// with it. The host settles those objects without calling the plugin.
+// A plugin that agreed on a minor below 1.2 never returns it (the host
+// treats it as `MEMPLUG_STATUS_INTERNAL` there).
+#define MEMPLUG_STATUS_DEVICE_LOST 15
 
 // Host (CPU) memory.
 #define MEMPLUG_DEVICE_CPU 1

@@ -47,6 +47,7 @@ fn load(path: &Path) -> Loaded {
         min_minor: 0,
         max_minor: MEMPLUG_ABI_MINOR,
         host_name: c"bad_plugin_fixture".as_ptr(),
+        services: core::ptr::null(),
     };
     let mut answer = MemplugNegotiation {
         struct_size: MEMPLUG_NEGOTIATION_SIZE_1_0,
@@ -350,6 +351,7 @@ fn negotiation_misbehaviours_of_the_later_variants() {
         min_minor: 5,
         max_minor: 9,
         host_name: core::ptr::null(),
+        services: core::ptr::null(),
     };
     let mut answer = [0u64; 4];
     answer[0] = 8; // struct_size 8: the answer must not be written past it.

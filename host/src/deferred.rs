@@ -24,6 +24,10 @@ pub enum RetireOutcome {
     /// The mechanism could not free it: the charge stays, quarantined
     /// (invariant 7), with the plugin's explanation.
     Quarantined { bytes: u64, reason: String },
+    /// Its context is lost: the object went with the device, the plugin
+    /// was not asked to free it, and its charge is settled when the
+    /// context terminates (once, with the binding's other charges).
+    Lost { bytes: u64 },
 }
 
 /// The work of freeing one object once its fences completed: deallocate
@@ -126,6 +130,12 @@ pub struct QueueStats {
     pub retired: u64,
     pub quarantined: u64,
     pub fence_errors: u64,
+    /// Entries whose context was lost: left to its termination to settle
+    /// (counted in `retired` too: they left the queue).
+    pub lost: u64,
+    /// Fences that answered DEVICE_LOST: they will never complete, and the
+    /// work they guarded went with the device, so they count as complete.
+    pub lost_fences: u64,
     pub pending: usize,
 }
 
@@ -164,6 +174,8 @@ pub struct DeferredFreeQueue {
     retired: AtomicU64,
     quarantined: AtomicU64,
     fence_errors: AtomicU64,
+    lost: AtomicU64,
+    lost_fences: AtomicU64,
     wake: Condvar,
     wake_lock: Mutex<()>,
 }
@@ -199,10 +211,15 @@ impl DeferredFreeQueue {
     }
 
     /// `true` when `f` reports completion; a fence whose query fails counts
-    /// as not complete (never free on a guess).
+    /// as not complete (never free on a guess) — except a fence of a lost
+    /// device, which never completes and guards work that is gone.
     fn done(&self, f: &SharedFence) -> bool {
         match f.query() {
             Ok(done) => done,
+            Err(e) if e.status == memplug_sdk::Status::DeviceLost => {
+                self.lost_fences.fetch_add(1, Ordering::Relaxed);
+                true
+            }
             Err(_) => {
                 self.fence_errors.fetch_add(1, Ordering::Relaxed);
                 false
@@ -232,6 +249,11 @@ impl DeferredFreeQueue {
             RetireOutcome::Quarantined { .. } => {
                 self.quarantined.fetch_add(1, Ordering::Relaxed);
                 false
+            }
+            RetireOutcome::Lost { .. } => {
+                self.retired.fetch_add(1, Ordering::Relaxed);
+                self.lost.fetch_add(1, Ordering::Relaxed);
+                true
             }
         }
     }
@@ -326,6 +348,8 @@ impl DeferredFreeQueue {
             retired: self.retired.load(Ordering::Relaxed),
             quarantined: self.quarantined.load(Ordering::Relaxed),
             fence_errors: self.fence_errors.load(Ordering::Relaxed),
+            lost: self.lost.load(Ordering::Relaxed),
+            lost_fences: self.lost_fences.load(Ordering::Relaxed),
             pending: self.pending(),
         }
     }

@@ -109,3 +109,23 @@ pub struct ReleaseError<T: std::fmt::Debug> {
     #[source]
     pub error: CallError,
 }
+
+/// Whether a failed release failed because the context is lost (the host
+/// refused the call, or the plugin answered DEVICE_LOST): the object went
+/// with the device, and its charge is settled at termination, not
+/// quarantined.
+pub(crate) trait LostCheck {
+    fn is_device_lost(&self) -> bool;
+}
+
+impl LostCheck for CallError {
+    fn is_device_lost(&self) -> bool {
+        self.status == Status::DeviceLost
+    }
+}
+
+impl<T: std::fmt::Debug> LostCheck for ReleaseError<T> {
+    fn is_device_lost(&self) -> bool {
+        self.error.is_device_lost()
+    }
+}

@@ -27,6 +27,7 @@ pub mod error;
 pub mod fence;
 pub mod governor;
 mod library;
+pub mod lifecycle;
 mod load_options;
 mod reentry;
 pub use reentry::inside_plugin_call;
@@ -35,6 +36,8 @@ pub mod mechanism;
 pub mod plugin;
 pub mod policy;
 pub mod registry;
+mod services;
+pub use services::ServiceStats;
 mod sink;
 /// `std` or `loom` synchronisation, chosen in one place.
 pub(crate) mod sync;

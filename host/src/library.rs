@@ -7,6 +7,7 @@
 
 use crate::policy::OpenLibrary;
 use crate::reentry::InPluginCall;
+use crate::services::ServicesInbox;
 use std::ffi::c_void;
 use std::mem::ManuallyDrop;
 
@@ -20,6 +21,8 @@ pub(crate) struct LoadedLibrary {
     ctx: *mut c_void,
     live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
     unload: Option<unsafe extern "C" fn(*mut c_void)>,
+    /// This load's services table (closed before `unload`).
+    pub(crate) services: &'static ServicesInbox,
     library: ManuallyDrop<Option<OpenLibrary>>,
 }
 
@@ -41,6 +44,7 @@ impl LoadedLibrary {
         live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
         unload: Option<unsafe extern "C" fn(*mut c_void)>,
         library: Option<OpenLibrary>,
+        services: &'static ServicesInbox,
     ) -> LoadedLibrary {
         LoadedLibrary {
             name,
@@ -49,6 +53,7 @@ impl LoadedLibrary {
             ctx,
             live_objects,
             unload,
+            services,
             library: ManuallyDrop::new(library),
         }
     }
@@ -70,6 +75,9 @@ impl Drop for LoadedLibrary {
         if self.plugin_live_objects() != 0 {
             return;
         }
+        // After `unload` the plugin may not call the host: its table
+        // answers INVALID_STATE from now on.
+        self.services.close();
         if let Some(unload) = self.unload {
             let _inside = InPluginCall::enter();
             // SAFETY: published slot, called once, after the last call.

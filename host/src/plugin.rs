@@ -5,6 +5,7 @@
 use crate::error::{LoadError, ObjectKind};
 use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
 use crate::reentry::InPluginCall;
+use crate::services::{ServiceStats, ServicesInbox};
 use crate::sink::Capture;
 use memplug_sdk::abi::*;
 use memplug_sdk::facts::{self, Need, Vtable};
@@ -139,12 +140,33 @@ impl Plugin {
         library: Option<crate::policy::OpenLibrary>,
         opts: &LoadOptions,
     ) -> Result<Plugin, LoadError> {
+        let services = ServicesInbox::leak();
+        let loaded = Self::negotiate_with(entry, origin, library, opts, services);
+        match &loaded {
+            Ok(p) => {
+                let routes = crate::services::routes(p.mechanisms.iter().map(|m| &m.inner));
+                services.publish(p.agreed_minor, routes);
+            }
+            // A refused load's table stays valid and refuses every report.
+            Err(_) => services.close(),
+        }
+        loaded
+    }
+
+    unsafe fn negotiate_with(
+        entry: MemplugEntryV1,
+        origin: String,
+        library: Option<crate::policy::OpenLibrary>,
+        opts: &LoadOptions,
+        services: &'static ServicesInbox,
+    ) -> Result<Plugin, LoadError> {
         let host = MemplugHostInfo {
             struct_size: core::mem::size_of::<MemplugHostInfo>() as u32,
             abi_major: MEMPLUG_ABI_MAJOR,
             min_minor: opts.min_minor,
             max_minor: opts.max_minor.min(HOST_MAX_MINOR),
             host_name: c"memplug-host".as_ptr(),
+            services: services.table(),
         };
         let mut out = MemplugNegotiation {
             struct_size: core::mem::size_of::<MemplugNegotiation>() as u32,
@@ -219,6 +241,7 @@ impl Plugin {
             live_objects,
             desc.unload,
             library,
+            services,
         ));
         let mut ids = HashSet::new();
         let mut names = HashSet::new();
@@ -268,6 +291,11 @@ impl Plugin {
     pub fn mechanism(&self, name: &str) -> Option<&Mechanism> {
         self.mechanisms.iter().find(|m| m.name() == name)
     }
+    /// What the plugin's loss reports (ABI 1.2 services) came to.
+    pub fn service_stats(&self) -> ServiceStats {
+        self.shared.services.stats()
+    }
+
     /// What the plugin reports holding alive.
     pub fn plugin_live_objects(&self) -> u64 {
         self.shared.plugin_live_objects()

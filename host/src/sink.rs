@@ -21,6 +21,11 @@ impl Capture {
         MemplugMessageSink { ctx: (self as *mut Capture).cast(), write: Some(capture_write) }
     }
 
+    /// A message the host writes itself (a call it refused).
+    pub(crate) fn set(&mut self, message: String) {
+        self.message = Some(message);
+    }
+
     pub(crate) fn take(&mut self) -> Option<String> {
         self.message.take()
     }

@@ -23,6 +23,10 @@ pub struct SizeFact {
     pub size_1_0: u32,
     /// `MEMPLUG_*_SIZE_1_1`: the struct as ABI 1.1 defines it.
     pub size_1_1: u32,
+    /// `MEMPLUG_*_SIZE_1_2`: the struct as ABI 1.2 defines it.
+    pub size_1_2: u32,
+    /// The minor that added the struct (its sizes at older minors are 0).
+    pub since_minor: u32,
 }
 
 impl SizeFact {
@@ -31,14 +35,30 @@ impl SizeFact {
     pub const fn at_minor(&self, minor: u32) -> u32 {
         match minor {
             0 => self.size_1_0,
-            _ => self.size_1_1,
+            1 => self.size_1_1,
+            _ => self.size_1_2,
         }
+    }
+
+    /// The smallest `struct_size` a reader accepts: the size at the minor
+    /// that added the struct ([`Prefixed::SIZE_1_0`] is the same number).
+    pub const fn min_size(&self) -> u32 {
+        self.at_minor(self.since_minor)
     }
 }
 
 macro_rules! size_fact {
     ($name:literal, $short:ident) => {
-        SizeFact { name: $name, size_1_0: abi::size_1_0::$short, size_1_1: abi::size_1_1::$short }
+        SizeFact {
+            name: $name,
+            size_1_0: abi::size_1_0::$short,
+            size_1_1: abi::size_1_1::$short,
+            size_1_2: abi::size_1_2::$short,
+            since_minor: 0,
+        }
+    };
+    ($name:literal, $short:ident, since 2) => {
+        SizeFact { name: $name, size_1_0: 0, size_1_1: 0, size_1_2: abi::size_1_2::$short, since_minor: 2 }
     };
 }
 
@@ -46,6 +66,7 @@ macro_rules! size_fact {
 /// `memplug.h` declares them.
 pub const SIZES: &[SizeFact] = &[
     size_fact!("MemplugHostInfo", HOST_INFO),
+    size_fact!("MemplugHostServices", HOST_SERVICES, since 2),
     size_fact!("MemplugNegotiation", NEGOTIATION),
     size_fact!("MemplugPlugin", PLUGIN),
     size_fact!("MemplugMechanism", MECHANISM),
@@ -227,7 +248,7 @@ mod tests {
         assert_eq!(listed, fields, "{}: every slot once, in order, at its offset", T::NAME);
         for s in T::SLOTS {
             let end = (s.offset + size_of::<usize>()) as u32;
-            assert!(end <= sizes.size_1_1, "{}.{} lies inside the 1.1 struct", T::NAME, s.name);
+            assert!(end <= sizes.size_1_2, "{}.{} lies inside the 1.2 struct", T::NAME, s.name);
             let in_1_0 = end <= sizes.size_1_0;
             assert_eq!(
                 in_1_0,
@@ -331,6 +352,7 @@ mod tests {
     fn the_size_table_matches_the_structs_and_the_prefix_minimums() {
         let structs = [
             ("MemplugHostInfo", prefixed_size::<MemplugHostInfo>()),
+            ("MemplugHostServices", prefixed_size::<MemplugHostServices>()),
             ("MemplugNegotiation", prefixed_size::<MemplugNegotiation>()),
             ("MemplugPlugin", prefixed_size::<MemplugPlugin>()),
             ("MemplugMechanism", prefixed_size::<MemplugMechanism>()),
@@ -347,10 +369,19 @@ mod tests {
         assert_eq!(SIZES.len(), structs.len());
         for (fact, (name, (min, now))) in SIZES.iter().zip(structs) {
             assert_eq!(fact.name, name);
-            assert_eq!(fact.size_1_0, min, "{name}: Prefixed::SIZE_1_0 is the 1.0 size");
-            assert_eq!(fact.size_1_1 as usize, now, "{name}: the 1.1 size is the current sizeof");
-            assert!(fact.size_1_0 >= 4 && fact.size_1_0 <= fact.size_1_1, "{name}: 1.0 is a prefix");
-            assert_eq!((fact.at_minor(0), fact.at_minor(1), fact.at_minor(7)), (min, now as u32, now as u32));
+            assert_eq!(fact.min_size(), min, "{name}: Prefixed::SIZE_1_0 is the smallest size");
+            assert_eq!(fact.size_1_2 as usize, now, "{name}: the 1.2 size is the current sizeof");
+            assert!(min >= 4, "{name}: at least struct_size");
+            let grown = [fact.size_1_0, fact.size_1_1, fact.size_1_2];
+            for (minor, pair) in grown.windows(2).enumerate() {
+                let before_added = (minor as u32) < fact.since_minor;
+                assert!(
+                    before_added || pair[0] <= pair[1],
+                    "{name}: 1.{minor} is a prefix of 1.{}",
+                    minor + 1
+                );
+            }
+            assert_eq!((fact.at_minor(fact.since_minor), fact.at_minor(7)), (min, now as u32));
         }
     }
 }

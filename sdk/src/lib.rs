@@ -27,5 +27,7 @@ pub mod prefix;
 pub mod status;
 
 pub use author::*;
-pub use export::{BuiltMechanism, ExportedPlugin, MechanismBuilder, MechanismState, PluginBuilder};
+pub use export::{
+    BuiltMechanism, ExportedPlugin, HostLink, LossReport, MechanismBuilder, MechanismState, PluginBuilder,
+};
 pub use status::Status;

@@ -332,6 +332,8 @@ prefixed! {
     MemplugVirtualBacking => abi::size_1_0::VIRTUAL_BACKING,
     MemplugSharedMapping => abi::size_1_0::SHARED_MAPPING,
     MemplugSync => abi::size_1_0::SYNC,
+    // New in 1.2: its smallest size is its 1.2 size.
+    MemplugHostServices => abi::size_1_2::HOST_SERVICES,
 }
 
 #[cfg(test)]

@@ -51,6 +51,7 @@ statuses! {
     NotReady = MEMPLUG_STATUS_NOT_READY,
     Timeout = MEMPLUG_STATUS_TIMEOUT,
     Busy = MEMPLUG_STATUS_BUSY,
+    DeviceLost = MEMPLUG_STATUS_DEVICE_LOST,
 }
 
 impl Status {

@@ -9,11 +9,27 @@ use memplug_sdk::abi::*;
 #[test]
 fn the_1_0_sizes_never_change() {
     let frozen = [24, 16, 72, 72, 32, 24, 40, 32, 56, 40, 48, 48, 72];
-    assert_eq!(memplug_sdk::facts::SIZES.len(), frozen.len(), "one frozen size per growable struct");
-    for (fact, want) in memplug_sdk::facts::SIZES.iter().zip(frozen) {
+    let of_1_0 = memplug_sdk::facts::SIZES.iter().filter(|f| f.since_minor == 0);
+    assert_eq!(of_1_0.clone().count(), frozen.len(), "one frozen size per growable struct of 1.0");
+    for (fact, want) in of_1_0.zip(frozen) {
         let (name, v10) = (fact.name, fact.size_1_0);
         assert_eq!(v10, want, "{name}: a released size is frozen");
     }
+}
+
+#[test]
+fn the_1_1_sizes_never_change() {
+    let frozen = [24, 16, 72, 72, 32, 24, 48, 32, 56, 40, 48, 64, 72];
+    let of_1_0 = memplug_sdk::facts::SIZES.iter().filter(|f| f.since_minor == 0);
+    for (fact, want) in of_1_0.zip(frozen) {
+        assert_eq!(fact.size_1_1, want, "{}: a released size is frozen", fact.name);
+    }
+}
+
+#[test]
+fn the_1_2_fields_start_where_1_1_ended() {
+    assert_eq!(offset_of!(MemplugHostInfo, services), size_1_1::HOST_INFO as usize);
+    assert_eq!(MEMPLUG_STATUS_DEVICE_LOST, MEMPLUG_STATUS_BUSY + 1, "the next code, never a reused one");
 }
 
 #[test]

@@ -108,6 +108,7 @@ fn mechanism() -> (&'static MemplugMechanism, std::sync::MutexGuard<'static, ()>
         min_minor: 0,
         max_minor: 1,
         host_name: std::ptr::null(),
+        services: core::ptr::null(),
     };
     let mut out = MemplugNegotiation {
         struct_size: MEMPLUG_NEGOTIATION_SIZE_1_1,

@@ -70,6 +70,7 @@ fn mechanism() -> &'static MemplugMechanism {
         min_minor: 0,
         max_minor: 0,
         host_name: std::ptr::null(),
+        services: core::ptr::null(),
     };
     let mut out = MemplugNegotiation {
         struct_size: MEMPLUG_NEGOTIATION_SIZE_1_0,

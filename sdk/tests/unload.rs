@@ -71,6 +71,7 @@ fn host(min: u32, max: u32) -> MemplugHostInfo {
         min_minor: min,
         max_minor: max,
         host_name: std::ptr::null(),
+        services: core::ptr::null(),
     }
 }
 

@@ -128,6 +128,7 @@ fn null_sink(ctx: &Ctx, mechs: &[Mech]) -> Checked {
                 min_minor: 0,
                 max_minor: 0,
                 host_name: core::ptr::null(),
+                services: core::ptr::null(),
             };
             let mut out = Guarded::new(MEMPLUG_NEGOTIATION_SIZE_1_0);
             // SAFETY: valid pointers; the sink is deliberately NULL or

@@ -24,15 +24,15 @@ fn host(struct_size: u32, major: u32, min_minor: u32, max_minor: u32) -> HostBuf
         min_minor,
         max_minor,
         host_name: c"memplug-conformance".as_ptr(),
+        services: core::ptr::null(),
     };
     let mut b = HostBuf([GARBAGE; 64]);
-    // SAFETY: 24 bytes of plain data into a 64-byte buffer.
+    // Only the declared bytes: a plugin that reads a field past
+    // `struct_size` (the 1.2 `services` of a 1.0 host) reads garbage.
+    let n = (struct_size as usize).min(core::mem::size_of::<MemplugHostInfo>());
+    // SAFETY: at most 32 bytes of plain data into a 64-byte buffer.
     unsafe {
-        core::ptr::copy_nonoverlapping(
-            (&info as *const MemplugHostInfo).cast::<u8>(),
-            b.0.as_mut_ptr(),
-            core::mem::size_of::<MemplugHostInfo>(),
-        )
+        core::ptr::copy_nonoverlapping((&info as *const MemplugHostInfo).cast::<u8>(), b.0.as_mut_ptr(), n)
     };
     b
 }

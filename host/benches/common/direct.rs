@@ -39,6 +39,7 @@ impl DirectAllocator {
             min_minor: 0,
             max_minor: MEMPLUG_ABI_MINOR,
             host_name: core::ptr::null(),
+            services: core::ptr::null(),
         };
         let mut out = MemplugNegotiation {
             struct_size: MEMPLUG_NEGOTIATION_SIZE_1_0,

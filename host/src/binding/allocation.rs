@@ -62,6 +62,12 @@ impl OwnedAllocation {
     pub fn charged(&self) -> u64 {
         self.lease.as_ref().map_or(0, Lease::bytes)
     }
+    /// Whether the allocation went with a lost device: its memory is gone,
+    /// and dropping it calls no plugin (its charge is settled when the
+    /// context terminates).
+    pub fn is_lost(&self) -> bool {
+        self.binding.as_ref().is_some_and(|b| b.is_lost())
+    }
     /// Records device work that uses this allocation: the free waits for it.
     pub fn used_by(&mut self, fence: SharedFence) {
         self.fences.push(fence);
@@ -81,8 +87,9 @@ impl Drop for OwnedAllocation {
         else {
             return;
         };
-        // No device work recorded, or all of it already done: free now,
-        // without boxing a job or touching the queue.
+        // No device work recorded, or all of it already done (or gone with
+        // a lost device): free now, without boxing a job or touching the
+        // queue. A lost context's free calls no plugin (settle.rs).
         if self.fences.all_complete() {
             let _ = retire_allocation(&binding, alloc, lease);
         } else {
@@ -123,12 +130,13 @@ impl FenceSet {
     }
 
     /// True when every fence reports completion; a fence whose query fails
-    /// counts as not complete (never free on a guess).
+    /// counts as not complete (never free on a guess), except one of a lost
+    /// device, which never completes and whose work is gone.
     #[inline]
     fn all_complete(&self) -> bool {
         match &self.first {
             None => true,
-            Some(f) => f.query().unwrap_or(false) && self.more.iter().all(|f| f.query().unwrap_or(false)),
+            Some(f) => complete(f) && self.more.iter().all(complete),
         }
     }
 
@@ -138,6 +146,13 @@ impl FenceSet {
             v.insert(0, f);
         }
         v
+    }
+}
+
+fn complete(f: &SharedFence) -> bool {
+    match f.query() {
+        Ok(done) => done,
+        Err(e) => e.status == memplug_sdk::Status::DeviceLost,
     }
 }
 

@@ -32,9 +32,12 @@ pub use view::RegionView;
 use crate::deferred::DeferredFreeQueue;
 use crate::error::CallError;
 use crate::governor::{AllocationClass, GovernorError, Grant, HolderId, Lease, Pool};
+use crate::lifecycle::{Ledger, LifeState, Token};
 use crate::mechanism::Mechanism;
+use crate::reentry::thread_stripe;
 use crate::registry::Context;
 use crate::sync::{lock, Mutex};
+use memplug_sdk::Status;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -83,6 +86,9 @@ pub(crate) struct BindingInner {
     /// Objects whose release the plugin refused: never reissued, still
     /// charged (as quarantined), described for reports.
     pub(crate) quarantine: Mutex<Vec<String>>,
+    /// What this binding holds charged, for the settlement of a lost
+    /// context (`crate::lifecycle`).
+    pub(crate) ledger: Ledger,
 }
 
 impl BindingInner {
@@ -100,12 +106,56 @@ impl BindingInner {
     }
 
     /// Records an object the plugin would not release, quarantining its
-    /// lease when it has one (its bytes stay charged for good).
-    fn quarantine(&self, what: String, lease: Option<Lease>) {
+    /// lease when it has one (its bytes stay charged until the context
+    /// terminates after a loss; for good otherwise). Under a gate token.
+    fn quarantine(&self, what: String, lease: Option<Lease>, stripe: usize) {
         if let Some(l) = lease {
-            let _ = self.pool.quarantine(l);
+            let bytes = l.bytes();
+            if self.pool.quarantine(l).is_ok() {
+                self.ledger.quarantined(stripe, bytes, 1);
+            }
         }
         lock(&self.quarantine).push(what);
+    }
+
+    /// A token of the context's operation gate for one binding operation
+    /// (the calls into the plugin it makes take their own too), and the
+    /// thread's stripe for the ledger; the state when the context is lost
+    /// or terminated.
+    #[inline(always)]
+    fn admit(&self) -> Result<(Token<'_>, usize), LifeState> {
+        let stripe = thread_stripe();
+        self.mechanism().inner.life.gate.enter(stripe).map(|t| (t, stripe))
+    }
+
+    /// [`admit`](Self::admit) for an operation that makes a new object:
+    /// only an `Active` context makes new objects.
+    #[inline(always)]
+    fn admit_new(&self) -> Result<(Token<'_>, usize), BindingError> {
+        match self.admit() {
+            Ok((t, s)) if self.mechanism().inner.life.state() == LifeState::Active => Ok((t, s)),
+            Ok(_) => Err(self.ended(self.mechanism().inner.life.state())),
+            Err(state) => Err(self.ended(state)),
+        }
+    }
+
+    /// The refusal of new work on a context that is not active.
+    #[cold]
+    #[inline(never)]
+    fn ended(&self, state: LifeState) -> BindingError {
+        let m = self.mechanism();
+        let why = m.inner.life.reason().unwrap_or_else(|| "no reason was given".into());
+        let status = if state.admits_calls() { Status::InvalidState } else { Status::DeviceLost };
+        BindingError::Plugin(m.refusal(
+            "binding",
+            status,
+            format!("the context of {} is {state} ({why}): it makes no new objects", m.label()),
+        ))
+    }
+
+    /// Whether the objects of this binding went with a lost device.
+    pub(crate) fn is_lost(&self) -> bool {
+        !self.mechanism().inner.life.state().admits_calls()
     }
 
     fn unsupported(&self, capability: &'static str) -> BindingError {
@@ -154,6 +204,7 @@ impl MemoryBinding {
                 queue,
                 wait,
                 quarantine: Mutex::default(),
+                ledger: Ledger::default(),
             }),
         }
     }

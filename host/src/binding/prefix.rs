@@ -58,7 +58,7 @@ fn fill(
     let tmp = vb.reserve(len)?;
     let mut result = sm.map(object, 0, &tmp, 0, len, Access::ReadWrite).map_err(BindingError::from);
     if result.is_ok() {
-        init(&mut RegionView { addr: tmp.addr(), len });
+        init(&mut RegionView { addr: tmp.addr(), len, lost: false });
         result = sm.unmap(&tmp, 0, len).map_err(Into::into);
     }
     // Always give the temporary reservation back: releasing it also drops a
@@ -100,6 +100,11 @@ impl SharedPrefix {
     }
     pub fn charged(&self) -> u64 {
         self.lease.as_ref().map_or(0, Lease::bytes)
+    }
+    /// Whether the prefix went with a lost device (see
+    /// [`Region::is_lost`](super::Region::is_lost)).
+    pub fn is_lost(&self) -> bool {
+        self.binding.is_lost()
     }
     pub(super) fn object(&self) -> &PhysicalObject {
         self.object.as_ref().expect("present until drop")

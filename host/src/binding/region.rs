@@ -24,7 +24,9 @@ impl MemoryBinding {
     pub fn reserve_virtual(&self, max: u64) -> Result<Region, BindingError> {
         let b = &*self.inner;
         let vb = b.mechanism().virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
+        let (token, _) = b.admit_new()?;
         let r = vb.reserve_as(max, b.class)?;
+        drop(token);
         Ok(Region {
             binding: self.inner.clone(),
             reservation: Some(r),
@@ -118,7 +120,13 @@ impl Region {
         self.prefix_access() == Some(Access::ReadOnly)
     }
     pub fn view(&self) -> RegionView {
-        RegionView { addr: self.addr(), len: self.len() }
+        RegionView { addr: self.addr(), len: self.len(), lost: self.is_lost() }
+    }
+    /// Whether the region went with a lost device: its memory is gone, and
+    /// dropping it calls no plugin (its charge is settled when the context
+    /// terminates).
+    pub fn is_lost(&self) -> bool {
+        self.binding.is_lost()
     }
     /// Records device work that uses the region: its release waits.
     pub fn used_by(&mut self, fence: SharedFence) {
@@ -220,13 +228,18 @@ impl Region {
         let b = self.binding.clone();
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         let grant = b.grant(delta).map_err(GrowError::Binding)?;
+        // An existing region may grow while its context retires (a request
+        // in flight finishes on it); the charge and its ledger entry are
+        // made under one gate token.
+        let (_token, stripe) = b.admit().map_err(|state| GrowError::Binding(b.ended(state)))?;
         vb.commit(self.res(), offset, delta).map_err(|e| GrowError::Binding(e.into()))?;
-        let view = RegionView { addr: self.addr(), len: self.base + want };
+        let view = RegionView { addr: self.addr(), len: self.base + want, lost: false };
         if let Err(e) = update(&view) {
             if let Err(d) = vb.decommit(self.res(), offset, delta) {
                 // The range stays mapped: keep it charged, as quarantined.
                 let lease = grant.commit(delta).map_err(|r| GrowError::Binding(r.error.clone().into()))?;
-                b.quarantine(format!("region range at +{offset} ({delta} B): {d}"), Some(lease));
+                b.ledger.charged(stripe, delta, 1);
+                b.quarantine(format!("region range at +{offset} ({delta} B): {d}"), Some(lease), stripe);
             }
             return Err(GrowError::Update(e));
         }
@@ -236,8 +249,11 @@ impl Region {
             None => grant.commit(delta).map(Some),
         };
         match charged {
-            Ok(Some(l)) => *slot = Some(l),
-            Ok(None) => {}
+            Ok(Some(l)) => {
+                b.ledger.charged(stripe, delta, 1);
+                *slot = Some(l)
+            }
+            Ok(None) => b.ledger.charged(stripe, delta, 0),
             Err(r) => {
                 let error = r.error.clone();
                 drop(r);

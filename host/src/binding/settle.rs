@@ -4,11 +4,15 @@
 //!   actually obtained; a rejected commit undoes the make.
 //! * [`release_or_quarantine`]: give an object back to its mechanism, then
 //!   refund its charge — or, when the plugin refuses, keep the charge as
-//!   quarantined and record why (invariant 7).
+//!   quarantined and record why (invariant 7) — or, when the context is
+//!   lost, leave the charge to the termination that settles the context.
+//!
+//! Both run under a token of the context's operation gate and record every
+//! charge they make or end in the binding's ledger (`crate::lifecycle`).
 
 use super::{BindingError, BindingInner};
 use crate::deferred::RetireOutcome;
-use crate::error::{CallError, ReleaseError};
+use crate::error::{CallError, LostCheck, ReleaseError};
 use crate::governor::{Lease, Rejected};
 use crate::sync::{lock, Mutex};
 use crate::tokens::{Allocation, PhysicalObject};
@@ -38,27 +42,37 @@ pub(super) enum Charge<'a> {
 /// matched where it is made and a failure (a large value: the object and
 /// the plugin's message) is built only on the cold path.
 #[inline(always)]
-pub(super) fn release_or_quarantine<E: fmt::Display>(
+pub(super) fn release_or_quarantine<E: fmt::Display + LostCheck>(
     binding: &BindingInner,
     charge: Charge<'_>,
     release: impl FnOnce() -> Result<(), E>,
     describe: impl FnOnce(&E, &str) -> String,
 ) -> RetireOutcome {
-    match release() {
-        Ok(()) => refund(binding, charge),
-        Err(e) => quarantine(binding, charge, e, describe),
-    }
+    // The whole settlement holds a gate token: termination waits for it,
+    // and once the gate refuses, the ledger no longer moves (lifecycle).
+    let (token, stripe) = match binding.admit() {
+        Ok(t) => t,
+        Err(_) => return lost(charge),
+    };
+    let outcome = match release() {
+        Ok(()) => refund(binding, charge, stripe),
+        Err(e) if e.is_device_lost() => lost(charge),
+        Err(e) => quarantine(binding, charge, e, describe, stripe),
+    };
+    drop(token);
+    outcome
 }
 
 /// The released object's charge goes back to the pool.
 #[inline(always)]
-fn refund(binding: &BindingInner, charge: Charge<'_>) -> RetireOutcome {
+fn refund(binding: &BindingInner, charge: Charge<'_>, stripe: usize) -> RetireOutcome {
     let pool = &binding.pool;
     match charge {
         Charge::Whole(lease) => {
             let bytes = lease.as_ref().map_or(0, Lease::bytes);
             if let Some(l) = lease {
                 let _ = pool.release(l);
+                binding.ledger.refunded(stripe, bytes, 1);
             }
             RetireOutcome::Freed { bytes }
         }
@@ -67,9 +81,31 @@ fn refund(binding: &BindingInner, charge: Charge<'_>) -> RetireOutcome {
             let Some(lease) = slot.as_mut() else {
                 return RetireOutcome::Freed { bytes: 0 };
             };
-            let _ = pool.release_part(lease, bytes);
+            if pool.release_part(lease, bytes).is_ok() {
+                binding.ledger.refunded(stripe, bytes, 0);
+            }
             RetireOutcome::Freed { bytes }
         }
+    }
+}
+
+/// The context is lost: the object went with its device, so nothing is
+/// refunded or quarantined here. Its charge stays in the binding's ledger,
+/// which the context's termination settles in one step; the lease token
+/// ends without touching the pool. (A part of a region's lease stays in
+/// the region's lease, which ends the same way when the region does.)
+#[cold]
+#[inline(never)]
+fn lost(charge: Charge<'_>) -> RetireOutcome {
+    match charge {
+        Charge::Whole(lease) => {
+            let bytes = lease.as_ref().map_or(0, Lease::bytes);
+            if let Some(l) = lease {
+                l.settled_elsewhere();
+            }
+            RetireOutcome::Lost { bytes }
+        }
+        Charge::Part { bytes, .. } => RetireOutcome::Lost { bytes },
     }
 }
 
@@ -82,6 +118,7 @@ fn quarantine<E: fmt::Display>(
     charge: Charge<'_>,
     e: E,
     describe: impl FnOnce(&E, &str) -> String,
+    stripe: usize,
 ) -> RetireOutcome {
     let (bytes, lease) = match charge {
         Charge::Whole(lease) => (lease.as_ref().map_or(0, Lease::bytes), lease),
@@ -90,14 +127,16 @@ fn quarantine<E: fmt::Display>(
             let Some(lease) = slot.as_mut() else {
                 return RetireOutcome::Freed { bytes: 0 };
             };
-            let _ = binding.pool.quarantine_part(lease, bytes);
+            if binding.pool.quarantine_part(lease, bytes).is_ok() {
+                binding.ledger.quarantined(stripe, bytes, 0);
+            }
             (bytes, None)
         }
     };
     let reason = e.to_string();
     let what = describe(&e, &reason);
     drop(e);
-    binding.quarantine(what, lease);
+    binding.quarantine(what, lease, stripe);
     RetireOutcome::Quarantined { bytes, reason }
 }
 
@@ -141,11 +180,19 @@ pub(super) fn commit_or_undo<T: Made>(
     undo: impl FnOnce(T) -> Result<(), ReleaseError<T>>,
 ) -> Result<(T, Lease), BindingError> {
     let grant = binding.grant(bytes)?;
+    // After the grant (a wait for pressure holds no token), before the
+    // make: the object and its ledger entry are made under one token.
+    let (token, stripe) = binding.admit_new()?;
     let made = make()?;
     match grant.commit(made.bytes()) {
-        Ok(lease) => Ok((made, lease)),
+        Ok(lease) => {
+            binding.ledger.charged(stripe, lease.bytes(), 1);
+            drop(token);
+            Ok((made, lease))
+        }
         Err(Rejected { value: grant, error }) => {
             drop(grant);
+            drop(token);
             let _ = release_or_quarantine(
                 binding,
                 Charge::Whole(None),

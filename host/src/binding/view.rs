@@ -1,5 +1,5 @@
 //! What a grow update or a prefix initialiser sees of a region: its base
-//! address and usable length.
+//! address and usable length, and whether it went with a lost device.
 
 /// A view of a region's usable bytes, given to grow updates and prefix
 /// initialisers.
@@ -7,9 +7,18 @@
 pub struct RegionView {
     pub addr: u64,
     pub len: u64,
+    /// The region's context was lost when the view was taken: its memory
+    /// is gone and must not be touched.
+    pub(crate) lost: bool,
 }
 
 impl RegionView {
+    /// Whether the region's context was lost when the view was taken (its
+    /// memory is gone).
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
     /// The bytes, for mechanisms whose addresses are host addresses (CPU).
     ///
     /// # Safety

@@ -210,6 +210,15 @@ impl Lease {
         self.pool
     }
 
+    /// Ends the token without touching its pool: for a lease whose charge
+    /// is settled elsewhere, in one step with every other lease of its
+    /// binding ([`Pool::discharge`], when a lost context terminates). Not
+    /// a leak, so not recorded as one.
+    #[inline]
+    pub(crate) fn settled_elsewhere(self) {
+        let _ = self.disarm();
+    }
+
     #[inline(always)]
     pub(super) fn disarm(self) -> (Option<HolderId>, AllocationClass, u64) {
         let me = ManuallyDrop::new(self);

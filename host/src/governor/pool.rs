@@ -64,6 +64,16 @@ pub struct Pool {
     pub(super) pressure: PressureCounters,
     pub(super) waits: AtomicU64,
     pub(super) wait_timeouts: AtomicU64,
+    /// Bytes settled by [`Pool::discharge`].
+    discharged: AtomicU64,
+}
+
+/// What [`Pool::discharge`] settles: one binding's ledger.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Discharge {
+    pub(crate) leased: u64,
+    pub(crate) leases: u64,
+    pub(crate) quarantined: u64,
 }
 
 /// Outcome of one attempt to charge.
@@ -111,6 +121,7 @@ impl Pool {
             pressure: PressureCounters::new(),
             waits: AtomicU64::new(0),
             wait_timeouts: AtomicU64::new(0),
+            discharged: AtomicU64::new(0),
         });
         if let Some(p) = pool.level.parent() {
             let mut children = lock(&p.children);
@@ -514,6 +525,29 @@ impl Pool {
             return Err(GovernorError::OverRelease { requested: bytes, held: lease.bytes });
         }
         Ok(())
+    }
+
+    /// Settles, in one step, every charge a binding of a lost context
+    /// still holds in the account of `holder` and `class`: `leased` bytes
+    /// in `leases` leases and `quarantined` bytes in `quarantines`
+    /// quarantines, as its ledger counted them. The bytes come back to the
+    /// pool and every ancestor (waking waiters); the leases' tokens are
+    /// ended by their owners with `Lease::settled_elsewhere`, or never.
+    /// Called once per binding, by the termination that settles it.
+    pub(crate) fn discharge(&self, holder: Option<HolderId>, class: AllocationClass, d: Discharge) {
+        self.on_shard(self.account_uid(holder), |s| {
+            let c = s.cells(class);
+            s.sub(&c.leased, d.leased);
+            s.sub(&c.leases, d.leases);
+            s.sub(&c.quarantined, d.quarantined);
+        });
+        self.discharged.fetch_add(d.leased + d.quarantined, Relaxed);
+        self.refund(d.leased + d.quarantined);
+    }
+
+    /// Bytes settled by [`discharge`](Self::discharge) so far.
+    pub fn discharged(&self) -> u64 {
+        self.discharged.load(Relaxed)
     }
 
     // ----- holders -------------------------------------------------------------

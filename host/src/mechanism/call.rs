@@ -174,8 +174,27 @@ impl MechanismInner {
         // type it allocated, so the plugin never reads or writes past them.
         // `sink` points at `cap`, which outlives the call. The ABI requires
         // each slot to be callable from any thread and never to unwind.
-        let _inside = InPluginCall::enter();
+        let (_inside, stripe) = InPluginCall::enter_striped();
+        // The operation gate (crate::lifecycle): a lost or terminated
+        // context is not called; termination waits for this token.
+        let _token = match self.life.gate.enter(stripe) {
+            Ok(t) => t,
+            Err(state) => return self.closed_door(state, cap),
+        };
         unsafe { slot.invoke(self.ctx, args, &sink) }
+    }
+
+    /// The door of a lost or terminated context: the plugin is not called;
+    /// the caller gets DEVICE_LOST with the recorded reason.
+    #[cold]
+    #[inline(never)]
+    fn closed_door(&self, state: crate::lifecycle::LifeState, cap: &mut Capture) -> MemplugStatus {
+        let why = self.life.reason().unwrap_or_else(|| "no reason was given".into());
+        cap.set(format!(
+            "the host no longer calls mechanism {}: its context is {state} ({why}); its objects went with it",
+            self.label
+        ));
+        memplug_sdk::abi::MEMPLUG_STATUS_DEVICE_LOST
     }
 
     /// Gives an object back to its mechanism through `slot`: on success the
@@ -257,7 +276,17 @@ impl MechanismInner {
         raw: MemplugStatus,
         message: Option<String>,
     ) -> CallError {
-        let status = Status::from_raw_conservative(raw);
+        let mut status = Status::from_raw_conservative(raw);
+        if status == Status::DeviceLost {
+            // A code of 1.2: from a plugin that agreed on less, it is a
+            // number that plugin cannot mean.
+            if self.minor < 2 && self.life.state().admits_calls() {
+                status = Status::Internal;
+            } else {
+                let text = message.as_deref().unwrap_or("no message");
+                self.life.report_lost(format!("slot {slot} answered MEMPLUG_STATUS_DEVICE_LOST: {text}"));
+            }
+        }
         CallError {
             status,
             raw,

@@ -179,6 +179,9 @@ pub(crate) struct MechanismInner {
     /// Live allocations and reservations by address, when
     /// `LoadOptions::check_overlaps` is on (`blocks.rs`).
     pub(crate) blocks: Option<Box<BlockIndex>>,
+    /// The context's life: its state and the operation gate every call
+    /// passes (`crate::lifecycle`).
+    pub(crate) life: crate::lifecycle::Lifecycle,
     // Last field: dropped after everything above, so the library outlives
     // every pointer into it.
     pub(crate) plugin: Arc<LoadedLibrary>,
@@ -249,6 +252,7 @@ impl MechanismInner {
             sync,
             live: Default::default(),
             blocks: check_overlaps.then(Box::default),
+            life: Default::default(),
             plugin,
         }
     }
@@ -435,6 +439,15 @@ impl Mechanism {
     /// this mechanism against its live ones (`LoadOptions::check_overlaps`).
     pub fn checks_overlaps(&self) -> bool {
         self.inner.blocks.is_some()
+    }
+    /// Where the mechanism's context is in its life (`Active` until it is
+    /// retired or lost; see [`crate::lifecycle`]).
+    pub fn life_state(&self) -> crate::lifecycle::LifeState {
+        self.inner.life.state()
+    }
+    /// Why the context left `Active`, when it did.
+    pub fn life_reason(&self) -> Option<String> {
+        self.inner.life.reason()
     }
     /// True when both handles name the same loaded mechanism.
     pub fn same_as(&self, other: &Mechanism) -> bool {

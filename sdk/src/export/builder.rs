@@ -8,6 +8,7 @@
 //! again and again does not grow memory.
 
 use super::context::{Facts, MechCtx};
+use super::host_link::{HostLink, LostFlag};
 use super::owned::Owned;
 use super::thunks::*;
 use crate::abi::{self, *};
@@ -66,7 +67,11 @@ impl<M: Allocator> MechanismBuilder<M> {
             name: CString::new(name).expect("mechanism name contains NUL"),
             id,
             device,
-            ctx: Arc::new(MechCtx { facts: Facts::new(name, id, device, properties), imp }),
+            ctx: Arc::new(MechCtx {
+                facts: Facts::new(name, id, device, properties),
+                lost: Default::default(),
+                imp,
+            }),
             virtual_backing: None,
             shared_mapping: None,
             sync: None,
@@ -215,8 +220,11 @@ impl<M: Allocator> MechanismBuilder<M> {
             shared_mapping: ptr(&shared_1_0),
             ..mech_1_1
         };
+        // 1.2 adds nothing to a mechanism's tables: its view is 1.1's with
+        // the 1.2 size.
+        let mech_1_2 = MemplugMechanism { struct_size: abi::size_1_2::MECHANISM, ..mech_1_1 };
         BuiltMechanism {
-            views: [Owned::new(mech_1_0), Owned::new(mech_1_1)],
+            views: [Owned::new(mech_1_0), Owned::new(mech_1_1), Owned::new(mech_1_2)],
             _tables: Tables {
                 _allocator: allocator,
                 _virtual_backing: virtual_backing,
@@ -225,6 +233,8 @@ impl<M: Allocator> MechanismBuilder<M> {
                 _sync: sync,
                 _name: name,
             },
+            id: self.id,
+            lost: self.ctx.lost.clone(),
             _ctx: self.ctx,
         }
     }
@@ -234,6 +244,8 @@ impl<M: Allocator> MechanismBuilder<M> {
 /// speaks (index = minor), with everything they point at.
 pub struct BuiltMechanism {
     views: [Owned<MemplugMechanism>; VIEWS],
+    id: u64,
+    lost: LostFlag,
     _tables: Tables,
     /// The slots' context; type-erased, kept for its drop.
     _ctx: Arc<dyn Send + Sync>,
@@ -277,7 +289,7 @@ unsafe impl Sync for BuiltMechanism {}
 unsafe impl Send for OwnedCStr {}
 unsafe impl Sync for OwnedCStr {}
 
-/// Number of minors this SDK writes descriptors for (1.0 and 1.1).
+/// Number of minors this SDK writes descriptors for (1.0 to 1.2).
 const VIEWS: usize = abi::MEMPLUG_ABI_MINOR as usize + 1;
 
 /// The whole plugin under construction.
@@ -288,6 +300,7 @@ pub struct PluginBuilder {
     max_minor: u32,
     mechanisms: Vec<BuiltMechanism>,
     live_objects: Option<Box<dyn Fn() -> u64 + Send + Sync>>,
+    link: Option<HostLink>,
 }
 
 impl PluginBuilder {
@@ -301,6 +314,7 @@ impl PluginBuilder {
             max_minor: abi::MEMPLUG_ABI_MINOR,
             mechanisms: Vec::new(),
             live_objects: None,
+            link: None,
         }
     }
 
@@ -328,8 +342,21 @@ impl PluginBuilder {
         self
     }
 
+    /// The plugin's line to its hosts (ABI 1.2 services): every mechanism
+    /// added is reachable through `link`, which reports losses to every
+    /// host that negotiated 1.2 or newer.
+    pub fn host_link(mut self, link: &HostLink) -> Self {
+        self.link = Some(link.clone());
+        self
+    }
+
     /// Freezes the plugin into its descriptors (one per minor).
     pub fn build(self) -> ExportedPlugin {
+        if let Some(link) = &self.link {
+            for m in &self.mechanisms {
+                link.add_mechanism(m.id, m.lost.clone());
+            }
+        }
         let live = self.live_objects.expect("PluginBuilder::live_objects is required");
         let ctx = Owned::new(PluginCtx { live, holder: core::ptr::null(), release: None });
         let name = OwnedCStr::new(CString::new(self.name).expect("plugin name contains NUL"));
@@ -363,6 +390,7 @@ impl PluginBuilder {
             _mechanisms: self.mechanisms,
             _strings: [name, version],
             ctx,
+            link: self.link,
         }
     }
 }
@@ -406,6 +434,16 @@ pub struct ExportedPlugin {
     _mechanisms: Vec<BuiltMechanism>,
     _strings: [OwnedCStr; 2],
     ctx: Owned<PluginCtx>,
+    link: Option<HostLink>,
+}
+
+impl Drop for ExportedPlugin {
+    fn drop(&mut self) {
+        // The last hold was given back: no host may be called any more.
+        if let Some(link) = &self.link {
+            link.detach_all();
+        }
+    }
 }
 
 // SAFETY: the descriptors are immutable once published, the context's
@@ -415,6 +453,16 @@ unsafe impl Send for ExportedPlugin {}
 unsafe impl Sync for ExportedPlugin {}
 
 impl ExportedPlugin {
+    /// Attaches a host's services (negotiation agreed on 1.2 or newer).
+    ///
+    /// # Safety
+    /// As for [`HostLink`]'s attach: NULL or the host's live table.
+    pub(super) unsafe fn attach_host(&self, services: *const MemplugHostServices) {
+        if let Some(link) = &self.link {
+            link.attach(services);
+        }
+    }
+
     /// The descriptor of the newest minor the plugin speaks.
     pub fn descriptor(&self) -> &MemplugPlugin {
         self.descriptor_for(self.max_minor)

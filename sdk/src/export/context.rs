@@ -18,6 +18,9 @@ pub(super) const KNOWN_REQUEST_FLAGS: u32 = 0;
 /// by the built mechanism and every [`MechanismState`](super::MechanismState).
 pub(super) struct MechCtx<M> {
     pub(super) facts: Facts,
+    /// Set once the mechanism is reported lost ([`super::HostLink`]): every
+    /// slot then answers DEVICE_LOST without calling the vendor.
+    pub(super) lost: super::host_link::LostFlag,
     pub(super) imp: M,
 }
 
@@ -46,9 +49,15 @@ fn device_word(d: MemplugDevice) -> u64 {
 /// # Safety
 /// `ctx` is the `ctx` of a mechanism descriptor built for `M`, whose
 /// plugin has not been unloaded.
+/// A mechanism reported lost answers every slot with DEVICE_LOST: one
+/// load and a branch on the success path.
 #[inline(always)]
-pub(super) unsafe fn mech<'a, M>(ctx: *mut core::ffi::c_void) -> &'a MechCtx<M> {
-    &*(ctx as *const MechCtx<M>)
+pub(super) unsafe fn mech<'a, M>(ctx: *mut core::ffi::c_void) -> PluginResult<&'a MechCtx<M>> {
+    let m = &*(ctx as *const MechCtx<M>);
+    if m.lost.load(core::sync::atomic::Ordering::Relaxed) {
+        return Err(m.facts.lost());
+    }
+    Ok(m)
 }
 
 impl Facts {
@@ -63,6 +72,15 @@ impl Facts {
             properties,
             name: name.into(),
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn lost(&self) -> PluginError {
+        PluginError::new(
+            Status::DeviceLost,
+            format!("mechanism '{}' was reported lost: its device or context is gone", self.name),
+        )
     }
 
     fn device(&self) -> (u32, u32) {

@@ -118,15 +118,23 @@ pub unsafe fn negotiate(
             built.bind(cell as *const PluginCell as *const c_void, release_hold);
             st.plugin = Some(built);
         }
-        let answered = answer(st.plugin.as_ref().expect("built above"), &host, out);
+        let plugin = st.plugin.as_ref().expect("built above");
+        let answered = answer(plugin, &host, out);
         match answered {
-            Ok(()) => st.holds += 1,
+            Ok(agreed) => {
+                // A 1.2 host's services (zero in a shorter host struct):
+                // used only at 1.2 or newer, as the ABI says.
+                if agreed >= 2 {
+                    plugin.attach_host(host.services);
+                }
+                st.holds += 1
+            }
             // Nobody holds what was just built (or kept from a failed
             // negotiation): free it, after the lock is released.
             Err(_) if st.holds == 0 => unheld = st.plugin.take(),
             Err(_) => {}
         }
-        answered
+        answered.map(|_| ())
     });
     drop(unheld);
     status
@@ -137,7 +145,7 @@ unsafe fn answer(
     plugin: &ExportedPlugin,
     host: &MemplugHostInfo,
     out: *mut MemplugNegotiation,
-) -> PluginResult<()> {
+) -> PluginResult<u32> {
     let d = plugin.descriptor();
     let lo = host.min_minor.max(d.min_minor);
     let hi = host.max_minor.min(d.max_minor);
@@ -151,7 +159,7 @@ unsafe fn answer(
         ));
     }
     let answer = MemplugNegotiation { struct_size: 0, agreed_minor: hi, plugin: plugin.descriptor_for(hi) };
-    write_out(out, &answer, "out negotiation")
+    write_out(out, &answer, "out negotiation").map(|()| hi)
 }
 
 /// Exports a plugin from a cdylib: defines the `memplug_plugin_v1` entry

@@ -31,6 +31,9 @@
 //! * `builder` — [`MechanismBuilder`] and [`PluginBuilder`], which freeze
 //!   them into descriptors owned by the [`ExportedPlugin`];
 //! * `owned` — the heap storage those descriptors point at;
+//! * `host_link` — [`HostLink`], the plugin's line to its hosts (ABI 1.2
+//!   services): a reported loss latches the mechanism (every slot then
+//!   answers `MEMPLUG_STATUS_DEVICE_LOST`) and tells every host;
 //! * `entry` — negotiation, the [`PluginCell`] that owns the plugin from
 //!   the first negotiation to the last `unload`, and the macros that define
 //!   the entry symbol.
@@ -40,9 +43,11 @@ mod builder;
 mod context;
 mod entry;
 mod guard;
+mod host_link;
 mod owned;
 mod thunks;
 
 pub use builder::{BuiltMechanism, ExportedPlugin, MechanismBuilder, MechanismState, PluginBuilder};
 pub use entry::{negotiate, PluginCell};
 pub use guard::{guard, write_message};
+pub use host_link::{HostLink, LossReport};

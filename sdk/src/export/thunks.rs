@@ -87,7 +87,7 @@ pub(super) unsafe extern "C" fn a_properties<M: Allocator>(
 ) -> MemplugStatus {
     guard(sink, "properties", || {
         // The copy taken at build time, which every check uses.
-        let p = mech::<M>(ctx).facts.properties;
+        let p = mech::<M>(ctx)?.facts.properties;
         let v = MemplugProperties {
             struct_size: 0,
             reserved0: 0,
@@ -106,7 +106,7 @@ pub(super) unsafe extern "C" fn a_allocate<M: Allocator>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "allocate", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let r = m.facts.allocation(request_of(request)?)?;
         let cap = block_capacity(out)?;
         let b = m.imp.allocate(&r)?;
@@ -121,7 +121,7 @@ pub(super) unsafe extern "C" fn a_deallocate<M: Allocator>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "deallocate", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let o = m.object(object, "object", "deallocate: allocation")?;
         m.imp.deallocate(&o)
     })
@@ -133,7 +133,7 @@ pub(super) unsafe extern "C" fn a_memory_info<M: Allocator>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "memory_info", || {
-        let m = mech::<M>(ctx).imp.memory_info()?;
+        let m = mech::<M>(ctx)?.imp.memory_info()?;
         let v = MemplugMemoryInfo {
             struct_size: 0,
             reserved0: 0,
@@ -153,7 +153,7 @@ pub(super) unsafe extern "C" fn v_reserve<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "reserve", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         m.make_block(request, out, "reserve", |r| m.imp.reserve(r))
     })
 }
@@ -166,7 +166,7 @@ pub(super) unsafe extern "C" fn v_commit<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "commit", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         m.on_range(res, offset, len, "commit", "commit: reservation", |r| m.imp.commit(r, offset, len))
     })
 }
@@ -179,7 +179,7 @@ pub(super) unsafe extern "C" fn v_decommit<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "decommit", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         m.on_range(res, offset, len, "decommit", "decommit: reservation", |r| m.imp.decommit(r, offset, len))
     })
 }
@@ -191,7 +191,7 @@ pub(super) unsafe extern "C" fn v_committed<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "committed_bytes", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let r = m.object(res, "reservation", "committed_bytes: reservation")?;
         let n = m.imp.committed_bytes(&r)?;
         write_u64(out, n, "out_bytes")
@@ -204,7 +204,7 @@ pub(super) unsafe extern "C" fn v_release<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "release", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let r = m.object(res, "reservation", "release: reservation")?;
         VirtualBacking::release(&m.imp, &r)
     })
@@ -219,7 +219,7 @@ pub(super) unsafe extern "C" fn s_create<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "create", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         m.make_block(request, out, "create", |r| m.imp.create(r))
     })
 }
@@ -241,7 +241,7 @@ pub(super) unsafe extern "C" fn s_map<M: SharedMapping>(
                 "access {access:#x} is neither MEMPLUG_ACCESS_READ nor READ|WRITE"
             ))
         })?;
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let o = object_of(object, "object")?;
         let r = object_of(res, "reservation")?;
         m.facts.object(&o, "map: physical object")?;
@@ -260,7 +260,7 @@ pub(super) unsafe extern "C" fn s_unmap<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "unmap", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         m.on_range(res, offset, len, "unmap", "unmap: reservation", |r| m.imp.unmap(r, offset, len))
     })
 }
@@ -271,7 +271,7 @@ pub(super) unsafe extern "C" fn s_retain<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "retain", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let o = m.object(object, "object", "retain: physical object")?;
         m.imp.retain(&o)
     })
@@ -283,7 +283,7 @@ pub(super) unsafe extern "C" fn s_release<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "release", || {
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let o = m.object(object, "object", "release: physical object")?;
         SharedMapping::release(&m.imp, &o)
     })
@@ -301,7 +301,7 @@ pub(super) unsafe extern "C" fn s_export_fd<M: SharedMapping>(
         if out_fd.is_null() {
             return Err(PluginError::invalid_argument("out_fd is NULL"));
         }
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         let o = m.object(object, "object", "export_fd: physical object")?;
         let fd = m.imp.export_fd(&o)?;
         out_fd.write(std::os::fd::IntoRawFd::into_raw_fd(fd));
@@ -320,7 +320,7 @@ pub(super) unsafe extern "C" fn s_import_fd<M: SharedMapping>(
         if fd < 0 {
             return Err(PluginError::invalid_argument(format!("fd {fd} is not a file descriptor")));
         }
-        let m = mech::<M>(ctx);
+        let m = mech::<M>(ctx)?;
         // SAFETY: the caller keeps `fd` open for the duration of the call
         // (ABI contract); the plugin only borrows it.
         let borrowed = std::os::fd::BorrowedFd::borrow_raw(fd);
@@ -339,7 +339,7 @@ pub(super) unsafe extern "C" fn y_stream_create<M: StreamSync>(
         if out.is_null() {
             return Err(PluginError::invalid_argument("out_stream is NULL"));
         }
-        let s = mech::<M>(ctx).imp.stream_create()?;
+        let s = mech::<M>(ctx)?.imp.stream_create()?;
         write_u64(out, s, "out_stream")
     })
 }
@@ -354,7 +354,7 @@ pub(super) unsafe extern "C" fn y_stream_adopt<M: StreamSync>(
         if out.is_null() {
             return Err(PluginError::invalid_argument("out_stream is NULL"));
         }
-        let s = mech::<M>(ctx).imp.stream_adopt(native)?;
+        let s = mech::<M>(ctx)?.imp.stream_adopt(native)?;
         write_u64(out, s, "out_stream")
     })
 }
@@ -364,7 +364,7 @@ pub(super) unsafe extern "C" fn y_stream_destroy<M: StreamSync>(
     stream: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "stream_destroy", || mech::<M>(ctx).imp.stream_destroy(stream))
+    guard(sink, "stream_destroy", || mech::<M>(ctx)?.imp.stream_destroy(stream))
 }
 
 pub(super) unsafe extern "C" fn y_enqueue<M: StreamSync>(
@@ -376,7 +376,7 @@ pub(super) unsafe extern "C" fn y_enqueue<M: StreamSync>(
 ) -> MemplugStatus {
     guard(sink, "enqueue_host_fn", || {
         let f = func.ok_or_else(|| PluginError::invalid_argument("func is NULL"))?;
-        mech::<M>(ctx).imp.enqueue_host_fn(stream, HostFn::new(f, userdata))
+        mech::<M>(ctx)?.imp.enqueue_host_fn(stream, HostFn::new(f, userdata))
     })
 }
 
@@ -390,7 +390,7 @@ pub(super) unsafe extern "C" fn y_fence_record<M: StreamSync>(
         if out.is_null() {
             return Err(PluginError::invalid_argument("out_fence is NULL"));
         }
-        let f = mech::<M>(ctx).imp.fence_record(stream)?;
+        let f = mech::<M>(ctx)?.imp.fence_record(stream)?;
         write_u64(out, f, "out_fence")
     })
 }
@@ -410,7 +410,7 @@ pub(super) unsafe extern "C" fn y_fence_query<M: StreamSync>(
     fence: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "fence_query", || fence_status(mech::<M>(ctx).imp.fence_query(fence)?, Status::NotReady))
+    guard(sink, "fence_query", || fence_status(mech::<M>(ctx)?.imp.fence_query(fence)?, Status::NotReady))
 }
 
 pub(super) unsafe extern "C" fn y_fence_wait<M: StreamSync>(
@@ -420,7 +420,7 @@ pub(super) unsafe extern "C" fn y_fence_wait<M: StreamSync>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "fence_wait", || {
-        let st = mech::<M>(ctx).imp.fence_wait(fence, Duration::from_nanos(timeout_ns))?;
+        let st = mech::<M>(ctx)?.imp.fence_wait(fence, Duration::from_nanos(timeout_ns))?;
         fence_status(st, Status::Timeout)
     })
 }
@@ -430,5 +430,5 @@ pub(super) unsafe extern "C" fn y_fence_destroy<M: StreamSync>(
     fence: u64,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    guard(sink, "fence_destroy", || mech::<M>(ctx).imp.fence_destroy(fence))
+    guard(sink, "fence_destroy", || mech::<M>(ctx)?.imp.fence_destroy(fence))
 }

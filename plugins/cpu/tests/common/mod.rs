@@ -97,6 +97,7 @@ pub fn host_info(major: u32, min: u32, max: u32) -> MemplugHostInfo {
         min_minor: min,
         max_minor: max,
         host_name: c"memplug-cpu-tests".as_ptr(),
+        services: core::ptr::null(),
     }
 }
 

@@ -1,0 +1,86 @@
+//! What one binding holds charged: bytes and leases, live and
+//! quarantined. Termination of a lost context discharges each binding's
+//! ledger from its pool in one step, so an object whose owner never comes
+//! back is refunded by what it was charged, never by a guess.
+//!
+//! Changed only under a gate token of the binding's context (every change
+//! sits next to the pool operation it mirrors, in `binding/`), so once the
+//! gate is quiet and refuses calls the ledger no longer moves, and an
+//! owner that comes later is refused at the gate and changes nothing: each
+//! charge is settled either by its owner or by termination, never both.
+//!
+//! Striped like the gate, one cache line per stripe; a charge made on one
+//! thread and refunded on another leaves one stripe up and another down by
+//! the same amount, so stripes are summed with wrapping arithmetic.
+
+use super::gate::STRIPES;
+use crate::sync::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+#[repr(align(64))]
+#[derive(Default)]
+struct Cell {
+    bytes: AtomicU64,
+    leases: AtomicU64,
+}
+
+#[derive(Default)]
+pub(crate) struct Ledger {
+    cells: [Cell; STRIPES],
+    /// Quarantined charges (cold: a release the plugin refused).
+    quarantined_bytes: AtomicU64,
+    quarantines: AtomicU64,
+}
+
+/// A ledger's sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LedgerTotals {
+    pub(crate) bytes: u64,
+    pub(crate) leases: u64,
+    pub(crate) quarantined_bytes: u64,
+    pub(crate) quarantines: u64,
+}
+
+impl Ledger {
+    /// A lease of `bytes` began (`leases` is 1), or an existing one grew
+    /// (`leases` is 0).
+    #[inline(always)]
+    pub(crate) fn charged(&self, stripe: usize, bytes: u64, leases: u64) {
+        let c = &self.cells[stripe % STRIPES];
+        c.bytes.fetch_add(bytes, Relaxed);
+        if leases != 0 {
+            c.leases.fetch_add(leases, Relaxed);
+        }
+    }
+
+    /// `bytes` of live charge were refunded, ending `leases` leases.
+    #[inline(always)]
+    pub(crate) fn refunded(&self, stripe: usize, bytes: u64, leases: u64) {
+        let c = &self.cells[stripe % STRIPES];
+        c.bytes.fetch_sub(bytes, Relaxed);
+        if leases != 0 {
+            c.leases.fetch_sub(leases, Relaxed);
+        }
+    }
+
+    /// `bytes` of live charge became quarantined (`leases` leases ended
+    /// that way).
+    #[cold]
+    pub(crate) fn quarantined(&self, stripe: usize, bytes: u64, leases: u64) {
+        self.refunded(stripe, bytes, leases);
+        self.quarantined_bytes.fetch_add(bytes, Relaxed);
+        self.quarantines.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn totals(&self) -> LedgerTotals {
+        let sum = |f: fn(&Cell) -> &AtomicU64| {
+            self.cells.iter().fold(0u64, |n, c| n.wrapping_add(f(c).load(Relaxed)))
+        };
+        LedgerTotals {
+            bytes: sum(|c| &c.bytes),
+            leases: sum(|c| &c.leases),
+            quarantined_bytes: self.quarantined_bytes.load(Relaxed),
+            quarantines: self.quarantines.load(Relaxed),
+        }
+    }
+}

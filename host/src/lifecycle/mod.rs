@@ -1,0 +1,81 @@
+//! A context's life (DESIGN.md §5): `Active` → `Retiring` | `Lost` →
+//! `Terminated`, the operation gate every plugin call passes, and the
+//! ledger of what each binding has charged — the three facts termination
+//! needs to settle a context's books exactly once.
+//!
+//! * `state.rs` — [`LifeState`] and its transitions;
+//! * `gate.rs` — the gate: the state word and the striped count of calls in
+//!   flight; termination waits for that count to reach zero;
+//! * `ledger.rs` — per binding, the bytes and leases it holds, changed only
+//!   under a gate token, so a quiet gate means a stable ledger.
+//!
+//! Why a loss is only *recorded* where it is reported: a report can come
+//! from inside a slot, from a driver's callback thread or from the host's
+//! own failure path, none of which may run a runtime's callbacks or wait.
+//! The state flips (one compare-and-swap) and the reason is kept; events
+//! are delivered later, by the context's owner, on its own threads.
+
+mod gate;
+mod ledger;
+mod state;
+
+pub(crate) use gate::{Gate, Token};
+pub(crate) use ledger::{Ledger, LedgerTotals};
+pub use state::LifeState;
+
+use crate::sync::Mutex;
+
+/// The lifecycle of one mechanism's context: its gate and why it left
+/// `Active`. Lives inside the mechanism, so the one door into the plugin
+/// reaches it without a pointer chase.
+pub(crate) struct Lifecycle {
+    pub(crate) gate: Gate,
+    /// Why it is retiring or lost (the first reason wins). Written with
+    /// `try_lock` by reporters, which must not block: a reporter that
+    /// finds it locked drops its text (another reporter is writing one).
+    reason: Mutex<Option<String>>,
+}
+
+impl Default for Lifecycle {
+    fn default() -> Self {
+        Lifecycle { gate: Gate::default(), reason: Mutex::new(None) }
+    }
+}
+
+impl Lifecycle {
+    pub(crate) fn state(&self) -> LifeState {
+        self.gate.state()
+    }
+
+    /// Records a loss: `true` for the report that moved the context to
+    /// `Lost`, `false` when it already was lost or terminated. Never
+    /// blocks.
+    pub(crate) fn report_lost(&self, reason: String) -> bool {
+        let moved = self.gate.transition(&[LifeState::Active, LifeState::Retiring], LifeState::Lost).is_ok();
+        if moved {
+            self.keep_reason(reason);
+        }
+        moved
+    }
+
+    /// `Active` → `Retiring`; the state found otherwise.
+    pub(crate) fn retire(&self, reason: String) -> Result<(), LifeState> {
+        self.gate.transition(&[LifeState::Active], LifeState::Retiring)?;
+        self.keep_reason(reason);
+        Ok(())
+    }
+
+    fn keep_reason(&self, reason: String) {
+        if let Ok(mut r) = self.reason.try_lock() {
+            // A retiring context that is then lost keeps both reasons.
+            *r = Some(match r.take() {
+                Some(before) => format!("{reason} (after: {before})"),
+                None => reason,
+            });
+        }
+    }
+
+    pub(crate) fn reason(&self) -> Option<String> {
+        crate::sync::lock(&self.reason).clone()
+    }
+}
