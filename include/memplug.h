@@ -120,6 +120,135 @@
 // truncated by the host.
 #define MEMPLUG_MESSAGE_MAX 1024
 
+// Sizes of each growable struct as ABI 1.0 defined it: a reader refuses a
+// struct whose `struct_size` is below these. Frozen: they never change, and
+// each is a prefix of the current struct.
+#define MEMPLUG_HOST_INFO_SIZE_1_0 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_NEGOTIATION_SIZE_1_0 16
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_PLUGIN_SIZE_1_0 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_MECHANISM_SIZE_1_0 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_PROPERTIES_SIZE_1_0 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_MEMORY_INFO_SIZE_1_0 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_REQUEST_SIZE_1_0 40
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_BLOCK_SIZE_1_0 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_OBJECT_REF_SIZE_1_0 56
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_ALLOCATOR_SIZE_1_0 40
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_0 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_SHARED_MAPPING_SIZE_1_0 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_0`.
+#define MEMPLUG_SYNC_SIZE_1_0 72
+
+// Sizes of each growable struct as ABI 1.1 defines it (the current
+// `sizeof`). A writer of 1.1 that sets `struct_size` to these publishes the
+// 1.1 fields; a reader finds a 1.1 field only in a struct at least this
+// long. Grown in 1.1: `MemplugRequest` (`class_tag`) and
+// `MemplugSharedMapping` (`export_fd`, `import_fd`).
+#define MEMPLUG_HOST_INFO_SIZE_1_1 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_NEGOTIATION_SIZE_1_1 16
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_PLUGIN_SIZE_1_1 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_MECHANISM_SIZE_1_1 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_PROPERTIES_SIZE_1_1 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_MEMORY_INFO_SIZE_1_1 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_REQUEST_SIZE_1_1 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_BLOCK_SIZE_1_1 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_OBJECT_REF_SIZE_1_1 56
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_ALLOCATOR_SIZE_1_1 40
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_1 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_SHARED_MAPPING_SIZE_1_1 64
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_1`.
+#define MEMPLUG_SYNC_SIZE_1_1 72
+
+// Sizes of each growable struct as ABI 1.2 defines it. Grown in 1.2:
+// `MemplugHostInfo` (`services`); new in 1.2: `MemplugHostServices`
+// (`report_device_lost`). 1.2 is not frozen yet: it may still grow
+// before its header is frozen (docs/ABI-CHANGELOG.md).
+#define MEMPLUG_HOST_INFO_SIZE_1_2 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_HOST_SERVICES_SIZE_1_2 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_NEGOTIATION_SIZE_1_2 16
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_PLUGIN_SIZE_1_2 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_MECHANISM_SIZE_1_2 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_PROPERTIES_SIZE_1_2 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_MEMORY_INFO_SIZE_1_2 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_REQUEST_SIZE_1_2 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_BLOCK_SIZE_1_2 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_OBJECT_REF_SIZE_1_2 56
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_ALLOCATOR_SIZE_1_2 40
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_SHARED_MAPPING_SIZE_1_2 64
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_SYNC_SIZE_1_2 72
+
 // Result of every fallible slot. `MEMPLUG_STATUS_OK` (zero) is success; every
 // other value is a failure, optionally explained through the call's
 // [`MemplugMessageSink`]. Values are never renumbered; a reader maps a value

@@ -108,7 +108,7 @@
 
 // Result of every fallible function of the host C API.
 //
-// `MEMPLUG_HOST_STATUS_OK` (zero) is success. Codes 0 to 14 have exactly
+// `MEMPLUG_HOST_STATUS_OK` (zero) is success. Codes 0 to 15 have exactly
 // the meaning of the plugin ABI's `MEMPLUG_STATUS_*` codes of the same
 // number (a plugin's refusal comes back with its own code); codes from 256
 // on are the host's own, leaving room for the plugin ABI to add codes in
@@ -156,6 +156,11 @@ enum MemplugHostStatus
   // Still in use (an unload refused because objects are alive, a range
   // whose decommit still waits for fences).
   MEMPLUG_HOST_STATUS_BUSY = 14,
+  // The device or context behind the mechanism is gone (ABI 1.2): the
+  // host no longer calls it, every object it made went with it, and its
+  // charges are settled when its context terminates. Handles to those
+  // objects stay valid to destroy (which calls no plugin).
+  MEMPLUG_HOST_STATUS_DEVICE_LOST = 15,
   // The pool's budget has no room, even after asking its holders.
   MEMPLUG_HOST_STATUS_OUT_OF_BUDGET = 256,
   // The handle named an object that was freed or destroyed (or whose

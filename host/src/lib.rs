@@ -22,6 +22,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod binding;
+pub mod context;
 pub mod deferred;
 pub mod error;
 pub mod fence;
@@ -46,9 +47,14 @@ pub mod tokens;
 pub use binding::{
     BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,
 };
+pub use context::{
+    Context, LifecycleError, LifecycleEvent, LossNotice, SettledBinding, Settlement, SubscriptionId,
+    TerminateError,
+};
 pub use deferred::{DeferredFreeQueue, DrainReport, PollReport, QueueStats, Retire, RetireOutcome};
 pub use error::{CallError, LoadError, ObjectKind, ReleaseError};
 pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
+pub use lifecycle::LifeState;
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
     Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
@@ -56,5 +62,5 @@ pub use mechanism::{
 };
 pub use memplug_sdk::Status;
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};
-pub use registry::{Context, Registry, RegistryError, Requirements};
+pub use registry::{Registry, RegistryError, Requirements};
 pub use tokens::{Allocation, Fence, PhysicalObject, RawObject, Reservation, Stream};

@@ -22,7 +22,7 @@ pub(crate) struct LoadedLibrary {
     live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
     unload: Option<unsafe extern "C" fn(*mut c_void)>,
     /// This load's services table (closed before `unload`).
-    pub(crate) services: &'static ServicesInbox,
+    pub(crate) services: ServicesInbox,
     library: ManuallyDrop<Option<OpenLibrary>>,
 }
 
@@ -44,7 +44,7 @@ impl LoadedLibrary {
         live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
         unload: Option<unsafe extern "C" fn(*mut c_void)>,
         library: Option<OpenLibrary>,
-        services: &'static ServicesInbox,
+        services: ServicesInbox,
     ) -> LoadedLibrary {
         LoadedLibrary {
             name,

@@ -140,17 +140,13 @@ impl Plugin {
         library: Option<crate::policy::OpenLibrary>,
         opts: &LoadOptions,
     ) -> Result<Plugin, LoadError> {
-        let services = ServicesInbox::leak();
-        let loaded = Self::negotiate_with(entry, origin, library, opts, services);
-        match &loaded {
-            Ok(p) => {
-                let routes = crate::services::routes(p.mechanisms.iter().map(|m| &m.inner));
-                services.publish(p.agreed_minor, routes);
-            }
-            // A refused load's table stays valid and refuses every report.
-            Err(_) => services.close(),
-        }
-        loaded
+        // A refused load drops (closes) its services: the table stays valid
+        // and refuses every report.
+        let services = ServicesInbox::open();
+        let loaded = Self::negotiate_with(entry, origin, library, opts, services)?;
+        let routes = crate::services::routes(loaded.mechanisms.iter().map(|m| &m.inner));
+        loaded.shared.services.publish(loaded.agreed_minor, routes);
+        Ok(loaded)
     }
 
     unsafe fn negotiate_with(
@@ -158,7 +154,7 @@ impl Plugin {
         origin: String,
         library: Option<crate::policy::OpenLibrary>,
         opts: &LoadOptions,
-        services: &'static ServicesInbox,
+        services: ServicesInbox,
     ) -> Result<Plugin, LoadError> {
         let host = MemplugHostInfo {
             struct_size: core::mem::size_of::<MemplugHostInfo>() as u32,

@@ -1,15 +1,19 @@
 //! The process's registry of plugins and their mechanisms, selection by
 //! device and required capabilities, and pinned contexts.
 //!
-//! A [`Context`] is a mechanism pinned for use: bindings, allocations and
-//! queued frees hold it, and a plugin whose contexts are pinned cannot be
-//! unloaded (the unload is refused and says what holds it).
+//! A [`Context`] (`crate::context`) is a mechanism pinned for use:
+//! bindings, allocations and queued frees hold it, and a plugin whose
+//! contexts are pinned cannot be unloaded (the unload is refused and says
+//! what holds it) — unless every context of the plugin has terminated:
+//! then what still holds one is inert, and the plugin is unregistered (its
+//! library closes when the last inert handle is gone).
 
+pub use crate::context::Context;
+use crate::lifecycle::LifeState;
 use crate::mechanism::{Device, Mechanism};
 use crate::plugin::{LiveReport, Plugin};
 use crate::sync::{lock, Mutex};
 use memplug_sdk::abi::MemplugDevice;
-use std::fmt;
 use std::sync::Arc;
 
 /// Capabilities a caller needs from a mechanism. Asking for one the
@@ -58,31 +62,6 @@ pub enum RegistryError {
     UnloadRefused { name: String, detail: String },
 }
 
-/// A mechanism pinned for use. While any `Arc<Context>` is alive its
-/// plugin stays loaded and cannot be unregistered.
-pub struct Context {
-    mechanism: Mechanism,
-}
-
-impl Context {
-    pub fn mechanism(&self) -> &Mechanism {
-        &self.mechanism
-    }
-    /// Objects (allocations, reservations, physical objects, streams,
-    /// fences) of this mechanism still alive, as the host counts them —
-    /// derived from the mechanism's own counters, so the allocation path
-    /// pays for no second counter.
-    pub fn pins(&self) -> u64 {
-        crate::error::ObjectKind::ALL.iter().map(|k| self.mechanism.live(*k)).sum()
-    }
-}
-
-impl fmt::Debug for Context {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Context({}, pins {})", self.mechanism.label(), self.pins())
-    }
-}
-
 struct Entry {
     plugin: Plugin,
     contexts: Vec<Arc<Context>>,
@@ -90,8 +69,7 @@ struct Entry {
 
 impl Entry {
     fn new(plugin: Plugin) -> Entry {
-        let contexts =
-            plugin.mechanisms().iter().map(|m| Arc::new(Context { mechanism: m.clone() })).collect();
+        let contexts = plugin.mechanisms().iter().map(|m| Arc::new(Context::new(m.clone()))).collect();
         Entry { plugin, contexts }
     }
 }
@@ -137,7 +115,7 @@ impl Registry {
         e.iter()
             .filter(|x| plugin.is_none_or(|p| x.plugin.name() == p))
             .flat_map(|x| x.contexts.iter())
-            .find(|c| c.mechanism.name() == mech)
+            .find(|c| c.mechanism().name() == mech)
             .cloned()
             .ok_or_else(|| RegistryError::UnknownMechanism(name.into()))
     }
@@ -147,12 +125,17 @@ impl Registry {
     /// otherwise.
     pub fn select(&self, device: MemplugDevice, req: Requirements) -> Result<Arc<Context>, RegistryError> {
         let e = lock(&self.entries);
-        let on_device: Vec<&Arc<Context>> =
-            e.iter().flat_map(|x| x.contexts.iter()).filter(|c| c.mechanism.device().0 == device).collect();
+        // Only active contexts are chosen: a retiring or lost one makes no
+        // new objects.
+        let on_device: Vec<&Arc<Context>> = e
+            .iter()
+            .flat_map(|x| x.contexts.iter())
+            .filter(|c| c.mechanism().device().0 == device && c.state() == LifeState::Active)
+            .collect();
         if on_device.is_empty() {
             return Err(RegistryError::NoDevice { device: Device(device).to_string() });
         }
-        if let Some(c) = on_device.iter().find(|c| req.missing(&c.mechanism).is_empty()) {
+        if let Some(c) = on_device.iter().find(|c| req.missing(c.mechanism()).is_empty()) {
             return Ok((*c).clone());
         }
         let wanted: Vec<&str> = [
@@ -169,9 +152,9 @@ impl Registry {
             .map(|c| {
                 format!(
                     "{}/{} lacks {}",
-                    c.mechanism.plugin_name(),
-                    c.mechanism.name(),
-                    req.missing(&c.mechanism).join("+")
+                    c.mechanism().plugin_name(),
+                    c.mechanism().name(),
+                    req.missing(c.mechanism()).join("+")
                 )
             })
             .collect();
@@ -191,6 +174,12 @@ impl Registry {
                 .iter()
                 .position(|x| x.plugin.name() == name)
                 .ok_or_else(|| RegistryError::UnknownPlugin(name.into()))?;
+            if e[i].contexts.iter().all(|c| c.state() == LifeState::Terminated) {
+                // Everything still holding a context is inert: unregister
+                // now; the library closes with the last handle.
+                drop(e.remove(i));
+                return Ok(());
+            }
             let pinned: Vec<String> = e[i]
                 .contexts
                 .iter()
@@ -198,7 +187,7 @@ impl Registry {
                 .map(|c| {
                     format!(
                         "mechanism '{}' is pinned by {} object(s) and {} handle(s)",
-                        c.mechanism.name(),
+                        c.mechanism().name(),
                         c.pins(),
                         Arc::strong_count(c) - 1
                     )
@@ -222,6 +211,28 @@ impl Registry {
             e.insert(at, Entry::new(refused.plugin));
             RegistryError::UnloadRefused { name: name.into(), detail }
         })
+    }
+
+    /// Every context, in registration order.
+    pub fn contexts(&self) -> Vec<Arc<Context>> {
+        let e = lock(&self.entries);
+        e.iter().flat_map(|x| x.contexts.iter().cloned()).collect()
+    }
+
+    /// The name of the plugin that published `context`.
+    pub fn plugin_of(&self, context: &Context) -> Option<String> {
+        let e = lock(&self.entries);
+        e.iter()
+            .find(|x| x.contexts.iter().any(|c| std::ptr::eq(Arc::as_ptr(c), context)))
+            .map(|x| x.plugin.name().to_string())
+    }
+
+    /// Whether every context of plugin `name` has terminated.
+    pub fn all_terminated(&self, name: &str) -> bool {
+        let e = lock(&self.entries);
+        e.iter()
+            .find(|x| x.plugin.name() == name)
+            .is_some_and(|x| x.contexts.iter().all(|c| c.state() == LifeState::Terminated))
     }
 
     /// What keeps each plugin loaded.

@@ -2,10 +2,14 @@
 //! today one, `report_device_lost`. One table per load, reachable from the
 //! `MemplugHostInfo` the entry receives.
 //!
-//! The table is never freed (a few dozen bytes per load): a plugin may
-//! keep its pointer on a thread of its own, and a report that races the
-//! unload — or comes after a load the host refused — must find valid
-//! memory that answers `MEMPLUG_STATUS_INVALID_STATE`, not freed memory.
+//! What a plugin's pointer reaches is split in two. The table itself and a
+//! reader count (40 bytes, a "tombstone") are never freed: a plugin may
+//! keep a copy of the table on a thread of its own (the SDK's `HostLink`
+//! does, and serves two hosts with one copy each), and a stale copy must
+//! find valid memory that answers `MEMPLUG_STATUS_INVALID_STATE`, not
+//! freed memory. Everything else (the routes to the mechanisms, the
+//! counts) is freed when the load closes, after the last report in
+//! progress has left.
 //!
 //! A report only flips the mechanism's state and keeps the reason (see
 //! `crate::lifecycle`): it never blocks and never runs a runtime's code, so
@@ -17,20 +21,33 @@ use crate::sink::bounded_message;
 use memplug_sdk::abi::*;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 
-/// One load's services table and what it routes to.
-pub(crate) struct ServicesInbox {
+/// What outlives every load: the table the plugin was given, and the way
+/// to the load's state while it is open.
+#[repr(C)]
+struct Tombstone {
     table: MemplugHostServices,
+    /// The open load's state; NULL once closed.
+    state: AtomicPtr<InboxState>,
+    /// Reports reading `state` now.
+    readers: AtomicU32,
+}
+
+/// One load's services: the tombstone its table lives in, and the state
+/// the host frees at close.
+pub(crate) struct ServicesInbox {
+    stone: &'static Tombstone,
+}
+
+struct InboxState {
     /// The plugin's mechanisms by id, set once negotiation and validation
     /// succeeded; until then a report is refused as made during
     /// negotiation.
     mechanisms: OnceLock<Vec<(u64, Weak<MechanismInner>)>>,
     /// The agreed minor (services are part of 1.2).
     minor: AtomicU32,
-    /// Set before `unload` is called (and for a refused load).
-    closed: AtomicBool,
     counts: [AtomicU64; 3],
     /// The last refused report, for diagnostics (kept with `try_lock`).
     last_refusal: Mutex<Option<String>>,
@@ -55,52 +72,94 @@ const REPEATS: usize = 1;
 const REFUSED: usize = 2;
 
 impl ServicesInbox {
-    /// A new table for one load, closed until [`publish`](Self::publish).
-    pub(crate) fn leak() -> &'static ServicesInbox {
-        let inbox: &'static mut ServicesInbox = Box::leak(Box::new(ServicesInbox {
+    /// A new table for one load, refusing reports until
+    /// [`publish`](Self::publish).
+    pub(crate) fn open() -> ServicesInbox {
+        let state = Box::into_raw(Box::new(InboxState {
+            mechanisms: OnceLock::new(),
+            minor: AtomicU32::new(0),
+            counts: Default::default(),
+            last_refusal: Mutex::new(None),
+        }));
+        let stone: &'static mut Tombstone = Box::leak(Box::new(Tombstone {
             table: MemplugHostServices {
                 struct_size: MEMPLUG_HOST_SERVICES_SIZE_1_2,
                 reserved0: 0,
                 ctx: core::ptr::null_mut(),
                 report_device_lost: Some(report_device_lost),
             },
-            mechanisms: OnceLock::new(),
-            minor: AtomicU32::new(0),
-            closed: AtomicBool::new(false),
-            counts: Default::default(),
-            last_refusal: Mutex::new(None),
+            state: AtomicPtr::new(state),
+            readers: AtomicU32::new(0),
         }));
-        inbox.table.ctx = (inbox as *mut ServicesInbox).cast();
-        inbox
+        stone.table.ctx = (stone as *mut Tombstone).cast();
+        ServicesInbox { stone }
     }
 
     /// The table to put in `MemplugHostInfo::services`.
-    pub(crate) fn table(&'static self) -> *const MemplugHostServices {
-        &self.table
+    pub(crate) fn table(&self) -> *const MemplugHostServices {
+        &self.stone.table
+    }
+
+    /// Runs `f` on the open state (`None` once closed), counted as a reader
+    /// so that [`close`](Self::close) does not free it underneath.
+    fn with_state<R>(stone: &Tombstone, f: impl FnOnce(Option<&InboxState>) -> R) -> R {
+        stone.readers.fetch_add(1, SeqCst);
+        let p = stone.state.load(SeqCst);
+        // SAFETY: `close` frees the state only after swapping the pointer
+        // out and seeing no reader; this reader counted itself before
+        // loading it.
+        let r = f(unsafe { p.as_ref() });
+        stone.readers.fetch_sub(1, Release);
+        r
     }
 
     /// Negotiation and validation succeeded: reports now reach these
     /// mechanisms.
     pub(crate) fn publish(&self, minor: u32, mechanisms: Vec<(u64, Weak<MechanismInner>)>) {
-        self.minor.store(minor, Release);
-        let _ = self.mechanisms.set(mechanisms);
+        Self::with_state(self.stone, |s| {
+            if let Some(s) = s {
+                s.minor.store(minor, Release);
+                let _ = s.mechanisms.set(mechanisms);
+            }
+        });
     }
 
     /// No report is taken any more (the plugin is about to be unloaded, or
-    /// its load was refused).
+    /// its load was refused); the load's state is freed once no report is
+    /// reading it. Idempotent.
     pub(crate) fn close(&self) {
-        self.closed.store(true, Release);
+        let p = self.stone.state.swap(core::ptr::null_mut(), SeqCst);
+        if p.is_null() {
+            return;
+        }
+        while self.stone.readers.load(SeqCst) != 0 {
+            std::thread::yield_now();
+        }
+        // SAFETY: from `Box::into_raw` in `open`, swapped out exactly once
+        // above, and no reader holds it.
+        drop(unsafe { Box::from_raw(p) });
     }
 
     pub(crate) fn stats(&self) -> ServiceStats {
-        ServiceStats {
-            losses: self.counts[LOSSES].load(Relaxed),
-            repeats: self.counts[REPEATS].load(Relaxed),
-            refused: self.counts[REFUSED].load(Relaxed),
-            last_refusal: self.last_refusal.lock().map(|g| g.clone()).unwrap_or(None),
-        }
+        Self::with_state(self.stone, |s| match s {
+            None => ServiceStats::default(),
+            Some(s) => ServiceStats {
+                losses: s.counts[LOSSES].load(Relaxed),
+                repeats: s.counts[REPEATS].load(Relaxed),
+                refused: s.counts[REFUSED].load(Relaxed),
+                last_refusal: s.last_refusal.lock().map(|g| g.clone()).unwrap_or(None),
+            },
+        })
     }
+}
 
+impl Drop for ServicesInbox {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl InboxState {
     fn refuse(&self, status: MemplugStatus, why: String) -> MemplugStatus {
         self.counts[REFUSED].fetch_add(1, Relaxed);
         if let Ok(mut g) = self.last_refusal.try_lock() {
@@ -112,14 +171,6 @@ impl ServicesInbox {
     /// # Safety
     /// `reason` points at `len` readable bytes, or `len` is 0.
     unsafe fn report(&self, id: u64, reason: *const c_char, len: usize) -> MemplugStatus {
-        if self.closed.load(Acquire) {
-            return self.refuse(
-                MEMPLUG_STATUS_INVALID_STATE,
-                format!(
-                    "loss of mechanism {id} reported after the plugin was unloaded (or its load refused)"
-                ),
-            );
-        }
         let Some(mechanisms) = self.mechanisms.get() else {
             return self.refuse(
                 MEMPLUG_STATUS_INVALID_STATE,
@@ -166,11 +217,17 @@ unsafe extern "C" fn report_device_lost(
     reason: *const c_char,
     reason_len: usize,
 ) -> MemplugStatus {
-    let Some(inbox) = ctx.cast::<ServicesInbox>().cast_const().as_ref() else {
+    let Some(stone) = ctx.cast::<Tombstone>().cast_const().as_ref() else {
         return MEMPLUG_STATUS_INVALID_ARGUMENT;
     };
-    catch_unwind(AssertUnwindSafe(|| inbox.report(mechanism_id, reason, reason_len)))
-        .unwrap_or(MEMPLUG_STATUS_INTERNAL)
+    catch_unwind(AssertUnwindSafe(|| {
+        ServicesInbox::with_state(stone, |s| match s {
+            // After unload (or a refused load): nothing to route to.
+            None => MEMPLUG_STATUS_INVALID_STATE,
+            Some(s) => s.report(mechanism_id, reason, reason_len),
+        })
+    }))
+    .unwrap_or(MEMPLUG_STATUS_INTERNAL)
 }
 
 /// The weak routes of a plugin's mechanisms, for [`ServicesInbox::publish`].

@@ -115,6 +115,13 @@ impl PluginError {
     pub fn busy(m: impl Into<String>) -> Self {
         Self::new(Status::Busy, m)
     }
+    /// `MEMPLUG_STATUS_DEVICE_LOST` (ABI 1.2): the device or context is
+    /// gone. Prefer [`HostLink::report_device_lost`](crate::HostLink),
+    /// which also makes every later slot of the mechanism answer this and
+    /// tells the host at once.
+    pub fn device_lost(m: impl Into<String>) -> Self {
+        Self::new(Status::DeviceLost, m)
+    }
 }
 
 impl core::fmt::Display for PluginError {

@@ -321,7 +321,7 @@ fn properties_are_read_once_and_the_slot_answers_with_them() {
 #[test]
 fn every_failure_code_has_a_helper() {
     type Helper = fn(&'static str) -> PluginError;
-    let helpers: [(Helper, Status); 14] = [
+    let helpers: [(Helper, Status); 15] = [
         (|m| PluginError::unsupported(m), Status::Unsupported),
         (|m| PluginError::invalid_argument(m), Status::InvalidArgument),
         (|m| PluginError::out_of_memory(m), Status::OutOfMemory),
@@ -336,6 +336,7 @@ fn every_failure_code_has_a_helper() {
         (|m| PluginError::not_ready(m), Status::NotReady),
         (|m| PluginError::timeout(m), Status::Timeout),
         (|m| PluginError::busy(m), Status::Busy),
+        (|m| PluginError::device_lost(m), Status::DeviceLost),
     ];
     let failures: Vec<Status> = Status::ALL.iter().copied().filter(|s| *s != Status::Ok).collect();
     assert_eq!(failures, helpers.iter().map(|(_, s)| *s).collect::<Vec<_>>(), "one helper per failure code");

@@ -29,13 +29,13 @@ pub use prefix::SharedPrefix;
 pub use region::Region;
 pub use view::RegionView;
 
+use crate::context::{Context, LedgerEntry};
 use crate::deferred::DeferredFreeQueue;
 use crate::error::CallError;
 use crate::governor::{AllocationClass, GovernorError, Grant, HolderId, Lease, Pool};
 use crate::lifecycle::{Ledger, LifeState, Token};
 use crate::mechanism::Mechanism;
 use crate::reentry::thread_stripe;
-use crate::registry::Context;
 use crate::sync::{lock, Mutex};
 use memplug_sdk::Status;
 use std::fmt;
@@ -88,7 +88,7 @@ pub(crate) struct BindingInner {
     pub(crate) quarantine: Mutex<Vec<String>>,
     /// What this binding holds charged, for the settlement of a lost
     /// context (`crate::lifecycle`).
-    pub(crate) ledger: Ledger,
+    pub(crate) ledger: Arc<Ledger>,
 }
 
 impl BindingInner {
@@ -195,6 +195,8 @@ impl MemoryBinding {
         queue: Arc<DeferredFreeQueue>,
         wait: Option<Duration>,
     ) -> Self {
+        let ledger = Arc::new(Ledger::default());
+        context.add_ledger(LedgerEntry { ledger: ledger.clone(), pool: pool.clone(), holder, class });
         MemoryBinding {
             inner: Arc::new(BindingInner {
                 context,
@@ -204,7 +206,7 @@ impl MemoryBinding {
                 queue,
                 wait,
                 quarantine: Mutex::default(),
-                ledger: Ledger::default(),
+                ledger,
             }),
         }
     }

@@ -103,6 +103,7 @@ pub use grant::{Grant, Lease};
 pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
 pub use ids::{HolderId, PoolId, Priority};
 pub use level::MAX_CAPACITY;
+pub(crate) use pool::Discharge;
 pub use pool::Pool;
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 

@@ -41,6 +41,12 @@ pub(crate) struct LedgerTotals {
     pub(crate) quarantines: u64,
 }
 
+impl LedgerTotals {
+    pub(crate) fn is_zero(&self) -> bool {
+        self.bytes == 0 && self.leases == 0 && self.quarantined_bytes == 0
+    }
+}
+
 impl Ledger {
     /// A lease of `bytes` began (`leases` is 1), or an existing one grew
     /// (`leases` is 0).

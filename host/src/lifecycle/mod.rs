@@ -20,10 +20,10 @@ mod ledger;
 mod state;
 
 pub(crate) use gate::{Gate, Token};
-pub(crate) use ledger::{Ledger, LedgerTotals};
+pub(crate) use ledger::Ledger;
 pub use state::LifeState;
 
-use crate::sync::Mutex;
+use crate::sync::{AtomicBool, Mutex};
 
 /// The lifecycle of one mechanism's context: its gate and why it left
 /// `Active`. Lives inside the mechanism, so the one door into the plugin
@@ -34,11 +34,13 @@ pub(crate) struct Lifecycle {
     /// `try_lock` by reporters, which must not block: a reporter that
     /// finds it locked drops its text (another reporter is writing one).
     reason: Mutex<Option<String>>,
+    /// Set by the report that moved the context to `Lost`.
+    lost: AtomicBool,
 }
 
 impl Default for Lifecycle {
     fn default() -> Self {
-        Lifecycle { gate: Gate::default(), reason: Mutex::new(None) }
+        Lifecycle { gate: Gate::default(), reason: Mutex::new(None), lost: AtomicBool::new(false) }
     }
 }
 
@@ -53,9 +55,15 @@ impl Lifecycle {
     pub(crate) fn report_lost(&self, reason: String) -> bool {
         let moved = self.gate.transition(&[LifeState::Active, LifeState::Retiring], LifeState::Lost).is_ok();
         if moved {
+            self.lost.store(true, std::sync::atomic::Ordering::Release);
             self.keep_reason(reason);
         }
         moved
+    }
+
+    /// Whether the context was lost (rather than only retired) on its way.
+    pub(crate) fn was_lost(&self) -> bool {
+        self.lost.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// `Active` → `Retiring`; the state found otherwise.

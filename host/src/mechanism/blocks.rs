@@ -79,6 +79,11 @@ impl BlockIndex {
         lock_std(&self.live).insert((o.addr, o.object_id), b);
     }
 
+    /// Forgets every block (their context terminated: they went with it).
+    pub(crate) fn clear(&self) {
+        lock_std(&self.live).clear();
+    }
+
     #[cfg(test)]
     fn len(&self) -> usize {
         lock_std(&self.live).len()

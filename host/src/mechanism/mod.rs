@@ -272,6 +272,16 @@ impl MechanismInner {
         AllocatorApi { m: self }.read_properties()
     }
 
+    /// At termination (the gate closed and quiet): the objects the host
+    /// still counts went with the context; forget them, so nothing waits
+    /// for frees that will never be asked for. Returns how many there were.
+    pub(crate) fn forget_objects(&self) -> u64 {
+        if let Some(ix) = &self.blocks {
+            ix.clear();
+        }
+        self.live.iter().map(|c| c.swap(0, Ordering::Relaxed)).sum()
+    }
+
     #[inline]
     pub(crate) fn died(&self, k: ObjectKind) {
         self.live_counter(k).fetch_sub(1, Ordering::Relaxed);
