@@ -400,6 +400,16 @@ impl DeferredFreeQueue {
     /// Starts a background thread that polls every `interval`. Stopped and
     /// joined when the handle drops.
     pub fn spawn_reaper(self: &Arc<Self>, interval: Duration) -> Reaper {
+        self.spawn_reaper_with(interval, || {})
+    }
+
+    /// [`spawn_reaper`](Self::spawn_reaper), running `tick` after each poll
+    /// (the manager drives its contexts' lives there).
+    pub fn spawn_reaper_with(
+        self: &Arc<Self>,
+        interval: Duration,
+        tick: impl Fn() + Send + 'static,
+    ) -> Reaper {
         let stop = Arc::new(AtomicBool::new(false));
         let (q, s) = (self.clone(), stop.clone());
         let thread = std::thread::Builder::new()
@@ -407,6 +417,7 @@ impl DeferredFreeQueue {
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
                     q.poll();
+                    tick();
                     drop(sync::wait_timeout(&q.wake, lock(&q.wake_lock), interval));
                 }
             })

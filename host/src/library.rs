@@ -36,6 +36,7 @@ impl LoadedLibrary {
     /// `live_objects` and `unload` are the validated slots of the plugin
     /// descriptor whose context is `ctx`, and their code is in `library`
     /// (or linked into the process when `library` is `None`).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn new(
         name: String,
         version: String,

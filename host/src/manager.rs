@@ -3,11 +3,13 @@
 //! way to allocate (DESIGN.md §1).
 
 use crate::binding::MemoryBinding;
+use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
 use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool};
+use crate::lifecycle::LifeState;
 use crate::mechanism::Mechanism;
 use crate::plugin::{LoadOptions, Plugin};
-use crate::registry::{Context, Registry, RegistryError, Requirements};
+use crate::registry::{Registry, RegistryError, Requirements};
 use crate::sync::{lock, Mutex};
 use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
@@ -26,6 +28,14 @@ pub enum ManagerError {
     Governor(#[from] GovernorError),
     #[error("holder {holder} is not registered with pool '{pool}'")]
     HolderNotInPool { holder: HolderId, pool: String },
+    /// The context (and every successor) is not active: it makes no new
+    /// bindings.
+    #[error("context {context} is {state} and has no active successor: it makes no new bindings")]
+    ContextEnded { context: String, state: crate::lifecycle::LifeState },
+    #[error(transparent)]
+    Lifecycle(#[from] LifecycleError),
+    #[error(transparent)]
+    Terminate(#[from] TerminateError),
 }
 
 /// What a binding is for.
@@ -54,10 +64,13 @@ impl BindingSpec {
 
 /// One per process (or per embedding). Thread-safe.
 pub struct ProcessMemoryManager {
-    registry: Registry,
+    registry: Arc<Registry>,
     governor: Arc<Governor>,
     queue: Arc<DeferredFreeQueue>,
     reaper: Mutex<Option<Reaper>>,
+    /// Plugins to unload once every context of theirs has terminated
+    /// (replaced by another plugin).
+    unload_when_settled: Arc<Mutex<Vec<String>>>,
 }
 
 impl Default for ProcessMemoryManager {
@@ -69,10 +82,11 @@ impl Default for ProcessMemoryManager {
 impl ProcessMemoryManager {
     pub fn new() -> Self {
         ProcessMemoryManager {
-            registry: Registry::default(),
+            registry: Arc::new(Registry::default()),
             governor: Governor::new(),
             queue: DeferredFreeQueue::new(),
             reaper: Mutex::new(None),
+            unload_when_settled: Arc::default(),
         }
     }
 
@@ -135,13 +149,19 @@ impl ProcessMemoryManager {
         Ok(self.governor.pool(id).expect("just created"))
     }
 
-    /// Issues a binding: the only way to allocate.
+    /// Issues a binding: the only way to allocate. A context that is not
+    /// active routes the binding to its newest active successor (see
+    /// [`replace`](Self::replace)); without one the binding is refused.
     pub fn bind(
         &self,
         context: &Arc<Context>,
         pool: &Arc<Pool>,
         spec: BindingSpec,
     ) -> Result<MemoryBinding, ManagerError> {
+        let context = &context.active_or_successor().ok_or_else(|| ManagerError::ContextEnded {
+            context: context.label().into(),
+            state: context.state(),
+        })?;
         if let Some(h) = spec.holder {
             if pool.holder_stats(h).is_none() {
                 return Err(ManagerError::HolderNotInPool { holder: h, pool: pool.name().into() });
@@ -157,17 +177,67 @@ impl ProcessMemoryManager {
         ))
     }
 
-    /// Starts the background reaper of the deferred-free queue (idempotent).
+    /// Starts the background reaper (idempotent): every `interval` it
+    /// retires what the queue can and drives the contexts' lives (as
+    /// [`poll`](Self::poll) does).
     pub fn start_reaper(&self, interval: Duration) {
         let mut r = lock(&self.reaper);
         if r.is_none() {
-            *r = Some(self.queue.spawn_reaper(interval));
+            let (registry, unload) = (Arc::downgrade(&self.registry), self.unload_when_settled.clone());
+            let queue = Arc::downgrade(&self.queue);
+            *r = Some(self.queue.spawn_reaper_with(interval, move || {
+                if let (Some(registry), Some(queue)) = (registry.upgrade(), queue.upgrade()) {
+                    drive_lives(&registry, &queue, &unload);
+                }
+            }));
         }
     }
 
-    /// Retires what the queue can now (explicit polling).
+    /// Retires what the queue can now (explicit polling), then drives the
+    /// contexts' lives: delivers pending lifecycle events, terminates lost
+    /// contexts with nothing in flight and retiring ones whose last object
+    /// is gone (settling each exactly once), and unloads plugins that were
+    /// replaced once all their contexts have terminated.
     pub fn poll(&self) -> crate::deferred::PollReport {
-        self.queue.poll()
+        let report = self.queue.poll();
+        drive_lives(&self.registry, &self.queue, &self.unload_when_settled);
+        report
+    }
+
+    /// Retires `context`: no new bindings or objects; existing objects keep
+    /// working; it terminates (on a later `poll`) once the last is gone.
+    pub fn retire(&self, context: &Arc<Context>, reason: &str) -> Result<(), ManagerError> {
+        Ok(context.retire(reason)?)
+    }
+
+    /// Replaces `old` by `new` (same device): `old` retires (or, lost,
+    /// stays lost), new bindings on `old` go to `new`, and neither is ever
+    /// asked to free the other's memory. With `unload_old_plugin`, the
+    /// plugin of `old` is unloaded once every context of it has terminated
+    /// (a later `poll`, or the reaper).
+    pub fn replace(
+        &self,
+        old: &Arc<Context>,
+        new: &Arc<Context>,
+        reason: &str,
+        unload_old_plugin: bool,
+    ) -> Result<(), ManagerError> {
+        old.replace_with(new, reason)?;
+        if unload_old_plugin {
+            if let Some(name) = self.registry.plugin_of(old) {
+                lock(&self.unload_when_settled).push(name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Terminates a lost or retiring context (see [`Context::terminate`]),
+    /// retiring queued frees while it waits so that a retiring context's
+    /// last objects can go.
+    pub fn terminate(&self, context: &Arc<Context>, timeout: Duration) -> Result<Settlement, ManagerError> {
+        Ok(context.terminate_polling(timeout, || {
+            self.queue.poll();
+        })?)
     }
 
     /// Unloads a plugin, or refuses and says what is live. Retires what it
@@ -182,6 +252,30 @@ impl ProcessMemoryManager {
     pub fn drain(&self, timeout: Duration) -> DrainReport {
         lock(&self.reaper).take();
         self.queue.drain(timeout)
+    }
+}
+
+/// One turn of the contexts' lives (see [`ProcessMemoryManager::poll`]).
+/// Non-blocking: a context with calls in flight waits for the next turn.
+fn drive_lives(registry: &Registry, queue: &DeferredFreeQueue, unload: &Mutex<Vec<String>>) {
+    for c in registry.contexts() {
+        c.dispatch();
+        let ready = match c.state() {
+            LifeState::Lost => c.calls_in_flight() == 0,
+            LifeState::Retiring => c.pins() == 0 && c.calls_in_flight() == 0,
+            _ => false,
+        };
+        if ready {
+            let _ = c.terminate_polling(Duration::ZERO, || {
+                queue.poll();
+            });
+        }
+    }
+    let names: Vec<String> = lock(unload).clone();
+    for name in names {
+        if registry.all_terminated(&name) && registry.unload(&name).is_ok() {
+            lock(unload).retain(|n| *n != name);
+        }
     }
 }
 

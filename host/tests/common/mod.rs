@@ -5,6 +5,8 @@
 
 #![allow(dead_code)]
 
+pub mod lossy;
+
 use memplug_host::governor::{AllocationClass, Pool, PoolSnapshot};
 use memplug_host::{
     BindingSpec, Context, FnFence, Mechanism, MemoryBinding, ObjectKind, Plugin, ProcessMemoryManager,
