@@ -18,10 +18,11 @@ fi
 cargo test --workspace --doc
 
 # Exhaustive interleavings (loom) of the governor's lock-free fast path,
+# of the operation gate of a context,
 # of the deferred-free queue and of the C API's handle slot table;
 # its own target dir, since --cfg loom rebuilds everything.
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
-    cargo test -p memplug-host --release --test governor_loom --test deferred_loom
+    cargo test -p memplug-host --release --test governor_loom --test deferred_loom --test gate_loom
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
     cargo test -p memplug-host-capi --release --test slot_table_loom
 

@@ -112,8 +112,10 @@ impl Context {
         if life.gate.transition(&[LifeState::Lost, LifeState::Retiring], LifeState::Terminated).is_err() {
             return Err(TerminateError::AlreadyTerminated { context: context() });
         }
-        // Calls admitted between the check above and the transition (a
-        // retiring context admits calls) finish before anything is settled.
+        // The transition closed the gate (again, if a reporter is still
+        // closing it): calls admitted before (a retiring context admits
+        // calls) finish before anything is settled, and none can start.
+        life.gate.close();
         while self.calls_in_flight() != 0 {
             std::thread::yield_now();
         }

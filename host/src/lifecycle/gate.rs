@@ -1,40 +1,50 @@
 //! The operation gate: every call into a plugin through a context holds a
 //! [`Token`], and termination waits until none is held.
 //!
-//! Entering is one increment of the caller's stripe and one load of the
-//! state; leaving is one decrement. Stripes are per thread (chosen once per
-//! thread), so two threads calling one mechanism do not share a counter's
-//! cache line. A thread increments and decrements its own stripe, so every
-//! stripe's count is the calls in flight on the threads mapped to it.
+//! The count of calls in flight is striped, one cache line per stripe;
+//! threads pick a stripe once, so two threads calling one mechanism do not
+//! share a counter. Each stripe word holds its count and a CLOSED bit.
+//! Entering is one `fetch_add` on the caller's stripe: the value it returns
+//! says whether the stripe was closed (then the call is refused and undoes
+//! its increment). Leaving is one `fetch_sub`.
 //!
-//! Why it is sound (both sides use sequentially consistent operations): an
-//! entering thread increments, then loads the state; a terminating thread
-//! stores `Lost`, then sums the stripes. In the single total order of these
-//! operations, either the load comes after the store (the call is refused,
-//! and undoes its increment) or the increment comes before the sum (the
-//! terminator sees the call and waits for it). `tests/gate_loom.rs` checks
-//! it exhaustively.
+//! Closing (when the context is lost or terminated) sets CLOSED on every
+//! stripe with `fetch_or`. Why that is enough, with no ordering between
+//! different words: on one stripe, every increment and the `fetch_or` are
+//! read-modify-writes of one location, so they are totally ordered. An
+//! increment ordered before the `fetch_or` is a call the closer sees in the
+//! count it read (and in every later read of that stripe, until the call
+//! leaves); one ordered after it sees CLOSED and is refused. So once a
+//! closer has closed every stripe and read every count back to zero, no
+//! call is in flight and none can start. `tests/gate_loom.rs` checks this
+//! exhaustively (loom models orderings weaker than sequential consistency,
+//! which this argument does not need).
+//!
+//! The life state itself is a separate word, for reporting; the gate's
+//! admission is the stripes'.
 
 use super::LifeState;
 use crate::sync::AtomicU64;
-use std::sync::atomic::Ordering::{Relaxed, Release, SeqCst};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 
 /// Stripes of the in-flight count. Eight cache lines per mechanism.
 pub(crate) const STRIPES: usize = 8;
+
+const CLOSED: u64 = 1 << 63;
 
 #[repr(align(64))]
 #[derive(Default)]
 struct Stripe(AtomicU64);
 
 #[derive(Default)]
-pub(crate) struct Gate {
+pub struct Gate {
     state: AtomicU64,
     stripes: [Stripe; STRIPES],
 }
 
 /// A call in flight: the gate counts it until this is dropped.
 #[must_use]
-pub(crate) struct Token<'g> {
+pub struct Token<'g> {
     stripe: &'g AtomicU64,
 }
 
@@ -46,45 +56,63 @@ impl Drop for Token<'_> {
 }
 
 impl Gate {
-    /// Admits a call when the state lets calls through (`Active`,
-    /// `Retiring`); `Err` with the state otherwise. `stripe` is the
-    /// calling thread's (any value; reduced modulo the stripe count).
+    /// Admits a call unless the gate is closed (the context is lost or
+    /// terminated); `Err` with the state then. `stripe` is the calling
+    /// thread's (any value; reduced modulo the stripe count).
     #[inline(always)]
-    pub(crate) fn enter(&self, stripe: usize) -> Result<Token<'_>, LifeState> {
+    pub fn enter(&self, stripe: usize) -> Result<Token<'_>, LifeState> {
         let s = &self.stripes[stripe % STRIPES].0;
-        s.fetch_add(1, SeqCst);
-        let state = self.state.load(SeqCst);
-        if state < LifeState::Lost as u64 {
+        if s.fetch_add(1, Acquire) & CLOSED == 0 {
             return Ok(Token { stripe: s });
         }
+        self.refuse(s)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn refuse(&self, s: &AtomicU64) -> Result<Token<'_>, LifeState> {
         s.fetch_sub(1, Release);
-        Err(LifeState::from_word(state))
+        // Closing sets the state first: a closed stripe means Lost or
+        // later, even if this read is older.
+        Err(self.state().max(LifeState::Lost))
     }
 
     #[inline(always)]
-    pub(crate) fn state(&self) -> LifeState {
-        LifeState::from_word(self.state.load(Relaxed))
+    pub fn state(&self) -> LifeState {
+        LifeState::from_word(self.state.load(Acquire))
     }
 
-    /// Moves to `to` when the state is one of `from`; the state found
-    /// otherwise. Lock-free, never blocks.
-    pub(crate) fn transition(&self, from: &[LifeState], to: LifeState) -> Result<LifeState, LifeState> {
-        let mut now = self.state.load(SeqCst);
+    /// Moves to `to` when the state is one of `from` (and, for `Lost` and
+    /// `Terminated`, closes the gate); the state found otherwise.
+    /// Lock-free, never blocks.
+    pub fn transition(&self, from: &[LifeState], to: LifeState) -> Result<LifeState, LifeState> {
+        let mut now = self.state.load(Acquire);
         loop {
             let cur = LifeState::from_word(now);
             if !from.contains(&cur) {
                 return Err(cur);
             }
-            match self.state.compare_exchange(now, to as u64, SeqCst, SeqCst) {
-                Ok(_) => return Ok(cur),
+            match self.state.compare_exchange(now, to as u64, AcqRel, Acquire) {
+                Ok(_) => break,
                 Err(seen) => now = seen,
             }
         }
+        if !to.admits_calls() {
+            self.close();
+        }
+        Ok(LifeState::from_word(now))
     }
 
-    /// Calls in flight now (exact once the state refuses calls: then the
-    /// count only falls).
-    pub(crate) fn in_flight(&self) -> u64 {
-        self.stripes.iter().fold(0u64, |n, s| n.wrapping_add(s.0.load(SeqCst)))
+    /// Refuses every later call (idempotent; any thread may close).
+    pub fn close(&self) {
+        for s in &self.stripes {
+            s.0.fetch_or(CLOSED, AcqRel);
+        }
+    }
+
+    /// Calls in flight now. Once the gate is closed the count only falls,
+    /// and zero means no call is in flight and none can start.
+    pub fn in_flight(&self) -> u64 {
+        self.stripes.iter().fold(0u64, |n, s| n.wrapping_add(s.0.load(Acquire) & !CLOSED))
     }
 }

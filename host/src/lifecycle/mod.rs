@@ -19,7 +19,10 @@ mod gate;
 mod ledger;
 mod state;
 
-pub(crate) use gate::{Gate, Token};
+// Public for the loom model of the gate (tests/gate_loom.rs); not part of
+// the host's API.
+#[doc(hidden)]
+pub use gate::{Gate, Token};
 pub(crate) use ledger::Ledger;
 pub use state::LifeState;
 
