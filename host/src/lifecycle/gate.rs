@@ -25,7 +25,7 @@
 
 use super::LifeState;
 use crate::sync::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
 
 /// Stripes of the in-flight count. Eight cache lines per mechanism.
 pub(crate) const STRIPES: usize = 8;
