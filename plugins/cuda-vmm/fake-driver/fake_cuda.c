@@ -38,7 +38,12 @@
  * cuInit) or fake_cuda_set_no_read_only(1) make cuMemSetAccess refuse
  * read-only access (CU_MEM_ACCESS_FLAGS_PROT_READ) with
  * CUDA_ERROR_NOT_SUPPORTED (801) and change nothing, as a driver or device
- * without read-only mappings may.
+ * without read-only mappings may. fake_cuda_inject_sticky_fault(code)
+ * kills the context now: every later call (but the context-stack ones)
+ * returns that sticky code, as a real driver does after an illegal address;
+ * FAKE_CUDA_STICKY_FAULT_AFTER=N (read at the first cuInit) does the same
+ * with 700 after N calls, and MEMPLUG_FAKE_CUDA_STICKY_CODE=C makes that
+ * code C instead.
  *
  * Variants for tests: -DFAKE_CUDA_OMIT_VMM leaves out the VMM entry points
  * (an old driver); -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
@@ -100,6 +105,13 @@ enum {
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_READY = 600,
     CUDA_ERROR_ILLEGAL_ADDRESS = 700,
+    CUDA_ERROR_LAUNCH_TIMEOUT = 702,
+    CUDA_ERROR_HARDWARE_STACK_ERROR = 714,
+    CUDA_ERROR_ILLEGAL_INSTRUCTION = 715,
+    CUDA_ERROR_MISALIGNED_ADDRESS = 716,
+    CUDA_ERROR_INVALID_ADDRESS_SPACE = 717,
+    CUDA_ERROR_INVALID_PC = 718,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
 };
@@ -178,11 +190,13 @@ static __thread int t_depth;
 static __thread int t_in_callback;
 /* The sticky error, once one happened: every later call fails with it, as
  * with a real context after an illegal address. Set by a bad access the
- * fake detects, by fake_cuda_sticky_fault, or after
- * FAKE_CUDA_STICKY_FAULT_AFTER=N calls. */
+ * fake detects, by fake_cuda_inject_sticky_fault (or fake_cuda_sticky_fault),
+ * or after FAKE_CUDA_STICKY_FAULT_AFTER=N calls (with
+ * MEMPLUG_FAKE_CUDA_STICKY_CODE, default 700). */
 static unsigned int g_sticky;
 static long g_calls;
 static long g_fault_after = -1;
+static unsigned int g_fault_after_code = CUDA_ERROR_ILLEGAL_ADDRESS;
 /* MEMPLUG_FAKE_CUDA_NO_READ_ONLY / fake_cuda_set_no_read_only. */
 static int g_no_read_only;
 
@@ -192,7 +206,7 @@ static CUresult check_call(int sticky_applies) {
         return CUDA_ERROR_NOT_PERMITTED;
     n = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
     if (g_fault_after >= 0 && n > g_fault_after)
-        __atomic_store_n(&g_sticky, CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
+        __atomic_store_n(&g_sticky, g_fault_after_code, __ATOMIC_RELAXED);
     return sticky_applies ? __atomic_load_n(&g_sticky, __ATOMIC_RELAXED) : CUDA_SUCCESS;
 }
 
@@ -258,6 +272,10 @@ API CUresult cuInit(unsigned int flags) {
             __atomic_store_n(&g_no_read_only, 1, __ATOMIC_RELAXED);
         if (getenv("FAKE_CUDA_STICKY_FAULT_AFTER") != NULL)
             g_fault_after = (long)env_ull("FAKE_CUDA_STICKY_FAULT_AFTER", 0);
+        {
+            unsigned long long c = env_ull("MEMPLUG_FAKE_CUDA_STICKY_CODE", CUDA_ERROR_ILLEGAL_ADDRESS);
+            g_fault_after_code = c == 0 || c > 0xffffffffull ? CUDA_ERROR_ILLEGAL_ADDRESS : (unsigned int)c;
+        }
         if (g_ctx_overhead > g_capacity / 2)
             g_ctx_overhead = g_capacity / 2;
         for (int i = 0; i < MAX_DEVICES; i++)
@@ -336,6 +354,13 @@ API CUresult cuGetErrorName(CUresult error, const char **str) {
     case CUDA_ERROR_INVALID_HANDLE: *str = "CUDA_ERROR_INVALID_HANDLE"; break;
     case CUDA_ERROR_NOT_READY: *str = "CUDA_ERROR_NOT_READY"; break;
     case CUDA_ERROR_ILLEGAL_ADDRESS: *str = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
+    case CUDA_ERROR_LAUNCH_TIMEOUT: *str = "CUDA_ERROR_LAUNCH_TIMEOUT"; break;
+    case CUDA_ERROR_HARDWARE_STACK_ERROR: *str = "CUDA_ERROR_HARDWARE_STACK_ERROR"; break;
+    case CUDA_ERROR_ILLEGAL_INSTRUCTION: *str = "CUDA_ERROR_ILLEGAL_INSTRUCTION"; break;
+    case CUDA_ERROR_MISALIGNED_ADDRESS: *str = "CUDA_ERROR_MISALIGNED_ADDRESS"; break;
+    case CUDA_ERROR_INVALID_ADDRESS_SPACE: *str = "CUDA_ERROR_INVALID_ADDRESS_SPACE"; break;
+    case CUDA_ERROR_INVALID_PC: *str = "CUDA_ERROR_INVALID_PC"; break;
+    case CUDA_ERROR_LAUNCH_FAILED: *str = "CUDA_ERROR_LAUNCH_FAILED"; break;
     case CUDA_ERROR_NOT_PERMITTED: *str = "CUDA_ERROR_NOT_PERMITTED"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *str = "CUDA_ERROR_NOT_SUPPORTED"; break;
     default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
@@ -1332,6 +1357,21 @@ API long fake_cuda_live_streams(void) {
 API void fake_cuda_sticky_fault(unsigned int code) {
     __atomic_store_n(&g_sticky, code == 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : code, __ATOMIC_RELAXED);
 }
+
+/* Injects a sticky fault, as a kernel's illegal address (700), a launch
+ * timeout (702) or a hardware error (714-719) does on a real device: from
+ * now on every driver call but the context-stack ones (push, pop, get
+ * current, primary release) returns `code` (700 when `code` <= 0), for the
+ * rest of the process (fake_cuda_clear_sticky excepted). The fake models
+ * one dead context for every device: a real driver kills only the context
+ * that faulted. Returns the sticky code in force before (0: none). */
+API int fake_cuda_inject_sticky_fault(int code) {
+    unsigned int c = code <= 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : (unsigned int)code;
+    return (int)__atomic_exchange_n(&g_sticky, c, __ATOMIC_RELAXED);
+}
+
+/* The sticky code in force (0: none). */
+API int fake_cuda_sticky_code(void) { return (int)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED); }
 
 /* Clears the sticky fault: for tests that probe a bad access on purpose and
  * go on in the same process (a real process would have to restart). */

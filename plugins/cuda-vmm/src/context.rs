@@ -13,8 +13,15 @@
 //! so that zeroing never waits behind a runtime's work on other streams. It
 //! lives as long as the context's retention.
 
+//!
+//! A context that met a sticky error is *dead* ([`DeviceContext::mark_dead`]):
+//! every later slot fails without calling the driver, and the loss is
+//! reported to the hosts once (see `loss.rs`).
+
 use crate::driver::{CUcontext, CUdevice, CUdeviceptr, CUstream, Driver, Entered, STREAM_NON_BLOCKING};
+use crate::loss::LossLine;
 use memplug_sdk::{PluginError, PluginResult};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
 struct State {
@@ -29,9 +36,17 @@ pub struct DeviceContext {
     device: CUdevice,
     state: Mutex<State>,
     /// Set by the first sticky error seen in the context (the driver's
-    /// context is dead): every later slot fails with it, without calling
-    /// the driver.
-    pub(crate) dead: OnceLock<PluginError>,
+    /// context is dead): why, for every later slot, which fails without
+    /// calling the driver.
+    dead: OnceLock<String>,
+    /// The mechanism this context serves, for the loss report.
+    mechanism_id: u64,
+    /// The device's ordinal, for messages.
+    ordinal: u32,
+    /// The plugin instance's line to its hosts.
+    loss: Arc<LossLine>,
+    /// The loss was reported (once per mechanism).
+    reported: AtomicBool,
 }
 
 // SAFETY: the raw pointers are driver handles, usable from any thread; the
@@ -40,8 +55,15 @@ unsafe impl Send for DeviceContext {}
 unsafe impl Sync for DeviceContext {}
 
 impl DeviceContext {
-    /// The context of `device`, not retained yet.
-    pub fn new(driver: &'static Driver, device: CUdevice) -> Arc<Self> {
+    /// The context of `device` (ordinal `ordinal`), serving mechanism
+    /// `mechanism_id`, not retained yet.
+    pub fn new(
+        driver: &'static Driver,
+        device: CUdevice,
+        ordinal: u32,
+        mechanism_id: u64,
+        loss: Arc<LossLine>,
+    ) -> Arc<Self> {
         Arc::new(DeviceContext {
             driver,
             device,
@@ -51,7 +73,72 @@ impl DeviceContext {
                 zero_stream: std::ptr::null_mut(),
             }),
             dead: OnceLock::new(),
+            mechanism_id,
+            ordinal,
+            loss,
+            reported: AtomicBool::new(false),
         })
+    }
+
+    /// The plugin instance's line to its hosts.
+    pub(crate) fn loss(&self) -> &LossLine {
+        &self.loss
+    }
+
+    /// Why the context is dead, once it is.
+    pub(crate) fn dead(&self) -> Option<&str> {
+        self.dead.get().map(String::as_str)
+    }
+
+    /// A sticky error (`sticky`) was seen in this context: it is dead from
+    /// now on (the first error is the one kept), and the loss is reported
+    /// when the instance's hosts speak 1.2 ([`Self::notice_loss`]).
+    pub(crate) fn mark_dead(&self, sticky: &PluginError) {
+        let _ = self.dead.set(format!(
+            "the CUDA context of device {} is dead (a sticky error: {}); every later call fails without \
+             reaching the driver: the process must end to use the device again",
+            self.ordinal, sticky.message
+        ));
+        self.notice_loss();
+    }
+
+    /// Reports the loss of a dead context to the hosts, once, when a host
+    /// that agreed on 1.2 or newer holds the instance (until then the
+    /// context answers DEVICE_UNAVAILABLE and nothing is reported).
+    pub(crate) fn notice_loss(&self) {
+        let Some(why) = self.dead.get() else { return };
+        if !self.loss.speaks_1_2() || self.reported.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.loss.report(self.mechanism_id, why);
+    }
+
+    /// The watcher's question (see `loss.rs`): a retained context that is
+    /// not known dead yet is asked `cuMemGetInfo`; a sticky answer marks it
+    /// dead and reports the loss. A context never retained is not asked
+    /// (asking would create it).
+    pub(crate) fn poll(&self) {
+        if self.dead.get().is_some() {
+            // Dead while only older hosts held the instance: report it
+            // now if a 1.2 host came since.
+            self.notice_loss();
+            return;
+        }
+        let ctx = self.lock().ctx;
+        if ctx.is_null() {
+            return;
+        }
+        let d = self.driver;
+        let _ = crate::driver::take_sticky();
+        let _ = Entered::new(d, ctx).and_then(|_e| {
+            let (mut free, mut total) = (0usize, 0usize);
+            // SAFETY: resolved entry point, out-pointers to locals, a
+            // context this mechanism keeps retained, current.
+            d.check(unsafe { (d.api.mem_get_info)(&mut free, &mut total) }, "cuMemGetInfo")
+        });
+        if let Some(e) = crate::driver::take_sticky() {
+            self.mark_dead(&e);
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

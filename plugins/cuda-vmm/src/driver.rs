@@ -204,12 +204,14 @@ impl Driver {
     }
 
     /// The failure for a driver status other than success. A sticky code
-    /// (see [`is_sticky`]) is also noted for the slot running on this
-    /// thread, which marks its context dead when it returns.
+    /// (see [`is_sticky`]) has the status the slot running on this thread
+    /// chose (`DEVICE_LOST` for an instance a 1.2 host holds, else
+    /// `DEVICE_UNAVAILABLE`: [`sticky_status`]), and is noted for that slot,
+    /// which marks its context dead when it returns.
     #[cold]
     pub fn error(&self, code: CuResult, call: &str) -> PluginError {
-        let e =
-            PluginError::new(status_of(code), format!("{call} failed: {} ({code})", self.error_name(code)));
+        let status = if is_sticky(code) { sticky_status() } else { status_of(code) };
+        let e = PluginError::new(status, format!("{call} failed: {} ({code})", self.error_name(code)));
         if is_sticky(code) {
             STICKY_SEEN.with(|s| {
                 let mut s = s.borrow_mut();
@@ -246,6 +248,22 @@ pub(crate) fn take_sticky() -> Option<PluginError> {
     STICKY_SEEN.with(|s| s.borrow_mut().take())
 }
 
+thread_local! {
+    /// The status a sticky error gets on this thread (set by the running
+    /// slot; `DEVICE_UNAVAILABLE` outside slots).
+    static STICKY_STATUS: std::cell::Cell<Status> = const { std::cell::Cell::new(Status::DeviceUnavailable) };
+}
+
+/// The status a sticky error gets on this thread now.
+pub fn sticky_status() -> Status {
+    STICKY_STATUS.with(|s| s.get())
+}
+
+/// Sets the status sticky errors get on this thread; returns the previous.
+pub(crate) fn set_sticky_status(status: Status) -> Status {
+    STICKY_STATUS.with(|s| s.replace(status))
+}
+
 /// Whether `code` is a *sticky* error: the context is unusable for the rest
 /// of the process and every later call in it fails (ILLEGAL_ADDRESS 700,
 /// LAUNCH_TIMEOUT 702, HARDWARE_STACK_ERROR 714, ILLEGAL_INSTRUCTION 715,
@@ -257,8 +275,11 @@ pub fn is_sticky(code: CuResult) -> bool {
 
 /// The memplug status of a driver status code: exhaustion is
 /// `OUT_OF_MEMORY`; a driver, device or context that is absent, lost or
-/// broken (sticky errors included) is `DEVICE_UNAVAILABLE`; "not supported"
-/// is `UNSUPPORTED`; anything else is the plugin's `INTERNAL` failure.
+/// broken is `DEVICE_UNAVAILABLE`; "not supported" is `UNSUPPORTED`;
+/// anything else is the plugin's `INTERNAL` failure. Sticky errors are
+/// `DEVICE_UNAVAILABLE` here, their ABI 1.0/1.1 meaning; a slot of an
+/// instance a 1.2 host holds makes them `DEVICE_LOST` ([`Driver::error`]
+/// uses [`sticky_status`]) and reports the loss.
 pub fn status_of(code: CuResult) -> Status {
     match code {
         2 => Status::OutOfMemory,
@@ -269,9 +290,9 @@ pub fn status_of(code: CuResult) -> Status {
         3 | 4 | 34 | 35 | 46 | 100 | 101 | 102 | 709 | 214 | 802 | 803 | 804 | 999 => {
             Status::DeviceUnavailable
         }
-        // The sticky errors: the context is dead. TODO(ABI 1.2): these become
-        // MEMPLUG_STATUS_DEVICE_LOST when ABI 1.2 adds it; DEVICE_UNAVAILABLE
-        // is the nearest code of ABI 1.0/1.1.
+        // The sticky errors: the context is dead. DEVICE_UNAVAILABLE is the
+        // nearest code of ABI 1.0/1.1; at 1.2 a slot makes them DEVICE_LOST
+        // (`sticky_status`).
         c if is_sticky(c) => Status::DeviceUnavailable,
         CUDA_ERROR_NOT_SUPPORTED => Status::Unsupported,
         _ => Status::Internal,
@@ -616,6 +637,8 @@ mod tests {
             assert_eq!(status_of(sticky), Status::DeviceUnavailable, "{sticky}");
         }
         assert!(!is_sticky(701) && !is_sticky(713) && !is_sticky(720));
+        // Outside a slot, a sticky error keeps its 1.0/1.1 status.
+        assert_eq!(sticky_status(), Status::DeviceUnavailable);
         assert_eq!(status_of(CUDA_ERROR_NOT_SUPPORTED), Status::Unsupported);
         assert_eq!(status_of(CUDA_ERROR_INVALID_VALUE), Status::Internal);
         assert_eq!(status_of(123_456), Status::Internal, "a code newer than this build");

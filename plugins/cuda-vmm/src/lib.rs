@@ -26,6 +26,14 @@
 //!
 //! `MEMPLUG_CUDA_DRIVER=/path/to/libcuda.so.1` makes the plugin use that
 //! library instead of the system's (tests use a fake, `fake-driver/`).
+//!
+//! A sticky CUDA error (the context is dead) is `MEMPLUG_STATUS_DEVICE_LOST`
+//! once a host that agreed on ABI 1.2 holds the plugin, and the loss is
+//! reported to the hosts once per mechanism through the SDK's `HostLink`
+//! (the SDK then answers every slot of that mechanism itself); for 1.0/1.1
+//! hosts it stays `DEVICE_UNAVAILABLE`. `MEMPLUG_CUDA_LOSS_POLL_MS=N` adds a
+//! watcher that notices a dead context within `N` ms while no slot is
+//! called. See `loss.rs`.
 
 #![deny(missing_docs)]
 
@@ -34,6 +42,7 @@ mod context;
 #[doc(hidden)]
 pub mod driver;
 mod handles;
+mod loss;
 mod mechanism;
 mod shared;
 mod streams;
@@ -41,10 +50,20 @@ mod virtual_backing;
 
 pub use mechanism::{mechanism_id, mechanism_name, MAX_ALIGNMENT, MIN_ALIGNMENT};
 
+pub use loss::POLL_ENV as LOSS_POLL_ENV;
+
+use loss::{CurrentLine, LossLine, Watcher};
 use mechanism::CudaMechanism;
 use memplug_sdk::abi::{MemplugHostInfo, MemplugMessageSink, MemplugNegotiation, MemplugStatus};
 use memplug_sdk::export::{guard, negotiate, PluginCell};
-use memplug_sdk::{ExportedPlugin, MechanismBuilder, PluginBuilder};
+use memplug_sdk::{ExportedPlugin, HostLink, MechanismBuilder, PluginBuilder};
+
+/// The exported entry's instance: its cell and its current loss line.
+static EXPORTED: PluginCell = PluginCell::new();
+static EXPORTED_LINE: CurrentLine = CurrentLine::new();
+/// The in-process entry's instance.
+static IN_PROCESS: PluginCell = PluginCell::new();
+static IN_PROCESS_LINE: CurrentLine = CurrentLine::new();
 
 /// memplug entry symbol, ABI major 1: the only symbol the library exports.
 ///
@@ -56,8 +75,7 @@ pub unsafe extern "C" fn memplug_plugin_v1(
     out: *mut MemplugNegotiation,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    static CELL: PluginCell = PluginCell::new();
-    entry(&CELL, host, out, sink)
+    entry(&EXPORTED, &EXPORTED_LINE, plugin_exported, host, out, sink)
 }
 
 /// The same plugin as an in-process entry function, for hosts that link
@@ -71,14 +89,17 @@ pub unsafe extern "C" fn cuda_vmm_plugin_entry(
     out: *mut MemplugNegotiation,
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
-    static CELL: PluginCell = PluginCell::new();
-    entry(&CELL, host, out, sink)
+    entry(&IN_PROCESS, &IN_PROCESS_LINE, plugin_in_process, host, out, sink)
 }
 
 /// Finds the driver (once per process) before negotiating. A host of
-/// another major is left to `negotiate`, which reports the mismatch.
+/// another major is left to `negotiate`, which reports the mismatch. After
+/// a successful negotiation, tells the instance's loss line the agreed
+/// minor (a dead context is DEVICE_LOST only for 1.2 hosts).
 unsafe fn entry(
-    cell: &PluginCell,
+    cell: &'static PluginCell,
+    line: &'static CurrentLine,
+    init: fn() -> ExportedPlugin,
     host: *const MemplugHostInfo,
     out: *mut MemplugNegotiation,
     sink: *const MemplugMessageSink,
@@ -95,12 +116,27 @@ unsafe fn entry(
     if status != memplug_sdk::abi::MEMPLUG_STATUS_OK {
         return status;
     }
-    negotiate(cell, plugin, host, out, sink)
+    let status = negotiate(cell, init, host, out, sink);
+    if status == memplug_sdk::abi::MEMPLUG_STATUS_OK {
+        // SAFETY: the negotiation succeeded, so `out` is the host's answer
+        // struct, which the SDK just wrote.
+        line.host_agreed(std::ptr::addr_of!((*out).agreed_minor).read_unaligned());
+    }
+    status
 }
 
-/// Builds the descriptor: one mechanism per device. Runs after the entry
-/// found the driver.
-fn plugin() -> ExportedPlugin {
+fn plugin_exported() -> ExportedPlugin {
+    plugin(&EXPORTED_LINE)
+}
+
+fn plugin_in_process() -> ExportedPlugin {
+    plugin(&IN_PROCESS_LINE)
+}
+
+/// Builds the descriptor: one mechanism per device, sharing one loss line
+/// (and, with `MEMPLUG_CUDA_LOSS_POLL_MS`, one watcher). Runs after the
+/// entry found the driver, inside its negotiation.
+fn plugin(current: &CurrentLine) -> ExportedPlugin {
     let driver = driver::driver().expect("the entry checked the driver before building the plugin");
     // The version names the driver file in use, so a check can print it
     // (made once: the driver is found once per process).
@@ -108,10 +144,13 @@ fn plugin() -> ExportedPlugin {
     let version: &'static str = VERSION.get_or_init(|| {
         format!("{} (CUDA driver {}: {})", env!("CARGO_PKG_VERSION"), driver.version, driver.loaded_path)
     });
-    let mut builder = PluginBuilder::new("memplug-cuda-vmm", version);
+    let link = HostLink::new();
+    let line = LossLine::new(&link);
+    current.set(&line);
+    let mut builder = PluginBuilder::new("memplug-cuda-vmm", version).host_link(&link);
     let mut states: Vec<memplug_sdk::MechanismState<CudaMechanism>> = Vec::new();
     for info in &driver.devices {
-        let m = CudaMechanism::new(driver, info);
+        let m = CudaMechanism::new(driver, info, std::sync::Arc::clone(&line));
         let vmm = m.has_vmm();
         let device = m.device;
         let mut mb =
@@ -125,5 +164,12 @@ fn plugin() -> ExportedPlugin {
         states.push(mb.state());
         builder = builder.mechanism(mb.build());
     }
-    builder.live_objects(move || states.iter().map(|m| m.live_objects()).sum()).build()
+    // Stopped and joined when the plugin is freed (with this closure).
+    let watcher = loss::poll_period().and_then(|period| Watcher::start(period, states.clone()));
+    builder
+        .live_objects(move || {
+            let _watching = &watcher;
+            states.iter().map(|m| m.live_objects()).sum()
+        })
+        .build()
 }

@@ -7,6 +7,7 @@ use crate::allocator::Allocation;
 use crate::context::DeviceContext;
 use crate::driver::{DeviceInfo, Driver, Vmm};
 use crate::handles::Table;
+use crate::loss::LossLine;
 use crate::shared::Physical;
 use crate::streams::{FenceEntry, StreamEntry};
 use crate::virtual_backing::Reservation;
@@ -50,8 +51,9 @@ pub struct CudaMechanism {
 }
 
 impl CudaMechanism {
-    /// The mechanism of one device, nothing alive.
-    pub fn new(driver: &'static Driver, info: &DeviceInfo) -> Self {
+    /// The mechanism of one device, nothing alive; `loss` is the plugin
+    /// instance's line to its hosts.
+    pub fn new(driver: &'static Driver, info: &DeviceInfo, loss: Arc<LossLine>) -> Self {
         let vmm = info.vmm_granularity.and(driver.vmm);
         CudaMechanism {
             id: mechanism_id(info.ordinal),
@@ -60,7 +62,7 @@ impl CudaMechanism {
             driver,
             vmm,
             granularity: if vmm.is_some() { info.vmm_granularity.unwrap_or(0) } else { 0 },
-            ctx: DeviceContext::new(driver, info.device),
+            ctx: DeviceContext::new(driver, info.device, info.ordinal, mechanism_id(info.ordinal), loss),
             allocations: Table::default(),
             reservations: Table::default(),
             physical: Table::default(),
@@ -200,23 +202,19 @@ impl CudaMechanism {
 }
 
 /// One slot call in progress (see [`CudaMechanism::slot`]): when it ends, a
-/// sticky driver error seen on this thread marks the context dead.
+/// sticky driver error seen on this thread marks the context dead (and
+/// reports the loss, before the slot returns), and the thread's status for
+/// sticky errors is put back.
 pub(crate) struct Slot<'a> {
     m: &'a CudaMechanism,
+    sticky_status: Status,
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
+        crate::driver::set_sticky_status(self.sticky_status);
         if let Some(e) = crate::driver::take_sticky() {
-            let dead = PluginError::new(
-                e.status,
-                format!(
-                    "the CUDA context of device {} is dead (a sticky error: {}); every later call fails \
-                     without reaching the driver: the process must end to use the device again",
-                    self.m.device.ordinal, e.message
-                ),
-            );
-            let _ = self.m.ctx.dead.set(dead);
+            self.m.ctx.mark_dead(&e);
         }
     }
 }
@@ -226,8 +224,11 @@ impl CudaMechanism {
     /// function this plugin launched (`BUSY`: CUDA forbids any driver call
     /// there, and the driver may run the host functions of every stream on
     /// one thread, so waiting there can deadlock), and refuse everything
-    /// once the context is dead (the first sticky error's failure, no
-    /// driver call). The answer is held for the slot's duration.
+    /// once the context is dead (the first sticky error's message, no
+    /// driver call). A dead context, and a sticky error met during the
+    /// slot, is `DEVICE_LOST` once a 1.2 host holds the instance and
+    /// `DEVICE_UNAVAILABLE` before (see `loss.rs`). The answer is held for
+    /// the slot's duration.
     #[inline]
     pub(crate) fn slot(&self, call: &str) -> PluginResult<Slot<'_>> {
         if crate::streams::in_host_fn() {
@@ -240,12 +241,15 @@ impl CudaMechanism {
                 ),
             ));
         }
-        if let Some(e) = self.ctx.dead.get() {
-            return Err(PluginError::new(e.status, format!("{call}: {}", e.message)));
+        let status = self.ctx.loss().lost_status();
+        if let Some(why) = self.ctx.dead() {
+            // Reported now if the context died before a 1.2 host came.
+            self.ctx.notice_loss();
+            return Err(PluginError::new(status, format!("{call}: {why}")));
         }
         // Nothing noted on this thread belongs to this slot yet.
         let _ = crate::driver::take_sticky();
-        Ok(Slot { m: self })
+        Ok(Slot { m: self, sticky_status: crate::driver::set_sticky_status(status) })
     }
 }
 

@@ -743,8 +743,11 @@ fn slots_called_from_a_host_function_are_refused_with_busy() {
 }
 
 /// After a sticky error (the fake's switch: every later call returns 700)
-/// the context is dead: the slot that met it and every later one fail with
-/// DEVICE_UNAVAILABLE, the later ones without calling the driver. In a
+/// the context is dead: for a host that agreed on ABI 1.1 (which has no
+/// DEVICE_LOST) the slot that met it and every later one fail with
+/// DEVICE_UNAVAILABLE, the later ones without calling the driver, and no
+/// loss is reported (the host's context stays active). At 1.2 the same
+/// fault is DEVICE_LOST and a reported loss: `tests/device_lost.rs`. In a
 /// child process: the fault is for the rest of the process.
 #[test]
 fn a_sticky_error_kills_the_context_for_every_later_slot() {
@@ -761,7 +764,8 @@ fn child_sticky_fault() {
     if !is_child() {
         return;
     }
-    let p = load();
+    let p = load_with(&memplug_host::LoadOptions { max_minor: 1, ..Default::default() });
+    assert_eq!(p.abi_version(), (1, 1));
     let m = cuda0(&p);
     let a = unsafe { m.ungoverned() }.allocator();
     let block = a.allocate(4096, 256).unwrap();
@@ -779,6 +783,11 @@ fn child_sticky_fault() {
     assert_eq!(vb.reserve(1).unwrap_err().status, Status::DeviceUnavailable);
     assert_eq!(m.sync().unwrap().stream_create().unwrap_err().status, Status::DeviceUnavailable);
     assert_eq!(fake_calls().unwrap(), calls, "no driver call after the context died");
+    // Nothing was reported to a 1.1 host: its context is still active (it
+    // learns of the dead device from the status alone).
+    assert_eq!(m.life_state(), memplug_host::LifeState::Active);
+    let stats = p.service_stats();
+    assert_eq!((stats.losses, stats.refused), (0, 0), "{stats:?}");
     println!("STICKY OK");
     std::mem::forget(p);
 }

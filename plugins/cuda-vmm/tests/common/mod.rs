@@ -27,7 +27,7 @@
 #![allow(dead_code)]
 
 use memplug_host::{Access, PhysicalObject, Reservation, SharedMappingApi, Status};
-use memplug_host::{Mechanism, Plugin};
+use memplug_host::{LoadOptions, Mechanism, Plugin};
 use memplug_plugin_cuda_vmm::driver::{self, CUcontext, CUdevice, Driver, CUDA_SUCCESS};
 use memplug_test_support::{find_cdylib, run_tool, test_tmp_dir};
 use std::ffi::c_void;
@@ -168,6 +168,24 @@ pub fn serial() -> TestGuard {
 /// (a plugin with live objects is never closed) would hand its state to the
 /// next.
 pub fn load() -> Plugin {
+    load_with(&LoadOptions::default())
+}
+
+/// [`load`] with `opts` (a host speaking an older minor, say).
+pub fn load_with(opts: &LoadOptions) -> Plugin {
+    load_private(opts, false).0
+}
+
+/// [`load_with`], and the same private copy opened again with `libloading`
+/// before its file goes: `dlopen` of a loaded file hands back the same
+/// library, so its `memplug_plugin_v1` serves the plugin instance the host
+/// holds (a second, raw host of it).
+pub fn load_with_same(opts: &LoadOptions) -> (Plugin, libloading::Library) {
+    let (p, same) = load_private(opts, true);
+    (p, same.expect("opened"))
+}
+
+fn load_private(opts: &LoadOptions, reopen: bool) -> (Plugin, Option<libloading::Library>) {
     setup();
     static N: AtomicUsize = AtomicUsize::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
@@ -175,10 +193,13 @@ pub fn load() -> Plugin {
     let dir = test_tmp_dir(&format!("cuda-plugin-{}-{n}", std::process::id()));
     let dst = dir.join(format!("libmemplug_plugin_cuda_vmm_{n}.so"));
     std::fs::copy(&src, &dst).unwrap_or_else(|e| panic!("copy {} to {}: {e}", src.display(), dst.display()));
-    let p = Plugin::load(&dst).unwrap_or_else(|e| panic!("the CUDA plugin did not load: {e}"));
+    let p = Plugin::load_with(&dst, opts).unwrap_or_else(|e| panic!("the CUDA plugin did not load: {e}"));
+    // SAFETY: the library the host just loaded (its initialisers ran).
+    let same =
+        reopen.then(|| unsafe { libloading::Library::new(&dst) }.expect("dlopen the loaded copy again"));
     // The mapping stays; the file is not needed once loaded.
     let _ = std::fs::remove_dir_all(&dir);
-    p
+    (p, same)
 }
 
 /// Whether the fake was told to refuse read-only access
@@ -325,6 +346,25 @@ pub fn fake_calls() -> Option<i64> {
 pub fn fake_sticky_fault(code: u32) {
     let f = fake_fn::<unsafe extern "C" fn(u32)>("fake_cuda_sticky_fault").expect("fake mode");
     unsafe { f(code) }
+}
+
+/// `fake_cuda_inject_sticky_fault(code)`: the fake's contexts are dead
+/// from now on (every later call but the context-stack ones returns
+/// `code`); returns the sticky code in force before (0: none).
+pub fn fake_inject_sticky_fault(code: i32) -> i32 {
+    let f = fake_fn::<unsafe extern "C" fn(i32) -> i32>("fake_cuda_inject_sticky_fault").expect("fake mode");
+    unsafe { f(code) }
+}
+
+/// The sticky code in force in the fake (0: none).
+pub fn fake_sticky_code() -> i32 {
+    let f = fake_fn::<unsafe extern "C" fn() -> i32>("fake_cuda_sticky_code").expect("fake mode");
+    unsafe { f() }
+}
+
+/// The mechanism of device 1.
+pub fn cuda1(p: &Plugin) -> Mechanism {
+    p.mechanism("cuda1-vmm").unwrap_or_else(|| panic!("no cuda1-vmm in {:?}", p.mechanisms())).clone()
 }
 
 /// Asserts that `probe`, a deliberate bad access made straight through the
