@@ -306,6 +306,14 @@ fn misuse_of_the_services_is_refused_clearly_and_changes_nothing() {
     assert_eq!((st.losses, st.repeats), (1, 1));
     let why = m.life_reason().unwrap();
     assert!(why.contains("gone") && !why.contains('\x1b'), "the plugin's text is sanitised: {why:?}");
+    // The raw report bypassed the SDK's latch, so this plugin would keep
+    // answering OK: the host does not ask it any more.
+    let ctl = controls(f::NAME);
+    let calls = ctl.calls.load(SeqCst);
+    // SAFETY: a test harness; nothing is made (the call is refused).
+    let e = unsafe { m.ungoverned() }.allocator().allocate(64, 64).unwrap_err();
+    assert_eq!(e.status, Status::DeviceLost, "{e}");
+    assert_eq!(ctl.calls.load(SeqCst), calls, "a plugin that keeps succeeding after its report is not called");
     drop(m);
     p.unload().unwrap();
     // After unload the table still answers, and refuses.
