@@ -47,6 +47,17 @@
 //! devices is touched only after `/proc/self/maps` says it is mapped
 //! writable.
 //!
+//! # ABI 1.2: services and device loss
+//!
+//! The kit negotiates as a 1.2 host (a 32-byte host info with a services
+//! table that records every `report_device_lost`). The `loss.*` checks
+//! each load a fresh copy of the plugin in their process, negotiate with
+//! it once, and provoke a loss through a test trigger the library exports
+//! ([`LOSS_TRIGGERS`]); without one, the checks that need a loss are
+//! skipped, saying so. For the CPU plugin's trigger the kit sets
+//! `MEMPLUG_CPU_TEST_SWITCHES=1` in that check's process before the copy
+//! is loaded (`docs/conformance-json.md`, "Device-loss test triggers").
+//!
 //! Strings that come from the plugin (names, versions, messages, its
 //! output) reach the report with control characters escaped
 //! ([`printable`]), so no report format can carry a terminal escape
@@ -56,7 +67,10 @@ mod checks;
 pub mod elf;
 mod os;
 mod raw;
+mod services;
 mod sink;
+
+pub use checks::fresh::{is_loss_trigger, LossTrigger, LOSS_TRIGGERS};
 
 use serde::{Deserialize, Serialize, Serializer};
 use std::fmt;
@@ -385,8 +399,8 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     plugin_wide(
         "negotiation.accepts_host",
-        "a host speaking 1.0..=1.<newest> gets OK, a descriptor, an agreed minor in the common range, \
-         and nothing written past the host's struct_size",
+        "a host speaking 1.0..=1.<newest> (a 1.2 host info with the kit's services table) gets OK, a \
+         descriptor, an agreed minor in the common range, and nothing written past the host's struct_size",
     ),
     plugin_wide(
         "negotiation.host_range_above",
@@ -411,7 +425,13 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     plugin_wide(
         "negotiation.long_host_struct",
-        "host info longer than the plugin knows, garbage after the 1.0 prefix, is accepted",
+        "host info longer than the plugin knows, garbage after the fields the kit knows, is accepted",
+    ),
+    plugin_wide(
+        "negotiation.host_size_respected",
+        "a 24-byte (ABI 1.0/1.1) host info offering up to 1.1 or 1.<newest>, ending at an inaccessible page, \
+         is negotiated without a read past its struct_size: no 1.2 services field is looked for (probed in a \
+         child)",
     ),
     plugin_wide(
         "negotiation.short_out",
@@ -654,8 +674,31 @@ pub const CHECKS: &[CheckInfo] = &[
          physical objects at once: every call succeeds, live_objects balances",
     ),
     per_mechanism(
+        "loss.reported_through_services",
+        "ABI 1.2, with a device-loss test trigger exported (LOSS_TRIGGERS), on a fresh instance: triggering the \
+         loss delivers a report through the kit's services naming the mechanism, with a UTF-8 (pointer, length) \
+         reason, and no report of a mechanism the plugin does not publish",
+    ),
+    per_mechanism(
+        "loss.every_slot_device_lost",
+        "ABI 1.2, with a test trigger: after the reported loss every published slot of the mechanism, called \
+         with objects made before it, answers DEVICE_LOST (none OK), writes no output, runs no host function, \
+         and nothing crashes or hangs",
+    ),
+    per_mechanism(
         "lifecycle.live_objects",
         "live_objects counts every allocation, reservation, physical object, stream and fence exactly",
+    ),
+    plugin_wide(
+        "loss.negotiation_reports",
+        "a fresh instance negotiating with a 1.2 host calls no service during the entry (answered \
+         INVALID_STATE), or re-reports once it returned or keeps the mechanism working; no service at a minor \
+         below 1.2; reports name only published mechanisms, with valid reasons",
+    ),
+    plugin_wide(
+        "loss.unknown_mechanism",
+        "ABI 1.2, with a test trigger: triggering an id the plugin does not publish is refused, reports nothing \
+         and latches no mechanism (the trigger then works for a published one)",
     ),
     plugin_wide("messages.present", "every refused call explained itself through the sink"),
     plugin_wide(

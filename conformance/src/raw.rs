@@ -463,6 +463,7 @@ pub(crate) fn status_name(s: MemplugStatus) -> String {
         MEMPLUG_STATUS_NOT_READY => "NOT_READY",
         MEMPLUG_STATUS_TIMEOUT => "TIMEOUT",
         MEMPLUG_STATUS_BUSY => "BUSY",
+        MEMPLUG_STATUS_DEVICE_LOST => "DEVICE_LOST",
         other => return format!("unknown status {other}"),
     };
     name.to_string()

@@ -301,80 +301,17 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
 
     let mut tables = None;
     let ok = res.run("descriptor.vtables", name, || {
-        let a: MemplugAllocator = vtable(desc.allocator, "allocator")?;
-        required(&a, Need::Required, "allocator")?;
-        let vb = if caps & MEMPLUG_CAP_VIRTUAL_BACKING != 0 {
-            let v: MemplugVirtualBacking = vtable(desc.virtual_backing, "virtual_backing")?;
-            required(&v, Need::Required, "virtual_backing")?;
-            Some(v)
-        } else {
-            None
-        };
-        let sm = if caps & MEMPLUG_CAP_SHARED_MAPPING != 0 {
-            let (mut v, declared): (MemplugSharedMapping, u32) =
-                vtable_sized(desc.shared_mapping, "shared_mapping")?;
-            let export = v.export_fd.is_some() || v.import_fd.is_some();
-            if caps & MEMPLUG_CAP_SHARED_EXPORT != 0 {
-                ensure!(
-                    declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_1,
-                    "MEMPLUG_CAP_SHARED_EXPORT is set but shared_mapping.struct_size {declared} is shorter \
-                     than ABI 1.1's {MEMPLUG_SHARED_MAPPING_SIZE_1_1}"
-                );
-                required(
-                    &v,
-                    Need::WithCapability(MEMPLUG_CAP_SHARED_EXPORT),
-                    "shared_mapping (MEMPLUG_CAP_SHARED_EXPORT is set)",
-                )?;
-            } else {
-                // Below 1.1 the export slots are past what the agreed minor
-                // defines: a longer table is allowed, and they are ignored.
-                ensure!(
-                    !export || plugin.agreed_minor < 1,
-                    "shared_mapping publishes export_fd or import_fd but MEMPLUG_CAP_SHARED_EXPORT is not set"
-                );
-                v.export_fd = None;
-                v.import_fd = None;
-            }
-            required(&v, Need::Required, "shared_mapping")?;
-            Some(v)
-        } else {
-            None
-        };
-        let sync = if caps & MEMPLUG_CAP_SYNC != 0 {
-            let v: MemplugSync = vtable(desc.sync, "sync")?;
-            required(&v, Need::Required, "sync")?;
-            Some(v)
-        } else {
-            None
-        };
-        let mut optional: Vec<String> = Vec::new();
-        optional.extend(optional_nulls(&a));
-        if let Some(s) = &sync {
-            optional.extend(optional_nulls(s));
-        }
-        tables = Some((a, vb, sm, sync));
-        Ok(if optional.is_empty() {
+        let t = read_tables(&desc, plugin.agreed_minor)?;
+        let detail = if t.optional_null.is_empty() {
             "every slot published".into()
         } else {
-            format!("required slots present; optional slots NULL: {}", optional.join(", "))
-        })
+            format!("required slots present; optional slots NULL: {}", t.optional_null.join(", "))
+        };
+        tables = Some(t);
+        Ok(detail)
     });
-    let (alloc, vb, sm, sync) = tables.filter(|_| ok)?;
-    let mut m = Mech {
-        name: d.name.clone(),
-        id: desc.mechanism_id,
-        device: desc.device,
-        caps,
-        ctx: desc.ctx,
-        agreed_minor: plugin.agreed_minor,
-        alloc,
-        vb,
-        sm,
-        sync,
-        props: MemplugProperties::default(),
-        live_objects: plugin.live_objects,
-        plugin_ctx: plugin.ctx,
-    };
+    let t = tables.filter(|_| ok)?;
+    let mut m = mech_of(&d.name, &desc, t, plugin.agreed_minor, plugin.live_objects, plugin.ctx);
     let mut props = None;
     let ok = res.run("descriptor.properties", name, || {
         let (s, out) = m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_0);
@@ -401,6 +338,102 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
     });
     m.props = props.filter(|_| ok)?;
     Some(m)
+}
+
+/// A mechanism's sub-vtables, read and checked (`descriptor.vtables`).
+pub(crate) struct Tables {
+    alloc: MemplugAllocator,
+    vb: Option<MemplugVirtualBacking>,
+    sm: Option<MemplugSharedMapping>,
+    sync: Option<MemplugSync>,
+    /// The optional slots left NULL, as `table.slot`.
+    optional_null: Vec<String>,
+}
+
+/// Reads every sub-vtable `desc` publishes, as a host of `agreed_minor`
+/// would: each at least its 1.0 size with its required slots, the 1.1
+/// export slots only with `MEMPLUG_CAP_SHARED_EXPORT`.
+pub(crate) fn read_tables(desc: &MemplugMechanism, agreed_minor: u32) -> Result<Tables, Verdict> {
+    let caps = desc.capabilities;
+    let a: MemplugAllocator = vtable(desc.allocator, "allocator")?;
+    required(&a, Need::Required, "allocator")?;
+    let vb = if caps & MEMPLUG_CAP_VIRTUAL_BACKING != 0 {
+        let v: MemplugVirtualBacking = vtable(desc.virtual_backing, "virtual_backing")?;
+        required(&v, Need::Required, "virtual_backing")?;
+        Some(v)
+    } else {
+        None
+    };
+    let sm = if caps & MEMPLUG_CAP_SHARED_MAPPING != 0 {
+        let (mut v, declared): (MemplugSharedMapping, u32) =
+            vtable_sized(desc.shared_mapping, "shared_mapping")?;
+        let export = v.export_fd.is_some() || v.import_fd.is_some();
+        if caps & MEMPLUG_CAP_SHARED_EXPORT != 0 {
+            ensure!(
+                declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_1,
+                "MEMPLUG_CAP_SHARED_EXPORT is set but shared_mapping.struct_size {declared} is shorter than ABI \
+                 1.1's {MEMPLUG_SHARED_MAPPING_SIZE_1_1}"
+            );
+            required(
+                &v,
+                Need::WithCapability(MEMPLUG_CAP_SHARED_EXPORT),
+                "shared_mapping (MEMPLUG_CAP_SHARED_EXPORT is set)",
+            )?;
+        } else {
+            // Below 1.1 the export slots are past what the agreed minor
+            // defines: a longer table is allowed, and they are ignored.
+            ensure!(
+                !export || agreed_minor < 1,
+                "shared_mapping publishes export_fd or import_fd but MEMPLUG_CAP_SHARED_EXPORT is not set"
+            );
+            v.export_fd = None;
+            v.import_fd = None;
+        }
+        required(&v, Need::Required, "shared_mapping")?;
+        Some(v)
+    } else {
+        None
+    };
+    let sync = if caps & MEMPLUG_CAP_SYNC != 0 {
+        let v: MemplugSync = vtable(desc.sync, "sync")?;
+        required(&v, Need::Required, "sync")?;
+        Some(v)
+    } else {
+        None
+    };
+    let mut optional_null: Vec<String> = Vec::new();
+    optional_null.extend(optional_nulls(&a));
+    if let Some(s) = &sync {
+        optional_null.extend(optional_nulls(s));
+    }
+    Ok(Tables { alloc: a, vb, sm, sync, optional_null })
+}
+
+/// The kit's view of a mechanism whose tables were read (properties still
+/// default).
+pub(crate) fn mech_of(
+    name: &str,
+    desc: &MemplugMechanism,
+    t: Tables,
+    agreed_minor: u32,
+    live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
+    plugin_ctx: *mut c_void,
+) -> Mech {
+    Mech {
+        name: name.to_string(),
+        id: desc.mechanism_id,
+        device: desc.device,
+        caps: desc.capabilities,
+        ctx: desc.ctx,
+        agreed_minor,
+        alloc: t.alloc,
+        vb: t.vb,
+        sm: t.sm,
+        sync: t.sync,
+        props: MemplugProperties::default(),
+        live_objects,
+        plugin_ctx,
+    }
 }
 
 /// Capability bits ABI 1.1 added to 1.0's.

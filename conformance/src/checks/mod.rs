@@ -54,6 +54,8 @@
 mod allocator;
 mod concurrency;
 mod descriptor;
+pub(crate) mod fresh;
+mod loss;
 mod messages;
 mod negotiation;
 mod shared_mapping;
@@ -62,6 +64,7 @@ mod virtual_backing;
 
 use crate::os::{self, ChildEnd, Supervised};
 use crate::raw::{Made, Mech};
+use crate::services::KitServices;
 use crate::sink::{Entries, Log, Write};
 use crate::{
     printable, printable_text, CheckResult, Error, MechanismSummary, Options, Outcome, Report, CHECKS,
@@ -78,6 +81,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// How a check stops early.
+#[derive(Debug)]
 pub(crate) enum Verdict {
     Fail(String),
     Skip(String),
@@ -132,6 +136,11 @@ pub(crate) struct Ctx {
     pub log: Arc<Log>,
     pub opts: Options,
     pub entry: MemplugEntryV1,
+    /// The plugin file as this process opened it (`/proc/self/fd/4`).
+    pub path: std::path::PathBuf,
+    /// The services table of the ordinary negotiation
+    /// (`negotiation.accepts_host`, a 1.2 host).
+    pub services: &'static KitServices,
 }
 
 /// Checks whose bodies build what the checks after them use; every child
@@ -591,6 +600,7 @@ fn child_main(path: &Path, opts: &Options, kit: &Kit, target: usize, out: RawFd)
         done: false,
         state_sent: false,
         live: None,
+        services: None,
     };
     let mut header = Header::default();
     if let Err(Error::NoSuchMechanism { name, available }) = orchestrate(path, opts, &mut res, &mut header) {
@@ -657,6 +667,9 @@ pub(crate) struct Results {
     state_sent: bool,
     /// The plugin's `live_objects` and its context, once validated.
     live: Option<(unsafe extern "C" fn(*mut c_void) -> u64, *mut c_void)>,
+    /// The services of the ordinary negotiation: a report the plugin makes
+    /// during a check is noted in its detail.
+    services: Option<&'static KitServices>,
 }
 
 impl Results {
@@ -739,6 +752,7 @@ impl Results {
             self.start(name, mechanism);
         }
         let before = mechanism.and_then(|_| self.live_count());
+        let reports_before = self.services.map_or(0, |s| s.count());
         let marks = self.log.marks();
         self.log.set_muted(false);
         let t = Instant::now();
@@ -746,11 +760,23 @@ impl Results {
         let duration = t.elapsed();
         self.log.set_muted(true);
         let passed = passes(&r);
-        let (outcome, detail) = match r {
+        let (outcome, mut detail) = match r {
             Ok(d) => (Outcome::Pass, d),
             Err(Verdict::Fail(d)) => (Outcome::Fail, d),
             Err(Verdict::Skip(d)) => (Outcome::Skip, d),
         };
+        if let Some(s) = self.services {
+            for r in s.seen().iter().skip(reports_before) {
+                detail += &format!(
+                    "\nnote: during this check the plugin reported the loss of mechanism id {} through the kit's \
+                     services ({}, {}; answered {})",
+                    r.mechanism_id,
+                    r.thread(),
+                    r.reason.describe(),
+                    crate::raw::status_name(r.answer)
+                );
+            }
+        }
         let log = LogDelta::new(self.log.since(marks));
         self.send(&Msg::Verdict { outcome, detail, duration_ns: duration.as_nanos() as u64, log });
         self.done = true;
@@ -831,7 +857,9 @@ fn orchestrate(path: &Path, opts: &Options, res: &mut Results, h: &mut Header) -
     std::mem::forget(lib);
     res.run("exports.only_entry_symbols", None, || exports(path));
 
-    let ctx = Ctx { log: res.log.clone(), opts: opts.clone(), entry };
+    let services = KitServices::leak();
+    res.services = Some(services);
+    let ctx = Ctx { log: res.log.clone(), opts: opts.clone(), entry, path: path.to_path_buf(), services };
     let Some((desc, agreed)) = negotiation::run_all(res, &ctx) else {
         return Ok(());
     };
@@ -846,6 +874,8 @@ fn orchestrate(path: &Path, opts: &Options, res: &mut Results, h: &mut Header) -
     // Reading the mechanism descriptors is descriptor.mechanisms' work.
     res.upcoming("descriptor.mechanisms", None);
     let published = descriptor::mechanisms(res, &plugin);
+    // From now on the kit's services take the plugin's reports.
+    services.publish(agreed, published.iter().map(|d| d.desc.mechanism_id).collect());
     if let Some(want) = &opts.mechanism {
         if !published.iter().any(|d| &d.name == want) {
             return Err(Error::NoSuchMechanism {
@@ -874,6 +904,7 @@ fn orchestrate(path: &Path, opts: &Options, res: &mut Results, h: &mut Header) -
         per_mechanism(res, &ctx, &m);
         checked.push(m);
     }
+    loss::run_plugin(res, &ctx, &checked);
     messages::finish(res, &ctx, &plugin, &checked);
     Ok(())
 }
@@ -892,10 +923,11 @@ fn per_mechanism(res: &mut Results, ctx: &Ctx, m: &Mech) {
     res.share(&m.name, &mut st);
     concurrency::run_all(res, ctx, m, &st);
     res.share(&m.name, &mut st);
+    loss::run_mech(res, ctx, m);
     res.run("lifecycle.live_objects", name, || allocator::live_objects(ctx, m));
 }
 
-fn open(path: &Path) -> Result<libloading::Library, String> {
+pub(crate) fn open(path: &Path) -> Result<libloading::Library, String> {
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
     // SAFETY: loading runs the library's initialisers: that is what
     // checking a plugin means; the path was chosen by the user.
@@ -909,8 +941,11 @@ const LISTED_EXPORTS: usize = 24;
 
 fn exports(path: &Path) -> Checked {
     let names = crate::elf::exported_symbols(path).map_err(Verdict::Fail)?;
-    let extra: Vec<&String> = names.iter().filter(|n| !crate::elf::is_entry_symbol(n)).collect();
+    let extra: Vec<&String> =
+        names.iter().filter(|n| !crate::elf::is_entry_symbol(n) && !fresh::is_loss_trigger(n)).collect();
     let entries: Vec<&String> = names.iter().filter(|n| crate::elf::is_entry_symbol(n)).collect();
+    let triggers: Vec<&str> =
+        names.iter().filter(|n| fresh::is_loss_trigger(n)).map(|s| s.as_str()).collect();
     if !extra.is_empty() {
         // Sorted, each name whole.
         let listed: Vec<&str> = extra.iter().take(LISTED_EXPORTS).map(|s| s.as_str()).collect();
@@ -924,7 +959,15 @@ fn exports(path: &Path) -> Checked {
         );
     }
     ensure!(!entries.is_empty(), "exports no memplug_plugin_v<N> entry symbol");
-    Ok(format!("exports only {}", entries.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")))
+    let triggers = if triggers.is_empty() {
+        String::new()
+    } else {
+        format!(" and the kit's device-loss test trigger {}", triggers.join(", "))
+    };
+    Ok(format!(
+        "exports only {}{triggers}",
+        entries.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+    ))
 }
 
 // ---------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 use super::{ensure, expect, fail, Checked, Ctx, Results};
 use crate::os::{in_child, ChildEnd};
 use crate::raw::{status_name, Guarded, FILL};
+use crate::services::KitServices;
 use crate::sink::{call, Recorder};
 use memplug_sdk::abi::*;
 use std::time::Duration;
@@ -12,24 +13,46 @@ const GARBAGE: u8 = 0x5a;
 
 /// A host info inside a 64-byte buffer.
 #[repr(C, align(8))]
-struct HostBuf([u8; 64]);
+pub(crate) struct HostBuf([u8; 64]);
+
+impl HostBuf {
+    pub(crate) fn as_ptr(&self) -> *const MemplugHostInfo {
+        self.0.as_ptr().cast()
+    }
+}
 
 /// Host info declaring `struct_size`: the 1.0 fields are always valid
 /// values (so a plugin that reads past a short struct_size finds nothing
-/// alarming, only wrong), and bytes past 24 are garbage.
+/// alarming, only wrong), and bytes past the fields it declares (past 24
+/// at least) are garbage.
 fn host(struct_size: u32, major: u32, min_minor: u32, max_minor: u32) -> HostBuf {
+    host_info(struct_size, major, min_minor, max_minor, core::ptr::null())
+}
+
+/// [`host`] with a services table (written only when `struct_size`
+/// reaches the 1.2 field).
+pub(crate) fn host_info(
+    struct_size: u32,
+    major: u32,
+    min_minor: u32,
+    max_minor: u32,
+    services: *const MemplugHostServices,
+) -> HostBuf {
     let info = MemplugHostInfo {
         struct_size,
         abi_major: major,
         min_minor,
         max_minor,
         host_name: c"memplug-conformance".as_ptr(),
-        services: core::ptr::null(),
+        services,
     };
     let mut b = HostBuf([GARBAGE; 64]);
-    // Only the declared bytes: a plugin that reads a field past
-    // `struct_size` (the 1.2 `services` of a 1.0 host) reads garbage.
-    let n = (struct_size as usize).min(core::mem::size_of::<MemplugHostInfo>());
+    // The 1.0 fields always (a struct_size shorter than 1.0 is refused by
+    // what it says, not by garbage in its fields); the 1.2 `services` only
+    // when the declared size reaches it: a plugin that reads that field of
+    // a 1.0/1.1 host reads garbage.
+    let n = (struct_size as usize)
+        .clamp(MEMPLUG_HOST_INFO_SIZE_1_0 as usize, core::mem::size_of::<MemplugHostInfo>());
     // SAFETY: at most 32 bytes of plain data into a 64-byte buffer.
     unsafe {
         core::ptr::copy_nonoverlapping((&info as *const MemplugHostInfo).cast::<u8>(), b.0.as_mut_ptr(), n)
@@ -49,12 +72,20 @@ impl Answer {
 }
 
 fn negotiate(ctx: &Ctx, h: &HostBuf, out_size: u32) -> Answer {
+    negotiate_with(ctx, h, out_size, None)
+}
+
+/// [`negotiate`], telling `services` (the table `h` carries) when the
+/// entry runs.
+fn negotiate_with(ctx: &Ctx, h: &HostBuf, out_size: u32, services: Option<&KitServices>) -> Answer {
     let mut out = Guarded::new(out_size);
     let entry = ctx.entry;
+    services.inspect(|s| s.in_entry(true));
     let (status, _) = call(&ctx.log, "memplug_plugin_v1", |sink| {
         // SAFETY: the entry contract: pointers valid for the call.
         unsafe { entry(h.0.as_ptr().cast(), out.ptr(), sink) }
     });
+    services.inspect(|s| s.in_entry(false));
     if !out.tail_intact() {
         ctx.log.overrun("memplug_plugin_v1", format!("wrote past struct_size {out_size} of its answer"));
     }
@@ -147,10 +178,13 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
     let mut found: Option<(*const MemplugPlugin, u32)> = None;
     let mut range: Option<(u32, u32)> = None;
     res.run("negotiation.accepts_host", None, || {
-        let a = negotiate(
+        // A 1.2 host: the 1.2-sized host info with the kit's services.
+        let services = ctx.services;
+        let a = negotiate_with(
             ctx,
-            &host(MEMPLUG_HOST_INFO_SIZE_1_0, 1, 0, MEMPLUG_ABI_MINOR),
+            &host_info(MEMPLUG_HOST_INFO_SIZE_1_2, 1, 0, MEMPLUG_ABI_MINOR, services.table()),
             MEMPLUG_NEGOTIATION_SIZE_1_0,
+            Some(services),
         );
         if a.status == MEMPLUG_STATUS_DEVICE_UNAVAILABLE {
             fail!(
@@ -184,7 +218,10 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
                 n.agreed_minor
             );
         }
-        Ok(format!("agreed on 1.{}", n.agreed_minor))
+        Ok(format!(
+            "agreed on 1.{} (host info of {MEMPLUG_HOST_INFO_SIZE_1_2} bytes with the kit's services table)",
+            n.agreed_minor
+        ))
     });
     let (pmin, pmax) = range.unwrap_or((0, 0));
 
@@ -252,7 +289,7 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
         expect(
             a.status,
             &[MEMPLUG_STATUS_OK],
-            "host info with struct_size 64, garbage after the 1.0 prefix",
+            "host info with struct_size 64, garbage after the fields the kit knows",
         )?;
         if let Some(why) =
             malformed_answer(&a.negotiation(), MEMPLUG_NEGOTIATION_SIZE_1_0, 0, MEMPLUG_ABI_MINOR)
@@ -261,6 +298,7 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
         }
         Ok("struct_size 64 accepted".into())
     });
+    res.run("negotiation.host_size_respected", None, || host_size_respected(ctx));
     res.run("negotiation.short_out", None, || {
         let a = negotiate(ctx, &host(MEMPLUG_HOST_INFO_SIZE_1_0, 1, 0, MEMPLUG_ABI_MINOR), 8);
         ensure!(a.out.tail_intact(), "wrote past the answer's struct_size 8");
@@ -269,6 +307,104 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx) -> Option<(*const MemplugPlu
     });
     res.run("negotiation.null_arguments", None, || null_arguments(ctx));
     found
+}
+
+/// A host info of `struct_size` bytes whose last byte is the last one
+/// before an inaccessible page: reading one byte past `struct_size` faults.
+struct Fenced {
+    base: *mut u8,
+    len: usize,
+    info: *const MemplugHostInfo,
+}
+
+impl Fenced {
+    fn new(struct_size: u32, min_minor: u32, max_minor: u32) -> Option<Fenced> {
+        let page = crate::os::page_size() as usize;
+        let len = 2 * page;
+        // SAFETY: a new private anonymous mapping; nothing else is touched.
+        let base = unsafe {
+            libc::mmap(
+                core::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return None;
+        }
+        let base = base.cast::<u8>();
+        let mut fenced = Fenced { base, len, info: core::ptr::null() };
+        // SAFETY: the second page of the mapping just made.
+        if unsafe { libc::mprotect(base.add(page).cast(), page, libc::PROT_NONE) } != 0 {
+            return None;
+        }
+        let h = host(struct_size, MEMPLUG_ABI_MAJOR, min_minor, max_minor);
+        let n = struct_size as usize;
+        // SAFETY: `n` (at most 64) bytes end exactly at the fence, inside
+        // the first, writable page; the start stays 8-aligned.
+        let at = unsafe { base.add(page - n) };
+        unsafe { core::ptr::copy_nonoverlapping(h.0.as_ptr(), at, n) };
+        fenced.info = at.cast();
+        Some(fenced)
+    }
+}
+
+impl Drop for Fenced {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe { libc::munmap(self.base.cast(), self.len) };
+    }
+}
+
+/// `negotiation.host_size_respected`: a host info of the 1.0/1.1 size,
+/// offering 1.1 or the newest minor, ends at an inaccessible page; the
+/// entry must negotiate without reading past it (it must not look for the
+/// 1.2 `services` field a shorter host did not send).
+fn host_size_respected(ctx: &Ctx) -> Checked {
+    let entry = ctx.entry;
+    let size = MEMPLUG_HOST_INFO_SIZE_1_1;
+    let mut agreed = Vec::new();
+    for max in [1, MEMPLUG_ABI_MINOR] {
+        let Some(fenced) = Fenced::new(size, 0, max) else {
+            fail!("the kit could not map a guarded host info: {}", std::io::Error::last_os_error());
+        };
+        let info = fenced.info;
+        let end = in_child(Duration::from_secs(5), move || {
+            let mut out = Guarded::new(MEMPLUG_NEGOTIATION_SIZE_1_0);
+            let rec = Recorder::new();
+            let sink = rec.sink();
+            // SAFETY: the entry contract; the host info is `size` bytes,
+            // as it declares.
+            let st = unsafe { entry(info, out.ptr(), &sink) };
+            let n: MemplugNegotiation = out.read();
+            // The exit status carries both: 5 bits of status, 3 of minor.
+            (st.min(31) | (n.agreed_minor.min(7) << 5)) as i32
+        });
+        let what = format!(
+            "a host info of struct_size {size} (an ABI 1.0/1.1 host, offering 1.0..=1.{max}) ending at an \
+             inaccessible page"
+        );
+        let (st, minor) = match end {
+            ChildEnd::Exited(code) => ((code & 31) as u32, (code >> 5) as u32),
+            ChildEnd::Signaled(s) if s == libc::SIGSEGV || s == libc::SIGBUS => fail!(
+                "{what}: the entry read past struct_size (its process was killed by {}): a plugin reads only \
+             the struct_size bytes a host declares, and looks for the 1.2 services field only when \
+             struct_size is at least {MEMPLUG_HOST_INFO_SIZE_1_2}",
+                crate::os::signal_name(s)
+            ),
+            other => fail!("{what}: the process calling the entry {}", other.describe()),
+        };
+        expect(st, &[MEMPLUG_STATUS_OK], &what)?;
+        agreed.push(format!("1.{minor}"));
+    }
+    Ok(format!(
+        "{size}-byte host infos against an inaccessible page negotiated (agreed on {}) without a read past \
+             struct_size",
+        agreed.join(" and ")
+    ))
 }
 
 fn null_arguments(ctx: &Ctx) -> Checked {
