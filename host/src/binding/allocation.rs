@@ -16,12 +16,12 @@ impl MemoryBinding {
     /// returns the grant and frees what was made.
     pub fn allocate(&self, size: u64, alignment: u64) -> Result<OwnedAllocation, BindingError> {
         let b = &*self.inner;
-        let allocator = b.mechanism().allocator();
+        let m = b.mechanism();
         let (alloc, lease) = settle::commit_or_undo(
             b,
             size,
-            || allocator.allocate_as(size, alignment, b.class),
-            |a| allocator.deallocate(a),
+            |t| m.allocator_under(t).allocate_as(size, alignment, b.class),
+            |a| m.allocator().deallocate(a),
         )?;
         Ok(OwnedAllocation {
             binding: Some(self.inner.clone()),
@@ -107,7 +107,7 @@ fn retire_allocation(b: &BindingInner, alloc: Allocation, lease: Lease) -> Retir
     settle::release_or_quarantine(
         b,
         Charge::Whole(Some(lease)),
-        || b.mechanism().allocator().deallocate(alloc),
+        |t| b.mechanism().allocator_under(t).deallocate(alloc),
         |e, reason| format!("allocation {}: {reason}", e.object.object_id()),
     )
 }

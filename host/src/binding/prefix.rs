@@ -27,12 +27,12 @@ impl MemoryBinding {
         let len = round_up(size, m.properties().granularity)
             .ok_or_else(|| BindingError::Invalid(format!("shared prefix of {size} bytes overflows")))?;
         let (object, lease) =
-            settle::commit_or_undo(b, len, || sm.create_as(len, b.class), |o| sm.release(o))?;
+            settle::commit_or_undo(b, len, |_| sm.create_as(len, b.class), |o| sm.release(o))?;
         if let Err(e) = fill(b, &sm, &vb, &object, len, init) {
             let _ = settle::release_or_quarantine(
                 b,
                 Charge::Whole(Some(lease)),
-                || sm.release(object),
+                |_| sm.release(object),
                 |_, _| "physical object (fill failed)".into(),
             );
             return Err(e);
@@ -69,7 +69,7 @@ fn fill(
     let _ = settle::release_or_quarantine(
         b,
         Charge::Whole(None),
-        || vb.release(tmp),
+        |_| vb.release(tmp),
         |e, reason| {
             refused = Some(e.error.clone());
             format!("temporary reservation {} of a shared prefix: {reason}", e.object.object_id())
@@ -146,7 +146,7 @@ impl Retire for PrefixRetire {
         settle::release_or_quarantine(
             b,
             Charge::Whole(Some(lease)),
-            || sm.release(object),
+            |_| sm.release(object),
             |e, reason| format!("physical object {}: {reason}", e.object.object_id()),
         )
     }

@@ -337,7 +337,7 @@ impl Retire for ShrinkRetire {
         settle::release_or_quarantine(
             b,
             Charge::Part { slot: &self.lease, bytes: len },
-            || {
+            |_| {
                 // SAFETY: a copy of the live region's reservation token,
                 // used for one call; the region (which owns it) outlives
                 // queued shrinks because its own release is queued after
@@ -431,7 +431,7 @@ impl Retire for RegionRetire {
         let outcome = settle::release_or_quarantine(
             b,
             Charge::Whole(lease),
-            || vb.release(res),
+            |_| vb.release(res),
             |e, reason| format!("reservation {}: {reason}", e.object.object_id()),
         );
         // Dropping the prefix after the unmap (and the release): the last

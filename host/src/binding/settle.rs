@@ -14,6 +14,7 @@ use super::{BindingError, BindingInner};
 use crate::deferred::RetireOutcome;
 use crate::error::{CallError, LostCheck, ReleaseError};
 use crate::governor::{Lease, Rejected};
+use crate::lifecycle::Token;
 use crate::sync::{lock, Mutex};
 use crate::tokens::{Allocation, PhysicalObject};
 use std::fmt;
@@ -30,7 +31,8 @@ pub(super) enum Charge<'a> {
     Part { slot: &'a Mutex<Option<Lease>>, bytes: u64 },
 }
 
-/// Runs `release` (the plugin call that gives an object back), then settles
+/// Runs `release` (the plugin call that gives an object back; it gets the
+/// token this holds, so its own calls need none), then settles
 /// `charge`: on success it is refunded; on failure it stays charged, as
 /// quarantined, and `describe(&error, reason)` is recorded in the binding's
 /// quarantine list, `reason` being the plugin's explanation. A token the
@@ -45,7 +47,7 @@ pub(super) enum Charge<'a> {
 pub(super) fn release_or_quarantine<E: fmt::Display + LostCheck>(
     binding: &BindingInner,
     charge: Charge<'_>,
-    release: impl FnOnce() -> Result<(), E>,
+    release: impl FnOnce(&Token<'_>) -> Result<(), E>,
     describe: impl FnOnce(&E, &str) -> String,
 ) -> RetireOutcome {
     // The whole settlement holds a gate token: termination waits for it,
@@ -54,7 +56,7 @@ pub(super) fn release_or_quarantine<E: fmt::Display + LostCheck>(
         Ok(t) => t,
         Err(_) => return lost(charge),
     };
-    let outcome = match release() {
+    let outcome = match release(&token) {
         Ok(()) => refund(binding, charge, stripe),
         Err(e) if e.is_device_lost() => lost(charge),
         Err(e) => quarantine(binding, charge, e, describe, stripe),
@@ -176,14 +178,14 @@ made!(Allocation => "allocation", PhysicalObject => "physical object");
 pub(super) fn commit_or_undo<T: Made>(
     binding: &BindingInner,
     bytes: u64,
-    make: impl FnOnce() -> Result<T, CallError>,
+    make: impl FnOnce(&Token<'_>) -> Result<T, CallError>,
     undo: impl FnOnce(T) -> Result<(), ReleaseError<T>>,
 ) -> Result<(T, Lease), BindingError> {
     let grant = binding.grant(bytes)?;
     // After the grant (a wait for pressure holds no token), before the
     // make: the object and its ledger entry are made under one token.
     let (token, stripe) = binding.admit_new()?;
-    let made = make()?;
+    let made = make(&token)?;
     match grant.commit(made.bytes()) {
         Ok(lease) => {
             binding.ledger.charged(stripe, lease.bytes(), 1);
@@ -196,7 +198,7 @@ pub(super) fn commit_or_undo<T: Made>(
             let _ = release_or_quarantine(
                 binding,
                 Charge::Whole(None),
-                || undo(made),
+                |_| undo(made),
                 |e, _| format!("{} {} (rollback)", T::KIND, e.object.id()),
             );
             Err(error.into())

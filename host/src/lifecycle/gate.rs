@@ -110,6 +110,11 @@ impl Gate {
         }
     }
 
+    /// Whether `token` was issued by this gate.
+    pub fn owns(&self, token: &Token<'_>) -> bool {
+        self.stripes.iter().any(|s| std::ptr::eq(&s.0, token.stripe))
+    }
+
     /// Calls in flight now. Once the gate is closed the count only falls,
     /// and zero means no call is in flight and none can start.
     pub fn in_flight(&self) -> u64 {

@@ -1,5 +1,6 @@
 //! The allocator capability (required of every mechanism).
 
+use super::call::Held;
 use super::{class_tag, MechanismInner, MemoryInfo};
 use crate::error::{CallError, ObjectKind, ReleaseError};
 use crate::governor::AllocationClass;
@@ -11,6 +12,9 @@ use memplug_sdk::Status;
 #[derive(Clone, Copy)]
 pub struct AllocatorApi<'m> {
     pub(super) m: &'m MechanismInner,
+    /// A token of the mechanism's gate the caller holds (a binding
+    /// transaction): the door then takes none of its own.
+    pub(super) held: Held<'m>,
 }
 
 impl<'m> AllocatorApi<'m> {
@@ -38,7 +42,7 @@ impl<'m> AllocatorApi<'m> {
         let m = self.m;
         let req = m.request(size, alignment, tag);
         let mut out = MechanismInner::empty_block();
-        m.call("allocator.allocate", slot!(m.allocator.allocate), (&req, &mut out))?;
+        m.call_in(self.held, "allocator.allocate", slot!(m.allocator.allocate), (&req, &mut out))?;
         if out.addr == 0 || out.addr & (alignment.max(1).wrapping_sub(1)) != 0 || out.size < size {
             return Err(self.bad_block(&req, &out));
         }
@@ -69,6 +73,7 @@ impl<'m> AllocatorApi<'m> {
         let m = self.m;
         let slot = slot!(m.allocator.deallocate);
         m.release_block(
+            self.held,
             "allocator.deallocate",
             a,
             |a| &a.0,

@@ -85,6 +85,15 @@ impl SlotArg for Opaque {
     }
 }
 
+/// Whether the caller of the door already holds a token of the
+/// mechanism's gate (`Yes` carries the proof), or the door takes one.
+#[derive(Clone, Copy)]
+pub(crate) enum Held<'t> {
+    No,
+    // Never read: the borrow is the proof that the token lives for the call.
+    Yes(#[allow(dead_code)] &'t crate::lifecycle::Token<'t>),
+}
+
 /// A slot function pointer of one ABI signature, callable with its
 /// arguments in safe form. Implemented for every signature shape the ABI
 /// has: `(ctx, args..., sink) -> status`.
@@ -126,8 +135,22 @@ impl MechanismInner {
     /// message (an unknown code mapped to `Internal`, kept raw).
     #[inline(always)]
     pub(crate) fn call<A>(&self, name: &'static str, slot: impl Slot<A>, args: A) -> Result<(), CallError> {
+        self.call_in(Held::No, name, slot, args)
+    }
+
+    /// [`call`](Self::call), for a caller that may already hold a token of
+    /// this mechanism's gate (a binding transaction, `Held::Yes`): then the
+    /// door takes none of its own.
+    #[inline(always)]
+    pub(crate) fn call_in<A>(
+        &self,
+        held: Held,
+        name: &'static str,
+        slot: impl Slot<A>,
+        args: A,
+    ) -> Result<(), CallError> {
         let mut cap = Capture::default();
-        let raw = self.invoke(slot, args, &mut cap);
+        let raw = self.invoke(held, slot, args, &mut cap);
         if raw == MEMPLUG_STATUS_OK {
             Ok(())
         } else {
@@ -147,7 +170,7 @@ impl MechanismInner {
         answer: MemplugStatus,
     ) -> Result<bool, CallError> {
         let mut cap = Capture::default();
-        let raw = self.invoke(slot, args, &mut cap);
+        let raw = self.invoke(Held::No, slot, args, &mut cap);
         if raw == MEMPLUG_STATUS_OK {
             Ok(true)
         } else if raw == answer {
@@ -158,7 +181,7 @@ impl MechanismInner {
     }
 
     #[inline(always)]
-    fn invoke<A>(&self, slot: impl Slot<A>, args: A, cap: &mut Capture) -> MemplugStatus {
+    fn invoke<A>(&self, held: Held, slot: impl Slot<A>, args: A, cap: &mut Capture) -> MemplugStatus {
         // The capture stays in the caller's frame (not moved out with the
         // status), so a success costs the sink's two stores and a compare.
         let sink = cap.sink();
@@ -176,10 +199,14 @@ impl MechanismInner {
         // each slot to be callable from any thread and never to unwind.
         let (_inside, stripe) = InPluginCall::enter_striped();
         // The operation gate (crate::lifecycle): a lost or terminated
-        // context is not called; termination waits for this token.
-        let _token = match self.life.gate.enter(stripe) {
-            Ok(t) => t,
-            Err(state) => return self.closed_door(state, cap),
+        // context is not called; termination waits for this token (or for
+        // the caller's, which covers this call).
+        let _token = match held {
+            Held::Yes(_) => None,
+            Held::No => match self.life.gate.enter(stripe) {
+                Ok(t) => Some(t),
+                Err(state) => return self.closed_door(state, cap),
+            },
         };
         unsafe { slot.invoke(self.ctx, args, &sink) }
     }
@@ -203,6 +230,7 @@ impl MechanismInner {
     #[inline(always)]
     pub(crate) fn release_object<T: std::fmt::Debug, A>(
         &self,
+        held: Held,
         name: &'static str,
         object: T,
         kind: crate::error::ObjectKind,
@@ -213,7 +241,7 @@ impl MechanismInner {
             Ok(a) => a,
             Err(error) => return Err(ReleaseError { object, error }),
         };
-        match self.call(name, slot, args) {
+        match self.call_in(held, name, slot, args) {
             Ok(()) => {
                 self.died(kind);
                 Ok(())
@@ -227,8 +255,10 @@ impl MechanismInner {
     /// live blocks before the plugin frees it, so the plugin may hand the
     /// address out again at once, and comes back if the plugin refuses.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn release_block<T: std::fmt::Debug, A>(
         &self,
+        held: Held,
         name: &'static str,
         object: T,
         raw: fn(&T) -> &RawObject,
@@ -237,8 +267,8 @@ impl MechanismInner {
         args: impl FnOnce(&T) -> Result<A, CallError>,
     ) -> Result<(), ReleaseError<T>> {
         match &self.blocks {
-            None => self.release_object(name, object, kind, slot, args),
-            Some(ix) => self.release_indexed(ix, name, object, raw, kind, slot, args),
+            None => self.release_object(held, name, object, kind, slot, args),
+            Some(ix) => self.release_indexed(held, ix, name, object, raw, kind, slot, args),
         }
     }
 
@@ -249,6 +279,7 @@ impl MechanismInner {
     #[allow(clippy::too_many_arguments)]
     fn release_indexed<T: std::fmt::Debug, A>(
         &self,
+        token: Held,
         ix: &BlockIndex,
         name: &'static str,
         object: T,
@@ -260,7 +291,7 @@ impl MechanismInner {
         // A foreign object is refused below, before the plugin sees it; it
         // has no entry here (object ids are unique in the process).
         let held = if raw(&object).mechanism_key == self.key { ix.forget(raw(&object)) } else { None };
-        let r = self.release_object(name, object, kind, slot, args);
+        let r = self.release_object(token, name, object, kind, slot, args);
         if let (Err(e), Some(b)) = (&r, held) {
             ix.restore(raw(&e.object), b);
         }

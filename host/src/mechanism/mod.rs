@@ -269,7 +269,7 @@ impl MechanismInner {
 
     /// The properties as the plugin writes them (the loader judges them).
     pub(crate) fn read_properties(&self) -> Result<MemplugProperties, CallError> {
-        AllocatorApi { m: self }.read_properties()
+        AllocatorApi { m: self, held: call::Held::No }.read_properties()
     }
 
     /// At termination (the gate closed and quiet): the objects the host
@@ -468,7 +468,15 @@ impl Mechanism {
     /// comes only through a binding, which charges the governor first.
     #[inline]
     pub(crate) fn allocator(&self) -> AllocatorApi<'_> {
-        AllocatorApi { m: &self.inner }
+        AllocatorApi { m: &self.inner, held: call::Held::No }
+    }
+    /// The allocator, for a caller holding `token`, a token of this
+    /// mechanism's gate (a binding transaction): its calls take no token
+    /// of their own.
+    #[inline]
+    pub(crate) fn allocator_under<'t>(&'t self, token: &'t crate::lifecycle::Token<'t>) -> AllocatorApi<'t> {
+        debug_assert!(self.inner.life.gate.owns(token), "a token of another mechanism's gate");
+        AllocatorApi { m: &self.inner, held: call::Held::Yes(token) }
     }
     /// The virtual backing, or `None` when the mechanism has none.
     /// Crate-private, as [`allocator`](Self::allocator).

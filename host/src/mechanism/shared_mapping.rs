@@ -1,6 +1,7 @@
 //! The shared mapping capability: physical objects mapped into ranges of
 //! reservations, and (ABI 1.1) shared across processes as descriptors.
 
+use super::call::Held;
 use super::{class_tag, Access, MechanismInner};
 use crate::error::{CallError, ObjectKind, ReleaseError};
 use crate::governor::AllocationClass;
@@ -201,7 +202,7 @@ impl<'m> SharedMappingApi<'m> {
     pub fn release(&self, object: PhysicalObject) -> Result<(), ReleaseError<PhysicalObject>> {
         const SLOT: &str = "shared_mapping.release";
         let m = self.m;
-        m.release_object(SLOT, object, ObjectKind::PhysicalObject, slot!(self.vt.release), |o| {
+        m.release_object(Held::No, SLOT, object, ObjectKind::PhysicalObject, slot!(self.vt.release), |o| {
             Ok((m.ref_if_made_here(SLOT, &o.0)?,))
         })
     }

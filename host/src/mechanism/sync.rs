@@ -22,6 +22,7 @@
 //! tell is a plugin that runs the id of *another* pending function early
 //! (ids are not secrets): that breaks ordering, not memory safety.
 
+use super::call::Held;
 use super::call::Opaque;
 use super::MechanismInner;
 use crate::error::{CallError, ObjectKind, ReleaseError};
@@ -95,7 +96,7 @@ impl<'m> SyncApi<'m> {
         parts: impl FnOnce(&T) -> (u64, u64, &'static str),
     ) -> Result<(), ReleaseError<T>> {
         let m = self.m;
-        m.release_object(slot_name, token, kind, slot, |t| {
+        m.release_object(Held::No, slot_name, token, kind, slot, |t| {
             let (key, handle, what) = parts(t);
             m.check_handle_made_here(slot_name, key, what)?;
             Ok((handle,))

@@ -1,6 +1,7 @@
 //! The virtual backing capability: reserve address ranges, commit physical
 //! memory into them, decommit, release.
 
+use super::call::Held;
 use super::{class_tag, MechanismInner};
 use crate::error::{CallError, ObjectKind, ReleaseError};
 use crate::governor::AllocationClass;
@@ -94,6 +95,7 @@ impl<'m> VirtualBackingApi<'m> {
         const SLOT: &str = "virtual_backing.release";
         let m = self.m;
         m.release_block(
+            Held::No,
             SLOT,
             r,
             |r| &r.0,
