@@ -119,8 +119,7 @@ pub(crate) fn request(m: &Mech, size: u64, alignment: u64) -> MemplugRequest {
         alignment,
         object_id: next_object_id(),
         device: m.device,
-        class_tag: 0,
-        reserved0: 0,
+        ..Default::default()
     }
 }
 

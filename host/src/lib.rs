@@ -57,10 +57,10 @@ pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
 pub use lifecycle::LifeState;
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
-    Access, AllocatorApi, Capabilities, Device, Mechanism, MemoryInfo, Properties, SharedMappingApi, SyncApi,
-    Ungoverned, VirtualBackingApi,
+    Access, AllocatorApi, Capabilities, Descriptor, Device, DeviceIdentity, Location, Mechanism, MemoryInfo,
+    Placement, Properties, SharedMappingApi, SyncApi, Ungoverned, VirtualBackingApi,
 };
 pub use memplug_sdk::Status;
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};
-pub use registry::{Registry, RegistryError, Requirements};
+pub use registry::{MemoryNeeds, Registry, RegistryError, Requirements};
 pub use tokens::{Allocation, Fence, PhysicalObject, RawObject, Reservation, Stream};

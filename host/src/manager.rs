@@ -7,9 +7,9 @@ use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
 use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool};
 use crate::lifecycle::LifeState;
-use crate::mechanism::Mechanism;
+use crate::mechanism::{Location, Mechanism, Placement};
 use crate::plugin::{LoadOptions, Plugin};
-use crate::registry::{Registry, RegistryError, Requirements};
+use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
 use crate::sync::{lock, Mutex};
 use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
@@ -46,11 +46,14 @@ pub struct BindingSpec {
     /// How long an allocation may wait for pressure to free room; `None`
     /// fails at once after the pressure tickets.
     pub wait: Option<Duration>,
+    /// How its memory is asked for (ABI 1.2: hints, page size, location,
+    /// export kinds); a plugin of an older minor is sent none of it.
+    pub placement: Placement,
 }
 
 impl BindingSpec {
     pub fn new(class: AllocationClass) -> Self {
-        BindingSpec { class, holder: None, wait: None }
+        BindingSpec { class, holder: None, wait: None, placement: Placement::default() }
     }
     pub fn holder(mut self, h: HolderId) -> Self {
         self.holder = Some(h);
@@ -58,6 +61,30 @@ impl BindingSpec {
     }
     pub fn wait(mut self, d: Duration) -> Self {
         self.wait = Some(d);
+        self
+    }
+    /// The binding's memory need not be zeroed
+    /// (`MEMPLUG_HINT_UNINITIALIZED_OK`): a zero-filling mechanism may skip
+    /// the fill. Only for memory the caller overwrites before reading.
+    pub fn uninitialized_ok(mut self) -> Self {
+        self.placement.hints |= memplug_sdk::abi::MEMPLUG_HINT_UNINITIALIZED_OK;
+        self
+    }
+    /// Pages of `bytes` (a power of two the mechanism publishes; a plugin
+    /// refuses another).
+    pub fn page_size(mut self, bytes: u64) -> Self {
+        self.placement.page_size = bytes;
+        self
+    }
+    /// Where the memory should live (a plugin that cannot place it there
+    /// refuses).
+    pub fn location(mut self, l: Location) -> Self {
+        self.placement.location = l;
+        self
+    }
+    /// The `MEMPLUG_HANDLE_*` kinds its memory will be exported as.
+    pub fn export_types(mut self, types: u32) -> Self {
+        self.placement.export_types = types;
         self
     }
 }
@@ -123,6 +150,17 @@ impl ProcessMemoryManager {
         Ok(self.registry.select(device, req)?)
     }
 
+    /// [`select`](Self::select), also requiring what `needs` says of the
+    /// memory (ABI 1.2: attributes, location, page size).
+    pub fn select_needing(
+        &self,
+        device: MemplugDevice,
+        req: Requirements,
+        needs: &MemoryNeeds,
+    ) -> Result<Arc<Context>, ManagerError> {
+        Ok(self.registry.select_needing(device, req, needs)?)
+    }
+
     /// A mechanism's context by `plugin/mechanism` or mechanism name.
     pub fn context(&self, name: &str) -> Result<Arc<Context>, ManagerError> {
         Ok(self.registry.context_named(name)?)
@@ -174,6 +212,7 @@ impl ProcessMemoryManager {
             spec.class,
             self.queue.clone(),
             spec.wait,
+            spec.placement,
         ))
     }
 

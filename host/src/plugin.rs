@@ -3,7 +3,9 @@
 //! refuse — with a message naming the problem — anything malformed.
 
 use crate::error::{LoadError, ObjectKind};
-use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
+use crate::mechanism::{
+    Capabilities, Descriptor, DeviceIdentity, Location, Mechanism, MechanismInner, Properties,
+};
 use crate::reentry::InPluginCall;
 use crate::services::{ServiceStats, ServicesInbox};
 use crate::sink::Capture;
@@ -476,6 +478,7 @@ impl Reader<'_> {
             None
         };
 
+        let identity = self.identity(&d, &name)?;
         // SAFETY: the tables were read from this descriptor and their
         // required slots checked above; 1.1 slots survive only at minor >= 1
         // with the capability claimed (`shared_export`).
@@ -494,7 +497,27 @@ impl Reader<'_> {
             shared.clone(),
         );
         let props = self.properties(&inner)?;
-        Ok(Mechanism::new(inner, props))
+        Ok(Mechanism::new(inner, props, identity))
+    }
+
+    /// The device identity a 1.2 mechanism may publish (read as a prefix;
+    /// a plugin of an older minor has none, whatever it wrote there).
+    unsafe fn identity(&self, d: &MemplugMechanism, name: &str) -> Result<Option<DeviceIdentity>, LoadError> {
+        if self.minor < 2 || d.identity.is_null() {
+            return Ok(None);
+        }
+        let id: DeviceIdentity = self.prefix(
+            d.identity,
+            MEMPLUG_DEVICE_IDENTITY_SIZE_1_2,
+            &format!("mechanism '{name}' identity"),
+        )?;
+        let known = MEMPLUG_IDENTITY_UUID
+            | MEMPLUG_IDENTITY_PCI
+            | MEMPLUG_IDENTITY_SUB_DEVICE
+            | MEMPLUG_IDENTITY_NUMA_NODE;
+        // Bits of a later minor are that minor's business: keep what is
+        // known, drop the rest.
+        Ok(Some(DeviceIdentity { valid: id.valid & known, ..id }))
     }
 
     /// The 1.1 tail of a shared mapping table (`export_fd`, `import_fd`):
@@ -578,10 +601,38 @@ impl Reader<'_> {
         if needs_granularity && !out.granularity.is_power_of_two() {
             return Err(bad(format!("granularity {} is not a power of two", out.granularity)));
         }
+        let descriptor = self.descriptor(&out, m.minor).map_err(bad)?;
         Ok(Properties {
             min_alignment: out.min_alignment,
             max_alignment: out.max_alignment,
             granularity: out.granularity,
+            descriptor,
+        })
+    }
+
+    /// The 1.2 memory descriptor of the properties, judged: a recommended
+    /// granularity is zero or a power-of-two multiple of the granularity;
+    /// page sizes, attributes and export kinds of a later minor are kept
+    /// as bits (a reader ignores what it does not know). Nothing below
+    /// 1.2 (the host asked for the 1.0 prefix then).
+    fn descriptor(&self, out: &MemplugProperties, minor: u32) -> Result<Descriptor, String> {
+        if minor < 2 {
+            return Ok(Descriptor::default());
+        }
+        let r = out.recommended_granularity;
+        let g = out.granularity.max(1);
+        if r != 0 && (!r.is_power_of_two() || r % g != 0) {
+            return Err(format!(
+                "recommended_granularity {r:#x} is not a power-of-two multiple of the granularity {g:#x}"
+            ));
+        }
+        Ok(Descriptor {
+            recommended_granularity: r,
+            page_sizes: out.page_sizes,
+            attributes: out.attributes,
+            export_types: out.export_types,
+            location: Location { kind: out.location_kind, id: out.location_id },
+            maps_at_offsets: out.flags & MEMPLUG_PROP_MAPS_AT_OFFSETS != 0,
         })
     }
 }

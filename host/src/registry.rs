@@ -10,7 +10,7 @@
 
 pub use crate::context::Context;
 use crate::lifecycle::LifeState;
-use crate::mechanism::{Device, Mechanism};
+use crate::mechanism::{Device, Location, Mechanism};
 use crate::plugin::{LiveReport, Plugin};
 use crate::sync::{lock, Mutex};
 use memplug_sdk::abi::MemplugDevice;
@@ -29,19 +29,81 @@ impl Requirements {
     pub const ALLOCATOR_ONLY: Requirements =
         Requirements { virtual_backing: false, shared_mapping: false, sync: false };
 
-    fn missing(&self, m: &Mechanism) -> Vec<&'static str> {
+    fn missing(&self, m: &Mechanism) -> Vec<String> {
         let c = m.capabilities();
+        [
+            (self.virtual_backing && !c.virtual_backing(), "virtual_backing"),
+            (self.shared_mapping && !c.shared_mapping(), "shared_mapping"),
+            (self.sync && !c.sync(), "sync"),
+        ]
+        .iter()
+        .filter(|(m, _)| *m)
+        .map(|(_, n)| n.to_string())
+        .collect()
+    }
+
+    fn wanted(&self) -> Vec<String> {
+        [
+            (self.virtual_backing, "virtual_backing"),
+            (self.shared_mapping, "shared_mapping"),
+            (self.sync, "sync"),
+        ]
+        .iter()
+        .filter(|(w, _)| *w)
+        .map(|(_, n)| n.to_string())
+        .collect()
+    }
+}
+
+/// What a caller needs of a mechanism's memory (ABI 1.2's descriptor):
+/// attributes, a location, a page size. A mechanism that agreed on an
+/// older minor says nothing of them, so it meets no such need.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryNeeds {
+    /// `MEMPLUG_ATTR_*` bits the mechanism must claim, all of them.
+    pub attributes: u32,
+    /// Where its memory must live (exactly this kind and id).
+    pub location: Option<Location>,
+    /// A page size (a power of two) it must publish.
+    pub page_size: Option<u64>,
+}
+
+impl MemoryNeeds {
+    fn missing(&self, m: &Mechanism) -> Vec<String> {
+        let d = m.properties().descriptor;
         let mut v = Vec::new();
-        if self.virtual_backing && !c.virtual_backing() {
-            v.push("virtual_backing");
+        let lacking = self.attributes & !d.attributes;
+        if lacking != 0 {
+            v.push(format!("attributes {lacking:#x}"));
         }
-        if self.shared_mapping && !c.shared_mapping() {
-            v.push("shared_mapping");
+        if let Some(l) = self.location {
+            if d.location != l {
+                v.push(format!(
+                    "location {}:{} (it has {}:{})",
+                    l.kind, l.id, d.location.kind, d.location.id
+                ));
+            }
         }
-        if self.sync && !c.sync() {
-            v.push("sync");
+        if let Some(p) = self.page_size {
+            if p == 0 || !d.accepts_page_size(p) {
+                v.push(format!("page size {p:#x}"));
+            }
         }
         v
+    }
+
+    fn wanted(&self) -> Vec<String> {
+        let mut w = Vec::new();
+        if self.attributes != 0 {
+            w.push(format!("attributes {:#x}", self.attributes));
+        }
+        if let Some(l) = self.location {
+            w.push(format!("location {}:{}", l.kind, l.id));
+        }
+        if let Some(p) = self.page_size {
+            w.push(format!("page size {p:#x}"));
+        }
+        w
     }
 }
 
@@ -124,6 +186,17 @@ impl Registry {
     /// every required capability; an error naming what is missing
     /// otherwise.
     pub fn select(&self, device: MemplugDevice, req: Requirements) -> Result<Arc<Context>, RegistryError> {
+        self.select_needing(device, req, &MemoryNeeds::default())
+    }
+
+    /// [`select`](Self::select), also requiring what `needs` says of the
+    /// memory (ABI 1.2 descriptor: attributes, location, page size).
+    pub fn select_needing(
+        &self,
+        device: MemplugDevice,
+        req: Requirements,
+        needs: &MemoryNeeds,
+    ) -> Result<Arc<Context>, RegistryError> {
         let e = lock(&self.entries);
         // Only active contexts are chosen: a retiring or lost one makes no
         // new objects.
@@ -135,18 +208,16 @@ impl Registry {
         if on_device.is_empty() {
             return Err(RegistryError::NoDevice { device: Device(device).to_string() });
         }
-        if let Some(c) = on_device.iter().find(|c| req.missing(c.mechanism()).is_empty()) {
+        let missing = |c: &Context| {
+            let mut v = req.missing(c.mechanism());
+            v.extend(needs.missing(c.mechanism()));
+            v
+        };
+        if let Some(c) = on_device.iter().find(|c| missing(c).is_empty()) {
             return Ok((*c).clone());
         }
-        let wanted: Vec<&str> = [
-            (req.virtual_backing, "virtual_backing"),
-            (req.shared_mapping, "shared_mapping"),
-            (req.sync, "sync"),
-        ]
-        .iter()
-        .filter(|(w, _)| *w)
-        .map(|(_, n)| *n)
-        .collect();
+        let mut wanted = req.wanted();
+        wanted.extend(needs.wanted());
         let candidates: Vec<String> = on_device
             .iter()
             .map(|c| {
@@ -154,7 +225,7 @@ impl Registry {
                     "{}/{} lacks {}",
                     c.mechanism().plugin_name(),
                     c.mechanism().name(),
-                    req.missing(c.mechanism()).join("+")
+                    missing(c).join("+")
                 )
             })
             .collect();

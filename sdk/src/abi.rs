@@ -130,13 +130,121 @@ pub const MEMPLUG_CLASS_ACTIVATIONS: u32 = 3;
 /// Since 1.1. Short-lived scratch space.
 pub const MEMPLUG_CLASS_WORKSPACE: u32 = 4;
 
-/// Device kind of a mechanism. Unknown values are displayed as unknown and
-/// never guessed at.
+/// Device kind of a mechanism. The numbers are DLPack's `DLDeviceType`
+/// numbers (since 1.2 every kind DLPack names has its number here; 1.0's
+/// two already agreed), so a tensor's device and a mechanism's device
+/// compare without a table. Kinds no standard numbers take a number in
+/// `MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST`. Unknown
+/// values are displayed as unknown and never guessed at.
 pub type MemplugDeviceKind = u32;
-/// Host (CPU) memory.
+/// Host (CPU) memory. The ordinal of a CPU device is its NUMA node (0 on a
+/// machine without NUMA); a mechanism not bound to one node says so with
+/// `MEMPLUG_LOCATION_HOST` in its properties.
 pub const MEMPLUG_DEVICE_CPU: MemplugDeviceKind = 1;
-/// An NVIDIA CUDA device.
+/// An NVIDIA CUDA device (ordinal: the CUDA device ordinal).
 pub const MEMPLUG_DEVICE_CUDA: MemplugDeviceKind = 2;
+/// Since 1.2. CUDA pinned host memory.
+pub const MEMPLUG_DEVICE_CUDA_HOST: MemplugDeviceKind = 3;
+/// Since 1.2. An OpenCL device.
+pub const MEMPLUG_DEVICE_OPENCL: MemplugDeviceKind = 4;
+/// Since 1.2. A Vulkan device.
+pub const MEMPLUG_DEVICE_VULKAN: MemplugDeviceKind = 7;
+/// Since 1.2. A Metal device.
+pub const MEMPLUG_DEVICE_METAL: MemplugDeviceKind = 8;
+/// Since 1.2. A Verilog simulator buffer (DLPack's VPI).
+pub const MEMPLUG_DEVICE_VPI: MemplugDeviceKind = 9;
+/// Since 1.2. An AMD ROCm / HIP device.
+pub const MEMPLUG_DEVICE_ROCM: MemplugDeviceKind = 10;
+/// Since 1.2. ROCm pinned host memory.
+pub const MEMPLUG_DEVICE_ROCM_HOST: MemplugDeviceKind = 11;
+/// Since 1.2. DLPack's reserved extension device.
+pub const MEMPLUG_DEVICE_EXT_DEV: MemplugDeviceKind = 12;
+/// Since 1.2. CUDA managed (unified) memory.
+pub const MEMPLUG_DEVICE_CUDA_MANAGED: MemplugDeviceKind = 13;
+/// Since 1.2. An Intel oneAPI / Level Zero device.
+pub const MEMPLUG_DEVICE_ONEAPI: MemplugDeviceKind = 14;
+/// Since 1.2. A WebGPU device.
+pub const MEMPLUG_DEVICE_WEBGPU: MemplugDeviceKind = 15;
+/// Since 1.2. A Qualcomm Hexagon DSP.
+pub const MEMPLUG_DEVICE_HEXAGON: MemplugDeviceKind = 16;
+/// Since 1.2. A Microsoft MAIA device.
+pub const MEMPLUG_DEVICE_MAIA: MemplugDeviceKind = 17;
+/// Since 1.2. First number of the range vendors take for kinds no standard
+/// numbers (a vendor picks one and documents it; memplug never assigns
+/// numbers in this range).
+pub const MEMPLUG_DEVICE_VENDOR_FIRST: MemplugDeviceKind = 0x1_0000;
+/// Since 1.2. Last number of the vendor range.
+pub const MEMPLUG_DEVICE_VENDOR_LAST: MemplugDeviceKind = 0x1_ffff;
+
+/// Since 1.2. Memory attribute (`MemplugProperties::attributes`, what
+/// memory of a mechanism is like; a mechanism claims only what every object
+/// it makes has, and the conformance kit checks what it can of each claim):
+/// local to the device (fast for it).
+pub const MEMPLUG_ATTR_DEVICE_LOCAL: u32 = 1 << 0;
+/// Since 1.2. The host can map and read it.
+pub const MEMPLUG_ATTR_HOST_VISIBLE: u32 = 1 << 1;
+/// Since 1.2. Host and device see each other's writes without explicit
+/// flushes.
+pub const MEMPLUG_ATTR_HOST_COHERENT: u32 = 1 << 2;
+/// Since 1.2. Pinned: never paged out or moved.
+pub const MEMPLUG_ATTR_PINNED: u32 = 1 << 3;
+/// Since 1.2. Compressed by the device.
+pub const MEMPLUG_ATTR_COMPRESSED: u32 = 1 << 4;
+/// Since 1.2. Registered for RDMA (network cards can reach it).
+pub const MEMPLUG_ATTR_RDMA: u32 = 1 << 5;
+/// Since 1.2. A read-only mapping really refuses writes.
+pub const MEMPLUG_ATTR_READ_ONLY_ENFORCED: u32 = 1 << 6;
+/// Since 1.2. New memory (allocations, committed ranges, physical objects)
+/// reads as zero — unless the request carried
+/// `MEMPLUG_HINT_UNINITIALIZED_OK`.
+pub const MEMPLUG_ATTR_ZERO_FILLED: u32 = 1 << 7;
+
+/// Since 1.2. Where memory lives (`location_kind` of properties and
+/// requests). In a request: no preference.
+pub const MEMPLUG_LOCATION_ANY: u32 = 0;
+/// Since 1.2. On the mechanism's device (`location_id`: 0).
+pub const MEMPLUG_LOCATION_DEVICE: u32 = 1;
+/// Since 1.2. In host memory, on no particular NUMA node.
+pub const MEMPLUG_LOCATION_HOST: u32 = 2;
+/// Since 1.2. In host memory on NUMA node `location_id`.
+pub const MEMPLUG_LOCATION_NUMA_NODE: u32 = 3;
+/// Since 1.2. In memory tier `location_id` (0 the fastest; e.g. CXL
+/// memory behind local DRAM).
+pub const MEMPLUG_LOCATION_TIER: u32 = 4;
+
+/// Since 1.2. Request hint (`MemplugRequest::hints`): the caller does not
+/// need new memory zeroed, so a mechanism may skip the fill. A hint: a
+/// plugin that does not know a bit ignores it (hints never make a request
+/// fail, unlike `flags`). A host sends it only when the binding says so.
+pub const MEMPLUG_HINT_UNINITIALIZED_OK: u32 = 1 << 0;
+
+/// Since 1.2. Kinds of OS or driver handles a physical object can be
+/// shared as (`export_types` of properties and requests): a POSIX file
+/// descriptor only the exporting API can import.
+pub const MEMPLUG_HANDLE_OPAQUE_FD: u32 = 1 << 0;
+/// Since 1.2. A Linux dma-buf file descriptor.
+pub const MEMPLUG_HANDLE_DMABUF_FD: u32 = 1 << 1;
+/// Since 1.2. A Linux memfd (mappable by any process with `mmap`).
+pub const MEMPLUG_HANDLE_MEMFD: u32 = 1 << 2;
+/// Since 1.2. A Windows NT handle.
+pub const MEMPLUG_HANDLE_WIN32: u32 = 1 << 3;
+/// Since 1.2. A vendor's opaque bytes (an IPC or fabric handle).
+pub const MEMPLUG_HANDLE_VENDOR_BLOB: u32 = 1 << 4;
+
+/// Since 1.2. Property flag (`MemplugProperties::flags`): physical objects
+/// map at any granularity-aligned offset. Without it, a physical object
+/// maps only whole, at offset 0 (CUDA and HIP handles that were exported),
+/// and the host maps such objects whole.
+pub const MEMPLUG_PROP_MAPS_AT_OFFSETS: u32 = 1 << 0;
+
+/// Since 1.2. Which fields of a `MemplugDeviceIdentity` are meaningful.
+pub const MEMPLUG_IDENTITY_UUID: u32 = 1 << 0;
+/// Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
+pub const MEMPLUG_IDENTITY_PCI: u32 = 1 << 1;
+/// Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
+pub const MEMPLUG_IDENTITY_SUB_DEVICE: u32 = 1 << 2;
+/// Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
+pub const MEMPLUG_IDENTITY_NUMA_NODE: u32 = 1 << 3;
 
 /// Access flag for shared mappings: the mapping can be read.
 pub const MEMPLUG_ACCESS_READ: u32 = 1 << 0;
@@ -343,6 +451,39 @@ pub struct MemplugMechanism {
     pub shared_mapping: *const MemplugSharedMapping,
     /// Present if and only if `MEMPLUG_CAP_SYNC` is set.
     pub sync: *const MemplugSync,
+    /// Since 1.2 (present when `struct_size` is at least
+    /// `MEMPLUG_MECHANISM_SIZE_1_2`). Who the device is, beyond its kind and
+    /// ordinal; may be NULL (nothing more is known). Plugin-owned,
+    /// immutable, valid until unload.
+    pub identity: *const MemplugDeviceIdentity,
+}
+
+/// Since 1.2. A device's identity: what lets a runtime match a mechanism's
+/// device with the same device seen through another API (a UUID, a PCI
+/// address) and tell sub-devices and NUMA nodes apart. Fields not named in
+/// `valid` are zero and meaningless.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugDeviceIdentity {
+    /// `sizeof(MemplugDeviceIdentity)` as the plugin knows it.
+    pub struct_size: u32,
+    /// `MEMPLUG_IDENTITY_*` bits: which fields below are meaningful.
+    pub valid: u32,
+    /// The device's UUID as its driver reports it (16 bytes).
+    pub uuid: [u8; 16],
+    /// PCI domain of the device.
+    pub pci_domain: u32,
+    /// PCI bus.
+    pub pci_bus: u32,
+    /// PCI device.
+    pub pci_device: u32,
+    /// PCI function.
+    pub pci_function: u32,
+    /// Index of the sub-device (tile, partition, MIG instance) within the
+    /// device.
+    pub sub_device: u32,
+    /// The NUMA node closest to the device (for a CPU: its node).
+    pub numa_node: u32,
 }
 
 /// Static properties of a mechanism, written by `MemplugAllocator::properties`
@@ -362,6 +503,30 @@ pub struct MemplugProperties {
     /// Granularity of virtual ranges and physical objects (a power of two);
     /// zero when the mechanism has neither capability.
     pub granularity: u64,
+    /// Since 1.2 (present when `struct_size` is at least
+    /// `MEMPLUG_PROPERTIES_SIZE_1_2`; a host reads the 1.2 fields only when
+    /// the agreed minor is at least 2). The granularity the device works
+    /// best at: zero (same as `granularity`) or a power-of-two multiple of
+    /// it.
+    pub recommended_granularity: u64,
+    /// Since 1.2. Page sizes the mechanism can back memory with: bit `k`
+    /// set means pages of `2^k` bytes. Zero: not said.
+    pub page_sizes: u64,
+    /// Since 1.2. `MEMPLUG_ATTR_*` bits every object of the mechanism has.
+    pub attributes: u32,
+    /// Since 1.2. `MEMPLUG_HANDLE_*` bits: the kinds of handle its physical
+    /// objects can be exported as (for 1.1's `export_fd`: which kind of
+    /// descriptor it returns).
+    pub export_types: u32,
+    /// Since 1.2. Where its memory lives: `MEMPLUG_LOCATION_*` (zero: not
+    /// said).
+    pub location_kind: u32,
+    /// Since 1.2. The node or tier `location_kind` names (else zero).
+    pub location_id: u32,
+    /// Since 1.2. `MEMPLUG_PROP_*` bits.
+    pub flags: u32,
+    /// Since 1.2. Explicit padding; zero.
+    pub reserved1: u32,
 }
 
 /// Free and total memory of a device, in bytes, as the device reports it.
@@ -405,6 +570,26 @@ pub struct MemplugRequest {
     pub class_tag: u32,
     /// Since 1.1. Explicit padding; zero.
     pub reserved0: u32,
+    /// Since 1.2 (present when `struct_size >= MEMPLUG_REQUEST_SIZE_1_2`;
+    /// a host sends the 1.2 fields only when the agreed minor is at least
+    /// 2). `MEMPLUG_HINT_*` bits; a plugin ignores bits it does not know.
+    pub hints: u32,
+    /// Since 1.2. `MEMPLUG_HANDLE_*` kinds the caller will export the
+    /// object as (many APIs decide at creation). A plugin that cannot make
+    /// an object exportable as one of them refuses with
+    /// `MEMPLUG_STATUS_UNSUPPORTED`.
+    pub export_types: u32,
+    /// Since 1.2. The page size wanted, a power of two the mechanism
+    /// publishes in `page_sizes`; zero for the mechanism's choice. Another
+    /// value is refused with `MEMPLUG_STATUS_INVALID_ARGUMENT`.
+    pub page_size: u64,
+    /// Since 1.2. Where the memory should live: `MEMPLUG_LOCATION_*`
+    /// (`MEMPLUG_LOCATION_ANY`: no preference) and its node or tier. A
+    /// plugin that cannot place it there refuses with
+    /// `MEMPLUG_STATUS_UNSUPPORTED`.
+    pub location_kind: u32,
+    /// Since 1.2. The node or tier `location_kind` names (else zero).
+    pub location_id: u32,
 }
 
 /// An object made by a plugin: an allocation, a reservation or a physical
@@ -863,24 +1048,29 @@ pub mod size_1_1 {
 }
 
 /// Sizes of each growable struct as ABI 1.2 defines it. Grown in 1.2:
-/// `MemplugHostInfo` (`services`); new in 1.2: `MemplugHostServices`
-/// (`report_device_lost`). 1.2 is not frozen yet: it may still grow
+/// `MemplugHostInfo` (`services`), `MemplugMechanism` (`identity`),
+/// `MemplugProperties` (the memory descriptor) and `MemplugRequest`
+/// (`hints`, `export_types`, `page_size`, location); new in 1.2:
+/// `MemplugHostServices` (`report_device_lost`) and
+/// `MemplugDeviceIdentity`. 1.2 is not frozen yet: it may still grow
 /// before its header is frozen (docs/ABI-CHANGELOG.md).
 pub const MEMPLUG_HOST_INFO_SIZE_1_2: u32 = 32;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_HOST_SERVICES_SIZE_1_2: u32 = 24;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+pub const MEMPLUG_DEVICE_IDENTITY_SIZE_1_2: u32 = 48;
+/// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_NEGOTIATION_SIZE_1_2: u32 = 16;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_PLUGIN_SIZE_1_2: u32 = 72;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_MECHANISM_SIZE_1_2: u32 = 72;
+pub const MEMPLUG_MECHANISM_SIZE_1_2: u32 = 80;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_PROPERTIES_SIZE_1_2: u32 = 32;
+pub const MEMPLUG_PROPERTIES_SIZE_1_2: u32 = 72;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_MEMORY_INFO_SIZE_1_2: u32 = 24;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_REQUEST_SIZE_1_2: u32 = 48;
+pub const MEMPLUG_REQUEST_SIZE_1_2: u32 = 72;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_BLOCK_SIZE_1_2: u32 = 32;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
@@ -898,11 +1088,12 @@ pub const MEMPLUG_SYNC_SIZE_1_2: u32 = 72;
 pub mod size_1_2 {
     pub use super::{
         MEMPLUG_ALLOCATOR_SIZE_1_2 as ALLOCATOR, MEMPLUG_BLOCK_SIZE_1_2 as BLOCK,
-        MEMPLUG_HOST_INFO_SIZE_1_2 as HOST_INFO, MEMPLUG_HOST_SERVICES_SIZE_1_2 as HOST_SERVICES,
-        MEMPLUG_MECHANISM_SIZE_1_2 as MECHANISM, MEMPLUG_MEMORY_INFO_SIZE_1_2 as MEMORY_INFO,
-        MEMPLUG_NEGOTIATION_SIZE_1_2 as NEGOTIATION, MEMPLUG_OBJECT_REF_SIZE_1_2 as OBJECT_REF,
-        MEMPLUG_PLUGIN_SIZE_1_2 as PLUGIN, MEMPLUG_PROPERTIES_SIZE_1_2 as PROPERTIES,
-        MEMPLUG_REQUEST_SIZE_1_2 as REQUEST, MEMPLUG_SHARED_MAPPING_SIZE_1_2 as SHARED_MAPPING,
-        MEMPLUG_SYNC_SIZE_1_2 as SYNC, MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 as VIRTUAL_BACKING,
+        MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 as DEVICE_IDENTITY, MEMPLUG_HOST_INFO_SIZE_1_2 as HOST_INFO,
+        MEMPLUG_HOST_SERVICES_SIZE_1_2 as HOST_SERVICES, MEMPLUG_MECHANISM_SIZE_1_2 as MECHANISM,
+        MEMPLUG_MEMORY_INFO_SIZE_1_2 as MEMORY_INFO, MEMPLUG_NEGOTIATION_SIZE_1_2 as NEGOTIATION,
+        MEMPLUG_OBJECT_REF_SIZE_1_2 as OBJECT_REF, MEMPLUG_PLUGIN_SIZE_1_2 as PLUGIN,
+        MEMPLUG_PROPERTIES_SIZE_1_2 as PROPERTIES, MEMPLUG_REQUEST_SIZE_1_2 as REQUEST,
+        MEMPLUG_SHARED_MAPPING_SIZE_1_2 as SHARED_MAPPING, MEMPLUG_SYNC_SIZE_1_2 as SYNC,
+        MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 as VIRTUAL_BACKING,
     };
 }

@@ -172,9 +172,31 @@ pub struct Request {
     /// the host sent a 1.0 request. Read it through [`Request::class`],
     /// which maps values this SDK does not know to `Other`.
     pub class_tag: u32,
+    /// `MEMPLUG_HINT_*` bits (ABI 1.2; zero from an older host). Hints
+    /// never make a request fail: ignore bits you do not know.
+    pub hints: u32,
+    /// `MEMPLUG_HANDLE_*` kinds the caller will export the object as (ABI
+    /// 1.2; zero from an older host). Refuse with `UNSUPPORTED` what you
+    /// cannot make exportable that way.
+    pub export_types: u32,
+    /// The page size wanted (ABI 1.2): zero (your choice), or one your
+    /// [`Descriptor::page_sizes`](crate::Descriptor) lists — the SDK has
+    /// refused any other with `INVALID_ARGUMENT`.
+    pub page_size: u64,
+    /// Where the memory should live (ABI 1.2; `Location::ANY` from an
+    /// older host). Refuse with `UNSUPPORTED` a place you cannot use.
+    pub location: crate::Location,
 }
 
 impl Request {
+    /// Whether the caller accepts uninitialised memory
+    /// (`MEMPLUG_HINT_UNINITIALIZED_OK`): a zero-filling mechanism may skip
+    /// the fill.
+    #[inline]
+    pub fn uninitialized_ok(&self) -> bool {
+        self.hints & abi::MEMPLUG_HINT_UNINITIALIZED_OK != 0
+    }
+
     /// What the memory is for; unknown tags are `Other` (ABI rule).
     #[inline]
     pub fn class(&self) -> RequestClass {
@@ -344,6 +366,14 @@ pub trait Allocator: Send + Sync + 'static {
     /// `min_alignment <= max_alignment`, or whose granularity is not a power
     /// of two while it publishes virtual backing or shared mapping.
     fn properties(&self) -> Properties;
+
+    /// The memory descriptor (ABI 1.2): page sizes, attributes, export
+    /// kinds, location. Called once, at build time, like
+    /// [`Allocator::properties`]; published only to hosts that agreed on
+    /// 1.2. Default: nothing said.
+    fn descriptor(&self) -> crate::Descriptor {
+        crate::Descriptor::default()
+    }
 
     /// Makes an allocation of at least `request.size` bytes aligned to
     /// `request.alignment`.

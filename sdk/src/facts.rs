@@ -79,6 +79,7 @@ pub const SIZES: &[SizeFact] = &[
     size_fact!("MemplugVirtualBacking", VIRTUAL_BACKING),
     size_fact!("MemplugSharedMapping", SHARED_MAPPING),
     size_fact!("MemplugSync", SYNC),
+    size_fact!("MemplugDeviceIdentity", DEVICE_IDENTITY, since 2),
 ];
 
 /// Whether a mechanism must publish a slot (non-NULL).
@@ -365,6 +366,7 @@ mod tests {
             ("MemplugVirtualBacking", prefixed_size::<MemplugVirtualBacking>()),
             ("MemplugSharedMapping", prefixed_size::<MemplugSharedMapping>()),
             ("MemplugSync", prefixed_size::<MemplugSync>()),
+            ("MemplugDeviceIdentity", prefixed_size::<MemplugDeviceIdentity>()),
         ];
         assert_eq!(SIZES.len(), structs.len());
         for (fact, (name, (min, now))) in SIZES.iter().zip(structs) {

@@ -3,6 +3,7 @@
 //! * [`abi`] — the `#[repr(C)]` ABI, major 1; `include/memplug.h` is
 //!   generated from it.
 //! * [`Status`] — status codes as a Rust enum.
+//! * [`descriptor`] — the ABI 1.2 memory descriptor and device identity.
 //! * [`author`] — the traits a vendor implements ([`Allocator`] required;
 //!   [`VirtualBacking`], [`SharedMapping`], [`StreamSync`] optional).
 //! * [`export`] — builders that turn those traits into vtables, checking
@@ -21,12 +22,14 @@
 
 pub mod abi;
 pub mod author;
+pub mod descriptor;
 pub mod export;
 pub mod facts;
 pub mod prefix;
 pub mod status;
 
 pub use author::*;
+pub use descriptor::{Descriptor, DeviceIdentity, Location};
 pub use export::{
     BuiltMechanism, ExportedPlugin, HostLink, LossReport, MechanismBuilder, MechanismState, PluginBuilder,
 };

@@ -334,6 +334,7 @@ prefixed! {
     MemplugSync => abi::size_1_0::SYNC,
     // New in 1.2: its smallest size is its 1.2 size.
     MemplugHostServices => abi::size_1_2::HOST_SERVICES,
+    MemplugDeviceIdentity => abi::size_1_2::DEVICE_IDENTITY,
 }
 
 #[cfg(test)]

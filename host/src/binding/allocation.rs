@@ -20,7 +20,7 @@ impl MemoryBinding {
         let (alloc, lease) = settle::commit_or_undo(
             b,
             size,
-            |t| m.allocator_under(t).allocate_as(size, alignment, b.class),
+            |t| m.allocator_under(t).allocate_placed(size, alignment, b.class, &b.placement),
             |a| m.allocator().deallocate(a),
         )?;
         Ok(OwnedAllocation {

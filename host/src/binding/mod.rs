@@ -34,7 +34,7 @@ use crate::deferred::DeferredFreeQueue;
 use crate::error::CallError;
 use crate::governor::{AllocationClass, GovernorError, Grant, HolderId, Lease, Pool};
 use crate::lifecycle::{Ledger, LifeState, Token};
-use crate::mechanism::Mechanism;
+use crate::mechanism::{Mechanism, Placement};
 use crate::reentry::thread_stripe;
 use crate::sync::{lock, Mutex};
 use memplug_sdk::Status;
@@ -83,6 +83,8 @@ pub(crate) struct BindingInner {
     pub(crate) queue: Arc<DeferredFreeQueue>,
     /// How long an allocation may wait for pressure to make room.
     pub(crate) wait: Option<Duration>,
+    /// How its memory is asked for (ABI 1.2 request fields).
+    pub(crate) placement: Placement,
     /// Objects whose release the plugin refused: never reissued, still
     /// charged (as quarantined), described for reports.
     pub(crate) quarantine: Mutex<Vec<String>>,
@@ -194,6 +196,7 @@ impl MemoryBinding {
         class: AllocationClass,
         queue: Arc<DeferredFreeQueue>,
         wait: Option<Duration>,
+        placement: Placement,
     ) -> Self {
         let ledger = Arc::new(Ledger::default());
         context.add_ledger(LedgerEntry { ledger: ledger.clone(), pool: pool.clone(), holder, class });
@@ -205,6 +208,7 @@ impl MemoryBinding {
                 class,
                 queue,
                 wait,
+                placement,
                 quarantine: Mutex::default(),
                 ledger,
             }),
@@ -222,6 +226,10 @@ impl MemoryBinding {
     }
     pub fn holder(&self) -> Option<HolderId> {
         self.inner.holder
+    }
+    /// How its memory is asked for (ABI 1.2 request fields).
+    pub fn placement(&self) -> Placement {
+        self.inner.placement
     }
     /// Objects whose release the plugin refused (quarantined).
     pub fn quarantined(&self) -> Vec<String> {

@@ -26,8 +26,12 @@ impl MemoryBinding {
         let vb = m.virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
         let len = round_up(size, m.properties().granularity)
             .ok_or_else(|| BindingError::Invalid(format!("shared prefix of {size} bytes overflows")))?;
-        let (object, lease) =
-            settle::commit_or_undo(b, len, |_| sm.create_as(len, b.class), |o| sm.release(o))?;
+        let (object, lease) = settle::commit_or_undo(
+            b,
+            len,
+            |_| sm.create_placed(len, b.class, &b.placement),
+            |o| sm.release(o),
+        )?;
         if let Err(e) = fill(b, &sm, &vb, &object, len, init) {
             let _ = settle::release_or_quarantine(
                 b,

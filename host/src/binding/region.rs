@@ -25,7 +25,7 @@ impl MemoryBinding {
         let b = &*self.inner;
         let vb = b.mechanism().virtual_backing().ok_or_else(|| b.unsupported("virtual_backing"))?;
         let (token, _) = b.admit_new()?;
-        let r = vb.reserve_as(max, b.class)?;
+        let r = vb.reserve_placed(max, b.class, &b.placement)?;
         drop(token);
         Ok(Region {
             binding: self.inner.clone(),

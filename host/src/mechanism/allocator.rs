@@ -1,7 +1,7 @@
 //! The allocator capability (required of every mechanism).
 
 use super::call::Held;
-use super::{class_tag, MechanismInner, MemoryInfo};
+use super::{class_tag, MechanismInner, MemoryInfo, Placement};
 use crate::error::{CallError, ObjectKind, ReleaseError};
 use crate::governor::AllocationClass;
 use crate::tokens::Allocation;
@@ -22,7 +22,7 @@ impl<'m> AllocatorApi<'m> {
     /// `Other`).
     #[inline]
     pub fn allocate(&self, size: u64, alignment: u64) -> Result<Allocation, CallError> {
-        self.allocate_tagged(size, alignment, MEMPLUG_CLASS_OTHER)
+        self.allocate_tagged(size, alignment, MEMPLUG_CLASS_OTHER, &Placement::default())
     }
 
     /// [`allocate`](Self::allocate), telling a 1.1 plugin what the memory
@@ -34,13 +34,32 @@ impl<'m> AllocatorApi<'m> {
         alignment: u64,
         class: AllocationClass,
     ) -> Result<Allocation, CallError> {
-        self.allocate_tagged(size, alignment, class_tag(class))
+        self.allocate_tagged(size, alignment, class_tag(class), &Placement::default())
+    }
+
+    /// [`allocate_as`](Self::allocate_as), placed as `placement` says (to a
+    /// plugin that agreed on 1.2).
+    #[inline]
+    pub fn allocate_placed(
+        &self,
+        size: u64,
+        alignment: u64,
+        class: AllocationClass,
+        placement: &Placement,
+    ) -> Result<Allocation, CallError> {
+        self.allocate_tagged(size, alignment, class_tag(class), placement)
     }
 
     #[inline]
-    fn allocate_tagged(&self, size: u64, alignment: u64, tag: u32) -> Result<Allocation, CallError> {
+    fn allocate_tagged(
+        &self,
+        size: u64,
+        alignment: u64,
+        tag: u32,
+        p: &Placement,
+    ) -> Result<Allocation, CallError> {
         let m = self.m;
-        let req = m.request(size, alignment, tag);
+        let req = m.request(size, alignment, tag, p);
         let mut out = MechanismInner::empty_block();
         m.call_in(self.held, "allocator.allocate", slot!(m.allocator.allocate), (&req, &mut out))?;
         if out.addr == 0 || out.addr & (alignment.max(1).wrapping_sub(1)) != 0 || out.size < size {
@@ -97,7 +116,9 @@ impl<'m> AllocatorApi<'m> {
 
     /// The properties as the plugin writes them (the loader judges them).
     pub(crate) fn read_properties(&self) -> Result<MemplugProperties, CallError> {
-        let mut out = MemplugProperties { struct_size: MEMPLUG_PROPERTIES_SIZE_1_0, ..Default::default() };
+        // The 1.2 descriptor only from a plugin that agreed on 1.2.
+        let size = if self.m.minor >= 2 { MEMPLUG_PROPERTIES_SIZE_1_2 } else { MEMPLUG_PROPERTIES_SIZE_1_0 };
+        let mut out = MemplugProperties { struct_size: size, ..Default::default() };
         self.m.call("allocator.properties", slot!(self.m.allocator.properties), (&mut out,))?;
         Ok(out)
     }

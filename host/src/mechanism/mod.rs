@@ -43,6 +43,7 @@ use blocks::{BlockIndex, Conflict};
 use memplug_sdk::abi::*;
 pub use memplug_sdk::Access;
 use memplug_sdk::Status;
+pub use memplug_sdk::{Descriptor, DeviceIdentity, Location};
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -134,6 +135,24 @@ pub struct Properties {
     pub min_alignment: u64,
     pub max_alignment: u64,
     pub granularity: u64,
+    /// The memory descriptor (ABI 1.2); all "not said" for a plugin that
+    /// agreed on an older minor.
+    pub descriptor: Descriptor,
+}
+
+/// How a binding wants its memory made (ABI 1.2 request fields): hints,
+/// page size, location, export kinds. A plugin that agreed on an older
+/// minor is sent none of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// `MEMPLUG_HINT_*` bits (`MEMPLUG_HINT_UNINITIALIZED_OK` only when the
+    /// binding says its memory need not be zeroed).
+    pub hints: u32,
+    /// Zero (the mechanism's choice) or a page size it publishes.
+    pub page_size: u64,
+    pub location: Location,
+    /// `MEMPLUG_HANDLE_*` kinds the memory will be exported as.
+    pub export_types: u32,
 }
 
 /// The `MEMPLUG_CLASS_*` tag of a governor class (ABI 1.1): the plugin sees
@@ -175,6 +194,8 @@ pub(crate) struct MechanismInner {
     pub(crate) virtual_backing: Option<MemplugVirtualBacking>,
     pub(crate) shared_mapping: Option<MemplugSharedMapping>,
     pub(crate) sync: Option<MemplugSync>,
+    /// The device's identity (ABI 1.2), when the plugin published one.
+    pub(crate) identity: Option<DeviceIdentity>,
     pub(crate) live: [AtomicU64; 5],
     /// Live allocations and reservations by address, when
     /// `LoadOptions::check_overlaps` is on (`blocks.rs`).
@@ -243,13 +264,18 @@ impl MechanismInner {
             device,
             caps,
             minor,
-            request_size: if minor >= 1 { MEMPLUG_REQUEST_SIZE_1_1 } else { MEMPLUG_REQUEST_SIZE_1_0 },
+            request_size: match minor {
+                0 => MEMPLUG_REQUEST_SIZE_1_0,
+                1 => MEMPLUG_REQUEST_SIZE_1_1,
+                _ => MEMPLUG_REQUEST_SIZE_1_2,
+            },
             ctx,
             props: Properties::default(),
             allocator,
             virtual_backing,
             shared_mapping,
             sync,
+            identity: None,
             live: Default::default(),
             blocks: check_overlaps.then(Box::default),
             life: Default::default(),
@@ -287,11 +313,12 @@ impl MechanismInner {
         self.live_counter(k).fetch_sub(1, Ordering::Relaxed);
     }
 
-    /// A request tagged with `class_tag`. A 1.0 plugin gets the 1.0
-    /// `struct_size` and so never reads the tag; the cost is the same
-    /// either way (the size is a field loaded, the tag a store).
+    /// A request tagged with `class_tag` and placed by `p`. A plugin of an
+    /// older minor gets that minor's `struct_size` and so never reads the
+    /// newer fields; the cost is the same either way (the size is a field
+    /// loaded, each field a store).
     #[inline]
-    fn request(&self, size: u64, alignment: u64, class_tag: u32) -> MemplugRequest {
+    fn request(&self, size: u64, alignment: u64, class_tag: u32, p: &Placement) -> MemplugRequest {
         MemplugRequest {
             struct_size: self.request_size,
             flags: 0,
@@ -301,6 +328,11 @@ impl MechanismInner {
             device: self.device,
             class_tag,
             reserved0: 0,
+            hints: p.hints,
+            export_types: p.export_types,
+            page_size: p.page_size,
+            location_kind: p.location.kind,
+            location_id: p.location.id,
         }
     }
 
@@ -389,9 +421,14 @@ impl MechanismInner {
 }
 
 impl Mechanism {
-    /// Wraps a mechanism whose properties the loader judged.
-    pub(crate) fn new(mut inner: MechanismInner, props: Properties) -> Mechanism {
+    /// Wraps a mechanism whose properties (and identity) the loader judged.
+    pub(crate) fn new(
+        mut inner: MechanismInner,
+        props: Properties,
+        identity: Option<DeviceIdentity>,
+    ) -> Mechanism {
         inner.props = props;
+        inner.identity = identity;
         Mechanism { inner: Arc::new(inner) }
     }
 
@@ -436,6 +473,11 @@ impl Mechanism {
     }
     pub fn properties(&self) -> Properties {
         self.inner.props
+    }
+    /// The device's identity (ABI 1.2: UUID, PCI address, sub-device, NUMA
+    /// node), when the plugin published one.
+    pub fn identity(&self) -> Option<DeviceIdentity> {
+        self.inner.identity
     }
     /// Name of the plugin that published this mechanism.
     pub fn plugin_name(&self) -> &str {

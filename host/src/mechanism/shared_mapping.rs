@@ -2,7 +2,7 @@
 //! reservations, and (ABI 1.1) shared across processes as descriptors.
 
 use super::call::Held;
-use super::{class_tag, Access, MechanismInner};
+use super::{class_tag, Access, MechanismInner, Placement};
 use crate::error::{CallError, ObjectKind, ReleaseError};
 use crate::governor::AllocationClass;
 use crate::tokens::{PhysicalObject, Reservation};
@@ -20,19 +20,30 @@ pub struct SharedMappingApi<'m> {
 impl<'m> SharedMappingApi<'m> {
     /// Creates a zero-filled physical object of at least `size` bytes.
     pub fn create(&self, size: u64) -> Result<PhysicalObject, CallError> {
-        self.create_tagged(size, MEMPLUG_CLASS_OTHER)
+        self.create_tagged(size, MEMPLUG_CLASS_OTHER, &Placement::default())
     }
 
     /// [`create`](Self::create), telling a 1.1 plugin what the object is
     /// for.
     pub fn create_as(&self, size: u64, class: AllocationClass) -> Result<PhysicalObject, CallError> {
-        self.create_tagged(size, class_tag(class))
+        self.create_tagged(size, class_tag(class), &Placement::default())
     }
 
-    fn create_tagged(&self, size: u64, tag: u32) -> Result<PhysicalObject, CallError> {
+    /// [`create_as`](Self::create_as), placed as `placement` says (to a
+    /// plugin that agreed on 1.2).
+    pub fn create_placed(
+        &self,
+        size: u64,
+        class: AllocationClass,
+        placement: &Placement,
+    ) -> Result<PhysicalObject, CallError> {
+        self.create_tagged(size, class_tag(class), placement)
+    }
+
+    fn create_tagged(&self, size: u64, tag: u32, p: &Placement) -> Result<PhysicalObject, CallError> {
         const SLOT: &str = "shared_mapping.create";
         let m = self.m;
-        let req = m.request(size, m.props.granularity, tag);
+        let req = m.request(size, m.props.granularity, tag, p);
         let mut out = MechanismInner::empty_block();
         m.call(SLOT, slot!(self.vt.create), (&req, &mut out))?;
         self.new_object(SLOT, &req, &out, size)
@@ -169,7 +180,7 @@ impl<'m> SharedMappingApi<'m> {
         })?;
         let lent_fd = lent.as_raw_fd();
         let before = file_identity(lent_fd);
-        let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER);
+        let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
         let mut out = MechanismInner::empty_block();
         let r = m.call(SLOT, f, (lent_fd, &req, &mut out));
         if before.is_none() || file_identity(lent_fd) != before {

@@ -2,7 +2,7 @@
 //! memory into them, decommit, release.
 
 use super::call::Held;
-use super::{class_tag, MechanismInner};
+use super::{class_tag, MechanismInner, Placement};
 use crate::error::{CallError, ObjectKind, ReleaseError};
 use crate::governor::AllocationClass;
 use crate::tokens::Reservation;
@@ -19,18 +19,29 @@ pub struct VirtualBackingApi<'m> {
 impl<'m> VirtualBackingApi<'m> {
     /// Reserves at least `size` bytes of address space, nothing committed.
     pub fn reserve(&self, size: u64) -> Result<Reservation, CallError> {
-        self.reserve_tagged(size, MEMPLUG_CLASS_OTHER)
+        self.reserve_tagged(size, MEMPLUG_CLASS_OTHER, &Placement::default())
     }
 
     /// [`reserve`](Self::reserve), telling a 1.1 plugin what the range is
     /// for.
     pub fn reserve_as(&self, size: u64, class: AllocationClass) -> Result<Reservation, CallError> {
-        self.reserve_tagged(size, class_tag(class))
+        self.reserve_tagged(size, class_tag(class), &Placement::default())
     }
 
-    fn reserve_tagged(&self, size: u64, tag: u32) -> Result<Reservation, CallError> {
+    /// [`reserve_as`](Self::reserve_as), placed as `placement` says (to a
+    /// plugin that agreed on 1.2).
+    pub fn reserve_placed(
+        &self,
+        size: u64,
+        class: AllocationClass,
+        placement: &Placement,
+    ) -> Result<Reservation, CallError> {
+        self.reserve_tagged(size, class_tag(class), placement)
+    }
+
+    fn reserve_tagged(&self, size: u64, tag: u32, p: &Placement) -> Result<Reservation, CallError> {
         let m = self.m;
-        let req = m.request(size, m.props.granularity, tag);
+        let req = m.request(size, m.props.granularity, tag, p);
         let mut out = MechanismInner::empty_block();
         m.call("virtual_backing.reserve", slot!(self.vt.reserve), (&req, &mut out))?;
         if out.addr == 0 || out.size < size {

@@ -128,6 +128,27 @@ impl Allocator for CpuMechanism {
         }
     }
 
+    /// What every object of this mechanism is (ABI 1.2), claimed only where
+    /// it holds for all of them: host memory on no particular node, mapped
+    /// coherently (it is the host's own), read-only views enforced by the
+    /// MMU (`mprotect`), physical objects exported as memfds that map at
+    /// any page offset, backed by pages of the base size. Not zero-filled:
+    /// allocations come from the system allocator, which does not clear
+    /// them (committed ranges and physical objects are zero, but an
+    /// attribute is a promise about every object).
+    fn descriptor(&self) -> memplug_sdk::Descriptor {
+        memplug_sdk::Descriptor {
+            recommended_granularity: 0,
+            page_sizes: memplug_sdk::Descriptor::page_size_bit(self.granularity),
+            attributes: memplug_sdk::abi::MEMPLUG_ATTR_HOST_VISIBLE
+                | memplug_sdk::abi::MEMPLUG_ATTR_HOST_COHERENT
+                | memplug_sdk::abi::MEMPLUG_ATTR_READ_ONLY_ENFORCED,
+            export_types: memplug_sdk::abi::MEMPLUG_HANDLE_MEMFD,
+            location: memplug_sdk::Location::HOST,
+            maps_at_offsets: true,
+        }
+    }
+
     #[inline(always)]
     fn allocate(&self, request: &Request) -> PluginResult<Block> {
         self.allocations.allocate(request)

@@ -62,7 +62,15 @@ fn plugin() -> ExportedPlugin {
     let mechanism = MechanismBuilder::new(MECHANISM_NAME, MECHANISM_ID, DEVICE, CpuMechanism::new())
         .virtual_backing()
         .shared_mapping()
-        .sync();
+        .sync()
+        // A CPU device's ordinal is its NUMA node (ABI 1.2); this mechanism
+        // serves node 0's ordinal without binding memory to it (its
+        // location says host memory, no particular node).
+        .identity(memplug_sdk::DeviceIdentity {
+            valid: memplug_sdk::abi::MEMPLUG_IDENTITY_NUMA_NODE,
+            numa_node: DEVICE.ordinal,
+            ..Default::default()
+        });
     // Freed with the plugin when the host unloads it.
     let state = mechanism.state();
     // The instance's line to its hosts; only the test switch uses it.

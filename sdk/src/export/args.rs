@@ -67,6 +67,13 @@ pub(super) unsafe fn request_of(p: *const MemplugRequest) -> PluginResult<Reques
     }
     let class_tag =
         if declared >= abi::size_1_1::REQUEST { field!(class_tag: u32) } else { abi::MEMPLUG_CLASS_OTHER };
+    // The 1.2 fields, likewise, only when the host's struct reaches them.
+    let (hints, export_types, page_size, location) = if declared >= abi::size_1_2::REQUEST {
+        let location = crate::Location { kind: field!(location_kind: u32), id: field!(location_id: u32) };
+        (field!(hints: u32), field!(export_types: u32), field!(page_size: u64), location)
+    } else {
+        (0, 0, 0, crate::Location::ANY)
+    };
     Ok(Request {
         flags: field!(flags: u32),
         size: field!(size: u64),
@@ -74,6 +81,10 @@ pub(super) unsafe fn request_of(p: *const MemplugRequest) -> PluginResult<Reques
         object_id: field!(object_id: u64),
         device: field!(device: MemplugDevice),
         class_tag,
+        hints,
+        export_types,
+        page_size,
+        location,
     })
 }
 

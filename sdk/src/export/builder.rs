@@ -13,6 +13,7 @@ use super::owned::Owned;
 use super::thunks::*;
 use crate::abi::{self, *};
 use crate::author::*;
+use crate::descriptor::DeviceIdentity;
 use core::ffi::{c_char, c_void};
 use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -28,6 +29,7 @@ pub struct MechanismBuilder<M: 'static> {
     virtual_backing: Option<MemplugVirtualBacking>,
     shared_mapping: Option<MemplugSharedMapping>,
     sync: Option<MemplugSync>,
+    identity: Option<DeviceIdentity>,
 }
 
 /// A counted reference to a mechanism's implementation, for plugin-level
@@ -63,19 +65,28 @@ impl<M: Allocator> MechanismBuilder<M> {
     /// slot answers with them.
     pub fn new(name: &str, id: u64, device: MemplugDevice, imp: M) -> Self {
         let properties = imp.properties();
+        let descriptor = imp.descriptor();
         MechanismBuilder {
             name: CString::new(name).expect("mechanism name contains NUL"),
             id,
             device,
             ctx: Arc::new(MechCtx {
-                facts: Facts::new(name, id, device, properties),
+                facts: Facts::new(name, id, device, properties, descriptor),
                 lost: Default::default(),
                 imp,
             }),
             virtual_backing: None,
             shared_mapping: None,
             sync: None,
+            identity: None,
         }
+    }
+
+    /// Publishes the device's identity (ABI 1.2: UUID, PCI address,
+    /// sub-device, NUMA node), to hosts that agreed on 1.2.
+    pub fn identity(mut self, identity: DeviceIdentity) -> Self {
+        self.identity = Some(DeviceIdentity { struct_size: abi::size_1_2::DEVICE_IDENTITY, ..identity });
+        self
     }
 
     /// A counted reference to the implementation (see [`MechanismState`]),
@@ -213,6 +224,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             virtual_backing: ptr(&virtual_backing),
             shared_mapping: ptr(&shared_1_1),
             sync: ptr(&sync),
+            identity: core::ptr::null(),
         };
         let mech_1_0 = MemplugMechanism {
             struct_size: abi::size_1_0::MECHANISM,
@@ -222,7 +234,9 @@ impl<M: Allocator> MechanismBuilder<M> {
         };
         // 1.2 adds nothing to a mechanism's tables: its view is 1.1's with
         // the 1.2 size.
-        let mech_1_2 = MemplugMechanism { struct_size: abi::size_1_2::MECHANISM, ..mech_1_1 };
+        let identity = own(self.identity);
+        let mech_1_2 =
+            MemplugMechanism { struct_size: abi::size_1_2::MECHANISM, identity: ptr(&identity), ..mech_1_1 };
         BuiltMechanism {
             views: [Owned::new(mech_1_0), Owned::new(mech_1_1), Owned::new(mech_1_2)],
             _tables: Tables {
@@ -231,6 +245,7 @@ impl<M: Allocator> MechanismBuilder<M> {
                 _shared_1_0: shared_1_0,
                 _shared_1_1: shared_1_1,
                 _sync: sync,
+                _identity: identity,
                 _name: name,
             },
             id: self.id,
@@ -259,6 +274,7 @@ struct Tables {
     _shared_1_0: Option<Owned<MemplugSharedMapping>>,
     _shared_1_1: Option<Owned<MemplugSharedMapping>>,
     _sync: Option<Owned<MemplugSync>>,
+    _identity: Option<Owned<DeviceIdentity>>,
     _name: OwnedCStr,
 }
 

@@ -35,6 +35,7 @@ pub(super) struct Facts {
     /// otherwise (no range is a multiple of a granularity that is not one).
     granule_mask: u64,
     pub(super) properties: Properties,
+    pub(super) descriptor: crate::Descriptor,
     name: Box<str>,
 }
 
@@ -61,7 +62,13 @@ pub(super) unsafe fn mech<'a, M>(ctx: *mut core::ffi::c_void) -> PluginResult<&'
 }
 
 impl Facts {
-    pub(super) fn new(name: &str, id: u64, device: MemplugDevice, properties: Properties) -> Facts {
+    pub(super) fn new(
+        name: &str,
+        id: u64,
+        device: MemplugDevice,
+        properties: Properties,
+        descriptor: crate::Descriptor,
+    ) -> Facts {
         let g = properties.granularity;
         Facts {
             id,
@@ -70,6 +77,7 @@ impl Facts {
             max_alignment: properties.max_alignment,
             granule_mask: if g.is_power_of_two() { g - 1 } else { u64::MAX },
             properties,
+            descriptor,
             name: name.into(),
         }
     }
@@ -99,9 +107,10 @@ impl Facts {
             & (r.size != 0)
             & (device_word(r.device) == self.device)
             & (r.alignment & mask == 0)
-            & (mask < self.max_alignment);
+            & (mask < self.max_alignment)
+            & self.descriptor.accepts_page_size(r.page_size);
         if !ok {
-            return Err(self.refuse_allocation(r.flags, r.size, r.alignment, r.device));
+            return Err(self.refuse_allocation(&r));
         }
         Ok(Request { alignment: r.alignment.max(self.min_alignment), ..r })
     }
@@ -110,10 +119,12 @@ impl Facts {
     /// `allocate` without the alignment, which the ABI says they ignore.
     #[inline(always)]
     pub(super) fn request(&self, r: &Request, what: &'static str) -> PluginResult<()> {
-        let ok =
-            (r.flags & !KNOWN_REQUEST_FLAGS == 0) & (r.size != 0) & (device_word(r.device) == self.device);
+        let ok = (r.flags & !KNOWN_REQUEST_FLAGS == 0)
+            & (r.size != 0)
+            & (device_word(r.device) == self.device)
+            & self.descriptor.accepts_page_size(r.page_size);
         if !ok {
-            return Err(self.refuse_request(what, r.flags, r.size, r.device));
+            return Err(self.refuse_request(what, r));
         }
         Ok(())
     }
@@ -142,12 +153,11 @@ impl Facts {
 
     #[cold]
     #[inline(never)]
-    fn refuse_allocation(&self, flags: u32, size: u64, alignment: u64, device: MemplugDevice) -> PluginError {
-        if let Err(e) =
-            self.request(&Request { flags, size, alignment, object_id: 0, device, class_tag: 0 }, "allocate")
-        {
+    fn refuse_allocation(&self, r: &Request) -> PluginError {
+        if let Err(e) = self.request(r, "allocate") {
             return e;
         }
+        let alignment = r.alignment;
         PluginError::invalid_argument(format!(
             "allocate: alignment {alignment} must be a power of two from 1 to {} (max_alignment of \
              mechanism \"{}\")",
@@ -157,7 +167,14 @@ impl Facts {
 
     #[cold]
     #[inline(never)]
-    fn refuse_request(&self, what: &str, flags: u32, size: u64, device: MemplugDevice) -> PluginError {
+    fn refuse_request(&self, what: &str, r: &Request) -> PluginError {
+        let (flags, size, device) = (r.flags, r.size, r.device);
+        if !self.descriptor.accepts_page_size(r.page_size) {
+            return PluginError::invalid_argument(format!(
+                "{what}: page size {:#x} is not one mechanism \"{}\" publishes (page_sizes {:#x})",
+                r.page_size, self.name, self.descriptor.page_sizes
+            ));
+        }
         if device_word(device) != self.device {
             return self.wrong_device(what, "request", device);
         }

@@ -87,14 +87,17 @@ pub(super) unsafe extern "C" fn a_properties<M: Allocator>(
 ) -> MemplugStatus {
     guard(sink, "properties", || {
         // The copy taken at build time, which every check uses.
-        let p = mech::<M>(ctx)?.facts.properties;
-        let v = MemplugProperties {
-            struct_size: 0,
-            reserved0: 0,
+        let f = &mech::<M>(ctx)?.facts;
+        let p = f.properties;
+        let mut v = MemplugProperties {
             min_alignment: p.min_alignment,
             max_alignment: p.max_alignment,
             granularity: p.granularity,
+            ..Default::default()
         };
+        // The 1.2 descriptor: written only as far as the host's struct
+        // reaches (a 1.0/1.1 host's ends before it).
+        f.descriptor.write_into(&mut v);
         write_out(out, &v, "out properties")
     })
 }

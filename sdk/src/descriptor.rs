@@ -1,0 +1,89 @@
+//! What ABI 1.2 lets a mechanism say about its memory and its device
+//! beyond alignments and a granularity: the memory descriptor (page sizes,
+//! attributes, export kinds, location) and the device's identity. A vendor
+//! returns a [`Descriptor`] from [`Allocator::descriptor`](crate::Allocator::descriptor)
+//! and gives a [`DeviceIdentity`] to
+//! [`MechanismBuilder::identity`](crate::MechanismBuilder::identity); the
+//! SDK publishes both to hosts that agreed on 1.2 (older hosts see
+//! neither) and checks requests against the page sizes.
+
+use crate::abi;
+
+/// Where memory lives: a `MEMPLUG_LOCATION_*` kind and the node or tier it
+/// names.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Location {
+    /// `MEMPLUG_LOCATION_*`; in a request, `MEMPLUG_LOCATION_ANY` (zero) is
+    /// no preference.
+    pub kind: u32,
+    /// The NUMA node or tier `kind` names; zero otherwise.
+    pub id: u32,
+}
+
+impl Location {
+    /// No preference (requests) / not said (descriptors).
+    pub const ANY: Location = Location { kind: abi::MEMPLUG_LOCATION_ANY, id: 0 };
+    /// On the mechanism's device.
+    pub const DEVICE: Location = Location { kind: abi::MEMPLUG_LOCATION_DEVICE, id: 0 };
+    /// In host memory, no particular node.
+    pub const HOST: Location = Location { kind: abi::MEMPLUG_LOCATION_HOST, id: 0 };
+
+    /// In host memory on NUMA node `node`.
+    pub const fn numa_node(node: u32) -> Location {
+        Location { kind: abi::MEMPLUG_LOCATION_NUMA_NODE, id: node }
+    }
+
+    /// In memory tier `tier` (0 the fastest).
+    pub const fn tier(tier: u32) -> Location {
+        Location { kind: abi::MEMPLUG_LOCATION_TIER, id: tier }
+    }
+}
+
+/// A mechanism's memory descriptor (ABI 1.2). Every field defaults to "not
+/// said"; claim only what every object the mechanism makes has.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Descriptor {
+    /// Zero (same as the granularity) or a power-of-two multiple of it.
+    pub recommended_granularity: u64,
+    /// Bit `k` set: pages of `2^k` bytes can back memory (see
+    /// [`Descriptor::page_size_bit`]). A request naming a page size not
+    /// here is refused by the SDK with `INVALID_ARGUMENT`.
+    pub page_sizes: u64,
+    /// `MEMPLUG_ATTR_*` bits.
+    pub attributes: u32,
+    /// `MEMPLUG_HANDLE_*` kinds physical objects can be exported as.
+    pub export_types: u32,
+    pub location: Location,
+    /// Physical objects map at any granularity-aligned offset
+    /// (`MEMPLUG_PROP_MAPS_AT_OFFSETS`).
+    pub maps_at_offsets: bool,
+}
+
+impl Descriptor {
+    /// The `page_sizes` bit of a page of `bytes` (a power of two).
+    pub const fn page_size_bit(bytes: u64) -> u64 {
+        1 << bytes.trailing_zeros()
+    }
+
+    /// Whether a request's `page_size` is acceptable: zero (the
+    /// mechanism's choice) or a power of two listed in `page_sizes`.
+    #[inline(always)]
+    pub const fn accepts_page_size(&self, page_size: u64) -> bool {
+        page_size == 0 || (page_size.is_power_of_two() && self.page_sizes & page_size != 0)
+    }
+
+    /// The ABI 1.2 property fields for this descriptor.
+    pub(crate) fn write_into(&self, p: &mut abi::MemplugProperties) {
+        p.recommended_granularity = self.recommended_granularity;
+        p.page_sizes = self.page_sizes;
+        p.attributes = self.attributes;
+        p.export_types = self.export_types;
+        p.location_kind = self.location.kind;
+        p.location_id = self.location.id;
+        p.flags = if self.maps_at_offsets { abi::MEMPLUG_PROP_MAPS_AT_OFFSETS } else { 0 };
+    }
+}
+
+/// A device's identity (ABI 1.2): UUID, PCI address, sub-device, NUMA node,
+/// each meaningful when its `MEMPLUG_IDENTITY_*` bit is set in `valid`.
+pub type DeviceIdentity = abi::MemplugDeviceIdentity;
