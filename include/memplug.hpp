@@ -9,15 +9,21 @@
 //   C boundary (a pressure callback then answers 0, a grow update refuses,
 //   a fence query answers "not complete") — nothing unwinds through C.
 // * Handles stay reachable with get() for calls this wrapper does not cover.
+// * Lifecycle (Mechanism::state/retire/declare_lost/subscribe,
+//   Manager::replace/terminate): a subscription is an RAII Subscription
+//   whose callback gets a LifecycleEvent copied out of the C event (so it
+//   may be kept); it runs on the thread that delivers the transition.
 #ifndef MEMPLUG_HPP
 #define MEMPLUG_HPP
 
 #include "memplug_host.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -176,6 +182,13 @@ class Allocation : public detail::Owned<MemplugHostAllocation, memplug_host_allo
         check(memplug_host_allocation_free_after(h_, hs.data(), hs.size()));
         release();
     }
+    /// True when it went with a lost device (memplug_host_allocation_is_lost):
+    /// its memory is gone; destroying it calls no plugin and refunds nothing.
+    bool is_lost() const {
+        bool lost = false;
+        check(memplug_host_allocation_is_lost(h_, &lost));
+        return lost;
+    }
 
   private:
     uint64_t addr_ = 0;
@@ -188,6 +201,12 @@ class Prefix : public detail::Owned<MemplugHostPrefix, memplug_host_prefix_relea
         auto i = detail::sized<MemplugHostPrefixInfo>();
         check(memplug_host_prefix_info(h_, &i));
         return i;
+    }
+    /// True when it went with a lost device (memplug_host_prefix_is_lost).
+    bool is_lost() const {
+        bool lost = false;
+        check(memplug_host_prefix_is_lost(h_, &lost));
+        return lost;
     }
 };
 
@@ -218,6 +237,12 @@ class Region : public detail::Owned<MemplugHostRegion, memplug_host_region_free>
         check(memplug_host_region_shrink(h_, len, hs.data(), hs.size()));
     }
     void map_prefix(const Prefix &p) { check(memplug_host_region_map_prefix(h_, p.get())); }
+    /// True when it went with a lost device (memplug_host_region_is_lost).
+    bool is_lost() const {
+        bool lost = false;
+        check(memplug_host_region_is_lost(h_, &lost));
+        return lost;
+    }
     void free_after(const std::vector<const Fence *> &fences) {
         auto hs = handles_of(fences);
         check(memplug_host_region_free_after(h_, hs.data(), hs.size()));
@@ -245,6 +270,14 @@ class Binding : public detail::Owned<MemplugHostBinding, memplug_host_binding_de
         uint64_t addr = 0;
         check(memplug_host_allocate(h_, size, alignment, &a, &addr));
         return Allocation(a, addr);
+    }
+    /// The mechanism this binding allocates through (after
+    /// Manager::replace, a binding asked of the old mechanism is made on
+    /// the new one).
+    MemplugHostMechanismInfo mechanism_info() const {
+        auto i = detail::sized<MemplugHostMechanismInfo>();
+        check(memplug_host_binding_mechanism_info(h_, &i));
+        return i;
     }
     Region reserve(uint64_t max_bytes) const {
         MemplugHostRegion r{};
@@ -297,6 +330,119 @@ class Stream : public detail::Owned<MemplugHostStream, memplug_host_stream_destr
     }
 };
 
+/// The name of a life state, e.g. "MEMPLUG_HOST_LIFE_STATE_LOST".
+inline const char *life_state_name(MemplugHostLifeState s) noexcept { return memplug_host_life_state_name(s); }
+
+/// What one binding of a lost context held (a copy of a
+/// MemplugHostLossNotice).
+struct LossNotice {
+    /// The pool the binding charges.
+    std::string pool;
+    /// The holder it charges (Holder::id()); 0 for none.
+    uint64_t holder_id = 0;
+    uint32_t alloc_class = MEMPLUG_HOST_CLASS_OTHER;
+    uint64_t objects = 0;
+    uint64_t bytes = 0;
+    uint64_t quarantined_bytes = 0;
+};
+
+/// One transition of a mechanism's context, copied out of the C event:
+/// valid after the callback returns.
+struct LifecycleEvent {
+    MemplugHostSubscription subscription{};
+    /// "plugin/mechanism".
+    std::string context;
+    MemplugHostLifeState from = MEMPLUG_HOST_LIFE_STATE_ACTIVE;
+    MemplugHostLifeState to = MEMPLUG_HOST_LIFE_STATE_ACTIVE;
+    /// Why the context left ACTIVE, when a reason was given.
+    std::optional<std::string> reason;
+    /// On entering LOST: one per binding that held something.
+    std::vector<LossNotice> notices;
+    /// On entering TERMINATED: what was settled.
+    std::optional<MemplugHostSettlement> settlement;
+
+    static LifecycleEvent from_c(const MemplugHostLifecycleEvent &e) {
+        LifecycleEvent v;
+        v.subscription = e.subscription;
+        v.context.assign(e.context, e.context_len);
+        v.from = e.from;
+        v.to = e.to;
+        if (e.reason) v.reason = std::string(e.reason, e.reason_len);
+        for (size_t i = 0; i < e.notice_count; i++) {
+            // Stepped by notice_size: a later library's notice may be longer.
+            const auto *n = reinterpret_cast<const MemplugHostLossNotice *>(
+                reinterpret_cast<const char *>(e.notices) + i * e.notice_size);
+            LossNotice c;
+            c.pool.assign(n->pool_name, n->pool_name_len);
+            c.holder_id = n->holder_id;
+            c.alloc_class = n->alloc_class;
+            c.objects = n->objects;
+            c.bytes = n->bytes;
+            c.quarantined_bytes = n->quarantined_bytes;
+            v.notices.push_back(std::move(c));
+        }
+        if (e.settlement) v.settlement = *e.settlement;
+        return v;
+    }
+};
+
+/// A subscription to a mechanism's lifecycle events
+/// (Mechanism::subscribe); ended by the destructor, which returns only when
+/// no call of the callback runs on another thread. The callback runs on
+/// the thread that delivers the transition (see MemplugHostLifecycleFn:
+/// from inside it, poll, terminate, replace, retire and declare_lost throw
+/// memplug::Error with MEMPLUG_HOST_STATUS_REENTRANT). An exception leaving
+/// the callback is caught and ignored. The callback may destroy its own
+/// Subscription.
+class Subscription {
+  public:
+    using Callback = std::function<void(const LifecycleEvent &)>;
+
+    Subscription() noexcept = default;
+    Subscription(MemplugHostMechanism m, Callback cb) : box_(new Box{std::make_shared<Callback>(std::move(cb))}) {
+        check(memplug_host_mechanism_subscribe(m, &Subscription::tramp, box_.get(), &h_));
+    }
+    Subscription(Subscription &&o) noexcept : h_(o.h_), box_(std::move(o.box_)) { o.h_ = MemplugHostSubscription{}; }
+    Subscription &operator=(Subscription &&o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = o.h_;
+            box_ = std::move(o.box_);
+            o.h_ = MemplugHostSubscription{};
+        }
+        return *this;
+    }
+    Subscription(const Subscription &) = delete;
+    Subscription &operator=(const Subscription &) = delete;
+    ~Subscription() { reset(); }
+
+    MemplugHostSubscription get() const noexcept { return h_; }
+    explicit operator bool() const noexcept { return h_.id != 0; }
+    /// Unsubscribes (waits for callbacks running on other threads), then
+    /// frees the callback (a call running on this thread keeps its own
+    /// reference until it returns).
+    void reset() noexcept {
+        if (h_.id != 0) (void)memplug_host_mechanism_unsubscribe(h_);
+        h_ = MemplugHostSubscription{};
+        box_.reset();
+    }
+
+  private:
+    struct Box {
+        std::shared_ptr<Callback> fn;
+    };
+    static void tramp(void *ud, const MemplugHostLifecycleEvent *e) noexcept {
+        try {
+            // A reference of its own: the callback may destroy its Subscription.
+            std::shared_ptr<Callback> fn = static_cast<Box *>(ud)->fn;
+            (*fn)(LifecycleEvent::from_c(*e));
+        } catch (...) {
+        }
+    }
+    MemplugHostSubscription h_{};
+    std::unique_ptr<Box> box_;
+};
+
 class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechanism_release> {
   public:
     using Owned::Owned;
@@ -310,6 +456,42 @@ class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechan
         check(memplug_host_stream_create(h_, &s));
         return Stream(s);
     }
+
+    /// Where its context is in its life.
+    MemplugHostLifeState state() const {
+        MemplugHostLifeState s = MEMPLUG_HOST_LIFE_STATE_ACTIVE;
+        check(memplug_host_mechanism_state(h_, &s));
+        return s;
+    }
+    /// Why it left ACTIVE ("" while active).
+    std::string reason() const {
+        size_t n = 0;
+        check(memplug_host_mechanism_reason(h_, nullptr, 0, &n));
+        std::string r(n, '\0');
+        if (n != 0) check(memplug_host_mechanism_reason(h_, &r[0], n + 1, &n));
+        r.resize(std::min(n, r.size()));
+        return r;
+    }
+    /// Starts an orderly end (memplug_host_mechanism_retire): no new
+    /// binding or object; what exists keeps working.
+    void retire(const std::string &reason) const { check(memplug_host_mechanism_retire(h_, reason.c_str())); }
+    /// Declares its context lost (memplug_host_mechanism_declare_lost); true
+    /// when this call moved it to LOST.
+    bool declare_lost(const std::string &reason) const {
+        bool moved = false;
+        check(memplug_host_mechanism_declare_lost(h_, reason.c_str(), &moved));
+        return moved;
+    }
+    /// The settlement, once its context has terminated; empty before.
+    std::optional<MemplugHostSettlement> settlement() const {
+        auto s = detail::sized<MemplugHostSettlement>();
+        MemplugHostStatus st = memplug_host_mechanism_settlement(h_, &s);
+        if (st == MEMPLUG_HOST_STATUS_NOT_READY) return std::nullopt;
+        check(st);
+        return s;
+    }
+    /// Calls `cb` with every later transition of its context.
+    Subscription subscribe(Subscription::Callback cb) const { return Subscription(h_, std::move(cb)); }
 };
 
 /// A holder registered with a pool; its callback answers pressure tickets
@@ -338,6 +520,12 @@ class Holder {
     ~Holder() { reset(); }
 
     MemplugHostHolder get() const noexcept { return h_; }
+    /// The governor's id of the holder, as loss notices name it.
+    uint64_t id() const {
+        uint64_t v = 0;
+        check(memplug_host_holder_id(h_, &v));
+        return v;
+    }
     MemplugHostHolderStats stats() const {
         auto s = detail::sized<MemplugHostHolderStats>();
         check(memplug_host_holder_stats(h_, &s));
@@ -471,6 +659,28 @@ class Manager : public detail::Owned<MemplugHostManager, memplug_host_manager_de
         uint64_t left = 0;
         check(memplug_host_manager_drain(h_, static_cast<uint64_t>(timeout.count()), &left));
         return left;
+    }
+    /// Replaces `old` by `successor` (same device;
+    /// memplug_host_manager_replace): `old` retires and bindings asked of it
+    /// are made on `successor`; with `unload_old_plugin`, `old`'s plugin is
+    /// unloaded once all its contexts have terminated (a later poll).
+    void replace(const Mechanism &old, const Mechanism &successor, const std::string &reason,
+                 bool unload_old_plugin = false) const {
+        check(memplug_host_manager_replace(h_, old.get(), successor.get(), reason.c_str(), unload_old_plugin));
+    }
+    /// Terminates a lost or retiring mechanism's context within `timeout`
+    /// and returns what was settled (memplug_host_manager_terminate; throws
+    /// MEMPLUG_HOST_STATUS_TIMEOUT / _BUSY / _INVALID_STATE).
+    MemplugHostSettlement terminate(const Mechanism &m, std::chrono::nanoseconds timeout) const {
+        auto s = detail::sized<MemplugHostSettlement>();
+        check(memplug_host_manager_terminate(h_, m.get(), static_cast<uint64_t>(timeout.count()), &s));
+        return s;
+    }
+    /// The number of mechanisms of every loaded plugin.
+    size_t mechanism_count() const {
+        size_t n = 0;
+        check(memplug_host_manager_mechanism_count(h_, &n));
+        return n;
     }
 };
 

@@ -106,6 +106,9 @@
 // Size of `MemplugHostPollReport` in API 1.0.
 #define MEMPLUG_HOST_POLL_REPORT_SIZE_1_0 32
 
+// Size of `MemplugHostSettlement` in API 1.0.
+#define MEMPLUG_HOST_SETTLEMENT_SIZE_1_0 48
+
 // Result of every fallible function of the host C API.
 //
 // `MEMPLUG_HOST_STATUS_OK` (zero) is success. Codes 0 to 15 have exactly
@@ -201,6 +204,37 @@ enum MemplugHostStatus
 typedef uint32_t MemplugHostStatus;
 #endif // __cplusplus
 
+// Where a mechanism's context is in its life
+// (`memplug_host_mechanism_state`). States only go forward:
+// `ACTIVE` → `RETIRING` → (`LOST`) → `TERMINATED`, or `ACTIVE` → `LOST` →
+// `TERMINATED`. Numbers are never reused; treat one this header does not
+// name as "not active".
+enum MemplugHostLifeState
+#ifdef __cplusplus
+  : uint32_t
+#endif // __cplusplus
+ {
+  // Serving: new bindings, allocations, regions and prefixes are made
+  // here.
+  MEMPLUG_HOST_LIFE_STATE_ACTIVE = 0,
+  // Ending in order (retired by the runtime, or replaced): no new
+  // binding or object; existing objects keep working and are freed as
+  // usual; it terminates once the last is gone.
+  MEMPLUG_HOST_LIFE_STATE_RETIRING = 1,
+  // The device or context is gone (the plugin reported it, a call
+  // answered `MEMPLUG_HOST_STATUS_DEVICE_LOST`, or the runtime declared
+  // it): the host calls its plugin no more, and every object it made went
+  // with it. New work fails with `MEMPLUG_HOST_STATUS_DEVICE_LOST`.
+  MEMPLUG_HOST_LIFE_STATE_LOST = 2,
+  // Over: nothing in flight, every charge of the context settled exactly
+  // once (`MemplugHostSettlement`). Handles that outlive it are inert:
+  // destroying them calls no plugin and refunds nothing.
+  MEMPLUG_HOST_LIFE_STATE_TERMINATED = 3,
+};
+#ifndef __cplusplus
+typedef uint32_t MemplugHostLifeState;
+#endif // __cplusplus
+
 // A process memory manager: plugins, pools, holders, bindings, and every
 // object issued through them. Create with `memplug_host_manager_create`,
 // destroy with `memplug_host_manager_destroy`.
@@ -262,6 +296,27 @@ typedef struct MemplugHostBinding {
   uint64_t id;
 } MemplugHostBinding;
 
+// What a mechanism is and can do (`memplug_host_mechanism_info`).
+typedef struct MemplugHostMechanismInfo {
+  // Set by the caller to `sizeof(MemplugHostMechanismInfo)`; set by the
+  // library to the bytes it wrote.
+  uint32_t struct_size;
+  // `MEMPLUG_CAP_*` flags (memplug.h).
+  uint32_t capabilities;
+  // The device it serves.
+  MemplugDevice device;
+  // The plugin's id of the mechanism.
+  uint64_t mechanism_id;
+  uint64_t min_alignment;
+  uint64_t max_alignment;
+  // Granule of virtual regions and shared prefixes (0: none).
+  uint64_t granularity;
+  // Mechanism name, NUL-terminated (truncated to fit).
+  char name[MEMPLUG_HOST_NAME_MAX];
+  // Name of the plugin that published it, NUL-terminated.
+  char plugin_name[MEMPLUG_HOST_NAME_MAX];
+} MemplugHostMechanismInfo;
+
 // An allocation made through a binding. Free with
 // `memplug_host_allocation_free` or `memplug_host_allocation_free_after`.
 typedef struct MemplugHostAllocation {
@@ -314,26 +369,136 @@ typedef bool (*MemplugHostFenceWaitFn)(void *userdata, uint64_t timeout_ns);
 // what `userdata` points to. Must not unwind.
 typedef void (*MemplugHostReleaseFn)(void *userdata);
 
-// What a mechanism is and can do (`memplug_host_mechanism_info`).
-typedef struct MemplugHostMechanismInfo {
-  // Set by the caller to `sizeof(MemplugHostMechanismInfo)`; set by the
-  // library to the bytes it wrote.
+// What a context's termination settled, once
+// (`memplug_host_manager_terminate`, `memplug_host_mechanism_settlement`,
+// and the `TERMINATED` lifecycle event): the charges its bindings still
+// held, discharged from their pools by exactly the bytes that were
+// charged — never from a guess, never twice.
+typedef struct MemplugHostSettlement {
+  // `sizeof(MemplugHostSettlement)`; set to the bytes written.
   uint32_t struct_size;
-  // `MEMPLUG_CAP_*` flags (memplug.h).
-  uint32_t capabilities;
-  // The device it serves.
-  MemplugDevice device;
-  // The plugin's id of the mechanism.
-  uint64_t mechanism_id;
-  uint64_t min_alignment;
-  uint64_t max_alignment;
-  // Granule of virtual regions and shared prefixes (0: none).
-  uint64_t granularity;
-  // Mechanism name, NUL-terminated (truncated to fit).
-  char name[MEMPLUG_HOST_NAME_MAX];
-  // Name of the plugin that published it, NUL-terminated.
-  char plugin_name[MEMPLUG_HOST_NAME_MAX];
-} MemplugHostMechanismInfo;
+  // 1 when the context was lost (its objects went with the device), 0
+  // when it retired in order.
+  uint32_t after_loss;
+  // Bytes discharged from the pools: live charges plus quarantined ones.
+  uint64_t bytes;
+  // Of `bytes`, those that were quarantined (releases the plugin had
+  // refused before).
+  uint64_t quarantined_bytes;
+  // Leases (charged objects) discharged.
+  uint64_t leases;
+  // Bindings whose ledger held anything and was settled.
+  uint64_t bindings;
+  // Objects the host still counted alive and forgot (they went with the
+  // device); 0 after an orderly end.
+  uint64_t objects_forgotten;
+} MemplugHostSettlement;
+
+// A subscription to a mechanism's lifecycle events
+// (`memplug_host_mechanism_subscribe`). End it with
+// `memplug_host_mechanism_unsubscribe`; the manager's destruction ends it
+// too.
+typedef struct MemplugHostSubscription {
+  // Opaque; zero is the null handle.
+  uint64_t id;
+} MemplugHostSubscription;
+
+// What one binding of a lost context held when the loss was delivered
+// (an element of `MemplugHostLifecycleEvent::notices`). Everything it made
+// through the context went with the device; its handles
+// (`memplug_host_allocation_is_lost` ...) say so, and destroying them is
+// still the caller's job (it calls no plugin and refunds nothing; the
+// charges are settled when the context terminates).
+typedef struct MemplugHostLossNotice {
+  // `sizeof(MemplugHostLossNotice)` of the library.
+  uint32_t struct_size;
+  // The binding's class (`MEMPLUG_HOST_CLASS_*`).
+  uint32_t alloc_class;
+  // The holder the binding charges, as `memplug_host_holder_id` gives
+  // it; 0 for a binding made without a holder.
+  uint64_t holder_id;
+  // Charged objects (leases) the binding held.
+  uint64_t objects;
+  // Their charged bytes.
+  uint64_t bytes;
+  // Bytes quarantined by earlier refused releases (settled too).
+  uint64_t quarantined_bytes;
+  // The name of the pool the binding charges (unique per manager):
+  // `pool_name_len` bytes of UTF-8, then a NUL. Valid only during the
+  // callback.
+  const char *pool_name;
+  size_t pool_name_len;
+} MemplugHostLossNotice;
+
+// One transition of a mechanism's context, given to a
+// `MemplugHostLifecycleFn`. The struct and everything it points to belong
+// to the library and are valid only during the callback: copy what you
+// keep.
+typedef struct MemplugHostLifecycleEvent {
+  // `sizeof(MemplugHostLifecycleEvent)` of the library; read only fields
+  // that fit.
+  uint32_t struct_size;
+  // The state before and after the transition.
+  MemplugHostLifeState from;
+  MemplugHostLifeState to;
+  uint32_t reserved0;
+  // The subscription this call is for.
+  struct MemplugHostSubscription subscription;
+  // `"plugin/mechanism"` of the context: `context_len` bytes, then a
+  // NUL.
+  const char *context;
+  size_t context_len;
+  // Why the context left `ACTIVE` (the runtime's reason, the plugin's
+  // sanitised report, or the host's), `reason_len` bytes, then a NUL;
+  // NULL (and 0) when none was given.
+  const char *reason;
+  size_t reason_len;
+  // On entering `LOST`: one notice per binding that held something,
+  // `notice_count` of them, `notice_size` bytes apart (step by
+  // `notice_size`, not by your `sizeof`, so that a later library with a
+  // longer notice still works). NULL when `notice_count` is 0.
+  const struct MemplugHostLossNotice *notices;
+  size_t notice_count;
+  size_t notice_size;
+  // On entering `TERMINATED`: what was settled; NULL otherwise.
+  const struct MemplugHostSettlement *settlement;
+} MemplugHostLifecycleEvent;
+
+// A mechanism's lifecycle callback (`memplug_host_mechanism_subscribe`):
+// called once per transition of its context, in order for each
+// subscription, with the `userdata` given at subscription.
+//
+// Thread: whichever delivers the transition — the thread calling
+// `memplug_host_mechanism_retire`, `_declare_lost`,
+// `memplug_host_manager_replace`, `_terminate` or `_poll`, or the
+// manager's reaper thread; never a plugin's or a driver's thread, and
+// never from inside a plugin call. Two transitions of one context may be
+// delivered on two threads. No host lock is held.
+//
+// From inside it, calls that deliver lifecycle events or wait for them are
+// refused with `MEMPLUG_HOST_STATUS_REENTRANT`
+// (`memplug_host_manager_poll`, `_terminate`, `_replace`, `_drain`,
+// `_destroy`, `memplug_host_mechanism_retire`, `_declare_lost`): note what
+// to do and do it after returning. Everything else may be called: freeing
+// the lost objects' handles, making a new binding (which goes to the
+// successor), unsubscribing (this subscription too). It must not unwind
+// (no C++ exception may leave it).
+typedef void (*MemplugHostLifecycleFn)(void *userdata, const struct MemplugHostLifecycleEvent *event);
+
+// A virtual region: reserved address space at a stable base, grown and
+// shrunk in granules. Free with `memplug_host_region_free[_after]`.
+typedef struct MemplugHostRegion {
+  // Opaque; zero is the null handle.
+  uint64_t id;
+} MemplugHostRegion;
+
+// A shared prefix: physical memory charged once, mapped read-only into
+// any number of regions. Release the handle with
+// `memplug_host_prefix_release`; regions mapping it keep it alive.
+typedef struct MemplugHostPrefix {
+  // Opaque; zero is the null handle.
+  uint64_t id;
+} MemplugHostPrefix;
 
 // What a poll of the deferred-free queue did (`memplug_host_manager_poll`).
 typedef struct MemplugHostPollReport {
@@ -425,13 +590,6 @@ typedef struct MemplugHostPressureTicket {
 typedef uint64_t (*MemplugHostPressureFn)(void *userdata,
                                           const struct MemplugHostPressureTicket *ticket);
 
-// A virtual region: reserved address space at a stable base, grown and
-// shrunk in granules. Free with `memplug_host_region_free[_after]`.
-typedef struct MemplugHostRegion {
-  // Opaque; zero is the null handle.
-  uint64_t id;
-} MemplugHostRegion;
-
 // A region's figures.
 typedef struct MemplugHostRegionInfo {
   // `sizeof(MemplugHostRegionInfo)`; set to the bytes written.
@@ -455,14 +613,6 @@ typedef struct MemplugHostRegionInfo {
 // `MEMPLUG_HOST_STATUS_CALLBACK_REFUSED`). Called once, on the calling
 // thread, before the call returns. Must not unwind.
 typedef bool (*MemplugHostGrowFn)(void *userdata, uint64_t addr, uint64_t len);
-
-// A shared prefix: physical memory charged once, mapped read-only into
-// any number of regions. Release the handle with
-// `memplug_host_prefix_release`; regions mapping it keep it alive.
-typedef struct MemplugHostPrefix {
-  // Opaque; zero is the null handle.
-  uint64_t id;
-} MemplugHostPrefix;
 
 // Fills a new shared prefix through a temporary writable view of `len`
 // bytes at `addr`. Called once, on the calling thread. Must not unwind.
@@ -587,6 +737,13 @@ extern "C" {
 // otherwise); the holder must be registered with `pool`
 // (`_INVALID_ARGUMENT`).
 //
+// A mechanism whose context is no longer active (retired, replaced, lost)
+// makes no binding itself: the binding is made on its newest active
+// successor (`memplug_host_manager_replace`;
+// `memplug_host_binding_mechanism_info` says which mechanism it is);
+// without one the call fails with `MEMPLUG_HOST_STATUS_DEVICE_LOST` (lost)
+// or `_INVALID_STATE` (ended in order).
+//
 // Ownership: the caller owns the handle (`memplug_host_binding_destroy`).
 // Thread-safety: any thread; a binding may be used from many threads at
 // once.
@@ -599,6 +756,17 @@ MemplugHostStatus memplug_host_binding_create(struct MemplugHostManager manager,
                                               struct MemplugHostPool pool,
                                               const struct MemplugHostBindingOptions *options,
                                               struct MemplugHostBinding *out);
+
+// Describes the mechanism the binding allocates through, as
+// `memplug_host_mechanism_info` does: after `memplug_host_manager_replace`
+// a binding asked of the old mechanism is made on its successor, and this
+// says which it is. Set `out->struct_size` first. Thread-safety: any
+// thread.
+//
+// # Safety
+// `out` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_binding_mechanism_info(struct MemplugHostBinding binding,
+                                                      struct MemplugHostMechanismInfo *out);
 
 // Destroys a binding handle. Allocations, regions and prefixes made
 // through it stay valid and are freed as usual; calls already running on
@@ -614,7 +782,10 @@ MemplugHostStatus memplug_host_binding_destroy(struct MemplugHostBinding binding
 // callbacks run on this thread) and, with the binding's `wait_ns`, the
 // call waits for frees; then `MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`. A
 // plugin's refusal comes back with its own code (`_OUT_OF_MEMORY`,
-// `_INVALID_ARGUMENT` for a bad alignment...).
+// `_INVALID_ARGUMENT` for a bad alignment...). A binding whose mechanism's
+// context was lost fails with `MEMPLUG_HOST_STATUS_DEVICE_LOST` without
+// calling the plugin; one whose context is retiring with `_INVALID_STATE`
+// (make a new binding: it goes to the successor).
 //
 // `out` receives the allocation's handle and `out_addr` (may be NULL) its
 // address; both only on success.
@@ -643,8 +814,11 @@ MemplugHostStatus memplug_host_allocation_info(struct MemplugHostAllocation allo
 // that made it frees it now and the pool is refunded. If the plugin
 // cannot free it, its bytes stay charged as quarantined and its address is
 // never reissued. The handle is stale afterwards (a second free is
-// `MEMPLUG_HOST_STATUS_STALE_HANDLE`, never a double free). The zero handle
-// is a no-op. Thread-safety: any thread.
+// `MEMPLUG_HOST_STATUS_STALE_HANDLE`, never a double free). An allocation
+// that went with a lost device (`memplug_host_allocation_is_lost`) is
+// forgotten instead: no plugin is called and nothing is refunded (its
+// charge is settled once, when the context terminates, whether before or
+// after this call). The zero handle is a no-op. Thread-safety: any thread.
 MemplugHostStatus memplug_host_allocation_free(struct MemplugHostAllocation allocation);
 
 // Frees an allocation once every fence in `fences[0..count]` has
@@ -770,6 +944,215 @@ MemplugHostStatus memplug_host_fence_wait(struct MemplugHostFence fence,
 // thread.
 MemplugHostStatus memplug_host_fence_release(struct MemplugHostFence fence);
 
+// Writes the state of the mechanism's context to `out_state`.
+//
+// A mechanism handle keeps naming its context through its whole life, also
+// once it terminated and its plugin was unloaded.
+// Thread-safety: any thread (the state may change right after).
+//
+// # Safety
+// `out_state` must be NULL or writable.
+MemplugHostStatus memplug_host_mechanism_state(struct MemplugHostMechanism mechanism,
+                                               MemplugHostLifeState *out_state);
+
+// Copies why the mechanism's context left `MEMPLUG_HOST_LIFE_STATE_ACTIVE`
+// into `buf` like `memplug_host_last_error_message` does (at most
+// `len - 1` bytes, then a NUL; nothing when `buf` is NULL or `len` is 0)
+// and writes the reason's full length in bytes, without the NUL, to
+// `out_len` — 0 for an active context (nothing is copied then). The
+// reason is UTF-8 (the runtime's own text, the plugin's sanitised report,
+// or the host's); a retiring context that is then lost keeps both.
+//
+// Ownership: `buf` is the caller's. Thread-safety: any thread.
+//
+// # Safety
+// `buf`, when not NULL, must be writable for `len` bytes; `out_len` NULL
+// or writable.
+MemplugHostStatus memplug_host_mechanism_reason(struct MemplugHostMechanism mechanism,
+                                                char *buf,
+                                                size_t len,
+                                                size_t *out_len);
+
+// The name of a life state, e.g. `"MEMPLUG_HOST_LIFE_STATE_LOST"`, or
+// `"MEMPLUG_HOST_LIFE_STATE_UNKNOWN"` for a number this library does not
+// know.
+//
+// Ownership: the string is static; never free it. Thread-safety: any
+// thread. Never fails.
+const char *memplug_host_life_state_name(uint32_t state);
+
+// Starts an orderly end of the mechanism's context: it makes no new
+// binding or object from now on (`MEMPLUG_HOST_STATUS_INVALID_STATE` for
+// them; `memplug_host_binding_create` goes to a successor when there is
+// one), while everything already made keeps working and is freed as usual.
+// It terminates once its last object is gone (`memplug_host_manager_poll`,
+// the reaper, or `memplug_host_manager_terminate`). `reason` (UTF-8) is
+// kept and given to subscribers.
+//
+// The `ACTIVE` → `RETIRING` event is delivered to the subscribers before
+// this returns, on this thread. Only an active context can be retired
+// (`MEMPLUG_HOST_STATUS_INVALID_STATE` otherwise). Returns
+// `MEMPLUG_HOST_STATUS_REENTRANT` inside a lifecycle callback.
+// Thread-safety: any thread.
+//
+// # Safety
+// `reason` must be NULL or a NUL-terminated string.
+MemplugHostStatus memplug_host_mechanism_retire(struct MemplugHostMechanism mechanism,
+                                                const char *reason);
+
+// Declares the mechanism's context lost on the runtime's own evidence (a
+// kernel fault it saw, a device reset it was told of), exactly as if the
+// plugin had reported it: the host calls the plugin no more; every object
+// the context made went with the device (`memplug_host_allocation_is_lost`
+// and the region and prefix equivalents say so); new work fails with
+// `MEMPLUG_HOST_STATUS_DEVICE_LOST`; calls in flight finish or fail. The
+// charges are settled once, when the context terminates
+// (`memplug_host_manager_poll` does it once no call is in flight, or
+// `memplug_host_manager_terminate`). Handles stay the caller's to destroy:
+// destroying them calls no plugin and refunds nothing twice.
+//
+// The `LOST` event, with one loss notice per binding that held something,
+// is delivered to the subscribers before this returns, on this thread.
+// `out_moved` (may be NULL) receives true when this call moved the context
+// to `LOST`, false when it was lost or terminated already (which is not an
+// error). `reason` (UTF-8) is kept and given to subscribers.
+//
+// Returns `MEMPLUG_HOST_STATUS_REENTRANT` inside a lifecycle callback.
+// Thread-safety: any thread; never waits for the device.
+//
+// # Safety
+// `reason` must be NULL or a NUL-terminated string; `out_moved` NULL or
+// writable.
+MemplugHostStatus memplug_host_mechanism_declare_lost(struct MemplugHostMechanism mechanism,
+                                                      const char *reason,
+                                                      bool *out_moved);
+
+// Replaces the context of `old` by that of `new` (both mechanisms of
+// `manager`, serving the same device): `old` retires (or, lost, stays
+// lost), and from now on every binding asked of `old`
+// (`memplug_host_binding_create`) is made on `new` — or on `new`'s own
+// active successor — and `memplug_host_manager_select` no longer chooses
+// `old`. Objects already made through `old` keep working (unless lost)
+// and are freed by `old`'s plugin; neither mechanism is ever asked to free
+// the other's memory. With `unload_old_plugin`, `old`'s plugin is unloaded
+// once every context of it has terminated (a later
+// `memplug_host_manager_poll`, or the reaper); handles to its mechanisms
+// stay valid (and inert).
+//
+// The event of `old`'s transition is delivered before this returns, on
+// this thread. Statuses: `MEMPLUG_HOST_STATUS_WRONG_DEVICE` for mechanisms
+// of two devices, `_INVALID_STATE` when `new` is not active or `old` was
+// already replaced or ended, `_INVALID_ARGUMENT` for `old` == `new`,
+// `_WRONG_MANAGER`, and `_REENTRANT` inside a lifecycle callback.
+// Thread-safety: any thread.
+//
+// # Safety
+// `reason` must be NULL or a NUL-terminated string.
+MemplugHostStatus memplug_host_manager_replace(struct MemplugHostManager manager,
+                                               struct MemplugHostMechanism old,
+                                               struct MemplugHostMechanism new_,
+                                               const char *reason,
+                                               bool unload_old_plugin);
+
+// Terminates the lost or retiring context of `mechanism` (a mechanism of
+// `manager`) and settles its books exactly once: waits up to `timeout_ns`
+// for calls in flight to finish and, retiring, for its last object to go
+// (retiring queued frees meanwhile), then discharges from the pools every
+// charge its bindings still held — by exactly the bytes charged — and
+// delivers the `TERMINATED` event (with the settlement) on this thread.
+// `out_settlement` (may be NULL; set its `struct_size` first) receives
+// what was settled.
+//
+// Statuses: `MEMPLUG_HOST_STATUS_INVALID_STATE` for an active context
+// (retire it or declare it lost first) or one already terminated (read
+// `memplug_host_mechanism_settlement`), `_TIMEOUT` when calls were still
+// in flight at the deadline, `_BUSY` when a retiring context still had
+// live objects then; in each case nothing was settled. `_REENTRANT` inside
+// any callback the host is running (the call it is part of may be one the
+// termination waits for).
+//
+// Holds no lock while it waits. Thread-safety: any thread.
+//
+// # Safety
+// `out_settlement` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_manager_terminate(struct MemplugHostManager manager,
+                                                 struct MemplugHostMechanism mechanism,
+                                                 uint64_t timeout_ns,
+                                                 struct MemplugHostSettlement *out_settlement);
+
+// Reads the settlement of the mechanism's terminated context (however it
+// terminated: `memplug_host_manager_terminate`, a poll, the reaper).
+// `MEMPLUG_HOST_STATUS_NOT_READY` while it has not terminated. Set
+// `out->struct_size` first. Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_mechanism_settlement(struct MemplugHostMechanism mechanism,
+                                                    struct MemplugHostSettlement *out);
+
+// Subscribes `callback` to every later transition of the mechanism's
+// context: it is called once per transition, with `userdata` and a
+// `MemplugHostLifecycleEvent` valid for the call (see
+// `MemplugHostLifecycleFn` for the thread it runs on and what it may
+// call). A context that is lost is reported `LOST` (with one loss notice
+// per binding that held something) before it is reported `TERMINATED`
+// (with the settlement). Transitions before the subscription are not
+// replayed: read `memplug_host_mechanism_state` after subscribing.
+//
+// `userdata` must stay valid until `memplug_host_mechanism_unsubscribe`
+// (or the manager's destruction) returns, after which the callback is
+// never called again.
+//
+// Ownership: the caller owns the subscription handle (written to `out`).
+// It does not keep the mechanism's plugin loaded. Thread-safety: any
+// thread.
+//
+// # Safety
+// `callback` (when not NULL) must be callable as `MemplugHostLifecycleFn`
+// with `userdata` from any thread; `out` NULL or writable.
+MemplugHostStatus memplug_host_mechanism_subscribe(struct MemplugHostMechanism mechanism,
+                                                   MemplugHostLifecycleFn callback,
+                                                   void *userdata,
+                                                   struct MemplugHostSubscription *out);
+
+// Ends a subscription and releases its handle: no callback starts after
+// this returns, and it returns only when no call of the callback runs on
+// another thread (a callback may end its own subscription; that call goes
+// on), so `userdata` may be freed right after. Not to be called from a
+// callback while another thread's callback waits for this one. The zero
+// handle is a no-op. Thread-safety: any thread.
+MemplugHostStatus memplug_host_mechanism_unsubscribe(struct MemplugHostSubscription subscription);
+
+// Writes to `out` whether the allocation went with a lost device (the
+// context of the mechanism that made it is `LOST`, or `TERMINATED` after
+// the loss): then its memory is gone, and freeing its handle calls no
+// plugin and refunds nothing (its charge is settled, once, when the
+// context terminates). An allocation of a context that is replaced or
+// retiring is not lost: it keeps working. A free racing this call on another thread
+// waits for it (a few instructions). Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_allocation_is_lost(struct MemplugHostAllocation allocation,
+                                                  bool *out);
+
+// Writes to `out` whether the region went with a lost device (as
+// `memplug_host_allocation_is_lost`: its mapping is gone, and freeing it
+// calls no plugin and refunds nothing). Refused with
+// `MEMPLUG_HOST_STATUS_REENTRANT` from the update callback of this region's
+// grow. Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_region_is_lost(struct MemplugHostRegion region, bool *out);
+
+// Writes to `out` whether the shared prefix went with a lost device (as
+// `memplug_host_allocation_is_lost`). Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_prefix_is_lost(struct MemplugHostPrefix prefix, bool *out);
+
 // Creates a process memory manager: an empty registry of plugins, an
 // empty governor, a deferred-free queue (polled by the frees themselves,
 // by `memplug_host_manager_poll`, or by a reaper thread started with
@@ -785,7 +1168,9 @@ MemplugHostStatus memplug_host_fence_release(struct MemplugHostFence fence);
 // `out` must be NULL or writable.
 MemplugHostStatus memplug_host_manager_create(struct MemplugHostManager *out);
 
-// Destroys a manager and everything issued through it: frees allocations
+// Destroys a manager and everything issued through it: ends its
+// subscriptions (waiting for lifecycle callbacks running on other
+// threads), frees allocations
 // and regions (after their fences), releases prefixes, fences, streams,
 // bindings, holders, mechanisms and pools, then drains the deferred-free
 // queue for up to one second (frees whose fences never complete stay
@@ -909,9 +1294,16 @@ MemplugHostStatus memplug_host_mechanism_info(struct MemplugHostMechanism mechan
 // The zero handle is a no-op. Thread-safety: any thread.
 MemplugHostStatus memplug_host_mechanism_release(struct MemplugHostMechanism mechanism);
 
-// Retires the frees whose fences have completed. `out` may be NULL; when
-// given, set `out->struct_size` first.
+// Retires the frees whose fences have completed, then drives the
+// mechanisms' lives: delivers the lifecycle events not delivered yet (their
+// callbacks run on this thread), terminates lost contexts with no call in
+// flight and retiring ones whose last object is gone (settling each
+// exactly once; `memplug_host_mechanism_settlement` reads it afterwards),
+// and unloads plugins replaced with `unload_old_plugin` once all their
+// contexts have terminated. `out` may be NULL; when given, set
+// `out->struct_size` first. Never waits for the device.
 //
+// Returns `MEMPLUG_HOST_STATUS_REENTRANT` inside a lifecycle callback.
 // Thread-safety: any thread.
 //
 // # Safety
@@ -919,9 +1311,11 @@ MemplugHostStatus memplug_host_mechanism_release(struct MemplugHostMechanism mec
 MemplugHostStatus memplug_host_manager_poll(struct MemplugHostManager manager,
                                             struct MemplugHostPollReport *out);
 
-// Starts a background thread that retires completed frees every
-// `interval_ns` nanoseconds (idempotent). It stops when the manager is
-// drained or destroyed. Thread-safety: any thread.
+// Starts a background thread that, every `interval_ns` nanoseconds, does
+// what `memplug_host_manager_poll` does: retires completed frees and
+// drives the mechanisms' lives (lifecycle callbacks then run on that
+// thread). Idempotent. It stops when the manager is drained or destroyed.
+// Thread-safety: any thread.
 MemplugHostStatus memplug_host_manager_start_reaper(struct MemplugHostManager manager,
                                                     uint64_t interval_ns);
 
@@ -1055,6 +1449,14 @@ MemplugHostStatus memplug_host_holder_register(struct MemplugHostPool pool,
 // valid and are released as usual; the pool's statistics keep counting
 // them. The zero handle is a no-op. Thread-safety: any thread.
 MemplugHostStatus memplug_host_holder_unregister(struct MemplugHostHolder holder);
+
+// Writes the holder's id to `out`: the governor's number for it, unique in
+// the process and never reused, the number loss notices name
+// (`MemplugHostLossNotice::holder_id`). Never 0. Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_holder_id(struct MemplugHostHolder holder, uint64_t *out);
 
 // Reserves `max_bytes` of address space through the binding's mechanism
 // (it needs the virtual backing capability: `MEMPLUG_HOST_STATUS_UNSUPPORTED`

@@ -4,13 +4,13 @@ use crate::error::{boundary, require_non_null, write_out, Error, Result};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
-use crate::slot_table::Removed;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
     read_sized, write_sized, MemplugHostAllocation, MemplugHostAllocationInfo, MemplugHostBinding,
     MemplugHostBindingOptions, MemplugHostFence, MemplugHostManager, MemplugHostMechanism,
-    MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0, MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0, MEMPLUG_HOST_CLASS_OTHER,
+    MemplugHostMechanismInfo, MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0, MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
+    MEMPLUG_HOST_CLASS_OTHER,
 };
 use memplug_host_dep::governor::AllocationClass;
 use memplug_host_dep::registry::Context;
@@ -33,6 +33,13 @@ pub(crate) fn class_of(class: u32) -> Result<AllocationClass> {
 /// Every handle must belong to `manager` (`MEMPLUG_HOST_STATUS_WRONG_MANAGER`
 /// otherwise); the holder must be registered with `pool`
 /// (`_INVALID_ARGUMENT`).
+///
+/// A mechanism whose context is no longer active (retired, replaced, lost)
+/// makes no binding itself: the binding is made on its newest active
+/// successor (`memplug_host_manager_replace`;
+/// `memplug_host_binding_mechanism_info` says which mechanism it is);
+/// without one the call fails with `MEMPLUG_HOST_STATUS_DEVICE_LOST` (lost)
+/// or `_INVALID_STATE` (ended in order).
 ///
 /// Ownership: the caller owns the handle (`memplug_host_binding_destroy`).
 /// Thread-safety: any thread; a binding may be used from many threads at
@@ -88,6 +95,29 @@ pub unsafe extern "C" fn memplug_host_binding_create(
     })
 }
 
+/// Describes the mechanism the binding allocates through, as
+/// `memplug_host_mechanism_info` does: after `memplug_host_manager_replace`
+/// a binding asked of the old mechanism is made on its successor, and this
+/// says which it is. Set `out->struct_size` first. Thread-safety: any
+/// thread.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_binding_mechanism_info(
+    binding: MemplugHostBinding,
+    out: *mut MemplugHostMechanismInfo,
+) -> MemplugHostStatus {
+    boundary("memplug_host_binding_mechanism_info", || {
+        require_non_null(out, "out")?;
+        let (b, _) = pin::<MemoryBinding>(binding.id)?;
+        let info = crate::manager::mechanism_info(b.mechanism());
+        drop(b);
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, info, "MemplugHostMechanismInfo") }
+    })
+}
+
 /// Destroys a binding handle. Allocations, regions and prefixes made
 /// through it stay valid and are freed as usual; calls already running on
 /// other threads finish first. The zero handle is a no-op.
@@ -108,7 +138,10 @@ pub extern "C" fn memplug_host_binding_destroy(binding: MemplugHostBinding) -> M
 /// callbacks run on this thread) and, with the binding's `wait_ns`, the
 /// call waits for frees; then `MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`. A
 /// plugin's refusal comes back with its own code (`_OUT_OF_MEMORY`,
-/// `_INVALID_ARGUMENT` for a bad alignment...).
+/// `_INVALID_ARGUMENT` for a bad alignment...). A binding whose mechanism's
+/// context was lost fails with `MEMPLUG_HOST_STATUS_DEVICE_LOST` without
+/// calling the plugin; one whose context is retiring with `_INVALID_STATE`
+/// (make a new binding: it goes to the successor).
 ///
 /// `out` receives the allocation's handle and `out_addr` (may be NULL) its
 /// address; both only on success.
@@ -171,21 +204,23 @@ pub unsafe extern "C" fn memplug_host_allocation_info(
     })
 }
 
+/// The allocation, out of its table (its handle stale from now). Only
+/// `memplug_host_allocation_is_lost` pins allocations, for a moment: a free
+/// racing it waits for it rather than leave the drop (a free that ignores
+/// the fences) to that reader.
 fn take(allocation: MemplugHostAllocation) -> Result<Option<OwnedAllocation>> {
-    match manager_tables::remove::<OwnedAllocation>(allocation.id)? {
-        None => Ok(None),
-        Some(Removed::Now(a)) => Ok(Some(a)),
-        // Allocations are never pinned, so nobody else can hold one.
-        Some(Removed::Deferred) => Err(Error::new(S::Internal, "allocation in use")),
-    }
+    manager_tables::take_unpinned::<OwnedAllocation>(allocation.id)
 }
 
 /// Frees an allocation that no device work uses any more: the mechanism
 /// that made it frees it now and the pool is refunded. If the plugin
 /// cannot free it, its bytes stay charged as quarantined and its address is
 /// never reissued. The handle is stale afterwards (a second free is
-/// `MEMPLUG_HOST_STATUS_STALE_HANDLE`, never a double free). The zero handle
-/// is a no-op. Thread-safety: any thread.
+/// `MEMPLUG_HOST_STATUS_STALE_HANDLE`, never a double free). An allocation
+/// that went with a lost device (`memplug_host_allocation_is_lost`) is
+/// forgotten instead: no plugin is called and nothing is refunded (its
+/// charge is settled once, when the context terminates, whether before or
+/// after this call). The zero handle is a no-op. Thread-safety: any thread.
 #[no_mangle]
 pub extern "C" fn memplug_host_allocation_free(allocation: MemplugHostAllocation) -> MemplugHostStatus {
     boundary("memplug_host_allocation_free", || manager_tables::remove_drop::<OwnedAllocation>(allocation.id))

@@ -21,6 +21,8 @@ unsafe impl Sync for UserData {}
 thread_local! {
     /// Callbacks of the C caller this thread is running now.
     static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
+    /// Of those, lifecycle callbacks.
+    static IN_LIFECYCLE: Cell<u32> = const { Cell::new(0) };
     static THREAD_TOKEN: u8 = const { 0 };
 }
 
@@ -46,6 +48,40 @@ pub(crate) fn not_in_callback(what: &str) -> Result<()> {
         return Err(Error::new(
             S::Reentrant,
             format!("{what} is not allowed inside a callback the host is running"),
+        ));
+    }
+    Ok(())
+}
+
+/// Marks this thread as running a C lifecycle callback (and so a callback)
+/// while it lives.
+pub(crate) struct LifecycleScope(#[allow(dead_code)] CallbackScope);
+
+impl LifecycleScope {
+    pub(crate) fn enter() -> LifecycleScope {
+        let _ = IN_LIFECYCLE.try_with(|c| c.set(c.get() + 1));
+        LifecycleScope(CallbackScope::enter())
+    }
+}
+
+impl Drop for LifecycleScope {
+    fn drop(&mut self) {
+        let _ = IN_LIFECYCLE.try_with(|c| c.set(c.get().saturating_sub(1)));
+    }
+}
+
+/// Refuses a call that delivers lifecycle events (or waits for them)
+/// inside a lifecycle callback: delivered there, an event of the same
+/// context would reach the other subscribers before the one being
+/// delivered.
+pub(crate) fn not_in_lifecycle_callback(what: &str) -> Result<()> {
+    if IN_LIFECYCLE.try_with(|c| c.get()).unwrap_or(0) > 0 {
+        return Err(Error::new(
+            S::Reentrant,
+            format!(
+                "{what} is not allowed inside a lifecycle callback (it delivers lifecycle events): \
+                 do it after the callback returns"
+            ),
         ));
     }
     Ok(())

@@ -7,7 +7,9 @@ use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use memplug_host_dep::governor::GovernorError;
 use memplug_host_dep::registry::RegistryError;
-use memplug_host_dep::{BindingError, CallError, LoadError, ManagerError};
+use memplug_host_dep::{
+    BindingError, CallError, LifeState, LifecycleError, LoadError, ManagerError, TerminateError,
+};
 use std::cell::RefCell;
 use std::ffi::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -116,6 +118,38 @@ impl From<ManagerError> for Error {
             },
             ManagerError::Governor(g) => return Error::from(g.clone()),
             ManagerError::HolderNotInPool { .. } => S::InvalidArgument,
+            // Neither the context nor a successor makes new bindings: gone
+            // with its device, or ended in order.
+            ManagerError::ContextEnded { state, .. } => match state {
+                LifeState::Lost => S::DeviceLost,
+                _ => S::InvalidState,
+            },
+            ManagerError::Lifecycle(l) => return Error::from(l.clone()),
+            ManagerError::Terminate(t) => return Error::from(t.clone()),
+        };
+        Error::new(status, e.to_string())
+    }
+}
+
+impl From<LifecycleError> for Error {
+    #[cold]
+    fn from(e: LifecycleError) -> Self {
+        let status = match &e {
+            LifecycleError::NotActive { .. } => S::InvalidState,
+            LifecycleError::WrongDevice { .. } => S::WrongDevice,
+            LifecycleError::SameContext(_) => S::InvalidArgument,
+        };
+        Error::new(status, e.to_string())
+    }
+}
+
+impl From<TerminateError> for Error {
+    #[cold]
+    fn from(e: TerminateError) -> Self {
+        let status = match &e {
+            TerminateError::Active { .. } | TerminateError::AlreadyTerminated { .. } => S::InvalidState,
+            TerminateError::InFlight { .. } => S::Timeout,
+            TerminateError::StillLive { .. } => S::Busy,
         };
         Error::new(status, e.to_string())
     }

@@ -35,7 +35,7 @@ const KIND_SHIFT: u32 = MANAGER_SHIFT + MANAGER_BITS;
 pub(crate) const MAX_MANAGERS: u32 = 1 << MANAGER_BITS;
 
 // kind (4 bits) + manager + generation + index fill the 64 bits exactly.
-const _: () = assert!(KIND_SHIFT == 60 && Kind::Fence as u32 <= 0xf);
+const _: () = assert!(KIND_SHIFT == 60 && Kind::Subscription as u32 <= 0xf);
 
 /// What a handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,10 +51,11 @@ pub(crate) enum Kind {
     Prefix = 8,
     Stream = 9,
     Fence = 10,
+    Subscription = 11,
 }
 
 impl Kind {
-    const ALL: [Kind; 10] = [
+    const ALL: [Kind; 11] = [
         Kind::Manager,
         Kind::Mechanism,
         Kind::Pool,
@@ -65,6 +66,7 @@ impl Kind {
         Kind::Prefix,
         Kind::Stream,
         Kind::Fence,
+        Kind::Subscription,
     ];
 
     /// The kind whose number is `bits` (the kind field of a handle).
@@ -84,6 +86,7 @@ impl Kind {
             Kind::Prefix => "shared prefix",
             Kind::Stream => "stream",
             Kind::Fence => "fence",
+            Kind::Subscription => "subscription",
         }
     }
 
@@ -100,6 +103,7 @@ impl Kind {
             Kind::Prefix => "a shared prefix",
             Kind::Stream => "a stream",
             Kind::Fence => "a fence",
+            Kind::Subscription => "a subscription",
         }
     }
 }
@@ -183,6 +187,6 @@ mod tests {
             assert!(k.with_article().ends_with(k.name()));
         }
         assert_eq!(Kind::from_bits(0), None);
-        assert_eq!(Kind::from_bits(11), None);
+        assert_eq!(Kind::from_bits(12), None);
     }
 }

@@ -1,6 +1,6 @@
 //! Managers, plugins and mechanisms.
 
-use crate::callbacks::not_in_callback;
+use crate::callbacks::{not_in_callback, not_in_lifecycle_callback};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::{self, Kind};
 use crate::manager_tables::{self, existing_tables, managers, pin, pin_manager, ManagerState};
@@ -12,7 +12,7 @@ use crate::types::{
     MemplugHostPollReport, MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0, MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
 };
 use memplug_host_dep::registry::{Context, Requirements};
-use memplug_host_dep::{LoadOptions, Plugin, ProcessMemoryManager};
+use memplug_host_dep::{LoadOptions, Mechanism, Plugin, ProcessMemoryManager};
 use memplug_sdk::abi::{
     MemplugDevice, MemplugHostInfo, MemplugMessageSink, MemplugNegotiation, MemplugStatus,
     MEMPLUG_CAP_ALLOCATOR, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC, MEMPLUG_CAP_VIRTUAL_BACKING,
@@ -53,7 +53,9 @@ pub unsafe extern "C" fn memplug_host_manager_create(out: *mut MemplugHostManage
     })
 }
 
-/// Destroys a manager and everything issued through it: frees allocations
+/// Destroys a manager and everything issued through it: ends its
+/// subscriptions (waiting for lifecycle callbacks running on other
+/// threads), frees allocations
 /// and regions (after their fences), releases prefixes, fences, streams,
 /// bindings, holders, mechanisms and pools, then drains the deferred-free
 /// queue for up to one second (frees whose fences never complete stay
@@ -312,22 +314,26 @@ pub unsafe extern "C" fn memplug_host_mechanism_info(
     boundary("memplug_host_mechanism_info", || {
         require_non_null(out, "out")?;
         let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
-        let m = ctx.mechanism();
-        let p = m.properties();
-        let info = MemplugHostMechanismInfo {
-            struct_size: MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0,
-            capabilities: m.capabilities().0,
-            device: m.device().0,
-            mechanism_id: m.id(),
-            min_alignment: p.min_alignment,
-            max_alignment: p.max_alignment,
-            granularity: p.granularity,
-            name: name_field(m.name()),
-            plugin_name: name_field(m.plugin_name()),
-        };
+        let info = mechanism_info(ctx.mechanism());
         // SAFETY: non-NULL; the caller's contract covers the size.
         unsafe { write_sized(out, info, "MemplugHostMechanismInfo") }
     })
+}
+
+/// What `memplug_host_mechanism_info` says of a mechanism.
+pub(crate) fn mechanism_info(m: &Mechanism) -> MemplugHostMechanismInfo {
+    let p = m.properties();
+    MemplugHostMechanismInfo {
+        struct_size: MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0,
+        capabilities: m.capabilities().0,
+        device: m.device().0,
+        mechanism_id: m.id(),
+        min_alignment: p.min_alignment,
+        max_alignment: p.max_alignment,
+        granularity: p.granularity,
+        name: name_field(m.name()),
+        plugin_name: name_field(m.plugin_name()),
+    }
 }
 
 /// Releases a mechanism handle (bindings made from it keep the mechanism).
@@ -340,9 +346,16 @@ pub extern "C" fn memplug_host_mechanism_release(mechanism: MemplugHostMechanism
     })
 }
 
-/// Retires the frees whose fences have completed. `out` may be NULL; when
-/// given, set `out->struct_size` first.
+/// Retires the frees whose fences have completed, then drives the
+/// mechanisms' lives: delivers the lifecycle events not delivered yet (their
+/// callbacks run on this thread), terminates lost contexts with no call in
+/// flight and retiring ones whose last object is gone (settling each
+/// exactly once; `memplug_host_mechanism_settlement` reads it afterwards),
+/// and unloads plugins replaced with `unload_old_plugin` once all their
+/// contexts have terminated. `out` may be NULL; when given, set
+/// `out->struct_size` first. Never waits for the device.
 ///
+/// Returns `MEMPLUG_HOST_STATUS_REENTRANT` inside a lifecycle callback.
 /// Thread-safety: any thread.
 ///
 /// # Safety
@@ -353,6 +366,7 @@ pub unsafe extern "C" fn memplug_host_manager_poll(
     out: *mut MemplugHostPollReport,
 ) -> MemplugHostStatus {
     boundary("memplug_host_manager_poll", || {
+        not_in_lifecycle_callback("memplug_host_manager_poll")?;
         let (m, _) = pin_manager(manager.id)?;
         let r = m.pm.poll();
         if !out.is_null() {
@@ -370,9 +384,11 @@ pub unsafe extern "C" fn memplug_host_manager_poll(
     })
 }
 
-/// Starts a background thread that retires completed frees every
-/// `interval_ns` nanoseconds (idempotent). It stops when the manager is
-/// drained or destroyed. Thread-safety: any thread.
+/// Starts a background thread that, every `interval_ns` nanoseconds, does
+/// what `memplug_host_manager_poll` does: retires completed frees and
+/// drives the mechanisms' lives (lifecycle callbacks then run on that
+/// thread). Idempotent. It stops when the manager is drained or destroyed.
+/// Thread-safety: any thread.
 #[no_mangle]
 pub extern "C" fn memplug_host_manager_start_reaper(
     manager: MemplugHostManager,

@@ -72,6 +72,18 @@ impl Drop for StreamEntry {
     }
 }
 
+/// A subscription handle's value: dropping it ends the subscription
+/// (`crate::lifecycle`).
+pub(crate) struct SubscriptionEntry {
+    pub subscriber: Arc<crate::lifecycle::Subscriber>,
+}
+
+impl Drop for SubscriptionEntry {
+    fn drop(&mut self) {
+        self.subscriber.close();
+    }
+}
+
 /// Every table of one manager seat. Never freed; reused by the next manager
 /// of the seat, generations included.
 pub(crate) struct Tables {
@@ -84,6 +96,7 @@ pub(crate) struct Tables {
     pub prefixes: SlotTable<Arc<SharedPrefix>>,
     pub streams: SlotTable<StreamEntry>,
     pub fences: SlotTable<SharedFence>,
+    pub subscriptions: SlotTable<SubscriptionEntry>,
 }
 
 impl Tables {
@@ -98,11 +111,15 @@ impl Tables {
             prefixes: SlotTable::new(MAX_INDEX),
             streams: SlotTable::new(MAX_INDEX),
             fences: SlotTable::new(MAX_INDEX),
+            subscriptions: SlotTable::new(MAX_INDEX),
         }
     }
 
     /// Drops every object, dependents first.
     pub(crate) fn sweep(&'static self) {
+        // Subscriptions first: no lifecycle callback runs once the objects
+        // below start going.
+        self.subscriptions.sweep(drop);
         self.allocations.sweep(drop);
         self.regions.sweep(drop);
         self.prefixes.sweep(drop);
@@ -161,6 +178,7 @@ object!(RegionEntry, Region, regions);
 object!(Arc<SharedPrefix>, Prefix, prefixes);
 object!(StreamEntry, Stream, streams);
 object!(SharedFence, Fence, fences);
+object!(SubscriptionEntry, Subscription, subscriptions);
 
 #[inline]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {
@@ -241,6 +259,23 @@ pub(crate) fn vacant<T: Object>(seat: u32) -> Result<Vacant<T>> {
 pub(crate) fn fill<T: Object>(seat: u32, v: Vacant<T>, value: T, meta: [u64; 2]) -> u64 {
     let (index, gen) = v.fill(value, meta);
     handle::encode(T::KIND, seat, gen, index)
+}
+
+/// Takes the object named by `bits` out of its table to own it (`Ok(None)`
+/// for the zero handle), waiting for readers that pinned it for a moment
+/// (pins of such objects are a few instructions long and call nothing).
+pub(crate) fn take_unpinned<T: Object>(bits: u64) -> Result<Option<T>> {
+    if bits == 0 {
+        return Ok(None);
+    }
+    let (table, raw) = table_for::<T>(bits)?;
+    loop {
+        match table.try_take(raw.key()) {
+            Ok(Some(v)) => return Ok(Some(v)),
+            Ok(None) => std::thread::yield_now(),
+            Err(m) => return Err(Error::miss(m, T::KIND, bits)),
+        }
+    }
 }
 
 /// Removes and drops the object named by `bits` (the zero handle: no-op).

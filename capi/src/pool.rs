@@ -239,7 +239,9 @@ pub unsafe extern "C" fn memplug_host_holder_register(
         let cb = pressure_callback(callback, UserData(userdata), pool.id, weak_pool, shared.clone());
         let reg = entry.pool.register_holder(name, Priority(priority), cb);
         drop(entry);
-        let id = manager_tables::insert(seat, HolderEntry { reg, shared: shared.clone() }, [0, 0])?;
+        // The governor's id rides along unpinned (`memplug_host_holder_id`).
+        let holder_id = reg.id().get();
+        let id = manager_tables::insert(seat, HolderEntry { reg, shared: shared.clone() }, [holder_id, 0])?;
         shared.handle.store(id, Ordering::Release);
         // SAFETY: checked non-NULL.
         unsafe { write_out(out, MemplugHostHolder { id }) };
@@ -295,6 +297,27 @@ fn pressure_callback(
 pub extern "C" fn memplug_host_holder_unregister(holder: MemplugHostHolder) -> MemplugHostStatus {
     boundary("memplug_host_holder_unregister", || -> Result<()> {
         manager_tables::remove::<HolderEntry>(holder.id)?;
+        Ok(())
+    })
+}
+
+/// Writes the holder's id to `out`: the governor's number for it, unique in
+/// the process and never reused, the number loss notices name
+/// (`MemplugHostLossNotice::holder_id`). Never 0. Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_holder_id(
+    holder: MemplugHostHolder,
+    out: *mut u64,
+) -> MemplugHostStatus {
+    boundary("memplug_host_holder_id", || {
+        require_non_null(out, "out")?;
+        // Read without pinning, so that this never delays an unregister.
+        let [id, _] = manager_tables::meta::<HolderEntry>(holder.id)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, id) };
         Ok(())
     })
 }

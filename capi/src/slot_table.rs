@@ -433,6 +433,39 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
         }
     }
 
+    /// Takes the value out if nobody uses it (`Ok(Some)`; the handle is
+    /// stale from then on); changes nothing and answers `Ok(None)` while
+    /// readers hold it, so that a caller that must own the value (to hand
+    /// it on, not to drop it) can retry once they leave.
+    #[inline]
+    pub fn try_take(&'static self, key: Key) -> Result<Option<T>, Miss> {
+        let Some(slot) = self.slot(key.index) else {
+            return Err(Miss::Invalid);
+        };
+        let mut st = slot.state.load(Acquire);
+        loop {
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
+                return Err(self.classify(key));
+            }
+            if st & READERS != 0 {
+                return Ok(None);
+            }
+            let (next, reusable) = next_free(key.gen);
+            match slot.state.compare_exchange_weak(st, next, AcqRel, Acquire) {
+                Ok(_) => {
+                    // SAFETY: the transition made this thread the only
+                    // owner of the initialised value.
+                    let v = unsafe { slot.value.take() };
+                    if reusable {
+                        self.release_index(key.index);
+                    }
+                    return Ok(Some(v));
+                }
+                Err(now) => st = now,
+            }
+        }
+    }
+
     /// Like [`remove`](Self::remove), dropping the value in place (no
     /// move) when nobody else uses it.
     #[inline]

@@ -15,7 +15,7 @@
 //! free-index caches and value cells are loom's (`capi/src/sync.rs`), so
 //! loom also checks every access to a stored value against the state
 //! word's ordering. The models are small enough to explore without a
-//! preemption bound (all six take well under a second).
+//! preemption bound (all seven take well under a second).
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -187,6 +187,38 @@ fn a_pinned_value_is_dropped_only_after_the_last_unpin() {
         reader.join().unwrap();
         assert_eq!(drops.load(SeqCst), 1, "dropped once, by the last reader");
         assert_eq!(t.pin(k).err(), Some(Miss::Stale));
+    });
+}
+
+#[test]
+fn try_take_never_takes_a_pinned_value_and_takes_it_once_the_reader_leaves() {
+    loom::model(|| {
+        let t = table::<Tracked>(1 << 20);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let k = insert(t, tracked(5, &drops), [0, 0]);
+        let d = drops.clone();
+        let reader = thread::spawn(move || {
+            if let Ok(p) = t.pin(k) {
+                assert_eq!(p.id, 5);
+                assert_eq!(d.load(SeqCst), 0, "dropped while pinned");
+            }
+        });
+        // The taker retries while the reader holds it; it alone owns the
+        // value once taken (no reader drops it, so it can be handed on).
+        let taken = loop {
+            match t.try_take(k) {
+                Ok(Some(v)) => break v,
+                Ok(None) => thread::yield_now(),
+                Err(m) => panic!("the only taker missed: {m:?}"),
+            }
+        };
+        assert_eq!(taken.id, 5);
+        reader.join().unwrap();
+        assert_eq!(drops.load(SeqCst), 0, "nobody dropped the taken value");
+        drop(taken);
+        assert_eq!(drops.load(SeqCst), 1);
+        assert_eq!(t.pin(k).err(), Some(Miss::Stale));
+        assert!(matches!(t.try_take(k), Err(Miss::Stale)));
     });
 }
 

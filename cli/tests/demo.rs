@@ -1,16 +1,139 @@
 //! `memplug demo` as a user runs it: the scripted LLM-serving scenario on
 //! the reference CPU plugin exits 0, its JSON parses, the ledger ends at
 //! zero, and the timeline shows pressure, eviction, a zero answer, an
-//! OutOfBudget that rolls back, and a free that waits for its fence.
+//! OutOfBudget that rolls back, a free that waits for its fence, and a
+//! device lost mid-decode: holders told, the context settled exactly once,
+//! the requests continued on a replacement.
 
 use serde_json::Value;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// Turns the CPU plugin's test switches on (read when an instance is built).
+const SWITCHES_ENV: &str = "MEMPLUG_CPU_TEST_SWITCHES";
+
 fn memplug(args: &[&str]) -> (Output, Duration) {
+    memplug_with(args, None)
+}
+
+/// Runs `memplug args`, with `MEMPLUG_CPU_TEST_SWITCHES` set to `switches`
+/// or removed.
+fn memplug_with(args: &[&str], switches: Option<&str>) -> (Output, Duration) {
     let t = Instant::now();
-    let out = Command::new(env!("CARGO_BIN_EXE_memplug")).args(args).output().expect("run memplug");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_memplug"));
+    cmd.args(args);
+    match switches {
+        Some(v) => cmd.env(SWITCHES_ENV, v),
+        None => cmd.env_remove(SWITCHES_ENV),
+    };
+    let out = cmd.output().expect("run memplug");
     (out, t.elapsed())
+}
+
+/// `memplug demo --json`, which must succeed with every check passed.
+fn demo_json(switches: Option<&str>) -> Value {
+    let (out, _) = memplug_with(&["demo", "--json"], switches);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).expect("one valid JSON document");
+    assert_eq!(v["ok"], true, "{v:#}");
+    for c in v["checks"].as_array().unwrap() {
+        assert_eq!(c["ok"], true, "check failed: {c}");
+    }
+    v
+}
+
+fn u(v: &Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a u64: {v}"))
+}
+
+fn check<'a>(v: &'a Value, name: &str) -> &'a Value {
+    v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no check {name}"))
+}
+
+/// The device-loss scene's report and timeline, checked the same whichever
+/// path lost the device: the holders were told what their bindings held,
+/// the context settled exactly once, the lost handles stayed inert, the
+/// ledger balances, and the requests finished on the replacement. Returns
+/// the positions of the `lost`, `refused` (r7) and first `told` events.
+fn assert_loss_settled_once(v: &Value) -> (usize, usize, usize) {
+    let l = &v["loss"];
+    assert!(l["skipped"].is_null(), "the scene ran: {l:#}");
+    assert_eq!(l["context"], "memplug-cpu/cpu");
+    // The Lost event named every binding that held something, and the
+    // settlement settled exactly those.
+    let notices = l["notices"].as_array().unwrap();
+    let holders: Vec<&str> = notices.iter().map(|n| n["holder"].as_str().unwrap()).collect();
+    assert_eq!(holders, ["kv", "weights"]);
+    assert!(notices.iter().all(|n| n["pool"] == "cpu0" && u(&n["objects"]) > 0 && u(&n["bytes"]) > 0));
+    assert_eq!(l["notices"], l["settled"]);
+    let settled = u(&l["settled_bytes"]);
+    let sum: u64 = notices.iter().map(|n| u(&n["bytes"]) + u(&n["quarantined_bytes"])).sum();
+    assert_eq!(sum, settled);
+    assert!(settled > 0);
+    // The pool's used dropped by exactly the settlement; the discharge is
+    // that, once, then and at the end.
+    assert_eq!(u(&l["used_before"]) - u(&l["used_after"]), settled);
+    assert_eq!(u(&l["used_after"]), 0, "nothing else was charged: the context settled to zero");
+    assert_eq!(u(&l["discharged_by_settlement"]), settled);
+    assert_eq!(u(&l["discharged_at_end"]), settled);
+    assert_eq!(u(&v["ledger"]["discharged"]), settled, "the books balance");
+    // Each holder heard Lost once and Terminated once.
+    for d in l["deliveries"].as_array().unwrap() {
+        assert_eq!(d["transitions"], serde_json::json!(["active → lost", "lost → terminated"]), "{d}");
+        assert_eq!((u(&d["lost"]), u(&d["terminated"])), (1, 1));
+    }
+    assert!(l["terminate_again"].as_str().unwrap().contains("already terminated"));
+    assert_eq!(l["inert_drop"], true);
+    assert!(u(&l["lost_instance_objects"]) > 0, "the lost instance keeps what the host never frees");
+    assert!(l["bind_refused"].as_str().unwrap().contains("no active successor"));
+    assert!(l["replacement"].as_str().unwrap().contains("in-process"));
+    for r in l["resumed"].as_array().unwrap() {
+        assert!(u(&r["tokens_at_loss"]) < 64 && u(&r["tokens"]) == 64 && r["intact"] == true, "{r}");
+    }
+    for name in
+        ["lost context settled exactly once", "requests continue on the replacement", "ledger ends at zero"]
+    {
+        assert_eq!(check(v, name)["ok"], true);
+    }
+
+    // The timeline, in order.
+    let t = v["timeline"].as_array().unwrap();
+    let pos = |kind: &str, subject: &str| {
+        t.iter()
+            .position(|e| e["kind"] == kind && e["subject"] == subject)
+            .unwrap_or_else(|| panic!("no {kind} event of {subject}"))
+    };
+    let lost = pos("lost", "memplug-cpu/cpu");
+    let refused = pos("refused", "r7");
+    let told = pos("told", "weights").min(pos("told", "kv"));
+    let settled_at = pos("settled", "weights").max(pos("settled", "kv"));
+    let terminated = pos("terminated", "memplug-cpu/cpu");
+    let inert = pos("inert", "handles");
+    let unregister = pos("unregister", "plugin");
+    let replacement = pos("replacement", "plugin");
+    let resume = pos("resume", "r6").min(pos("resume", "r7"));
+    assert!(lost < refused && lost < told && told < settled_at && settled_at < terminated, "{t:#?}");
+    assert!(terminated < inert && inert < unregister && unregister < replacement && replacement < resume);
+    assert!(t[refused]["detail"].as_str().unwrap().contains("DEVICE_LOST"));
+    assert_eq!(u(&t[lost]["pool_used"]), u(&l["used_before"]), "charges kept until the settlement");
+    assert_eq!(u(&t[terminated]["pool_used"]), 0);
+    assert_eq!(u(&t[inert]["pool_used"]), 0, "dropping the lost handles refunded nothing");
+    assert_eq!(events(v, "lost").len(), 1);
+    assert_eq!(events(v, "terminated").len(), 1);
+
+    // The lost pages are stranded, not charged: the kernel still has them.
+    assert_eq!(u(&v["ledger"]["stranded"]), settled);
+    let last = v["measurements"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(u(&last["stranded"]), settled);
+    if !last["resident_stranded"].is_null() {
+        assert_eq!(u(&last["resident_stranded"]), settled);
+    }
+    (lost, refused, told)
 }
 
 fn events<'a>(v: &'a Value, kind: &str) -> Vec<&'a Value> {
@@ -29,6 +152,13 @@ fn demo_runs_and_every_check_passes() {
         "answers 0",
         "OutOfBudget",
         "queued behind a fence",
+        "active → lost mid-decode",
+        "told          weights",
+        "told          kv",
+        "settled       kv",
+        "device loss (step 7)",
+        "[ok] lost context settled exactly once",
+        "[ok] requests continue on the replacement",
         "ledger (after teardown)",
         "unloaded",
         "checks passed",
@@ -42,13 +172,7 @@ fn demo_runs_and_every_check_passes() {
 
 #[test]
 fn demo_json_is_one_document_with_a_zero_ledger() {
-    let (out, _) = memplug(&["demo", "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).expect("one valid JSON document");
-    assert_eq!(v["ok"], true, "{v:#}");
-    for c in v["checks"].as_array().unwrap() {
-        assert_eq!(c["ok"], true, "check failed: {c}");
-    }
+    let v = demo_json(None);
 
     // The ledger ends at zero and the plugin unloads.
     let l = &v["ledger"];
@@ -120,4 +244,36 @@ fn demo_json_is_one_document_with_a_zero_ledger() {
     }
     assert_eq!(m.last().unwrap()["governor_used"], 0);
     assert_eq!(events(&v, "unload").len(), 1);
+}
+
+#[test]
+fn the_runtime_declares_the_device_lost_and_its_context_settles_exactly_once() {
+    let v = demo_json(None);
+    let l = &v["loss"];
+    assert_eq!(l["path"], "runtime", "{l:#}");
+    assert!(l["reason"].as_str().unwrap().contains("declared lost by the runtime"));
+    let (lost, _, told) = assert_loss_settled_once(&v);
+    // `declare_lost` tells the holders at once, on the declaring thread.
+    assert_eq!(told, lost + 1);
+}
+
+#[test]
+fn with_the_test_switch_the_cpu_plugin_reports_the_loss_itself() {
+    let v = demo_json(Some("1"));
+    let l = &v["loss"];
+    let how = l["how"].as_str().unwrap();
+    if l["path"] == "runtime" {
+        // Only a plugin library without the switch may fall back.
+        assert!(how.contains("is not exported"), "{l:#}");
+    } else {
+        assert_eq!(l["path"], "plugin", "{l:#}");
+        assert!(how.contains("memplug_cpu_test_report_loss"), "{how}");
+        assert!(l["reason"].as_str().unwrap().contains("test switch"), "{l:#}");
+    }
+    let (_, refused, told) = assert_loss_settled_once(&v);
+    if l["path"] == "plugin" {
+        // A reported loss is delivered by the next poll, not from where it
+        // was reported: the refused grow comes first.
+        assert!(refused < told);
+    }
 }

@@ -1,7 +1,8 @@
 //! The kernel's view of the demo's memory, next to the governor's:
 //! `/proc/self/pagemap` page by page over the live objects' address ranges
 //! (exact), and `/proc/self/smaps` over the whole process (a delta since
-//! the start, within [`PROCESS_TOLERANCE`]).
+//! the start, within [`PROCESS_TOLERANCE`]). After the device loss, the
+//! lost objects' pages are [`Stranded`]: no longer charged, still resident.
 
 use super::timeline::{Checks, Recorder};
 use super::{mib, signed_mib, KIB, MIB};
@@ -28,6 +29,19 @@ pub(super) const RESIDENT_METHOD: &str =
 pub(super) const PROCESS_METHOD: &str = "sum over /proc/self/smaps of Anonymous + Pss of memfd mappings, \
      now minus at start (whole process: includes the host's own heap and stacks)";
 
+/// What the process holds that the governor no longer charges: the pages
+/// of a lost context's objects. A real device's memory goes with the
+/// device; the CPU plugin's cannot, and since the host never calls a lost
+/// mechanism again, those pages stay mapped (in the lost plugin instance,
+/// which stays loaded) until the process exits.
+#[derive(Clone, Default)]
+pub(super) struct Stranded {
+    /// The lost objects' address ranges (the prefix once).
+    pub(super) ranges: Vec<(u64, u64)>,
+    /// Their bytes: what the lost context's settlement discharged.
+    pub(super) bytes: u64,
+}
+
 /// The governor's figures next to the kernel's, at one moment.
 #[derive(Serialize)]
 pub(super) struct Measurement {
@@ -42,10 +56,14 @@ pub(super) struct Measurement {
     pub(super) resident_kv: Option<u64>,
     /// Pages swapped out in those ranges (counted as backed, reported).
     pub(super) swapped: Option<u64>,
+    /// Bytes of the lost context's objects, no longer charged ([`Stranded`]).
+    pub(super) stranded: u64,
+    /// Pages present (or swapped) over their ranges.
+    pub(super) resident_stranded: Option<u64>,
     /// Σ smaps (Anonymous + memfd Pss) now, minus the same at the start.
     pub(super) process_delta: Option<i64>,
-    /// `process_delta - governor_used`: what the process holds beyond the
-    /// governed bytes.
+    /// `process_delta - governor_used - stranded`: what the process holds
+    /// beyond the governed and the stranded bytes.
     pub(super) process_excess: Option<i64>,
     pub(super) exact_ok: bool,
     pub(super) process_ok: bool,
@@ -106,7 +124,8 @@ impl Kernel {
     }
 
     /// Governor vs kernel now, logged on `rec`'s timeline. `weights` and
-    /// `kv` list the live address ranges (the prefix once).
+    /// `kv` list the live address ranges (the prefix once); `stranded`,
+    /// what a lost context left behind.
     pub(super) fn measure(
         &self,
         pool: &Pool,
@@ -114,51 +133,66 @@ impl Kernel {
         label: &str,
         weights: &[(u64, u64)],
         kv: &[(u64, u64)],
+        stranded: &Stranded,
     ) -> Measurement {
         let snap = pool.snapshot();
         let gw = snap.class(AllocationClass::Weights).charged();
         let gk = snap.class(AllocationClass::Kv).charged();
-        let (rw, rk) = (self.pages(weights), self.pages(kv));
-        let exact = match (&rw, &rk) {
-            (Ok(w), Ok(k)) => Some((*w, *k)),
+        let (rw, rk, rs) = (self.pages(weights), self.pages(kv), self.pages(&stranded.ranges));
+        let exact = match (&rw, &rk, &rs) {
+            (Ok(w), Ok(k), Ok(s)) => Some((*w, *k, *s)),
             _ => None,
         };
         let delta = self.process_delta();
-        let exact_ok = exact.is_none_or(|(w, k)| {
-            w.present + w.swapped == gw && k.present + k.swapped == gk && gw + gk == snap.used
+        let exact_ok = exact.is_none_or(|(w, k, s)| {
+            w.present + w.swapped == gw
+                && k.present + k.swapped == gk
+                && gw + gk == snap.used
+                && s.present + s.swapped == stranded.bytes
         });
-        let process_ok = delta.is_none_or(|d| d.abs_diff(snap.used as i64) <= PROCESS_TOLERANCE);
+        let held = snap.used + stranded.bytes;
+        let process_ok = delta.is_none_or(|d| d.abs_diff(held as i64) <= PROCESS_TOLERANCE);
         let m = Measurement {
             label: label.into(),
             governor_used: snap.used,
             governor_weights: gw,
             governor_kv: gk,
-            resident_weights: exact.map(|(w, _)| w.present),
-            resident_kv: exact.map(|(_, k)| k.present),
-            swapped: exact.map(|(w, k)| w.swapped + k.swapped),
+            resident_weights: exact.map(|(w, _, _)| w.present),
+            resident_kv: exact.map(|(_, k, _)| k.present),
+            swapped: exact.map(|(w, k, _)| w.swapped + k.swapped),
+            stranded: stranded.bytes,
+            resident_stranded: exact.map(|(_, _, s)| s.present + s.swapped),
             process_delta: delta,
-            process_excess: delta.map(|d| d - snap.used as i64),
+            process_excess: delta.map(|d| d - held as i64),
             exact_ok,
             process_ok,
         };
         let resident = match exact {
-            Some((w, k)) => format!(
-                "pagemap {} (weights {}, kv {})",
+            Some((w, k, s)) => format!(
+                "pagemap {} (weights {}, kv {}){}",
                 mib(w.present + k.present),
                 mib(w.present),
-                mib(k.present)
+                mib(k.present),
+                if stranded.bytes == 0 { String::new() } else { format!(" + stranded {}", mib(s.present)) }
             ),
-            None => format!("pagemap unavailable ({})", rw.err().or(rk.err()).unwrap_or_default()),
+            None => {
+                format!("pagemap unavailable ({})", rw.err().or(rk.err()).or(rs.err()).unwrap_or_default())
+            }
         };
         let process = match delta {
-            Some(d) => format!("smaps Δ {} ({:+} KiB)", signed_mib(d), (d - snap.used as i64) / KIB as i64),
+            Some(d) => format!("smaps Δ {} ({:+} KiB)", signed_mib(d), (d - held as i64) / KIB as i64),
             None => "smaps unavailable".into(),
+        };
+        let stranded_text = if stranded.bytes == 0 {
+            String::new()
+        } else {
+            format!(" + stranded {} (lost, no longer charged)", mib(stranded.bytes))
         };
         rec.log(
             "measure",
             "kernel",
             format!(
-                "{label}: governor {} (weights {}, kv {}) | {resident} | {process} → {}",
+                "{label}: governor {} (weights {}, kv {}){stranded_text} | {resident} | {process} → {}",
                 mib(snap.used),
                 mib(gw),
                 mib(gk),
@@ -213,7 +247,8 @@ pub(super) fn check(ms: &[Measurement], checks: &mut Checks) {
             "skipped: /proc/self/pagemap is not readable here".to_string()
         } else {
             format!(
-                "{}/{} measurements: pages present over the live objects == bytes charged, exactly",
+                "{}/{} measurements: pages present over the live objects == bytes charged, exactly \
+                 (and over the lost objects == bytes stranded)",
                 ms.iter().filter(|m| m.exact_ok).count(),
                 ms.len()
             )
@@ -223,12 +258,13 @@ pub(super) fn check(ms: &[Measurement], checks: &mut Checks) {
         "governor ≈ process resident delta (smaps)",
         process_all,
         format!(
-            "{}/{} measurements within {} (worst difference {})",
+            "{}/{} measurements within {} of the governed bytes{} (worst difference {})",
             ms.iter().filter(|m| m.process_ok).count(),
             ms.len(),
             mib(PROCESS_TOLERANCE),
+            if ms.iter().any(|m| m.stranded != 0) { " plus the stranded ones" } else { "" },
             ms.iter()
-                .filter_map(|m| m.process_delta.map(|d| d.abs_diff(m.governor_used as i64)))
+                .filter_map(|m| m.process_excess.map(i64::unsigned_abs))
                 .max()
                 .map_or("n/a".into(), |d| format!("{} KiB", d / KIB))
         ),

@@ -23,7 +23,17 @@
 //!    holder) asks for more than anyone can give: `weights` gives what it
 //!    can, `kv` answers 0, and the grow fails with `OutOfBudget`, leaving
 //!    the old view; a smaller retry succeeds.
-//! 7. Teardown, drain, a ledger that ends at zero, and the plugin unloads.
+//! 7. The device is lost mid-decode ([`loss`]): a new batch decodes next to
+//!    the pinned weights when the context is lost (declared by the
+//!    runtime, or, with `MEMPLUG_CPU_TEST_SWITCHES=1`, reported by the CPU
+//!    plugin through its test switch); `weights` and `kv` receive the
+//!    `Lost` event with a notice per binding; the context terminates and
+//!    settles every binding's charge exactly once; the lost handles are
+//!    inert; the requests continue, re-prefilled, on a replacement (the
+//!    copy of the CPU plugin linked into `memplug`, registered once the
+//!    lost plugin is unregistered: a registry holds one plugin per name).
+//! 8. Teardown, drain, a ledger that ends at zero (and balances: the one
+//!    discharge is the settlement), and the plugin unloads.
 //!
 //! Next to the governor's figures, the demo measures resident memory
 //! through the kernel: `/proc/self/pagemap` page by page over the live
@@ -31,13 +41,14 @@
 //! process (a delta since the start, with a tolerance). Any failed check
 //! makes the command exit non-zero.
 //!
-//! The code follows that split: [`story`] is the script (steps 1–7 and
-//! the checks they make), [`serving`] the parts it moves (the weights
+//! The code follows that split: [`story`] is the script (steps 1–8 and
+//! the checks they make) and [`loss`] its step 7, [`serving`] the parts it moves (the weights
 //! holder, requests and their KV regions, decoding), [`measure`] the
 //! kernel's view (`/proc/self/pagemap`, `/proc/self/smaps`) next to the
 //! governor's, and [`report`] the timeline, the ledger, the checks and the
 //! text and `--json` output.
 
+mod loss;
 mod measure;
 mod report;
 mod serving;

@@ -2,7 +2,8 @@
 //! final ledger, and the two renderings of the whole [`Report`] (text, and
 //! one JSON document for `--json`).
 
-use super::measure::Measurement;
+use super::loss::LossReport;
+use super::measure::{Measurement, Stranded};
 use super::timeline::{Check, Event};
 use super::{mib, signed_mib, KIB};
 use memplug_host::governor::{AllocationClass, Pool, PoolSnapshot};
@@ -17,6 +18,8 @@ pub(super) struct Report {
     pub(super) timeline: Vec<Event>,
     pub(super) measurements: Vec<Measurement>,
     pub(super) ledger: Ledger,
+    /// Step 7, the device lost mid-decode.
+    pub(super) loss: LossReport,
     pub(super) checks: Vec<Check>,
     pub(super) ok: bool,
 }
@@ -103,12 +106,16 @@ pub(super) struct Ledger {
     /// The last measurement (after everything was released).
     resident_after: Option<u64>,
     process_delta_after: Option<i64>,
+    /// Bytes the lost context left resident, no longer charged.
+    stranded: u64,
+    /// Bytes the pool discharged (settled lost contexts), all told.
+    discharged: u64,
 }
 
 impl Ledger {
     /// The ledger after teardown: the pool's figures (`snap`), its holders,
-    /// the deferred-free queue (`q`) and what `drain` left, the plugin, and
-    /// the last measurement.
+    /// the deferred-free queue (`q`) and what `drain` left, the plugin, the
+    /// last measurement, and what a lost context left behind.
     pub(super) fn collect(
         snap: &PoolSnapshot,
         pool: &Pool,
@@ -116,6 +123,7 @@ impl Ledger {
         drain_left: Vec<String>,
         plugin: PluginLine,
         last: Option<&Measurement>,
+        stranded: &Stranded,
     ) -> Ledger {
         Ledger {
             classes: AllocationClass::ALL
@@ -166,6 +174,8 @@ impl Ledger {
             plugin,
             resident_after: last.and_then(|m| m.resident_kv.zip(m.resident_weights).map(|(k, w)| k + w)),
             process_delta_after: last.and_then(|m| m.process_delta),
+            stranded: stranded.bytes,
+            discharged: pool.discharged(),
         }
     }
 }
@@ -203,22 +213,33 @@ pub(super) fn render_text(r: &Report) -> String {
     p!("governor vs kernel");
     p!("  resident = {}", s.resident_method);
     p!("  process Δ = {}; tolerance {}", s.process_method, mib(s.process_tolerance));
+    if r.measurements.iter().any(|m| m.stranded != 0) {
+        p!("  stranded = the lost context's pages, no longer charged: pagemap over its objects; \
+             Δ-governor = process Δ − governor − stranded");
+    }
     p!(
-        "  {:<30} {:>10} {:>10} {:>10} {:>12} {:>9}",
+        "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9}",
         "moment",
         "governor",
         "resident",
+        "stranded",
         "process Δ",
         "Δ-governor",
         "verdict"
     );
     for m in &r.measurements {
         let resident = m.resident_weights.zip(m.resident_kv).map_or("n/a".into(), |(w, k)| mib(w + k));
+        let stranded = match (m.stranded, m.resident_stranded) {
+            (0, _) => "-".to_string(),
+            (_, Some(s)) => mib(s),
+            (_, None) => "n/a".into(),
+        };
         p!(
-            "  {:<30} {:>10} {:>10} {:>10} {:>12} {:>9}",
+            "  {:<30} {:>10} {:>10} {:>10} {:>10} {:>12} {:>9}",
             m.label,
             mib(m.governor_used),
             resident,
+            stranded,
             m.process_delta.map_or("n/a".into(), signed_mib),
             m.process_excess.map_or("n/a".into(), |e| format!("{:+} KiB", e / KIB as i64)),
             if m.exact_ok && m.process_ok { "agree" } else { "DISAGREE" }
@@ -291,11 +312,22 @@ pub(super) fn render_text(r: &Report) -> String {
             if pl.unloaded { "unloaded".to_string() } else { format!("NOT unloaded: {}", pl.unload_error.as_deref().unwrap_or("")) }
         );
         p!(
-            "  resident     {} over live objects, process Δ {} (governor says 0)",
+            "  resident     {} over live objects, process Δ {} (governor says 0{})",
             l.resident_after.map_or("n/a".into(), |b| format!("{b} B")),
-            l.process_delta_after.map_or("n/a".into(), |d| format!("{} KiB", d / KIB as i64))
+            l.process_delta_after.map_or("n/a".into(), |d| format!("{} KiB", d / KIB as i64)),
+            if l.stranded == 0 {
+                String::new()
+            } else {
+                format!("; {} stranded by the lost context", mib(l.stranded))
+            }
+        );
+        p!(
+            "  discharged   {} ({} B): what settling the lost context gave back to the pool",
+            mib(l.discharged),
+            l.discharged
         );
     }
+    render_loss(&mut o, &r.loss);
     p!();
     p!("checks");
     for c in &r.checks {
@@ -314,4 +346,67 @@ pub(super) fn render_text(r: &Report) -> String {
 /// The report as one pretty-printed JSON document, newline-terminated.
 pub(super) fn render_json(r: &Report) -> serde_json::Result<String> {
     Ok(serde_json::to_string_pretty(r)? + "\n")
+}
+
+/// The device-loss section of the text report.
+fn render_loss(o: &mut String, l: &LossReport) {
+    use std::fmt::Write as _;
+    macro_rules! p {
+        ($($t:tt)*) => {
+            let _ = writeln!(o, $($t)*);
+        };
+    }
+    p!();
+    p!("device loss (step 7)");
+    if let Some(why) = &l.skipped {
+        p!("  skipped: {why}");
+        return;
+    }
+    p!("  lost         {}: {}", l.context, l.how);
+    p!("  reason       {}", l.reason.as_deref().unwrap_or("-"));
+    for n in &l.notices {
+        p!(
+            "  told         {:<8} its {} binding held {} object(s), {}{}",
+            n.holder,
+            n.class,
+            n.objects,
+            mib(n.bytes),
+            if n.quarantined_bytes == 0 {
+                String::new()
+            } else {
+                format!(" (+{} quarantined)", mib(n.quarantined_bytes))
+            }
+        );
+    }
+    p!(
+        "  settled      {} binding(s), {} once: pool used {} → {}, discharged +{} (at the end {}); \
+         {} object(s) forgotten",
+        l.settled.len(),
+        mib(l.settled_bytes),
+        mib(l.used_before),
+        mib(l.used_after),
+        mib(l.discharged_by_settlement),
+        mib(l.discharged_at_end),
+        l.objects_forgotten
+    );
+    for d in &l.deliveries {
+        p!("  delivered    {:<8} {}", d.holder, d.transitions.join(", "));
+    }
+    p!("  again        terminate: {}", l.terminate_again);
+    p!(
+        "  inert        dropping the lost handles changed nothing: {}; the lost instance keeps {} object(s)",
+        l.inert_drop,
+        l.lost_instance_objects
+    );
+    p!("  bind         on the lost context: {}", l.bind_refused);
+    p!("  replacement  {} → {}", l.replacement, l.replacement_context);
+    for x in &l.resumed {
+        p!(
+            "  resumed      {:<8} {} tokens at the loss → {} on the replacement (intact: {})",
+            x.request,
+            x.tokens_at_loss,
+            x.tokens,
+            x.intact
+        );
+    }
 }

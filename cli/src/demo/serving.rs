@@ -4,9 +4,9 @@
 //! read-backs that prove the bytes (KV and the shared prefix) intact.
 
 use super::timeline::Recorder;
-use super::{lock, mib, KV_PER_TOKEN, PREFIX, STEP, SYSTEM_PROMPT};
+use super::{lock, mib, KV_PER_TOKEN, PREFIX, REGION_MAX, SHARD, STEP, SYSTEM_PROMPT};
 use memplug_host::governor::PressureTicket;
-use memplug_host::{GrowError, OwnedAllocation, Region};
+use memplug_host::{BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, SharedPrefix};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
@@ -34,10 +34,11 @@ impl Weights {
         {
             let mut shards = lock(&self.shards);
             while released < t.bytes_wanted {
+                // A shard that went with a lost device frees nothing.
                 let coldest = shards
                     .iter()
                     .enumerate()
-                    .filter(|(_, s)| !s.pinned)
+                    .filter(|(_, s)| !s.pinned && !s.alloc.is_lost())
                     .min_by_key(|(_, s)| s.last_used)
                     .map(|(i, _)| i);
                 let Some(i) = coldest else { break };
@@ -64,6 +65,25 @@ impl Weights {
             );
         }
         released
+    }
+
+    /// Loads `names` (`(name, pinned)`) as shards of `SHARD` bytes through
+    /// `b`, aligned to `align`, writing every page (the `i`-th of `names`
+    /// holds byte `0x10 + i`, so a reload writes what the first load did).
+    pub(super) fn load(
+        &self,
+        b: &MemoryBinding,
+        names: impl IntoIterator<Item = (String, bool)>,
+        align: u64,
+    ) -> Result<(), BindingError> {
+        for (i, (name, pinned)) in names.into_iter().enumerate() {
+            let alloc = b.allocate(SHARD, align)?;
+            // SAFETY: a fresh CPU allocation of SHARD bytes, ours alone.
+            unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u8, SHARD as usize) }
+                .fill(0x10 + i as u8);
+            lock(&self.shards).push(Shard { name, pinned, alloc, last_used: 0 });
+        }
+        Ok(())
     }
 
     /// Marks the shards one token uses (the pinned ones and the router's
@@ -110,6 +130,37 @@ impl Request {
     }
 }
 
+/// The system prompt's KV: one shared object of `PREFIX` bytes made on
+/// `b`, filled with the prompt's lines through its temporary writable view.
+pub(super) fn system_prompt(b: &MemoryBinding) -> Result<Arc<SharedPrefix>, BindingError> {
+    b.create_shared(PREFIX, |v| {
+        // SAFETY: the temporary writable view of the new object.
+        for line in unsafe { v.as_mut_slice() }.chunks_mut(SYSTEM_PROMPT.len()) {
+            line.copy_from_slice(&SYSTEM_PROMPT[..line.len()]);
+        }
+    })
+}
+
+/// Admits request `name`: reserves its region on `b`, maps `prefix`
+/// read-only at its start and reads the system prompt back through it.
+pub(super) fn admit(
+    name: String,
+    b: &MemoryBinding,
+    prefix: &Arc<SharedPrefix>,
+    kv_byte: u8,
+    tally: &mut Tally,
+) -> Result<Request, BindingError> {
+    let mut region = b.reserve_virtual(REGION_MAX)?;
+    region.map_prefix(prefix)?;
+    let r = Request { addr: region.addr(), name, region, kv_byte, tokens: 0 };
+    tally.admitted += 1;
+    tally.prefix_reads += 1;
+    if prefix_intact(&r) {
+        tally.prefix_ok += 1;
+    }
+    Ok(r)
+}
+
 #[derive(Default)]
 pub(super) struct Tally {
     /// Tokens decoded, all requests together (the LRU clock).
@@ -117,6 +168,8 @@ pub(super) struct Tally {
     pub(super) grows: u64,
     pub(super) stable: u64,
     pub(super) unstable: Vec<String>,
+    /// Regions admitted (each maps the prefix and reads it back).
+    pub(super) admitted: u64,
     pub(super) prefix_reads: u64,
     pub(super) prefix_ok: u64,
 }

@@ -1,11 +1,17 @@
 //! The story: a 64 MiB pool for cpu:0, its holders and bindings, weights,
 //! a shared prefix, requests decoding under pressure, a free behind a
-//! fence, an OutOfBudget that rolls back, teardown, drain and unload; the
-//! checks each step makes; and the report at the end.
+//! fence, an OutOfBudget that rolls back, the device lost mid-decode
+//! ([`super::loss`]), teardown, drain and unload; the checks each step
+//! makes; and the report at the end.
 
-use super::measure::{self, Kernel, Measurement, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD};
+use super::loss;
+use super::measure::{
+    self, Kernel, Measurement, Stranded, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD,
+};
 use super::report::{Ledger, PluginLine, Report, Scenario};
-use super::serving::{decode, filled_with, grow, kv_intact, prefix_intact, Request, Shard, Tally, Weights};
+use super::serving::{
+    admit, decode, filled_with, grow, kv_intact, prefix_intact, system_prompt, Request, Tally, Weights,
+};
 use super::timeline::{Checks, Recorder};
 use super::{
     lock, mib, CAPACITY, CPU0, DECODE_STEPS, EXPERTS, KERNEL_MS, KV_PRIORITY, PINNED, PREFILL, PREFILL_RETRY,
@@ -13,7 +19,7 @@ use super::{
     WEIGHTS_PRIORITY,
 };
 use crate::locate;
-use memplug_host::governor::{AllocationClass, GovernorError, Pool};
+use memplug_host::governor::{AllocationClass, GovernorError, HolderRegistration, Pool};
 use memplug_host::{
     BindingError, BindingSpec, GrowError, MemoryBinding, PluginFence, ProcessMemoryManager, Requirements,
     SharedPrefix,
@@ -23,33 +29,62 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-struct State<'a> {
-    rec: Arc<Recorder>,
-    kernel: &'a Kernel,
-    pool: Arc<Pool>,
-    checks: Checks,
-    measurements: Vec<Measurement>,
-    tally: Tally,
+/// What every step writes to: the timeline, the checks, the measurements.
+pub(super) struct State<'a> {
+    pub(super) rec: Arc<Recorder>,
+    pub(super) kernel: &'a Kernel,
+    pub(super) pool: Arc<Pool>,
+    pub(super) checks: Checks,
+    pub(super) measurements: Vec<Measurement>,
+    pub(super) tally: Tally,
+    /// What the lost context left behind (nothing until the loss).
+    pub(super) stranded: Stranded,
 }
 
 impl State<'_> {
     /// Governor vs kernel now ([`Kernel::measure`]), kept for the report.
-    fn measure(&mut self, label: &str, weights: &[(u64, u64)], kv: &[(u64, u64)]) {
-        let m = self.kernel.measure(&self.pool, &self.rec, label, weights, kv);
+    pub(super) fn measure(&mut self, label: &str, weights: &[(u64, u64)], kv: &[(u64, u64)]) {
+        let m = self.kernel.measure(&self.pool, &self.rec, label, weights, kv, &self.stranded);
         self.measurements.push(m);
     }
+}
+
+/// The requirements the story selects its context with.
+pub(super) const NEEDS: Requirements =
+    Requirements { virtual_backing: true, shared_mapping: true, sync: true };
+
+/// What the serving steps leave to the device loss and the teardown: the
+/// holders, the weights holder (its pinned shards still loaded), and the
+/// bindings the holders charge through.
+pub(super) struct Session {
+    pub(super) weights: Arc<Weights>,
+    pub(super) weights_reg: HolderRegistration,
+    pub(super) kv_reg: HolderRegistration,
+    pub(super) weights_b: MemoryBinding,
+    pub(super) kv_b: MemoryBinding,
+}
+
+/// The live KV address ranges of `reqs`: the prefix once (through the
+/// first region), each region's private part, and `extra`.
+pub(super) fn kv_ranges(reqs: &[Request], extra: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut v: Vec<(u64, u64)> = reqs.first().map(|r| r.prefix_range()).into_iter().collect();
+    v.extend(reqs.iter().map(Request::private_range));
+    v.extend_from_slice(extra);
+    v
 }
 
 /// Runs the scenario; returns the report (checks included).
 pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
     let start = Instant::now();
+    // Where `locate::load` finds the plugin's library (`None`: it takes the
+    // copy linked into this binary); the device loss needs it.
+    let library = locate::cpu_plugin_path();
     let plugin = locate::load(None)?;
     let plugin_name = plugin.name().to_string();
     let plugin_label = format!("{} {} ({})", plugin.name(), plugin.version(), plugin.origin());
     let manager = ProcessMemoryManager::new();
     manager.register_plugin(plugin)?;
-    let ctx =
-        manager.select(CPU0, Requirements { virtual_backing: true, shared_mapping: true, sync: true })?;
+    let ctx = manager.select(CPU0, NEEDS)?;
     let mechanism = ctx.mechanism().name().to_string();
     let device = ctx.mechanism().device().to_string();
     let granularity = ctx.mechanism().properties().granularity;
@@ -63,12 +98,15 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
         checks: Checks::default(),
         measurements: Vec::new(),
         tally: Tally::default(),
+        stranded: Stranded::default(),
     };
 
-    serve(&manager, &ctx, &mut st)?;
-    drop(ctx);
+    let session = serve(&manager, &ctx, &mut st)?;
+    // ----- 7. the device is lost mid-decode (loss.rs) ------------------------------
+    let (session, loss) = loss::scene(&manager, ctx, session, library.as_deref(), &mut st)?;
+    teardown(session, &mut st, loss.regions_admitted());
 
-    // ----- 7. drain, ledger, unload ---------------------------------------------
+    // ----- 8. drain, ledger, unload ---------------------------------------------
     let drain = manager.drain(Duration::from_secs(2));
     rec.log(
         "drain",
@@ -111,17 +149,29 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
     );
 
     let zero_classes = snap.classes.iter().all(|c| c.charged() == 0);
+    // The one discharge the pool saw is the lost context's settlement.
+    let discharged = pool.discharged();
+    let balanced = discharged == loss.settled_bytes();
     st.checks.add(
         "ledger ends at zero",
-        snap.used == 0 && zero_classes && q.pending == 0 && plugin_live == 0 && host_objects == 0 && pins == 0,
+        snap.used == 0
+            && zero_classes
+            && q.pending == 0
+            && plugin_live == 0
+            && host_objects == 0
+            && pins == 0
+            && balanced,
         format!(
-            "pool used {} B, classes {}, queue pending {}, plugin live objects {}, host-counted objects {}, context pins {}",
+            "pool used {} B, classes {}, queue pending {}, plugin live objects {}, host-counted objects {}, context pins {}; \
+             discharged {} B = the lost context's settlement {} B: {balanced}",
             snap.used,
             if zero_classes { "all zero" } else { "NOT zero" },
             q.pending,
             plugin_live,
             host_objects,
-            pins
+            pins,
+            discharged,
+            loss.settled_bytes()
         ),
     );
     st.checks.add(
@@ -132,6 +182,7 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
             Err(e) => e.to_string(),
         },
     );
+    let loss = loss.finish(&pool, &mut st.checks);
     measure::check(&st.measurements, &mut st.checks);
 
     let plugin = PluginLine {
@@ -141,7 +192,7 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
         unloaded,
         unload_error: unload.err().map(|e| e.to_string()),
     };
-    let ledger = Ledger::collect(&snap, &pool, &q, drain.left, plugin, st.measurements.last());
+    let ledger = Ledger::collect(&snap, &pool, &q, drain.left, plugin, st.measurements.last(), &st.stranded);
     drop(manager);
 
     let State { checks, measurements, .. } = st;
@@ -159,7 +210,7 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
             expert_shards: EXPERTS,
             prefix_bytes: PREFIX,
             kv_step_bytes: STEP,
-            requests: REQUESTS + 1,
+            requests: REQUESTS + 1 + loss.resumed.len(),
             resident_method: RESIDENT_METHOD,
             process_method: PROCESS_METHOD,
             process_tolerance: PROCESS_TOLERANCE,
@@ -167,18 +218,19 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
         timeline,
         measurements,
         ledger,
+        loss,
         checks: checks.0,
         ok,
     })
 }
 
-/// Steps 1–6 and the start of 7, with every memory object scoped here so that all of it is
-/// released when this returns.
+/// Steps 1–6, with every memory object scoped here but the weights holder's
+/// pinned shards, which the [`Session`] carries on.
 fn serve(
     manager: &ProcessMemoryManager,
     ctx: &Arc<memplug_host::Context>,
     st: &mut State<'_>,
-) -> Result<(), Box<dyn Error>> {
+) -> Result<Session, Box<dyn Error>> {
     let rec = st.rec.clone();
     let pool = st.pool.clone();
 
@@ -215,13 +267,7 @@ fn serve(
         .iter()
         .map(|n| (n.to_string(), true))
         .chain((0..EXPERTS).map(|i| (format!("expert.{i}"), false)));
-    for (i, (name, pinned)) in names.enumerate() {
-        let alloc = weights_b.allocate(SHARD, st.kernel.page)?;
-        // SAFETY: a fresh CPU allocation of SHARD bytes, ours alone.
-        unsafe { std::slice::from_raw_parts_mut(alloc.addr() as *mut u8, SHARD as usize) }
-            .fill(0x10 + i as u8);
-        lock(&weights.shards).push(Shard { name, pinned, alloc, last_used: 0 });
-    }
+    weights.load(&weights_b, names, st.kernel.page)?;
     rec.log(
         "load",
         "weights",
@@ -235,12 +281,7 @@ fn serve(
     st.measure("weights loaded", &weights.ranges(), &[]);
 
     // ----- 3. prefix and requests -------------------------------------------------------
-    let prefix: Arc<SharedPrefix> = kv_b.create_shared(PREFIX, |v| {
-        // SAFETY: the temporary writable view of the new object.
-        for line in unsafe { v.as_mut_slice() }.chunks_mut(SYSTEM_PROMPT.len()) {
-            line.copy_from_slice(&SYSTEM_PROMPT[..line.len()]);
-        }
-    })?;
+    let prefix: Arc<SharedPrefix> = system_prompt(&kv_b)?;
     rec.log(
         "prefix",
         "kv",
@@ -251,24 +292,9 @@ fn serve(
         ),
     );
 
-    let admit = |name: String,
-                 b: &MemoryBinding,
-                 kv_byte: u8,
-                 tally: &mut Tally|
-     -> Result<Request, Box<dyn Error>> {
-        let mut region = b.reserve_virtual(REGION_MAX)?;
-        region.map_prefix(&prefix)?;
-        let r = Request { addr: region.addr(), name, region, kv_byte, tokens: 0 };
-        tally.prefix_reads += 1;
-        if prefix_intact(&r) {
-            tally.prefix_ok += 1;
-        }
-        Ok(r)
-    };
-
     let mut reqs = Vec::new();
     for i in 1..=REQUESTS {
-        let r = admit(format!("r{i}"), &kv_b, 0xA0 + i as u8, &mut st.tally)?;
+        let r = admit(format!("r{i}"), &kv_b, &prefix, 0xA0 + i as u8, &mut st.tally)?;
         rec.log(
             "admit",
             &r.name,
@@ -301,12 +327,6 @@ fn serve(
             );
         }
     }
-    let kv_ranges = |reqs: &[Request], extra: &[(u64, u64)]| -> Vec<(u64, u64)> {
-        let mut v: Vec<(u64, u64)> = reqs.first().map(|r| r.prefix_range()).into_iter().collect();
-        v.extend(reqs.iter().map(Request::private_range));
-        v.extend_from_slice(extra);
-        v
-    };
     st.measure("peak: 4 requests decoding", &weights.ranges(), &kv_ranges(&reqs, &[]));
 
     // ----- 5. a free that waits for its fence ---------------------------------------------
@@ -402,7 +422,7 @@ fn serve(
     drop(mech);
 
     // ----- 6. the scheduler's long request: pressure, then OutOfBudget ---------------------
-    let mut r5 = admit("r5".into(), &sched_b, 0xA5, &mut st.tally)?;
+    let mut r5 = admit("r5".into(), &sched_b, &prefix, 0xA5, &mut st.tally)?;
     rec.log(
         "admit",
         "r5",
@@ -502,7 +522,7 @@ fn serve(
         ),
     );
 
-    // ----- 7. finish ------------------------------------------------------------------------
+    // ----- the first batch ends ----------------------------------------------------------------
     let intact = reqs.iter().filter(|r| kv_intact(r) && prefix_intact(r)).count();
     st.checks.add(
         "KV and prefix bytes intact",
@@ -516,12 +536,27 @@ fn serve(
     }
     drop(prefix);
     rec.log("teardown", "kv", "last mapping gone: the shared prefix is freed");
+    drop(sched_b);
+    let left = lock(&weights.shards).len();
+    rec.log(
+        "load",
+        "weights",
+        format!("{left} pinned shard(s) stay loaded for the next batch; every expert was evicted"),
+    );
+    Ok(Session { weights, weights_reg, kv_reg, weights_b, kv_b })
+}
+
+/// The end of the story's memory: the holders unregister, the weights
+/// holder frees its shards, the bindings go; then the checks over every
+/// grow and every region (`regions`: how many were admitted in all).
+fn teardown(session: Session, st: &mut State<'_>, regions: u64) {
+    let Session { weights, weights_reg, kv_reg, weights_b, kv_b } = session;
     drop(weights_reg);
     drop(kv_reg);
     let left = lock(&weights.shards).len();
     drop(weights);
-    rec.log("teardown", "weights", format!("holders unregistered; {left} remaining weight shards freed"));
-    drop((weights_b, kv_b, sched_b));
+    st.rec.log("teardown", "weights", format!("holders unregistered; {left} remaining weight shards freed"));
+    drop((weights_b, kv_b));
 
     let t = &st.tally;
     st.checks.add(
@@ -535,11 +570,10 @@ fn serve(
     );
     st.checks.add(
         "prefix read in every region",
-        t.prefix_reads == (REQUESTS + 1) as u64 && t.prefix_ok == t.prefix_reads,
+        t.admitted == regions && t.prefix_reads == regions && t.prefix_ok == t.prefix_reads,
         format!(
             "{}/{} regions read the system prompt through their read-only mapping",
             t.prefix_ok, t.prefix_reads
         ),
     );
-    Ok(())
 }

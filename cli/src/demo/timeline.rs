@@ -14,7 +14,9 @@ pub(super) struct Event {
     pub(super) t_ms: f64,
     /// `setup`, `load`, `prefix`, `admit`, `grow`, `ticket`, `evict`,
     /// `out_of_budget`, `rollback`, `release`, `poll`, `fence`, `retired`,
-    /// `finish`, `teardown`, `drain`, `unload`, `measure`.
+    /// `finish`; the device loss's `lost`, `refused`, `told`, `settled`,
+    /// `terminated`, `inert`, `unregister`, `replacement`, `resume`; then
+    /// `teardown`, `drain`, `unload`, and `measure` throughout.
     pub(super) kind: &'static str,
     /// Who: a request (`r1`..), a holder, the queue, the plugin.
     pub(super) subject: String,
@@ -65,7 +67,7 @@ impl Recorder {
         lock(&self.events).push(e);
     }
 
-    fn holder_name(&self, h: Option<HolderId>) -> String {
+    pub(super) fn holder_name(&self, h: Option<HolderId>) -> String {
         match h {
             None => "the scheduler".into(),
             Some(h) => lock(&self.holders)

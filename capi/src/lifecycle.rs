@@ -1,0 +1,657 @@
+//! Mechanism lives through the C API (DESIGN.md §5): the state of a
+//! mechanism's context, retiring it, declaring it lost, replacing it,
+//! terminating it and reading its settlement, lifecycle callbacks, and
+//! whether an owning object went with a lost device.
+//!
+//! A mechanism handle names a context (`Arc<Context>`); every call here is
+//! about that context. Events are delivered by the host's `dispatch` on the
+//! thread that drives the context; a [`Subscriber`] turns each into a C
+//! `MemplugHostLifecycleEvent` valid for the call, marks the thread as
+//! inside a lifecycle callback, and lets `unsubscribe` wait for deliveries
+//! running on other threads.
+
+use crate::callbacks::{
+    lock_region, not_in_callback, not_in_lifecycle_callback, thread_token, LifecycleScope, UserData,
+};
+use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
+use crate::handle::Kind;
+use crate::manager_tables::{self, pin, pin_manager, same_manager, RegionEntry, SubscriptionEntry};
+use crate::status::MemplugHostStatus;
+use crate::status::MemplugHostStatus as S;
+use crate::types::{
+    write_sized, MemplugHostAllocation, MemplugHostLifeState, MemplugHostLifecycleEvent,
+    MemplugHostLifecycleFn, MemplugHostLossNotice, MemplugHostManager, MemplugHostMechanism,
+    MemplugHostPrefix, MemplugHostRegion, MemplugHostSettlement, MemplugHostSubscription,
+    MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
+};
+use memplug_host_dep::registry::Context;
+use memplug_host_dep::{
+    LifeState, LifecycleEvent, OwnedAllocation, Settlement, SharedPrefix, SubscriptionId,
+};
+use memplug_sdk::prefix::Prefixed;
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::Duration;
+
+fn life_state(s: LifeState) -> MemplugHostLifeState {
+    match s {
+        LifeState::Active => MemplugHostLifeState::Active,
+        LifeState::Retiring => MemplugHostLifeState::Retiring,
+        LifeState::Lost => MemplugHostLifeState::Lost,
+        LifeState::Terminated => MemplugHostLifeState::Terminated,
+    }
+}
+
+/// The C form of a settlement.
+fn settlement(s: &Settlement) -> MemplugHostSettlement {
+    MemplugHostSettlement {
+        struct_size: MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
+        after_loss: s.after_loss as u32,
+        bytes: s.bytes,
+        quarantined_bytes: s.bindings.iter().map(|b| b.quarantined_bytes).fold(0, u64::saturating_add),
+        leases: s.bindings.iter().map(|b| b.leases).fold(0, u64::saturating_add),
+        bindings: s.bindings.len() as u64,
+        objects_forgotten: s.objects_forgotten,
+    }
+}
+
+/// Refuses a caller's out-struct shorter than the 1.0 size before anything
+/// irreversible is done, so that the call can still fail without effect.
+///
+/// # Safety
+/// `out` must be NULL or readable for four bytes.
+unsafe fn check_out_size<T: Prefixed>(out: *const T, what: &str) -> Result<()> {
+    if out.is_null() {
+        return Ok(());
+    }
+    // SAFETY: the caller's contract; `struct_size` is the first field.
+    let declared = unsafe { out.cast::<u32>().read_unaligned() };
+    if declared < T::SIZE_1_0 {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!("{what}: struct_size is {declared}, the 1.0 size is {} (set it to sizeof)", T::SIZE_1_0),
+        ));
+    }
+    Ok(())
+}
+
+/// `s` as bytes followed by a NUL (C strings valid for a callback).
+fn nul_terminated(s: &str) -> Vec<u8> {
+    let mut v = Vec::with_capacity(s.len() + 1);
+    v.extend_from_slice(s.as_bytes());
+    v.push(0);
+    v
+}
+
+// ---- state ------------------------------------------------------------------
+
+/// Writes the state of the mechanism's context to `out_state`.
+///
+/// A mechanism handle keeps naming its context through its whole life, also
+/// once it terminated and its plugin was unloaded.
+/// Thread-safety: any thread (the state may change right after).
+///
+/// # Safety
+/// `out_state` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_state(
+    mechanism: MemplugHostMechanism,
+    out_state: *mut MemplugHostLifeState,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_state", || {
+        require_non_null(out_state, "out_state")?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let state = life_state(ctx.state());
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out_state, state) };
+        Ok(())
+    })
+}
+
+/// Copies why the mechanism's context left `MEMPLUG_HOST_LIFE_STATE_ACTIVE`
+/// into `buf` like `memplug_host_last_error_message` does (at most
+/// `len - 1` bytes, then a NUL; nothing when `buf` is NULL or `len` is 0)
+/// and writes the reason's full length in bytes, without the NUL, to
+/// `out_len` — 0 for an active context (nothing is copied then). The
+/// reason is UTF-8 (the runtime's own text, the plugin's sanitised report,
+/// or the host's); a retiring context that is then lost keeps both.
+///
+/// Ownership: `buf` is the caller's. Thread-safety: any thread.
+///
+/// # Safety
+/// `buf`, when not NULL, must be writable for `len` bytes; `out_len` NULL
+/// or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_reason(
+    mechanism: MemplugHostMechanism,
+    buf: *mut c_char,
+    len: usize,
+    out_len: *mut usize,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_reason", || {
+        require_non_null(out_len, "out_len")?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let reason = ctx.reason().unwrap_or_default();
+        let r = reason.as_bytes();
+        if !buf.is_null() && len > 0 {
+            let n = r.len().min(len - 1);
+            // SAFETY: the caller gives `len` writable bytes at `buf`.
+            unsafe {
+                std::ptr::copy_nonoverlapping(r.as_ptr(), buf.cast::<u8>(), n);
+                *buf.add(n) = 0;
+            }
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out_len, r.len()) };
+        Ok(())
+    })
+}
+
+/// The name of a life state, e.g. `"MEMPLUG_HOST_LIFE_STATE_LOST"`, or
+/// `"MEMPLUG_HOST_LIFE_STATE_UNKNOWN"` for a number this library does not
+/// know.
+///
+/// Ownership: the string is static; never free it. Thread-safety: any
+/// thread. Never fails.
+#[no_mangle]
+pub extern "C" fn memplug_host_life_state_name(state: u32) -> *const c_char {
+    let name: &'static [u8] = match state {
+        0 => b"MEMPLUG_HOST_LIFE_STATE_ACTIVE\0",
+        1 => b"MEMPLUG_HOST_LIFE_STATE_RETIRING\0",
+        2 => b"MEMPLUG_HOST_LIFE_STATE_LOST\0",
+        3 => b"MEMPLUG_HOST_LIFE_STATE_TERMINATED\0",
+        _ => b"MEMPLUG_HOST_LIFE_STATE_UNKNOWN\0",
+    };
+    name.as_ptr().cast()
+}
+
+// ---- retire, declare lost, replace ------------------------------------------
+
+/// Starts an orderly end of the mechanism's context: it makes no new
+/// binding or object from now on (`MEMPLUG_HOST_STATUS_INVALID_STATE` for
+/// them; `memplug_host_binding_create` goes to a successor when there is
+/// one), while everything already made keeps working and is freed as usual.
+/// It terminates once its last object is gone (`memplug_host_manager_poll`,
+/// the reaper, or `memplug_host_manager_terminate`). `reason` (UTF-8) is
+/// kept and given to subscribers.
+///
+/// The `ACTIVE` → `RETIRING` event is delivered to the subscribers before
+/// this returns, on this thread. Only an active context can be retired
+/// (`MEMPLUG_HOST_STATUS_INVALID_STATE` otherwise). Returns
+/// `MEMPLUG_HOST_STATUS_REENTRANT` inside a lifecycle callback.
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `reason` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_retire(
+    mechanism: MemplugHostMechanism,
+    reason: *const c_char,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_retire", || {
+        not_in_lifecycle_callback("memplug_host_mechanism_retire")?;
+        // SAFETY: the caller's contract.
+        let reason = unsafe { c_str(reason, "reason") }?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        ctx.retire(reason)?;
+        Ok(())
+    })
+}
+
+/// Declares the mechanism's context lost on the runtime's own evidence (a
+/// kernel fault it saw, a device reset it was told of), exactly as if the
+/// plugin had reported it: the host calls the plugin no more; every object
+/// the context made went with the device (`memplug_host_allocation_is_lost`
+/// and the region and prefix equivalents say so); new work fails with
+/// `MEMPLUG_HOST_STATUS_DEVICE_LOST`; calls in flight finish or fail. The
+/// charges are settled once, when the context terminates
+/// (`memplug_host_manager_poll` does it once no call is in flight, or
+/// `memplug_host_manager_terminate`). Handles stay the caller's to destroy:
+/// destroying them calls no plugin and refunds nothing twice.
+///
+/// The `LOST` event, with one loss notice per binding that held something,
+/// is delivered to the subscribers before this returns, on this thread.
+/// `out_moved` (may be NULL) receives true when this call moved the context
+/// to `LOST`, false when it was lost or terminated already (which is not an
+/// error). `reason` (UTF-8) is kept and given to subscribers.
+///
+/// Returns `MEMPLUG_HOST_STATUS_REENTRANT` inside a lifecycle callback.
+/// Thread-safety: any thread; never waits for the device.
+///
+/// # Safety
+/// `reason` must be NULL or a NUL-terminated string; `out_moved` NULL or
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_declare_lost(
+    mechanism: MemplugHostMechanism,
+    reason: *const c_char,
+    out_moved: *mut bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_declare_lost", || {
+        not_in_lifecycle_callback("memplug_host_mechanism_declare_lost")?;
+        // SAFETY: the caller's contract.
+        let reason = unsafe { c_str(reason, "reason") }?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let moved = ctx.declare_lost(reason);
+        if !out_moved.is_null() {
+            // SAFETY: checked non-NULL.
+            unsafe { write_out(out_moved, moved) };
+        }
+        Ok(())
+    })
+}
+
+/// Replaces the context of `old` by that of `new` (both mechanisms of
+/// `manager`, serving the same device): `old` retires (or, lost, stays
+/// lost), and from now on every binding asked of `old`
+/// (`memplug_host_binding_create`) is made on `new` — or on `new`'s own
+/// active successor — and `memplug_host_manager_select` no longer chooses
+/// `old`. Objects already made through `old` keep working (unless lost)
+/// and are freed by `old`'s plugin; neither mechanism is ever asked to free
+/// the other's memory. With `unload_old_plugin`, `old`'s plugin is unloaded
+/// once every context of it has terminated (a later
+/// `memplug_host_manager_poll`, or the reaper); handles to its mechanisms
+/// stay valid (and inert).
+///
+/// The event of `old`'s transition is delivered before this returns, on
+/// this thread. Statuses: `MEMPLUG_HOST_STATUS_WRONG_DEVICE` for mechanisms
+/// of two devices, `_INVALID_STATE` when `new` is not active or `old` was
+/// already replaced or ended, `_INVALID_ARGUMENT` for `old` == `new`,
+/// `_WRONG_MANAGER`, and `_REENTRANT` inside a lifecycle callback.
+/// Thread-safety: any thread.
+///
+/// # Safety
+/// `reason` must be NULL or a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_manager_replace(
+    manager: MemplugHostManager,
+    old: MemplugHostMechanism,
+    new: MemplugHostMechanism,
+    reason: *const c_char,
+    unload_old_plugin: bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_manager_replace", || {
+        not_in_lifecycle_callback("memplug_host_manager_replace")?;
+        // SAFETY: the caller's contract.
+        let reason = unsafe { c_str(reason, "reason") }?;
+        let (m, seat) = pin_manager(manager.id)?;
+        crate::handle::expect(old.id, Kind::Mechanism)?;
+        crate::handle::expect(new.id, Kind::Mechanism)?;
+        same_manager(seat, old.id, Kind::Mechanism)?;
+        same_manager(seat, new.id, Kind::Mechanism)?;
+        let (o, _) = pin::<Arc<Context>>(old.id)?;
+        let (n, _) = pin::<Arc<Context>>(new.id)?;
+        m.pm.replace(&o, &n, reason, unload_old_plugin)?;
+        Ok(())
+    })
+}
+
+// ---- termination --------------------------------------------------------------
+
+/// Terminates the lost or retiring context of `mechanism` (a mechanism of
+/// `manager`) and settles its books exactly once: waits up to `timeout_ns`
+/// for calls in flight to finish and, retiring, for its last object to go
+/// (retiring queued frees meanwhile), then discharges from the pools every
+/// charge its bindings still held — by exactly the bytes charged — and
+/// delivers the `TERMINATED` event (with the settlement) on this thread.
+/// `out_settlement` (may be NULL; set its `struct_size` first) receives
+/// what was settled.
+///
+/// Statuses: `MEMPLUG_HOST_STATUS_INVALID_STATE` for an active context
+/// (retire it or declare it lost first) or one already terminated (read
+/// `memplug_host_mechanism_settlement`), `_TIMEOUT` when calls were still
+/// in flight at the deadline, `_BUSY` when a retiring context still had
+/// live objects then; in each case nothing was settled. `_REENTRANT` inside
+/// any callback the host is running (the call it is part of may be one the
+/// termination waits for).
+///
+/// Holds no lock while it waits. Thread-safety: any thread.
+///
+/// # Safety
+/// `out_settlement` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_manager_terminate(
+    manager: MemplugHostManager,
+    mechanism: MemplugHostMechanism,
+    timeout_ns: u64,
+    out_settlement: *mut MemplugHostSettlement,
+) -> MemplugHostStatus {
+    boundary("memplug_host_manager_terminate", || {
+        not_in_callback("memplug_host_manager_terminate")?;
+        // SAFETY: the caller's contract.
+        unsafe { check_out_size(out_settlement, "MemplugHostSettlement") }?;
+        let (m, seat) = pin_manager(manager.id)?;
+        crate::handle::expect(mechanism.id, Kind::Mechanism)?;
+        same_manager(seat, mechanism.id, Kind::Mechanism)?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let s = m.pm.terminate(&ctx, Duration::from_nanos(timeout_ns))?;
+        if !out_settlement.is_null() {
+            // SAFETY: non-NULL; the caller's contract covers the size.
+            unsafe { write_sized(out_settlement, settlement(&s), "MemplugHostSettlement") }?;
+        }
+        Ok(())
+    })
+}
+
+/// Reads the settlement of the mechanism's terminated context (however it
+/// terminated: `memplug_host_manager_terminate`, a poll, the reaper).
+/// `MEMPLUG_HOST_STATUS_NOT_READY` while it has not terminated. Set
+/// `out->struct_size` first. Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_settlement(
+    mechanism: MemplugHostMechanism,
+    out: *mut MemplugHostSettlement,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_settlement", || {
+        require_non_null(out, "out")?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let s = ctx.settlement().ok_or_else(|| {
+            Error::new(
+                S::NotReady,
+                format!("the context of {} is {}: it has not terminated", ctx.label(), ctx.state()),
+            )
+        })?;
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, settlement(&s), "MemplugHostSettlement") }
+    })
+}
+
+// ---- subscriptions ------------------------------------------------------------
+
+type LifecycleCallback = unsafe extern "C" fn(*mut c_void, *const MemplugHostLifecycleEvent);
+
+struct SubscriberState {
+    /// No delivery starts once set.
+    closed: bool,
+    /// Threads (`thread_token`) delivering to this subscriber now.
+    running: Vec<u64>,
+    /// The context's id of the subscription, once subscribed.
+    id: Option<SubscriptionId>,
+}
+
+/// One C subscription: the caller's callback and userdata, and what lets
+/// `unsubscribe` wait for deliveries running on other threads.
+pub(crate) struct Subscriber {
+    callback: LifecycleCallback,
+    userdata: UserData,
+    /// The subscription's handle (set before any event can be delivered).
+    handle: AtomicU64,
+    context: Weak<Context>,
+    state: Mutex<SubscriberState>,
+    idle: Condvar,
+}
+
+impl Subscriber {
+    fn lock(&self) -> MutexGuard<'_, SubscriberState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends the subscription: no delivery starts after this; returns once
+    /// none runs on another thread (one running on this thread — a callback
+    /// ending its own subscription — goes on after this returns).
+    pub(crate) fn close(&self) {
+        let me = thread_token();
+        let id = {
+            let mut s = self.lock();
+            s.closed = true;
+            while s.running.iter().any(|t| *t != me) {
+                s = self.idle.wait(s).unwrap_or_else(PoisonError::into_inner);
+            }
+            s.id.take()
+        };
+        if let (Some(id), Some(ctx)) = (id, self.context.upgrade()) {
+            ctx.unsubscribe(id);
+        }
+    }
+
+    /// Runs the callback with `e` (unless closed), on this thread.
+    fn deliver(&self, e: &LifecycleEvent) {
+        let me = thread_token();
+        {
+            let mut s = self.lock();
+            if s.closed {
+                return;
+            }
+            s.running.push(me);
+        }
+        // Taken off the running list however this ends.
+        struct Running<'a>(&'a Subscriber, u64);
+        impl Drop for Running<'_> {
+            fn drop(&mut self) {
+                let mut s = self.0.lock();
+                if let Some(i) = s.running.iter().position(|t| *t == self.1) {
+                    s.running.swap_remove(i);
+                }
+                drop(s);
+                self.0.idle.notify_all();
+            }
+        }
+        let _running = Running(self, me);
+
+        let context = nul_terminated(&e.context);
+        let reason = e.reason.as_deref().map(nul_terminated);
+        let pool_names: Vec<Vec<u8>> = e.notices.iter().map(|n| nul_terminated(&n.pool)).collect();
+        let notices: Vec<MemplugHostLossNotice> = e
+            .notices
+            .iter()
+            .zip(&pool_names)
+            .map(|(n, name)| MemplugHostLossNotice {
+                struct_size: std::mem::size_of::<MemplugHostLossNotice>() as u32,
+                alloc_class: memplug_host_dep::mechanism::class_tag(n.class),
+                holder_id: n.holder.map_or(0, |h| h.get()),
+                objects: n.objects,
+                bytes: n.bytes,
+                quarantined_bytes: n.quarantined_bytes,
+                pool_name: name.as_ptr().cast(),
+                pool_name_len: name.len() - 1,
+            })
+            .collect();
+        let settled = e.settlement.as_ref().map(settlement);
+        let event = MemplugHostLifecycleEvent {
+            struct_size: std::mem::size_of::<MemplugHostLifecycleEvent>() as u32,
+            from: life_state(e.from),
+            to: life_state(e.to),
+            reserved0: 0,
+            subscription: MemplugHostSubscription { id: self.handle.load(Ordering::Acquire) },
+            context: context.as_ptr().cast(),
+            context_len: context.len() - 1,
+            reason: reason.as_ref().map_or(std::ptr::null(), |r| r.as_ptr().cast()),
+            reason_len: reason.as_ref().map_or(0, |r| r.len() - 1),
+            notices: if notices.is_empty() { std::ptr::null() } else { notices.as_ptr() },
+            notice_count: notices.len(),
+            notice_size: std::mem::size_of::<MemplugHostLossNotice>(),
+            settlement: settled.as_ref().map_or(std::ptr::null(), |s| s as *const _),
+        };
+        let _scope = LifecycleScope::enter();
+        let ud = self.userdata;
+        // SAFETY: the caller subscribed this function and userdata for
+        // exactly this call; the event and what it points to live across it.
+        unsafe { (self.callback)(ud.0, &event) };
+    }
+}
+
+/// Subscribes `callback` to every later transition of the mechanism's
+/// context: it is called once per transition, with `userdata` and a
+/// `MemplugHostLifecycleEvent` valid for the call (see
+/// `MemplugHostLifecycleFn` for the thread it runs on and what it may
+/// call). A context that is lost is reported `LOST` (with one loss notice
+/// per binding that held something) before it is reported `TERMINATED`
+/// (with the settlement). Transitions before the subscription are not
+/// replayed: read `memplug_host_mechanism_state` after subscribing.
+///
+/// `userdata` must stay valid until `memplug_host_mechanism_unsubscribe`
+/// (or the manager's destruction) returns, after which the callback is
+/// never called again.
+///
+/// Ownership: the caller owns the subscription handle (written to `out`).
+/// It does not keep the mechanism's plugin loaded. Thread-safety: any
+/// thread.
+///
+/// # Safety
+/// `callback` (when not NULL) must be callable as `MemplugHostLifecycleFn`
+/// with `userdata` from any thread; `out` NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_subscribe(
+    mechanism: MemplugHostMechanism,
+    callback: MemplugHostLifecycleFn,
+    userdata: *mut c_void,
+    out: *mut MemplugHostSubscription,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_subscribe", || {
+        let callback = callback.ok_or_else(|| Error::null("callback"))?;
+        require_non_null(out, "out")?;
+        let (ctx, seat) = pin::<Arc<Context>>(mechanism.id)?;
+        // The slot first, so that nothing can fail once the context knows
+        // the subscriber.
+        let vacant = manager_tables::vacant::<SubscriptionEntry>(seat)?;
+        let subscriber = Arc::new(Subscriber {
+            callback,
+            userdata: UserData(userdata),
+            handle: AtomicU64::new(0),
+            context: Arc::downgrade(&ctx),
+            state: Mutex::new(SubscriberState { closed: false, running: Vec::new(), id: None }),
+            idle: Condvar::new(),
+        });
+        let id =
+            manager_tables::fill(seat, vacant, SubscriptionEntry { subscriber: subscriber.clone() }, [0, 0]);
+        subscriber.handle.store(id, Ordering::Release);
+        let weak = Arc::downgrade(&subscriber);
+        let sub_id = ctx.subscribe(move |e| {
+            if let Some(s) = weak.upgrade() {
+                s.deliver(e);
+            }
+        });
+        {
+            let mut s = subscriber.lock();
+            if s.closed {
+                // Ended (by a guessed handle, or the manager's destruction)
+                // before it was complete.
+                drop(s);
+                ctx.unsubscribe(sub_id);
+            } else {
+                s.id = Some(sub_id);
+            }
+        }
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, MemplugHostSubscription { id }) };
+        Ok(())
+    })
+}
+
+/// Ends a subscription and releases its handle: no callback starts after
+/// this returns, and it returns only when no call of the callback runs on
+/// another thread (a callback may end its own subscription; that call goes
+/// on), so `userdata` may be freed right after. Not to be called from a
+/// callback while another thread's callback waits for this one. The zero
+/// handle is a no-op. Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_mechanism_unsubscribe(
+    subscription: MemplugHostSubscription,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_unsubscribe", || {
+        manager_tables::remove_drop::<SubscriptionEntry>(subscription.id)
+    })
+}
+
+// ---- owning objects of a lost context -----------------------------------------
+
+/// Writes to `out` whether the allocation went with a lost device (the
+/// context of the mechanism that made it is `LOST`, or `TERMINATED` after
+/// the loss): then its memory is gone, and freeing its handle calls no
+/// plugin and refunds nothing (its charge is settled, once, when the
+/// context terminates). An allocation of a context that is replaced or
+/// retiring is not lost: it keeps working. A free racing this call on another thread
+/// waits for it (a few instructions). Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_allocation_is_lost(
+    allocation: MemplugHostAllocation,
+    out: *mut bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_allocation_is_lost", || {
+        require_non_null(out, "out")?;
+        let (a, _) = pin::<OwnedAllocation>(allocation.id)?;
+        let lost = a.is_lost();
+        drop(a);
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, lost) };
+        Ok(())
+    })
+}
+
+/// Writes to `out` whether the region went with a lost device (as
+/// `memplug_host_allocation_is_lost`: its mapping is gone, and freeing it
+/// calls no plugin and refunds nothing). Refused with
+/// `MEMPLUG_HOST_STATUS_REENTRANT` from the update callback of this region's
+/// grow. Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_is_lost(
+    region: MemplugHostRegion,
+    out: *mut bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_is_lost", || {
+        require_non_null(out, "out")?;
+        let (e, _) = pin::<RegionEntry>(region.id)?;
+        let lost = lock_region(&e)?.guard.is_lost();
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, lost) };
+        Ok(())
+    })
+}
+
+/// Writes to `out` whether the shared prefix went with a lost device (as
+/// `memplug_host_allocation_is_lost`). Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_prefix_is_lost(
+    prefix: MemplugHostPrefix,
+    out: *mut bool,
+) -> MemplugHostStatus {
+    boundary("memplug_host_prefix_is_lost", || {
+        require_non_null(out, "out")?;
+        let (p, _) = pin::<Arc<SharedPrefix>>(prefix.id)?;
+        let lost = p.is_lost();
+        drop(p);
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, lost) };
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn life_state_names_follow_the_enum() {
+        for (s, n) in [
+            (MemplugHostLifeState::Active, "ACTIVE"),
+            (MemplugHostLifeState::Retiring, "RETIRING"),
+            (MemplugHostLifeState::Lost, "LOST"),
+            (MemplugHostLifeState::Terminated, "TERMINATED"),
+        ] {
+            let name = unsafe { std::ffi::CStr::from_ptr(memplug_host_life_state_name(s as u32)) };
+            assert_eq!(name.to_str().unwrap(), format!("MEMPLUG_HOST_LIFE_STATE_{n}"));
+        }
+        let unknown = unsafe { std::ffi::CStr::from_ptr(memplug_host_life_state_name(4)) };
+        assert_eq!(unknown.to_str().unwrap(), "MEMPLUG_HOST_LIFE_STATE_UNKNOWN");
+        // The host's states map one to one, in order.
+        for (i, s) in [LifeState::Active, LifeState::Retiring, LifeState::Lost, LifeState::Terminated]
+            .into_iter()
+            .enumerate()
+        {
+            assert_eq!(life_state(s) as usize, i);
+        }
+    }
+}
