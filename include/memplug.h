@@ -110,6 +110,94 @@
 // Since 1.1. Short-lived scratch space.
 #define MEMPLUG_CLASS_WORKSPACE 4
 
+// Since 1.2. Memory attribute (`MemplugProperties::attributes`, what
+// memory of a mechanism is like; a mechanism claims only what every object
+// it makes has, and the conformance kit checks what it can of each claim):
+// local to the device (fast for it).
+#define MEMPLUG_ATTR_DEVICE_LOCAL (1 << 0)
+
+// Since 1.2. The host can map and read it.
+#define MEMPLUG_ATTR_HOST_VISIBLE (1 << 1)
+
+// Since 1.2. Host and device see each other's writes without explicit
+// flushes.
+#define MEMPLUG_ATTR_HOST_COHERENT (1 << 2)
+
+// Since 1.2. Pinned: never paged out or moved.
+#define MEMPLUG_ATTR_PINNED (1 << 3)
+
+// Since 1.2. Compressed by the device.
+#define MEMPLUG_ATTR_COMPRESSED (1 << 4)
+
+// Since 1.2. Registered for RDMA (network cards can reach it).
+#define MEMPLUG_ATTR_RDMA (1 << 5)
+
+// Since 1.2. A read-only mapping really refuses writes.
+#define MEMPLUG_ATTR_READ_ONLY_ENFORCED (1 << 6)
+
+// Since 1.2. New memory (allocations, committed ranges, physical objects)
+// reads as zero — unless the request carried
+// `MEMPLUG_HINT_UNINITIALIZED_OK`.
+#define MEMPLUG_ATTR_ZERO_FILLED (1 << 7)
+
+// Since 1.2. Where memory lives (`location_kind` of properties and
+// requests). In a request: no preference.
+#define MEMPLUG_LOCATION_ANY 0
+
+// Since 1.2. On the mechanism's device (`location_id`: 0).
+#define MEMPLUG_LOCATION_DEVICE 1
+
+// Since 1.2. In host memory, on no particular NUMA node.
+#define MEMPLUG_LOCATION_HOST 2
+
+// Since 1.2. In host memory on NUMA node `location_id`.
+#define MEMPLUG_LOCATION_NUMA_NODE 3
+
+// Since 1.2. In memory tier `location_id` (0 the fastest; e.g. CXL
+// memory behind local DRAM).
+#define MEMPLUG_LOCATION_TIER 4
+
+// Since 1.2. Request hint (`MemplugRequest::hints`): the caller does not
+// need new memory zeroed, so a mechanism may skip the fill. A hint: a
+// plugin that does not know a bit ignores it (hints never make a request
+// fail, unlike `flags`). A host sends it only when the binding says so.
+#define MEMPLUG_HINT_UNINITIALIZED_OK (1 << 0)
+
+// Since 1.2. Kinds of OS or driver handles a physical object can be
+// shared as (`export_types` of properties and requests): a POSIX file
+// descriptor only the exporting API can import.
+#define MEMPLUG_HANDLE_OPAQUE_FD (1 << 0)
+
+// Since 1.2. A Linux dma-buf file descriptor.
+#define MEMPLUG_HANDLE_DMABUF_FD (1 << 1)
+
+// Since 1.2. A Linux memfd (mappable by any process with `mmap`).
+#define MEMPLUG_HANDLE_MEMFD (1 << 2)
+
+// Since 1.2. A Windows NT handle.
+#define MEMPLUG_HANDLE_WIN32 (1 << 3)
+
+// Since 1.2. A vendor's opaque bytes (an IPC or fabric handle).
+#define MEMPLUG_HANDLE_VENDOR_BLOB (1 << 4)
+
+// Since 1.2. Property flag (`MemplugProperties::flags`): physical objects
+// map at any granularity-aligned offset. Without it, a physical object
+// maps only whole, at offset 0 (CUDA and HIP handles that were exported),
+// and the host maps such objects whole.
+#define MEMPLUG_PROP_MAPS_AT_OFFSETS (1 << 0)
+
+// Since 1.2. Which fields of a `MemplugDeviceIdentity` are meaningful.
+#define MEMPLUG_IDENTITY_UUID (1 << 0)
+
+// Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
+#define MEMPLUG_IDENTITY_PCI (1 << 1)
+
+// Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
+#define MEMPLUG_IDENTITY_SUB_DEVICE (1 << 2)
+
+// Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
+#define MEMPLUG_IDENTITY_NUMA_NODE (1 << 3)
+
 // Access flag for shared mappings: the mapping can be read.
 #define MEMPLUG_ACCESS_READ (1 << 0)
 
@@ -205,13 +293,19 @@
 #define MEMPLUG_SYNC_SIZE_1_1 72
 
 // Sizes of each growable struct as ABI 1.2 defines it. Grown in 1.2:
-// `MemplugHostInfo` (`services`); new in 1.2: `MemplugHostServices`
-// (`report_device_lost`). 1.2 is not frozen yet: it may still grow
+// `MemplugHostInfo` (`services`), `MemplugMechanism` (`identity`),
+// `MemplugProperties` (the memory descriptor) and `MemplugRequest`
+// (`hints`, `export_types`, `page_size`, location); new in 1.2:
+// `MemplugHostServices` (`report_device_lost`) and
+// `MemplugDeviceIdentity`. 1.2 is not frozen yet: it may still grow
 // before its header is frozen (docs/ABI-CHANGELOG.md).
 #define MEMPLUG_HOST_INFO_SIZE_1_2 32
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_HOST_SERVICES_SIZE_1_2 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 48
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_NEGOTIATION_SIZE_1_2 16
@@ -220,16 +314,16 @@
 #define MEMPLUG_PLUGIN_SIZE_1_2 72
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_MECHANISM_SIZE_1_2 72
+#define MEMPLUG_MECHANISM_SIZE_1_2 80
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_PROPERTIES_SIZE_1_2 32
+#define MEMPLUG_PROPERTIES_SIZE_1_2 72
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_MEMORY_INFO_SIZE_1_2 24
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_REQUEST_SIZE_1_2 48
+#define MEMPLUG_REQUEST_SIZE_1_2 72
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_BLOCK_SIZE_1_2 32
@@ -255,8 +349,12 @@
 // it does not know to `MEMPLUG_STATUS_INTERNAL`.
 typedef uint32_t MemplugStatus;
 
-// Device kind of a mechanism. Unknown values are displayed as unknown and
-// never guessed at.
+// Device kind of a mechanism. The numbers are DLPack's `DLDeviceType`
+// numbers (since 1.2 every kind DLPack names has its number here; 1.0's
+// two already agreed), so a tensor's device and a mechanism's device
+// compare without a table. Kinds no standard numbers take a number in
+// `MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST`. Unknown
+// values are displayed as unknown and never guessed at.
 typedef uint32_t MemplugDeviceKind;
 
 // A device: its kind and its ordinal among devices of that kind. Frozen:
@@ -350,6 +448,30 @@ typedef struct MemplugProperties {
   // Granularity of virtual ranges and physical objects (a power of two);
   // zero when the mechanism has neither capability.
   uint64_t granularity;
+  // Since 1.2 (present when `struct_size` is at least
+  // `MEMPLUG_PROPERTIES_SIZE_1_2`; a host reads the 1.2 fields only when
+  // the agreed minor is at least 2). The granularity the device works
+  // best at: zero (same as `granularity`) or a power-of-two multiple of
+  // it.
+  uint64_t recommended_granularity;
+  // Since 1.2. Page sizes the mechanism can back memory with: bit `k`
+  // set means pages of `2^k` bytes. Zero: not said.
+  uint64_t page_sizes;
+  // Since 1.2. `MEMPLUG_ATTR_*` bits every object of the mechanism has.
+  uint32_t attributes;
+  // Since 1.2. `MEMPLUG_HANDLE_*` bits: the kinds of handle its physical
+  // objects can be exported as (for 1.1's `export_fd`: which kind of
+  // descriptor it returns).
+  uint32_t export_types;
+  // Since 1.2. Where its memory lives: `MEMPLUG_LOCATION_*` (zero: not
+  // said).
+  uint32_t location_kind;
+  // Since 1.2. The node or tier `location_kind` names (else zero).
+  uint32_t location_id;
+  // Since 1.2. `MEMPLUG_PROP_*` bits.
+  uint32_t flags;
+  // Since 1.2. Explicit padding; zero.
+  uint32_t reserved1;
 } MemplugProperties;
 
 // What the host asks `allocate` (or `reserve`, or `create`) for.
@@ -377,6 +499,26 @@ typedef struct MemplugRequest {
   uint32_t class_tag;
   // Since 1.1. Explicit padding; zero.
   uint32_t reserved0;
+  // Since 1.2 (present when `struct_size >= MEMPLUG_REQUEST_SIZE_1_2`;
+  // a host sends the 1.2 fields only when the agreed minor is at least
+  // 2). `MEMPLUG_HINT_*` bits; a plugin ignores bits it does not know.
+  uint32_t hints;
+  // Since 1.2. `MEMPLUG_HANDLE_*` kinds the caller will export the
+  // object as (many APIs decide at creation). A plugin that cannot make
+  // an object exportable as one of them refuses with
+  // `MEMPLUG_STATUS_UNSUPPORTED`.
+  uint32_t export_types;
+  // Since 1.2. The page size wanted, a power of two the mechanism
+  // publishes in `page_sizes`; zero for the mechanism's choice. Another
+  // value is refused with `MEMPLUG_STATUS_INVALID_ARGUMENT`.
+  uint64_t page_size;
+  // Since 1.2. Where the memory should live: `MEMPLUG_LOCATION_*`
+  // (`MEMPLUG_LOCATION_ANY`: no preference) and its node or tier. A
+  // plugin that cannot place it there refuses with
+  // `MEMPLUG_STATUS_UNSUPPORTED`.
+  uint32_t location_kind;
+  // Since 1.2. The node or tier `location_kind` names (else zero).
+  uint32_t location_id;
 } MemplugRequest;
 
 // An object made by a plugin: an allocation, a reservation or a physical
@@ -642,6 +784,32 @@ typedef struct MemplugSync {
   MemplugStatus (*fence_destroy)(void *ctx, uint64_t fence, const struct MemplugMessageSink *sink);
 } MemplugSync;
 
+// Since 1.2. A device's identity: what lets a runtime match a mechanism's
+// device with the same device seen through another API (a UUID, a PCI
+// address) and tell sub-devices and NUMA nodes apart. Fields not named in
+// `valid` are zero and meaningless.
+typedef struct MemplugDeviceIdentity {
+  // `sizeof(MemplugDeviceIdentity)` as the plugin knows it.
+  uint32_t struct_size;
+  // `MEMPLUG_IDENTITY_*` bits: which fields below are meaningful.
+  uint32_t valid;
+  // The device's UUID as its driver reports it (16 bytes).
+  uint8_t uuid[16];
+  // PCI domain of the device.
+  uint32_t pci_domain;
+  // PCI bus.
+  uint32_t pci_bus;
+  // PCI device.
+  uint32_t pci_device;
+  // PCI function.
+  uint32_t pci_function;
+  // Index of the sub-device (tile, partition, MIG instance) within the
+  // device.
+  uint32_t sub_device;
+  // The NUMA node closest to the device (for a CPU: its node).
+  uint32_t numa_node;
+} MemplugDeviceIdentity;
+
 // A mechanism: one way of getting memory on one device. Plugin-owned and
 // immutable after negotiation; `ctx` is passed to every slot of its
 // sub-vtables.
@@ -668,6 +836,11 @@ typedef struct MemplugMechanism {
   const struct MemplugSharedMapping *shared_mapping;
   // Present if and only if `MEMPLUG_CAP_SYNC` is set.
   const struct MemplugSync *sync;
+  // Since 1.2 (present when `struct_size` is at least
+  // `MEMPLUG_MECHANISM_SIZE_1_2`). Who the device is, beyond its kind and
+  // ordinal; may be NULL (nothing more is known). Plugin-owned,
+  // immutable, valid until unload.
+  const struct MemplugDeviceIdentity *identity;
 } MemplugMechanism;
 
 // A plugin: a library's description of itself and of its mechanisms.
@@ -801,11 +974,60 @@ typedef MemplugStatus (*MemplugEntryV1)(const struct MemplugHostInfo *host,
 // treats it as `MEMPLUG_STATUS_INTERNAL` there).
 #define MEMPLUG_STATUS_DEVICE_LOST 15
 
-// Host (CPU) memory.
+// Host (CPU) memory. The ordinal of a CPU device is its NUMA node (0 on a
+// machine without NUMA); a mechanism not bound to one node says so with
+// `MEMPLUG_LOCATION_HOST` in its properties.
 #define MEMPLUG_DEVICE_CPU 1
 
-// An NVIDIA CUDA device.
+// An NVIDIA CUDA device (ordinal: the CUDA device ordinal).
 #define MEMPLUG_DEVICE_CUDA 2
+
+// Since 1.2. CUDA pinned host memory.
+#define MEMPLUG_DEVICE_CUDA_HOST 3
+
+// Since 1.2. An OpenCL device.
+#define MEMPLUG_DEVICE_OPENCL 4
+
+// Since 1.2. A Vulkan device.
+#define MEMPLUG_DEVICE_VULKAN 7
+
+// Since 1.2. A Metal device.
+#define MEMPLUG_DEVICE_METAL 8
+
+// Since 1.2. A Verilog simulator buffer (DLPack's VPI).
+#define MEMPLUG_DEVICE_VPI 9
+
+// Since 1.2. An AMD ROCm / HIP device.
+#define MEMPLUG_DEVICE_ROCM 10
+
+// Since 1.2. ROCm pinned host memory.
+#define MEMPLUG_DEVICE_ROCM_HOST 11
+
+// Since 1.2. DLPack's reserved extension device.
+#define MEMPLUG_DEVICE_EXT_DEV 12
+
+// Since 1.2. CUDA managed (unified) memory.
+#define MEMPLUG_DEVICE_CUDA_MANAGED 13
+
+// Since 1.2. An Intel oneAPI / Level Zero device.
+#define MEMPLUG_DEVICE_ONEAPI 14
+
+// Since 1.2. A WebGPU device.
+#define MEMPLUG_DEVICE_WEBGPU 15
+
+// Since 1.2. A Qualcomm Hexagon DSP.
+#define MEMPLUG_DEVICE_HEXAGON 16
+
+// Since 1.2. A Microsoft MAIA device.
+#define MEMPLUG_DEVICE_MAIA 17
+
+// Since 1.2. First number of the range vendors take for kinds no standard
+// numbers (a vendor picks one and documents it; memplug never assigns
+// numbers in this range).
+#define MEMPLUG_DEVICE_VENDOR_FIRST 65536
+
+// Since 1.2. Last number of the vendor range.
+#define MEMPLUG_DEVICE_VENDOR_LAST 131071
 
 #endif  /* MEMPLUG_H */
 

@@ -74,6 +74,7 @@ fn request(size: u64, device: MemplugDevice, object_id: u64) -> MemplugRequest {
         device,
         class_tag: 0,
         reserved0: 0,
+        ..Default::default()
     }
 }
 

@@ -354,6 +354,7 @@ mod tests {
             device: MemplugDevice { kind: 5, ordinal: 6 },
             class_tag: 7,
             reserved0: 0,
+            ..Default::default()
         };
         let mut b = vec![0xee; 128];
         // SAFETY: plain data, copied whole into a larger buffer.
@@ -398,7 +399,7 @@ mod tests {
 
     #[test]
     fn a_view_is_the_struct_itself_when_it_is_long_enough() {
-        let b = request_bytes(abi::size_1_1::REQUEST);
+        let b = request_bytes(abi::size_1_2::REQUEST);
         let mut local = zeroed::<MemplugRequest>();
         // SAFETY: the buffer holds the whole struct.
         let v = unsafe { view::<MemplugRequest>(b.as_ptr().cast(), &mut local) }.unwrap();
@@ -414,8 +415,9 @@ mod tests {
     fn writes_stop_at_struct_size_and_keep_it_or_set_it() {
         let value =
             MemplugRequest { struct_size: 999, size: 0x1111, class_tag: 0x2222, ..Default::default() };
-        for (declared, written) in [(abi::size_1_0::REQUEST, 40), (abi::size_1_1::REQUEST, 48), (64, 48)] {
-            let mut b = [0xeeu8; 80];
+        let sizes = [(abi::size_1_0::REQUEST, 40), (abi::size_1_1::REQUEST, 48), (64, 64), (88, 72)];
+        for (declared, written) in sizes {
+            let mut b = [0xeeu8; 96];
             b[..4].copy_from_slice(&declared.to_ne_bytes());
             // SAFETY: the buffer holds at least the declared bytes.
             unsafe { write::<MemplugRequest>(b.as_mut_ptr().cast(), &value) }.unwrap();
@@ -423,7 +425,7 @@ mod tests {
             assert!(b[written..].iter().all(|&x| x == 0xee), "nothing past {written}");
             assert_eq!(b[8], 0x11, "the fields are written");
 
-            let mut c = [0xeeu8; 80];
+            let mut c = [0xeeu8; 96];
             c[..4].copy_from_slice(&declared.to_ne_bytes());
             // SAFETY: as above.
             unsafe { write_setting_size::<MemplugRequest>(c.as_mut_ptr().cast(), &value) }.unwrap();

@@ -142,6 +142,7 @@ fn req(size: u64, alignment: u64) -> MemplugRequest {
         device: DEV,
         class_tag: 0,
         reserved0: 0,
+        ..Default::default()
     }
 }
 

@@ -94,6 +94,7 @@ fn request(struct_size: u32) -> MemplugRequest {
         device: CPU0,
         class_tag: 0,
         reserved0: 0,
+        ..Default::default()
     }
 }
 

@@ -1223,7 +1223,12 @@ fn expect_mechanism(
         id: m.id,
         device: m.device,
         capabilities: caps,
-        properties: Properties { min_alignment: min, max_alignment: max, granularity: gran },
+        properties: Properties {
+            min_alignment: min,
+            max_alignment: max,
+            granularity: gran,
+            ..Default::default()
+        },
         virtual_backing: m.virtual_backing.is_some(),
         shared_mapping: m.shared_mapping.as_ref().map(|_| export),
         sync: m.sync.as_ref().map(|t| t.published("stream_adopt")),

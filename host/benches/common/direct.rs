@@ -72,6 +72,7 @@ impl DirectAllocator {
             device: self.device,
             class_tag: 0,
             reserved0: 0,
+            ..Default::default()
         };
         let mut b = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_0, ..Default::default() };
         // SAFETY: slots of a negotiated plugin; pointers live for the calls.

@@ -90,6 +90,7 @@ impl RawHost {
             device: self.mech.device,
             class_tag: 0,
             reserved0: 0,
+            ..Default::default()
         }
     }
 

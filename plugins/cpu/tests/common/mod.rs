@@ -180,6 +180,7 @@ impl Api {
             device: CPU0,
             class_tag: 0,
             reserved0: 0,
+            ..Default::default()
         }
     }
 

@@ -1,0 +1,215 @@
+//! ABI 1.2's memory descriptor and device identity, end to end (issue 12):
+//! what a plugin publishes reaches `Mechanism::properties().descriptor` and
+//! `Mechanism::identity` at 1.2 and nothing of it at 1.1; selection by
+//! attributes, location and page size; a binding's placement reaches the
+//! plugin's requests (hints, page size, location, export kinds) at 1.2 and
+//! not below; the SDK refuses a page size the mechanism does not publish;
+//! the loader refuses a malformed recommended granularity.
+
+use memplug_host::governor::AllocationClass;
+use memplug_host::{
+    BindingSpec, Descriptor, LoadError, LoadOptions, Location, MemoryNeeds, Plugin, ProcessMemoryManager,
+    Requirements, Status,
+};
+use memplug_sdk::abi::*;
+use memplug_sdk::*;
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+const CPU1: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 1 };
+const MIB2: u64 = 2 << 20;
+
+fn descriptor() -> Descriptor {
+    Descriptor {
+        recommended_granularity: 64 << 10,
+        page_sizes: Descriptor::page_size_bit(4096) | Descriptor::page_size_bit(MIB2),
+        attributes: MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_ZERO_FILLED,
+        export_types: MEMPLUG_HANDLE_MEMFD,
+        location: Location::numa_node(1),
+        maps_at_offsets: true,
+    }
+}
+
+fn identity() -> DeviceIdentity {
+    DeviceIdentity {
+        valid: MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_PCI | MEMPLUG_IDENTITY_NUMA_NODE,
+        uuid: *b"memplug-test-dev",
+        pci_domain: 0,
+        pci_bus: 0x41,
+        pci_device: 2,
+        pci_function: 1,
+        numa_node: 1,
+        ..Default::default()
+    }
+}
+
+/// A heap allocator that keeps the last request it was sent.
+#[derive(Default)]
+struct Recorder {
+    last: Arc<Mutex<Option<Request>>>,
+    blocks: Mutex<HashMap<u64, Layout>>,
+    bad_granularity: bool,
+}
+
+impl Allocator for Recorder {
+    fn properties(&self) -> Properties {
+        Properties { min_alignment: 16, max_alignment: 4096, granularity: 4096 }
+    }
+    fn descriptor(&self) -> Descriptor {
+        let d = descriptor();
+        if self.bad_granularity {
+            return Descriptor { recommended_granularity: 3 << 12, ..d };
+        }
+        d
+    }
+    fn allocate(&self, r: &Request) -> PluginResult<Block> {
+        *self.last.lock().unwrap() = Some(*r);
+        let layout = Layout::from_size_align(r.size as usize, r.alignment as usize).unwrap();
+        // SAFETY: non-zero size (checked by the SDK).
+        let p = unsafe { std::alloc::alloc_zeroed(layout) } as u64;
+        self.blocks.lock().unwrap().insert(p, layout);
+        Ok(Block { addr: p, size: r.size, handle: p })
+    }
+    fn deallocate(&self, o: &ObjectRef) -> PluginResult<()> {
+        let l = self
+            .blocks
+            .lock()
+            .unwrap()
+            .remove(&o.handle)
+            .ok_or_else(|| PluginError::unknown_allocation("?"))?;
+        // SAFETY: allocated above with this layout.
+        unsafe { std::alloc::dealloc(o.handle as *mut u8, l) };
+        Ok(())
+    }
+}
+
+static LAST: OnceLock<Mutex<HashMap<&'static str, Arc<Mutex<Option<Request>>>>>> = OnceLock::new();
+
+fn last(name: &'static str) -> Arc<Mutex<Option<Request>>> {
+    LAST.get_or_init(Default::default).lock().unwrap().entry(name).or_default().clone()
+}
+
+fn build(name: &'static str, bad_granularity: bool) -> ExportedPlugin {
+    let r = Recorder { last: last(name), bad_granularity, ..Default::default() };
+    PluginBuilder::new(name, "1")
+        .mechanism(MechanismBuilder::new("rec", 7, CPU1, r).identity(identity()).build())
+        .live_objects(|| 0)
+        .build()
+}
+
+mod at12 {
+    fn init() -> memplug_sdk::ExportedPlugin {
+        super::build("rec-12", false)
+    }
+    memplug_sdk::declare_entry!(pub entry, init);
+}
+mod at11 {
+    fn init() -> memplug_sdk::ExportedPlugin {
+        super::build("rec-11", false)
+    }
+    memplug_sdk::declare_entry!(pub entry, init);
+}
+mod bad {
+    fn init() -> memplug_sdk::ExportedPlugin {
+        super::build("rec-bad", true)
+    }
+    memplug_sdk::declare_entry!(pub entry, init);
+}
+
+fn load(entry: MemplugEntryV1, name: &str, max_minor: u32) -> Result<Plugin, LoadError> {
+    let opts = LoadOptions { max_minor, ..LoadOptions::default() };
+    unsafe { Plugin::from_entry(entry, name, &opts) }
+}
+
+#[test]
+fn the_descriptor_and_identity_reach_a_1_2_host_and_nothing_of_them_a_1_1_host() {
+    let p = load(at12::entry, "rec-12", 2).unwrap();
+    let m = p.mechanism("rec").unwrap();
+    assert_eq!(m.properties().descriptor, descriptor());
+    assert_eq!(m.properties().granularity, 4096);
+    let id = m.identity().expect("published");
+    assert_eq!((id.uuid, id.pci_bus, id.pci_function, id.numa_node), (*b"memplug-test-dev", 0x41, 1, 1));
+    assert_eq!(id.valid, MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_PCI | MEMPLUG_IDENTITY_NUMA_NODE);
+
+    let p11 = load(at11::entry, "rec-11", 1).unwrap();
+    let m11 = p11.mechanism("rec").unwrap();
+    assert_eq!(p11.abi_version(), (1, 1));
+    assert_eq!(m11.properties().descriptor, Descriptor::default(), "a 1.1 host reads only the 1.0 prefix");
+    assert_eq!(m11.identity(), None);
+}
+
+#[test]
+fn selection_by_attributes_location_and_page_size_says_what_is_missing() {
+    let mgr = ProcessMemoryManager::new();
+    mgr.register_plugin(load(at12::entry, "rec-12", 2).unwrap()).unwrap();
+    let any = Requirements::ALLOCATOR_ONLY;
+    let needs = MemoryNeeds {
+        attributes: MEMPLUG_ATTR_ZERO_FILLED,
+        location: Some(Location::numa_node(1)),
+        page_size: Some(MIB2),
+    };
+    assert!(mgr.select_needing(CPU1, any, &needs).is_ok());
+    let pinned = MemoryNeeds { attributes: MEMPLUG_ATTR_PINNED | MEMPLUG_ATTR_ZERO_FILLED, ..needs };
+    let e = mgr.select_needing(CPU1, any, &pinned).unwrap_err().to_string();
+    assert!(e.contains("attributes 0x8"), "names only the missing bit: {e}");
+    let elsewhere = MemoryNeeds { location: Some(Location::numa_node(0)), ..needs };
+    let e = mgr.select_needing(CPU1, any, &elsewhere).unwrap_err().to_string();
+    assert!(e.contains("location 3:0 (it has 3:1)"), "{e}");
+    let huge = MemoryNeeds { page_size: Some(1 << 30), ..needs };
+    let e = mgr.select_needing(CPU1, any, &huge).unwrap_err().to_string();
+    assert!(e.contains("page size 0x40000000"), "{e}");
+}
+
+#[test]
+fn a_bindings_placement_reaches_a_1_2_plugin_and_not_a_1_1_one() {
+    for (entry, name, minor) in [(at12::entry as MemplugEntryV1, "rec-12", 2), (at11::entry, "rec-11", 1)] {
+        let mgr = ProcessMemoryManager::new();
+        mgr.register_plugin(load(entry, name, minor).unwrap()).unwrap();
+        let ctx = mgr.context(&format!("{name}/rec")).unwrap();
+        let pool = mgr.create_pool("p", 1 << 30).unwrap();
+        let spec = BindingSpec::new(AllocationClass::Kv)
+            .uninitialized_ok()
+            .page_size(MIB2)
+            .location(Location::numa_node(1))
+            .export_types(MEMPLUG_HANDLE_MEMFD);
+        let b = mgr.bind(&ctx, &pool, spec).unwrap();
+        let a = b.allocate(8192, 64).unwrap();
+        let r = last(if minor == 2 { "rec-12" } else { "rec-11" }).lock().unwrap().unwrap();
+        if minor == 2 {
+            assert!(r.uninitialized_ok());
+            assert_eq!(
+                (r.page_size, r.location, r.export_types),
+                (MIB2, Location::numa_node(1), MEMPLUG_HANDLE_MEMFD)
+            );
+        } else {
+            assert_eq!((r.hints, r.page_size, r.location, r.export_types), (0, 0, Location::ANY, 0), "{r:?}");
+        }
+        assert_eq!(r.class(), RequestClass::Kv);
+        drop(a);
+        assert_eq!(pool.used(), 0);
+    }
+}
+
+#[test]
+fn a_page_size_the_mechanism_does_not_publish_is_refused_by_the_sdk() {
+    let mgr = ProcessMemoryManager::new();
+    mgr.register_plugin(load(at12::entry, "rec-12", 2).unwrap()).unwrap();
+    let ctx = mgr.context("rec-12/rec").unwrap();
+    let pool = mgr.create_pool("p", 1 << 30).unwrap();
+    let b = mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv).page_size(64 << 10)).unwrap();
+    let e = b.allocate(4096, 64).unwrap_err();
+    assert!(
+        matches!(&e, memplug_host::BindingError::Plugin(c) if c.status == Status::InvalidArgument && c.message.contains("page size 0x10000")),
+        "{e}"
+    );
+    assert_eq!(pool.used(), 0, "the refused request's grant came back");
+}
+
+#[test]
+fn a_recommended_granularity_that_is_no_multiple_of_the_granularity_is_refused_at_load() {
+    let e = load(bad::entry, "rec-bad", 2).unwrap_err().to_string();
+    assert!(e.contains("recommended_granularity 0x3000"), "{e}");
+    // A 1.1 host never reads the descriptor, so the same plugin loads there.
+    assert!(load(bad::entry, "rec-bad", 1).is_ok());
+}
