@@ -2,14 +2,18 @@
  * future_plugin.c: a plugin from the future, for the compatibility matrix
  * (abi-tests/tests/compat_matrix.rs).
  *
- * It speaks ABI 1.0..=1.2, where "1.2" is a minor no host here knows: every
+ * It speaks ABI 1.0..=1.3, where "1.3" is a minor no host here knows: every
  * struct it publishes is longer than any header describes (fields and slots
- * appended after the 1.1 layout, struct_size set to the longer size), its
+ * appended after the 1.2 layout, struct_size set to the longer size), its
  * mechanism sets capability bits no minor defines, and it knows a longer
  * MemplugBlock than hosts do (so it must write host out-structs only up to
- * the host's struct_size). A correct host of 1.0 or 1.1 reads each struct as
- * the prefix it knows, ignores the unknown bits, never calls a slot it does
- * not know, and agrees on its own newest minor.
+ * the host's struct_size). A correct host of 1.0, 1.1 or 1.2 reads each
+ * struct as the prefix it knows, ignores the unknown bits, never calls a
+ * slot it does not know, and agrees on its own newest minor. It also does
+ * what 1.2 asks of a plugin that loses its device, through a test trigger
+ * the conformance kit knows ("device loss" below): reports through the
+ * services of every 1.2 host, DEVICE_LOST from every slot at 1.2, and
+ * DEVICE_UNAVAILABLE (never DEVICE_LOST) below 1.2.
  *
  * The memory work is the C example plugin's (c-examples/plugin/
  * example_plugin.c, included below with its entry renamed and hidden): this
@@ -26,7 +30,12 @@
  *   FUTURE_EXPORT_ALONE    claims MEMPLUG_CAP_SHARED_EXPORT without
  *                          MEMPLUG_CAP_SHARED_MAPPING
  * In the first two the shared mapping table is published (flag and pointer
- * agree) but its slots refuse every call: no check reaches them.
+ * agree) but its slots refuse every call: no check reaches them. And one
+ * variant that breaks the prefix rule itself, to show the C hosts of the
+ * matrix catch it:
+ *   FUTURE_PEEK_SERVICES   reads the host info's 1.2 `services` field
+ *                          whatever the host's struct_size (a 1.0 or 1.1
+ *                          host's info ends before it)
  */
 
 /* The example, with its entry symbol renamed and not exported. */
@@ -37,13 +46,16 @@
 #undef MEMPLUG_EXPORT
 #define MEMPLUG_EXPORT __attribute__((visibility("default")))
 
-#if MEMPLUG_ABI_MINOR < 1
-#error "future_plugin.c is compiled against the current header (1.1 or newer)"
+#if MEMPLUG_ABI_MINOR < 2
+#error "future_plugin.c is compiled against the current header (1.2 or newer)"
 #endif
 
 #define FUTURE_MIN_MINOR 0u
-#define FUTURE_MAX_MINOR 2u
-/* Capability bits of "1.2" and of a vendor extension: no header defines
+#define FUTURE_MAX_MINOR 3u
+#if MEMPLUG_ABI_MINOR >= 3
+#error "FUTURE_MAX_MINOR must stay above the newest minor the header describes: bump it"
+#endif
+/* Capability bits of "1.3" and of a vendor extension: no header defines
  * them. */
 #define FUTURE_CAP_BITS ((uint32_t)1 << 9 | (uint32_t)1 << 20)
 
@@ -51,42 +63,42 @@
 #define FUTURE_BROKEN_TABLE 1 /* publishes a shared mapping table */
 #endif
 
-/* ---- the longer structs of "1.2" ---- */
+/* ---- the longer structs of "1.3" ---- */
 
 typedef MemplugStatus (*future_slot_fn)(void *ctx, uint64_t arg, const MemplugMessageSink *sink);
 
 typedef struct {
     MemplugPlugin base;
-    uint64_t plugin_flags_1_2;
-    const void *extension_1_2;
+    uint64_t plugin_flags_1_3;
+    const void *extension_1_3;
 } FuturePlugin;
 
 typedef struct {
     MemplugMechanism base;
-    const void *future_table_1_2; /* the sub-vtable of a capability 1.2 adds */
-    uint64_t numa_node_1_2;
+    const void *future_table_1_3; /* the sub-vtable of a capability 1.3 adds */
+    uint64_t numa_node_1_3;
 } FutureMechanism;
 
 typedef struct {
     MemplugAllocator base;
-    future_slot_fn allocate_hinted_1_2;
-    future_slot_fn trim_1_2;
+    future_slot_fn allocate_hinted_1_3;
+    future_slot_fn trim_1_3;
 } FutureAllocator;
 
 typedef struct {
     MemplugVirtualBacking base;
-    future_slot_fn commit_huge_1_2;
+    future_slot_fn commit_huge_1_3;
 } FutureVirtualBacking;
 
 typedef struct {
     MemplugSharedMapping base; /* 1.1 layout, export/import included */
-    future_slot_fn export_handle_1_2;
+    future_slot_fn export_handle_1_3;
 } FutureSharedMapping;
 
 /* What this plugin thinks a block is. */
 typedef struct {
     MemplugBlock base;
-    uint64_t numa_node_1_2;
+    uint64_t numa_node_1_3;
 } FutureBlock;
 
 /* A slot no host knows: it must never be called. */
@@ -94,9 +106,174 @@ static MemplugStatus future_slot(void *ctx, uint64_t arg, const MemplugMessageSi
 {
     (void)ctx;
     (void)arg;
-    fprintf(stderr, "future_plugin: a host called a 1.2 slot it cannot know\n");
+    fprintf(stderr, "future_plugin: a host called a 1.3 slot it cannot know\n");
     abort();
     return say(sink, MEMPLUG_STATUS_INTERNAL, "unreachable");
+}
+
+/* ---- device loss (1.2), through the host's services ----
+ *
+ * A test trigger, exported under the name the conformance kit looks for
+ * (memplug_conformance::LOSS_TRIGGERS):
+ *
+ *     MemplugStatus memplug_test_trigger_device_lost(uint64_t mechanism_id);
+ *
+ * reports the plugin's mechanism lost the way a device plugin reports a
+ * dead device: from then on every slot of it fails, and every host that
+ * agreed on 1.2 or newer and published a services table long enough for
+ * report_device_lost is told, after the trigger took the lock off. What a
+ * slot answers depends on the minor of the descriptor it was reached
+ * through (each view's mechanism ctx carries it): MEMPLUG_STATUS_DEVICE_LOST
+ * through a 1.2 (or newer) view, MEMPLUG_STATUS_DEVICE_UNAVAILABLE through a
+ * 1.0 or 1.1 one (a plugin that agreed below 1.2 never returns DEVICE_LOST).
+ * An id the plugin does not publish is WRONG_MECHANISM, and nothing
+ * happens. When the last host holding the plugin calls `unload`, the loss
+ * and the hosts are forgotten (the next load starts afresh, as a rebuilt
+ * plugin would). Below 1.2, or with a host info too short to carry
+ * `services`, the plugin never touches a services table. */
+#define FUTURE_MAX_HOSTS 8u
+
+static pthread_mutex_t g_future_loss_lock = PTHREAD_MUTEX_INITIALIZER;
+static MemplugHostServices g_future_hosts[FUTURE_MAX_HOSTS];
+static uint32_t g_future_host_count;
+static uint32_t g_future_holds;
+static int g_future_lost;
+
+/* The minor of the view a slot was reached through (ctx = minor + 1). */
+static uint32_t future_view_minor(void *ctx)
+{
+    return (uint32_t)((uintptr_t)ctx - 1u);
+}
+
+static MemplugStatus future_lost(void *ctx, const MemplugMessageSink *sink)
+{
+    int lost;
+
+    pthread_mutex_lock(&g_future_loss_lock);
+    lost = g_future_lost;
+    pthread_mutex_unlock(&g_future_loss_lock);
+    if (!lost) {
+        return MEMPLUG_STATUS_OK;
+    }
+    if (future_view_minor(ctx) >= 2u) {
+        return say(sink, MEMPLUG_STATUS_DEVICE_LOST, "future_plugin: the device is lost (test trigger)");
+    }
+    return say(sink, MEMPLUG_STATUS_DEVICE_UNAVAILABLE,
+               "future_plugin: the device is gone (test trigger; DEVICE_LOST is not a 1.%u status)",
+               (unsigned)future_view_minor(ctx));
+}
+
+#define FUTURE_UNLESS_LOST(ctx, sink)                                                                          \
+    do {                                                                                                       \
+        MemplugStatus lost_ = future_lost((ctx), (sink));                                                      \
+        if (lost_ != MEMPLUG_STATUS_OK) {                                                                      \
+            return lost_;                                                                                      \
+        }                                                                                                      \
+    } while (0)
+
+/* A successful negotiation: one more hold, and the host's services kept
+ * when they are 1.2's to use. */
+static void future_hold(const MemplugHostInfo *h, uint32_t agreed)
+{
+    MemplugHostServices s;
+    uint32_t declared = 0;
+
+    memset(&s, 0, sizeof s);
+    if (agreed >= 2u && h->struct_size >= MEMPLUG_HOST_INFO_SIZE_1_2 && h->services != NULL) {
+        memcpy(&declared, h->services, sizeof declared);
+        if (declared >= MEMPLUG_HOST_SERVICES_SIZE_1_2) {
+            memcpy(&s, h->services, declared < sizeof s ? declared : sizeof s);
+        }
+    }
+    pthread_mutex_lock(&g_future_loss_lock);
+    g_future_holds++;
+    if (s.report_device_lost != NULL && g_future_host_count < FUTURE_MAX_HOSTS) {
+        g_future_hosts[g_future_host_count++] = s;
+    }
+    pthread_mutex_unlock(&g_future_loss_lock);
+}
+
+static void future_unload(void *ctx)
+{
+    (void)ctx;
+    pthread_mutex_lock(&g_future_loss_lock);
+    if (g_future_holds > 0) {
+        g_future_holds--;
+    }
+    if (g_future_holds == 0) {
+        g_future_lost = 0;
+        g_future_host_count = 0;
+    }
+    pthread_mutex_unlock(&g_future_loss_lock);
+}
+
+MEMPLUG_EXPORT MemplugStatus memplug_test_trigger_device_lost(uint64_t mechanism_id);
+
+MEMPLUG_EXPORT MemplugStatus memplug_test_trigger_device_lost(uint64_t mechanism_id)
+{
+    static const char reason[] = "future_plugin: test trigger";
+    MemplugHostServices hosts[FUTURE_MAX_HOSTS];
+    uint32_t n, i;
+
+    if (mechanism_id != EX_MECHANISM_ID) {
+        return MEMPLUG_STATUS_WRONG_MECHANISM;
+    }
+    pthread_mutex_lock(&g_future_loss_lock);
+    g_future_lost = 1;
+    n = g_future_host_count;
+    memcpy(hosts, g_future_hosts, sizeof hosts);
+    pthread_mutex_unlock(&g_future_loss_lock);
+    /* No lock of ours is held while a host is called. */
+    for (i = 0; i < n; i++) {
+        hosts[i].report_device_lost(hosts[i].ctx, mechanism_id, reason, sizeof reason - 1);
+    }
+    return MEMPLUG_STATUS_OK;
+}
+
+/* Every slot of the mechanism fails once it is lost. */
+static MemplugStatus future_properties(void *ctx, MemplugProperties *out, const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_properties(ctx, out, sink);
+}
+
+static MemplugStatus future_deallocate(void *ctx, const MemplugObjectRef *object, const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_deallocate(ctx, object, sink);
+}
+
+static MemplugStatus future_memory_info(void *ctx, MemplugMemoryInfo *out, const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_memory_info(ctx, out, sink);
+}
+
+static MemplugStatus future_commit(void *ctx, const MemplugObjectRef *reservation, uint64_t offset, uint64_t len,
+                                   const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_commit(ctx, reservation, offset, len, sink);
+}
+
+static MemplugStatus future_decommit(void *ctx, const MemplugObjectRef *reservation, uint64_t offset,
+                                     uint64_t len, const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_decommit(ctx, reservation, offset, len, sink);
+}
+
+static MemplugStatus future_committed_bytes(void *ctx, const MemplugObjectRef *reservation, uint64_t *out,
+                                            const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_committed_bytes(ctx, reservation, out, sink);
+}
+
+static MemplugStatus future_release(void *ctx, const MemplugObjectRef *reservation, const MemplugMessageSink *sink)
+{
+    FUTURE_UNLESS_LOST(ctx, sink);
+    return ex_release(ctx, reservation, sink);
 }
 
 /* ---- allocate and reserve write a longer block, within the host's size ---- */
@@ -120,7 +297,7 @@ static MemplugStatus future_make(MemplugStatus (*inner)(void *, const MemplugReq
     if (st != MEMPLUG_STATUS_OK) {
         return st;
     }
-    local.numa_node_1_2 = 0;
+    local.numa_node_1_3 = 0;
     write_prefix(out, &local, sizeof local);
     return MEMPLUG_STATUS_OK;
 }
@@ -128,12 +305,14 @@ static MemplugStatus future_make(MemplugStatus (*inner)(void *, const MemplugReq
 static MemplugStatus future_allocate(void *ctx, const MemplugRequest *request, MemplugBlock *out,
                                      const MemplugMessageSink *sink)
 {
+    FUTURE_UNLESS_LOST(ctx, sink);
     return future_make(ex_allocate, ctx, request, out, sink);
 }
 
 static MemplugStatus future_reserve(void *ctx, const MemplugRequest *request, MemplugBlock *out,
                                     const MemplugMessageSink *sink)
 {
+    FUTURE_UNLESS_LOST(ctx, sink);
     return future_make(ex_reserve, ctx, request, out, sink);
 }
 
@@ -190,7 +369,7 @@ static const FutureSharedMapping g_future_shared = {
             .export_fd = nope_export,
             .import_fd = nope_import,
         },
-    .export_handle_1_2 = future_slot,
+    .export_handle_1_3 = future_slot,
 };
 #endif
 
@@ -200,13 +379,13 @@ static const FutureAllocator g_future_allocator = {
     .base =
         {
             .struct_size = sizeof(FutureAllocator),
-            .properties = ex_properties,
+            .properties = future_properties,
             .allocate = future_allocate,
-            .deallocate = ex_deallocate,
-            .memory_info = ex_memory_info,
+            .deallocate = future_deallocate,
+            .memory_info = future_memory_info,
         },
-    .allocate_hinted_1_2 = future_slot,
-    .trim_1_2 = future_slot,
+    .allocate_hinted_1_3 = future_slot,
+    .trim_1_3 = future_slot,
 };
 
 static const FutureVirtualBacking g_future_virtual_backing = {
@@ -214,12 +393,12 @@ static const FutureVirtualBacking g_future_virtual_backing = {
         {
             .struct_size = sizeof(FutureVirtualBacking),
             .reserve = future_reserve,
-            .commit = ex_commit,
-            .decommit = ex_decommit,
-            .committed_bytes = ex_committed_bytes,
-            .release = ex_release,
+            .commit = future_commit,
+            .decommit = future_decommit,
+            .committed_bytes = future_committed_bytes,
+            .release = future_release,
         },
-    .commit_huge_1_2 = future_slot,
+    .commit_huge_1_3 = future_slot,
 };
 
 static const uint64_t g_future_table[4] = {0x1202, 0, 0, 0};
@@ -267,7 +446,7 @@ static void future_build(void)
         m->base.name = "future";
         m->base.device.kind = EX_DEVICE_KIND;
         m->base.device.ordinal = EX_DEVICE_ORDINAL;
-        m->base.ctx = NULL;
+        m->base.ctx = (void *)(uintptr_t)(minor + 1u); /* the view's minor, for future_lost */
         m->base.allocator = &g_future_allocator.base;
         m->base.virtual_backing = &g_future_virtual_backing.base;
 #ifdef FUTURE_BROKEN_TABLE
@@ -276,8 +455,8 @@ static void future_build(void)
         m->base.shared_mapping = NULL;
 #endif
         m->base.sync = NULL;
-        m->future_table_1_2 = g_future_table;
-        m->numa_node_1_2 = 0;
+        m->future_table_1_3 = g_future_table;
+        m->numa_node_1_3 = 0;
         g_future_mechanism_lists[minor][0] = &m->base;
 
         p->base.struct_size = sizeof *p;
@@ -285,26 +464,26 @@ static void future_build(void)
         p->base.min_minor = FUTURE_MIN_MINOR;
         p->base.max_minor = FUTURE_MAX_MINOR;
         p->base.name = "memplug-future";
-        p->base.version = "1.2.0-simulated";
+        p->base.version = "1.3.0-simulated";
         p->base.ctx = NULL;
         p->base.mechanism_count = 1;
         p->base.mechanisms = g_future_mechanism_lists[minor];
         p->base.live_objects = ex_live_objects;
-        p->base.unload = NULL;
-        p->plugin_flags_1_2 = 0x12;
-        p->extension_1_2 = g_future_table;
+        p->base.unload = future_unload;
+        p->plugin_flags_1_3 = 0x13;
+        p->extension_1_3 = g_future_table;
     }
 }
 
-/* "1.2" hosts send a longer host info: read the prefix this plugin knows. */
+/* "1.3" hosts send a longer host info: read the prefix this plugin knows. */
 typedef struct {
     MemplugHostInfo base;
-    uint64_t host_flags_1_2;
+    uint64_t host_flags_1_3;
 } FutureHostInfo;
 
 typedef struct {
     MemplugNegotiation base;
-    uint64_t negotiation_flags_1_2;
+    uint64_t negotiation_flags_1_3;
 } FutureNegotiation;
 
 MEMPLUG_EXPORT MemplugStatus memplug_plugin_v1(const MemplugHostInfo *host, MemplugNegotiation *out,
@@ -319,6 +498,13 @@ MEMPLUG_EXPORT MemplugStatus memplug_plugin_v1(const MemplugHostInfo *host, Memp
     MemplugStatus st;
 
     (void)future_inner_entry_v1; /* the example's own entry is not used */
+#ifdef FUTURE_PEEK_SERVICES
+    {
+        /* Wrong on purpose: past a 24-byte host info. */
+        const void *volatile peek = host->services;
+        (void)peek;
+    }
+#endif
     st = read_prefix(&h, sizeof h, host, MEMPLUG_HOST_INFO_SIZE_1_0, "host info", sink);
     if (st != MEMPLUG_STATUS_OK) {
         return st;
@@ -339,10 +525,11 @@ MEMPLUG_EXPORT MemplugStatus memplug_plugin_v1(const MemplugHostInfo *host, Memp
                    (unsigned)h.base.min_minor, (unsigned)h.base.max_minor, FUTURE_MIN_MINOR, FUTURE_MAX_MINOR);
     }
     pthread_once(&g_future_once, future_build);
+    future_hold(&h.base, hi);
     memset(&answer, 0, sizeof answer);
     answer.base.agreed_minor = hi;
     answer.base.plugin = &g_future_plugins[hi].base;
-    answer.negotiation_flags_1_2 = 0x12;
+    answer.negotiation_flags_1_3 = 0x13;
     write_prefix(out, &answer, sizeof answer);
     return MEMPLUG_STATUS_OK;
 }

@@ -11,7 +11,9 @@
 static_assert(std::is_standard_layout<MemplugPlugin>::value, "MemplugPlugin layout");
 static_assert(std::is_trivially_copyable<MemplugMechanism>::value, "MemplugMechanism copy");
 static_assert(std::is_standard_layout<MemplugObjectRef>::value, "MemplugObjectRef layout");
-static_assert(sizeof(MemplugHostInfo) == MEMPLUG_HOST_INFO_SIZE_1_0, "HostInfo size");
+// Every minor's size is a prefix of the struct (MemplugHostInfo grew in 1.2).
+static_assert(sizeof(MemplugHostInfo) >= MEMPLUG_HOST_INFO_SIZE_1_0, "HostInfo size");
+static_assert(MEMPLUG_HOST_INFO_SIZE_1_0 == 24, "HostInfo 1.0 size");
 
 int memplug_header_twice_cxx(const MemplugPlugin *plugin, MemplugEntryV1 entry);
 

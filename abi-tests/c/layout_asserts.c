@@ -20,9 +20,9 @@
 #define MEMPLUG_CHECK(cond) _Static_assert(cond, #cond)
 
 /* ---- The MEMPLUG_*_SIZE_1_0 constants are the 1.0 sizes: the current sizes
- *      for structs 1.1 left alone, a prefix of the ones it grew. ---- */
+ *      for structs later minors left alone, a prefix of the ones they grew. ---- */
 
-MEMPLUG_CHECK(sizeof(MemplugHostInfo) == MEMPLUG_HOST_INFO_SIZE_1_0);
+MEMPLUG_CHECK(sizeof(MemplugHostInfo) >= MEMPLUG_HOST_INFO_SIZE_1_0); /* grown in 1.2 */
 MEMPLUG_CHECK(sizeof(MemplugNegotiation) == MEMPLUG_NEGOTIATION_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugPlugin) == MEMPLUG_PLUGIN_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugMechanism) == MEMPLUG_MECHANISM_SIZE_1_0);
@@ -66,7 +66,7 @@ MEMPLUG_CHECK(_Alignof(MemplugMessageSink) == 8);
 MEMPLUG_CHECK(offsetof(MemplugMessageSink, ctx) == 0);
 MEMPLUG_CHECK(offsetof(MemplugMessageSink, write) == 8);
 
-MEMPLUG_CHECK(sizeof(MemplugHostInfo) == 24);
+MEMPLUG_CHECK(MEMPLUG_HOST_INFO_SIZE_1_0 == 24 && sizeof(MemplugHostInfo) >= 24);
 MEMPLUG_CHECK(_Alignof(MemplugHostInfo) == 8);
 MEMPLUG_CHECK(offsetof(MemplugHostInfo, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugHostInfo, abi_major) == 4);

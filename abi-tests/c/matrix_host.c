@@ -1,22 +1,29 @@
 /*
- * matrix_host.c: a memplug host frozen at ABI 1.0, for the compatibility
- * matrix (abi-tests/tests/compat_matrix.rs).
+ * matrix_host.c: a memplug host frozen at a released minor, for the
+ * compatibility matrix (abi-tests/tests/compat_matrix.rs).
  *
- * Compiled against abi-tests/frozen/1.0/memplug.h, never against the
- * current header: it is what a runtime built when 1.0 was the newest minor
- * does with any plugin, old or new. It loads the plugin given on the
- * command line (dlopen, RTLD_NOW | RTLD_LOCAL), negotiates 1.0..=1.0, reads
+ * Compiled against a frozen header (abi-tests/frozen/1.0/memplug.h or
+ * abi-tests/frozen/1.1/memplug.h), never against the current one: it is
+ * what a runtime built when that minor was the newest does with any
+ * plugin, old or new. HOST_MINOR is the header's MEMPLUG_ABI_MINOR. It loads
+ * the plugin given on the command line (dlopen, RTLD_NOW | RTLD_LOCAL),
+ * negotiates 1.0..=1.HOST_MINOR, expects the newest common minor, reads
  * every plugin struct as a prefix (min(struct_size, sizeof) into a zeroed
- * local), ignores capability bits 1.0 does not define, and runs the checks
- * 1.0 allows on each mechanism. One line per check on stdout:
+ * local), ignores capability bits the agreed minor does not define, and
+ * runs the checks that minor allows on each mechanism (1.1: export/import
+ * across descriptors, class-tagged 48-byte requests). One line per check on
+ * stdout:
  *
  *     check<TAB>name<TAB>pass|fail|skip|degraded<TAB>detail
  *
  * and a last line "summary<TAB>pass|fail<TAB>...". Exit status 0 when no
- * check failed. Requests it sends end right before a PROT_NONE page, so a
- * plugin reading past a 1.0 host's struct_size crashes the run (and fails
- * the cell) instead of going unnoticed; out-structs are followed by guard
- * bytes a plugin must not write.
+ * check failed. The host info it negotiates with and the requests it sends
+ * end right before a PROT_NONE page, so a plugin reading past the host's
+ * struct_size (a 1.2 plugin looking for `services` in a 24-byte host info,
+ * a 1.1 plugin reading a class tag from a 40-byte request) crashes the run
+ * (and fails the cell) instead of going unnoticed; out-structs are followed
+ * by guard bytes a plugin must not write. Neither frozen minor has host
+ * services: the "services" line says so.
  */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE 1
@@ -31,9 +38,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#if MEMPLUG_ABI_MINOR != 0
-#error "matrix_host.c must be compiled against the frozen ABI 1.0 header"
+#if MEMPLUG_ABI_MINOR > 1
+#error "matrix_host.c must be compiled against a frozen header (abi-tests/frozen/1.0 or 1.1)"
 #endif
+#define HOST_MINOR MEMPLUG_ABI_MINOR
 
 #define GUARD 0xA5
 #define GUARD_BYTES 32
@@ -41,6 +49,8 @@
 static int g_failed;
 static int g_checks;
 static uint64_t g_next_object_id = 1000;
+/* The minor agreed with the plugin (set once negotiation succeeded). */
+static uint32_t g_agreed;
 
 /* ---- output ---- */
 
@@ -113,31 +123,70 @@ static int read_prefix(void *local, size_t local_size, const void *src, uint32_t
 
 /* ---- host-owned structs ---- */
 
-/* A 1.0 request placed so that its last byte is the last byte before a
- * PROT_NONE page. */
-static MemplugRequest *g_request;
-
-static int setup_fenced_request(void)
+/* The end of a read-write page followed by a PROT_NONE page: a struct
+ * placed so that its last byte is the last byte before the PROT_NONE page
+ * faults whoever reads past it. */
+static unsigned char *fenced_page_end(void)
 {
     long page = sysconf(_SC_PAGESIZE);
     unsigned char *p = mmap(NULL, (size_t)page * 2, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
     if (p == MAP_FAILED || mprotect(p + page, (size_t)page, PROT_NONE) != 0) {
-        return 0;
+        return NULL;
     }
-    g_request = (MemplugRequest *)(void *)(p + page - sizeof(MemplugRequest));
-    return 1;
+    return p + page;
 }
 
+static unsigned char *g_request_end;
+static unsigned char *g_host_info_end;
+
+/* Size of the requests this host sends: 1.0's 40 bytes, or at agreed 1.1
+ * the 1.1 request (48 bytes, with a class tag). */
+static uint32_t request_size(void)
+{
+#if HOST_MINOR >= 1
+    if (g_agreed >= 1) {
+        return (uint32_t)sizeof(MemplugRequest);
+    }
+#endif
+    return MEMPLUG_REQUEST_SIZE_1_0;
+}
+
+/* A request of request_size() bytes ending at the PROT_NONE page. Only the
+ * fields within its struct_size are written. */
 static const MemplugRequest *request(const MemplugMechanism *m, uint64_t size, uint64_t alignment)
 {
-    memset(g_request, 0, sizeof *g_request);
-    g_request->struct_size = sizeof(MemplugRequest);
-    g_request->size = size;
-    g_request->alignment = alignment;
-    g_request->object_id = g_next_object_id++;
-    g_request->device = m->device;
-    return g_request;
+    uint32_t n = request_size();
+    MemplugRequest *r = (MemplugRequest *)(void *)(g_request_end - n);
+
+    memset(r, 0, n);
+    r->struct_size = n;
+    r->size = size;
+    r->alignment = alignment;
+    r->object_id = g_next_object_id++;
+    r->device = m->device;
+#if HOST_MINOR >= 1
+    if (n >= MEMPLUG_REQUEST_SIZE_1_1) {
+        r->class_tag = MEMPLUG_CLASS_KV;
+    }
+#endif
+    return r;
+}
+
+static uint32_t min_u32(uint32_t a, uint32_t b)
+{
+    return a < b ? a : b;
+}
+
+/* Capability bits the agreed minor defines. */
+static uint32_t known_caps(void)
+{
+#if HOST_MINOR >= 1
+    if (g_agreed >= 1) {
+        return MEMPLUG_CAP_ALL_1_1;
+    }
+#endif
+    return MEMPLUG_CAP_ALL_1_0;
 }
 
 /* An out-block followed by guard bytes. */
@@ -225,8 +274,8 @@ static void check_allocator(const MemplugMechanism *m, const MemplugAllocator *a
         return;
     }
     report("allocator", "pass",
-           "allocate/free with a 40-byte request ending at a PROT_NONE page; double free refused (%s)",
-           last_message());
+           "allocate/free with a %u-byte request ending at a PROT_NONE page; double free refused (%s)",
+           (unsigned)request_size(), last_message());
 }
 
 static void check_virtual_backing(const MemplugMechanism *m, const MemplugVirtualBacking *v, uint64_t g, int cpu)
@@ -335,6 +384,86 @@ static void check_shared_mapping(const MemplugMechanism *m, const MemplugVirtual
     }
 }
 
+#if HOST_MINOR >= 1
+/* 1.1: create -> map read-write -> write -> export_fd -> import_fd -> map
+ * the import read-only -> read the bytes back -> unmap, release. */
+static void check_export_import(const MemplugMechanism *m, const MemplugVirtualBacking *v,
+                                const MemplugSharedMapping *s, uint64_t g, int cpu)
+{
+    struct guarded_block out;
+    MemplugObjectRef a, b, res;
+    MemplugStatus st;
+    int32_t fd = -1;
+    uint64_t id;
+    int ok = 1;
+
+    guarded_init(&out);
+    id = g_next_object_id;
+    st = s->create(m->ctx, request(m, g, g), &out.block, &g_sink);
+    if (st != MEMPLUG_STATUS_OK) {
+        report("export_import", "fail", "create returned %u: %s", (unsigned)st, last_message());
+        return;
+    }
+    a = object_ref(m, id, &out.block);
+    guarded_init(&out);
+    id = g_next_object_id;
+    st = v->reserve(m->ctx, request(m, 2 * g, g), &out.block, &g_sink);
+    if (st != MEMPLUG_STATUS_OK) {
+        report("export_import", "fail", "reserve returned %u: %s", (unsigned)st, last_message());
+        s->release(m->ctx, &a, &g_sink);
+        return;
+    }
+    res = object_ref(m, id, &out.block);
+    st = s->map(m->ctx, &a, 0, &res, 0, g, MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE, &g_sink);
+    if (st == MEMPLUG_STATUS_OK && cpu) {
+        memcpy((void *)(uintptr_t)res.addr, "matrix", 6);
+    }
+    if (st == MEMPLUG_STATUS_OK) {
+        st = s->export_fd(m->ctx, &a, &fd, &g_sink);
+        if (st == MEMPLUG_STATUS_OK && fd <= 2) {
+            report("export_import", "fail", "export_fd returned descriptor %d", (int)fd);
+            ok = 0;
+        }
+    }
+    memset(&b, 0, sizeof b);
+    if (st == MEMPLUG_STATUS_OK && ok) {
+        guarded_init(&out);
+        id = g_next_object_id;
+        st = s->import_fd(m->ctx, fd, request(m, g, g), &out.block, &g_sink);
+        close(fd);
+        if (st == MEMPLUG_STATUS_OK) {
+            b = object_ref(m, id, &out.block);
+            st = s->map(m->ctx, &b, 0, &res, g, g, MEMPLUG_ACCESS_READ, &g_sink);
+            if (st == MEMPLUG_STATUS_OK && cpu && memcmp((const void *)(uintptr_t)(res.addr + g), "matrix", 6) != 0) {
+                report("export_import", "fail", "the imported object does not read what was written to the exported one");
+                ok = 0;
+            }
+            if (st == MEMPLUG_STATUS_OK) {
+                st = s->unmap(m->ctx, &res, g, g, &g_sink);
+            }
+        }
+    }
+    if (st != MEMPLUG_STATUS_OK && ok) {
+        report("export_import", "fail", "map/export_fd/import_fd/unmap returned %u: %s", (unsigned)st,
+               last_message());
+        ok = 0;
+    }
+    if (s->unmap(m->ctx, &res, 0, g, &g_sink) != MEMPLUG_STATUS_OK ||
+        v->release(m->ctx, &res, &g_sink) != MEMPLUG_STATUS_OK ||
+        s->release(m->ctx, &a, &g_sink) != MEMPLUG_STATUS_OK ||
+        (b.handle != 0 && s->release(m->ctx, &b, &g_sink) != MEMPLUG_STATUS_OK)) {
+        if (ok) {
+            report("export_import", "fail", "unmap or release failed: %s", last_message());
+        }
+        return;
+    }
+    if (ok) {
+        report("export_import", "pass",
+               "create, export_fd, import_fd in this process, the import reads what the export wrote");
+    }
+}
+#endif
+
 static volatile int g_host_fn_ran;
 
 static void host_fn(void *userdata)
@@ -387,20 +516,20 @@ static void check_mechanism(const MemplugMechanism *p, unsigned index)
     MemplugSync y;
     MemplugProperties props[2];
     uint32_t unknown;
-    int cpu, have_v = 0;
+    int cpu, have_v = 0, have_s = 0;
     MemplugStatus st;
 
     if (!read_prefix(&m, sizeof m, p, MEMPLUG_MECHANISM_SIZE_1_0)) {
         report("descriptor.mechanism", "fail", "mechanism #%u is NULL or shorter than 1.0", index);
         return;
     }
-    unknown = m.capabilities & ~(uint32_t)MEMPLUG_CAP_ALL_1_0;
+    unknown = m.capabilities & ~known_caps();
     report("descriptor.mechanism", "pass", "'%s' struct_size %u (this host knows %u), caps %#x",
            m.name != NULL ? m.name : "?", (unsigned)m.struct_size, (unsigned)sizeof m,
-           (unsigned)(m.capabilities & MEMPLUG_CAP_ALL_1_0));
+           (unsigned)(m.capabilities & known_caps()));
     if (unknown != 0) {
-        report("capabilities.unknown_bits", "degraded", "ignored bits %#x that 1.0 does not define",
-               (unsigned)unknown);
+        report("capabilities.unknown_bits", "degraded", "ignored bits %#x that 1.%u does not define",
+               (unsigned)unknown, (unsigned)g_agreed);
     }
     cpu = m.device.kind == MEMPLUG_DEVICE_CPU;
     if (!read_prefix(&a, sizeof a, m.allocator, MEMPLUG_ALLOCATOR_SIZE_1_0) || a.properties == NULL ||
@@ -431,6 +560,7 @@ static void check_mechanism(const MemplugMechanism *p, unsigned index)
     }
     if ((m.capabilities & MEMPLUG_CAP_SHARED_MAPPING) != 0) {
         if (read_prefix(&s, sizeof s, m.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0)) {
+            have_s = 1;
             check_shared_mapping(&m, have_v ? &v : NULL, &s, props[0].granularity, cpu);
             if (s.struct_size > sizeof s) {
                 report("shared_mapping.longer_table", "degraded",
@@ -452,15 +582,38 @@ static void check_mechanism(const MemplugMechanism *p, unsigned index)
     } else {
         report("sync", "skip", "not published");
     }
+#if HOST_MINOR >= 1
+    if (g_agreed == 0) {
+        report("export_import", "degraded", "unavailable: the plugin agreed on 1.0 (sharing across processes is 1.1)");
+    } else if ((m.capabilities & MEMPLUG_CAP_SHARED_EXPORT) == 0) {
+        report("export_import", "skip", "MEMPLUG_CAP_SHARED_EXPORT not published");
+    } else if (!have_s || !have_v || s.struct_size < MEMPLUG_SHARED_MAPPING_SIZE_1_1 || s.export_fd == NULL ||
+               s.import_fd == NULL) {
+        report("export_import", "fail", "MEMPLUG_CAP_SHARED_EXPORT set without a 1.1 shared mapping table "
+                                        "(or without a virtual backing to map into)");
+    } else {
+        check_export_import(&m, &v, &s, props[0].granularity, cpu);
+    }
+#else
+    (void)have_s;
     report("export_import", "degraded", "unavailable: this host speaks 1.0 (sharing across processes is 1.1)");
-    report("class_tag", "degraded", "not sent: 1.0 requests have no class_tag");
+#endif
+    if (request_size() > MEMPLUG_REQUEST_SIZE_1_0) {
+        report("class_tag", "pass", "%u-byte 1.1 requests with class_tag KV accepted", (unsigned)request_size());
+    } else if (HOST_MINOR >= 1) {
+        report("class_tag", "degraded", "not sent: the plugin agreed on 1.0 (40-byte requests)");
+    } else {
+        report("class_tag", "degraded", "not sent: 1.0 requests have no class_tag");
+    }
 }
 
 int main(int argc, char **argv)
 {
     void *lib, *sym;
     MemplugEntryV1 entry;
-    MemplugHostInfo host;
+    MemplugHostInfo *host;
+    uint32_t expected;
+    char host_name[32];
     struct {
         MemplugNegotiation n;
         unsigned char guard[GUARD_BYTES];
@@ -474,8 +627,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: %s PLUGIN.so\n", argv[0]);
         return 2;
     }
-    if (!setup_fenced_request()) {
-        fprintf(stderr, "cannot map the fenced request page\n");
+    g_request_end = fenced_page_end();
+    g_host_info_end = fenced_page_end();
+    if (g_request_end == NULL || g_host_info_end == NULL) {
+        fprintf(stderr, "cannot map the fenced pages\n");
         return 2;
     }
     lib = dlopen(argv[1], RTLD_NOW | RTLD_LOCAL);
@@ -493,36 +648,53 @@ int main(int argc, char **argv)
     memcpy(&entry, &sym, sizeof entry); /* -pedantic: no object-to-function cast */
     report("load", "pass", "%s found (this host knows major 1 only)", MEMPLUG_ENTRY_SYMBOL_V1);
 
-    memset(&host, 0, sizeof host);
-    host.struct_size = sizeof host;
-    host.abi_major = MEMPLUG_ABI_MAJOR;
-    host.min_minor = 0;
-    host.max_minor = MEMPLUG_ABI_MINOR;
-    host.host_name = "matrix-host-1.0";
+    /* The host info this minor knows (24 bytes in 1.0 and 1.1), ending at
+     * the PROT_NONE page: there is nothing after host_name to read. */
+    host = (MemplugHostInfo *)(void *)(g_host_info_end - sizeof(MemplugHostInfo));
+    memset(host, 0, sizeof *host);
+    host->struct_size = sizeof *host;
+    host->abi_major = MEMPLUG_ABI_MAJOR;
+    host->min_minor = 0;
+    host->max_minor = HOST_MINOR;
+    snprintf(host_name, sizeof host_name, "matrix-host-1.%u", (unsigned)HOST_MINOR);
+    host->host_name = host_name;
     memset(&out, GUARD, sizeof out);
     out.n.struct_size = sizeof out.n;
     clear_message();
-    st = entry(&host, &out.n, &g_sink);
+    st = entry(host, &out.n, &g_sink);
     if (st != MEMPLUG_STATUS_OK) {
         report("negotiate", "fail", "status %u: %s", (unsigned)st, last_message());
         printf("summary\tfail\t%d checks, %d failed\n", g_checks, g_failed);
         return 1;
     }
-    if (out.n.agreed_minor != 0 || !guard_intact(out.guard) ||
+    if (out.n.agreed_minor > HOST_MINOR || !guard_intact(out.guard) ||
         !read_prefix(&plugin, sizeof plugin, out.n.plugin, MEMPLUG_PLUGIN_SIZE_1_0)) {
-        report("negotiate", "fail", "agreed 1.%u, wrote past the answer, or no valid descriptor",
-               (unsigned)out.n.agreed_minor);
+        report("negotiate", "fail", "agreed 1.%u (this host speaks up to 1.%u), wrote past the answer, or no valid descriptor",
+               (unsigned)out.n.agreed_minor, (unsigned)HOST_MINOR);
         printf("summary\tfail\t%d checks, %d failed\n", g_checks, g_failed);
         return 1;
     }
+    expected = min_u32(plugin.max_minor, HOST_MINOR);
+    if (out.n.agreed_minor != expected || out.n.agreed_minor < plugin.min_minor) {
+        report("negotiate", "fail", "agreed 1.%u; the newest minor both speak is 1.%u (plugin 1.%u..=1.%u)",
+               (unsigned)out.n.agreed_minor, (unsigned)expected, (unsigned)plugin.min_minor,
+               (unsigned)plugin.max_minor);
+        printf("summary\tfail\t%d checks, %d failed\n", g_checks, g_failed);
+        return 1;
+    }
+    g_agreed = out.n.agreed_minor;
     report("negotiate", "pass", "agreed 1.%u with '%s' %s (plugin speaks 1.%u..=1.%u), descriptor %u bytes",
            (unsigned)out.n.agreed_minor, plugin.name != NULL ? plugin.name : "?",
            plugin.version != NULL ? plugin.version : "?", (unsigned)plugin.min_minor,
            (unsigned)plugin.max_minor, (unsigned)plugin.struct_size);
-    if (plugin.max_minor > MEMPLUG_ABI_MINOR) {
-        report("negotiate.newer_plugin", "degraded", "plugin speaks up to 1.%u; used as 1.0",
-               (unsigned)plugin.max_minor);
+    if (plugin.max_minor > HOST_MINOR) {
+        report("negotiate.newer_plugin", "degraded", "plugin speaks up to 1.%u; used as 1.%u",
+               (unsigned)plugin.max_minor, (unsigned)HOST_MINOR);
     }
+    report("services", "degraded",
+           "not offered: 1.%u has no host services; the %u-byte host info ended at a PROT_NONE page and the "
+           "plugin read nothing past it",
+           (unsigned)HOST_MINOR, (unsigned)sizeof *host);
     if (plugin.live_objects == NULL || plugin.mechanisms == NULL || plugin.mechanism_count == 0) {
         report("descriptor", "fail", "live_objects, mechanisms or mechanism_count missing");
         printf("summary\tfail\t%d checks, %d failed\n", g_checks, g_failed);

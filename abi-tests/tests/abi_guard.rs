@@ -60,7 +60,12 @@ fn blessing() -> bool {
 fn c_example_plugin() -> PathBuf {
     let include =
         std::env::var_os("MEMPLUG_ABI_GUARD_INCLUDE").map(PathBuf::from).unwrap_or_else(include_dir);
-    let out = test_tmp_dir("abi-guard-c-example").join(cdylib_file_name("memplug_example_plugin"));
+    c_example_plugin_against(&include, "abi-guard-c-example")
+}
+
+/// The C example plugin compiled with `-g` against the header in `include`.
+fn c_example_plugin_against(include: &Path, dir: &str) -> PathBuf {
+    let out = test_tmp_dir(dir).join(cdylib_file_name("memplug_example_plugin"));
     let mut cmd = Command::new("gcc");
     cmd.args(C_PLUGIN_FLAGS)
         .arg("-g")
@@ -384,4 +389,49 @@ fn the_classifier_tells_appends_from_breaks() {
     let shrunk = layouts(&xml(&member("struct_size", 0), 64));
     assert!(!compare_layouts(&base, &shrunk).is_empty());
     assert!(matches!(classify(1, "error"), Verdict::Incompatible(_)));
+}
+
+/// The guard still fails on a real break of the baseline it was blessed
+/// with (the 1.2 one, where `MemplugHostInfo` is 256 bits): the C example
+/// built against a header whose `MemplugHostInfo` puts `services` before
+/// `host_name` (a reorder), and against the frozen 1.1 header (the 1.2
+/// field gone, the struct shrunk back to 192 bits), is incompatible both
+/// times, naming the struct.
+#[test]
+fn a_reordered_or_shrunk_host_info_fails_the_guard() {
+    if blessing() {
+        return; // guard() would rewrite the baseline with the broken library
+    }
+    let header = std::fs::read_to_string(include_dir().join("memplug.h")).unwrap();
+    let (start, end) = (
+        header.find("typedef struct MemplugHostInfo {").unwrap(),
+        header.find("} MemplugHostInfo;").unwrap(),
+    );
+    let name_field = "  const char *host_name;\n";
+    let services_field = "  const struct MemplugHostServices *services;\n";
+    let body = &header[start..end];
+    assert!(
+        body.contains(name_field) && body.contains(services_field),
+        "MemplugHostInfo as cbindgen writes it"
+    );
+    let swapped = body.replacen(name_field, "", 1).replacen(
+        services_field,
+        &format!("{services_field}{name_field}"),
+        1,
+    );
+    let broken_dir = test_tmp_dir("abi-guard-broken-header");
+    std::fs::write(broken_dir.join("memplug.h"), format!("{}{swapped}{}", &header[..start], &header[end..]))
+        .unwrap();
+
+    let frozen_1_1 = repo_root().join("abi-tests/frozen/1.1");
+    for (include, what, expect) in [
+        (broken_dir.as_path(), "reordered", "moved"),
+        (frozen_1_1.as_path(), "1.1 (shrunk)", "changed size from 256 to 192 bits"),
+    ] {
+        let lib = c_example_plugin_against(include, &format!("abi-guard-break-{}", expect.len()));
+        match guard("libmemplug_example_plugin", &lib) {
+            Ok(v) => panic!("a {what} MemplugHostInfo passed the guard: {v}"),
+            Err(why) => assert!(why.contains("MemplugHostInfo") && why.contains(expect), "{what}: {why}"),
+        }
+    }
 }

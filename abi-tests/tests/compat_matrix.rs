@@ -3,35 +3,58 @@
 //! labelled with what it degraded to.
 //!
 //! Hosts:
-//! * **C host 1.0**: `abi-tests/c/matrix_host.c`, compiled against the frozen
-//!   1.0 header (`abi-tests/frozen/1.0/memplug.h`): dlopen, negotiate
-//!   1.0..=1.0, prefix reads, the 1.0 checks, one line per check.
-//! * **Rust host 1.1**: the current `memplug-host` (`Plugin::load`), with
+//! * **C host 1.0** and **C host 1.1**: `abi-tests/c/matrix_host.c`, compiled
+//!   against the frozen 1.0 and 1.1 headers (`abi-tests/frozen/1.x/memplug.h`):
+//!   dlopen, negotiate 1.0..=1.x, prefix reads, the checks that minor allows
+//!   (1.1: export/import, 48-byte class-tagged requests), one line per
+//!   check. Their 24-byte host info has no `services` and ends at a
+//!   PROT_NONE page, so a 1.2 plugin reading past it crashes the cell.
+//! * **Rust host pinned to 1.1**: the current `memplug-host` with
+//!   `LoadOptions { max_minor: 1, .. }` (it still passes its 1.2 host info,
+//!   services included; a plugin that agreed on 1.1 must not use them, and
+//!   the host refuses them if it does).
+//! * **Rust host 1.2**: the current `memplug-host` (`Plugin::load`), with
 //!   host-level checks (allocate, virtual backing, export/import through
-//!   `SharedMappingApi`, unload) and the vendor conformance kit
-//!   (`memplug-conformance`) on the same library.
+//!   `SharedMappingApi`, what the plugin did with the services, unload) and
+//!   the vendor conformance kit (`memplug-conformance`) on the same library.
 //!
-//! Plugins: the Rust CPU plugin (1.0..=1.1), the C example built against the
-//! 1.0 header and against the current header (it speaks 1.0 either way),
-//! a simulated future plugin (`abi-tests/c/future_plugin.c`: 1.0..=1.2,
-//! every struct longer than any header, unknown capability bits), and a
-//! library exporting `memplug_plugin_v1` and `memplug_plugin_v2`
-//! (`abi-tests/c/two_majors.c`: a major-1 host must pick v1).
+//! Plugins: the Rust CPU plugin (SDK, 1.0..=1.2), the C example (it speaks
+//! 1.0) built against the 1.0 header and against the current header, a C
+//! plugin released with 1.1 (`abi-tests/c/plugin_1_1.c`, built against the
+//! frozen 1.1 header, 1.0..=1.1), a simulated future plugin
+//! (`abi-tests/c/future_plugin.c`: 1.0..=1.3, every struct longer than any
+//! header, unknown capability bits, the kit's device-loss test trigger),
+//! and a library exporting `memplug_plugin_v1` and
+//! `memplug_plugin_v2` (`abi-tests/c/two_majors.c`: a major-1 host must pick
+//! v1).
+//!
+//! Every cell asserts the agreed minor (the newest both speak), that the
+//! plugin works (allocate/free, and the rest of what it publishes), and
+//! whether services were offered and used: never called unless a loss
+//! happens; in the Rust rows the future plugin's trigger is pulled, and the
+//! loss reaches a 1.2 host through the services (DEVICE_LOST from then on)
+//! but not a host pinned to 1.1 (no report; DEVICE_UNAVAILABLE, never
+//! DEVICE_LOST).
 //!
 //! The table is written to stdout directly (not through the test harness's
 //! capture, so it shows without `--nocapture`) and to
 //! `target/tmp/compat-matrix.txt`; every cell is also asserted.
 //!
-//! Further tests here: the current host refuses the 1.1 capability claimed
-//! above the agreed minor, with a short table, or without shared mapping;
-//! pinned to 1.0 it degrades export/import to an explicit `Unsupported`;
-//! and a binding's allocation class reaches the plugin as the 1.1 tag only
-//! when 1.1 was agreed.
+//! Further tests here: the C hosts' fence catches a plugin reading
+//! `services` past a 24-byte host info; SDK plugins in process, between
+//! hosts of different minors (services reach only a host that agreed on
+//! 1.2; a 1.1 SDK plugin takes none; the SDK reads `services` only where
+//! `struct_size` covers it); the host refuses the services below 1.2 and
+//! after unload; the current host refuses the 1.1 capability claimed above the
+//! agreed minor, with a short table, or without shared mapping; pinned to
+//! 1.0 it degrades export/import to an explicit `Unsupported`; and a
+//! binding's allocation class reaches the plugin as the 1.1 tag only when
+//! 1.1 was agreed.
 
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
-    Access, BindingSpec, LoadError, LoadOptions, Mechanism, Plugin, ProcessMemoryManager, Requirements,
-    Status,
+    Access, BindingSpec, LifeState, LoadError, LoadOptions, Mechanism, Plugin, ProcessMemoryManager,
+    Requirements, ServiceStats, Status, HOST_MAX_MINOR,
 };
 use memplug_plugin_cpu::live_physical_objects;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
@@ -47,8 +70,8 @@ use std::process::{Child, Command, Stdio};
 
 const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
-fn frozen_1_0() -> PathBuf {
-    repo_root().join("abi-tests/frozen/1.0")
+fn frozen(minor: u32) -> PathBuf {
+    repo_root().join(format!("abi-tests/frozen/1.{minor}"))
 }
 
 fn c_dir() -> PathBuf {
@@ -84,35 +107,51 @@ fn future_plugin(variant: Option<&str>) -> PathBuf {
 struct Subject {
     label: &'static str,
     path: PathBuf,
-    /// Minor agreed with the current (1.1) Rust host.
-    rust_agreed: u32,
     /// The plugin's own range, as its descriptor states it.
     range: (u32, u32),
+    /// Its mechanism claims `MEMPLUG_CAP_SHARED_EXPORT` at 1.1 and newer.
+    exports: bool,
+    /// It exports the kit's device-loss test trigger
+    /// (`memplug_test_trigger_device_lost`, `future_plugin.c`): the host
+    /// cell pulls it and checks what a loss looks like at the agreed minor.
+    trigger: bool,
+}
+
+impl Subject {
+    /// The minor a host speaking 1.0..=1.`host_max` must agree on.
+    fn agreed_with(&self, host_max: u32) -> u32 {
+        host_max.min(self.range.1)
+    }
 }
 
 fn subjects() -> Vec<Subject> {
     let example = repo_root().join("c-examples/plugin/example_plugin.c");
     let cpu = find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
     // Compile the C plugins side by side (each is one gcc run).
-    let (ex10, ex11, future, two) = std::thread::scope(|s| {
-        let a = s.spawn(|| compile_plugin_against(&example, &frozen_1_0(), &[], "memplug_example_h10"));
-        let b = s.spawn(|| compile_plugin_against(&example, &include_dir(), &[], "memplug_example_h11"));
-        let c = s.spawn(|| future_plugin(None));
-        let d = s.spawn(|| compile_c_plugin(&c_dir().join("two_majors.c"), &[], "memplug_two_majors"));
-        (a.join().unwrap(), b.join().unwrap(), c.join().unwrap(), d.join().unwrap())
+    let (ex10, ex_now, p11, future, two) = std::thread::scope(|s| {
+        let a = s.spawn(|| compile_plugin_against(&example, &frozen(0), &[], "memplug_example_h10"));
+        let b = s.spawn(|| compile_plugin_against(&example, &include_dir(), &[], "memplug_example_h_now"));
+        let c = s.spawn(|| {
+            compile_plugin_against(&c_dir().join("plugin_1_1.c"), &frozen(1), &[], "memplug_c_1_1")
+        });
+        let d = s.spawn(|| future_plugin(None));
+        let e = s.spawn(|| compile_c_plugin(&c_dir().join("two_majors.c"), &[], "memplug_two_majors"));
+        (a.join().unwrap(), b.join().unwrap(), c.join().unwrap(), d.join().unwrap(), e.join().unwrap())
     });
+    let s = |label, path, range, exports, trigger| Subject { label, path, range, exports, trigger };
     vec![
-        Subject { label: "Rust CPU plugin", path: cpu, rust_agreed: 1, range: (0, 1) },
-        Subject { label: "C example, 1.0 header", path: ex10, rust_agreed: 0, range: (0, 0) },
-        Subject { label: "C example, 1.1 header", path: ex11, rust_agreed: 0, range: (0, 0) },
-        Subject { label: "future plugin (1.0..=1.2)", path: future, rust_agreed: 1, range: (0, 2) },
-        Subject { label: "two majors (v1 + v2)", path: two, rust_agreed: 0, range: (0, 0) },
+        s("Rust CPU plugin (1.0..=1.2)", cpu, (0, 2), true, false),
+        s("C example, 1.0 header", ex10, (0, 0), false, false),
+        s("C example, current header", ex_now, (0, 0), false, false),
+        s("C plugin 1.1 (frozen 1.1 header)", p11, (0, 1), false, false),
+        s("future plugin (1.0..=1.3)", future, (0, 3), false, true),
+        s("two majors (v1 + v2)", two, (0, 0), false, false),
     ]
 }
 
 /// One cell of the table.
 struct Cell {
-    host: &'static str,
+    host: String,
     plugin: &'static str,
     agreed: String,
     checks: String,
@@ -120,15 +159,29 @@ struct Cell {
     problems: Vec<String>,
 }
 
-// ---- the C host, frozen at 1.0 ----
+impl Cell {
+    fn new(host: String, s: &Subject) -> Cell {
+        Cell {
+            host,
+            plugin: s.label,
+            agreed: "-".into(),
+            checks: String::new(),
+            degraded: Vec::new(),
+            problems: Vec::new(),
+        }
+    }
+}
 
-fn build_matrix_host() -> PathBuf {
-    let exe = test_tmp_dir("matrix_host").join("matrix_host");
+// ---- the C hosts, frozen at 1.0 and 1.1 ----
+
+/// `matrix_host.c` compiled against the frozen header of 1.`minor`.
+fn build_matrix_host(minor: u32) -> PathBuf {
+    let exe = test_tmp_dir(&format!("matrix_host_1_{minor}")).join("matrix_host");
     let mut cmd = Command::new("gcc");
     cmd.arg("-std=c99")
         .args(STRICT_WARNINGS)
         .arg("-I")
-        .arg(frozen_1_0())
+        .arg(frozen(minor))
         .arg(c_dir().join("matrix_host.c"))
         .arg("-o")
         .arg(&exe)
@@ -146,18 +199,11 @@ fn spawn_c_host(host: &Path, plugin: &Path) -> Child {
         .unwrap_or_else(|e| panic!("run {}: {e}", host.display()))
 }
 
-fn c_host_cell(s: &Subject, child: Child) -> Cell {
+fn c_host_cell(host_minor: u32, s: &Subject, child: Child) -> Cell {
     let out = child.wait_with_output().unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    let mut cell = Cell {
-        host: "C host, 1.0 header",
-        plugin: s.label,
-        agreed: "-".into(),
-        checks: String::new(),
-        degraded: Vec::new(),
-        problems: Vec::new(),
-    };
+    let mut cell = Cell::new(format!("C host, 1.{host_minor} header"), s);
     let lines: Vec<Vec<&str>> =
         stdout.lines().filter(|l| l.starts_with("check\t")).map(|l| l.splitn(4, '\t').collect()).collect();
     let outcome = |name: &str| lines.iter().find(|l| l[1] == name).map(|l| l[2]);
@@ -169,53 +215,75 @@ fn c_host_cell(s: &Subject, child: Child) -> Cell {
     if let Some(d) = detail("negotiate").strip_prefix("agreed ") {
         cell.agreed = d.split_whitespace().next().unwrap_or("?").into();
     }
-    if cell.agreed != "1.0" {
-        cell.problems.push(format!("agreed {} with a 1.0 host", cell.agreed));
+    let agreed = s.agreed_with(host_minor);
+    if cell.agreed != format!("1.{agreed}") {
+        cell.problems.push(format!("agreed {} with a 1.{host_minor} host; expected 1.{agreed}", cell.agreed));
     }
     for l in lines.iter().filter(|l| l[2] == "fail") {
         cell.problems.push(format!("{}: {}", l[1], l[3]));
     }
     cell.checks = format!("{} pass, {} skip", count("pass"), count("skip"));
-    // What a 1.0 host must see of each plugin.
+    // What a host of this minor must see of each plugin.
     let expect = |cell: &mut Cell, name: &str, want: Option<&str>| {
         let got = outcome(name);
         if got != want {
             cell.problems.push(format!("check {name}: expected {want:?}, got {got:?} ({})", detail(name)));
         }
     };
-    expect(&mut cell, "export_import", Some("degraded"));
-    expect(&mut cell, "class_tag", Some("degraded"));
-    let newer = s.range.1 > 0;
+    expect(&mut cell, "allocator", Some("pass"));
+    expect(&mut cell, "virtual_backing", Some("pass"));
+    expect(&mut cell, "live_objects", Some("pass"));
+    expect(&mut cell, "services", Some("degraded"));
+    let export = match (host_minor, agreed, s.exports) {
+        (0, _, _) | (_, 0, _) => "degraded",
+        (_, _, true) => "pass",
+        (_, _, false) => "skip",
+    };
+    expect(&mut cell, "export_import", Some(export));
+    expect(&mut cell, "class_tag", Some(if agreed >= 1 { "pass" } else { "degraded" }));
+    let newer = s.range.1 > host_minor;
     expect(&mut cell, "negotiate.newer_plugin", newer.then_some("degraded"));
     if newer {
-        cell.degraded.push(format!("plugin's 1.{} used as 1.0", s.range.1));
+        cell.degraded.push(format!("plugin's 1.{} used as 1.{agreed}", s.range.1));
     }
     match s.label {
-        "Rust CPU plugin" => {
-            // The SDK answers a 1.0 host with its 1.0 view: no bit the host
-            // cannot know, everything of 1.0 usable.
+        l if l.starts_with("Rust CPU plugin") => {
+            // The SDK answers with the descriptor of the agreed minor: no
+            // bit the host cannot know, everything of that minor usable.
             expect(&mut cell, "capabilities.unknown_bits", None);
             expect(&mut cell, "shared_mapping", Some("pass"));
             expect(&mut cell, "sync", Some("pass"));
-            cell.degraded.push("the plugin's 1.0 view (no 1.1 bit, 1.0 tables)".into());
+            cell.degraded.push(format!("the plugin's 1.{agreed} view"));
         }
-        "future plugin (1.0..=1.2)" => {
+        l if l.starts_with("future plugin") => {
             expect(&mut cell, "capabilities.unknown_bits", Some("degraded"));
             cell.degraded.push(format!(
-                "longer structs read as 1.0 prefixes; {}",
+                "longer structs read as 1.{agreed} prefixes; {}",
                 detail("capabilities.unknown_bits")
             ));
         }
-        "two majors (v1 + v2)" => {
+        l if l.starts_with("two majors") => {
             if stderr.contains("memplug_plugin_v2 called") {
-                cell.problems.push("the 1.0 host called memplug_plugin_v2".into());
+                cell.problems.push(format!("the 1.{host_minor} host called memplug_plugin_v2"));
             }
             cell.degraded.push("memplug_plugin_v1 used; v2 is beyond this host".into());
         }
         _ => {}
     }
-    cell.degraded.push("export/import: unavailable to a 1.0 host".into());
-    cell.degraded.push("class tag: not sent (1.0 requests)".into());
+    cell.degraded.push(match export {
+        "pass" => "export/import: shared across descriptors".to_string(),
+        "skip" => "export/import: not published".to_string(),
+        _ => format!("export/import: unavailable at 1.{agreed}"),
+    });
+    cell.degraded.push(
+        if agreed >= 1 {
+            "class tag: sent (48-byte requests)"
+        } else {
+            "class tag: not sent (40-byte requests)"
+        }
+        .into(),
+    );
+    cell.degraded.push(format!("services: none in 1.{host_minor} (24-byte host info, nothing read past it)"));
     cell
 }
 
@@ -282,6 +350,9 @@ fn host_checks(m: &Mechanism, agreed: u32, problems: &mut Vec<String>) -> Vec<St
     degraded.push(
         if agreed >= 1 { "class tag: sent (1.1 requests)" } else { "class tag: not sent (1.0 peer)" }.into(),
     );
+    if m.life_state() != LifeState::Active {
+        fail(format!("is {:?} after the checks ({:?})", m.life_state(), m.life_reason()));
+    }
     degraded
 }
 
@@ -314,16 +385,71 @@ fn export_import_round_trip(m: &Mechanism) -> Result<(), String> {
     Ok(())
 }
 
-fn rust_host_cell(s: &Subject) -> Cell {
-    let mut cell = Cell {
-        host: "Rust host, 1.1",
-        plugin: s.label,
-        agreed: "-".into(),
-        checks: String::new(),
-        degraded: Vec::new(),
-        problems: Vec::new(),
+/// What the plugin did with the host's services (ABI 1.2), as the host
+/// counted them: nothing, unless the test trigger of a plugin that has one
+/// is pulled; then a loss reaches the host, and the mechanism fails the way
+/// the agreed minor allows (DEVICE_LOST at 1.2, never below).
+fn services_used(s: &Subject, plugin: &Plugin, agreed: u32, problems: &mut Vec<String>) -> String {
+    let stats = plugin.service_stats();
+    if stats != ServiceStats::default() {
+        problems.push(format!("the plugin called the services before any loss: {stats:?}"));
+    }
+    let offered = if agreed >= 2 { "offered" } else { "passed, not for this minor" };
+    if !s.trigger {
+        return format!("services: {offered}, never called");
+    }
+    let m = &plugin.mechanisms()[0];
+    // The library the host loaded (dlopen of the same file gives the same
+    // instance).
+    // SAFETY: a plugin library of this test, already loaded.
+    let lib = unsafe { libloading::Library::new(&s.path) }.unwrap();
+    // SAFETY: the trigger's C signature (LOSS_TRIGGERS).
+    let trigger = unsafe {
+        lib.get::<unsafe extern "C" fn(u64) -> memplug_sdk::abi::MemplugStatus>(
+            b"memplug_test_trigger_device_lost\0",
+        )
+    }
+    .unwrap();
+    // SAFETY: the trigger takes a mechanism id.
+    let st = unsafe { trigger(m.id()) };
+    let stats = plugin.service_stats();
+    let after = unsafe { m.ungoverned() }.allocator().allocate(64, 16).map(|a| {
+        let _ = unsafe { m.ungoverned() }.allocator().deallocate(a);
+    });
+    let mut fail = |what: String| problems.push(format!("after the trigger (status {st}): {what}"));
+    if agreed >= 2 {
+        if (stats.losses, stats.refused) != (1, 0) || m.life_state() != LifeState::Lost {
+            fail(format!(
+                "expected the host told once and the mechanism lost: {stats:?}, {:?}",
+                m.life_state()
+            ));
+        }
+        if !matches!(&after, Err(e) if e.status == Status::DeviceLost) {
+            fail(format!("allocate answered {after:?}, not DEVICE_LOST"));
+        }
+        "services: offered; the trigger's loss reported through them, the mechanism lost, DEVICE_LOST".into()
+    } else {
+        if stats != ServiceStats::default() || m.life_state() != LifeState::Active {
+            fail(format!("a 1.{agreed} plugin must not report: {stats:?}, {:?}", m.life_state()));
+        }
+        if !matches!(&after, Err(e) if e.status == Status::DeviceUnavailable && e.raw != 15) {
+            fail(format!("allocate answered {after:?}, not DEVICE_UNAVAILABLE (DEVICE_LOST is 1.2's)"));
+        }
+        format!("services: {offered}; after the trigger no report, DEVICE_UNAVAILABLE (no DEVICE_LOST at 1.{agreed})")
+    }
+}
+
+/// The Rust host speaking up to 1.`host_max` (the newest it knows, or
+/// pinned lower); `kit`: also run the conformance kit on the library.
+fn rust_host_cell(s: &Subject, host_max: u32, kit: bool) -> Cell {
+    let label = if host_max == HOST_MAX_MINOR {
+        format!("Rust host, 1.{host_max}")
+    } else {
+        format!("Rust host, pinned to 1.{host_max}")
     };
-    let plugin = match Plugin::load(&s.path) {
+    let mut cell = Cell::new(label, s);
+    let opts = LoadOptions { max_minor: host_max, ..Default::default() };
+    let plugin = match Plugin::load_with(&s.path, &opts) {
         Ok(p) => p,
         Err(e) => {
             cell.problems.push(format!("load: {e}"));
@@ -332,16 +458,16 @@ fn rust_host_cell(s: &Subject) -> Cell {
     };
     let (_, agreed) = plugin.abi_version();
     cell.agreed = format!("1.{agreed}");
-    if agreed != s.rust_agreed || plugin.plugin_minor_range() != s.range {
+    let want = s.agreed_with(host_max);
+    if agreed != want || plugin.plugin_minor_range() != s.range {
         cell.problems.push(format!(
-            "agreed 1.{agreed} with a plugin declaring {:?}; expected 1.{} and {:?}",
+            "agreed 1.{agreed} with a plugin declaring {:?}; expected 1.{want} and {:?}",
             plugin.plugin_minor_range(),
-            s.rust_agreed,
             s.range
         ));
     }
-    if s.range.1 > 1 {
-        cell.degraded.push(format!("plugin's 1.{} used as 1.1", s.range.1));
+    if s.range.1 > host_max {
+        cell.degraded.push(format!("plugin's 1.{} used as 1.{host_max}", s.range.1));
     }
     if s.label.starts_with("two majors") {
         let syms = exported_symbols(&s.path);
@@ -355,8 +481,14 @@ fn rust_host_cell(s: &Subject) -> Cell {
     for m in plugin.mechanisms() {
         cell.degraded.extend(host_checks(m, agreed, &mut cell.problems));
     }
+    let used = services_used(s, &plugin, agreed, &mut cell.problems);
+    cell.degraded.push(used);
     if let Err(refused) = plugin.unload() {
         cell.problems.push(format!("unload refused: {}", refused.report));
+    }
+    if !kit {
+        cell.checks = "host checks".into();
+        return cell;
     }
     // The conformance kit on the same library (the same instance: objects
     // of the host's checks are all released above).
@@ -393,7 +525,7 @@ fn table(cells: &[Cell]) -> String {
         .map(|c| {
             let status = if c.problems.is_empty() { "" } else { "FAILED: " };
             [
-                c.host.to_string(),
+                c.host.clone(),
                 c.plugin.to_string(),
                 c.agreed.clone(),
                 format!("{status}{}", c.checks),
@@ -424,18 +556,24 @@ fn table(cells: &[Cell]) -> String {
 
 #[test]
 fn compatibility_matrix() {
-    let (host, subjects) = std::thread::scope(|s| {
-        let h = s.spawn(build_matrix_host);
+    assert_eq!(HOST_MAX_MINOR, 2, "a new minor: add its frozen C host and its column");
+    let (hosts, subjects) = std::thread::scope(|s| {
+        let h0 = s.spawn(|| build_matrix_host(0));
+        let h1 = s.spawn(|| build_matrix_host(1));
         let subjects = subjects();
-        (h.join().unwrap(), subjects)
+        ([(0, h0.join().unwrap()), (1, h1.join().unwrap())], subjects)
     });
-    // The 1.0 host runs in its own processes while this one does the Rust
-    // row, one plugin at a time.
-    let children: Vec<Child> = subjects.iter().map(|s| spawn_c_host(&host, &s.path)).collect();
-    let mut cells: Vec<Cell> = subjects.iter().map(rust_host_cell).collect();
-    cells.extend(subjects.iter().zip(children).map(|(s, c)| c_host_cell(s, c)));
+    // The C hosts run in their own processes while this one does the Rust
+    // rows, one plugin at a time.
+    let children: Vec<(u32, &Subject, Child)> = hosts
+        .iter()
+        .flat_map(|(minor, exe)| subjects.iter().map(move |s| (*minor, s, spawn_c_host(exe, &s.path))))
+        .collect();
+    let mut cells: Vec<Cell> = subjects.iter().map(|s| rust_host_cell(s, HOST_MAX_MINOR, true)).collect();
+    cells.extend(subjects.iter().map(|s| rust_host_cell(s, 1, false)));
+    cells.extend(children.into_iter().map(|(minor, s, c)| c_host_cell(minor, s, c)));
 
-    let text = format!("\nmemplug compatibility matrix (ABI 1.1)\n\n{}", table(&cells));
+    let text = format!("\nmemplug compatibility matrix (ABI 1.{HOST_MAX_MINOR})\n\n{}", table(&cells));
     // Straight to the process's stdout: the harness captures only print!.
     let _ = std::io::stdout().lock().write_all(text.as_bytes());
     let file = target_dir().join("tmp").join("compat-matrix.txt");
@@ -447,7 +585,322 @@ fn compatibility_matrix() {
         .flat_map(|c| c.problems.iter().map(move |p| format!("[{} × {}] {p}", c.host, c.plugin)))
         .collect();
     assert!(problems.is_empty(), "{text}\n{}", problems.join("\n"));
-    assert_eq!(cells.len(), 10, "2 hosts × 5 plugins");
+    assert_eq!(cells.len(), 24, "4 hosts × 6 plugins");
+}
+
+/// The C hosts' fence is real: a plugin that reads the 1.2 `services` field
+/// whatever the host info's `struct_size` crashes a 1.0 and a 1.1 host (so
+/// the plugins that pass those cells read nothing past 24 bytes), and the
+/// same plugin without the peek passes.
+#[test]
+fn a_plugin_reading_services_past_a_frozen_host_info_crashes_the_c_host() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let (peek, host_1_0, host_1_1) = std::thread::scope(|s| {
+        let p = s.spawn(|| future_plugin(Some("FUTURE_PEEK_SERVICES")));
+        let h0 = s.spawn(|| build_matrix_host(0));
+        let h1 = s.spawn(|| build_matrix_host(1));
+        (p.join().unwrap(), h0.join().unwrap(), h1.join().unwrap())
+    });
+    for host in [&host_1_0, &host_1_1] {
+        let out = spawn_c_host(host, &peek).wait_with_output().unwrap();
+        assert_eq!(
+            out.status.signal(),
+            Some(libc_sigsegv()),
+            "{}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // In process, with the current host's 32-byte host info, the same peek
+    // reads a valid field: the plugin loads and works.
+    let p = Plugin::load(&peek).unwrap();
+    assert_eq!(p.abi_version(), (1, 2));
+    p.unload().unwrap();
+}
+
+fn libc_sigsegv() -> i32 {
+    11 // SIGSEGV on Linux (every architecture this project builds for)
+}
+
+// ---- SDK plugins in process, between hosts of different minors ----
+
+/// A plain heap allocator plugin built with the SDK and a `HostLink`, so a
+/// test can see which hosts the plugin was given services by
+/// (`HostLink::hosts`) and whom a loss report reaches.
+mod sdk {
+    use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+    use memplug_sdk::*;
+    use std::alloc::Layout;
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    pub const MECHANISM_ID: u64 = 12;
+    const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+
+    #[derive(Default)]
+    pub struct Heap {
+        blocks: Mutex<HashMap<u64, Layout>>,
+    }
+
+    impl Allocator for Heap {
+        fn properties(&self) -> Properties {
+            Properties { min_alignment: 16, max_alignment: 4096, granularity: 0 }
+        }
+        fn allocate(&self, r: &Request) -> PluginResult<Block> {
+            let layout = Layout::from_size_align(r.size as usize, r.alignment as usize)
+                .map_err(|e| PluginError::invalid_argument(e.to_string()))?;
+            // SAFETY: not zero-sized (the SDK refuses size 0).
+            let p = unsafe { std::alloc::alloc(layout) };
+            if p.is_null() {
+                return Err(PluginError::out_of_memory("heap exhausted"));
+            }
+            self.blocks.lock().unwrap().insert(p as u64, layout);
+            Ok(Block { addr: p as u64, size: r.size, handle: p as u64 })
+        }
+        fn deallocate(&self, o: &ObjectRef) -> PluginResult<()> {
+            let layout = self
+                .blocks
+                .lock()
+                .unwrap()
+                .remove(&o.handle)
+                .ok_or_else(|| PluginError::unknown_allocation("not a live block"))?;
+            // SAFETY: allocated above with this layout, out of the table now.
+            unsafe { std::alloc::dealloc(o.handle as *mut u8, layout) };
+            Ok(())
+        }
+    }
+
+    pub fn build(name: &'static str, max_minor: u32, link: &HostLink) -> ExportedPlugin {
+        let heap = MechanismBuilder::new("heap", MECHANISM_ID, CPU0, Heap::default());
+        let state = heap.state();
+        PluginBuilder::new(name, "1")
+            .minors(0, max_minor)
+            .host_link(link)
+            .mechanism(heap.build())
+            .live_objects(move || state.blocks.lock().unwrap().len() as u64)
+            .build()
+    }
+}
+
+/// One SDK plugin instance (its own plugin cell and link) per test:
+/// `sdk_instance!(module, "name", max_minor)` defines `module::entry` and
+/// `module::LINK`.
+macro_rules! sdk_instance {
+    ($m:ident, $name:literal, $max:expr) => {
+        mod $m {
+            #[allow(dead_code)]
+            pub const NAME: &str = $name;
+            pub static LINK: std::sync::LazyLock<memplug_sdk::HostLink> =
+                std::sync::LazyLock::new(memplug_sdk::HostLink::new);
+            fn init() -> memplug_sdk::ExportedPlugin {
+                super::sdk::build($name, $max, &LINK)
+            }
+            memplug_sdk::declare_entry!(pub entry, init);
+        }
+    };
+}
+
+sdk_instance!(sdk_1_2, "sdk-1.2", 2);
+sdk_instance!(sdk_1_1, "sdk-1.1", 1);
+sdk_instance!(sdk_raw, "sdk-raw", 2);
+sdk_instance!(sdk_stash, "sdk-stash", 2);
+
+fn load_entry(entry: memplug_sdk::abi::MemplugEntryV1, name: &str, max_minor: u32) -> Plugin {
+    let opts = LoadOptions { max_minor, ..Default::default() };
+    // SAFETY: an SDK entry of this test binary.
+    unsafe { Plugin::from_entry(entry, name, &opts) }.unwrap()
+}
+
+/// allocate/free through the plugin's one mechanism.
+fn allocate_and_free(p: &Plugin) {
+    let alloc = unsafe { p.mechanisms()[0].ungoverned() }.allocator();
+    let a = alloc.allocate(256, 64).unwrap_or_else(|e| panic!("1.{}: allocate: {e}", p.abi_version().1));
+    // SAFETY: a live heap block of 256 bytes.
+    unsafe { std::ptr::write_bytes(a.addr() as *mut u8, 0xa5, 256) };
+    alloc.deallocate(a).unwrap_or_else(|e| panic!("1.{}: deallocate: {}", p.abi_version().1, e.error));
+}
+
+/// One instance of a 1.2 SDK plugin held by a 1.2 host and by a host pinned
+/// to 1.1 at once: both agree on the newest minor they share and both
+/// allocate; only the 1.2 host's services are attached, so a loss the
+/// plugin reports reaches the 1.2 host alone (its mechanism lost, its
+/// calls DEVICE_LOST) while the 1.1 host hears nothing and counts nothing.
+#[test]
+fn services_reach_only_the_host_that_agreed_on_1_2() {
+    use memplug_sdk::LossReport;
+    let link = &*sdk_1_2::LINK;
+    let h12 = load_entry(sdk_1_2::entry, sdk_1_2::NAME, 2);
+    assert_eq!((h12.abi_version(), h12.plugin_minor_range()), ((1, 2), (0, 2)));
+    assert_eq!(link.hosts(), 1, "the 1.2 host's services are attached");
+    let h11 = load_entry(sdk_1_2::entry, sdk_1_2::NAME, 1);
+    assert_eq!(h11.abi_version(), (1, 1));
+    assert_eq!(link.hosts(), 1, "a host that agreed on 1.1 passed a table, and the plugin left it alone");
+    allocate_and_free(&h12);
+    allocate_and_free(&h11);
+
+    let report = link.report_device_lost(sdk::MECHANISM_ID, "matrix: the device is gone");
+    assert_eq!(report, LossReport { known: true, accepted: 1, refused: vec![] });
+    let s12 = h12.service_stats();
+    assert_eq!((s12.losses, s12.repeats, s12.refused), (1, 0, 0), "{s12:?}");
+    assert_eq!(h12.mechanisms()[0].life_state(), LifeState::Lost);
+    let e = unsafe { h12.mechanisms()[0].ungoverned() }.allocator().allocate(64, 16).unwrap_err();
+    assert_eq!(e.status, Status::DeviceLost, "{e}");
+    assert_eq!(h11.service_stats(), ServiceStats::default(), "the 1.1 host was never called");
+    assert_eq!(h11.mechanisms()[0].life_state(), LifeState::Active, "the 1.1 host lost nothing");
+    // A second report of the same loss: OK again, nothing changes.
+    assert_eq!(link.report_device_lost(sdk::MECHANISM_ID, "again").accepted, 1);
+    let s12 = h12.service_stats();
+    assert_eq!((s12.losses, s12.repeats), (1, 1), "{s12:?}");
+    h11.unload().unwrap();
+    h12.unload().unwrap();
+    assert_eq!(link.hosts(), 0, "the last unload detaches every host");
+}
+
+/// A plugin that speaks only 1.1 (`PluginBuilder::minors(0, 1)`) loaded by
+/// the 1.2 host: agreed 1.1, works, and takes nothing from the services the
+/// host passed; a loss it reports reaches no host.
+#[test]
+fn a_1_1_sdk_plugin_takes_no_services_from_a_1_2_host() {
+    let link = &*sdk_1_1::LINK;
+    let p = load_entry(sdk_1_1::entry, sdk_1_1::NAME, HOST_MAX_MINOR);
+    assert_eq!((p.abi_version(), p.plugin_minor_range()), ((1, 1), (0, 1)));
+    assert_eq!(link.hosts(), 0, "services are 1.2: not attached at 1.1");
+    allocate_and_free(&p);
+    let report = link.report_device_lost(sdk::MECHANISM_ID, "nobody hears this");
+    assert!(report.known && report.accepted == 0 && report.refused.is_empty(), "{report:?}");
+    assert_eq!(p.service_stats(), ServiceStats::default());
+    assert_eq!(p.mechanisms()[0].life_state(), LifeState::Active);
+    p.unload().unwrap();
+}
+
+/// The host's table, as the entry below last received it: (ctx, slot).
+static STASHED: std::sync::Mutex<Option<(usize, usize)>> = std::sync::Mutex::new(None);
+
+/// The `sdk_stash` entry, keeping a copy of the host's services table (as
+/// a plugin may) so that the test can call it the way a plugin that
+/// ignores the rules would.
+unsafe extern "C" fn stashing_entry(
+    host: *const memplug_sdk::abi::MemplugHostInfo,
+    out: *mut memplug_sdk::abi::MemplugNegotiation,
+    sink: *const memplug_sdk::abi::MemplugMessageSink,
+) -> memplug_sdk::abi::MemplugStatus {
+    // SAFETY: the host's info, valid for the call.
+    let h = unsafe { &*host };
+    if h.struct_size >= memplug_sdk::abi::MEMPLUG_HOST_INFO_SIZE_1_2 && !h.services.is_null() {
+        // SAFETY: the host's table, valid until unload (and kept after).
+        let t = unsafe { &*h.services };
+        *STASHED.lock().unwrap() = Some((t.ctx as usize, t.report_device_lost.unwrap() as usize));
+    }
+    // SAFETY: the same arguments, passed on.
+    unsafe { sdk_stash::entry(host, out, sink) }
+}
+
+fn stashed_report(id: u64, reason: &[u8]) -> memplug_sdk::abi::MemplugStatus {
+    type Report = unsafe extern "C" fn(*mut core::ffi::c_void, u64, *const core::ffi::c_char, usize) -> u32;
+    let (ctx, f) = STASHED.lock().unwrap().expect("a table was passed");
+    // SAFETY: the host's own slot and context, copied above.
+    let f: Report = unsafe { std::mem::transmute::<usize, Report>(f) };
+    // SAFETY: a valid (pointer, length) pair.
+    unsafe { f(ctx as *mut _, id, reason.as_ptr().cast(), reason.len()) }
+}
+
+/// A plugin that calls the services although it agreed on 1.1 (the host
+/// pinned to 1.1 still passes its table) is refused with INVALID_STATE and
+/// loses nothing; so is one calling a table it kept after the host unloaded
+/// it. The same plugin at 1.2 is heard.
+#[test]
+fn the_host_refuses_services_below_1_2_and_after_unload() {
+    use memplug_sdk::abi::{MEMPLUG_STATUS_INVALID_STATE, MEMPLUG_STATUS_OK};
+    let p = load_entry(stashing_entry, sdk_stash::NAME, 1);
+    assert_eq!(p.abi_version(), (1, 1));
+    assert_eq!(stashed_report(sdk::MECHANISM_ID, b"at 1.1"), MEMPLUG_STATUS_INVALID_STATE);
+    let st = p.service_stats();
+    assert_eq!((st.losses, st.refused), (0, 1), "{st:?}");
+    assert!(st.last_refusal.as_deref().unwrap().contains("1.1"), "{st:?}");
+    assert_eq!(p.mechanisms()[0].life_state(), LifeState::Active);
+    allocate_and_free(&p);
+    p.unload().unwrap();
+    assert_eq!(stashed_report(sdk::MECHANISM_ID, b"after unload"), MEMPLUG_STATUS_INVALID_STATE);
+
+    let p = load_entry(stashing_entry, sdk_stash::NAME, 2);
+    assert_eq!(stashed_report(sdk::MECHANISM_ID, b"at 1.2"), MEMPLUG_STATUS_OK);
+    assert_eq!(p.service_stats().losses, 1);
+    assert_eq!(p.mechanisms()[0].life_state(), LifeState::Lost);
+    p.unload().unwrap();
+    assert_eq!(stashed_report(sdk::MECHANISM_ID, b"after unload"), MEMPLUG_STATUS_INVALID_STATE);
+}
+
+/// What a services table the SDK is handed must look like for the plugin
+/// to call it: a host info whose `struct_size` reaches `services`, a table
+/// whose `struct_size` covers `report_device_lost`, a non-NULL slot, and an
+/// agreed minor of at least 2. The entry is called directly with crafted
+/// host infos; the table counts the calls it gets.
+#[test]
+fn the_sdk_reads_services_only_where_struct_size_covers_them() {
+    use memplug_sdk::abi::*;
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+
+    static CALLS: AtomicU32 = AtomicU32::new(0);
+    unsafe extern "C" fn counted(
+        _ctx: *mut core::ffi::c_void,
+        _id: u64,
+        _reason: *const core::ffi::c_char,
+        _len: usize,
+    ) -> MemplugStatus {
+        CALLS.fetch_add(1, SeqCst);
+        MEMPLUG_STATUS_OK
+    }
+    let table = |struct_size: u32, slot: bool| MemplugHostServices {
+        struct_size,
+        reserved0: 0,
+        ctx: core::ptr::null_mut(),
+        report_device_lost: if slot { Some(counted) } else { None },
+    };
+    let full = table(MEMPLUG_HOST_SERVICES_SIZE_1_2, true);
+    let short = table(16, true);
+    let no_slot = table(MEMPLUG_HOST_SERVICES_SIZE_1_2, false);
+    let link = &*sdk_raw::LINK;
+    // (host info struct_size, max minor, services, calls a report makes)
+    let cases: [(u32, u32, *const MemplugHostServices, u32, &str); 6] = [
+        (MEMPLUG_HOST_INFO_SIZE_1_2, 2, &full, 1, "a 1.2 host info and table"),
+        (MEMPLUG_HOST_INFO_SIZE_1_2, 1, &full, 0, "agreed 1.1"),
+        (MEMPLUG_HOST_INFO_SIZE_1_1, 2, &full, 0, "a 24-byte host info: `services` is not there"),
+        (MEMPLUG_HOST_INFO_SIZE_1_2, 2, &short, 0, "a table too short for the slot"),
+        (MEMPLUG_HOST_INFO_SIZE_1_2, 2, &no_slot, 0, "a NULL slot"),
+        (MEMPLUG_HOST_INFO_SIZE_1_2, 2, core::ptr::null(), 0, "no table"),
+    ];
+    for (size, max_minor, services, calls, what) in cases {
+        let info = MemplugHostInfo {
+            struct_size: size,
+            abi_major: 1,
+            min_minor: 0,
+            max_minor,
+            host_name: c"compat-matrix".as_ptr(),
+            services,
+        };
+        let mut out = MemplugNegotiation {
+            struct_size: MEMPLUG_NEGOTIATION_SIZE_1_2,
+            agreed_minor: 0,
+            plugin: core::ptr::null(),
+        };
+        // SAFETY: valid pointers for the call; no sink.
+        let st = unsafe { sdk_raw::entry(&info, &mut out, core::ptr::null()) };
+        assert_eq!((st, out.agreed_minor), (MEMPLUG_STATUS_OK, max_minor), "{what}");
+        let before = CALLS.load(SeqCst);
+        let report = link.report_device_lost(sdk::MECHANISM_ID, "probe");
+        assert_eq!(CALLS.load(SeqCst) - before, calls, "{what}: {report:?}");
+        assert_eq!(report.accepted as u32, calls, "{what}");
+        // Give the hold back (as a host's unload does): the plugin is freed
+        // and the next negotiation builds it again.
+        // SAFETY: the descriptor the entry just returned, unloaded once.
+        unsafe {
+            let d = &*out.plugin;
+            assert_eq!(d.live_objects.unwrap()(d.ctx), 0);
+            d.unload.unwrap()(d.ctx);
+        }
+        assert_eq!(link.hosts(), 0, "{what}: unload detaches");
+    }
 }
 
 // ---- the 1.1 rules, enforced by the current host ----

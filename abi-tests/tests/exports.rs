@@ -6,7 +6,8 @@
 //!
 //! * the reference CPU plugin cdylib (`libmemplug_plugin_cpu.so`, built by
 //!   cargo because `memplug-plugin-cpu` is a dev-dependency; override the
-//!   path with `MEMPLUG_CPU_PLUGIN`);
+//!   path with `MEMPLUG_CPU_PLUGIN`): its entry, and at most the device-loss
+//!   test trigger the kit allows (`memplug_conformance::LOSS_TRIGGERS`);
 //! * the C example plugin, compiled here with gcc and clang;
 //! * the bad plugin fixture: the default and every variant export exactly
 //!   their entry symbol (`BAD_NO_ENTRY` exports the wrong name instead);
@@ -41,10 +42,18 @@ fn assert_exports(lib: &Path, expected: &[&str]) {
     assert_eq!(got, exactly(expected), "{} must export exactly {expected:?}", lib.display());
 }
 
+/// The CPU plugin exports its entry and, besides it, at most a device-loss
+/// test trigger the conformance kit knows by name
+/// (`memplug_conformance::LOSS_TRIGGERS`: its test switch
+/// `memplug_cpu_test_report_loss`, off unless `MEMPLUG_CPU_TEST_SWITCHES=1`
+/// when the plugin is built); nothing else.
 #[test]
 fn cpu_plugin_exports_only_the_entry_symbol() {
     let lib = find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
-    assert_exports(&lib, &[memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1]);
+    let mut got = exported_symbols(&lib);
+    assert!(got.remove(memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1), "{} has no entry symbol", lib.display());
+    let others: Vec<&String> = got.iter().filter(|s| !memplug_conformance::is_loss_trigger(s)).collect();
+    assert!(others.is_empty(), "{} exports {others:?} besides its entry and loss triggers", lib.display());
 }
 
 #[test]

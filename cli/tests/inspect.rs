@@ -16,7 +16,7 @@ fn inspect_without_a_plugin_shows_the_cpu_plugin() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
     for want in
-        ["memplug-cpu", "abi         1.1", "cpu:0", "allocator, virtual_backing, shared_mapping, sync"]
+        ["memplug-cpu", "abi         1.2", "cpu:0", "allocator, virtual_backing, shared_mapping, sync"]
     {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
@@ -27,7 +27,7 @@ fn inspect_json_is_machine_readable() {
     let out = memplug(&["inspect", "--json"]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
-    assert_eq!(v["abi"], "1.1");
+    assert_eq!(v["abi"], "1.2");
     let m = &v["mechanisms"][0];
     assert_eq!(m["name"], "cpu");
     assert_eq!(m["capabilities"].as_array().unwrap().len(), 5);

@@ -35,14 +35,57 @@ struct Tombstone {
     readers: AtomicU32,
 }
 
-/// Every tombstone ever made (see the module documentation).
-static TOMBSTONES: Mutex<Vec<Keep>> = Mutex::new(Vec::new());
+/// Tombstones come from slabs of this many, so that loads and unloads do
+/// not interleave one small allocation kept for good with the large ones
+/// freed (which fragments the heap: a plugin loaded and unloaded a
+/// thousand times would cost far more than 40 bytes a time).
+const SLAB: usize = 64;
 
-struct Keep(#[allow(dead_code)] &'static Tombstone);
+/// Every tombstone slab ever made, and how many of the last are used: kept
+/// reachable from this static, so leak checkers see memory kept on purpose.
+static TOMBSTONES: Mutex<(Vec<Slab>, usize)> = Mutex::new((Vec::new(), SLAB));
 
-// SAFETY: a tombstone is immutable but for its atomics; the table's
-// pointers are the host's own function and the tombstone itself.
-unsafe impl Send for Keep {}
+struct Slab(Box<[Tombstone]>);
+
+// SAFETY: a tombstone is immutable once issued but for its atomics; the
+// table's pointers are the host's own function and the tombstone itself.
+unsafe impl Send for Slab {}
+
+fn blank() -> Tombstone {
+    Tombstone {
+        table: MemplugHostServices {
+            struct_size: MEMPLUG_HOST_SERVICES_SIZE_1_2,
+            reserved0: 0,
+            ctx: core::ptr::null_mut(),
+            report_device_lost: Some(report_device_lost),
+        },
+        state: AtomicPtr::new(core::ptr::null_mut()),
+        readers: AtomicU32::new(0),
+    }
+}
+
+/// A fresh tombstone (never issued before), its table's `ctx` pointing at
+/// itself, its state `state`.
+fn issue(state: *mut InboxState) -> &'static Tombstone {
+    let mut t = crate::sync::lock_std(&TOMBSTONES);
+    if t.1 == SLAB {
+        let mut slab: Box<[Tombstone]> = (0..SLAB).map(|_| blank()).collect();
+        for stone in slab.iter_mut() {
+            stone.table.ctx = (stone as *mut Tombstone).cast();
+        }
+        t.0.push(Slab(slab));
+        t.1 = 0;
+    }
+    let i = t.1;
+    t.1 += 1;
+    let slab = &t.0.last().expect("pushed above").0;
+    let stone: *const Tombstone = &slab[i];
+    // SAFETY: slabs are never freed or moved (a boxed slice in a static
+    // list), and each tombstone is issued once.
+    let stone: &'static Tombstone = unsafe { &*stone };
+    stone.state.store(state, Release);
+    stone
+}
 
 /// One load's services: the tombstone its table lives in, and the state
 /// the host frees at close.
@@ -90,22 +133,7 @@ impl ServicesInbox {
             counts: Default::default(),
             last_refusal: Mutex::new(None),
         }));
-        let stone: &'static mut Tombstone = Box::leak(Box::new(Tombstone {
-            table: MemplugHostServices {
-                struct_size: MEMPLUG_HOST_SERVICES_SIZE_1_2,
-                reserved0: 0,
-                ctx: core::ptr::null_mut(),
-                report_device_lost: Some(report_device_lost),
-            },
-            state: AtomicPtr::new(state),
-            readers: AtomicU32::new(0),
-        }));
-        stone.table.ctx = (stone as *mut Tombstone).cast();
-        let stone: &'static Tombstone = stone;
-        // Kept reachable from a static (so leak checkers see memory kept on
-        // purpose, not lost): 8 bytes more per load.
-        crate::sync::lock_std(&TOMBSTONES).push(Keep(stone));
-        ServicesInbox { stone }
+        ServicesInbox { stone: issue(state) }
     }
 
     /// The table to put in `MemplugHostInfo::services`.

@@ -357,3 +357,24 @@ fn a_loss_reported_from_another_thread_while_calls_run_is_clean() {
     drop(kept);
     assert_eq!(r.pool.used(), 0, "no second refund");
 }
+
+lossy_instance!(mixed, "lossy-mixed");
+
+#[test]
+fn one_plugin_instance_held_by_a_1_2_and_a_1_1_host_answers_each_in_its_own_codes() {
+    let new = load(mixed::entry, mixed::NAME);
+    let opts = LoadOptions { max_minor: 1, ..LoadOptions::default() };
+    let old = unsafe { Plugin::from_entry(mixed::entry, mixed::NAME, &opts) }.unwrap();
+    assert_eq!((new.abi_version().1, old.abi_version().1), (2, 1));
+    let report = controls(mixed::NAME).report_loss("gone under both hosts");
+    assert_eq!((report.known, report.accepted), (true, 1), "only the 1.2 host has services");
+    let (m_new, m_old) = (new.mechanism("lossy").unwrap(), old.mechanism("lossy").unwrap());
+    assert_eq!(m_new.life_state(), LifeState::Lost);
+    assert_eq!(m_old.life_state(), LifeState::Active, "a 1.1 host is not told through services");
+    // SAFETY: test harness; both calls are refused.
+    let e = unsafe { m_old.ungoverned() }.allocator().allocate(64, 64).unwrap_err();
+    assert_eq!((e.status, e.raw), (Status::DeviceUnavailable, 7), "a 1.1 host gets a code 1.1 defines: {e}");
+    assert_eq!(m_old.life_state(), LifeState::Active);
+    let e = unsafe { m_new.ungoverned() }.allocator().allocate(64, 64).unwrap_err();
+    assert_eq!(e.status, Status::DeviceLost, "{e}");
+}

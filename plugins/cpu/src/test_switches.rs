@@ -54,6 +54,20 @@ pub(crate) struct Switches {
 
 static INSTANCES: Mutex<Vec<Weak<Switches>>> = Mutex::new(Vec::new());
 
+impl Drop for Switches {
+    /// Leaves the registry, and frees its buffer when it empties: a static
+    /// is never dropped, so a buffer left at unload would be lost with the
+    /// library (once per load and unload).
+    fn drop(&mut self) {
+        let me: *const Switches = self;
+        let mut all = INSTANCES.lock().unwrap_or_else(PoisonError::into_inner);
+        all.retain(|w| w.strong_count() > 0 && !std::ptr::eq(w.as_ptr(), me));
+        if all.is_empty() {
+            *all = Vec::new();
+        }
+    }
+}
+
 impl Switches {
     /// The switches of an instance being built now: enabled when
     /// [`SWITCHES_ENV`] is `1` at this moment. Registered for

@@ -232,13 +232,20 @@ impl<M: Allocator> MechanismBuilder<M> {
             shared_mapping: ptr(&shared_1_0),
             ..mech_1_1
         };
+        // The 1.0 and 1.1 views tag their context: a lost mechanism answers
+        // their hosts with a code those minors know (context.rs).
+        let tagged = |m: MemplugMechanism| MemplugMechanism {
+            ctx: (m.ctx as usize | super::context::PRE_1_2_VIEW) as *mut c_void,
+            ..m
+        };
+        let (mech_1_0, mech_1_1_view) = (tagged(mech_1_0), tagged(mech_1_1));
         // 1.2 adds nothing to a mechanism's tables: its view is 1.1's with
         // the 1.2 size.
         let identity = own(self.identity);
         let mech_1_2 =
             MemplugMechanism { struct_size: abi::size_1_2::MECHANISM, identity: ptr(&identity), ..mech_1_1 };
         BuiltMechanism {
-            views: [Owned::new(mech_1_0), Owned::new(mech_1_1), Owned::new(mech_1_2)],
+            views: [Owned::new(mech_1_0), Owned::new(mech_1_1_view), Owned::new(mech_1_2)],
             _tables: Tables {
                 _allocator: allocator,
                 _virtual_backing: virtual_backing,

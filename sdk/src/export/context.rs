@@ -50,13 +50,21 @@ fn device_word(d: MemplugDevice) -> u64 {
 /// # Safety
 /// `ctx` is the `ctx` of a mechanism descriptor built for `M`, whose
 /// plugin has not been unloaded.
-/// A mechanism reported lost answers every slot with DEVICE_LOST: one
-/// load and a branch on the success path.
+/// The tag a descriptor view of a minor below 1.2 sets in its `ctx` (the
+/// context's lowest address bit, always clear: it is at least 8-aligned).
+/// It tells a slot which code a loss is: DEVICE_LOST exists from 1.2 on,
+/// and a host that agreed on less is answered DEVICE_UNAVAILABLE.
+pub(super) const PRE_1_2_VIEW: usize = 1;
+
+/// A mechanism reported lost answers every slot with DEVICE_LOST (or, to a
+/// host of a minor below 1.2, DEVICE_UNAVAILABLE): a mask, one load and a
+/// branch on the success path.
 #[inline(always)]
 pub(super) unsafe fn mech<'a, M>(ctx: *mut core::ffi::c_void) -> PluginResult<&'a MechCtx<M>> {
-    let m = &*(ctx as *const MechCtx<M>);
+    let raw = ctx as usize;
+    let m = &*((raw & !PRE_1_2_VIEW) as *const MechCtx<M>);
     if m.lost.load(core::sync::atomic::Ordering::Relaxed) {
-        return Err(m.facts.lost());
+        return Err(m.facts.lost(raw & PRE_1_2_VIEW != 0));
     }
     Ok(m)
 }
@@ -84,9 +92,10 @@ impl Facts {
 
     #[cold]
     #[inline(never)]
-    fn lost(&self) -> PluginError {
+    fn lost(&self, pre_1_2: bool) -> PluginError {
+        let status = if pre_1_2 { Status::DeviceUnavailable } else { Status::DeviceLost };
         PluginError::new(
-            Status::DeviceLost,
+            status,
             format!("mechanism '{}' was reported lost: its device or context is gone", self.name),
         )
     }
