@@ -466,6 +466,7 @@ impl Reader<'_> {
                 self.prefix(d.shared_mapping, MEMPLUG_SHARED_MAPPING_SIZE_1_0, &what("shared_mapping"))?;
             self.required(&v, Need::Required, &name)?;
             self.shared_export(&mut v, caps, &name)?;
+            self.typed_export(&mut v, caps, &name)?;
             Some(v)
         } else {
             None
@@ -561,6 +562,52 @@ impl Reader<'_> {
             )));
         }
         self.required(v, Need::WithCapability(MEMPLUG_CAP_SHARED_EXPORT), name)
+    }
+
+    /// The 1.2 tail of a shared mapping table (`export_handle`,
+    /// `import_handle`), as [`shared_export`](Self::shared_export) does for
+    /// 1.1's: kept only at an agreed minor of at least 2 with
+    /// `MEMPLUG_CAP_TYPED_EXPORT` claimed and a table long enough, then
+    /// required; cleared otherwise (a plugin that publishes them without
+    /// the flag in a long table contradicts itself and is refused).
+    unsafe fn typed_export(
+        &self,
+        v: &mut MemplugSharedMapping,
+        caps: Capabilities,
+        name: &str,
+    ) -> Result<(), LoadError> {
+        let mismatch = |detail: String| LoadError::CapabilityMismatch {
+            origin: self.origin.into(),
+            mechanism: name.to_string(),
+            detail,
+        };
+        if caps.typed_export() {
+            if self.minor < 2 {
+                return Err(mismatch(format!(
+                    "MEMPLUG_CAP_TYPED_EXPORT is a capability above the agreed minor: it is defined by ABI 1.2 and \
+                     the plugin agreed on 1.{}",
+                    self.minor
+                )));
+            }
+            if v.struct_size < MEMPLUG_SHARED_MAPPING_SIZE_1_2 {
+                return Err(mismatch(format!(
+                    "MEMPLUG_CAP_TYPED_EXPORT is set but the shared_mapping table is {} bytes, too short for the \
+                     1.2 export_handle/import_handle slots ({} bytes)",
+                    v.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_2
+                )));
+            }
+            return self.required(v, Need::WithCapability(MEMPLUG_CAP_TYPED_EXPORT), name);
+        }
+        let published = v.export_handle.is_some() || v.import_handle.is_some();
+        if self.minor >= 2 && published && v.struct_size >= MEMPLUG_SHARED_MAPPING_SIZE_1_2 {
+            return Err(mismatch(
+                "the shared_mapping export_handle/import_handle slots are set but MEMPLUG_CAP_TYPED_EXPORT is not"
+                    .into(),
+            ));
+        }
+        v.export_handle = None;
+        v.import_handle = None;
+        Ok(())
     }
 
     /// Refuses `table` of mechanism `mechanism` when a slot the ABI says it

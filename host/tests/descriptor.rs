@@ -213,3 +213,64 @@ fn a_recommended_granularity_that_is_no_multiple_of_the_granularity_is_refused_a
     // A 1.1 host never reads the descriptor, so the same plugin loads there.
     assert!(load(bad::entry, "rec-bad", 1).is_ok());
 }
+
+fn cpu_at(tag: &str, max_minor: u32) -> Plugin {
+    let src = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let dir = memplug_test_support::test_tmp_dir(&format!("descriptor-{tag}"));
+    let dst = dir.join(format!("libmemplug_plugin_cpu_{tag}.so"));
+    std::fs::copy(&src, &dst).unwrap();
+    let p = Plugin::load_with(&dst, &LoadOptions { max_minor, ..LoadOptions::default() }).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    p
+}
+
+#[test]
+fn the_cpu_plugin_publishes_its_descriptor_and_exports_typed_memfds() {
+    let p = cpu_at("typed12", 2);
+    let m = p.mechanism("cpu").unwrap();
+    let d = m.properties().descriptor;
+    assert_eq!(
+        d.attributes,
+        MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT | MEMPLUG_ATTR_READ_ONLY_ENFORCED
+    );
+    assert_eq!((d.export_types, d.location, d.maps_at_offsets), (MEMPLUG_HANDLE_MEMFD, Location::HOST, true));
+    assert!(d.accepts_page_size(4096) && !d.accepts_page_size(2 << 20));
+    assert_eq!(m.identity().map(|i| (i.valid, i.numa_node)), Some((MEMPLUG_IDENTITY_NUMA_NODE, 0)));
+    assert!(m.capabilities().typed_export());
+
+    // SAFETY: test harness; every object is released below.
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let placed = memplug_host::Placement { export_types: MEMPLUG_HANDLE_MEMFD, ..Default::default() };
+    let o = sm.create_placed(8192, AllocationClass::Other, &placed).unwrap();
+    let dmabuf = memplug_host::Placement { export_types: MEMPLUG_HANDLE_DMABUF_FD, ..Default::default() };
+    let e = sm.create_placed(8192, AllocationClass::Other, &dmabuf).unwrap_err();
+    assert_eq!(e.status, Status::Unsupported, "a kind the mechanism does not offer, asked at create: {e}");
+
+    let e = sm.export_handle(&o, MEMPLUG_HANDLE_DMABUF_FD).unwrap_err();
+    assert_eq!(e.status, Status::Unsupported, "{e}");
+    let h = sm.export_handle(&o, MEMPLUG_HANDLE_MEMFD).unwrap();
+    let memplug_host::Handle::Fd { kind, fd } = &h else { panic!("a descriptor: {h:?}") };
+    assert_eq!(*kind, MEMPLUG_HANDLE_MEMFD);
+    use std::os::fd::{AsFd, AsRawFd};
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    assert!(link.to_string_lossy().starts_with("/memfd:"), "really a memfd: {link:?}");
+    let imported =
+        sm.import_handle(memplug_host::HandleRef::Fd { kind: *kind, fd: fd.as_fd() }, 8192).unwrap();
+    assert!(imported.size() >= 8192);
+    let blob = sm.import_handle(memplug_host::HandleRef::Blob(&[1, 2, 3]), 8192).unwrap_err();
+    assert_eq!(blob.status, Status::Unsupported, "{blob}");
+    sm.release(imported).unwrap();
+    sm.release(o).unwrap();
+    drop(h);
+
+    // Pinned to 1.1: no descriptor, no typed export (1.1's export_fd stays).
+    let p11 = cpu_at("typed11", 1);
+    let m11 = p11.mechanism("cpu").unwrap();
+    assert_eq!(m11.properties().descriptor, Descriptor::default());
+    assert!(!m11.capabilities().typed_export() && m11.capabilities().shared_export());
+    let sm11 = unsafe { m11.ungoverned() }.shared_mapping().unwrap();
+    let o = sm11.create(4096).unwrap();
+    let e = sm11.export_handle(&o, MEMPLUG_HANDLE_MEMFD).unwrap_err();
+    assert!(e.status == Status::Unsupported && e.message.contains("typed handles need 1.2"), "{e}");
+    sm11.release(o).unwrap();
+}

@@ -113,6 +113,14 @@ pub const MEMPLUG_CAP_ALL_1_0: u32 =
 pub const MEMPLUG_CAP_SHARED_EXPORT: u32 = 1 << 4;
 /// Every capability flag defined by ABI 1.1.
 pub const MEMPLUG_CAP_ALL_1_1: u32 = MEMPLUG_CAP_ALL_1_0 | MEMPLUG_CAP_SHARED_EXPORT;
+/// Since 1.2. Capability flag: the shared mapping sub-vtable publishes
+/// `export_handle` and `import_handle` (typed handles, chosen at create).
+/// Valid only together with `MEMPLUG_CAP_SHARED_MAPPING`, only when the
+/// agreed minor is at least 2, and only with a `MemplugSharedMapping` whose
+/// `struct_size` is at least `MEMPLUG_SHARED_MAPPING_SIZE_1_2`.
+pub const MEMPLUG_CAP_TYPED_EXPORT: u32 = 1 << 5;
+/// Every capability flag defined by ABI 1.2 (so far: 1.2 is not frozen).
+pub const MEMPLUG_CAP_ALL_1_2: u32 = MEMPLUG_CAP_ALL_1_1 | MEMPLUG_CAP_TYPED_EXPORT;
 
 /// Since 1.1. Allocation classes a host tags requests with
 /// (`MemplugRequest::class_tag`), so a plugin can place or account memory
@@ -854,6 +862,91 @@ pub struct MemplugSharedMapping {
             sink: *const MemplugMessageSink,
         ) -> MemplugStatus,
     >,
+    /// Since 1.2; present if and only if `MEMPLUG_CAP_TYPED_EXPORT` is set
+    /// (with a table of at least `MEMPLUG_SHARED_MAPPING_SIZE_1_2`, at an
+    /// agreed minor of at least 2). Exports physical object `object` as a
+    /// handle of kind `handle_type` (one `MEMPLUG_HANDLE_*` bit the
+    /// mechanism publishes in `export_types`), written into `out` (never
+    /// past `out->struct_size`). For descriptor kinds, `out->fd` is a new
+    /// descriptor the caller owns and closes; for `MEMPLUG_HANDLE_WIN32`,
+    /// `out->win32` a new handle the caller owns; for
+    /// `MEMPLUG_HANDLE_VENDOR_BLOB`, `out->blob_len` bytes of `out->blob`.
+    /// A kind the mechanism does not offer, or an object that was not made
+    /// exportable as it (requests name the kinds at creation), is refused
+    /// with `MEMPLUG_STATUS_UNSUPPORTED`.
+    pub export_handle: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            object: *const MemplugObjectRef,
+            handle_type: u32,
+            out: *mut MemplugHandle,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+    /// Since 1.2; present if and only if `MEMPLUG_CAP_TYPED_EXPORT` is set.
+    /// Creates a physical object of this mechanism from `handle` (exported
+    /// by `export_handle`, here or in another process), of `request.size`
+    /// bytes rounded up to the granularity, which must not exceed the
+    /// memory behind the handle. The handle stays the caller's: the plugin
+    /// duplicates what it keeps. The object holds one reference, as from
+    /// `create`. A handle the mechanism cannot use is refused with
+    /// `MEMPLUG_STATUS_INVALID_ARGUMENT`; a kind it does not import with
+    /// `MEMPLUG_STATUS_UNSUPPORTED`.
+    pub import_handle: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            handle: *const MemplugHandle,
+            request: *const MemplugRequest,
+            out: *mut MemplugBlock,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+}
+
+/// Bytes of `MemplugHandle::blob`: enough for the IPC and fabric handles
+/// vendors define today (64 bytes). Frozen with the struct.
+pub const MEMPLUG_HANDLE_BLOB_MAX: u32 = 64;
+
+/// Since 1.2. A typed, shareable handle to a physical object's memory: a
+/// descriptor, a Windows handle or a vendor's opaque bytes, as
+/// `handle_type` says. Written by `export_handle` into caller memory (the
+/// caller sets `struct_size`); read by `import_handle` as a prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemplugHandle {
+    /// `sizeof(MemplugHandle)` as its owner knows it.
+    pub struct_size: u32,
+    /// One `MEMPLUG_HANDLE_*` bit.
+    pub handle_type: u32,
+    /// For `MEMPLUG_HANDLE_OPAQUE_FD`, `DMABUF_FD` and `MEMFD`: the
+    /// descriptor; -1 otherwise.
+    pub fd: i32,
+    /// Explicit padding; zero.
+    pub reserved0: u32,
+    /// For `MEMPLUG_HANDLE_WIN32`: the handle's value; zero otherwise.
+    pub win32: u64,
+    /// For `MEMPLUG_HANDLE_VENDOR_BLOB`: how many bytes of `blob` are used
+    /// (at most `MEMPLUG_HANDLE_BLOB_MAX`); zero otherwise.
+    pub blob_len: u32,
+    /// Explicit padding; zero.
+    pub reserved1: u32,
+    /// A vendor blob's bytes.
+    pub blob: [u8; 64],
+}
+
+impl Default for MemplugHandle {
+    fn default() -> Self {
+        MemplugHandle {
+            struct_size: 0,
+            handle_type: 0,
+            fd: -1,
+            reserved0: 0,
+            win32: 0,
+            blob_len: 0,
+            reserved1: 0,
+            blob: [0; 64],
+        }
+    }
 }
 
 /// A function the host asks a stream to run, in order with the stream's other
@@ -1049,16 +1142,19 @@ pub mod size_1_1 {
 
 /// Sizes of each growable struct as ABI 1.2 defines it. Grown in 1.2:
 /// `MemplugHostInfo` (`services`), `MemplugMechanism` (`identity`),
-/// `MemplugProperties` (the memory descriptor) and `MemplugRequest`
-/// (`hints`, `export_types`, `page_size`, location); new in 1.2:
-/// `MemplugHostServices` (`report_device_lost`) and
-/// `MemplugDeviceIdentity`. 1.2 is not frozen yet: it may still grow
+/// `MemplugProperties` (the memory descriptor), `MemplugRequest`
+/// (`hints`, `export_types`, `page_size`, location) and
+/// `MemplugSharedMapping` (`export_handle`, `import_handle`); new in 1.2:
+/// `MemplugHostServices` (`report_device_lost`), `MemplugDeviceIdentity`
+/// and `MemplugHandle`. 1.2 is not frozen yet: it may still grow
 /// before its header is frozen (docs/ABI-CHANGELOG.md).
 pub const MEMPLUG_HOST_INFO_SIZE_1_2: u32 = 32;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_HOST_SERVICES_SIZE_1_2: u32 = 24;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_DEVICE_IDENTITY_SIZE_1_2: u32 = 48;
+/// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+pub const MEMPLUG_HANDLE_SIZE_1_2: u32 = 96;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_NEGOTIATION_SIZE_1_2: u32 = 16;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
@@ -1080,7 +1176,7 @@ pub const MEMPLUG_ALLOCATOR_SIZE_1_2: u32 = 40;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_VIRTUAL_BACKING_SIZE_1_2: u32 = 48;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_SHARED_MAPPING_SIZE_1_2: u32 = 64;
+pub const MEMPLUG_SHARED_MAPPING_SIZE_1_2: u32 = 80;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_SYNC_SIZE_1_2: u32 = 72;
 
@@ -1088,12 +1184,12 @@ pub const MEMPLUG_SYNC_SIZE_1_2: u32 = 72;
 pub mod size_1_2 {
     pub use super::{
         MEMPLUG_ALLOCATOR_SIZE_1_2 as ALLOCATOR, MEMPLUG_BLOCK_SIZE_1_2 as BLOCK,
-        MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 as DEVICE_IDENTITY, MEMPLUG_HOST_INFO_SIZE_1_2 as HOST_INFO,
-        MEMPLUG_HOST_SERVICES_SIZE_1_2 as HOST_SERVICES, MEMPLUG_MECHANISM_SIZE_1_2 as MECHANISM,
-        MEMPLUG_MEMORY_INFO_SIZE_1_2 as MEMORY_INFO, MEMPLUG_NEGOTIATION_SIZE_1_2 as NEGOTIATION,
-        MEMPLUG_OBJECT_REF_SIZE_1_2 as OBJECT_REF, MEMPLUG_PLUGIN_SIZE_1_2 as PLUGIN,
-        MEMPLUG_PROPERTIES_SIZE_1_2 as PROPERTIES, MEMPLUG_REQUEST_SIZE_1_2 as REQUEST,
-        MEMPLUG_SHARED_MAPPING_SIZE_1_2 as SHARED_MAPPING, MEMPLUG_SYNC_SIZE_1_2 as SYNC,
-        MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 as VIRTUAL_BACKING,
+        MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 as DEVICE_IDENTITY, MEMPLUG_HANDLE_SIZE_1_2 as HANDLE,
+        MEMPLUG_HOST_INFO_SIZE_1_2 as HOST_INFO, MEMPLUG_HOST_SERVICES_SIZE_1_2 as HOST_SERVICES,
+        MEMPLUG_MECHANISM_SIZE_1_2 as MECHANISM, MEMPLUG_MEMORY_INFO_SIZE_1_2 as MEMORY_INFO,
+        MEMPLUG_NEGOTIATION_SIZE_1_2 as NEGOTIATION, MEMPLUG_OBJECT_REF_SIZE_1_2 as OBJECT_REF,
+        MEMPLUG_PLUGIN_SIZE_1_2 as PLUGIN, MEMPLUG_PROPERTIES_SIZE_1_2 as PROPERTIES,
+        MEMPLUG_REQUEST_SIZE_1_2 as REQUEST, MEMPLUG_SHARED_MAPPING_SIZE_1_2 as SHARED_MAPPING,
+        MEMPLUG_SYNC_SIZE_1_2 as SYNC, MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 as VIRTUAL_BACKING,
     };
 }

@@ -538,6 +538,33 @@ pub trait SharedMapping: Send + Sync + 'static {
     fn import_fd(&self, _fd: BorrowedFd<'_>, _request: &Request) -> PluginResult<Block> {
         Err(PluginError::unsupported("import_fd is not published"))
     }
+
+    /// Whether `export_handle` and `import_handle` are published (ABI 1.2,
+    /// `MEMPLUG_CAP_TYPED_EXPORT`), to hosts that agreed on 1.2. The kinds
+    /// offered are your [`Descriptor::export_types`](crate::Descriptor).
+    const CAN_EXPORT_HANDLES: bool = false;
+
+    /// A new handle of kind `handle_type` for a live physical object's
+    /// memory, owned by the caller. Called only when `CAN_EXPORT_HANDLES`
+    /// is true, with the reference checked, `handle_type` one kind your
+    /// descriptor's `export_types` lists (else the SDK answered
+    /// `UNSUPPORTED`), and the host's out struct writable. Return a handle
+    /// of exactly that kind (another is refused as your internal error).
+    /// Yours: an object not made exportable that way (`UNSUPPORTED`).
+    fn export_handle(&self, _object: &ObjectRef, _handle_type: u32) -> PluginResult<crate::Handle> {
+        Err(PluginError::unsupported("export_handle is not published"))
+    }
+
+    /// A physical object backed by `handle`'s memory, of `request.size`
+    /// bytes (rounded up to the granularity), holding one reference as from
+    /// `create`. The handle stays the caller's. Called only when
+    /// `CAN_EXPORT_HANDLES` is true, with the handle's kind one your
+    /// descriptor lists, a descriptor non-negative, a blob at most 64 bytes,
+    /// and the request checked as for `create`. Yours: a handle you cannot
+    /// use (`INVALID_ARGUMENT`), a size larger than the memory behind it.
+    fn import_handle(&self, _handle: crate::HandleRef<'_>, _request: &Request) -> PluginResult<Block> {
+        Err(PluginError::unsupported("import_handle is not published"))
+    }
 }
 
 /// Optional capability: streams and fences. (Named `StreamSync` so it does

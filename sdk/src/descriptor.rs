@@ -87,3 +87,46 @@ impl Descriptor {
 /// A device's identity (ABI 1.2): UUID, PCI address, sub-device, NUMA node,
 /// each meaningful when its `MEMPLUG_IDENTITY_*` bit is set in `valid`.
 pub type DeviceIdentity = abi::MemplugDeviceIdentity;
+
+/// A typed handle a vendor exports a physical object as (ABI 1.2,
+/// [`SharedMapping::export_handle`](crate::SharedMapping::export_handle)).
+#[derive(Debug)]
+pub enum Handle {
+    /// A descriptor of kind `kind` (`MEMPLUG_HANDLE_OPAQUE_FD`,
+    /// `DMABUF_FD` or `MEMFD`), new and owned by the caller.
+    Fd { kind: u32, fd: std::os::fd::OwnedFd },
+    /// A Windows NT handle (`MEMPLUG_HANDLE_WIN32`), owned by the caller.
+    Win32(u64),
+    /// A vendor's opaque bytes (`MEMPLUG_HANDLE_VENDOR_BLOB`), at most
+    /// `MEMPLUG_HANDLE_BLOB_MAX`.
+    Blob(Vec<u8>),
+}
+
+impl Handle {
+    /// Its `MEMPLUG_HANDLE_*` kind.
+    pub fn kind(&self) -> u32 {
+        match self {
+            Handle::Fd { kind, .. } => *kind,
+            Handle::Win32(_) => abi::MEMPLUG_HANDLE_WIN32,
+            Handle::Blob(_) => abi::MEMPLUG_HANDLE_VENDOR_BLOB,
+        }
+    }
+}
+
+/// A typed handle a vendor is asked to import (ABI 1.2,
+/// [`SharedMapping::import_handle`](crate::SharedMapping::import_handle)):
+/// borrowed, the caller keeps it.
+#[derive(Clone, Copy, Debug)]
+pub enum HandleRef<'a> {
+    /// A descriptor of kind `kind`; duplicate it to keep it.
+    Fd {
+        kind: u32,
+        fd: std::os::fd::BorrowedFd<'a>,
+    },
+    Win32(u64),
+    Blob(&'a [u8]),
+}
+
+/// The descriptor kinds.
+pub(crate) const FD_KINDS: u32 =
+    abi::MEMPLUG_HANDLE_OPAQUE_FD | abi::MEMPLUG_HANDLE_DMABUF_FD | abi::MEMPLUG_HANDLE_MEMFD;

@@ -80,6 +80,7 @@ pub const SIZES: &[SizeFact] = &[
     size_fact!("MemplugSharedMapping", SHARED_MAPPING),
     size_fact!("MemplugSync", SYNC),
     size_fact!("MemplugDeviceIdentity", DEVICE_IDENTITY, since 2),
+    size_fact!("MemplugHandle", HANDLE, since 2),
 ];
 
 /// Whether a mechanism must publish a slot (non-NULL).
@@ -214,6 +215,8 @@ slots!(MemplugSharedMapping, "shared_mapping":
     release: Required, 0;
     export_fd: WithCapability(MEMPLUG_CAP_SHARED_EXPORT), 1;
     import_fd: WithCapability(MEMPLUG_CAP_SHARED_EXPORT), 1;
+    export_handle: WithCapability(MEMPLUG_CAP_TYPED_EXPORT), 2;
+    import_handle: WithCapability(MEMPLUG_CAP_TYPED_EXPORT), 2;
 );
 
 slots!(MemplugSync, "sync":
@@ -250,14 +253,9 @@ mod tests {
         for s in T::SLOTS {
             let end = (s.offset + size_of::<usize>()) as u32;
             assert!(end <= sizes.size_1_2, "{}.{} lies inside the 1.2 struct", T::NAME, s.name);
-            let in_1_0 = end <= sizes.size_1_0;
-            assert_eq!(
-                in_1_0,
-                s.since_minor == 0,
-                "{}.{}: since_minor agrees with the 1.0 size",
-                T::NAME,
-                s.name
-            );
+            // The minor that added a slot is the first whose size holds it.
+            let first = (0..=2).find(|m| end <= sizes.at_minor(*m)).expect("inside the 1.2 struct");
+            assert_eq!(first, s.since_minor, "{}.{}: since_minor agrees with the sizes", T::NAME, s.name);
         }
         // Zeroed: nothing published. One slot set: that one only.
         // SAFETY: a `Prefixed` type is valid when zeroed.
@@ -295,7 +293,8 @@ mod tests {
         );
         check::<MemplugSharedMapping>(
             fields!(MemplugSharedMapping {
-                struct_size, reserved0; create, map, unmap, retain, release, export_fd, import_fd
+                struct_size, reserved0; create, map, unmap, retain, release, export_fd, import_fd, export_handle,
+                import_handle
             }),
             sizes_of("MemplugSharedMapping"),
         );
@@ -367,6 +366,7 @@ mod tests {
             ("MemplugSharedMapping", prefixed_size::<MemplugSharedMapping>()),
             ("MemplugSync", prefixed_size::<MemplugSync>()),
             ("MemplugDeviceIdentity", prefixed_size::<MemplugDeviceIdentity>()),
+            ("MemplugHandle", prefixed_size::<MemplugHandle>()),
         ];
         assert_eq!(SIZES.len(), structs.len());
         for (fact, (name, (min, now))) in SIZES.iter().zip(structs) {

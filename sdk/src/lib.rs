@@ -29,7 +29,7 @@ pub mod prefix;
 pub mod status;
 
 pub use author::*;
-pub use descriptor::{Descriptor, DeviceIdentity, Location};
+pub use descriptor::{Descriptor, DeviceIdentity, Handle, HandleRef, Location};
 pub use export::{
     BuiltMechanism, ExportedPlugin, HostLink, LossReport, MechanismBuilder, MechanismState, PluginBuilder,
 };

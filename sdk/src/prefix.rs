@@ -335,6 +335,7 @@ prefixed! {
     // New in 1.2: its smallest size is its 1.2 size.
     MemplugHostServices => abi::size_1_2::HOST_SERVICES,
     MemplugDeviceIdentity => abi::size_1_2::DEVICE_IDENTITY,
+    MemplugHandle => abi::size_1_2::HANDLE,
 }
 
 #[cfg(test)]

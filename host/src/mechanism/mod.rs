@@ -27,6 +27,7 @@ mod blocks;
 mod call;
 mod shared_mapping;
 mod sync;
+mod typed_export;
 mod virtual_backing;
 
 pub use allocator::AllocatorApi;
@@ -43,7 +44,7 @@ use blocks::{BlockIndex, Conflict};
 use memplug_sdk::abi::*;
 pub use memplug_sdk::Access;
 use memplug_sdk::Status;
-pub use memplug_sdk::{Descriptor, DeviceIdentity, Location};
+pub use memplug_sdk::{Descriptor, DeviceIdentity, Handle, HandleRef, Location};
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -73,9 +74,15 @@ impl Capabilities {
     pub fn shared_export(self) -> bool {
         self.0 & MEMPLUG_CAP_SHARED_EXPORT != 0
     }
+    /// Typed handles chosen at create (`export_handle`/`import_handle`,
+    /// ABI 1.2). Set only on mechanisms of plugins that agreed on 1.2 or
+    /// newer: the loader refuses the bit below.
+    pub fn typed_export(self) -> bool {
+        self.0 & MEMPLUG_CAP_TYPED_EXPORT != 0
+    }
     /// Bits this host does not know (from a newer minor); ignored.
     pub fn unknown_bits(self) -> u32 {
-        self.0 & !MEMPLUG_CAP_ALL_1_1
+        self.0 & !MEMPLUG_CAP_ALL_1_2
     }
     /// Names of the known capabilities present.
     pub fn names(self) -> Vec<&'static str> {
@@ -94,6 +101,9 @@ impl Capabilities {
         }
         if self.shared_export() {
             v.push("shared_export");
+        }
+        if self.typed_export() {
+            v.push("typed_export");
         }
         v
     }

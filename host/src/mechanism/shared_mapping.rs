@@ -51,7 +51,7 @@ impl<'m> SharedMappingApi<'m> {
 
     /// Counts a physical object the plugin reported making, after checking
     /// it is at least as large as asked.
-    fn new_object(
+    pub(super) fn new_object(
         &self,
         slot: &'static str,
         req: &MemplugRequest,
@@ -171,22 +171,32 @@ impl<'m> SharedMappingApi<'m> {
             return Err(self.no_export(SLOT));
         };
         let m = self.m;
-        // The plugin is lent a duplicate, closed here after the call: a
-        // plugin that closes what it was given (it must duplicate what it
-        // keeps) then closes only the duplicate, never the caller's
-        // descriptor.
+        let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
+        let mut out = MechanismInner::empty_block();
+        self.lend(SLOT, fd, |lent_fd| m.call(SLOT, f, (lent_fd, &req, &mut out)))?;
+        self.new_object(SLOT, &req, &out, size)
+    }
+
+    /// Runs `call` with a duplicate of `fd` lent to the plugin, closed here
+    /// after the call: a plugin that closes what it was given (it must
+    /// duplicate what it keeps) then closes only the duplicate, never the
+    /// caller's descriptor. A plugin that closed or replaced the duplicate
+    /// is refused (and the number left alone: closing it could close
+    /// another thread's descriptor that reused it).
+    pub(super) fn lend(
+        &self,
+        slot: &'static str,
+        fd: BorrowedFd<'_>,
+        call: impl FnOnce(i32) -> Result<(), CallError>,
+    ) -> Result<(), CallError> {
+        let m = self.m;
         let lent = fd.try_clone_to_owned().map_err(|e| {
-            m.refuse(SLOT, Status::OutOfMemory, format!("cannot duplicate the descriptor to lend it: {e}"))
+            m.refuse(slot, Status::OutOfMemory, format!("cannot duplicate the descriptor to lend it: {e}"))
         })?;
         let lent_fd = lent.as_raw_fd();
         let before = file_identity(lent_fd);
-        let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
-        let mut out = MechanismInner::empty_block();
-        let r = m.call(SLOT, f, (lent_fd, &req, &mut out));
+        let r = call(lent_fd);
         if before.is_none() || file_identity(lent_fd) != before {
-            // The plugin closed (or replaced) the number it was lent. It
-            // is not the host's any more: closing it could close another
-            // thread's descriptor that reused the number.
             std::mem::forget(lent);
             let answer = match &r {
                 Ok(()) => "and reported success (the object it made is not used, not counted and not \
@@ -195,7 +205,7 @@ impl<'m> SharedMappingApi<'m> {
                 Err(e) => format!("and failed: {e}"),
             };
             return Err(m.refuse(
-                SLOT,
+                slot,
                 Status::Internal,
                 format!(
                     "the plugin closed the descriptor it was lent (fd {lent_fd}, a duplicate) {answer}; \
@@ -205,8 +215,7 @@ impl<'m> SharedMappingApi<'m> {
             ));
         }
         drop(lent);
-        r?;
-        self.new_object(SLOT, &req, &out, size)
+        r
     }
 
     /// Drops one reference.
@@ -225,7 +234,7 @@ impl<'m> SharedMappingApi<'m> {
 /// as a regular file (a memfd, a file in shm or hugetlbfs), a character
 /// device, or an anonymous inode (a dma-buf, say); sockets, pipes and
 /// FIFOs, directories, block devices and symbolic links are refused.
-fn exported_fd_fault(fd: RawFd) -> Result<(), String> {
+pub(super) fn exported_fd_fault(fd: RawFd) -> Result<(), String> {
     if fd < 0 {
         return Err("which is not a descriptor".into());
     }

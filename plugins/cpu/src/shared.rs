@@ -230,4 +230,19 @@ impl SharedMapping for CpuMechanism {
         let kept = fd_sharing::adopt(fd, size)?;
         Ok(self.physical.insert(request, size, kept))
     }
+
+    // ABI 1.2: the same memfds, typed. The SDK has checked the kind is one
+    // the descriptor offers (MEMFD only), so nothing else arrives here.
+    const CAN_EXPORT_HANDLES: bool = true;
+
+    fn export_handle(&self, object: &ObjectRef, handle_type: u32) -> PluginResult<memplug_sdk::Handle> {
+        Ok(memplug_sdk::Handle::Fd { kind: handle_type, fd: self.export_fd(object)? })
+    }
+
+    fn import_handle(&self, handle: memplug_sdk::HandleRef<'_>, request: &Request) -> PluginResult<Block> {
+        match handle {
+            memplug_sdk::HandleRef::Fd { fd, .. } => self.import_fd(fd, request),
+            other => Err(PluginError::unsupported(format!("import_handle: {other:?} is not a memfd"))),
+        }
+    }
 }

@@ -134,9 +134,9 @@ impl<M: Allocator> MechanismBuilder<M> {
     where
         M: SharedMapping,
     {
-        // The 1.1 table; `build` derives the 1.0 view a 1.0 host gets.
+        // The whole (1.2) table; `build` derives the views of older minors.
         self.shared_mapping = Some(MemplugSharedMapping {
-            struct_size: abi::size_1_1::SHARED_MAPPING,
+            struct_size: abi::size_1_2::SHARED_MAPPING,
             reserved0: 0,
             create: Some(s_create::<M>),
             map: Some(s_map::<M>),
@@ -145,6 +145,8 @@ impl<M: Allocator> MechanismBuilder<M> {
             release: Some(s_release::<M>),
             export_fd: if M::CAN_EXPORT { Some(s_export_fd::<M>) } else { None },
             import_fd: if M::CAN_EXPORT { Some(s_import_fd::<M>) } else { None },
+            export_handle: if M::CAN_EXPORT_HANDLES { Some(s_export_handle::<M>) } else { None },
+            import_handle: if M::CAN_EXPORT_HANDLES { Some(s_import_handle::<M>) } else { None },
         });
         self
     }
@@ -198,24 +200,38 @@ impl<M: Allocator> MechanismBuilder<M> {
             if sm.export_fd.is_some() {
                 caps |= abi::MEMPLUG_CAP_SHARED_EXPORT;
             }
+            if sm.export_handle.is_some() {
+                caps |= abi::MEMPLUG_CAP_TYPED_EXPORT;
+            }
         }
         if self.sync.is_some() {
             caps |= abi::MEMPLUG_CAP_SYNC;
         }
-        // ABI 1.0's view of the shared mapping table: the 1.0 prefix only.
+        // Each older minor's view of the shared mapping table: its prefix
+        // only (the 1.2 table is the whole one).
         let shared_1_0 = own(self.shared_mapping.map(|sm| MemplugSharedMapping {
             struct_size: abi::size_1_0::SHARED_MAPPING,
             export_fd: None,
             import_fd: None,
+            export_handle: None,
+            import_handle: None,
+            ..sm
+        }));
+        let shared_1_1 = own(self.shared_mapping.map(|sm| MemplugSharedMapping {
+            struct_size: abi::size_1_1::SHARED_MAPPING,
+            export_handle: None,
+            import_handle: None,
             ..sm
         }));
         let virtual_backing = own(self.virtual_backing);
-        let shared_1_1 = own(self.shared_mapping);
+        let shared_1_2 = own(self
+            .shared_mapping
+            .map(|sm| MemplugSharedMapping { struct_size: abi::size_1_2::SHARED_MAPPING, ..sm }));
         let sync = own(self.sync);
         let name = OwnedCStr::new(self.name);
         let mech_1_1 = MemplugMechanism {
             struct_size: abi::size_1_1::MECHANISM,
-            capabilities: caps,
+            capabilities: caps & abi::MEMPLUG_CAP_ALL_1_1,
             mechanism_id: self.id,
             name: name.ptr(),
             device: self.device,
@@ -239,11 +255,16 @@ impl<M: Allocator> MechanismBuilder<M> {
             ..m
         };
         let (mech_1_0, mech_1_1_view) = (tagged(mech_1_0), tagged(mech_1_1));
-        // 1.2 adds nothing to a mechanism's tables: its view is 1.1's with
-        // the 1.2 size.
+        // The 1.2 view: every capability, the whole shared mapping table,
+        // the identity, an untagged context.
         let identity = own(self.identity);
-        let mech_1_2 =
-            MemplugMechanism { struct_size: abi::size_1_2::MECHANISM, identity: ptr(&identity), ..mech_1_1 };
+        let mech_1_2 = MemplugMechanism {
+            struct_size: abi::size_1_2::MECHANISM,
+            capabilities: caps,
+            shared_mapping: ptr(&shared_1_2),
+            identity: ptr(&identity),
+            ..mech_1_1
+        };
         BuiltMechanism {
             views: [Owned::new(mech_1_0), Owned::new(mech_1_1_view), Owned::new(mech_1_2)],
             _tables: Tables {
@@ -251,6 +272,7 @@ impl<M: Allocator> MechanismBuilder<M> {
                 _virtual_backing: virtual_backing,
                 _shared_1_0: shared_1_0,
                 _shared_1_1: shared_1_1,
+                _shared_1_2: shared_1_2,
                 _sync: sync,
                 _identity: identity,
                 _name: name,
@@ -280,6 +302,7 @@ struct Tables {
     _virtual_backing: Option<Owned<MemplugVirtualBacking>>,
     _shared_1_0: Option<Owned<MemplugSharedMapping>>,
     _shared_1_1: Option<Owned<MemplugSharedMapping>>,
+    _shared_1_2: Option<Owned<MemplugSharedMapping>>,
     _sync: Option<Owned<MemplugSync>>,
     _identity: Option<Owned<DeviceIdentity>>,
     _name: OwnedCStr,

@@ -117,7 +117,8 @@ impl Facts {
             & (device_word(r.device) == self.device)
             & (r.alignment & mask == 0)
             & (mask < self.max_alignment)
-            & self.descriptor.accepts_page_size(r.page_size);
+            & self.descriptor.accepts_page_size(r.page_size)
+            & (r.export_types & !self.descriptor.export_types == 0);
         if !ok {
             return Err(self.refuse_allocation(&r));
         }
@@ -131,7 +132,8 @@ impl Facts {
         let ok = (r.flags & !KNOWN_REQUEST_FLAGS == 0)
             & (r.size != 0)
             & (device_word(r.device) == self.device)
-            & self.descriptor.accepts_page_size(r.page_size);
+            & self.descriptor.accepts_page_size(r.page_size)
+            & (r.export_types & !self.descriptor.export_types == 0);
         if !ok {
             return Err(self.refuse_request(what, r));
         }
@@ -178,6 +180,13 @@ impl Facts {
     #[inline(never)]
     fn refuse_request(&self, what: &str, r: &Request) -> PluginError {
         let (flags, size, device) = (r.flags, r.size, r.device);
+        let unoffered = r.export_types & !self.descriptor.export_types;
+        if unoffered != 0 {
+            return PluginError::unsupported(format!(
+                "{what}: export kinds {unoffered:#x} are not ones mechanism \"{}\" offers (export_types {:#x})",
+                self.name, self.descriptor.export_types
+            ));
+        }
         if !self.descriptor.accepts_page_size(r.page_size) {
             return PluginError::invalid_argument(format!(
                 "{what}: page size {:#x} is not one mechanism \"{}\" publishes (page_sizes {:#x})",

@@ -331,6 +331,97 @@ pub(super) unsafe extern "C" fn s_import_fd<M: SharedMapping>(
     })
 }
 
+/// One kind of the mechanism's `export_types`, or `UNSUPPORTED` naming it.
+fn offered_kind(offered: u32, kind: u32, slot: &str) -> PluginResult<()> {
+    if kind.is_power_of_two() && offered & kind != 0 {
+        return Ok(());
+    }
+    Err(PluginError::unsupported(format!(
+        "{slot}: handle kind {kind:#x} is not one this mechanism offers (export_types {offered:#x})"
+    )))
+}
+
+pub(super) unsafe extern "C" fn s_export_handle<M: SharedMapping>(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    handle_type: u32,
+    out: *mut MemplugHandle,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "export_handle", || {
+        let m = mech::<M>(ctx)?;
+        let o = m.object(object, "object", "export_handle: physical object")?;
+        offered_kind(m.facts.descriptor.export_types, handle_type, "export_handle")?;
+        // Checked before anything is made: a handle nobody can receive
+        // would leak.
+        crate::prefix::out_capacity(out)
+            .map_err(|_| PluginError::invalid_argument("out handle is NULL or short"))?;
+        let h = m.imp.export_handle(&o, handle_type)?;
+        if h.kind() != handle_type {
+            return Err(PluginError::internal(format!(
+                "export_handle: the plugin made a handle of kind {:#x} where {handle_type:#x} was asked",
+                h.kind()
+            )));
+        }
+        let mut v = MemplugHandle { handle_type, ..Default::default() };
+        match h {
+            crate::Handle::Fd { fd, .. } => v.fd = std::os::fd::IntoRawFd::into_raw_fd(fd),
+            crate::Handle::Win32(w) => v.win32 = w,
+            crate::Handle::Blob(b) => {
+                if b.len() > v.blob.len() {
+                    return Err(PluginError::internal(format!(
+                        "export_handle: a blob of {} bytes (at most 64)",
+                        b.len()
+                    )));
+                }
+                v.blob[..b.len()].copy_from_slice(&b);
+                v.blob_len = b.len() as u32;
+            }
+        }
+        // The capacity was checked above, so this cannot fail and the new
+        // descriptor reaches the caller.
+        write_out(out, &v, "out handle")
+    })
+}
+
+pub(super) unsafe extern "C" fn s_import_handle<M: SharedMapping>(
+    ctx: *mut c_void,
+    handle: *const MemplugHandle,
+    request: *const MemplugRequest,
+    out: *mut MemplugBlock,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    guard(sink, "import_handle", || {
+        let m = mech::<M>(ctx)?;
+        let h: MemplugHandle = super::args::read_in(handle, "handle")?;
+        offered_kind(m.facts.descriptor.export_types, h.handle_type, "import_handle")?;
+        let borrowed = if h.handle_type & crate::descriptor::FD_KINDS != 0 {
+            if h.fd < 0 {
+                return Err(PluginError::invalid_argument(format!(
+                    "handle.fd {} is not a file descriptor",
+                    h.fd
+                )));
+            }
+            // SAFETY: the caller keeps the descriptor open for the call
+            // (ABI contract); the plugin only borrows it.
+            crate::HandleRef::Fd { kind: h.handle_type, fd: std::os::fd::BorrowedFd::borrow_raw(h.fd) }
+        } else if h.handle_type == MEMPLUG_HANDLE_WIN32 {
+            crate::HandleRef::Win32(h.win32)
+        } else {
+            let n = h.blob_len as usize;
+            if n > h.blob.len() {
+                return Err(PluginError::invalid_argument(format!("handle.blob_len {n} is over 64")));
+            }
+            // The bytes are read out of the caller's struct before the
+            // vendor sees them (one snapshot).
+            return m.make_block(request, out, "import_handle", |r| {
+                m.imp.import_handle(crate::HandleRef::Blob(&h.blob[..n]), r)
+            });
+        };
+        m.make_block(request, out, "import_handle", |r| m.imp.import_handle(borrowed, r))
+    })
+}
+
 // ---- sync thunks ----
 
 pub(super) unsafe extern "C" fn y_stream_create<M: StreamSync>(
