@@ -47,7 +47,7 @@ fn identity() -> DeviceIdentity {
 /// A heap allocator that keeps the last request it was sent.
 #[derive(Default)]
 struct Recorder {
-    last: Arc<Mutex<Option<Request>>>,
+    last: Seen,
     blocks: Mutex<HashMap<u64, Layout>>,
     bad_granularity: bool,
 }
@@ -84,9 +84,11 @@ impl Allocator for Recorder {
     }
 }
 
-static LAST: OnceLock<Mutex<HashMap<&'static str, Arc<Mutex<Option<Request>>>>>> = OnceLock::new();
+/// The last request each recorder saw.
+type Seen = Arc<Mutex<Option<Request>>>;
+static LAST: OnceLock<Mutex<HashMap<&'static str, Seen>>> = OnceLock::new();
 
-fn last(name: &'static str) -> Arc<Mutex<Option<Request>>> {
+fn last(name: &'static str) -> Seen {
     LAST.get_or_init(Default::default).lock().unwrap().entry(name).or_default().clone()
 }
 
