@@ -5,8 +5,11 @@
 //! message, agreed minor, the `MemplugPlugin` descriptor, its mechanism
 //! array, each `MemplugMechanism`, their allocator / virtual backing /
 //! shared mapping (with the 1.1 `export_fd`/`import_fd` slots and
-//! `MEMPLUG_CAP_SHARED_EXPORT`) / sync sub-vtables, and each mechanism's
-//! answer to `allocator.properties` — laid out in fuzz-owned memory
+//! `MEMPLUG_CAP_SHARED_EXPORT`, the 1.2 `export_handle`/`import_handle`
+//! slots and `MEMPLUG_CAP_TYPED_EXPORT`) / sync sub-vtables, the 1.2
+//! device identity each may point at, and each mechanism's answer to
+//! `allocator.properties` (with the 1.2 memory descriptor) — laid out in
+//! fuzz-owned memory
 //! ([`GuardedArena`]: every buffer ends at an unreadable page). The fuzzer
 //! picks `struct_size` values (short, exact, the 1.0 size, longer with
 //! trailing bytes, absurd), placements (aligned or at odd addresses),
@@ -28,8 +31,9 @@
 //!   plugin whose only fault is a NULL slot), or an entry failure loses the
 //!   plugin's status or message;
 //! * a loaded plugin reports anything (name, version, agreed minor, minor
-//!   range, mechanisms, ids, names, devices, capability flags, properties,
-//!   optional slots, live objects) other than what the input published;
+//!   range, mechanisms, ids, names, devices, capability flags, properties
+//!   and their 1.2 descriptor, identities, optional slots, live objects)
+//!   other than what the input published;
 //! * the host calls a slot other than `allocator.properties` while
 //!   loading, calls the entry more than once, or the unload callback at the
 //!   wrong time;
@@ -38,7 +42,9 @@
 use crate::arena::{GuardedArena, Placement};
 use crate::input::{bytes, interesting_u64, rare, status};
 use arbitrary::{Result, Unstructured};
-use memplug_host::{LoadError, LoadOptions, Plugin, Properties, Status, HOST_MAX_MINOR, HOST_MIN_MINOR};
+use memplug_host::{
+    Descriptor, LoadError, LoadOptions, Location, Plugin, Properties, Status, HOST_MAX_MINOR, HOST_MIN_MINOR,
+};
 use memplug_sdk::abi::*;
 use memplug_sdk::facts::{Need, Vtable};
 use memplug_sdk::prefix::Prefixed;
@@ -186,8 +192,13 @@ impl Text {
         }))
     }
 
-    /// What a reader that honours the 256-byte bound finds.
+    /// What a reader that honours the 256-byte bound finds, in the escaped
+    /// form the host keeps names in (see [`escaped`]).
     fn read(&self) -> std::result::Result<String, &'static str> {
+        self.read_raw().map(|s| escaped(&s))
+    }
+
+    fn read_raw(&self) -> std::result::Result<String, &'static str> {
         let window = &self.buffer[..self.buffer.len().min(HOST_MAX_NAME)];
         let Some(end) = window.iter().position(|&b| b == 0) else {
             assert!(self.buffer.len() >= HOST_MAX_NAME, "the target built a short unterminated string");
@@ -199,6 +210,31 @@ impl Text {
             Err(_) => Err("not UTF-8"),
         }
     }
+}
+
+/// A plugin's text as the host stores it (`memplug_host::escape_untrusted`
+/// documents the rules; written here independently of it): a backslash
+/// doubled; tab, line feed and carriage return as `\t`, `\n`, `\r`; other
+/// control characters as `\xNN` below U+0080 and `\u{NN}` above; the
+/// characters that reorder or hide text (bidirectional marks, embeddings,
+/// overrides and isolates, zero-width characters, the byte order mark, the
+/// line and paragraph separators) as `\u{NNNN}`; everything else kept.
+fn escaped(s: &str) -> String {
+    let hides =
+        |c: char| matches!(c as u32, 0x061c | 0x200b..=0x200f | 0x2028..=0x202e | 0x2060..=0x2069 | 0xfeff);
+    let mut out = String::new();
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            c if c.is_control() && (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if c.is_control() || hides(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 /// A sub-vtable: its shape and which slots are non-NULL.
@@ -259,6 +295,8 @@ struct PropsAnswer {
     min_alignment: u64,
     max_alignment: u64,
     granularity: u64,
+    /// The 1.2 fields, written when the host's struct reaches them.
+    descriptor: MemplugProperties,
 }
 
 impl PropsAnswer {
@@ -274,7 +312,63 @@ impl PropsAnswer {
         } else {
             4096
         };
-        Ok(PropsAnswer { status, message, write, min_alignment, max_alignment, granularity })
+        Ok(PropsAnswer {
+            status,
+            message,
+            write,
+            min_alignment,
+            max_alignment,
+            granularity,
+            descriptor: zeroed(),
+        })
+    }
+
+    /// The 1.2 memory descriptor: usually plausible, rarely a recommended
+    /// granularity that is no power-of-two multiple of the granularity, or
+    /// bits of a later minor.
+    fn decode_descriptor(&mut self, u: &mut Unstructured<'_>) -> Result<()> {
+        let d = &mut self.descriptor;
+        d.recommended_granularity = if rare(u, 6)? {
+            interesting_u64(u, &[0, 1, 4096, 6144, 1 << 16, 1 << 21, 1 << 63, u64::MAX])?
+        } else {
+            0
+        };
+        d.page_sizes = if rare(u, 4)? { u.arbitrary()? } else { 1 << 12 };
+        d.attributes = u.arbitrary()?;
+        d.export_types = u.arbitrary()?;
+        d.location_kind = if rare(u, 6)? { u.arbitrary()? } else { u.int_in_range(0..=4)? };
+        d.location_id = if rare(u, 4)? { u.arbitrary()? } else { 0 };
+        d.flags = u.arbitrary()?;
+        d.reserved1 = if rare(u, 16)? { u.arbitrary()? } else { 0 };
+        Ok(())
+    }
+}
+
+/// A 1.2 `MemplugDeviceIdentity` a mechanism points at.
+#[derive(Debug, Clone)]
+struct Identity {
+    shape: Shape,
+    value: MemplugDeviceIdentity,
+}
+
+impl Identity {
+    fn decode(u: &mut Unstructured<'_>) -> Result<Identity> {
+        let shape = Shape::decode::<MemplugDeviceIdentity>(u)?;
+        let mut uuid = [0u8; 16];
+        u.fill_buffer(&mut uuid)?;
+        let value = MemplugDeviceIdentity {
+            struct_size: 0,
+            // Usually known bits; rarely a later minor's too.
+            valid: if rare(u, 8)? { u.arbitrary()? } else { u.int_in_range(0..=15)? },
+            uuid,
+            pci_domain: u.arbitrary()?,
+            pci_bus: u.arbitrary()?,
+            pci_device: u.arbitrary()?,
+            pci_function: u.arbitrary()?,
+            sub_device: u.arbitrary()?,
+            numa_node: u.arbitrary()?,
+        };
+        Ok(Identity { shape, value })
     }
 }
 
@@ -291,14 +385,25 @@ struct Mech {
     shared_mapping: Option<Table>,
     sync: Option<Table>,
     props: PropsAnswer,
+    /// The 1.2 identity (`None`: NULL).
+    identity: Option<Identity>,
 }
 
 /// Whether a `mechanism_count` of `u32::MAX` (with a NULL entry within the
 /// array) is tried. Off while the host sizes an allocation by it and aborts:
 /// `tests/host_bugs.rs`, `an_absurd_mechanism_count_is_refused_not_fatal`.
 const ABSURD_COUNT: bool = true;
+/// Whether a mechanism whose `struct_size` ends inside its 1.2 `identity`
+/// pointer (73 to 79 bytes) is tried with an identity published. Off while
+/// the host reads the pointer's first bytes from such a struct and follows
+/// it: `tests/host_bugs.rs`,
+/// `a_mechanism_too_short_for_its_identity_pointer_has_none`.
+const PARTIAL_IDENTITY: bool = false;
 /// Capability bits this ABI defines.
-const KNOWN_CAPS: u32 = MEMPLUG_CAP_ALL_1_1;
+const KNOWN_CAPS: u32 = MEMPLUG_CAP_ALL_1_2;
+/// Identity bits this ABI defines.
+const KNOWN_IDENTITY: u32 =
+    MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_PCI | MEMPLUG_IDENTITY_SUB_DEVICE | MEMPLUG_IDENTITY_NUMA_NODE;
 
 impl Mech {
     fn decode(u: &mut Unstructured<'_>, index: usize) -> Result<Mech> {
@@ -333,7 +438,7 @@ impl Mech {
         }
         if rare(u, 12)? {
             // A flag that lies about its pointer (or its slots).
-            capabilities ^= 1 << u.int_in_range(0..=4)?;
+            capabilities ^= 1 << u.int_in_range(0..=5)?;
         }
         if rare(u, 12)? {
             // Bits of a newer minor: ignored by this host.
@@ -349,18 +454,40 @@ impl Mech {
         } else {
             MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 }
         };
+        let ctx_null = rare(u, 24)?;
+        let mut props = PropsAnswer::decode(u)?;
+        // Decoded last, so older seeds still decode to what they did.
+        let mut shared_mapping = shared_mapping;
+        if let Some(t) = &mut shared_mapping {
+            // The 1.2 typed export slots: both or neither, rarely one,
+            // with the flag that claims them.
+            let typed: bool = u.arbitrary()?;
+            t.set("export_handle", typed ^ rare(u, 16)?);
+            t.set("import_handle", typed ^ rare(u, 16)?);
+            capabilities &= !MEMPLUG_CAP_TYPED_EXPORT;
+            if typed ^ rare(u, 16)? {
+                capabilities |= MEMPLUG_CAP_TYPED_EXPORT;
+            }
+        }
+        props.decode_descriptor(u)?;
+        let mut identity = if u.arbitrary()? { Some(Identity::decode(u)?) } else { None };
+        let cut = (MEMPLUG_MECHANISM_SIZE_1_1 + 1..MEMPLUG_MECHANISM_SIZE_1_2).contains(&shape.declared);
+        if cut && !PARTIAL_IDENTITY {
+            identity = None;
+        }
         Ok(Mech {
             shape,
             capabilities,
             id,
             name,
             device,
-            ctx_null: rare(u, 24)?,
+            ctx_null,
             allocator,
             virtual_backing,
             shared_mapping,
             sync,
-            props: PropsAnswer::decode(u)?,
+            props,
+            identity,
         })
     }
 }
@@ -517,6 +644,7 @@ struct PropsRuntime {
     min_alignment: u64,
     max_alignment: u64,
     granularity: u64,
+    descriptor: MemplugProperties,
 }
 
 /// Calls the plugin functions saw (per thread: loads on other threads do
@@ -633,6 +761,17 @@ unsafe extern "C" fn properties(
         write_within(out, offset_of!(MemplugProperties, min_alignment), a.min_alignment);
         write_within(out, offset_of!(MemplugProperties, max_alignment), a.max_alignment);
         write_within(out, offset_of!(MemplugProperties, granularity), a.granularity);
+        // The 1.2 descriptor, as far as the host's struct reaches (a host
+        // below 1.2 passes the 1.0 size: nothing of it is written).
+        let d = &a.descriptor;
+        write_within(out, offset_of!(MemplugProperties, recommended_granularity), d.recommended_granularity);
+        write_within(out, offset_of!(MemplugProperties, page_sizes), d.page_sizes);
+        write_within(out, offset_of!(MemplugProperties, attributes), d.attributes);
+        write_within(out, offset_of!(MemplugProperties, export_types), d.export_types);
+        write_within(out, offset_of!(MemplugProperties, location_kind), d.location_kind);
+        write_within(out, offset_of!(MemplugProperties, location_id), d.location_id);
+        write_within(out, offset_of!(MemplugProperties, flags), d.flags);
+        write_within(out, offset_of!(MemplugProperties, reserved1), d.reserved1);
     }
     a.status
 }
@@ -707,6 +846,24 @@ mod stubs {
     pub unsafe extern "C" fn import_fd(
         _: *mut c_void,
         _: i32,
+        _: *const MemplugRequest,
+        _: *mut MemplugBlock,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
+    pub unsafe extern "C" fn export_handle(
+        _: *mut c_void,
+        _: Obj,
+        _: u32,
+        _: *mut MemplugHandle,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
+    pub unsafe extern "C" fn import_handle(
+        _: *mut c_void,
+        _: *const MemplugHandle,
         _: *const MemplugRequest,
         _: *mut MemplugBlock,
         _: Sink,
@@ -836,6 +993,7 @@ fn build(input: &Input) -> Built {
                     min_alignment: m.props.min_alignment,
                     max_alignment: m.props.max_alignment,
                     granularity: m.props.granularity,
+                    descriptor: m.props.descriptor,
                 });
                 let ctx = if m.ctx_null {
                     ptr::null_mut()
@@ -869,6 +1027,8 @@ fn build(input: &Input) -> Built {
                     v.release = t.slot("release", stubs::object as _);
                     v.export_fd = t.slot("export_fd", stubs::export_fd as _);
                     v.import_fd = t.slot("import_fd", stubs::import_fd as _);
+                    v.export_handle = t.slot("export_handle", stubs::export_handle as _);
+                    v.import_handle = t.slot("import_handle", stubs::import_handle as _);
                     v
                 });
                 let sync = place_table(&mut arena, &m.sync, |t| {
@@ -893,6 +1053,10 @@ fn build(input: &Input) -> Built {
                 desc.virtual_backing = virtual_backing;
                 desc.shared_mapping = shared_mapping;
                 desc.sync = sync;
+                desc.identity = match &m.identity {
+                    None => ptr::null(),
+                    Some(id) => place(&mut arena, id.value, &id.shape),
+                };
                 entries.push(place(&mut arena, desc, &m.shape));
             }
             let array = if p.array_null {
@@ -1009,6 +1173,8 @@ struct ExpectedMech {
     /// `Some(can_adopt)` when the mechanism has sync.
     sync: Option<bool>,
     memory_info: bool,
+    /// The 1.2 identity the host keeps (known `valid` bits only).
+    identity: Option<MemplugDeviceIdentity>,
 }
 
 #[derive(Debug)]
@@ -1201,6 +1367,46 @@ fn expect_mechanism(
     } else if minor >= 1 && long_sm && (export_slots.0 || export_slots.1) {
         bad(Kind::CapabilityMismatch, format!("mechanism #{i}: export slots without SHARED_EXPORT"));
     }
+    // ABI 1.2: MEMPLUG_CAP_TYPED_EXPORT likewise, at an agreed minor of 2
+    // or more with a table of the 1.2 size and both typed slots. (Without
+    // the shared mapping capability there is no table to hold them: the
+    // flag alone is not judged, as the host reads no table.)
+    let typed = caps & MEMPLUG_CAP_TYPED_EXPORT != 0;
+    let long_sm_1_2 = sm.is_some_and(|t| t.shape.declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_2);
+    let typed_slots =
+        sm.map_or((false, false), |t| (t.published("export_handle"), t.published("import_handle")));
+    if sm.is_some() {
+        if typed {
+            if minor < 2 || !long_sm_1_2 {
+                bad(Kind::CapabilityMismatch, format!("mechanism #{i}: TYPED_EXPORT without its conditions"));
+            } else if typed_slots != (true, true) {
+                bad(
+                    Kind::NullRequired,
+                    format!("mechanism #{i}: TYPED_EXPORT without export_handle/import_handle"),
+                );
+            }
+        } else if minor >= 2 && long_sm_1_2 && (typed_slots.0 || typed_slots.1) {
+            bad(Kind::CapabilityMismatch, format!("mechanism #{i}: typed export slots without TYPED_EXPORT"));
+        }
+    }
+    // ABI 1.2: the identity, read at an agreed minor of 2 or more when the
+    // mechanism's struct reaches the pointer and it is not NULL.
+    let reaches_identity = m.shape.declared >= MEMPLUG_MECHANISM_SIZE_1_2;
+    let identity = match &m.identity {
+        Some(id) if minor >= 2 && reaches_identity => {
+            if id.shape.declared < MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 {
+                bad(Kind::ShortStruct, format!("mechanism #{i}: identity is short"));
+                None
+            } else {
+                Some(MemplugDeviceIdentity {
+                    struct_size: id.shape.declared,
+                    valid: id.value.valid & KNOWN_IDENTITY,
+                    ..id.value
+                })
+            }
+        }
+        _ => None,
+    };
     let a = &m.props;
     if m.ctx_null || a.status != MEMPLUG_STATUS_OK {
         bad(Kind::Properties, format!("mechanism #{i}: properties fails"));
@@ -1214,6 +1420,26 @@ fn expect_mechanism(
     if needs_granularity && !gran.is_power_of_two() {
         bad(Kind::Malformed, format!("mechanism #{i}: granularity {gran}"));
     }
+    // ABI 1.2: the host asks for the descriptor only at an agreed minor of
+    // 2 or more; it judges the recommended granularity and keeps the rest
+    // as published (bits of a later minor included).
+    let descriptor = if minor >= 2 && a.write {
+        let d = &a.descriptor;
+        let r = d.recommended_granularity;
+        if r != 0 && (!r.is_power_of_two() || r % gran.max(1) != 0) {
+            bad(Kind::Malformed, format!("mechanism #{i}: recommended_granularity {r:#x}"));
+        }
+        Descriptor {
+            recommended_granularity: r,
+            page_sizes: d.page_sizes,
+            attributes: d.attributes,
+            export_types: d.export_types,
+            location: Location { kind: d.location_kind, id: d.location_id },
+            maps_at_offsets: d.flags & MEMPLUG_PROP_MAPS_AT_OFFSETS != 0,
+        }
+    } else {
+        Descriptor::default()
+    };
     if !ok {
         return None;
     }
@@ -1223,16 +1449,12 @@ fn expect_mechanism(
         id: m.id,
         device: m.device,
         capabilities: caps,
-        properties: Properties {
-            min_alignment: min,
-            max_alignment: max,
-            granularity: gran,
-            ..Default::default()
-        },
+        properties: Properties { min_alignment: min, max_alignment: max, granularity: gran, descriptor },
         virtual_backing: m.virtual_backing.is_some(),
         shared_mapping: m.shared_mapping.as_ref().map(|_| export),
         sync: m.sync.as_ref().map(|t| t.published("stream_adopt")),
         memory_info: alloc.published("memory_info"),
+        identity,
     })
 }
 
@@ -1366,6 +1588,7 @@ fn check_loaded(plugin: Plugin, e: &Expected) {
             shared_mapping: unsafe { m.ungoverned() }.shared_mapping().map(|s| s.can_export()),
             sync: m.sync().map(|s| s.can_adopt()),
             memory_info: m.memory_info().is_some(),
+            identity: m.identity(),
         })
         .collect();
     assert_eq!(got, e.mechanisms);

@@ -113,3 +113,110 @@ fn a_null_first_mechanism_is_refused() {
 fn an_absurd_mechanism_count_is_refused_not_fatal() {
     assert_refused_at_entry_0(load_with_count(u32::MAX));
 }
+
+unsafe extern "C" fn properties(
+    _: *mut c_void,
+    out: *mut MemplugProperties,
+    _: *const MemplugMessageSink,
+) -> MemplugStatus {
+    (*out).min_alignment = 16;
+    (*out).max_alignment = 4096;
+    MEMPLUG_STATUS_OK
+}
+
+unsafe extern "C" fn allocate(
+    _: *mut c_void,
+    _: *const MemplugRequest,
+    _: *mut MemplugBlock,
+    _: *const MemplugMessageSink,
+) -> MemplugStatus {
+    MEMPLUG_STATUS_UNSUPPORTED
+}
+
+unsafe extern "C" fn deallocate(
+    _: *mut c_void,
+    _: *const MemplugObjectRef,
+    _: *const MemplugMessageSink,
+) -> MemplugStatus {
+    MEMPLUG_STATUS_UNSUPPORTED
+}
+
+/// A 1.2 plugin of one allocator-only mechanism whose `struct_size` is
+/// `mech_size`, with its `identity` pointer set (to a valid identity).
+struct WithIdentity {
+    identity: MemplugDeviceIdentity,
+    allocator: MemplugAllocator,
+    mechanism: MemplugMechanism,
+    array: [*const MemplugMechanism; 1],
+    plugin: MemplugPlugin,
+}
+
+fn load_with_identity(mech_size: u32) -> Plugin {
+    // SAFETY: every ABI struct is valid zeroed.
+    let mut p: Box<WithIdentity> = Box::new(unsafe { std::mem::zeroed() });
+    p.identity = MemplugDeviceIdentity {
+        struct_size: MEMPLUG_DEVICE_IDENTITY_SIZE_1_2,
+        valid: MEMPLUG_IDENTITY_NUMA_NODE,
+        ..Default::default()
+    };
+    p.allocator.struct_size = MEMPLUG_ALLOCATOR_SIZE_1_0;
+    p.allocator.properties = Some(properties);
+    p.allocator.allocate = Some(allocate);
+    p.allocator.deallocate = Some(deallocate);
+    p.mechanism.struct_size = mech_size;
+    p.mechanism.capabilities = MEMPLUG_CAP_ALLOCATOR;
+    p.mechanism.mechanism_id = 1;
+    p.mechanism.name = c"m".as_ptr();
+    p.mechanism.device = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+    p.mechanism.allocator = &p.allocator;
+    p.mechanism.identity = &p.identity;
+    p.array = [&p.mechanism];
+    p.plugin.struct_size = std::mem::size_of::<MemplugPlugin>() as u32;
+    p.plugin.abi_major = MEMPLUG_ABI_MAJOR;
+    p.plugin.max_minor = 2;
+    p.plugin.name = c"identity-plugin".as_ptr();
+    p.plugin.version = c"1".as_ptr();
+    p.plugin.live_objects = Some(live_zero);
+    p.plugin.mechanism_count = 1;
+    p.plugin.mechanisms = p.array.as_ptr();
+    PUBLISHED.with(|c| c.set(&p.plugin));
+    // SAFETY: `entry` publishes `p`, leaked below so it outlives the plugin.
+    let r = unsafe { Plugin::from_entry(entry, "identity", &LoadOptions::default()) };
+    PUBLISHED.with(|c| c.set(ptr::null()));
+    Box::leak(p);
+    r.expect("a well-formed plugin loads")
+}
+
+/// The premise: with a 1.2-sized mechanism the identity is read; with a
+/// 1.1-sized one (the pointer wholly past `struct_size`) it is not.
+#[test]
+fn an_identity_is_read_only_from_a_mechanism_that_holds_it() {
+    let p = load_with_identity(MEMPLUG_MECHANISM_SIZE_1_2);
+    assert_eq!(p.mechanisms()[0].identity().map(|i| i.valid), Some(MEMPLUG_IDENTITY_NUMA_NODE));
+    let p = load_with_identity(MEMPLUG_MECHANISM_SIZE_1_1);
+    assert_eq!(p.mechanisms()[0].identity(), None);
+}
+
+/// Found by `plugin_descriptor` (input class `PARTIAL_IDENTITY` in
+/// `src/plugin_descriptor.rs`, disabled until this is fixed).
+///
+/// The header publishes `MemplugMechanism::identity` "when `struct_size`
+/// is at least `MEMPLUG_MECHANISM_SIZE_1_2`" (80). The loader
+/// (`Reader::identity`, host/src/plugin.rs) reads the mechanism as a
+/// prefix — the bytes up to `struct_size`, the rest zero — and follows
+/// `identity` whenever that is non-NULL: for a `struct_size` of 73 to 79
+/// the pointer is assembled from its first bytes (the plugin's) and zeros,
+/// and the host dereferences an address the plugin never published (here
+/// the real one, as an x86-64 user address has a zero top byte; in general
+/// anything).
+///
+/// Fix: `if self.minor < 2 || d.struct_size < MEMPLUG_MECHANISM_SIZE_1_2 ||
+/// d.identity.is_null() { return Ok(None); }`.
+#[test]
+#[ignore = "host bug: the identity pointer is read from a mechanism too short to hold it"]
+fn a_mechanism_too_short_for_its_identity_pointer_has_none() {
+    for size in MEMPLUG_MECHANISM_SIZE_1_1 + 1..MEMPLUG_MECHANISM_SIZE_1_2 {
+        let p = load_with_identity(size);
+        assert_eq!(p.mechanisms()[0].identity(), None, "struct_size {size}");
+    }
+}

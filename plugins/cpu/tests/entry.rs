@@ -19,8 +19,20 @@ fn descriptor_publishes_one_cpu_mechanism_with_every_capability() {
     assert_eq!(text(mech.name), "cpu");
     assert_eq!(mech.mechanism_id, 1);
     assert_eq!(mech.device, CPU0);
-    assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_1);
+    // Negotiated at 1.2 (the newest minor): every capability 1.2 defines,
+    // typed export included, in a 1.2-sized mechanism with its identity.
+    assert_eq!(mech.struct_size, MEMPLUG_MECHANISM_SIZE_1_2);
+    assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_2);
     assert!(!mech.virtual_backing.is_null() && !mech.shared_mapping.is_null() && !mech.sync.is_null());
+    let sm = unsafe { &*mech.shared_mapping };
+    assert_eq!(sm.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_2);
+    assert!(sm.export_fd.is_some() && sm.import_fd.is_some());
+    assert!(sm.export_handle.is_some() && sm.import_handle.is_some());
+    assert!(!mech.identity.is_null(), "the CPU mechanism publishes its identity at 1.2");
+    let id = unsafe { &*mech.identity };
+    assert_eq!(id.struct_size, MEMPLUG_DEVICE_IDENTITY_SIZE_1_2);
+    assert_eq!(id.valid, MEMPLUG_IDENTITY_NUMA_NODE, "a CPU device knows its NUMA node only");
+    assert_eq!(id.numa_node, CPU0.ordinal, "a CPU device's ordinal is its NUMA node");
 
     let alloc = unsafe { &*mech.allocator };
     assert!(alloc.memory_info.is_some(), "HAS_MEMORY_INFO publishes the slot");

@@ -94,6 +94,11 @@ fn a_1_0_host_gets_the_1_0_view_and_a_1_1_host_the_export_slots() {
     let sm = unsafe { &*mech.shared_mapping };
     assert_eq!(sm.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_1);
     assert!(sm.export_fd.is_some() && sm.import_fd.is_some());
+    // Nothing of 1.2: no typed export, no identity (the mechanism ends
+    // before its pointer).
+    assert_eq!(mech.capabilities & MEMPLUG_CAP_TYPED_EXPORT, 0);
+    assert_eq!(mech.struct_size, MEMPLUG_MECHANISM_SIZE_1_1);
+    assert!(sm.export_handle.is_none() && sm.import_handle.is_none());
     // Both views drive the same instance.
     assert_eq!(mech.ctx, unsafe {
         (**(*negotiate(entry, &host_info(1, 0, 0)).unwrap().plugin).mechanisms).ctx
