@@ -13,6 +13,11 @@
 //   Manager::replace/terminate): a subscription is an RAII Subscription
 //   whose callback gets a LifecycleEvent copied out of the C event (so it
 //   may be kept); it runs on the thread that delivers the transition.
+// * What a mechanism says of its memory and device (C API 1.1, plugin ABI
+//   1.2): Mechanism::descriptor() (a Descriptor), identity() (empty when
+//   none was published), typed_export(); Manager::select_needing with
+//   MemoryNeeds; placement in BindingOptions (with_page_size,
+//   with_location, with_export_types, with_uninitialized_ok).
 #ifndef MEMPLUG_HPP
 #define MEMPLUG_HPP
 
@@ -108,6 +113,83 @@ template <class H, MemplugHostStatus (*Free)(H)> class Owned {
 };
 
 } // namespace detail
+
+/// Where memory lives: a MEMPLUG_LOCATION_* kind and the NUMA node or tier
+/// it names (0 for the other kinds).
+struct Location {
+    uint32_t kind = MEMPLUG_LOCATION_ANY;
+    uint32_t id = 0;
+
+    /// No preference (needs, placement) / not said (descriptors).
+    static constexpr Location any() noexcept { return Location{}; }
+    /// On the mechanism's device.
+    static constexpr Location device() noexcept { return Location{MEMPLUG_LOCATION_DEVICE, 0}; }
+    /// In host memory, no particular node.
+    static constexpr Location host() noexcept { return Location{MEMPLUG_LOCATION_HOST, 0}; }
+    /// In host memory on NUMA node `node`.
+    static constexpr Location numa_node(uint32_t node) noexcept { return Location{MEMPLUG_LOCATION_NUMA_NODE, node}; }
+    /// In memory tier `tier` (0 the fastest).
+    static constexpr Location tier(uint32_t index) noexcept { return Location{MEMPLUG_LOCATION_TIER, index}; }
+
+    friend constexpr bool operator==(Location a, Location b) noexcept { return a.kind == b.kind && a.id == b.id; }
+    friend constexpr bool operator!=(Location a, Location b) noexcept { return !(a == b); }
+};
+
+/// What a mechanism says of its memory (memplug_host_mechanism_descriptor,
+/// the plugin ABI 1.2 descriptor): all "not said" (zero, false) for a
+/// plugin that agreed on an older minor.
+struct Descriptor {
+    /// 0 (same as the granularity) or a power-of-two multiple of it.
+    uint64_t recommended_granularity = 0;
+    /// Bit k set: pages of 2^k bytes can back its memory.
+    uint64_t page_sizes = 0;
+    /// MEMPLUG_ATTR_* bits every object has.
+    uint32_t attributes = 0;
+    /// MEMPLUG_HANDLE_* kinds its physical objects can be exported as.
+    uint32_t export_types = 0;
+    Location location{};
+    /// Physical objects map at any granularity-aligned offset.
+    bool maps_at_offsets = false;
+
+    /// True when it claims every attribute in `attrs`.
+    bool has(uint32_t attrs) const noexcept { return (attributes & attrs) == attrs; }
+    /// True when `kind` (one MEMPLUG_HANDLE_* bit) is offered.
+    bool exports_as(uint32_t kind) const noexcept { return kind != 0 && (export_types & kind) == kind; }
+    /// True for 0 (the mechanism's choice) or a power of two it publishes.
+    bool accepts_page_size(uint64_t bytes) const noexcept {
+        return bytes == 0 || ((bytes & (bytes - 1)) == 0 && (page_sizes & bytes) != 0);
+    }
+
+    static Descriptor from_c(const MemplugHostDescriptor &d) noexcept {
+        Descriptor v;
+        v.recommended_granularity = d.recommended_granularity;
+        v.page_sizes = d.page_sizes;
+        v.attributes = d.attributes;
+        v.export_types = d.export_types;
+        v.location = Location{d.location_kind, d.location_id};
+        v.maps_at_offsets = d.maps_at_offsets != 0;
+        return v;
+    }
+};
+
+/// What a caller needs of a mechanism's memory (Manager::select_needing):
+/// every attribute in `attributes`, memory at `location` (any: anywhere),
+/// pages of `page_size` bytes (0: any).
+struct MemoryNeeds {
+    uint32_t attributes = 0;
+    Location location{};
+    uint64_t page_size = 0;
+
+    MemplugHostMemoryNeeds to_c() const noexcept {
+        MemplugHostMemoryNeeds n{};
+        n.struct_size = sizeof n;
+        n.attributes = attributes;
+        n.location_kind = location.kind;
+        n.location_id = location.id;
+        n.page_size = page_size;
+        return n;
+    }
+};
 
 class Fence;
 
@@ -451,6 +533,24 @@ class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechan
         check(memplug_host_mechanism_info(h_, &i));
         return i;
     }
+    /// What it says of its memory (memplug_host_mechanism_descriptor).
+    Descriptor descriptor() const {
+        auto d = detail::sized<MemplugHostDescriptor>();
+        check(memplug_host_mechanism_descriptor(h_, &d));
+        return Descriptor::from_c(d);
+    }
+    /// Its device's identity (memplug_host_mechanism_identity); empty when
+    /// the plugin published none.
+    std::optional<MemplugHostDeviceIdentity> identity() const {
+        auto i = detail::sized<MemplugHostDeviceIdentity>();
+        MemplugHostStatus st = memplug_host_mechanism_identity(h_, &i);
+        if (st == MEMPLUG_HOST_STATUS_NOT_FOUND) return std::nullopt;
+        check(st);
+        return i;
+    }
+    /// True when it exports physical objects as typed handles
+    /// (MEMPLUG_CAP_TYPED_EXPORT; the kinds are descriptor().export_types).
+    bool typed_export() const { return (info().capabilities & MEMPLUG_CAP_TYPED_EXPORT) != 0; }
     Stream create_stream() const {
         MemplugHostStream s{};
         check(memplug_host_stream_create(h_, &s));
@@ -590,11 +690,56 @@ class Pool : public detail::Owned<MemplugHostPool, memplug_host_pool_release> {
     }
 };
 
-/// Options of a binding.
+/// Options of a binding: its class, holder and wait, and (C API 1.1) its
+/// placement — how its memory is asked for, sent to plugins that agreed on
+/// ABI 1.2 (a plugin that cannot place memory so refuses the binding's
+/// allocations, prefixes and regions). Set the fields, or chain the
+/// builders: BindingOptions{}.with_class(MEMPLUG_HOST_CLASS_KV).with_page_size(4096).
 struct BindingOptions {
     uint32_t alloc_class = MEMPLUG_HOST_CLASS_OTHER;
     const Holder *holder = nullptr;
     std::chrono::nanoseconds wait{0};
+    /// MEMPLUG_HINT_* bits.
+    uint32_t hints = 0;
+    /// Pages of this many bytes (a power of two the mechanism publishes);
+    /// 0: the mechanism's choice.
+    uint64_t page_size = 0;
+    /// Where the memory should live; any: no preference.
+    Location location{};
+    /// MEMPLUG_HANDLE_* kinds the memory will be exported as.
+    uint32_t export_types = 0;
+
+    BindingOptions &with_class(uint32_t c) noexcept {
+        alloc_class = c;
+        return *this;
+    }
+    /// `h` must outlive the bind() call (not the binding).
+    BindingOptions &with_holder(const Holder &h) noexcept {
+        holder = &h;
+        return *this;
+    }
+    BindingOptions &with_wait(std::chrono::nanoseconds w) noexcept {
+        wait = w;
+        return *this;
+    }
+    /// The memory need not be zeroed (MEMPLUG_HINT_UNINITIALIZED_OK): only
+    /// for memory the caller overwrites before reading.
+    BindingOptions &with_uninitialized_ok() noexcept {
+        hints |= MEMPLUG_HINT_UNINITIALIZED_OK;
+        return *this;
+    }
+    BindingOptions &with_page_size(uint64_t bytes) noexcept {
+        page_size = bytes;
+        return *this;
+    }
+    BindingOptions &with_location(Location l) noexcept {
+        location = l;
+        return *this;
+    }
+    BindingOptions &with_export_types(uint32_t kinds) noexcept {
+        export_types = kinds;
+        return *this;
+    }
 };
 
 /// A process memory manager; destroyed (with everything it issued) by the
@@ -617,6 +762,15 @@ class Manager : public detail::Owned<MemplugHostManager, memplug_host_manager_de
     Mechanism select(MemplugDevice device, uint32_t required_caps) const {
         MemplugHostMechanism m{};
         check(memplug_host_manager_select(h_, device, required_caps, &m));
+        return Mechanism(m);
+    }
+    /// The first mechanism serving `device` with the capabilities and
+    /// meeting `needs` (memplug_host_manager_select_needing); throws
+    /// MEMPLUG_HOST_STATUS_UNSUPPORTED naming what each candidate lacks.
+    Mechanism select_needing(MemplugDevice device, uint32_t required_caps, const MemoryNeeds &needs) const {
+        MemplugHostMemoryNeeds n = needs.to_c();
+        MemplugHostMechanism m{};
+        check(memplug_host_manager_select_needing(h_, device, required_caps, &n, &m));
         return Mechanism(m);
     }
     Mechanism find_mechanism(const std::string &name) const {
@@ -642,6 +796,11 @@ class Manager : public detail::Owned<MemplugHostManager, memplug_host_manager_de
         opts.alloc_class = o.alloc_class;
         opts.holder = o.holder ? o.holder->get() : MemplugHostHolder{};
         opts.wait_ns = static_cast<uint64_t>(o.wait.count());
+        opts.hints = o.hints;
+        opts.export_types = o.export_types;
+        opts.page_size = o.page_size;
+        opts.location_kind = o.location.kind;
+        opts.location_id = o.location.id;
         MemplugHostBinding b{};
         check(memplug_host_binding_create(h_, m.get(), p.get(), &opts, &b));
         return Binding(b);

@@ -3,6 +3,7 @@
 use crate::error::{boundary, require_non_null, write_out, Error, Result};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
+use crate::manager::{location_of, page_size_of};
 use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
@@ -14,7 +15,11 @@ use crate::types::{
 };
 use memplug_host_dep::governor::AllocationClass;
 use memplug_host_dep::registry::Context;
-use memplug_host_dep::{BindingSpec, MemoryBinding, OwnedAllocation};
+use memplug_host_dep::{BindingSpec, MemoryBinding, OwnedAllocation, Placement};
+use memplug_sdk::abi::{
+    MEMPLUG_HANDLE_DMABUF_FD, MEMPLUG_HANDLE_MEMFD, MEMPLUG_HANDLE_OPAQUE_FD, MEMPLUG_HANDLE_VENDOR_BLOB,
+    MEMPLUG_HANDLE_WIN32, MEMPLUG_HINT_UNINITIALIZED_OK,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,8 +32,19 @@ pub(crate) fn class_of(class: u32) -> Result<AllocationClass> {
 }
 
 /// Creates a binding: allocations through `mechanism`, charged to `pool`,
-/// for the options' holder and class. `options` may be NULL (class OTHER,
-/// no holder, no waiting); otherwise set `options->struct_size`.
+/// for the options' holder and class, placed as the options say (API 1.1:
+/// hints, page size, location, export kinds — sent with every request of
+/// the binding's allocations, regions and prefixes to a plugin that agreed
+/// on ABI 1.2, to no older one). `options` may be NULL (class OTHER, no
+/// holder, no waiting, no placement); otherwise set `options->struct_size`
+/// to `sizeof(MemplugHostBindingOptions)` (a 1.0-sized struct is accepted:
+/// no placement).
+///
+/// Refused with `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`: an unknown class,
+/// unknown hint or export bits, an unknown location kind, a location id
+/// with a kind that names no node or tier, a page size that is not a power
+/// of two. Whether the mechanism can place memory so is the plugin's to
+/// say, when the binding first asks for memory.
 ///
 /// Every handle must belong to `manager` (`MEMPLUG_HOST_STATUS_WRONG_MANAGER`
 /// otherwise); the holder must be registered with `pool`
@@ -69,6 +85,7 @@ pub unsafe extern "C" fn memplug_host_binding_create(
             unsafe { read_sized(options, "MemplugHostBindingOptions") }?
         };
         let class = class_of(opts.alloc_class)?;
+        let placement = placement(&opts)?;
         let (m, seat) = pin_manager(manager.id)?;
         same_manager(seat, mechanism.id, Kind::Mechanism)?;
         same_manager(seat, pool.id, Kind::Pool)?;
@@ -89,9 +106,40 @@ pub unsafe extern "C" fn memplug_host_binding_create(
         if opts.wait_ns != 0 {
             spec = spec.wait(Duration::from_nanos(opts.wait_ns));
         }
+        spec.placement = placement;
         let b = m.pm.bind(&ctx, &p.pool, spec)?;
         // SAFETY: `out` was checked non-NULL.
         unsafe { manager_tables::issue(seat, b, [0, 0], out, |id| MemplugHostBinding { id }) }
+    })
+}
+
+/// The placement of a caller's options (zero when its struct is 1.0-sized:
+/// the fields read as zero).
+fn placement(opts: &MemplugHostBindingOptions) -> Result<Placement> {
+    const WHAT: &str = "MemplugHostBindingOptions";
+    let known_hints = MEMPLUG_HINT_UNINITIALIZED_OK;
+    if opts.hints & !known_hints != 0 {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!("{WHAT}: unknown hint bits {:#x}", opts.hints & !known_hints),
+        ));
+    }
+    let known_kinds = MEMPLUG_HANDLE_OPAQUE_FD
+        | MEMPLUG_HANDLE_DMABUF_FD
+        | MEMPLUG_HANDLE_MEMFD
+        | MEMPLUG_HANDLE_WIN32
+        | MEMPLUG_HANDLE_VENDOR_BLOB;
+    if opts.export_types & !known_kinds != 0 {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!("{WHAT}: unknown export kind bits {:#x}", opts.export_types & !known_kinds),
+        ));
+    }
+    Ok(Placement {
+        hints: opts.hints,
+        page_size: page_size_of(opts.page_size, WHAT)?,
+        location: location_of(opts.location_kind, opts.location_id, WHAT)?,
+        export_types: opts.export_types,
     })
 }
 

@@ -8,14 +8,19 @@ use crate::slot_table::Removed;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
-    name_field, write_sized, MemplugHostManager, MemplugHostMechanism, MemplugHostMechanismInfo,
-    MemplugHostPollReport, MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0, MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
+    name_field, read_sized, write_sized, MemplugHostDescriptor, MemplugHostDeviceIdentity,
+    MemplugHostManager, MemplugHostMechanism, MemplugHostMechanismInfo, MemplugHostMemoryNeeds,
+    MemplugHostPollReport, MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1, MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1,
+    MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0, MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
 };
 use memplug_host_dep::registry::{Context, Requirements};
-use memplug_host_dep::{LoadOptions, Mechanism, Plugin, ProcessMemoryManager};
+use memplug_host_dep::{LoadOptions, Location, Mechanism, MemoryNeeds, Plugin, ProcessMemoryManager};
 use memplug_sdk::abi::{
     MemplugDevice, MemplugHostInfo, MemplugMessageSink, MemplugNegotiation, MemplugStatus,
-    MEMPLUG_CAP_ALLOCATOR, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC, MEMPLUG_CAP_VIRTUAL_BACKING,
+    MEMPLUG_ATTR_COMPRESSED, MEMPLUG_ATTR_DEVICE_LOCAL, MEMPLUG_ATTR_HOST_COHERENT,
+    MEMPLUG_ATTR_HOST_VISIBLE, MEMPLUG_ATTR_PINNED, MEMPLUG_ATTR_RDMA, MEMPLUG_ATTR_READ_ONLY_ENFORCED,
+    MEMPLUG_ATTR_ZERO_FILLED, MEMPLUG_CAP_ALLOCATOR, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC,
+    MEMPLUG_CAP_VIRTUAL_BACKING, MEMPLUG_LOCATION_ANY, MEMPLUG_LOCATION_NUMA_NODE, MEMPLUG_LOCATION_TIER,
 };
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -275,21 +280,7 @@ pub unsafe extern "C" fn memplug_host_manager_select(
 ) -> MemplugHostStatus {
     boundary("memplug_host_manager_select", || {
         require_non_null(out, "out")?;
-        let known = MEMPLUG_CAP_ALLOCATOR
-            | MEMPLUG_CAP_VIRTUAL_BACKING
-            | MEMPLUG_CAP_SHARED_MAPPING
-            | MEMPLUG_CAP_SYNC;
-        if required & !known != 0 {
-            return Err(Error::new(
-                S::InvalidArgument,
-                format!("unknown capability bits {:#x}", required & !known),
-            ));
-        }
-        let req = Requirements {
-            virtual_backing: required & MEMPLUG_CAP_VIRTUAL_BACKING != 0,
-            shared_mapping: required & MEMPLUG_CAP_SHARED_MAPPING != 0,
-            sync: required & MEMPLUG_CAP_SYNC != 0,
-        };
+        let req = requirements(required)?;
         let (m, seat) = pin_manager(manager.id)?;
         let h = issue_mechanism(seat, m.pm.select(device, req)?)?;
         // SAFETY: checked non-NULL.
@@ -298,8 +289,130 @@ pub unsafe extern "C" fn memplug_host_manager_select(
     })
 }
 
-/// Describes a mechanism: device, `MEMPLUG_CAP_*` capabilities, alignment,
-/// granularity, names. Set `out->struct_size` to
+/// The requirements `required` (`MEMPLUG_CAP_*` bits) names, refusing
+/// bits selection does not know.
+fn requirements(required: u32) -> Result<Requirements> {
+    let known =
+        MEMPLUG_CAP_ALLOCATOR | MEMPLUG_CAP_VIRTUAL_BACKING | MEMPLUG_CAP_SHARED_MAPPING | MEMPLUG_CAP_SYNC;
+    if required & !known != 0 {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!("unknown capability bits {:#x}", required & !known),
+        ));
+    }
+    Ok(Requirements {
+        virtual_backing: required & MEMPLUG_CAP_VIRTUAL_BACKING != 0,
+        shared_mapping: required & MEMPLUG_CAP_SHARED_MAPPING != 0,
+        sync: required & MEMPLUG_CAP_SYNC != 0,
+    })
+}
+
+/// Every `MEMPLUG_ATTR_*` bit of the plugin ABI this library knows.
+const KNOWN_ATTRIBUTES: u32 = MEMPLUG_ATTR_DEVICE_LOCAL
+    | MEMPLUG_ATTR_HOST_VISIBLE
+    | MEMPLUG_ATTR_HOST_COHERENT
+    | MEMPLUG_ATTR_PINNED
+    | MEMPLUG_ATTR_COMPRESSED
+    | MEMPLUG_ATTR_RDMA
+    | MEMPLUG_ATTR_READ_ONLY_ENFORCED
+    | MEMPLUG_ATTR_ZERO_FILLED;
+
+/// A location from a caller's `location_kind` and `location_id`: a
+/// `MEMPLUG_LOCATION_*` kind this library knows, and an id only for the
+/// kinds that name a node or tier.
+pub(crate) fn location_of(kind: u32, id: u32, what: &str) -> Result<Location> {
+    if kind > MEMPLUG_LOCATION_TIER {
+        return Err(Error::new(S::InvalidArgument, format!("{what}: unknown location kind {kind}")));
+    }
+    if id != 0 && kind != MEMPLUG_LOCATION_NUMA_NODE && kind != MEMPLUG_LOCATION_TIER {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!(
+                "{what}: location id {id} with location kind {kind}, which names no node or tier (use 0)"
+            ),
+        ));
+    }
+    Ok(Location { kind, id })
+}
+
+/// A page size from a caller: 0 (none) or a power of two.
+pub(crate) fn page_size_of(bytes: u64, what: &str) -> Result<u64> {
+    if bytes != 0 && !bytes.is_power_of_two() {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!("{what}: page size {bytes:#x} is not a power of two"),
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The host's needs from the caller's struct.
+fn memory_needs(n: &MemplugHostMemoryNeeds) -> Result<MemoryNeeds> {
+    const WHAT: &str = "MemplugHostMemoryNeeds";
+    if n.attributes & !KNOWN_ATTRIBUTES != 0 {
+        return Err(Error::new(
+            S::InvalidArgument,
+            format!("{WHAT}: unknown attribute bits {:#x}", n.attributes & !KNOWN_ATTRIBUTES),
+        ));
+    }
+    let location = location_of(n.location_kind, n.location_id, WHAT)?;
+    let page_size = page_size_of(n.page_size, WHAT)?;
+    Ok(MemoryNeeds {
+        attributes: n.attributes,
+        location: (location.kind != MEMPLUG_LOCATION_ANY).then_some(location),
+        page_size: (page_size != 0).then_some(page_size),
+    })
+}
+
+/// As `memplug_host_manager_select`, also requiring what `needs` says of
+/// the memory: every attribute it names, its location, a page size (judged
+/// against each mechanism's descriptor, `memplug_host_mechanism_descriptor`).
+/// `needs` may be NULL (no needs: the same as `memplug_host_manager_select`);
+/// otherwise set `needs->struct_size` to `sizeof(MemplugHostMemoryNeeds)`.
+///
+/// `MEMPLUG_HOST_STATUS_NOT_FOUND` when no mechanism serves the device,
+/// `MEMPLUG_HOST_STATUS_UNSUPPORTED` when none has the capabilities and
+/// meets the needs (the message lists what each candidate lacks: missing
+/// attribute bits, the location it has, the page size), `_INVALID_ARGUMENT`
+/// for unknown capability or attribute bits, an unknown location kind, a
+/// location id with a kind that names no node or tier, a page size that is
+/// not a power of two, or a short `struct_size`.
+///
+/// Ownership and thread-safety as `memplug_host_manager_mechanism`.
+///
+/// # Safety
+/// `needs` must be NULL or readable for its `struct_size` bytes; `out`
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_manager_select_needing(
+    manager: MemplugHostManager,
+    device: MemplugDevice,
+    required: u32,
+    needs: *const MemplugHostMemoryNeeds,
+    out: *mut MemplugHostMechanism,
+) -> MemplugHostStatus {
+    boundary("memplug_host_manager_select_needing", || {
+        require_non_null(out, "out")?;
+        let req = requirements(required)?;
+        let needs = if needs.is_null() {
+            MemoryNeeds::default()
+        } else {
+            // SAFETY: non-NULL; the caller's contract covers the size.
+            memory_needs(&unsafe { read_sized(needs, "MemplugHostMemoryNeeds") }?)?
+        };
+        let (m, seat) = pin_manager(manager.id)?;
+        let h = issue_mechanism(seat, m.pm.select_needing(device, req, &needs)?)?;
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out, h) };
+        Ok(())
+    })
+}
+
+/// Describes a mechanism: device, `MEMPLUG_CAP_*` capabilities (those of
+/// later ABI minors included: `MEMPLUG_CAP_TYPED_EXPORT` says it exports
+/// typed handles), alignment, granularity, names. Its memory is described
+/// by `memplug_host_mechanism_descriptor`, its device by
+/// `memplug_host_mechanism_identity`. Set `out->struct_size` to
 /// `sizeof(MemplugHostMechanismInfo)` first.
 ///
 /// Thread-safety: any thread.
@@ -317,6 +430,85 @@ pub unsafe extern "C" fn memplug_host_mechanism_info(
         let info = mechanism_info(ctx.mechanism());
         // SAFETY: non-NULL; the caller's contract covers the size.
         unsafe { write_sized(out, info, "MemplugHostMechanismInfo") }
+    })
+}
+
+/// Describes a mechanism's memory: the plugin ABI 1.2 memory descriptor
+/// (page sizes, `MEMPLUG_ATTR_*` attributes, `MEMPLUG_HANDLE_*` export
+/// kinds, location, mapping at offsets, recommended granularity). Every
+/// field is zero for a mechanism whose plugin agreed on an older minor.
+/// Set `out->struct_size` to `sizeof(MemplugHostDescriptor)` first.
+///
+/// Thread-safety: any thread (the descriptor is read once, at load).
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_descriptor(
+    mechanism: MemplugHostMechanism,
+    out: *mut MemplugHostDescriptor,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_descriptor", || {
+        require_non_null(out, "out")?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let d = ctx.mechanism().properties().descriptor;
+        drop(ctx);
+        let value = MemplugHostDescriptor {
+            struct_size: MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1,
+            reserved0: 0,
+            recommended_granularity: d.recommended_granularity,
+            page_sizes: d.page_sizes,
+            attributes: d.attributes,
+            export_types: d.export_types,
+            location_kind: d.location.kind,
+            location_id: d.location.id,
+            maps_at_offsets: u32::from(d.maps_at_offsets),
+            reserved1: 0,
+        };
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, value, "MemplugHostDescriptor") }
+    })
+}
+
+/// The identity of a mechanism's device (plugin ABI 1.2: UUID, PCI
+/// address, sub-device, NUMA node; `valid` says which). Set
+/// `out->struct_size` to `sizeof(MemplugHostDeviceIdentity)` first.
+/// `MEMPLUG_HOST_STATUS_NOT_FOUND` (and `out` untouched) when the plugin
+/// published none — it did not say, or it agreed on an older minor.
+///
+/// Thread-safety: any thread (the identity is read once, at load).
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_mechanism_identity(
+    mechanism: MemplugHostMechanism,
+    out: *mut MemplugHostDeviceIdentity,
+) -> MemplugHostStatus {
+    boundary("memplug_host_mechanism_identity", || {
+        require_non_null(out, "out")?;
+        let (ctx, _) = pin::<Arc<Context>>(mechanism.id)?;
+        let m = ctx.mechanism();
+        let Some(i) = m.identity() else {
+            return Err(Error::new(
+                S::NotFound,
+                format!("mechanism {} published no device identity", m.label()),
+            ));
+        };
+        drop(ctx);
+        let value = MemplugHostDeviceIdentity {
+            struct_size: MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1,
+            valid: i.valid,
+            uuid: i.uuid,
+            pci_domain: i.pci_domain,
+            pci_bus: i.pci_bus,
+            pci_device: i.pci_device,
+            pci_function: i.pci_function,
+            sub_device: i.sub_device,
+            numa_node: i.numa_node,
+        };
+        // SAFETY: non-NULL; the caller's contract covers the size.
+        unsafe { write_sized(out, value, "MemplugHostDeviceIdentity") }
     })
 }
 

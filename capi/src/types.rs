@@ -11,7 +11,7 @@ use memplug_sdk::prefix::{self, PrefixError, Prefixed};
 pub const MEMPLUG_HOST_API_MAJOR: u32 = 1;
 /// Minor version of this C API: grows when functions or struct fields are
 /// appended.
-pub const MEMPLUG_HOST_API_MINOR: u32 = 0;
+pub const MEMPLUG_HOST_API_MINOR: u32 = 1;
 
 /// Longest name kept in a `MemplugHostMechanismInfo`, NUL included; longer
 /// names are truncated.
@@ -209,7 +209,12 @@ pub struct MemplugHostMechanismInfo {
     /// Set by the caller to `sizeof(MemplugHostMechanismInfo)`; set by the
     /// library to the bytes it wrote.
     pub struct_size: u32,
-    /// `MEMPLUG_CAP_*` flags (memplug.h).
+    /// `MEMPLUG_CAP_*` flags (memplug.h) as the plugin published them.
+    /// Bits of later ABI minors are set only for a plugin that agreed on
+    /// that minor: `MEMPLUG_CAP_SHARED_EXPORT` (1.1),
+    /// `MEMPLUG_CAP_TYPED_EXPORT` (1.2: physical objects exported as typed
+    /// handles of the kinds in its descriptor's `export_types`). Ignore
+    /// bits memplug.h does not name.
     pub capabilities: u32,
     /// The device it serves.
     pub device: MemplugDevice,
@@ -226,7 +231,16 @@ pub struct MemplugHostMechanismInfo {
 }
 
 /// Options of a binding (`memplug_host_binding_create`); NULL means all
-/// defaults (class OTHER, no holder, no waiting).
+/// defaults (class OTHER, no holder, no waiting, no placement).
+///
+/// Since API 1.1 the struct ends with the binding's placement: how its
+/// memory is asked for (the plugin ABI 1.2 request fields: hints, page
+/// size, location, export kinds). They are read only when `struct_size`
+/// reaches them: a caller built against API 1.0 (`struct_size` =
+/// `MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0`) asks for no placement. A
+/// mechanism whose plugin agreed on an older ABI minor is sent none of it.
+/// A library older than API 1.1 reads only the 1.0 fields (and so ignores
+/// the placement): `MEMPLUG_HOST_CHECK_API()` refuses such a library.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MemplugHostBindingOptions {
@@ -240,6 +254,107 @@ pub struct MemplugHostBindingOptions {
     /// How long an allocation may wait for pressure to free room, in
     /// nanoseconds; 0 fails at once after the pressure tickets.
     pub wait_ns: u64,
+    /// Since API 1.1. `MEMPLUG_HINT_*` bits (memplug.h):
+    /// `MEMPLUG_HINT_UNINITIALIZED_OK` when the binding's memory need not
+    /// be zeroed (only for memory the caller overwrites before reading).
+    /// Unknown bits are refused (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`).
+    pub hints: u32,
+    /// Since API 1.1. `MEMPLUG_HANDLE_*` kinds the memory will be exported
+    /// as (0: none). A plugin that does not offer one of them refuses the
+    /// binding's allocations and prefixes with
+    /// `MEMPLUG_HOST_STATUS_UNSUPPORTED`. Unknown bits are refused.
+    pub export_types: u32,
+    /// Since API 1.1. Pages of this many bytes: a power of two (else
+    /// refused here) the mechanism publishes in its descriptor's
+    /// `page_sizes` (a plugin refuses another when asked to allocate, with
+    /// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`); 0: the mechanism's choice.
+    pub page_size: u64,
+    /// Since API 1.1. Where the memory should live: a `MEMPLUG_LOCATION_*`
+    /// kind (`MEMPLUG_LOCATION_ANY`, 0: no preference) and the NUMA node or
+    /// tier it names (else 0; an unknown kind, or an id with a kind that
+    /// names no node or tier, is refused). A plugin that cannot place it
+    /// there refuses.
+    pub location_kind: u32,
+    pub location_id: u32,
+}
+
+/// What a mechanism says of its memory (`memplug_host_mechanism_descriptor`):
+/// the plugin ABI 1.2 memory descriptor (memplug.h). Every field is zero
+/// ("not said") for a mechanism whose plugin agreed on an older minor.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostDescriptor {
+    /// `sizeof(MemplugHostDescriptor)`; set to the bytes written.
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// The granularity the device works best at: 0 (same as the
+    /// granularity) or a power-of-two multiple of it.
+    pub recommended_granularity: u64,
+    /// Page sizes that can back its memory: bit `k` set means pages of
+    /// `2^k` bytes (`page_sizes & page_size` tests a power of two). 0: not
+    /// said.
+    pub page_sizes: u64,
+    /// `MEMPLUG_ATTR_*` bits every object of the mechanism has.
+    pub attributes: u32,
+    /// `MEMPLUG_HANDLE_*` kinds its physical objects can be exported as.
+    pub export_types: u32,
+    /// Where its memory lives: `MEMPLUG_LOCATION_*` (0: not said), and the
+    /// NUMA node or tier that kind names (else 0).
+    pub location_kind: u32,
+    pub location_id: u32,
+    /// 1 when its physical objects map at any granularity-aligned offset
+    /// (`MEMPLUG_PROP_MAPS_AT_OFFSETS`), else 0.
+    pub maps_at_offsets: u32,
+    pub reserved1: u32,
+}
+
+/// The identity of a mechanism's device (`memplug_host_mechanism_identity`):
+/// the plugin ABI 1.2 `MemplugDeviceIdentity` fields (memplug.h), for
+/// matching the device with the same device seen through another API.
+/// Fields not named in `valid` are zero and meaningless.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostDeviceIdentity {
+    /// `sizeof(MemplugHostDeviceIdentity)`; set to the bytes written.
+    pub struct_size: u32,
+    /// `MEMPLUG_IDENTITY_*` bits: which fields below are meaningful.
+    pub valid: u32,
+    /// The device's UUID as its driver reports it (`MEMPLUG_IDENTITY_UUID`).
+    pub uuid: [u8; 16],
+    /// PCI domain, bus, device and function (`MEMPLUG_IDENTITY_PCI`).
+    pub pci_domain: u32,
+    pub pci_bus: u32,
+    pub pci_device: u32,
+    pub pci_function: u32,
+    /// Index of the sub-device (tile, partition, MIG instance) within the
+    /// device (`MEMPLUG_IDENTITY_SUB_DEVICE`).
+    pub sub_device: u32,
+    /// The NUMA node closest to the device; for a CPU, its node
+    /// (`MEMPLUG_IDENTITY_NUMA_NODE`).
+    pub numa_node: u32,
+}
+
+/// What a caller needs of a mechanism's memory, beyond capabilities
+/// (`memplug_host_manager_select_needing`), judged against each
+/// mechanism's descriptor (`MemplugHostDescriptor`). A mechanism whose
+/// plugin agreed on an older ABI minor says nothing of its memory, so it
+/// meets no need but the empty one.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostMemoryNeeds {
+    /// `sizeof(MemplugHostMemoryNeeds)`.
+    pub struct_size: u32,
+    /// `MEMPLUG_ATTR_*` bits the mechanism must claim, all of them (0:
+    /// none). Unknown bits are refused.
+    pub attributes: u32,
+    /// Where its memory must live: exactly this `MEMPLUG_LOCATION_*` kind
+    /// and id (the NUMA node or tier the kind names, else 0);
+    /// `MEMPLUG_LOCATION_ANY` (0): anywhere. An unknown kind, or an id with
+    /// a kind that names no node or tier, is refused.
+    pub location_kind: u32,
+    pub location_id: u32,
+    /// A page size (a power of two) the mechanism must publish; 0: any.
+    pub page_size: u64,
 }
 
 /// An allocation's address and size.
@@ -637,34 +752,78 @@ pub const MEMPLUG_HOST_POLL_REPORT_SIZE_1_0: u32 = 32;
 /// Size of `MemplugHostSettlement` in API 1.0.
 pub const MEMPLUG_HOST_SETTLEMENT_SIZE_1_0: u32 = 48;
 
+/// Size of `MemplugHostBindingOptions` in API 1.1 (the placement
+/// appended).
+pub const MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_1: u32 = 48;
+/// Size of `MemplugHostDescriptor` in API 1.1, where it first appeared.
+pub const MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1: u32 = 48;
+/// Size of `MemplugHostDeviceIdentity` in API 1.1, where it first appeared.
+pub const MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1: u32 = 48;
+/// Size of `MemplugHostMemoryNeeds` in API 1.1, where it first appeared.
+pub const MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1: u32 = 24;
+
+// `T => FIRST` or `T => FIRST, now NOW`: FIRST is the size the struct
+// had when it appeared (the shortest a reader accepts: `SIZE_1_0` of
+// `Prefixed`, which is the API 1.0 size for the 1.0 structs and the 1.1
+// size for those that appeared in 1.1); NOW its size in this version when
+// it has grown since.
 macro_rules! prefixed {
-    ($($t:ty => $c:ident),* $(,)?) => {
+    ($($t:ty => $c:ident $(, now $now:ident)?);* $(;)?) => {
         // SAFETY: each is a `#[repr(C)]` struct whose first field is
         // `struct_size: u32`, made of integers, handles (integers), a
-        // `MemplugDevice` and `c_char` arrays: valid when zeroed.
+        // `MemplugDevice` and integer arrays: valid when zeroed.
         $(unsafe impl Prefixed for $t { const SIZE_1_0: u32 = $c; })*
         #[cfg(test)]
         #[test]
-        fn sizes_match_the_1_0_constants() {
-            $(assert_eq!(std::mem::size_of::<$t>() as u32, $c, stringify!($t));)*
+        fn sizes_match_the_constants() {
+            $(
+                let now = [$c $(, $now)?];
+                assert_eq!(std::mem::size_of::<$t>() as u32, now[now.len() - 1], stringify!($t));
+                assert!($c <= now[now.len() - 1], stringify!($t));
+            )*
         }
     };
 }
 
 prefixed! {
-    MemplugHostVersion => MEMPLUG_HOST_VERSION_SIZE_1_0,
-    MemplugHostMechanismInfo => MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0,
-    MemplugHostBindingOptions => MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
-    MemplugHostAllocationInfo => MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
-    MemplugHostRegionInfo => MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
-    MemplugHostPrefixInfo => MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0,
-    MemplugHostPressureTicket => MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0,
-    MemplugHostClassStats => MEMPLUG_HOST_CLASS_STATS_SIZE_1_0,
-    MemplugHostPoolStats => MEMPLUG_HOST_POOL_STATS_SIZE_1_0,
-    MemplugHostPoolInfo => MEMPLUG_HOST_POOL_INFO_SIZE_1_0,
-    MemplugHostHolderStats => MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0,
-    MemplugHostPollReport => MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
-    MemplugHostSettlement => MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
+    MemplugHostVersion => MEMPLUG_HOST_VERSION_SIZE_1_0;
+    MemplugHostMechanismInfo => MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0;
+    MemplugHostBindingOptions => MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0, now MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_1;
+    MemplugHostAllocationInfo => MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0;
+    MemplugHostRegionInfo => MEMPLUG_HOST_REGION_INFO_SIZE_1_0;
+    MemplugHostPrefixInfo => MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0;
+    MemplugHostPressureTicket => MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0;
+    MemplugHostClassStats => MEMPLUG_HOST_CLASS_STATS_SIZE_1_0;
+    MemplugHostPoolStats => MEMPLUG_HOST_POOL_STATS_SIZE_1_0;
+    MemplugHostPoolInfo => MEMPLUG_HOST_POOL_INFO_SIZE_1_0;
+    MemplugHostHolderStats => MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0;
+    MemplugHostPollReport => MEMPLUG_HOST_POLL_REPORT_SIZE_1_0;
+    MemplugHostSettlement => MEMPLUG_HOST_SETTLEMENT_SIZE_1_0;
+    MemplugHostDescriptor => MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1;
+    MemplugHostDeviceIdentity => MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1;
+    MemplugHostMemoryNeeds => MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1;
+}
+
+// The structs that grew, and the new ones: every field where it is said to
+// be (1.0 fields never move; 1.1 fields only appended).
+#[cfg(test)]
+#[test]
+fn api_1_1_layouts_are_frozen() {
+    use std::mem::offset_of;
+    type B = MemplugHostBindingOptions;
+    assert_eq!(offset_of!(B, wait_ns), 16);
+    assert_eq!(offset_of!(B, hints), MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0 as usize);
+    assert_eq!((offset_of!(B, export_types), offset_of!(B, page_size)), (28, 32));
+    assert_eq!((offset_of!(B, location_kind), offset_of!(B, location_id)), (40, 44));
+    type D = MemplugHostDescriptor;
+    assert_eq!((offset_of!(D, recommended_granularity), offset_of!(D, page_sizes)), (8, 16));
+    assert_eq!((offset_of!(D, attributes), offset_of!(D, export_types)), (24, 28));
+    assert_eq!((offset_of!(D, location_kind), offset_of!(D, location_id)), (32, 36));
+    assert_eq!(offset_of!(D, maps_at_offsets), 40);
+    type I = MemplugHostDeviceIdentity;
+    assert_eq!((offset_of!(I, uuid), offset_of!(I, pci_domain), offset_of!(I, numa_node)), (8, 24, 44));
+    type N = MemplugHostMemoryNeeds;
+    assert_eq!((offset_of!(N, location_kind), offset_of!(N, page_size)), (8, 16));
 }
 
 // The structs the library hands to callbacks (never read from the
@@ -688,7 +847,7 @@ fn refusal(what: &str, e: PrefixError) -> crate::error::Error {
     let message = match e {
         PrefixError::Null => format!("{what} is NULL"),
         PrefixError::Short { declared, min } => {
-            format!("{what}: struct_size is {declared}, the 1.0 size is {min} (set it to sizeof)")
+            format!("{what}: struct_size is {declared}, its first size is {min} (set it to sizeof)")
         }
     };
     crate::error::Error::new(crate::status::MemplugHostStatus::InvalidArgument, message)
@@ -696,7 +855,7 @@ fn refusal(what: &str, e: PrefixError) -> crate::error::Error {
 
 /// Writes `value` into a caller's struct whose `struct_size` says how big
 /// it is, by the C API's convention ([`prefix::write_setting_size`]):
-/// refuses one shorter than the 1.0 size, writes `min(struct_size, sizeof)`
+/// refuses one shorter than its first size (`Prefixed::SIZE_1_0`), writes `min(struct_size, sizeof)`
 /// bytes and sets `struct_size` to that.
 ///
 /// # Safety
@@ -708,7 +867,7 @@ pub(crate) unsafe fn write_sized<T: Prefixed>(out: *mut T, value: T, what: &str)
 
 /// Reads a caller's struct of type `T` of `struct_size` bytes into a zeroed
 /// local (fields it lacks stay zero; [`prefix::read`]); refuses one shorter
-/// than 1.0.
+/// than its first size.
 ///
 /// # Safety
 /// `p` must be non-NULL and readable for its `struct_size` bytes.

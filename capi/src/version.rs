@@ -105,6 +105,10 @@ mod tests {
             MemplugHostStatus::NullArgument
         );
         assert_eq!(memplug_host_check_api(1, 0), MemplugHostStatus::Ok);
+        // API 1.1: the descriptor, identity, needs and placement.
+        assert_eq!((v.api_minor, MEMPLUG_HOST_API_MINOR), (1, 1));
+        assert_eq!(memplug_host_check_api(1, 1), MemplugHostStatus::Ok);
+        assert_eq!(memplug_host_check_api(1, 2), MemplugHostStatus::VersionMismatch);
         assert_eq!(memplug_host_check_api(1, 99), MemplugHostStatus::VersionMismatch);
         assert_eq!(memplug_host_check_api(2, 0), MemplugHostStatus::VersionMismatch);
     }

@@ -257,6 +257,7 @@ fn holder_env(kv: &Kv) -> (Env, MemplugHostHolder, MemplugHostBinding) {
         alloc_class: MEMPLUG_HOST_CLASS_KV,
         holder: h,
         wait_ns: 0,
+        ..Default::default()
     };
     let mut kvb = MemplugHostBinding::default();
     ok(unsafe { memplug_host_binding_create(e.m, e.mech, e.pool, &opts, &mut kvb) });

@@ -235,6 +235,7 @@ fn a_declared_loss_is_told_settled_once_and_leaves_every_handle_inert() {
             alloc_class: MEMPLUG_HOST_CLASS_KV,
             holder,
             wait_ns: 0,
+            ..Default::default()
         };
         let mut binding = MemplugHostBinding::default();
         ok(memplug_host_binding_create(m, mech, pool, &opts, &mut binding));

@@ -258,6 +258,7 @@ fn a_short_parent_and_a_lowering_send_tickets_to_the_holders_of_the_child() {
         alloc_class: MEMPLUG_HOST_CLASS_KV,
         holder: h,
         wait_ns: 0,
+        ..Default::default()
     };
     let mut kv = MemplugHostBinding::default();
     ok(unsafe { memplug_host_binding_create(t.m, t.mech, t.tenant, &opts, &mut kv) });
