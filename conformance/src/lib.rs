@@ -10,9 +10,10 @@
 //! [`Outcome::Fail`], [`Outcome::Skip`], [`Outcome::Crash`] or
 //! [`Outcome::Timeout`]. A check is skipped only where the plugin
 //! explicitly lacks what it tests (a NULL optional slot, an absent
-//! capability flag) or where the device cannot show it to the host
-//! (residency and memory contents of non-CPU devices), always with the
-//! reason.
+//! capability flag, an attribute it does not claim, an item of a minor it
+//! did not agree on) or where the device cannot show it to the host
+//! (residency and memory contents of non-CPU devices that are not
+//! host-visible), always with the reason.
 //!
 //! ```no_run
 //! let report = memplug_conformance::run(
@@ -57,6 +58,18 @@
 //! skipped, saying so. For the CPU plugin's trigger the kit sets
 //! `MEMPLUG_CPU_TEST_SWITCHES=1` in that check's process before the copy
 //! is loaded (`docs/conformance-json.md`, "Device-loss test triggers").
+//!
+//! # ABI 1.2: the memory descriptor and its claims
+//!
+//! At 1.2 the kit reads the properties at their 1.2 size and judges the
+//! memory descriptor (`descriptor.memory_descriptor`), the device identity
+//! (`descriptor.identity`), requests naming page sizes and export kinds
+//! (`descriptor.page_size_requests`, `shared_mapping.export_kinds_requested`)
+//! and typed export (`shared_mapping.typed_export*`); and an attribute
+//! claimed is an attribute delivered, as far as the host can see
+//! (`claims.*`: read-only views fault, new memory reads zero, huge pages
+//! back what was asked for them). `docs/conformance-json.md` lists what
+//! fails each.
 //!
 //! Strings that come from the plugin (names, versions, messages, its
 //! output) reach the report with control characters escaped
@@ -452,23 +465,55 @@ pub const CHECKS: &[CheckInfo] = &[
     per_mechanism(
         "descriptor.capabilities",
         "allocator flag and pointer present; every optional flag agrees with its pointer; \
-         MEMPLUG_CAP_SHARED_EXPORT only with shared mapping and an agreed minor >= 1; no bit the plugin's \
+         MEMPLUG_CAP_SHARED_EXPORT only with shared mapping and an agreed minor >= 1, \
+         MEMPLUG_CAP_TYPED_EXPORT only with shared mapping and an agreed minor >= 2; no bit the plugin's \
          newest minor does not define",
     ),
     per_mechanism(
         "descriptor.minor_0_is_1_0",
-        "negotiated with a host speaking only 1.0, the mechanism's descriptor sets no capability bit 1.1 \
-         added (MEMPLUG_CAP_SHARED_EXPORT)",
+        "negotiated with a host speaking only 1.0, the mechanism's descriptor sets no capability bit a later \
+         minor added (MEMPLUG_CAP_SHARED_EXPORT, MEMPLUG_CAP_TYPED_EXPORT)",
     ),
-    per_mechanism("descriptor.device", "the device kind is one ABI 1.0 defines"),
+    per_mechanism(
+        "descriptor.minor_1_is_1_1",
+        "negotiated with a host speaking 1.0..=1.1, the mechanism's descriptor sets no capability bit 1.2 \
+         added (MEMPLUG_CAP_TYPED_EXPORT), and properties asked at the 1.1 size write nothing of the 1.2 \
+         memory descriptor past it",
+    ),
+    per_mechanism(
+        "descriptor.device",
+        "the device kind is one the agreed minor defines: 1.0's CPU and CUDA below 1.2; at 1.2 every DLPack \
+         kind or one in the vendor range",
+    ),
     per_mechanism(
         "descriptor.vtables",
         "each published sub-vtable is at least its 1.0 size with every required slot non-NULL",
     ),
     per_mechanism(
         "descriptor.properties",
-        "properties: OK, alignments and granularity powers of two, min <= max, nothing written past \
-         struct_size",
+        "properties (at the 1.2 size when the agreed minor is 2): OK, alignments and granularity powers of \
+         two, min <= max, nothing written past struct_size",
+    ),
+    per_mechanism(
+        "descriptor.memory_descriptor",
+        "ABI 1.2: properties write the memory descriptor, and it is self-consistent: recommended_granularity \
+         zero or a power-of-two multiple of the granularity; page sizes this kernel offers (CPU) or plausible, \
+         the smallest no larger than the granularity; attributes, export kinds and flags of known bits, \
+         HOST_COHERENT only when host-visible; export kinds only with shared mapping and an export slot, \
+         at least one with MEMPLUG_CAP_TYPED_EXPORT, a descriptor kind with MEMPLUG_CAP_SHARED_EXPORT; \
+         location kind known or a vendor's, its id zero where it names nothing, an existing NUMA node",
+    ),
+    per_mechanism(
+        "descriptor.identity",
+        "ABI 1.2, when the mechanism points at an identity: struct_size >= 48, only known valid bits, fields \
+         not named in valid zero, a non-nil UUID, a PCI address in range, an existing NUMA node (a CPU \
+         device's ordinal)",
+    ),
+    per_mechanism(
+        "descriptor.page_size_requests",
+        "ABI 1.2: allocate, reserve and create naming a page size the mechanism does not publish, or no power \
+         of two, are refused with INVALID_ARGUMENT and make nothing; naming the smallest one it publishes they \
+         are served",
     ),
     per_mechanism(
         "allocator.usable",
@@ -573,7 +618,8 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "shared_mapping.coherence",
-        "a write through one view is read through another, including at an object offset",
+        "a write through one view is read through another, including at an object offset (at 1.2 only with \
+         MEMPLUG_PROP_MAPS_AT_OFFSETS: objects are otherwise mapped whole)",
     ),
     per_mechanism(
         "shared_mapping.read_only",
@@ -617,6 +663,40 @@ pub const CHECKS: &[CheckInfo] = &[
         "map, retain, release and export_fd of a physical object naming another mechanism, another device, \
          a forged handle, another object id or size, or a released object are refused with their codes; \
          nothing changes",
+    ),
+    per_mechanism(
+        "shared_mapping.typed_export",
+        "ABI 1.2 MEMPLUG_CAP_TYPED_EXPORT: for each kind export_types offers, an object made exportable as it \
+         exports as a handle of that kind (a MEMFD a new /memfd: descriptor, two exports two descriptors), \
+         nothing written past the handle's struct_size, and imports as an object showing the same memory",
+    ),
+    per_mechanism(
+        "shared_mapping.typed_export_refusals",
+        "ABI 1.2 MEMPLUG_CAP_TYPED_EXPORT: export_handle of a kind not offered (or unknown) is UNSUPPORTED, of \
+         no kind or two kinds refused, of a forged object UNKNOWN_ALLOCATION; import_handle of a kind not \
+         offered UNSUPPORTED, of a descriptor kind with fd -1 INVALID_ARGUMENT; nothing made",
+    ),
+    per_mechanism(
+        "shared_mapping.export_kinds_requested",
+        "ABI 1.2: create naming an export kind the mechanism does not offer is refused with UNSUPPORTED and \
+         makes nothing; naming one it offers is served",
+    ),
+    per_mechanism(
+        "claims.read_only_enforced",
+        "ABI 1.2, MEMPLUG_ATTR_READ_ONLY_ENFORCED claimed (host-visible memory): a read-only view of a physical \
+         object is mapped without write access and a write through it kills a forked child with SIGSEGV or \
+         SIGBUS, leaving the object unchanged",
+    ),
+    per_mechanism(
+        "claims.zero_filled",
+        "ABI 1.2, MEMPLUG_ATTR_ZERO_FILLED claimed (host-visible memory): new allocations (also reusing freed, \
+         dirtied memory), committed and recommitted ranges and new physical objects read as zero",
+    ),
+    per_mechanism(
+        "claims.page_size_used",
+        "ABI 1.2, a CPU mechanism claiming pages larger than the base page: a reservation made with each such \
+         page size (up to 64 MiB), committed and touched, is backed by pages of that size (/proc/self/smaps: \
+         KernelPageSize, or transparent huge pages)",
     ),
     per_mechanism(
         "sync.streams",

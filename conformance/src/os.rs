@@ -91,6 +91,100 @@ pub(crate) fn resident_pages(addr: u64, len: u64) -> Result<usize, String> {
     Ok(vec.iter().filter(|b| **b & 1 != 0).count())
 }
 
+/// What `/proc/self/smaps` says backs the mappings overlapping a range:
+/// the sizes of the kernel pages of each, and the bytes mapped with huge
+/// pages by transparent huge pages (anonymous, shmem or file PMD maps).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Backing {
+    /// `KernelPageSize` of each overlapping mapping, in bytes (distinct).
+    pub kernel_page_sizes: Vec<u64>,
+    /// `AnonHugePages` + `ShmemPmdMapped` + `FilePmdMapped`, in bytes.
+    pub thp_bytes: u64,
+    /// How many mappings overlap the range.
+    pub mappings: usize,
+}
+
+/// [`Backing`] of `[addr, addr + len)`, or `None` when smaps cannot be read.
+pub(crate) fn backing(addr: u64, len: u64) -> Option<Backing> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let end = addr.saturating_add(len);
+    let mut b = Backing::default();
+    let mut inside = false;
+    for line in smaps.lines() {
+        let mut it = line.split_whitespace();
+        let Some(first) = it.next() else { continue };
+        if let Some((lo, hi)) = first.split_once('-') {
+            if let (Ok(lo), Ok(hi)) = (u64::from_str_radix(lo, 16), u64::from_str_radix(hi, 16)) {
+                inside = lo < end && addr < hi;
+                b.mappings += usize::from(inside);
+                continue;
+            }
+        }
+        if !inside {
+            continue;
+        }
+        let kib = || it.clone().next().and_then(|v| v.parse::<u64>().ok()).map(|k| k * 1024);
+        match first {
+            "KernelPageSize:" => {
+                if let Some(v) = kib() {
+                    if !b.kernel_page_sizes.contains(&v) {
+                        b.kernel_page_sizes.push(v);
+                    }
+                }
+            }
+            "AnonHugePages:" | "ShmemPmdMapped:" | "FilePmdMapped:" => b.thp_bytes += kib().unwrap_or(0),
+            _ => {}
+        }
+    }
+    Some(b)
+}
+
+/// The page sizes this kernel can back memory with: the base page, the
+/// transparent huge page size, and each hugetlbfs size.
+pub(crate) fn kernel_page_sizes() -> Vec<u64> {
+    let mut v = vec![page_size()];
+    if let Some(n) = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    {
+        v.push(n);
+    }
+    if let Ok(dir) = std::fs::read_dir("/sys/kernel/mm/hugepages") {
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(k) = name.strip_prefix("hugepages-").and_then(|s| s.strip_suffix("kB")) {
+                if let Ok(k) = k.parse::<u64>() {
+                    v.push(k * 1024);
+                }
+            }
+        }
+    }
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The transparent huge page setting (`always [madvise] never`), for
+/// details.
+pub(crate) fn thp_setting() -> String {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+/// Whether NUMA node `n` exists, or `None` when the kernel does not say
+/// (no `/sys/devices/system/node`).
+pub(crate) fn numa_node_exists(n: u32) -> Option<bool> {
+    let dir = std::path::Path::new("/sys/devices/system/node");
+    dir.is_dir().then(|| dir.join(format!("node{n}")).is_dir())
+}
+
+/// What `/proc/self/fd/<fd>` links to (`/memfd:name (deleted)`,
+/// `anon_inode:dmabuf`, a path), or `None`.
+pub(crate) fn fd_link(fd: i32) -> Option<String> {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).ok().map(|p| p.to_string_lossy().into_owned())
+}
+
 /// How a forked child ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum ChildEnd {

@@ -48,6 +48,12 @@ impl Guarded {
         self.bytes[from..].iter().all(|&b| b == FILL)
     }
 
+    /// True when no byte of `[from, to)` changed (fields the writer left
+    /// as the kit filled them).
+    pub(crate) fn untouched_in(&self, from: usize, to: usize) -> bool {
+        self.bytes[from.min(GUARDED)..to.min(GUARDED)].iter().all(|&b| b == FILL)
+    }
+
     /// True when nothing at all changed (the output of a failed call).
     pub(crate) fn untouched(&self) -> bool {
         self.bytes[..4] == self.declared.to_ne_bytes() && self.bytes[4..].iter().all(|&b| b == FILL)
@@ -85,6 +91,19 @@ pub(crate) unsafe fn plugin_string(p: *const c_char) -> Result<String, String> {
     })
 }
 
+/// Whether the kit read a memory descriptor (ABI 1.2) in the mechanism's
+/// properties.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DescriptorSeen {
+    /// The agreed minor is below 1.2: none was asked for.
+    Older,
+    /// Agreed on 1.2, but `properties` left every byte past the 1.0 prefix
+    /// unwritten (the kit's fields read as zero).
+    Unwritten,
+    /// Agreed on 1.2 and written.
+    Written,
+}
+
 /// One mechanism, as published (vtables copied as prefixes).
 #[derive(Clone)]
 pub(crate) struct Mech {
@@ -95,11 +114,20 @@ pub(crate) struct Mech {
     pub ctx: *mut c_void,
     /// The minor agreed in negotiation: 1.1 items are used only from 1.
     pub agreed_minor: u32,
+    /// The newest minor the plugin declares (bits of a minor newer than
+    /// the kit's are that minor's, not a failure).
+    pub plugin_max_minor: u32,
     pub alloc: MemplugAllocator,
     pub vb: Option<MemplugVirtualBacking>,
     pub sm: Option<MemplugSharedMapping>,
     pub sync: Option<MemplugSync>,
+    /// Its properties: at an agreed minor of 2 with the memory descriptor
+    /// (zero when [`DescriptorSeen::Unwritten`]).
     pub props: MemplugProperties,
+    pub descriptor: DescriptorSeen,
+    /// The 1.2 device identity the descriptor points at (NULL when none,
+    /// or below 1.2).
+    pub identity: *const MemplugDeviceIdentity,
     /// The plugin-wide live-object counter and its context.
     pub live_objects: unsafe extern "C" fn(*mut c_void) -> u64,
     pub plugin_ctx: *mut c_void,
@@ -121,6 +149,12 @@ pub(crate) fn request(m: &Mech, size: u64, alignment: u64) -> MemplugRequest {
         device: m.device,
         ..Default::default()
     }
+}
+
+/// [`request`] at the ABI 1.2 size (hints, export kinds, page size and
+/// location zero: nothing asked).
+pub(crate) fn request_1_2(m: &Mech, size: u64, alignment: u64) -> MemplugRequest {
+    MemplugRequest { struct_size: MEMPLUG_REQUEST_SIZE_1_2, ..request(m, size, alignment) }
 }
 
 /// What a successful `allocate`/`reserve`/`create` made, as the host would
@@ -173,6 +207,18 @@ impl Mech {
 
     pub(crate) fn is_cpu(&self) -> bool {
         self.device.kind == MEMPLUG_DEVICE_CPU
+    }
+
+    /// Whether a physical object may be mapped from an offset, or in part:
+    /// always below 1.2; at 1.2 only with `MEMPLUG_PROP_MAPS_AT_OFFSETS`.
+    pub(crate) fn maps_at_offsets(&self) -> bool {
+        self.agreed_minor < 2 || self.props.flags & MEMPLUG_PROP_MAPS_AT_OFFSETS != 0
+    }
+
+    /// Whether the plugin may know a minor newer than the kit's (whose
+    /// bits the kit cannot judge).
+    pub(crate) fn newer_than_kit(&self) -> bool {
+        self.plugin_max_minor > MEMPLUG_ABI_MINOR
     }
 
     fn make(&self, log: &Log, slot: &'static str, f: Option<MakeFn>, req: &MemplugRequest) -> Made {
@@ -270,6 +316,11 @@ impl Mech {
         self.make(log, "virtual_backing.reserve", self.vb.and_then(|v| v.reserve), &req)
     }
 
+    /// `reserve` with the request as given.
+    pub(crate) fn reserve_req(&self, log: &Log, req: &MemplugRequest) -> Made {
+        self.make(log, "virtual_backing.reserve", self.vb.and_then(|v| v.reserve), req)
+    }
+
     pub(crate) fn commit(&self, log: &Log, r: &MemplugObjectRef, offset: u64, len: u64) -> MemplugStatus {
         self.range_call(log, "virtual_backing.commit", self.vb.and_then(|v| v.commit), r, offset, len)
     }
@@ -298,6 +349,11 @@ impl Mech {
     pub(crate) fn create(&self, log: &Log, size: u64) -> Made {
         let req = request(self, size, self.props.granularity.max(1));
         self.make(log, "shared_mapping.create", self.sm.and_then(|v| v.create), &req)
+    }
+
+    /// `create` with the request as given.
+    pub(crate) fn create_req(&self, log: &Log, req: &MemplugRequest) -> Made {
+        self.make(log, "shared_mapping.create", self.sm.and_then(|v| v.create), req)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -352,6 +408,46 @@ impl Mech {
         let (status, _) =
             call(log, "shared_mapping.import_fd", |sink| unsafe { f(self.ctx, fd, &req, out.ptr(), sink) });
         out.audit(log, "shared_mapping.import_fd", status);
+        let block: MemplugBlock = out.read();
+        Made { status, block, obj: object_ref(self, req.object_id, &block) }
+    }
+
+    /// `export_handle` (ABI 1.2) of kind `kind` into a guarded handle of
+    /// `out_size` bytes: the status and the output.
+    pub(crate) fn export_handle(
+        &self,
+        log: &Log,
+        o: &MemplugObjectRef,
+        kind: u32,
+        out_size: u32,
+    ) -> (MemplugStatus, Guarded) {
+        let mut out = Guarded::new(out_size);
+        let Some(f) = self.sm.and_then(|v| v.export_handle) else {
+            return (MEMPLUG_STATUS_UNSUPPORTED, out);
+        };
+        // SAFETY: a published slot; pointers live for the call.
+        let (status, _) = call(log, "shared_mapping.export_handle", |sink| unsafe {
+            f(self.ctx, o, kind, out.ptr(), sink)
+        });
+        out.audit(log, "shared_mapping.export_handle", status);
+        (status, out)
+    }
+
+    /// `import_handle` (ABI 1.2) of `handle` with `req`.
+    pub(crate) fn import_handle(&self, log: &Log, handle: &MemplugHandle, req: &MemplugRequest) -> Made {
+        let Some(f) = self.sm.and_then(|v| v.import_handle) else {
+            return Made {
+                status: MEMPLUG_STATUS_UNSUPPORTED,
+                block: MemplugBlock::default(),
+                obj: MemplugObjectRef::default(),
+            };
+        };
+        let mut out = Guarded::new(MEMPLUG_BLOCK_SIZE_1_0);
+        // SAFETY: a published slot; every pointer lives for the call.
+        let (status, _) = call(log, "shared_mapping.import_handle", |sink| unsafe {
+            f(self.ctx, handle, req, out.ptr(), sink)
+        });
+        out.audit(log, "shared_mapping.import_handle", status);
         let block: MemplugBlock = out.read();
         Made { status, block, obj: object_ref(self, req.object_id, &block) }
     }
@@ -468,13 +564,32 @@ pub(crate) fn status_name(s: MemplugStatus) -> String {
     name.to_string()
 }
 
-/// The 1.0 device kinds.
+/// The device kinds the ABI defines (1.0's two, and since 1.2 every kind
+/// DLPack numbers).
 pub(crate) fn device_kind_name(kind: MemplugDeviceKind) -> Option<&'static str> {
-    match kind {
-        MEMPLUG_DEVICE_CPU => Some("cpu"),
-        MEMPLUG_DEVICE_CUDA => Some("cuda"),
-        _ => None,
-    }
+    Some(match kind {
+        MEMPLUG_DEVICE_CPU => "cpu",
+        MEMPLUG_DEVICE_CUDA => "cuda",
+        MEMPLUG_DEVICE_CUDA_HOST => "cuda_host",
+        MEMPLUG_DEVICE_OPENCL => "opencl",
+        MEMPLUG_DEVICE_VULKAN => "vulkan",
+        MEMPLUG_DEVICE_METAL => "metal",
+        MEMPLUG_DEVICE_VPI => "vpi",
+        MEMPLUG_DEVICE_ROCM => "rocm",
+        MEMPLUG_DEVICE_ROCM_HOST => "rocm_host",
+        MEMPLUG_DEVICE_EXT_DEV => "ext_dev",
+        MEMPLUG_DEVICE_CUDA_MANAGED => "cuda_managed",
+        MEMPLUG_DEVICE_ONEAPI => "oneapi",
+        MEMPLUG_DEVICE_WEBGPU => "webgpu",
+        MEMPLUG_DEVICE_HEXAGON => "hexagon",
+        MEMPLUG_DEVICE_MAIA => "maia",
+        _ => return None,
+    })
+}
+
+/// A kind in the vendors' range (ABI 1.2).
+pub(crate) fn is_vendor_kind(kind: MemplugDeviceKind) -> bool {
+    (MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST).contains(&kind)
 }
 
 // ---- descriptors handed out by export_fd ------------------------------------

@@ -1,7 +1,7 @@
 //! `descriptor.*`: what the plugin publishes, read as untrusted prefixes.
 
 use super::{ensure, expect, fail, skip, Checked, Ctx, Results, Verdict};
-use crate::raw::{device_kind_name, plugin_string, Mech};
+use crate::raw::{device_kind_name, is_vendor_kind, plugin_string, DescriptorSeen, Mech};
 use core::ffi::c_void;
 use memplug_sdk::abi::*;
 use memplug_sdk::facts::{self, Need, Vtable};
@@ -42,6 +42,7 @@ pub(crate) struct Published {
 pub(crate) fn device_string(d: MemplugDevice) -> String {
     match device_kind_name(d.kind) {
         Some(k) => format!("{k}:{}", d.ordinal),
+        None if is_vendor_kind(d.kind) => format!("vendor({:#x}):{}", d.kind, d.ordinal),
         None => format!("unknown({}):{}", d.kind, d.ordinal),
     }
 }
@@ -53,6 +54,7 @@ pub(crate) fn capability_names(caps: u32) -> Vec<&'static str> {
         (MEMPLUG_CAP_SHARED_MAPPING, "shared_mapping"),
         (MEMPLUG_CAP_SYNC, "sync"),
         (MEMPLUG_CAP_SHARED_EXPORT, "shared_export"),
+        (MEMPLUG_CAP_TYPED_EXPORT, "typed_export"),
     ]
     .into_iter()
     .filter(|(bit, _)| caps & bit != 0)
@@ -248,7 +250,23 @@ fn capabilities(plugin: &PluginView, desc: &MemplugMechanism) -> Result<String, 
             ));
         }
     }
-    let unknown = caps & !MEMPLUG_CAP_ALL_1_1;
+    if caps & MEMPLUG_CAP_TYPED_EXPORT != 0 {
+        if plugin.agreed_minor < 2 {
+            return Err(soft(format!(
+                "MEMPLUG_CAP_TYPED_EXPORT (bit 5) is an ABI 1.2 capability, but the agreed minor is 1.{} (the \
+                 plugin speaks up to 1.{}): a host refuses the mechanism",
+                plugin.agreed_minor, plugin.max_minor
+            )));
+        }
+        if caps & MEMPLUG_CAP_SHARED_MAPPING == 0 {
+            return Err(soft(
+                "MEMPLUG_CAP_TYPED_EXPORT is set without MEMPLUG_CAP_SHARED_MAPPING (export_handle and \
+                 import_handle live in the shared_mapping table): the flag claims slots that cannot exist"
+                    .into(),
+            ));
+        }
+    }
+    let unknown = caps & !MEMPLUG_CAP_ALL_1_2;
     if unknown != 0 && plugin.max_minor <= MEMPLUG_ABI_MINOR {
         return Err(soft(format!(
             "capability bits {unknown:#x} are not defined by any minor up to the plugin's newest, 1.{} \
@@ -284,17 +302,9 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
     res.add("descriptor.capabilities", name, r);
     res.run("descriptor.minor_0_is_1_0", name, || minor_0_is_1_0(ctx, plugin, &desc));
 
-    res.add(
-        "descriptor.device",
-        name,
-        match device_kind_name(desc.device.kind) {
-            Some(_) => Ok(device_string(desc.device)),
-            None => Err(Verdict::Fail(format!(
-                "device kind {} is not defined by ABI 1.0 (a host shows it as unknown)",
-                desc.device.kind
-            ))),
-        },
-    );
+    res.run("descriptor.minor_1_is_1_1", name, || minor_1_is_1_1(ctx, plugin, &desc));
+
+    res.add("descriptor.device", name, device_kind(desc.device, plugin.agreed_minor));
     if !usable {
         return None;
     }
@@ -312,12 +322,34 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
     });
     let t = tables.filter(|_| ok)?;
     let mut m = mech_of(&d.name, &desc, t, plugin.agreed_minor, plugin.live_objects, plugin.ctx);
+    m.plugin_max_minor = plugin.max_minor;
     let mut props = None;
+    let mut seen = DescriptorSeen::Older;
     let ok = res.run("descriptor.properties", name, || {
-        let (s, out) = m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_0);
+        // A host that agreed on 1.2 asks for the memory descriptor too
+        // (judged by descriptor.memory_descriptor).
+        let size =
+            if plugin.agreed_minor >= 2 { MEMPLUG_PROPERTIES_SIZE_1_2 } else { MEMPLUG_PROPERTIES_SIZE_1_0 };
+        let (s, out) = m.properties(&ctx.log, size);
         expect(s, &[MEMPLUG_STATUS_OK], "properties")?;
-        ensure!(out.tail_intact(), "properties wrote past struct_size {MEMPLUG_PROPERTIES_SIZE_1_0}");
-        let p: MemplugProperties = out.read();
+        ensure!(out.tail_intact(), "properties wrote past struct_size {size}");
+        let mut p: MemplugProperties = out.read();
+        if plugin.agreed_minor >= 2 {
+            seen = if out.untouched_in(MEMPLUG_PROPERTIES_SIZE_1_0 as usize, size as usize) {
+                DescriptorSeen::Unwritten
+            } else {
+                DescriptorSeen::Written
+            };
+        }
+        if seen != DescriptorSeen::Written {
+            // Nothing said: the fields past the 1.0 prefix read as zero.
+            p = MemplugProperties {
+                min_alignment: p.min_alignment,
+                max_alignment: p.max_alignment,
+                granularity: p.granularity,
+                ..Default::default()
+            };
+        }
         ensure!(
             p.min_alignment.is_power_of_two() && p.max_alignment.is_power_of_two(),
             "alignments must be powers of two (min {}, max {})",
@@ -337,7 +369,40 @@ pub(crate) fn mechanism(res: &mut Results, ctx: &Ctx, plugin: &PluginView, d: &P
         Ok(format!("alignment {}..={}, granularity {}", p.min_alignment, p.max_alignment, p.granularity))
     });
     m.props = props.filter(|_| ok)?;
+    m.descriptor = seen;
     Some(m)
+}
+
+/// `descriptor.device`: a kind the agreed minor defines.
+fn device_kind(d: MemplugDevice, agreed_minor: u32) -> Checked {
+    let kind = d.kind;
+    if agreed_minor < 2 {
+        if matches!(kind, MEMPLUG_DEVICE_CPU | MEMPLUG_DEVICE_CUDA) {
+            return Ok(device_string(d));
+        }
+        let later = if device_kind_name(kind).is_some() || is_vendor_kind(kind) {
+            " (ABI 1.2 defines it: a host that agreed on 1.2 would know it)"
+        } else {
+            ""
+        };
+        fail!(
+            "device kind {kind} is not defined by ABI 1.{agreed_minor}, the agreed minor{later}: a host shows it as \
+             unknown"
+        );
+    }
+    if device_kind_name(kind).is_some() {
+        return Ok(format!("{} (a kind ABI 1.2 numbers as DLPack does)", device_string(d)));
+    }
+    if is_vendor_kind(kind) {
+        return Ok(format!(
+            "{} (a vendor's kind, in MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST)",
+            device_string(d)
+        ));
+    }
+    fail!(
+        "device kind {kind} ({kind:#x}) is neither one ABI 1.2 defines (DLPack's numbers) nor in the vendor range \
+         {MEMPLUG_DEVICE_VENDOR_FIRST:#x}..={MEMPLUG_DEVICE_VENDOR_LAST:#x}: a host shows it as unknown"
+    )
 }
 
 /// A mechanism's sub-vtables, read and checked (`descriptor.vtables`).
@@ -389,6 +454,29 @@ pub(crate) fn read_tables(desc: &MemplugMechanism, agreed_minor: u32) -> Result<
             v.export_fd = None;
             v.import_fd = None;
         }
+        let typed = v.export_handle.is_some() || v.import_handle.is_some();
+        if caps & MEMPLUG_CAP_TYPED_EXPORT != 0 && agreed_minor >= 2 {
+            ensure!(
+                declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_2,
+                "MEMPLUG_CAP_TYPED_EXPORT is set but shared_mapping.struct_size {declared} is shorter than ABI \
+                 1.2's {MEMPLUG_SHARED_MAPPING_SIZE_1_2}"
+            );
+            required(
+                &v,
+                Need::WithCapability(MEMPLUG_CAP_TYPED_EXPORT),
+                "shared_mapping (MEMPLUG_CAP_TYPED_EXPORT is set)",
+            )?;
+        } else {
+            // Below 1.2 the typed slots are past what the agreed minor
+            // defines (and the flag is descriptor.capabilities' failure):
+            // ignored, as a host ignores them.
+            ensure!(
+                !typed || agreed_minor < 2 || declared < MEMPLUG_SHARED_MAPPING_SIZE_1_2,
+                "shared_mapping publishes export_handle or import_handle but MEMPLUG_CAP_TYPED_EXPORT is not set"
+            );
+            v.export_handle = None;
+            v.import_handle = None;
+        }
         required(&v, Need::Required, "shared_mapping")?;
         Some(v)
     } else {
@@ -426,18 +514,20 @@ pub(crate) fn mech_of(
         caps: desc.capabilities,
         ctx: desc.ctx,
         agreed_minor,
+        plugin_max_minor: agreed_minor,
         alloc: t.alloc,
         vb: t.vb,
         sm: t.sm,
         sync: t.sync,
         props: MemplugProperties::default(),
+        descriptor: DescriptorSeen::Older,
+        // Present only in a 1.2-sized descriptor at an agreed minor of 2
+        // (prefix reads leave a shorter one's NULL).
+        identity: if agreed_minor >= 2 { desc.identity } else { core::ptr::null() },
         live_objects,
         plugin_ctx,
     }
 }
-
-/// Capability bits ABI 1.1 added to 1.0's.
-const ADDED_BY_1_1: u32 = MEMPLUG_CAP_ALL_1_1 & !MEMPLUG_CAP_ALL_1_0;
 
 /// `descriptor.minor_0_is_1_0`: the descriptor a host speaking only 1.0
 /// gets describes this mechanism as 1.0 defines it.
@@ -477,11 +567,12 @@ fn minor_0_is_1_0(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Ch
         if mech.mechanism_id != desc.mechanism_id {
             continue;
         }
-        let added = mech.capabilities & ADDED_BY_1_1;
+        let added = mech.capabilities & !MEMPLUG_CAP_ALL_1_0;
         ensure!(
             added == 0,
-            "negotiated at 1.0, the mechanism sets capability bits {added:#x} (MEMPLUG_CAP_SHARED_EXPORT), which \
-             ABI 1.1 added: a plugin hands a 1.0 host its 1.0 descriptor (a host refuses the mechanism)"
+            "negotiated at 1.0, the mechanism sets capability bits {added:#x} ({}), which later minors added: a \
+             plugin hands a 1.0 host its 1.0 descriptor (a host refuses the mechanism)",
+            later_bits(added)
         );
         return Ok(format!(
             "a host speaking only 1.0 agreed on 1.0; the mechanism's capabilities there: {}",
@@ -489,4 +580,112 @@ fn minor_0_is_1_0(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Ch
         ));
     }
     Ok("a host speaking only 1.0 agreed on 1.0; its descriptor does not list this mechanism (one of a later minor)".into())
+}
+
+/// Names of capability bits of later minors, for details.
+fn later_bits(bits: u32) -> String {
+    let mut names: Vec<&str> = Vec::new();
+    if bits & MEMPLUG_CAP_SHARED_EXPORT != 0 {
+        names.push("MEMPLUG_CAP_SHARED_EXPORT, ABI 1.1");
+    }
+    if bits & MEMPLUG_CAP_TYPED_EXPORT != 0 {
+        names.push("MEMPLUG_CAP_TYPED_EXPORT, ABI 1.2");
+    }
+    if bits & !MEMPLUG_CAP_ALL_1_2 != 0 {
+        names.push("bits no minor this kit knows defines");
+    }
+    names.join("; ")
+}
+
+/// `descriptor.minor_1_is_1_1`: the descriptor a host speaking up to 1.1
+/// gets describes this mechanism as 1.1 defines it: no capability bit 1.2
+/// added, and none of 1.2's descriptor reaches it (the identity only in a
+/// 1.2-sized mechanism, which a 1.1 host does not read; properties never
+/// written past the 1.1 size it passes).
+fn minor_1_is_1_1(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Checked {
+    if plugin.min_minor > 1 {
+        skip!("the plugin's oldest minor is 1.{}: it does not speak 1.1", plugin.min_minor);
+    }
+    if plugin.max_minor < 1 {
+        skip!("the plugin speaks only ABI 1.0 (descriptor.minor_0_is_1_0 judges that view)");
+    }
+    let (st, n) = super::negotiation::negotiate_range(ctx, 0, 1);
+    expect(st, &[MEMPLUG_STATUS_OK], "negotiation with a host speaking 1.0..=1.1")?;
+    ensure!(
+        n.agreed_minor == 1,
+        "a host speaking 1.0..=1.1 agreed on 1.{} (the plugin speaks 1.1)",
+        n.agreed_minor
+    );
+    let at = n.plugin as usize;
+    ensure!(
+        at >= 4096 && at % core::mem::align_of::<MemplugPlugin>() == 0,
+        "negotiated at 1.1, the plugin descriptor pointer {at:#x} cannot point at a descriptor"
+    );
+    // SAFETY: plugin-owned descriptor, at least struct_size bytes.
+    let d: MemplugPlugin = match unsafe { prefix::read(n.plugin) } {
+        Ok(d) => d,
+        Err(PrefixError::Null) => fail!("negotiated at 1.1, the plugin descriptor is NULL"),
+        Err(PrefixError::Short { declared, .. }) => {
+            fail!("negotiated at 1.1, the plugin descriptor's struct_size {declared} is shorter than 1.0's")
+        }
+    };
+    ensure!(
+        d.mechanism_count <= MAX_MECHANISMS && (d.mechanism_count == 0 || !d.mechanisms.is_null()),
+        "negotiated at 1.1, the descriptor lists {} mechanisms at {:p}",
+        d.mechanism_count,
+        d.mechanisms
+    );
+    for i in 0..d.mechanism_count as usize {
+        // SAFETY: `mechanism_count` pointers, as the descriptor says.
+        let p = unsafe { *d.mechanisms.add(i) };
+        // SAFETY: plugin-owned descriptor, at least struct_size bytes.
+        let Ok((mech, declared)) = (unsafe { prefix::read_with_size::<MemplugMechanism>(p) }) else {
+            continue;
+        };
+        if mech.mechanism_id != desc.mechanism_id {
+            continue;
+        }
+        let added = mech.capabilities & !MEMPLUG_CAP_ALL_1_1;
+        ensure!(
+            added == 0,
+            "negotiated at 1.1, the mechanism sets capability bits {added:#x} ({}): a plugin hands a 1.1 host its \
+             1.1 descriptor (a host refuses the mechanism)",
+            later_bits(added)
+        );
+        let mut notes = Vec::new();
+        if declared >= MEMPLUG_MECHANISM_SIZE_1_2 && !mech.identity.is_null() {
+            // Allowed (a table may be longer than the agreed minor
+            // defines), and ignored by a 1.1 host.
+            notes.push(format!(
+                "its {declared}-byte descriptor points at an identity, which a 1.1 host does not read"
+            ));
+        }
+        // The properties a 1.1 host asks for: 1.0's size, nothing past it.
+        if !mech.allocator.is_null() {
+            // SAFETY: plugin-owned vtable, at least struct_size bytes.
+            if let Ok(a) = unsafe { prefix::read::<MemplugAllocator>(mech.allocator) } {
+                if let Some(f) = a.properties {
+                    let mut out = crate::raw::Guarded::new(MEMPLUG_PROPERTIES_SIZE_1_1);
+                    // SAFETY: a published slot; the buffer outlives the call.
+                    let (st, _) = crate::sink::call(&ctx.log, "allocator.properties", |sink| unsafe {
+                        f(mech.ctx, out.ptr(), sink)
+                    });
+                    expect(st, &[MEMPLUG_STATUS_OK], "negotiated at 1.1, properties")?;
+                    ensure!(
+                        out.tail_intact(),
+                        "negotiated at 1.1, properties wrote past the struct_size {MEMPLUG_PROPERTIES_SIZE_1_1} a 1.1 \
+                         host passes (its memory descriptor reached a host that did not ask for it)"
+                    );
+                }
+            }
+        }
+        let notes = if notes.is_empty() { String::new() } else { format!("; note: {}", notes.join("; ")) };
+        return Ok(format!(
+            "a host speaking 1.0..=1.1 agreed on 1.1; the mechanism's capabilities there: {}; properties kept to \
+             the 1.1 size{notes}",
+            capability_names(mech.capabilities).join(", ")
+        ));
+    }
+    Ok("a host speaking 1.0..=1.1 agreed on 1.1; its descriptor does not list this mechanism (one of a later minor)"
+        .into())
 }

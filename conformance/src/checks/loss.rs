@@ -18,6 +18,7 @@
 //! timeout; the kit writes which slot it is calling to the process's
 //! stderr, so a crash's or timeout's detail names it).
 
+use super::descriptor_claims::{FD_HANDLES, KNOWN_HANDLES};
 use super::fresh::{fresh, mark, not_enabled, pull};
 use super::{ensure, expect, skip, Checked, Ctx, Results, Verdict};
 use crate::raw::{object_ref, request, status_name, Mech};
@@ -233,6 +234,12 @@ fn before(m: &Mech, log: &Log, gran: u64) -> Result<Before, Verdict> {
             expect(st, &[MEMPLUG_STATUS_OK], &what("export_fd"))?;
             b.fd = Some(fd);
         }
+        if let (Some(kind), None) = (fd_kind(m), b.fd) {
+            // Typed export only: a descriptor for import_handle to get.
+            let (st, out) = m.export_handle(log, &o.obj, kind, MEMPLUG_HANDLE_SIZE_1_2);
+            expect(st, &[MEMPLUG_STATUS_OK], &what("export_handle"))?;
+            b.fd = Some(out.read::<MemplugHandle>().fd);
+        }
         b.object = Some(o.obj);
     }
     if m.sync.is_some() {
@@ -243,6 +250,24 @@ fn before(m: &Mech, log: &Log, gran: u64) -> Result<Before, Verdict> {
         b.stream = Some((s, fence));
     }
     Ok(b)
+}
+
+/// The first descriptor kind of handle the mechanism offers, when it has
+/// typed export.
+fn fd_kind(m: &Mech) -> Option<u32> {
+    m.sm.and_then(|s| s.export_handle)?;
+    let kinds = m.props.export_types & FD_HANDLES;
+    (kinds != 0).then(|| 1 << kinds.trailing_zeros())
+}
+
+/// The first kind of handle the mechanism offers (MEMFD when it says none).
+fn first_kind(m: &Mech) -> u32 {
+    let kinds = m.props.export_types & KNOWN_HANDLES;
+    if kinds == 0 {
+        MEMPLUG_HANDLE_MEMFD
+    } else {
+        1 << kinds.trailing_zeros()
+    }
 }
 
 /// Set by [`host_fn`]: a host function the plugin should never run did.
@@ -302,6 +327,31 @@ fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, Mempl
         }
         if let (Some(_), Some(fd)) = (sm.import_fd, b.fd) {
             at("shared_mapping.import_fd", &|| m.import_fd(log, fd, gran).status);
+        }
+        if sm.export_handle.is_some() {
+            // The first kind offered (any kind: a lost mechanism answers
+            // before looking at it).
+            let kind = first_kind(m);
+            at("shared_mapping.export_handle", &|| {
+                let (st, out) = m.export_handle(log, &obj, kind, MEMPLUG_HANDLE_SIZE_1_2);
+                let fd = out.read::<MemplugHandle>().fd;
+                if st == MEMPLUG_STATUS_OK && kind & FD_HANDLES != 0 && fd > 2 {
+                    // SAFETY: a descriptor the plugin made for this call.
+                    unsafe { libc::close(fd) };
+                }
+                st
+            });
+        }
+        if sm.import_handle.is_some() {
+            let kind = fd_kind(m).filter(|_| b.fd.is_some()).unwrap_or_else(|| first_kind(m));
+            let h = MemplugHandle {
+                struct_size: MEMPLUG_HANDLE_SIZE_1_2,
+                handle_type: kind,
+                fd: b.fd.unwrap_or(-1),
+                ..Default::default()
+            };
+            let req = crate::raw::request_1_2(m, gran, gran);
+            at("shared_mapping.import_handle", &|| m.import_handle(log, &h, &req).status);
         }
         at("shared_mapping.release", &|| m.release_object(log, &obj));
     }

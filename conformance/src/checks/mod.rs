@@ -54,12 +54,14 @@
 mod allocator;
 mod concurrency;
 mod descriptor;
+mod descriptor_claims;
 pub(crate) mod fresh;
 mod loss;
 mod messages;
 mod negotiation;
 mod shared_mapping;
 mod sync;
+mod typed_export;
 mod virtual_backing;
 
 use crate::os::{self, ChildEnd, Supervised};
@@ -913,11 +915,14 @@ fn per_mechanism(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let mut st = MechState::default();
     let name = Some(m.name.as_str());
     res.share(&m.name, &mut st);
+    descriptor_claims::run_descriptor(res, ctx, m);
     allocator::run_all(res, ctx, m, &mut st);
     res.share(&m.name, &mut st);
     virtual_backing::run_all(res, ctx, m);
     res.share(&m.name, &mut st);
     shared_mapping::run_all(res, ctx, m);
+    typed_export::run_all(res, ctx, m);
+    descriptor_claims::run_claims(res, ctx, m);
     res.share(&m.name, &mut st);
     sync::run_all(res, ctx, m, &mut st);
     res.share(&m.name, &mut st);
@@ -1068,6 +1073,16 @@ impl<'a> Scope<'a> {
         made
     }
 
+    /// Reserves with the request as given (ABI 1.2 fields); a success is
+    /// tracked.
+    pub(crate) fn reserve_req(&mut self, req: &MemplugRequest) -> Made {
+        let made = self.m.reserve_req(self.log, req);
+        if made.status == MEMPLUG_STATUS_OK {
+            self.reservations.push(made.obj);
+        }
+        made
+    }
+
     pub(crate) fn release_reservation(&mut self, r: &MemplugObjectRef) -> MemplugStatus {
         let s = self.m.release_reservation(self.log, r);
         if s == MEMPLUG_STATUS_OK {
@@ -1079,6 +1094,25 @@ impl<'a> Scope<'a> {
 
     pub(crate) fn create(&mut self, size: u64) -> Made {
         let made = self.m.create(self.log, size);
+        if made.status == MEMPLUG_STATUS_OK {
+            self.objects.push(made.obj);
+        }
+        made
+    }
+
+    /// Creates with the request as given (ABI 1.2 fields); a success is
+    /// tracked.
+    pub(crate) fn create_req(&mut self, req: &MemplugRequest) -> Made {
+        let made = self.m.create_req(self.log, req);
+        if made.status == MEMPLUG_STATUS_OK {
+            self.objects.push(made.obj);
+        }
+        made
+    }
+
+    /// Imports a typed handle (ABI 1.2); a success is tracked.
+    pub(crate) fn import_handle(&mut self, h: &MemplugHandle, req: &MemplugRequest) -> Made {
+        let made = self.m.import_handle(self.log, h, req);
         if made.status == MEMPLUG_STATUS_OK {
             self.objects.push(made.obj);
         }
