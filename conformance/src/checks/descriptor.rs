@@ -112,7 +112,7 @@ pub(crate) fn mechanisms(res: &mut Results, plugin: &PluginView) -> Vec<Publishe
     let mut problems = Vec::new();
     for (i, &p) in plugin.mechanisms.iter().enumerate() {
         // SAFETY: plugin-owned descriptor, at least struct_size bytes.
-        let d: MemplugMechanism = match unsafe { prefix::read(p) } {
+        let mut d: MemplugMechanism = match unsafe { prefix::read(p) } {
             Ok(d) => d,
             Err(PrefixError::Null) => {
                 problems.push(format!("mechanism #{i} is NULL"));
@@ -125,6 +125,13 @@ pub(crate) fn mechanisms(res: &mut Results, plugin: &PluginView) -> Vec<Publishe
                 continue;
             }
         };
+        // The 1.2 identity is present only in a descriptor that holds the
+        // whole pointer (a prefix read keeps the first bytes of one that
+        // struct_size cuts).
+        // SAFETY: read as a prefix above: at least 4 bytes.
+        if unsafe { p.cast::<u32>().read_unaligned() } < MEMPLUG_MECHANISM_SIZE_1_2 {
+            d.identity = core::ptr::null();
+        }
         // SAFETY: a plugin string, read byte by byte up to a bound.
         let name = match unsafe { plugin_string(d.name) } {
             Ok(n) => n,
@@ -574,8 +581,10 @@ fn minor_0_is_1_0(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Ch
              plugin hands a 1.0 host its 1.0 descriptor (a host refuses the mechanism)",
             later_bits(added)
         );
+        old_properties(ctx, &mech, 0)?;
         return Ok(format!(
-            "a host speaking only 1.0 agreed on 1.0; the mechanism's capabilities there: {}",
+            "a host speaking only 1.0 agreed on 1.0; the mechanism's capabilities there: {}; properties kept to the \
+             1.0 size",
             capability_names(mech.capabilities).join(", ")
         ));
     }
@@ -660,25 +669,7 @@ fn minor_1_is_1_1(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Ch
                 "its {declared}-byte descriptor points at an identity, which a 1.1 host does not read"
             ));
         }
-        // The properties a 1.1 host asks for: 1.0's size, nothing past it.
-        if !mech.allocator.is_null() {
-            // SAFETY: plugin-owned vtable, at least struct_size bytes.
-            if let Ok(a) = unsafe { prefix::read::<MemplugAllocator>(mech.allocator) } {
-                if let Some(f) = a.properties {
-                    let mut out = crate::raw::Guarded::new(MEMPLUG_PROPERTIES_SIZE_1_1);
-                    // SAFETY: a published slot; the buffer outlives the call.
-                    let (st, _) = crate::sink::call(&ctx.log, "allocator.properties", |sink| unsafe {
-                        f(mech.ctx, out.ptr(), sink)
-                    });
-                    expect(st, &[MEMPLUG_STATUS_OK], "negotiated at 1.1, properties")?;
-                    ensure!(
-                        out.tail_intact(),
-                        "negotiated at 1.1, properties wrote past the struct_size {MEMPLUG_PROPERTIES_SIZE_1_1} a 1.1 \
-                         host passes (its memory descriptor reached a host that did not ask for it)"
-                    );
-                }
-            }
-        }
+        old_properties(ctx, &mech, 1)?;
         let notes = if notes.is_empty() { String::new() } else { format!("; note: {}", notes.join("; ")) };
         return Ok(format!(
             "a host speaking 1.0..=1.1 agreed on 1.1; the mechanism's capabilities there: {}; properties kept to \
@@ -688,4 +679,31 @@ fn minor_1_is_1_1(ctx: &Ctx, plugin: &PluginView, desc: &MemplugMechanism) -> Ch
     }
     Ok("a host speaking 1.0..=1.1 agreed on 1.1; its descriptor does not list this mechanism (one of a later minor)"
         .into())
+}
+
+/// The properties a host of `minor` (0 or 1) asks for, through the
+/// mechanism it was handed: at that minor's size, nothing written past it.
+fn old_properties(ctx: &Ctx, mech: &MemplugMechanism, minor: u32) -> Result<(), Verdict> {
+    if mech.allocator.is_null() {
+        return Ok(());
+    }
+    // SAFETY: plugin-owned vtable, at least struct_size bytes.
+    let Ok(a) = (unsafe { prefix::read::<MemplugAllocator>(mech.allocator) }) else {
+        return Ok(());
+    };
+    let Some(f) = a.properties else {
+        return Ok(());
+    };
+    let size = if minor == 0 { MEMPLUG_PROPERTIES_SIZE_1_0 } else { MEMPLUG_PROPERTIES_SIZE_1_1 };
+    let mut out = crate::raw::Guarded::new(size);
+    // SAFETY: a published slot; the buffer outlives the call.
+    let (st, _) =
+        crate::sink::call(&ctx.log, "allocator.properties", |sink| unsafe { f(mech.ctx, out.ptr(), sink) });
+    expect(st, &[MEMPLUG_STATUS_OK], &format!("negotiated at 1.{minor}, properties"))?;
+    ensure!(
+        out.tail_intact(),
+        "negotiated at 1.{minor}, properties wrote past the struct_size {size} a 1.{minor} host passes (its memory \
+         descriptor reached a host that did not ask for it)"
+    );
+    Ok(())
 }
