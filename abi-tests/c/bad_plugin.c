@@ -56,8 +56,9 @@
  * BAD_UNKNOWN_DEVICE_KIND   device kind 99                  loads: the device is shown as
  *                                                           unknown, never guessed at
  * BAD_LONG_STRUCTS          plugin, mechanism and allocator loads and works: only the 1.0
- *                           struct_size larger than 1.0,    prefix is read
- *                           garbage after the prefix
+ *                           struct_size larger than 1.0,    prefix is read (no identity:
+ *                           garbage after the prefix (the   1.2's field is not read at 1.0)
+ *                           mechanism's 1.2 identity too)
  * BAD_CAPS_ABOVE_MINOR      a 1.0-only plugin sets bit 4    refuses: MEMPLUG_CAP_SHARED_EXPORT
  *                           (MEMPLUG_CAP_SHARED_EXPORT,     lies above the agreed minor 1.0
  *                           defined by ABI 1.1)
@@ -1808,10 +1809,29 @@ struct bad_plugin_storage {
     char tail[sizeof BAD_TAIL];
 };
 
+/* Otherwise each descriptor says the size of the minor the plugin speaks
+ * (1.0, or 1.1 for the BAD_EXPORTS variants: the same sizes for these
+ * three), not sizeof: the current header's structs grow with every minor
+ * (MemplugMechanism grew `identity` in 1.2), and a plugin that speaks 1.0
+ * publishes 1.0 descriptors however new the header it is built with. */
 #ifdef BAD_LONG_STRUCTS
-#define BAD_STRUCT_SIZE(storage, plain) ((uint32_t)sizeof(storage))
+#define BAD_STRUCT_SIZE(storage, size_1_0) ((uint32_t)sizeof(storage))
 #else
-#define BAD_STRUCT_SIZE(storage, plain) ((uint32_t)sizeof(plain))
+#define BAD_STRUCT_SIZE(storage, size_1_0) ((uint32_t)(size_1_0))
+#endif
+
+#ifdef BAD_LONG_STRUCTS
+/* Garbage where the 1.2 `identity` pointer lies, just past the 1.0 prefix
+ * of the mechanism: readable bytes that are no identity a plugin would
+ * publish (every `valid` bit set, a struct_size of 0xffffffff). A host
+ * that agreed on 1.0 never reads the field; one that did would report an
+ * identity this plugin never gave. */
+static const struct {
+    uint32_t words[sizeof(MemplugDeviceIdentity) / 4];
+} g_garbage_identity = {{0xffffffffu, 0xffffffffu, 0x62726167u, 0x21656761u, 0x62726167u, 0x21656761u}};
+#define BAD_IDENTITY ((const MemplugDeviceIdentity *)(const void *)&g_garbage_identity)
+#else
+#define BAD_IDENTITY NULL
 #endif
 
 static const struct bad_allocator_storage g_allocator = {
@@ -1820,7 +1840,7 @@ static const struct bad_allocator_storage g_allocator = {
 #ifdef BAD_SHORT_ALLOCATOR
             .struct_size = 12,
 #else
-            .struct_size = BAD_STRUCT_SIZE(struct bad_allocator_storage, MemplugAllocator),
+            .struct_size = BAD_STRUCT_SIZE(struct bad_allocator_storage, MEMPLUG_ALLOCATOR_SIZE_1_0),
 #endif
             .properties = bad_properties,
 #ifdef BAD_NULL_ALLOCATE
@@ -1876,7 +1896,7 @@ static const struct bad_mechanism_storage g_mechanism = {
 #ifdef BAD_SHORT_MECHANISM
             .struct_size = 8,
 #else
-            .struct_size = BAD_STRUCT_SIZE(struct bad_mechanism_storage, MemplugMechanism),
+            .struct_size = BAD_STRUCT_SIZE(struct bad_mechanism_storage, MEMPLUG_MECHANISM_SIZE_1_0),
 #endif
             .capabilities = BAD_CAPS,
             .mechanism_id = BAD_MECHANISM_ID,
@@ -1898,6 +1918,7 @@ static const struct bad_mechanism_storage g_mechanism = {
             .virtual_backing = BAD_VIRTUAL_BACKING,
             .shared_mapping = BAD_SHARED_MAPPING,
             .sync = BAD_SYNC,
+            .identity = BAD_IDENTITY,
         },
     .tail = BAD_TAIL,
 };
@@ -1929,7 +1950,7 @@ static const struct bad_plugin_storage g_plugin = {
 #ifdef BAD_SHORT_PLUGIN
             .struct_size = 16,
 #else
-            .struct_size = BAD_STRUCT_SIZE(struct bad_plugin_storage, MemplugPlugin),
+            .struct_size = BAD_STRUCT_SIZE(struct bad_plugin_storage, MEMPLUG_PLUGIN_SIZE_1_0),
 #endif
 #ifdef BAD_WRONG_MAJOR
             .abi_major = 2,

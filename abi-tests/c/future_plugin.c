@@ -5,7 +5,10 @@
  * It speaks ABI 1.0..=1.3, where "1.3" is a minor no host here knows: every
  * struct it publishes is longer than any header describes (fields and slots
  * appended after the 1.2 layout, struct_size set to the longer size), its
- * mechanism sets capability bits no minor defines, and it knows a longer
+ * mechanism sets capability bits no minor defines (in the views of 1.2 and
+ * newer only: a plugin answers a 1.0 or 1.1 host, which knows every bit of
+ * its minor, with that minor's descriptor; 1.2 is not frozen, so a 1.2 host
+ * cannot tell them from bits 1.2 may still add), and it knows a longer
  * MemplugBlock than hosts do (so it must write host out-structs only up to
  * the host's struct_size). A correct host of 1.0, 1.1 or 1.2 reads each
  * struct as the prefix it knows, ignores the unknown bits, never calls a
@@ -14,6 +17,13 @@
  * the conformance kit knows ("device loss" below): reports through the
  * services of every 1.2 host, DEVICE_LOST from every slot at 1.2, and
  * DEVICE_UNAVAILABLE (never DEVICE_LOST) below 1.2.
+ *
+ * It also publishes what 1.2 lets a mechanism say about its memory and its
+ * device (the memory descriptor in its properties, the device identity in
+ * its mechanism: FUTURE_* values below, asserted by the matrix), in every
+ * view: a host that agreed on 1.0 or 1.1 must be seen to read none of it
+ * (the properties are written only as far as the host's struct_size
+ * reaches, the identity pointer is past the mechanism's 1.1 prefix).
  *
  * The memory work is the C example plugin's (c-examples/plugin/
  * example_plugin.c, included below with its entry renamed and hidden): this
@@ -29,10 +39,21 @@
  *                          shared mapping table of the 1.0 size
  *   FUTURE_EXPORT_ALONE    claims MEMPLUG_CAP_SHARED_EXPORT without
  *                          MEMPLUG_CAP_SHARED_MAPPING
- * In the first two the shared mapping table is published (flag and pointer
- * agree) but its slots refuse every call: no check reaches them. And one
- * variant that breaks the prefix rule itself, to show the C hosts of the
- * matrix catch it:
+ * and the same for 1.2's MEMPLUG_CAP_TYPED_EXPORT, which a 1.2 host must
+ * refuse likewise:
+ *   FUTURE_TYPED_AT_1_1    claims MEMPLUG_CAP_TYPED_EXPORT from 1.1 on (with
+ *                          a full shared mapping table, export_fd/import_fd
+ *                          and export_handle/import_handle included): within
+ *                          the rules at 1.2, above the agreed minor at 1.1
+ *   FUTURE_SHORT_TYPED     claims it at 1.2 with a shared mapping table of
+ *                          the 1.1 size (no export_handle/import_handle)
+ *   FUTURE_TYPED_ALONE     claims it at 1.2 without MEMPLUG_CAP_SHARED_MAPPING
+ *   FUTURE_TYPED_SLOTS     publishes export_handle/import_handle in a 1.2
+ *                          table at 1.2 without claiming the bit
+ * In these the shared mapping table, when there is one, is published (flag
+ * and pointer agree) but its slots refuse every call: no check reaches
+ * them. And one variant that breaks the prefix rule itself, to show the C
+ * hosts of the matrix catch it:
  *   FUTURE_PEEK_SERVICES   reads the host info's 1.2 `services` field
  *                          whatever the host's struct_size (a 1.0 or 1.1
  *                          host's info ends before it)
@@ -59,9 +80,26 @@
  * them. */
 #define FUTURE_CAP_BITS ((uint32_t)1 << 9 | (uint32_t)1 << 20)
 
-#if defined(FUTURE_EXPORT_AT_1_0) || defined(FUTURE_SHORT_EXPORT)
+#if defined(FUTURE_EXPORT_AT_1_0) || defined(FUTURE_SHORT_EXPORT) || defined(FUTURE_TYPED_AT_1_1) ||             \
+    defined(FUTURE_SHORT_TYPED) || defined(FUTURE_TYPED_SLOTS)
 #define FUTURE_BROKEN_TABLE 1 /* publishes a shared mapping table */
 #endif
+#if defined(FUTURE_TYPED_AT_1_1) || defined(FUTURE_TYPED_SLOTS)
+#define FUTURE_TYPED_TABLE 1 /* ... with export_handle and import_handle */
+#endif
+
+/* What the 1.2 (and newer) views say of the memory and the device. The
+ * memory is the example's: host memory (malloc'd allocations, mmap'd
+ * reservations), not bound to a NUMA node, read and written by the host
+ * directly; nothing about it is pinned, zeroed or enforced, so nothing
+ * more is claimed. The recommended granularity is a power-of-two multiple
+ * of the granularity (the page size). */
+#define FUTURE_ATTRIBUTES (MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT)
+#define FUTURE_RECOMMENDED_PAGES 16u
+/* The 16 bytes of its UUID: "memplug-future!!" */
+#define FUTURE_UUID {'m', 'e', 'm', 'p', 'l', 'u', 'g', '-', 'f', 'u', 't', 'u', 'r', 'e', '!', '!'}
+/* An identity bit of "1.3": a 1.2 host drops it. */
+#define FUTURE_IDENTITY_BIT_1_3 ((uint32_t)1 << 9)
 
 /* ---- the longer structs of "1.3" ---- */
 
@@ -94,6 +132,28 @@ typedef struct {
     MemplugSharedMapping base; /* 1.1 layout, export/import included */
     future_slot_fn export_handle_1_3;
 } FutureSharedMapping;
+
+/* What this plugin thinks properties and an identity are. */
+typedef struct {
+    MemplugProperties base;
+    uint64_t numa_mask_1_3;
+} FutureProperties;
+
+typedef struct {
+    MemplugDeviceIdentity base;
+    uint64_t pci_segment_1_3;
+} FutureIdentity;
+
+static const FutureIdentity g_future_identity = {
+    .base =
+        {
+            .struct_size = sizeof(FutureIdentity),
+            .valid = MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_NUMA_NODE | FUTURE_IDENTITY_BIT_1_3,
+            .uuid = FUTURE_UUID,
+            .numa_node = 0,
+        },
+    .pci_segment_1_3 = 0x13,
+};
 
 /* What this plugin thinks a block is. */
 typedef struct {
@@ -230,11 +290,36 @@ MEMPLUG_EXPORT MemplugStatus memplug_test_trigger_device_lost(uint64_t mechanism
     return MEMPLUG_STATUS_OK;
 }
 
-/* Every slot of the mechanism fails once it is lost. */
+/* Every slot of the mechanism fails once it is lost. The properties carry
+ * the memory descriptor (and a "1.3" field after it), written only as far
+ * as the host's struct reaches, whatever the view: a host that agreed
+ * below 1.2 passes a struct too short for it, or does not read it. */
 static MemplugStatus future_properties(void *ctx, MemplugProperties *out, const MemplugMessageSink *sink)
 {
+    FutureProperties p;
+    MemplugStatus st;
+
     FUTURE_UNLESS_LOST(ctx, sink);
-    return ex_properties(ctx, out, sink);
+    st = check_out(out, MEMPLUG_PROPERTIES_SIZE_1_0, "out properties", sink);
+    if (st != MEMPLUG_STATUS_OK) {
+        return st;
+    }
+    memset(&p, 0, sizeof p);
+    p.base.struct_size = sizeof(MemplugProperties);
+    st = ex_properties(ctx, &p.base, sink);
+    if (st != MEMPLUG_STATUS_OK) {
+        return st;
+    }
+    p.base.recommended_granularity = FUTURE_RECOMMENDED_PAGES * p.base.granularity;
+    p.base.page_sizes = p.base.granularity; /* one page size: bit log2(page) */
+    p.base.attributes = FUTURE_ATTRIBUTES;
+    p.base.export_types = 0;
+    p.base.location_kind = MEMPLUG_LOCATION_HOST;
+    p.base.location_id = 0;
+    p.base.flags = 0;
+    p.numa_mask_1_3 = 1;
+    write_prefix(out, &p, sizeof p);
+    return MEMPLUG_STATUS_OK;
 }
 
 static MemplugStatus future_deallocate(void *ctx, const MemplugObjectRef *object, const MemplugMessageSink *sink)
@@ -276,6 +361,44 @@ static MemplugStatus future_release(void *ctx, const MemplugObjectRef *reservati
     return ex_release(ctx, reservation, sink);
 }
 
+/* ---- a 1.2 request's placement, checked as 1.2 asks ----
+ *
+ * Through a 1.2 (or newer) view, a request long enough to carry them has
+ * its 1.2 fields honoured or refused: a page size other than the one this
+ * mechanism publishes (the base page) is INVALID_ARGUMENT; export kinds
+ * (it offers none) and a place other than host memory (a NUMA node, a
+ * tier, a kind it does not know) are UNSUPPORTED. Hints are ignored. */
+static MemplugStatus future_placement(void *ctx, const MemplugRequest *request, const MemplugMessageSink *sink)
+{
+    MemplugRequest r;
+    uint32_t declared;
+
+    if (future_view_minor(ctx) < 2u || request == NULL) {
+        return MEMPLUG_STATUS_OK; /* the inner slot judges the rest */
+    }
+    memcpy(&declared, request, sizeof declared);
+    if (declared < MEMPLUG_REQUEST_SIZE_1_2) {
+        return MEMPLUG_STATUS_OK;
+    }
+    memcpy(&r, request, sizeof r);
+    if (r.page_size != 0 && r.page_size != page_size()) {
+        return say(sink, MEMPLUG_STATUS_INVALID_ARGUMENT,
+                   "request.page_size %llu is not one this mechanism publishes (only %llu)",
+                   (unsigned long long)r.page_size, (unsigned long long)page_size());
+    }
+    if (r.export_types != 0) {
+        return say(sink, MEMPLUG_STATUS_UNSUPPORTED,
+                   "request.export_types %#x: this mechanism exports no handle kind", (unsigned)r.export_types);
+    }
+    if (r.location_kind != MEMPLUG_LOCATION_ANY && r.location_kind != MEMPLUG_LOCATION_DEVICE &&
+        r.location_kind != MEMPLUG_LOCATION_HOST) {
+        return say(sink, MEMPLUG_STATUS_UNSUPPORTED,
+                   "request.location %u:%u: this mechanism's memory is host memory on no particular node",
+                   (unsigned)r.location_kind, (unsigned)r.location_id);
+    }
+    return MEMPLUG_STATUS_OK;
+}
+
 /* ---- allocate and reserve write a longer block, within the host's size ---- */
 
 static MemplugStatus future_make(MemplugStatus (*inner)(void *, const MemplugRequest *, MemplugBlock *,
@@ -305,14 +428,26 @@ static MemplugStatus future_make(MemplugStatus (*inner)(void *, const MemplugReq
 static MemplugStatus future_allocate(void *ctx, const MemplugRequest *request, MemplugBlock *out,
                                      const MemplugMessageSink *sink)
 {
+    MemplugStatus st;
+
     FUTURE_UNLESS_LOST(ctx, sink);
+    st = future_placement(ctx, request, sink);
+    if (st != MEMPLUG_STATUS_OK) {
+        return st;
+    }
     return future_make(ex_allocate, ctx, request, out, sink);
 }
 
 static MemplugStatus future_reserve(void *ctx, const MemplugRequest *request, MemplugBlock *out,
                                     const MemplugMessageSink *sink)
 {
+    MemplugStatus st;
+
     FUTURE_UNLESS_LOST(ctx, sink);
+    st = future_placement(ctx, request, sink);
+    if (st != MEMPLUG_STATUS_OK) {
+        return st;
+    }
     return future_make(ex_reserve, ctx, request, out, sink);
 }
 
@@ -353,11 +488,28 @@ static MemplugStatus nope_import(void *ctx, int32_t fd, const MemplugRequest *r,
     return say(s, MEMPLUG_STATUS_UNSUPPORTED, "future_plugin: broken variant");
 }
 
+#ifdef FUTURE_TYPED_TABLE
+static MemplugStatus nope_export_handle(void *ctx, const MemplugObjectRef *o, uint32_t kind, MemplugHandle *out,
+                                        const MemplugMessageSink *s)
+{
+    (void)ctx, (void)o, (void)kind, (void)out;
+    return say(s, MEMPLUG_STATUS_UNSUPPORTED, "future_plugin: broken variant");
+}
+static MemplugStatus nope_import_handle(void *ctx, const MemplugHandle *h, const MemplugRequest *r,
+                                        MemplugBlock *o, const MemplugMessageSink *s)
+{
+    (void)ctx, (void)h, (void)r, (void)o;
+    return say(s, MEMPLUG_STATUS_UNSUPPORTED, "future_plugin: broken variant");
+}
+#endif
+
 static const FutureSharedMapping g_future_shared = {
     .base =
         {
-#ifdef FUTURE_SHORT_EXPORT
+#if defined(FUTURE_SHORT_EXPORT)
             .struct_size = MEMPLUG_SHARED_MAPPING_SIZE_1_0,
+#elif defined(FUTURE_SHORT_TYPED)
+            .struct_size = MEMPLUG_SHARED_MAPPING_SIZE_1_1,
 #else
             .struct_size = sizeof(FutureSharedMapping),
 #endif
@@ -368,6 +520,10 @@ static const FutureSharedMapping g_future_shared = {
             .release = nope_ref,
             .export_fd = nope_export,
             .import_fd = nope_import,
+#ifdef FUTURE_TYPED_TABLE
+            .export_handle = nope_export_handle,
+            .import_handle = nope_import_handle,
+#endif
         },
     .export_handle_1_3 = future_slot,
 };
@@ -405,9 +561,11 @@ static const uint64_t g_future_table[4] = {0x1202, 0, 0, 0};
 
 static uint32_t capabilities_for(uint32_t minor)
 {
-    uint32_t caps = MEMPLUG_CAP_ALLOCATOR | MEMPLUG_CAP_VIRTUAL_BACKING | FUTURE_CAP_BITS;
+    uint32_t caps = MEMPLUG_CAP_ALLOCATOR | MEMPLUG_CAP_VIRTUAL_BACKING;
 
-    (void)minor;
+    if (minor >= 2) {
+        caps |= FUTURE_CAP_BITS;
+    }
 #ifdef FUTURE_BROKEN_TABLE
     caps |= MEMPLUG_CAP_SHARED_MAPPING;
 #endif
@@ -418,6 +576,25 @@ static uint32_t capabilities_for(uint32_t minor)
         caps |= MEMPLUG_CAP_SHARED_EXPORT;
     }
 #elif defined(FUTURE_EXPORT_ALONE)
+    if (minor >= 1) {
+        caps |= MEMPLUG_CAP_SHARED_EXPORT;
+    }
+#elif defined(FUTURE_TYPED_AT_1_1)
+    if (minor >= 1) {
+        caps |= MEMPLUG_CAP_SHARED_EXPORT | MEMPLUG_CAP_TYPED_EXPORT;
+    }
+#elif defined(FUTURE_SHORT_TYPED)
+    if (minor >= 1) {
+        caps |= MEMPLUG_CAP_SHARED_EXPORT;
+    }
+    if (minor >= 2) {
+        caps |= MEMPLUG_CAP_TYPED_EXPORT;
+    }
+#elif defined(FUTURE_TYPED_ALONE)
+    if (minor >= 2) {
+        caps |= MEMPLUG_CAP_TYPED_EXPORT;
+    }
+#elif defined(FUTURE_TYPED_SLOTS)
     if (minor >= 1) {
         caps |= MEMPLUG_CAP_SHARED_EXPORT;
     }
@@ -455,6 +632,8 @@ static void future_build(void)
         m->base.shared_mapping = NULL;
 #endif
         m->base.sync = NULL;
+        /* In every view: a host that agreed below 1.2 must not read it. */
+        m->base.identity = &g_future_identity.base;
         m->future_table_1_3 = g_future_table;
         m->numa_node_1_3 = 0;
         g_future_mechanism_lists[minor][0] = &m->base;

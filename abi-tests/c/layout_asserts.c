@@ -25,8 +25,8 @@
 MEMPLUG_CHECK(sizeof(MemplugHostInfo) >= MEMPLUG_HOST_INFO_SIZE_1_0); /* grown in 1.2 */
 MEMPLUG_CHECK(sizeof(MemplugNegotiation) == MEMPLUG_NEGOTIATION_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugPlugin) == MEMPLUG_PLUGIN_SIZE_1_0);
-MEMPLUG_CHECK(sizeof(MemplugMechanism) == MEMPLUG_MECHANISM_SIZE_1_0);
-MEMPLUG_CHECK(sizeof(MemplugProperties) == MEMPLUG_PROPERTIES_SIZE_1_0);
+MEMPLUG_CHECK(sizeof(MemplugMechanism) >= MEMPLUG_MECHANISM_SIZE_1_0); /* grown in 1.2 */
+MEMPLUG_CHECK(sizeof(MemplugProperties) >= MEMPLUG_PROPERTIES_SIZE_1_0); /* grown in 1.2 */
 MEMPLUG_CHECK(sizeof(MemplugMemoryInfo) == MEMPLUG_MEMORY_INFO_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugRequest) >= MEMPLUG_REQUEST_SIZE_1_0); /* grown in 1.1 */
 MEMPLUG_CHECK(sizeof(MemplugBlock) == MEMPLUG_BLOCK_SIZE_1_0);
@@ -95,7 +95,7 @@ MEMPLUG_CHECK(offsetof(MemplugPlugin, mechanisms) == 48);
 MEMPLUG_CHECK(offsetof(MemplugPlugin, live_objects) == 56);
 MEMPLUG_CHECK(offsetof(MemplugPlugin, unload) == 64);
 
-MEMPLUG_CHECK(sizeof(MemplugMechanism) == 72);
+MEMPLUG_CHECK(MEMPLUG_MECHANISM_SIZE_1_0 == 72 && sizeof(MemplugMechanism) >= 72);
 MEMPLUG_CHECK(_Alignof(MemplugMechanism) == 8);
 MEMPLUG_CHECK(offsetof(MemplugMechanism, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugMechanism, capabilities) == 4);
@@ -108,7 +108,7 @@ MEMPLUG_CHECK(offsetof(MemplugMechanism, virtual_backing) == 48);
 MEMPLUG_CHECK(offsetof(MemplugMechanism, shared_mapping) == 56);
 MEMPLUG_CHECK(offsetof(MemplugMechanism, sync) == 64);
 
-MEMPLUG_CHECK(sizeof(MemplugProperties) == 32);
+MEMPLUG_CHECK(MEMPLUG_PROPERTIES_SIZE_1_0 == 32 && sizeof(MemplugProperties) >= 32);
 MEMPLUG_CHECK(_Alignof(MemplugProperties) == 8);
 MEMPLUG_CHECK(offsetof(MemplugProperties, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugProperties, reserved0) == 4);

@@ -15,26 +15,34 @@
 //!   the host refuses them if it does).
 //! * **Rust host 1.2**: the current `memplug-host` (`Plugin::load`), with
 //!   host-level checks (allocate, virtual backing, export/import through
-//!   `SharedMappingApi`, what the plugin did with the services, unload) and
-//!   the vendor conformance kit (`memplug-conformance`) on the same library.
+//!   `SharedMappingApi`, what the plugin did with the services, the 1.2
+//!   memory descriptor, device identity and typed export, unload) and the
+//!   vendor conformance kit (`memplug-conformance`) on the same library.
 //!
 //! Plugins: the Rust CPU plugin (SDK, 1.0..=1.2), the C example (it speaks
 //! 1.0) built against the 1.0 header and against the current header, a C
 //! plugin released with 1.1 (`abi-tests/c/plugin_1_1.c`, built against the
 //! frozen 1.1 header, 1.0..=1.1), a simulated future plugin
 //! (`abi-tests/c/future_plugin.c`: 1.0..=1.3, every struct longer than any
-//! header, unknown capability bits, the kit's device-loss test trigger),
+//! header, unknown capability bits from its 1.2 view on, the 1.2 memory
+//! descriptor and device identity in every view, the kit's device-loss
+//! test trigger),
 //! and a library exporting `memplug_plugin_v1` and
 //! `memplug_plugin_v2` (`abi-tests/c/two_majors.c`: a major-1 host must pick
 //! v1).
 //!
 //! Every cell asserts the agreed minor (the newest both speak), that the
-//! plugin works (allocate/free, and the rest of what it publishes), and
-//! whether services were offered and used: never called unless a loss
-//! happens; in the Rust rows the future plugin's trigger is pulled, and the
-//! loss reaches a 1.2 host through the services (DEVICE_LOST from then on)
-//! but not a host pinned to 1.1 (no report; DEVICE_UNAVAILABLE, never
-//! DEVICE_LOST).
+//! plugin works (allocate/free, and the rest of what it publishes), what
+//! the Rust host sees of 1.2's memory descriptor, device identity and
+//! typed export (exactly what the plugin publishes when 1.2 was agreed —
+//! the CPU plugin's, and the future plugin's, which it puts in every view
+//! so that the rows below 1.2 show none of it read — and nothing below;
+//! typed handles round-trip memory through `export_handle` and
+//! `import_handle`), and whether services were offered and used: never
+//! called unless a loss happens; in the Rust rows the future plugin's
+//! trigger is pulled, and the loss reaches a 1.2 host through the services
+//! (DEVICE_LOST from then on) but not a host pinned to 1.1 (no report;
+//! DEVICE_UNAVAILABLE, never DEVICE_LOST).
 //!
 //! The table is written to stdout directly (not through the test harness's
 //! capture, so it shows without `--nocapture`) and to
@@ -46,18 +54,20 @@
 //! 1.2; a 1.1 SDK plugin takes none; the SDK reads `services` only where
 //! `struct_size` covers it); the host refuses the services below 1.2 and
 //! after unload; the current host refuses the 1.1 capability claimed above the
-//! agreed minor, with a short table, or without shared mapping; pinned to
+//! agreed minor, with a short table, or without shared mapping, and 1.2's
+//! typed export likewise (and its slots published without the bit); pinned to
 //! 1.0 it degrades export/import to an explicit `Unsupported`; and a
 //! binding's allocation class reaches the plugin as the 1.1 tag only when
 //! 1.1 was agreed.
 
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
-    Access, BindingSpec, LifeState, LoadError, LoadOptions, Mechanism, Plugin, ProcessMemoryManager,
-    Requirements, ServiceStats, Status, HOST_MAX_MINOR,
+    Access, BindingSpec, Descriptor, DeviceIdentity, Handle, HandleRef, LifeState, LoadError, LoadOptions,
+    Location, Mechanism, Placement, Plugin, ProcessMemoryManager, Requirements, ServiceStats, Status,
+    HOST_MAX_MINOR,
 };
 use memplug_plugin_cpu::live_physical_objects;
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+use memplug_sdk::abi::*;
 use memplug_sdk::RequestClass;
 use memplug_test_support::{
     compile_c_plugin, exported_symbols, find_cdylib, include_dir, repo_root, run_tool, target_dir,
@@ -115,6 +125,41 @@ struct Subject {
     /// (`memplug_test_trigger_device_lost`, `future_plugin.c`): the host
     /// cell pulls it and checks what a loss looks like at the agreed minor.
     trigger: bool,
+    /// What it publishes when 1.2 (or newer) is agreed; `None`: nothing
+    /// (it never agrees on 1.2).
+    at_1_2: Option<Published>,
+}
+
+/// What a plugin says of its memory and device at ABI 1.2.
+struct Published {
+    /// Its memory descriptor, given the mechanism's granularity.
+    descriptor: fn(u64) -> Descriptor,
+    /// Its device identity (`struct_size` aside), as the host keeps it:
+    /// the `valid` bits of later minors dropped.
+    identity: Option<DeviceIdentity>,
+}
+
+fn cpu_plugin_descriptor(granularity: u64) -> Descriptor {
+    Descriptor {
+        recommended_granularity: 0,
+        page_sizes: Descriptor::page_size_bit(granularity),
+        attributes: MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT | MEMPLUG_ATTR_READ_ONLY_ENFORCED,
+        export_types: MEMPLUG_HANDLE_MEMFD,
+        location: Location::HOST,
+        maps_at_offsets: true,
+    }
+}
+
+/// `future_plugin.c`'s `FUTURE_*` values.
+fn future_plugin_descriptor(granularity: u64) -> Descriptor {
+    Descriptor {
+        recommended_granularity: 16 * granularity,
+        page_sizes: Descriptor::page_size_bit(granularity),
+        attributes: MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT,
+        export_types: 0,
+        location: Location::HOST,
+        maps_at_offsets: false,
+    }
 }
 
 impl Subject {
@@ -138,13 +183,31 @@ fn subjects() -> Vec<Subject> {
         let e = s.spawn(|| compile_c_plugin(&c_dir().join("two_majors.c"), &[], "memplug_two_majors"));
         (a.join().unwrap(), b.join().unwrap(), c.join().unwrap(), d.join().unwrap(), e.join().unwrap())
     });
-    let s = |label, path, range, exports, trigger| Subject { label, path, range, exports, trigger };
+    let s =
+        |label, path, range, exports, trigger| Subject { label, path, range, exports, trigger, at_1_2: None };
+    let cpu_1_2 = Published {
+        descriptor: cpu_plugin_descriptor,
+        identity: Some(DeviceIdentity {
+            valid: MEMPLUG_IDENTITY_NUMA_NODE,
+            numa_node: 0,
+            ..Default::default()
+        }),
+    };
+    let future_1_2 = Published {
+        descriptor: future_plugin_descriptor,
+        identity: Some(DeviceIdentity {
+            valid: MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_NUMA_NODE,
+            uuid: *b"memplug-future!!",
+            numa_node: 0,
+            ..Default::default()
+        }),
+    };
     vec![
-        s("Rust CPU plugin (1.0..=1.2)", cpu, (0, 2), true, false),
+        Subject { at_1_2: Some(cpu_1_2), ..s("Rust CPU plugin (1.0..=1.2)", cpu, (0, 2), true, false) },
         s("C example, 1.0 header", ex10, (0, 0), false, false),
         s("C example, current header", ex_now, (0, 0), false, false),
         s("C plugin 1.1 (frozen 1.1 header)", p11, (0, 1), false, false),
-        s("future plugin (1.0..=1.3)", future, (0, 3), false, true),
+        Subject { at_1_2: Some(future_1_2), ..s("future plugin (1.0..=1.3)", future, (0, 3), false, true) },
         s("two majors (v1 + v2)", two, (0, 0), false, false),
     ]
 }
@@ -256,11 +319,10 @@ fn c_host_cell(host_minor: u32, s: &Subject, child: Child) -> Cell {
             cell.degraded.push(format!("the plugin's 1.{agreed} view"));
         }
         l if l.starts_with("future plugin") => {
-            expect(&mut cell, "capabilities.unknown_bits", Some("degraded"));
-            cell.degraded.push(format!(
-                "longer structs read as 1.{agreed} prefixes; {}",
-                detail("capabilities.unknown_bits")
-            ));
+            // Its unknown bits are in its 1.2-and-newer views only: a 1.0
+            // or 1.1 host gets that minor's descriptor.
+            expect(&mut cell, "capabilities.unknown_bits", None);
+            cell.degraded.push(format!("longer structs read as 1.{agreed} prefixes"));
         }
         l if l.starts_with("two majors") => {
             if stderr.contains("memplug_plugin_v2 called") {
@@ -284,6 +346,11 @@ fn c_host_cell(host_minor: u32, s: &Subject, child: Child) -> Cell {
         .into(),
     );
     cell.degraded.push(format!("services: none in 1.{host_minor} (24-byte host info, nothing read past it)"));
+    if outcome("properties") == Some("pass") {
+        cell.degraded.push(
+            "descriptor, identity: not in this header (32-byte properties, nothing written past them)".into(),
+        );
+    }
     cell
 }
 
@@ -385,6 +452,150 @@ fn export_import_round_trip(m: &Mechanism) -> Result<(), String> {
     Ok(())
 }
 
+/// What the host sees of ABI 1.2's additions to a mechanism: its memory
+/// descriptor and device identity exactly as the plugin publishes them when
+/// 1.2 was agreed, none of them below (whatever the plugin put there), and
+/// typed export: a round trip of memory through each descriptor kind the
+/// mechanism offers, a kind it does not offer refused as `Unsupported`, and
+/// below 1.2 every typed call answered `Unsupported` by the host itself.
+fn abi_1_2_checks(s: &Subject, m: &Mechanism, agreed: u32, problems: &mut Vec<String>) -> Vec<String> {
+    let mut notes = Vec::new();
+    let mut fail = |what: String| problems.push(format!("mechanism '{}': {what}", m.name()));
+    let d = m.properties().descriptor;
+    let identity = m.identity().map(|i| DeviceIdentity { struct_size: 0, ..i });
+    let caps = m.capabilities();
+    let sm = unsafe { m.ungoverned() }.shared_mapping();
+    if agreed < 2 {
+        if d != Descriptor::default() || identity.is_some() || caps.typed_export() {
+            fail(format!(
+                "at 1.{agreed} the host read 1.2 fields: descriptor {d:?}, identity {identity:?}, typed export {}",
+                caps.typed_export()
+            ));
+        }
+        if let Some(sm) = &sm {
+            match sm.create(m.properties().granularity) {
+                Ok(o) => {
+                    match sm.export_handle(&o, MEMPLUG_HANDLE_MEMFD) {
+                        Err(e) if e.status == Status::Unsupported && e.message.contains("need 1.2") => {}
+                        other => fail(format!("export_handle at 1.{agreed}: {other:?}")),
+                    }
+                    let _ = sm.release(o);
+                }
+                Err(e) => fail(format!("create: {e}")),
+            }
+        }
+        notes.push(format!("descriptor, identity, typed export: none at 1.{agreed}"));
+        return notes;
+    }
+    let Some(want) = &s.at_1_2 else {
+        if d != Descriptor::default() || identity.is_some() {
+            fail(format!(
+                "publishes a descriptor {d:?} or an identity {identity:?} the matrix does not expect"
+            ));
+        }
+        notes.push("descriptor, identity: not published".into());
+        return notes;
+    };
+    let want_d = (want.descriptor)(m.properties().granularity);
+    if d != want_d {
+        fail(format!("descriptor {d:?}, published {want_d:?}"));
+    }
+    if identity != want.identity {
+        fail(format!("identity {identity:?}, published {:?}", want.identity));
+    }
+    notes.push(format!(
+        "descriptor: attributes {:#x}, page sizes {:#x}, location {}:{}{}",
+        d.attributes,
+        d.page_sizes,
+        d.location.kind,
+        d.location.id,
+        if d.maps_at_offsets { ", maps at offsets" } else { "" }
+    ));
+    notes.push(match identity {
+        Some(i) => format!("identity: valid {:#x}, numa node {}", i.valid, i.numa_node),
+        None => "identity: none".into(),
+    });
+    const FD_KINDS: u32 = MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD;
+    if want_d.export_types == 0 {
+        if caps.typed_export() {
+            fail("claims typed export with no export kinds".into());
+        }
+        notes.push("typed export: none offered".into());
+        return notes;
+    }
+    if !caps.typed_export() {
+        fail(format!("offers export kinds {:#x} without MEMPLUG_CAP_TYPED_EXPORT", want_d.export_types));
+        return notes;
+    }
+    for kind in (0..32).map(|b| 1u32 << b).filter(|k| want_d.export_types & k & FD_KINDS != 0) {
+        match typed_round_trip(m, kind) {
+            Ok(()) => notes.push(format!("typed export: kind {kind:#x} round trip")),
+            Err(e) => fail(format!("typed export of kind {kind:#x}: {e}")),
+        }
+    }
+    notes
+}
+
+/// Create (exportable as `kind`) → map → write → `export_handle` →
+/// `import_handle` → map → read, through the host; and a kind the
+/// mechanism does not offer, asked at create and at export, refused as
+/// `Unsupported`.
+fn typed_round_trip(m: &Mechanism, kind: u32) -> Result<(), String> {
+    let sm = unsafe { m.ungoverned() }.shared_mapping().ok_or("no shared mapping")?;
+    let vb = unsafe { m.ungoverned() }.virtual_backing().ok_or("no virtual backing to map into")?;
+    let g = m.properties().granularity;
+    let offered = m.properties().descriptor.export_types;
+    let other = (0..5).map(|b| 1u32 << b).find(|k| offered & k == 0);
+    if let Some(other) = other {
+        let placed = Placement { export_types: other, ..Default::default() };
+        match sm.create_placed(g, AllocationClass::Other, &placed) {
+            Err(e) if e.status == Status::Unsupported => {}
+            Err(e) => return Err(format!("create exportable as unoffered kind {other:#x}: {e}")),
+            Ok(o) => {
+                let _ = sm.release(o);
+                return Err(format!(
+                    "created an object exportable as kind {other:#x}, which it does not offer"
+                ));
+            }
+        }
+    }
+    let placed = Placement { export_types: kind, ..Default::default() };
+    let a = sm.create_placed(g, AllocationClass::Weights, &placed).map_err(|e| e.to_string())?;
+    if let Some(other) = other {
+        match sm.export_handle(&a, other) {
+            Err(e) if e.status == Status::Unsupported => {}
+            r => return Err(format!("export_handle as unoffered kind {other:#x}: {r:?}")),
+        }
+    }
+    let ra = vb.reserve(g).map_err(|e| e.to_string())?;
+    sm.map(&a, 0, &ra, 0, g, Access::ReadWrite).map_err(|e| e.to_string())?;
+    // SAFETY: `ra` maps `a` read-write over `g` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(b"typed!".as_ptr(), ra.addr() as *mut u8, 6) };
+    let h = sm.export_handle(&a, kind).map_err(|e| e.to_string())?;
+    let Handle::Fd { kind: got, fd } = &h else {
+        return Err(format!("a descriptor kind came back as {h:?}"));
+    };
+    if *got != kind {
+        return Err(format!("asked for kind {kind:#x}, got {got:#x}"));
+    }
+    let b = sm.import_handle(HandleRef::Fd { kind, fd: fd.as_fd() }, g).map_err(|e| e.to_string())?;
+    drop(h);
+    let rb = vb.reserve(g).map_err(|e| e.to_string())?;
+    sm.map(&b, 0, &rb, 0, g, Access::ReadOnly).map_err(|e| e.to_string())?;
+    // SAFETY: `rb` maps `b` readable over `g` bytes.
+    let seen = unsafe { std::slice::from_raw_parts(rb.addr() as *const u8, 6) }.to_vec();
+    sm.unmap(&rb, 0, g).map_err(|e| e.to_string())?;
+    sm.unmap(&ra, 0, g).map_err(|e| e.to_string())?;
+    vb.release(rb).map_err(|e| e.error.to_string())?;
+    vb.release(ra).map_err(|e| e.error.to_string())?;
+    sm.release(a).map_err(|e| e.error.to_string())?;
+    sm.release(b).map_err(|e| e.error.to_string())?;
+    if seen != b"typed!" {
+        return Err(format!("the imported object reads {seen:?}"));
+    }
+    Ok(())
+}
+
 /// What the plugin did with the host's services (ABI 1.2), as the host
 /// counted them: nothing, unless the test trigger of a plugin that has one
 /// is pulled; then a loss reaches the host, and the mechanism fails the way
@@ -480,6 +691,7 @@ fn rust_host_cell(s: &Subject, host_max: u32, kit: bool) -> Cell {
     }
     for m in plugin.mechanisms() {
         cell.degraded.extend(host_checks(m, agreed, &mut cell.problems));
+        cell.degraded.extend(abi_1_2_checks(s, m, agreed, &mut cell.problems));
     }
     let used = services_used(s, &plugin, agreed, &mut cell.problems);
     cell.degraded.push(used);
@@ -933,6 +1145,56 @@ fn the_host_refuses_a_1_1_capability_claimed_against_the_rules() {
     assert!(msg.contains("too short") && msg.contains("48"), "{msg}");
     let msg = load_error(&alone, &LoadOptions::default());
     assert!(msg.contains("without MEMPLUG_CAP_SHARED_MAPPING"), "{msg}");
+}
+
+// ---- the 1.2 rules of typed export, enforced by the current host ----
+
+/// `MEMPLUG_CAP_TYPED_EXPORT` is valid only with a shared mapping, at an
+/// agreed minor of at least 2, with a table long enough for
+/// `export_handle`/`import_handle`; and the slots are published if and only
+/// if the bit is. Each way of breaking that is refused at load with a
+/// message; the same libraries within the rules (another minor) load.
+#[test]
+fn the_host_refuses_typed_export_claimed_against_the_rules() {
+    let [at_1_1, short, alone, slots] = std::thread::scope(|s| {
+        ["FUTURE_TYPED_AT_1_1", "FUTURE_SHORT_TYPED", "FUTURE_TYPED_ALONE", "FUTURE_TYPED_SLOTS"]
+            .map(|v| s.spawn(move || future_plugin(Some(v))))
+            .map(|h| h.join().unwrap())
+    });
+    let pinned_1_1 = LoadOptions { max_minor: 1, ..Default::default() };
+    let msg = load_error(&at_1_1, &pinned_1_1);
+    assert!(msg.contains("above the agreed minor") && msg.contains("MEMPLUG_CAP_TYPED_EXPORT"), "{msg}");
+    // The same library at 1.2 is within the rules.
+    let p = Plugin::load(&at_1_1).unwrap();
+    assert_eq!(p.abi_version(), (1, 2));
+    let c = p.mechanisms()[0].capabilities();
+    assert!(c.typed_export() && c.shared_export(), "{c:?}");
+    p.unload().unwrap();
+
+    let msg = load_error(&short, &LoadOptions::default());
+    assert!(msg.contains("too short") && msg.contains(&MEMPLUG_SHARED_MAPPING_SIZE_1_1.to_string()), "{msg}");
+    // Pinned to 1.1 the plugin claims no typed export, and its 1.1 table is
+    // long enough.
+    let p = Plugin::load_with(&short, &pinned_1_1).unwrap();
+    assert!(!p.mechanisms()[0].capabilities().typed_export());
+    p.unload().unwrap();
+
+    let msg = load_error(&slots, &LoadOptions::default());
+    assert!(
+        msg.contains("export_handle/import_handle") && msg.contains("MEMPLUG_CAP_TYPED_EXPORT is not"),
+        "{msg}"
+    );
+    // At 1.1 the same slots are past what the host reads: it loads.
+    let p = Plugin::load_with(&slots, &pinned_1_1).unwrap();
+    assert!(!p.mechanisms()[0].capabilities().typed_export());
+    p.unload().unwrap();
+
+    // Without a shared mapping there is no table for the slots to be in.
+    let msg = load_error(&alone, &LoadOptions::default());
+    assert!(
+        msg.contains("MEMPLUG_CAP_TYPED_EXPORT") && msg.contains("without MEMPLUG_CAP_SHARED_MAPPING"),
+        "{msg}"
+    );
 }
 
 /// The in-process CPU plugin is one instance for the whole test binary, and

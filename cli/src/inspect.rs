@@ -1,7 +1,8 @@
 //! `memplug inspect`.
 
 use crate::locate;
-use memplug_host::{Mechanism, Plugin};
+use memplug_host::{Descriptor, DeviceIdentity, Mechanism, Plugin};
+use memplug_sdk::abi::*;
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
@@ -28,6 +29,124 @@ struct MechanismView {
     granularity: u64,
     stream_adopt: Option<bool>,
     memory: Option<MemoryView>,
+    /// ABI 1.2's memory descriptor; `null` when the plugin agreed on an
+    /// older minor (the host reads none of it then).
+    descriptor: Option<DescriptorView>,
+    /// ABI 1.2's device identity; `null` when the plugin published none
+    /// (or agreed on an older minor).
+    identity: Option<IdentityView>,
+}
+
+#[derive(Serialize)]
+struct DescriptorView {
+    /// Zero: the same as `granularity`.
+    recommended_granularity: u64,
+    /// Page sizes in bytes, smallest first (empty: not said).
+    page_sizes: Vec<u64>,
+    attributes: Vec<&'static str>,
+    /// `MEMPLUG_ATTR_*` bits this host does not know (a later minor's).
+    unknown_attribute_bits: u32,
+    export_types: Vec<&'static str>,
+    /// `MEMPLUG_HANDLE_*` bits this host does not know.
+    unknown_export_type_bits: u32,
+    location: LocationView,
+    maps_at_offsets: bool,
+}
+
+#[derive(Serialize)]
+struct LocationView {
+    /// `any` (not said), `device`, `host`, `numa_node`, `tier`, or
+    /// `unknown(N)`.
+    kind: String,
+    /// The NUMA node or tier `kind` names; zero otherwise.
+    id: u32,
+}
+
+#[derive(Serialize)]
+struct IdentityView {
+    /// Each field is `null` unless its `MEMPLUG_IDENTITY_*` bit is set.
+    uuid: Option<String>,
+    /// `domain:bus:device.function`, in hex, as `lspci -D` writes it.
+    pci: Option<String>,
+    sub_device: Option<u32>,
+    numa_node: Option<u32>,
+}
+
+const ATTRIBUTES: &[(u32, &str)] = &[
+    (MEMPLUG_ATTR_DEVICE_LOCAL, "device_local"),
+    (MEMPLUG_ATTR_HOST_VISIBLE, "host_visible"),
+    (MEMPLUG_ATTR_HOST_COHERENT, "host_coherent"),
+    (MEMPLUG_ATTR_PINNED, "pinned"),
+    (MEMPLUG_ATTR_COMPRESSED, "compressed"),
+    (MEMPLUG_ATTR_RDMA, "rdma"),
+    (MEMPLUG_ATTR_READ_ONLY_ENFORCED, "read_only_enforced"),
+    (MEMPLUG_ATTR_ZERO_FILLED, "zero_filled"),
+];
+
+const HANDLES: &[(u32, &str)] = &[
+    (MEMPLUG_HANDLE_OPAQUE_FD, "opaque_fd"),
+    (MEMPLUG_HANDLE_DMABUF_FD, "dmabuf_fd"),
+    (MEMPLUG_HANDLE_MEMFD, "memfd"),
+    (MEMPLUG_HANDLE_WIN32, "win32"),
+    (MEMPLUG_HANDLE_VENDOR_BLOB, "vendor_blob"),
+];
+
+/// The names of the known bits of `bits`, and the bits left unnamed.
+fn named(bits: u32, table: &[(u32, &'static str)]) -> (Vec<&'static str>, u32) {
+    let names = table.iter().filter(|(b, _)| bits & b != 0).map(|(_, n)| *n).collect();
+    let known = table.iter().fold(0, |acc, (b, _)| acc | b);
+    (names, bits & !known)
+}
+
+fn location_kind(kind: u32) -> String {
+    match kind {
+        MEMPLUG_LOCATION_ANY => "any".into(),
+        MEMPLUG_LOCATION_DEVICE => "device".into(),
+        MEMPLUG_LOCATION_HOST => "host".into(),
+        MEMPLUG_LOCATION_NUMA_NODE => "numa_node".into(),
+        MEMPLUG_LOCATION_TIER => "tier".into(),
+        k => format!("unknown({k})"),
+    }
+}
+
+fn descriptor_view(d: &Descriptor) -> DescriptorView {
+    let (attributes, unknown_attribute_bits) = named(d.attributes, ATTRIBUTES);
+    let (export_types, unknown_export_type_bits) = named(d.export_types, HANDLES);
+    DescriptorView {
+        recommended_granularity: d.recommended_granularity,
+        page_sizes: (0..64).filter(|k| d.page_sizes & (1u64 << k) != 0).map(|k| 1u64 << k).collect(),
+        attributes,
+        unknown_attribute_bits,
+        export_types,
+        unknown_export_type_bits,
+        location: LocationView { kind: location_kind(d.location.kind), id: d.location.id },
+        maps_at_offsets: d.maps_at_offsets,
+    }
+}
+
+fn identity_view(i: &DeviceIdentity) -> IdentityView {
+    let has = |bit: u32| i.valid & bit != 0;
+    let u = &i.uuid;
+    let hex = |r: std::ops::Range<usize>| u[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    IdentityView {
+        uuid: has(MEMPLUG_IDENTITY_UUID)
+            .then(|| format!("{}-{}-{}-{}-{}", hex(0..4), hex(4..6), hex(6..8), hex(8..10), hex(10..16))),
+        pci: has(MEMPLUG_IDENTITY_PCI).then(|| {
+            format!("{:04x}:{:02x}:{:02x}.{:x}", i.pci_domain, i.pci_bus, i.pci_device, i.pci_function)
+        }),
+        sub_device: has(MEMPLUG_IDENTITY_SUB_DEVICE).then_some(i.sub_device),
+        numa_node: has(MEMPLUG_IDENTITY_NUMA_NODE).then_some(i.numa_node),
+    }
+}
+
+/// `4096` as `4 KiB`, `2097152` as `2 MiB`.
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n if n >= 1 << 10 && n % (1 << 10) == 0 => format!("{} KiB", n >> 10),
+        n => format!("{n} B"),
+    }
 }
 
 #[derive(Serialize)]
@@ -45,11 +164,11 @@ fn view(p: &Plugin) -> PluginView {
         origin: p.origin().into(),
         abi: format!("{major}.{minor}"),
         plugin_abi_range: format!("{major}.{lo}..={major}.{hi}"),
-        mechanisms: p.mechanisms().iter().map(mechanism_view).collect(),
+        mechanisms: p.mechanisms().iter().map(|m| mechanism_view(m, minor)).collect(),
     }
 }
 
-fn mechanism_view(m: &Mechanism) -> MechanismView {
+fn mechanism_view(m: &Mechanism, minor: u32) -> MechanismView {
     let props = m.properties();
     MechanismView {
         name: m.name().into(),
@@ -65,6 +184,8 @@ fn mechanism_view(m: &Mechanism) -> MechanismView {
             .memory_info()
             .and_then(|r| r.ok())
             .map(|i| MemoryView { free_bytes: i.free_bytes, total_bytes: i.total_bytes }),
+        descriptor: (minor >= 2).then(|| descriptor_view(&props.descriptor)),
+        identity: m.identity().as_ref().map(identity_view),
     }
 }
 
@@ -100,7 +221,62 @@ fn print_table(out: &mut impl Write, v: &PluginView) -> std::io::Result<()> {
             )?,
             None => writeln!(out, "  memory        not reported by this mechanism")?,
         }
+        match &m.descriptor {
+            Some(d) => print_descriptor(out, d)?,
+            None => writeln!(out, "  descriptor    - (ABI 1.2)")?,
+        }
+        if let Some(i) = &m.identity {
+            let mut parts = Vec::new();
+            if let Some(u) = &i.uuid {
+                parts.push(format!("uuid {u}"));
+            }
+            if let Some(p) = &i.pci {
+                parts.push(format!("pci {p}"));
+            }
+            if let Some(s) = i.sub_device {
+                parts.push(format!("sub-device {s}"));
+            }
+            if let Some(n) = i.numa_node {
+                parts.push(format!("numa node {n}"));
+            }
+            let text =
+                if parts.is_empty() { "published, nothing valid".to_string() } else { parts.join(", ") };
+            writeln!(out, "  identity      {text}")?;
+        }
     }
+    Ok(())
+}
+
+fn print_descriptor(out: &mut impl Write, d: &DescriptorView) -> std::io::Result<()> {
+    let list = |v: &[&str], unknown: u32| {
+        let mut s = if v.is_empty() { "-".to_string() } else { v.join(", ") };
+        if unknown != 0 {
+            s.push_str(&format!(", unknown bits {unknown:#x}"));
+        }
+        s
+    };
+    let pages = if d.page_sizes.is_empty() {
+        "-".to_string()
+    } else {
+        d.page_sizes.iter().map(|p| bytes(*p)).collect::<Vec<_>>().join(", ")
+    };
+    writeln!(out, "  page sizes    {pages}")?;
+    if d.recommended_granularity != 0 {
+        writeln!(out, "  recommended   granularity {}", bytes(d.recommended_granularity))?;
+    }
+    writeln!(out, "  attributes    {}", list(&d.attributes, d.unknown_attribute_bits))?;
+    writeln!(out, "  export types  {}", list(&d.export_types, d.unknown_export_type_bits))?;
+    let loc = match d.location.kind.as_str() {
+        "numa_node" | "tier" => format!("{} {}", d.location.kind, d.location.id),
+        "any" => "- (not said)".to_string(),
+        k => k.to_string(),
+    };
+    writeln!(out, "  location      {loc}")?;
+    writeln!(
+        out,
+        "  maps          {}",
+        if d.maps_at_offsets { "at any granularity-aligned offset" } else { "whole objects only" }
+    )?;
     Ok(())
 }
 

@@ -61,7 +61,8 @@ enum Command {
         timeout: std::time::Duration,
     },
     /// Show a plugin's ABI version, mechanisms, devices, capabilities,
-    /// granularity and alignment.
+    /// granularity and alignment, and (ABI 1.2) each mechanism's memory
+    /// descriptor and device identity.
     Inspect {
         /// Path of the plugin library; the reference CPU plugin if omitted.
         plugin: Option<PathBuf>,

@@ -15,9 +15,19 @@ fn inspect_without_a_plugin_shows_the_cpu_plugin() {
     let out = memplug(&["inspect"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8(out.stdout).unwrap();
-    for want in
-        ["memplug-cpu", "abi         1.2", "cpu:0", "allocator, virtual_backing, shared_mapping, sync"]
-    {
+    let page = page_size();
+    for want in [
+        "memplug-cpu",
+        "abi         1.2",
+        "cpu:0",
+        "allocator, virtual_backing, shared_mapping, sync, shared_export, typed_export",
+        &format!("page sizes    {} KiB", page >> 10),
+        "attributes    host_visible, host_coherent, read_only_enforced",
+        "export types  memfd",
+        "location      host",
+        "maps          at any granularity-aligned offset",
+        "identity      numa node 0",
+    ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
 }
@@ -30,10 +40,49 @@ fn inspect_json_is_machine_readable() {
     assert_eq!(v["abi"], "1.2");
     let m = &v["mechanisms"][0];
     assert_eq!(m["name"], "cpu");
-    assert_eq!(m["capabilities"].as_array().unwrap().len(), 5);
+    let caps: Vec<&str> = m["capabilities"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(
+        caps,
+        ["allocator", "virtual_backing", "shared_mapping", "sync", "shared_export", "typed_export"]
+    );
+    assert_eq!(m["unknown_capability_bits"], 0);
     let page = page_size();
     assert_eq!(m["granularity"].as_u64(), Some(page));
     assert!(m["memory"]["total_bytes"].as_u64().unwrap() >= m["memory"]["free_bytes"].as_u64().unwrap());
+    // ABI 1.2: the memory descriptor and the device identity.
+    let d = &m["descriptor"];
+    assert_eq!(d["page_sizes"], serde_json::json!([page]));
+    assert_eq!(d["recommended_granularity"], 0);
+    assert_eq!(d["attributes"], serde_json::json!(["host_visible", "host_coherent", "read_only_enforced"]));
+    assert_eq!((&d["unknown_attribute_bits"], &d["unknown_export_type_bits"]), (&0.into(), &0.into()));
+    assert_eq!(d["export_types"], serde_json::json!(["memfd"]));
+    assert_eq!(d["location"], serde_json::json!({"kind": "host", "id": 0}));
+    assert_eq!(d["maps_at_offsets"], true);
+    assert_eq!(
+        m["identity"],
+        serde_json::json!({"uuid": null, "pci": null, "sub_device": null, "numa_node": 0})
+    );
+}
+
+/// A plugin that agreed on 1.0 or 1.1 has no descriptor and no identity to
+/// show: `null` in JSON (the keys are always there), a dash in the table;
+/// a plugin that agreed on 1.2 and published neither shows empty lists.
+#[test]
+fn inspect_shows_no_descriptor_below_1_2() {
+    let so = compile_c_plugin(&repo_root().join("c-examples/plugin/example_plugin.c"), &[], "inspect_1_0");
+    let path = so.to_str().unwrap();
+    let out = memplug(&["inspect", path, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["abi"], "1.0");
+    let m = &v["mechanisms"][0];
+    let keys = m.as_object().unwrap();
+    assert!(keys.contains_key("descriptor") && keys.contains_key("identity"), "{m}");
+    assert!(m["descriptor"].is_null() && m["identity"].is_null(), "{m}");
+    let out = memplug(&["inspect", path]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("descriptor    - (ABI 1.2)") && !text.contains("identity "), "{text}");
+    assert!(!text.contains("page sizes"), "{text}");
 }
 
 fn page_size() -> u64 {
