@@ -336,6 +336,7 @@ prefixed! {
     MemplugHostServices => abi::size_1_2::HOST_SERVICES,
     MemplugDeviceIdentity => abi::size_1_2::DEVICE_IDENTITY,
     MemplugHandle => abi::size_1_2::HANDLE,
+    MemplugPeerAccess => abi::size_1_2::PEER_ACCESS,
 }
 
 #[cfg(test)]
