@@ -271,3 +271,36 @@ fn a_1_1_host_sees_none_of_it() {
     sync.stream_destroy(stream).unwrap();
     vb.release(res).unwrap();
 }
+
+#[test]
+fn the_cpu_plugin_orders_a_stream_behind_another_streams_fence() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::{mpsc, Arc};
+    let path = memplug_test_support::find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let p = Plugin::load(&path).unwrap();
+    let m = p.mechanism("cpu").unwrap();
+    let sync = m.sync().unwrap();
+    let (a, b) = (sync.stream_create().unwrap(), sync.stream_create().unwrap());
+    let (open, gate) = mpsc::channel::<()>();
+    sync.enqueue(&a, move || {
+        let _ = gate.recv_timeout(Duration::from_secs(20));
+    })
+    .unwrap();
+    let fa = sync.fence_record(&a).unwrap();
+    sync.stream_wait_fence(&b, &fa).unwrap();
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    sync.enqueue(&b, move || r.store(true, SeqCst)).unwrap();
+    let fb = sync.fence_record(&b).unwrap();
+    // B's work is behind A's fence, which is behind the gate: not done.
+    assert!(!sync.fence_wait(&fb, Duration::from_millis(50)).unwrap());
+    assert!(!ran.load(SeqCst), "ran before the fence it waits for");
+    open.send(()).unwrap();
+    assert!(sync.fence_wait(&fb, Duration::from_secs(20)).unwrap());
+    assert!(ran.load(SeqCst));
+    for f in [fa, fb] {
+        sync.fence_destroy(f).unwrap();
+    }
+    sync.stream_destroy(a).unwrap();
+    sync.stream_destroy(b).unwrap();
+}
