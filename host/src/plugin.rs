@@ -430,6 +430,13 @@ impl Reader<'_> {
         ] {
             agree(flag, pointer, flag_name, field).map_err(&mismatch)?;
         }
+        if caps.typed_export() && !caps.shared_mapping() {
+            return Err(mismatch(
+                "MEMPLUG_CAP_TYPED_EXPORT is set without MEMPLUG_CAP_SHARED_MAPPING (its slots live in the \
+                 shared_mapping table)"
+                    .into(),
+            ));
+        }
         // Bits of 1.1: a claim above the agreed minor is a contradiction,
         // not an unknown bit (this host knows what the bit means).
         if caps.shared_export() {
