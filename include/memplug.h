@@ -90,6 +90,31 @@
 // Every capability flag defined by ABI 1.1.
 #define MEMPLUG_CAP_ALL_1_1 (MEMPLUG_CAP_ALL_1_0 | MEMPLUG_CAP_SHARED_EXPORT)
 
+// Since 1.2. Capability flag: the shared mapping sub-vtable publishes
+// `export_handle` and `import_handle` (typed handles, chosen at create).
+// Valid only together with `MEMPLUG_CAP_SHARED_MAPPING`, only when the
+// agreed minor is at least 2, and only with a `MemplugSharedMapping` whose
+// `struct_size` is at least `MEMPLUG_SHARED_MAPPING_SIZE_1_2`.
+#define MEMPLUG_CAP_TYPED_EXPORT (1 << 5)
+
+// Since 1.2. Capability flag: the mechanism has a peer access sub-vtable
+// (`MemplugMechanism::peer_access`): other devices can be given access to
+// its memory. Only when the agreed minor is at least 2.
+#define MEMPLUG_CAP_PEER_ACCESS (1 << 6)
+
+// Since 1.2. Capability flag: mapping is also a queue operation — the
+// virtual backing publishes `commit_on`/`decommit_on` (and a shared
+// mapping, if present, `map_on`/`unmap_on`), which enqueue the change on a
+// stream and return a fence, for devices whose binding is ordered by the
+// device (Vulkan sparse binding, Metal heaps). The synchronous slots stay
+// required (such a plugin implements them by waiting). Valid only with
+// `MEMPLUG_CAP_VIRTUAL_BACKING` and `MEMPLUG_CAP_SYNC`, at an agreed minor
+// of at least 2, with tables long enough for the slots.
+#define MEMPLUG_CAP_QUEUED_BINDING (1 << 7)
+
+// Every capability flag defined by ABI 1.2 (so far: 1.2 is not frozen).
+#define MEMPLUG_CAP_ALL_1_2 (((MEMPLUG_CAP_ALL_1_1 | MEMPLUG_CAP_TYPED_EXPORT) | MEMPLUG_CAP_PEER_ACCESS) | MEMPLUG_CAP_QUEUED_BINDING)
+
 // Since 1.1. Allocation classes a host tags requests with
 // (`MemplugRequest::class_tag`), so a plugin can place or account memory
 // by what it holds. A hint only: it never changes what a call does or
@@ -208,6 +233,10 @@
 // truncated by the host.
 #define MEMPLUG_MESSAGE_MAX 1024
 
+// Bytes of `MemplugHandle::blob`: enough for the IPC and fabric handles
+// vendors define today (64 bytes). Frozen with the struct.
+#define MEMPLUG_HANDLE_BLOB_MAX 64
+
 // Sizes of each growable struct as ABI 1.0 defined it: a reader refuses a
 // struct whose `struct_size` is below these. Frozen: they never change, and
 // each is a prefix of the current struct.
@@ -294,10 +323,14 @@
 
 // Sizes of each growable struct as ABI 1.2 defines it. Grown in 1.2:
 // `MemplugHostInfo` (`services`), `MemplugMechanism` (`identity`),
-// `MemplugProperties` (the memory descriptor) and `MemplugRequest`
-// (`hints`, `export_types`, `page_size`, location); new in 1.2:
-// `MemplugHostServices` (`report_device_lost`) and
-// `MemplugDeviceIdentity`. 1.2 is not frozen yet: it may still grow
+// `MemplugProperties` (the memory descriptor), `MemplugRequest`
+// (`hints`, `export_types`, `page_size`, location) and
+// `MemplugSharedMapping` (`export_handle`, `import_handle`, `map_on`,
+// `unmap_on`), `MemplugVirtualBacking` (`commit_on`, `decommit_on`),
+// `MemplugSync` (`stream_wait_fence`, `stream_adopt_typed`) and
+// `MemplugMechanism` (`peer_access`); new in 1.2: `MemplugHostServices`
+// (`report_device_lost`), `MemplugDeviceIdentity`, `MemplugHandle` and
+// `MemplugPeerAccess`. 1.2 is not frozen yet: it may still grow
 // before its header is frozen (docs/ABI-CHANGELOG.md).
 #define MEMPLUG_HOST_INFO_SIZE_1_2 32
 
@@ -308,13 +341,19 @@
 #define MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 48
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_HANDLE_SIZE_1_2 96
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+#define MEMPLUG_PEER_ACCESS_SIZE_1_2 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_NEGOTIATION_SIZE_1_2 16
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_PLUGIN_SIZE_1_2 72
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_MECHANISM_SIZE_1_2 80
+#define MEMPLUG_MECHANISM_SIZE_1_2 88
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_PROPERTIES_SIZE_1_2 72
@@ -335,13 +374,13 @@
 #define MEMPLUG_ALLOCATOR_SIZE_1_2 40
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 48
+#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 64
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_SHARED_MAPPING_SIZE_1_2 64
+#define MEMPLUG_SHARED_MAPPING_SIZE_1_2 96
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-#define MEMPLUG_SYNC_SIZE_1_2 72
+#define MEMPLUG_SYNC_SIZE_1_2 88
 
 // Result of every fallible slot. `MEMPLUG_STATUS_OK` (zero) is success; every
 // other value is a failure, optionally explained through the call's
@@ -644,7 +683,56 @@ typedef struct MemplugVirtualBacking {
   MemplugStatus (*release)(void *ctx,
                            const struct MemplugObjectRef *reservation,
                            const struct MemplugMessageSink *sink);
+  // Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+  // `commit` as a queue operation: enqueued on `stream` (a stream of this
+  // mechanism's sync capability) after the work before it, with a fence
+  // written to `*out_fence` that completes once the range is usable. The
+  // same checks as `commit`, made before anything is enqueued.
+  MemplugStatus (*commit_on)(void *ctx,
+                             const struct MemplugObjectRef *reservation,
+                             uint64_t offset,
+                             uint64_t len,
+                             uint64_t stream,
+                             uint64_t *out_fence,
+                             const struct MemplugMessageSink *sink);
+  // Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+  // `decommit` as a queue operation, as `commit_on`; the fence completes
+  // once the range is gone. It must not race device work still using
+  // the range: work before it on `stream` is ordered by the stream,
+  // other streams' work is the caller's to order.
+  MemplugStatus (*decommit_on)(void *ctx,
+                               const struct MemplugObjectRef *reservation,
+                               uint64_t offset,
+                               uint64_t len,
+                               uint64_t stream,
+                               uint64_t *out_fence,
+                               const struct MemplugMessageSink *sink);
 } MemplugVirtualBacking;
+
+// Since 1.2. A typed, shareable handle to a physical object's memory: a
+// descriptor, a Windows handle or a vendor's opaque bytes, as
+// `handle_type` says. Written by `export_handle` into caller memory (the
+// caller sets `struct_size`); read by `import_handle` as a prefix.
+typedef struct MemplugHandle {
+  // `sizeof(MemplugHandle)` as its owner knows it.
+  uint32_t struct_size;
+  // One `MEMPLUG_HANDLE_*` bit.
+  uint32_t handle_type;
+  // For `MEMPLUG_HANDLE_OPAQUE_FD`, `DMABUF_FD` and `MEMFD`: the
+  // descriptor; -1 otherwise.
+  int32_t fd;
+  // Explicit padding; zero.
+  uint32_t reserved0;
+  // For `MEMPLUG_HANDLE_WIN32`: the handle's value; zero otherwise.
+  uint64_t win32;
+  // For `MEMPLUG_HANDLE_VENDOR_BLOB`: how many bytes of `blob` are used
+  // (at most `MEMPLUG_HANDLE_BLOB_MAX`); zero otherwise.
+  uint32_t blob_len;
+  // Explicit padding; zero.
+  uint32_t reserved1;
+  // A vendor blob's bytes.
+  uint8_t blob[64];
+} MemplugHandle;
 
 // Optional capability: physical objects that can be mapped into ranges of
 // several reservations (of the same mechanism). A physical object holds one
@@ -721,6 +809,60 @@ typedef struct MemplugSharedMapping {
                              const struct MemplugRequest *request,
                              struct MemplugBlock *out,
                              const struct MemplugMessageSink *sink);
+  // Since 1.2; present if and only if `MEMPLUG_CAP_TYPED_EXPORT` is set
+  // (with a table of at least `MEMPLUG_SHARED_MAPPING_SIZE_1_2`, at an
+  // agreed minor of at least 2). Exports physical object `object` as a
+  // handle of kind `handle_type` (one `MEMPLUG_HANDLE_*` bit the
+  // mechanism publishes in `export_types`), written into `out` (never
+  // past `out->struct_size`). For descriptor kinds, `out->fd` is a new
+  // descriptor the caller owns and closes; for `MEMPLUG_HANDLE_WIN32`,
+  // `out->win32` a new handle the caller owns; for
+  // `MEMPLUG_HANDLE_VENDOR_BLOB`, `out->blob_len` bytes of `out->blob`.
+  // A kind the mechanism does not offer, or an object that was not made
+  // exportable as it (requests name the kinds at creation), is refused
+  // with `MEMPLUG_STATUS_UNSUPPORTED`.
+  MemplugStatus (*export_handle)(void *ctx,
+                                 const struct MemplugObjectRef *object,
+                                 uint32_t handle_type,
+                                 struct MemplugHandle *out,
+                                 const struct MemplugMessageSink *sink);
+  // Since 1.2; present if and only if `MEMPLUG_CAP_TYPED_EXPORT` is set.
+  // Creates a physical object of this mechanism from `handle` (exported
+  // by `export_handle`, here or in another process), of `request.size`
+  // bytes rounded up to the granularity, which must not exceed the
+  // memory behind the handle. The handle stays the caller's: the plugin
+  // duplicates what it keeps. The object holds one reference, as from
+  // `create`. A handle the mechanism cannot use is refused with
+  // `MEMPLUG_STATUS_INVALID_ARGUMENT`; a kind it does not import with
+  // `MEMPLUG_STATUS_UNSUPPORTED`.
+  MemplugStatus (*import_handle)(void *ctx,
+                                 const struct MemplugHandle *handle,
+                                 const struct MemplugRequest *request,
+                                 struct MemplugBlock *out,
+                                 const struct MemplugMessageSink *sink);
+  // Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+  // `map` as a queue operation on `stream`, with a fence written to
+  // `*out_fence` that completes once the mapping is usable (see
+  // `MemplugVirtualBacking::commit_on`).
+  MemplugStatus (*map_on)(void *ctx,
+                          const struct MemplugObjectRef *object,
+                          uint64_t object_offset,
+                          const struct MemplugObjectRef *reservation,
+                          uint64_t offset,
+                          uint64_t len,
+                          uint32_t access,
+                          uint64_t stream,
+                          uint64_t *out_fence,
+                          const struct MemplugMessageSink *sink);
+  // Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+  // `unmap` as a queue operation on `stream` (see `map_on`).
+  MemplugStatus (*unmap_on)(void *ctx,
+                            const struct MemplugObjectRef *reservation,
+                            uint64_t offset,
+                            uint64_t len,
+                            uint64_t stream,
+                            uint64_t *out_fence,
+                            const struct MemplugMessageSink *sink);
 } MemplugSharedMapping;
 
 // A function the host asks a stream to run, in order with the stream's other
@@ -782,6 +924,23 @@ typedef struct MemplugSync {
                               const struct MemplugMessageSink *sink);
   // Required. Destroys a fence handle (complete or not).
   MemplugStatus (*fence_destroy)(void *ctx, uint64_t fence, const struct MemplugMessageSink *sink);
+  // Since 1.2. Optional (NULL when unsupported). Work enqueued on
+  // `stream` after this call waits for `fence` (a fence of this
+  // mechanism, possibly of another of its streams) to complete, without
+  // blocking the caller.
+  MemplugStatus (*stream_wait_fence)(void *ctx,
+                                     uint64_t stream,
+                                     uint64_t fence,
+                                     const struct MemplugMessageSink *sink);
+  // Since 1.2. Optional (NULL when unsupported). `stream_adopt` with the
+  // native stream's API named: `native_kind` is the `MEMPLUG_DEVICE_*`
+  // kind whose API made it (`MEMPLUG_DEVICE_CUDA` for a `CUstream`). A
+  // kind the plugin does not adopt is `MEMPLUG_STATUS_UNSUPPORTED`.
+  MemplugStatus (*stream_adopt_typed)(void *ctx,
+                                      uint32_t native_kind,
+                                      void *native,
+                                      uint64_t *out_stream,
+                                      const struct MemplugMessageSink *sink);
 } MemplugSync;
 
 // Since 1.2. A device's identity: what lets a runtime match a mechanism's
@@ -809,6 +968,37 @@ typedef struct MemplugDeviceIdentity {
   // The NUMA node closest to the device (for a CPU: its node).
   uint32_t numa_node;
 } MemplugDeviceIdentity;
+
+// Since 1.2. Optional capability: letting other devices reach this
+// mechanism's memory (tensor parallelism maps one GPU's memory for
+// another).
+typedef struct MemplugPeerAccess {
+  // `sizeof(MemplugPeerAccess)` as the plugin knows it.
+  uint32_t struct_size;
+  // Explicit padding; zero.
+  uint32_t reserved0;
+  // Required. Writes to `*out_access` the `MEMPLUG_ACCESS_*` bits device
+  // `peer` can be given to this mechanism's memory (zero: none, which
+  // is a success). A device the plugin cannot judge is
+  // `MEMPLUG_STATUS_WRONG_DEVICE`.
+  MemplugStatus (*can_access_peer)(void *ctx,
+                                   const struct MemplugDevice *peer,
+                                   uint32_t *out_access,
+                                   const struct MemplugMessageSink *sink);
+  // Required. Sets what device `peer` may do with `[offset, offset +
+  // len)` of reservation `reservation` (a committed or mapped range):
+  // `MEMPLUG_ACCESS_*` bits, zero to revoke. More than `can_access_peer`
+  // allows is `MEMPLUG_STATUS_UNSUPPORTED`; a range outside the
+  // reservation `MEMPLUG_STATUS_OUT_OF_RANGE`. Like decommit, it must
+  // not race device work of the peer still using the range.
+  MemplugStatus (*set_peer_access)(void *ctx,
+                                   const struct MemplugObjectRef *reservation,
+                                   uint64_t offset,
+                                   uint64_t len,
+                                   const struct MemplugDevice *peer,
+                                   uint32_t access,
+                                   const struct MemplugMessageSink *sink);
+} MemplugPeerAccess;
 
 // A mechanism: one way of getting memory on one device. Plugin-owned and
 // immutable after negotiation; `ctx` is passed to every slot of its
@@ -841,6 +1031,8 @@ typedef struct MemplugMechanism {
   // ordinal; may be NULL (nothing more is known). Plugin-owned,
   // immutable, valid until unload.
   const struct MemplugDeviceIdentity *identity;
+  // Since 1.2. Present if and only if `MEMPLUG_CAP_PEER_ACCESS` is set.
+  const struct MemplugPeerAccess *peer_access;
 } MemplugMechanism;
 
 // A plugin: a library's description of itself and of its mechanisms.

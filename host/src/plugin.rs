@@ -3,9 +3,7 @@
 //! refuse — with a message naming the problem — anything malformed.
 
 use crate::error::{LoadError, ObjectKind};
-use crate::mechanism::{
-    Capabilities, Descriptor, DeviceIdentity, Location, Mechanism, MechanismInner, Properties,
-};
+use crate::mechanism::{Capabilities, Mechanism, MechanismInner, Properties};
 use crate::reentry::InPluginCall;
 use crate::services::{ServiceStats, ServicesInbox};
 use crate::sink::Capture;
@@ -23,6 +21,8 @@ use std::sync::Arc;
 pub const ENTRY_SYMBOLS: &[&str] = &[MEMPLUG_ENTRY_SYMBOL_V1];
 
 pub use crate::load_options::{LoadOptions, HOST_MAX_MINOR, HOST_MIN_MINOR};
+
+mod v1_2;
 
 use crate::library::LoadedLibrary as PluginShared;
 
@@ -430,6 +430,13 @@ impl Reader<'_> {
         ] {
             agree(flag, pointer, flag_name, field).map_err(&mismatch)?;
         }
+        if caps.typed_export() && !caps.shared_mapping() {
+            return Err(mismatch(
+                "MEMPLUG_CAP_TYPED_EXPORT is set without MEMPLUG_CAP_SHARED_MAPPING (its slots live in the \
+                 shared_mapping table)"
+                    .into(),
+            ));
+        }
         // Bits of 1.1: a claim above the agreed minor is a contradiction,
         // not an unknown bit (this host knows what the bit means).
         if caps.shared_export() {
@@ -472,12 +479,16 @@ impl Reader<'_> {
             None
         };
         let sync = if caps.sync() {
-            let v: MemplugSync = self.prefix(d.sync, MEMPLUG_SYNC_SIZE_1_0, &what("sync"))?;
+            let mut v: MemplugSync = self.prefix(d.sync, MEMPLUG_SYNC_SIZE_1_0, &what("sync"))?;
             self.required(&v, Need::Required, &name)?;
+            self.sync_tail(&mut v);
             Some(v)
         } else {
             None
         };
+        let (mut virtual_backing, mut shared_mapping) = (virtual_backing, shared_mapping);
+        self.queued_binding(&mut virtual_backing, &mut shared_mapping, caps, &name)?;
+        let peer_access = self.peer_access(&d, caps, &name)?;
 
         let identity = self.identity(&d, &name)?;
         // SAFETY: the tables were read from this descriptor and their
@@ -494,31 +505,12 @@ impl Reader<'_> {
             virtual_backing,
             shared_mapping,
             sync,
+            peer_access,
             self.check_overlaps,
             shared.clone(),
         );
         let props = self.properties(&inner)?;
         Ok(Mechanism::new(inner, props, identity))
-    }
-
-    /// The device identity a 1.2 mechanism may publish (read as a prefix;
-    /// a plugin of an older minor has none, whatever it wrote there).
-    unsafe fn identity(&self, d: &MemplugMechanism, name: &str) -> Result<Option<DeviceIdentity>, LoadError> {
-        if self.minor < 2 || d.identity.is_null() {
-            return Ok(None);
-        }
-        let id: DeviceIdentity = self.prefix(
-            d.identity,
-            MEMPLUG_DEVICE_IDENTITY_SIZE_1_2,
-            &format!("mechanism '{name}' identity"),
-        )?;
-        let known = MEMPLUG_IDENTITY_UUID
-            | MEMPLUG_IDENTITY_PCI
-            | MEMPLUG_IDENTITY_SUB_DEVICE
-            | MEMPLUG_IDENTITY_NUMA_NODE;
-        // Bits of a later minor are that minor's business: keep what is
-        // known, drop the rest.
-        Ok(Some(DeviceIdentity { valid: id.valid & known, ..id }))
     }
 
     /// The 1.1 tail of a shared mapping table (`export_fd`, `import_fd`):
@@ -562,52 +554,6 @@ impl Reader<'_> {
             )));
         }
         self.required(v, Need::WithCapability(MEMPLUG_CAP_SHARED_EXPORT), name)
-    }
-
-    /// The 1.2 tail of a shared mapping table (`export_handle`,
-    /// `import_handle`), as [`shared_export`](Self::shared_export) does for
-    /// 1.1's: kept only at an agreed minor of at least 2 with
-    /// `MEMPLUG_CAP_TYPED_EXPORT` claimed and a table long enough, then
-    /// required; cleared otherwise (a plugin that publishes them without
-    /// the flag in a long table contradicts itself and is refused).
-    unsafe fn typed_export(
-        &self,
-        v: &mut MemplugSharedMapping,
-        caps: Capabilities,
-        name: &str,
-    ) -> Result<(), LoadError> {
-        let mismatch = |detail: String| LoadError::CapabilityMismatch {
-            origin: self.origin.into(),
-            mechanism: name.to_string(),
-            detail,
-        };
-        if caps.typed_export() {
-            if self.minor < 2 {
-                return Err(mismatch(format!(
-                    "MEMPLUG_CAP_TYPED_EXPORT is a capability above the agreed minor: it is defined by ABI 1.2 and \
-                     the plugin agreed on 1.{}",
-                    self.minor
-                )));
-            }
-            if v.struct_size < MEMPLUG_SHARED_MAPPING_SIZE_1_2 {
-                return Err(mismatch(format!(
-                    "MEMPLUG_CAP_TYPED_EXPORT is set but the shared_mapping table is {} bytes, too short for the \
-                     1.2 export_handle/import_handle slots ({} bytes)",
-                    v.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_2
-                )));
-            }
-            return self.required(v, Need::WithCapability(MEMPLUG_CAP_TYPED_EXPORT), name);
-        }
-        let published = v.export_handle.is_some() || v.import_handle.is_some();
-        if self.minor >= 2 && published && v.struct_size >= MEMPLUG_SHARED_MAPPING_SIZE_1_2 {
-            return Err(mismatch(
-                "the shared_mapping export_handle/import_handle slots are set but MEMPLUG_CAP_TYPED_EXPORT is not"
-                    .into(),
-            ));
-        }
-        v.export_handle = None;
-        v.import_handle = None;
-        Ok(())
     }
 
     /// Refuses `table` of mechanism `mechanism` when a slot the ABI says it
@@ -654,32 +600,6 @@ impl Reader<'_> {
             max_alignment: out.max_alignment,
             granularity: out.granularity,
             descriptor,
-        })
-    }
-
-    /// The 1.2 memory descriptor of the properties, judged: a recommended
-    /// granularity is zero or a power-of-two multiple of the granularity;
-    /// page sizes, attributes and export kinds of a later minor are kept
-    /// as bits (a reader ignores what it does not know). Nothing below
-    /// 1.2 (the host asked for the 1.0 prefix then).
-    fn descriptor(&self, out: &MemplugProperties, minor: u32) -> Result<Descriptor, String> {
-        if minor < 2 {
-            return Ok(Descriptor::default());
-        }
-        let r = out.recommended_granularity;
-        let g = out.granularity.max(1);
-        if r != 0 && (!r.is_power_of_two() || r % g != 0) {
-            return Err(format!(
-                "recommended_granularity {r:#x} is not a power-of-two multiple of the granularity {g:#x}"
-            ));
-        }
-        Ok(Descriptor {
-            recommended_granularity: r,
-            page_sizes: out.page_sizes,
-            attributes: out.attributes,
-            export_types: out.export_types,
-            location: Location { kind: out.location_kind, id: out.location_id },
-            maps_at_offsets: out.flags & MEMPLUG_PROP_MAPS_AT_OFFSETS != 0,
         })
     }
 }

@@ -276,3 +276,45 @@ fn the_cpu_plugin_publishes_its_descriptor_and_exports_typed_memfds() {
     assert!(e.status == Status::Unsupported && e.message.contains("typed handles need 1.2"), "{e}");
     sm11.release(o).unwrap();
 }
+
+#[test]
+fn a_prefix_exported_as_a_typed_memfd_is_imported_by_another_binding_with_the_same_bytes() {
+    let mgr = ProcessMemoryManager::new();
+    mgr.register_plugin(cpu_at("prefix12", 2)).unwrap();
+    let ctx = mgr.context("memplug-cpu/cpu").unwrap();
+    let (pa, pb) = (mgr.create_pool("a", 64 << 20).unwrap(), mgr.create_pool("b", 64 << 20).unwrap());
+    let spec = BindingSpec::new(AllocationClass::Kv).export_types(MEMPLUG_HANDLE_MEMFD);
+    let (ba, bb) = (mgr.bind(&ctx, &pa, spec.clone()).unwrap(), mgr.bind(&ctx, &pb, spec).unwrap());
+    let prefix = ba
+        .create_shared(8192, |v| {
+            // SAFETY: CPU memory, mapped writable for the initialiser only.
+            unsafe { v.as_mut_slice() }.iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8)
+        })
+        .unwrap();
+    let h = prefix.export_handle(MEMPLUG_HANDLE_MEMFD).unwrap();
+    let e = prefix.export_handle(MEMPLUG_HANDLE_DMABUF_FD).unwrap_err();
+    assert!(
+        e.to_string().contains("UNSUPPORTED") || e.to_string().contains("not one this mechanism offers"),
+        "{e}"
+    );
+    let memplug_host::Handle::Fd { kind, fd } = &h else { panic!("{h:?}") };
+    use std::os::fd::AsFd;
+    let imported =
+        bb.import_shared(memplug_host::HandleRef::Fd { kind: *kind, fd: fd.as_fd() }, 8192).unwrap();
+    assert_eq!((pa.used(), pb.used()), (8192, 8192), "each side charges what it holds, once");
+    let mut region = bb.reserve_virtual(1 << 20).unwrap();
+    region.map_prefix(&imported).unwrap();
+    let v = region.view();
+    // SAFETY: CPU memory mapped (read-only) by the region for its life.
+    let bytes = unsafe { std::slice::from_raw_parts(v.addr as *const u8, 8192) };
+    assert!(
+        bytes.iter().enumerate().all(|(i, b)| *b == (i % 251) as u8),
+        "the same bytes through the import"
+    );
+    drop(region);
+    drop(imported);
+    drop(prefix);
+    drop(h);
+    mgr.poll();
+    assert_eq!((pa.used(), pb.used()), (0, 0));
+}

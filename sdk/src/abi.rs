@@ -119,8 +119,22 @@ pub const MEMPLUG_CAP_ALL_1_1: u32 = MEMPLUG_CAP_ALL_1_0 | MEMPLUG_CAP_SHARED_EX
 /// agreed minor is at least 2, and only with a `MemplugSharedMapping` whose
 /// `struct_size` is at least `MEMPLUG_SHARED_MAPPING_SIZE_1_2`.
 pub const MEMPLUG_CAP_TYPED_EXPORT: u32 = 1 << 5;
+/// Since 1.2. Capability flag: the mechanism has a peer access sub-vtable
+/// (`MemplugMechanism::peer_access`): other devices can be given access to
+/// its memory. Only when the agreed minor is at least 2.
+pub const MEMPLUG_CAP_PEER_ACCESS: u32 = 1 << 6;
+/// Since 1.2. Capability flag: mapping is also a queue operation — the
+/// virtual backing publishes `commit_on`/`decommit_on` (and a shared
+/// mapping, if present, `map_on`/`unmap_on`), which enqueue the change on a
+/// stream and return a fence, for devices whose binding is ordered by the
+/// device (Vulkan sparse binding, Metal heaps). The synchronous slots stay
+/// required (such a plugin implements them by waiting). Valid only with
+/// `MEMPLUG_CAP_VIRTUAL_BACKING` and `MEMPLUG_CAP_SYNC`, at an agreed minor
+/// of at least 2, with tables long enough for the slots.
+pub const MEMPLUG_CAP_QUEUED_BINDING: u32 = 1 << 7;
 /// Every capability flag defined by ABI 1.2 (so far: 1.2 is not frozen).
-pub const MEMPLUG_CAP_ALL_1_2: u32 = MEMPLUG_CAP_ALL_1_1 | MEMPLUG_CAP_TYPED_EXPORT;
+pub const MEMPLUG_CAP_ALL_1_2: u32 =
+    MEMPLUG_CAP_ALL_1_1 | MEMPLUG_CAP_TYPED_EXPORT | MEMPLUG_CAP_PEER_ACCESS | MEMPLUG_CAP_QUEUED_BINDING;
 
 /// Since 1.1. Allocation classes a host tags requests with
 /// (`MemplugRequest::class_tag`), so a plugin can place or account memory
@@ -464,6 +478,49 @@ pub struct MemplugMechanism {
     /// ordinal; may be NULL (nothing more is known). Plugin-owned,
     /// immutable, valid until unload.
     pub identity: *const MemplugDeviceIdentity,
+    /// Since 1.2. Present if and only if `MEMPLUG_CAP_PEER_ACCESS` is set.
+    pub peer_access: *const MemplugPeerAccess,
+}
+
+/// Since 1.2. Optional capability: letting other devices reach this
+/// mechanism's memory (tensor parallelism maps one GPU's memory for
+/// another).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemplugPeerAccess {
+    /// `sizeof(MemplugPeerAccess)` as the plugin knows it.
+    pub struct_size: u32,
+    /// Explicit padding; zero.
+    pub reserved0: u32,
+    /// Required. Writes to `*out_access` the `MEMPLUG_ACCESS_*` bits device
+    /// `peer` can be given to this mechanism's memory (zero: none, which
+    /// is a success). A device the plugin cannot judge is
+    /// `MEMPLUG_STATUS_WRONG_DEVICE`.
+    pub can_access_peer: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            peer: *const MemplugDevice,
+            out_access: *mut u32,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+    /// Required. Sets what device `peer` may do with `[offset, offset +
+    /// len)` of reservation `reservation` (a committed or mapped range):
+    /// `MEMPLUG_ACCESS_*` bits, zero to revoke. More than `can_access_peer`
+    /// allows is `MEMPLUG_STATUS_UNSUPPORTED`; a range outside the
+    /// reservation `MEMPLUG_STATUS_OUT_OF_RANGE`. Like decommit, it must
+    /// not race device work of the peer still using the range.
+    pub set_peer_access: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            reservation: *const MemplugObjectRef,
+            offset: u64,
+            len: u64,
+            peer: *const MemplugDevice,
+            access: u32,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
 }
 
 /// Since 1.2. A device's identity: what lets a runtime match a mechanism's
@@ -755,6 +812,38 @@ pub struct MemplugVirtualBacking {
             sink: *const MemplugMessageSink,
         ) -> MemplugStatus,
     >,
+    /// Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+    /// `commit` as a queue operation: enqueued on `stream` (a stream of this
+    /// mechanism's sync capability) after the work before it, with a fence
+    /// written to `*out_fence` that completes once the range is usable. The
+    /// same checks as `commit`, made before anything is enqueued.
+    pub commit_on: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            reservation: *const MemplugObjectRef,
+            offset: u64,
+            len: u64,
+            stream: u64,
+            out_fence: *mut u64,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+    /// Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+    /// `decommit` as a queue operation, as `commit_on`; the fence completes
+    /// once the range is gone. It must not race device work still using
+    /// the range: work before it on `stream` is ordered by the stream,
+    /// other streams' work is the caller's to order.
+    pub decommit_on: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            reservation: *const MemplugObjectRef,
+            offset: u64,
+            len: u64,
+            stream: u64,
+            out_fence: *mut u64,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
 }
 
 /// Optional capability: physical objects that can be mapped into ranges of
@@ -901,6 +990,37 @@ pub struct MemplugSharedMapping {
             sink: *const MemplugMessageSink,
         ) -> MemplugStatus,
     >,
+    /// Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+    /// `map` as a queue operation on `stream`, with a fence written to
+    /// `*out_fence` that completes once the mapping is usable (see
+    /// `MemplugVirtualBacking::commit_on`).
+    pub map_on: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            object: *const MemplugObjectRef,
+            object_offset: u64,
+            reservation: *const MemplugObjectRef,
+            offset: u64,
+            len: u64,
+            access: u32,
+            stream: u64,
+            out_fence: *mut u64,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+    /// Since 1.2; present if and only if `MEMPLUG_CAP_QUEUED_BINDING` is set.
+    /// `unmap` as a queue operation on `stream` (see `map_on`).
+    pub unmap_on: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            reservation: *const MemplugObjectRef,
+            offset: u64,
+            len: u64,
+            stream: u64,
+            out_fence: *mut u64,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
 }
 
 /// Bytes of `MemplugHandle::blob`: enough for the IPC and fabric handles
@@ -1036,6 +1156,31 @@ pub struct MemplugSync {
     pub fence_destroy: Option<
         unsafe extern "C" fn(ctx: *mut c_void, fence: u64, sink: *const MemplugMessageSink) -> MemplugStatus,
     >,
+    /// Since 1.2. Optional (NULL when unsupported). Work enqueued on
+    /// `stream` after this call waits for `fence` (a fence of this
+    /// mechanism, possibly of another of its streams) to complete, without
+    /// blocking the caller.
+    pub stream_wait_fence: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            stream: u64,
+            fence: u64,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
+    /// Since 1.2. Optional (NULL when unsupported). `stream_adopt` with the
+    /// native stream's API named: `native_kind` is the `MEMPLUG_DEVICE_*`
+    /// kind whose API made it (`MEMPLUG_DEVICE_CUDA` for a `CUstream`). A
+    /// kind the plugin does not adopt is `MEMPLUG_STATUS_UNSUPPORTED`.
+    pub stream_adopt_typed: Option<
+        unsafe extern "C" fn(
+            ctx: *mut c_void,
+            native_kind: u32,
+            native: *mut c_void,
+            out_stream: *mut u64,
+            sink: *const MemplugMessageSink,
+        ) -> MemplugStatus,
+    >,
 }
 
 /// Signature of the entry symbol `memplug_plugin_v1`.
@@ -1144,9 +1289,12 @@ pub mod size_1_1 {
 /// `MemplugHostInfo` (`services`), `MemplugMechanism` (`identity`),
 /// `MemplugProperties` (the memory descriptor), `MemplugRequest`
 /// (`hints`, `export_types`, `page_size`, location) and
-/// `MemplugSharedMapping` (`export_handle`, `import_handle`); new in 1.2:
-/// `MemplugHostServices` (`report_device_lost`), `MemplugDeviceIdentity`
-/// and `MemplugHandle`. 1.2 is not frozen yet: it may still grow
+/// `MemplugSharedMapping` (`export_handle`, `import_handle`, `map_on`,
+/// `unmap_on`), `MemplugVirtualBacking` (`commit_on`, `decommit_on`),
+/// `MemplugSync` (`stream_wait_fence`, `stream_adopt_typed`) and
+/// `MemplugMechanism` (`peer_access`); new in 1.2: `MemplugHostServices`
+/// (`report_device_lost`), `MemplugDeviceIdentity`, `MemplugHandle` and
+/// `MemplugPeerAccess`. 1.2 is not frozen yet: it may still grow
 /// before its header is frozen (docs/ABI-CHANGELOG.md).
 pub const MEMPLUG_HOST_INFO_SIZE_1_2: u32 = 32;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
@@ -1156,11 +1304,13 @@ pub const MEMPLUG_DEVICE_IDENTITY_SIZE_1_2: u32 = 48;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_HANDLE_SIZE_1_2: u32 = 96;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
+pub const MEMPLUG_PEER_ACCESS_SIZE_1_2: u32 = 24;
+/// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_NEGOTIATION_SIZE_1_2: u32 = 16;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_PLUGIN_SIZE_1_2: u32 = 72;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_MECHANISM_SIZE_1_2: u32 = 80;
+pub const MEMPLUG_MECHANISM_SIZE_1_2: u32 = 88;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_PROPERTIES_SIZE_1_2: u32 = 72;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
@@ -1174,11 +1324,11 @@ pub const MEMPLUG_OBJECT_REF_SIZE_1_2: u32 = 56;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 pub const MEMPLUG_ALLOCATOR_SIZE_1_2: u32 = 40;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_VIRTUAL_BACKING_SIZE_1_2: u32 = 48;
+pub const MEMPLUG_VIRTUAL_BACKING_SIZE_1_2: u32 = 64;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_SHARED_MAPPING_SIZE_1_2: u32 = 80;
+pub const MEMPLUG_SHARED_MAPPING_SIZE_1_2: u32 = 96;
 /// See `MEMPLUG_HOST_INFO_SIZE_1_2`.
-pub const MEMPLUG_SYNC_SIZE_1_2: u32 = 72;
+pub const MEMPLUG_SYNC_SIZE_1_2: u32 = 88;
 
 /// Rust-side short names for the 1.2 sizes.
 pub mod size_1_2 {
@@ -1188,8 +1338,9 @@ pub mod size_1_2 {
         MEMPLUG_HOST_INFO_SIZE_1_2 as HOST_INFO, MEMPLUG_HOST_SERVICES_SIZE_1_2 as HOST_SERVICES,
         MEMPLUG_MECHANISM_SIZE_1_2 as MECHANISM, MEMPLUG_MEMORY_INFO_SIZE_1_2 as MEMORY_INFO,
         MEMPLUG_NEGOTIATION_SIZE_1_2 as NEGOTIATION, MEMPLUG_OBJECT_REF_SIZE_1_2 as OBJECT_REF,
-        MEMPLUG_PLUGIN_SIZE_1_2 as PLUGIN, MEMPLUG_PROPERTIES_SIZE_1_2 as PROPERTIES,
-        MEMPLUG_REQUEST_SIZE_1_2 as REQUEST, MEMPLUG_SHARED_MAPPING_SIZE_1_2 as SHARED_MAPPING,
-        MEMPLUG_SYNC_SIZE_1_2 as SYNC, MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 as VIRTUAL_BACKING,
+        MEMPLUG_PEER_ACCESS_SIZE_1_2 as PEER_ACCESS, MEMPLUG_PLUGIN_SIZE_1_2 as PLUGIN,
+        MEMPLUG_PROPERTIES_SIZE_1_2 as PROPERTIES, MEMPLUG_REQUEST_SIZE_1_2 as REQUEST,
+        MEMPLUG_SHARED_MAPPING_SIZE_1_2 as SHARED_MAPPING, MEMPLUG_SYNC_SIZE_1_2 as SYNC,
+        MEMPLUG_VIRTUAL_BACKING_SIZE_1_2 as VIRTUAL_BACKING,
     };
 }

@@ -441,6 +441,56 @@ pub trait VirtualBacking: Send + Sync + 'static {
     /// (dropping their references) and gives the range back. Yours: the
     /// handle (`UNKNOWN_ALLOCATION`).
     fn release(&self, reservation: &ObjectRef) -> PluginResult<()>;
+
+    /// Whether binding is also a queue operation (ABI 1.2,
+    /// `MEMPLUG_CAP_QUEUED_BINDING`): `commit_on`/`decommit_on` (and, with
+    /// a shared mapping, its `map_on`/`unmap_on`, which must then be
+    /// implemented too) are published to 1.2 hosts. Needs the sync
+    /// capability: the stream and the fence returned are yours.
+    const CAN_QUEUE: bool = false;
+
+    /// `commit` enqueued on `stream` after its earlier work; returns a fence
+    /// that completes once the range is usable. The reservation and range
+    /// are checked as for `commit`; the stream is yours to check.
+    fn commit_on(
+        &self,
+        _reservation: &ObjectRef,
+        _offset: u64,
+        _len: u64,
+        _stream: u64,
+    ) -> PluginResult<u64> {
+        Err(PluginError::unsupported("commit_on is not published"))
+    }
+
+    /// `decommit` enqueued on `stream`, as [`commit_on`](Self::commit_on).
+    fn decommit_on(
+        &self,
+        _reservation: &ObjectRef,
+        _offset: u64,
+        _len: u64,
+        _stream: u64,
+    ) -> PluginResult<u64> {
+        Err(PluginError::unsupported("decommit_on is not published"))
+    }
+}
+
+/// Optional capability (ABI 1.2, `MEMPLUG_CAP_PEER_ACCESS`): giving other
+/// devices access to this mechanism's memory. The SDK checks the
+/// reservation reference and the range as for `commit`, and the access
+/// bits (`INVALID_ARGUMENT` for unknown bits); the peer device is yours to
+/// judge.
+pub trait PeerAccess: Send + Sync + 'static {
+    /// `MEMPLUG_ACCESS_*` bits `peer` can be given (zero: none).
+    fn can_access_peer(&self, peer: MemplugDevice) -> PluginResult<u32>;
+    /// Sets what `peer` may do with the range (`access` zero revokes).
+    fn set_peer_access(
+        &self,
+        reservation: &ObjectRef,
+        offset: u64,
+        len: u64,
+        peer: MemplugDevice,
+        access: u32,
+    ) -> PluginResult<()>;
 }
 
 /// Access of a shared mapping.
@@ -508,6 +558,28 @@ pub trait SharedMapping: Send + Sync + 'static {
     fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()>;
     /// Adds a reference to `object`. Yours: the handle.
     fn retain(&self, object: &ObjectRef) -> PluginResult<()>;
+    /// Whether `map_on`/`unmap_on` are published (ABI 1.2, with the virtual
+    /// backing's `CAN_QUEUE`: `MEMPLUG_CAP_QUEUED_BINDING` needs both).
+    const CAN_QUEUE_MAPS: bool = false;
+    /// `map` enqueued on `stream` (ABI 1.2); returns a fence that completes
+    /// once the mapping is usable. Checked as for `map`.
+    #[allow(clippy::too_many_arguments)]
+    fn map_on(
+        &self,
+        _object: &ObjectRef,
+        _object_offset: u64,
+        _reservation: &ObjectRef,
+        _offset: u64,
+        _len: u64,
+        _access: Access,
+        _stream: u64,
+    ) -> PluginResult<u64> {
+        Err(PluginError::unsupported("map_on is not published"))
+    }
+    /// `unmap` enqueued on `stream`, as [`map_on`](Self::map_on).
+    fn unmap_on(&self, _reservation: &ObjectRef, _offset: u64, _len: u64, _stream: u64) -> PluginResult<u64> {
+        Err(PluginError::unsupported("unmap_on is not published"))
+    }
     /// Drops a reference from `create` or `retain`; the memory goes back
     /// when the last reference (mappings included) is gone. Yours: the
     /// handle, and refusing a release too many.
@@ -608,4 +680,22 @@ pub trait StreamSync: Send + Sync + 'static {
     fn fence_wait(&self, fence: u64, timeout: Duration) -> PluginResult<FenceState>;
     /// Destroys a fence handle, complete or not.
     fn fence_destroy(&self, fence: u64) -> PluginResult<()>;
+
+    /// Whether `stream_wait_fence` is published (ABI 1.2).
+    const CAN_WAIT_FENCE: bool = false;
+    /// Later work on `stream` waits for `fence` (one of yours, possibly of
+    /// another stream), without blocking the caller. Both handles are
+    /// yours to check.
+    fn stream_wait_fence(&self, _stream: u64, _fence: u64) -> PluginResult<()> {
+        Err(PluginError::unsupported("stream_wait_fence is not published"))
+    }
+
+    /// Whether `stream_adopt_typed` is published (ABI 1.2).
+    const CAN_ADOPT_TYPED: bool = false;
+    /// [`stream_adopt`](Self::stream_adopt) with the native stream's API
+    /// named by its `MEMPLUG_DEVICE_*` kind; refuse a kind you do not adopt
+    /// with `UNSUPPORTED`.
+    fn stream_adopt_typed(&self, _native_kind: u32, _native: *mut c_void) -> PluginResult<u64> {
+        Err(PluginError::unsupported("stream_adopt_typed is not published"))
+    }
 }

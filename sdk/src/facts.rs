@@ -81,6 +81,7 @@ pub const SIZES: &[SizeFact] = &[
     size_fact!("MemplugSync", SYNC),
     size_fact!("MemplugDeviceIdentity", DEVICE_IDENTITY, since 2),
     size_fact!("MemplugHandle", HANDLE, since 2),
+    size_fact!("MemplugPeerAccess", PEER_ACCESS, since 2),
 ];
 
 /// Whether a mechanism must publish a slot (non-NULL).
@@ -205,6 +206,8 @@ slots!(MemplugVirtualBacking, "virtual_backing":
     decommit: Required, 0;
     committed_bytes: Required, 0;
     release: Required, 0;
+    commit_on: WithCapability(MEMPLUG_CAP_QUEUED_BINDING), 2;
+    decommit_on: WithCapability(MEMPLUG_CAP_QUEUED_BINDING), 2;
 );
 
 slots!(MemplugSharedMapping, "shared_mapping":
@@ -217,6 +220,8 @@ slots!(MemplugSharedMapping, "shared_mapping":
     import_fd: WithCapability(MEMPLUG_CAP_SHARED_EXPORT), 1;
     export_handle: WithCapability(MEMPLUG_CAP_TYPED_EXPORT), 2;
     import_handle: WithCapability(MEMPLUG_CAP_TYPED_EXPORT), 2;
+    map_on: WithCapability(MEMPLUG_CAP_QUEUED_BINDING), 2;
+    unmap_on: WithCapability(MEMPLUG_CAP_QUEUED_BINDING), 2;
 );
 
 slots!(MemplugSync, "sync":
@@ -228,6 +233,13 @@ slots!(MemplugSync, "sync":
     fence_query: Required, 0;
     fence_wait: Required, 0;
     fence_destroy: Required, 0;
+    stream_wait_fence: Optional, 2;
+    stream_adopt_typed: Optional, 2;
+);
+
+slots!(MemplugPeerAccess, "peer_access":
+    can_access_peer: Required, 2;
+    set_peer_access: Required, 2;
 );
 
 #[cfg(test)]
@@ -287,14 +299,14 @@ mod tests {
         );
         check::<MemplugVirtualBacking>(
             fields!(MemplugVirtualBacking {
-                struct_size, reserved0; reserve, commit, decommit, committed_bytes, release
+                struct_size, reserved0; reserve, commit, decommit, committed_bytes, release, commit_on, decommit_on
             }),
             sizes_of("MemplugVirtualBacking"),
         );
         check::<MemplugSharedMapping>(
             fields!(MemplugSharedMapping {
                 struct_size, reserved0; create, map, unmap, retain, release, export_fd, import_fd, export_handle,
-                import_handle
+                import_handle, map_on, unmap_on
             }),
             sizes_of("MemplugSharedMapping"),
         );
@@ -302,9 +314,13 @@ mod tests {
             fields!(MemplugSync {
                 struct_size, reserved0;
                 stream_create, stream_adopt, stream_destroy, enqueue_host_fn, fence_record, fence_query,
-                fence_wait, fence_destroy
+                fence_wait, fence_destroy, stream_wait_fence, stream_adopt_typed
             }),
             sizes_of("MemplugSync"),
+        );
+        check::<MemplugPeerAccess>(
+            fields!(MemplugPeerAccess { struct_size, reserved0; can_access_peer, set_peer_access }),
+            sizes_of("MemplugPeerAccess"),
         );
     }
 
@@ -341,7 +357,10 @@ mod tests {
             missing,
             ["stream_create", "enqueue_host_fn", "fence_record", "fence_query", "fence_wait"]
         );
-        assert_eq!(unpublished(&s, Optional).collect::<Vec<_>>(), ["stream_adopt"]);
+        assert_eq!(
+            unpublished(&s, Optional).collect::<Vec<_>>(),
+            ["stream_adopt", "stream_wait_fence", "stream_adopt_typed"]
+        );
     }
 
     fn prefixed_size<T: Prefixed>() -> (u32, usize) {
@@ -367,6 +386,7 @@ mod tests {
             ("MemplugSync", prefixed_size::<MemplugSync>()),
             ("MemplugDeviceIdentity", prefixed_size::<MemplugDeviceIdentity>()),
             ("MemplugHandle", prefixed_size::<MemplugHandle>()),
+            ("MemplugPeerAccess", prefixed_size::<MemplugPeerAccess>()),
         ];
         assert_eq!(SIZES.len(), structs.len());
         for (fact, (name, (min, now))) in SIZES.iter().zip(structs) {

@@ -127,7 +127,7 @@ pub unsafe fn read<T: Prefixed>(p: *const T) -> Result<T, PrefixError> {
 pub unsafe fn read_with_size<T: Prefixed>(p: *const T) -> Result<(T, u32), PrefixError> {
     let declared = declared_size(p)?;
     let mut local = zeroed::<T>();
-    let n = (declared as usize).min(size_of::<T>());
+    let n = whole_words(declared).min(size_of::<T>());
     core::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut local as *mut T).cast::<u8>(), n);
     Ok((local, declared))
 }
@@ -168,8 +168,22 @@ unsafe fn copy_short<T: Prefixed>(p: *const T, declared: u32) -> Result<T, Prefi
         return Err(refused_short(declared, T::SIZE_1_0));
     }
     let mut local = zeroed::<T>();
-    core::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut local as *mut T).cast::<u8>(), declared as usize);
+    core::ptr::copy_nonoverlapping(
+        p.cast::<u8>(),
+        (&mut local as *mut T).cast::<u8>(),
+        whole_words(declared),
+    );
     Ok(local)
+}
+
+/// The bytes of a short prefix that hold whole fields: every ABI struct's
+/// fields are at most 8 bytes and every size any minor defines is a
+/// multiple of 8, so a `struct_size` that is not one (a writer that is
+/// wrong) ends inside a field — a pointer cut in half — and the partial
+/// word is not read: it stays zero, as a field the writer did not publish.
+#[inline(always)]
+fn whole_words(declared: u32) -> usize {
+    declared as usize & !7
 }
 
 /// How many bytes of an out-struct the other side owns may be written:
@@ -336,6 +350,7 @@ prefixed! {
     MemplugHostServices => abi::size_1_2::HOST_SERVICES,
     MemplugDeviceIdentity => abi::size_1_2::DEVICE_IDENTITY,
     MemplugHandle => abi::size_1_2::HANDLE,
+    MemplugPeerAccess => abi::size_1_2::PEER_ACCESS,
 }
 
 #[cfg(test)]
@@ -396,6 +411,18 @@ mod tests {
             let (r2, d) = unsafe { read_with_size::<MemplugRequest>(b.as_ptr().cast()) }.unwrap();
             assert_eq!((d, r2.class_tag, r2.object_id), (declared, class_tag, 4));
         }
+    }
+
+    #[test]
+    fn a_struct_size_that_cuts_a_field_reads_no_part_of_it() {
+        // 44 bytes end inside the 8-byte word holding class_tag and
+        // reserved0: that word stays zero (class OTHER), nothing half-read.
+        let b = request_bytes(44);
+        // SAFETY: the buffer holds the declared bytes and more.
+        let r = unsafe { read::<MemplugRequest>(b.as_ptr().cast()) }.unwrap();
+        assert_eq!((r.object_id, r.class_tag), (4, 0));
+        let (r, d) = unsafe { read_with_size::<MemplugRequest>(b.as_ptr().cast()) }.unwrap();
+        assert_eq!((d, r.class_tag), (44, 0));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use super::view::RegionView;
 use super::{round_up, BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::governor::Lease;
-use crate::mechanism::{Access, SharedMappingApi, VirtualBackingApi};
+use crate::mechanism::{Access, Handle, HandleRef, SharedMappingApi, VirtualBackingApi};
 use crate::tokens::PhysicalObject;
 use std::fmt;
 use std::sync::Arc;
@@ -41,6 +41,29 @@ impl MemoryBinding {
             );
             return Err(e);
         }
+        Ok(Arc::new(SharedPrefix {
+            binding: self.inner.clone(),
+            object: Some(object),
+            lease: Some(lease),
+            len,
+        }))
+    }
+}
+
+impl MemoryBinding {
+    /// A shared prefix backed by memory another process (or mechanism of
+    /// the same kind) exported as `handle` (ABI 1.2 typed export), of `size`
+    /// bytes: charged once to this binding's pool like one made by
+    /// [`create_shared`](Self::create_shared), and mapped into regions the
+    /// same way. The handle stays the caller's.
+    pub fn import_shared(&self, handle: HandleRef<'_>, size: u64) -> Result<Arc<SharedPrefix>, BindingError> {
+        let b = &*self.inner;
+        let m = b.mechanism();
+        let sm = m.shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
+        let len = round_up(size, m.properties().granularity)
+            .ok_or_else(|| BindingError::Invalid(format!("shared prefix of {size} bytes overflows")))?;
+        let (object, lease) =
+            settle::commit_or_undo(b, len, |_| sm.import_handle(handle, len), |o| sm.release(o))?;
         Ok(Arc::new(SharedPrefix {
             binding: self.inner.clone(),
             object: Some(object),
@@ -112,6 +135,16 @@ impl SharedPrefix {
     }
     pub(super) fn object(&self) -> &PhysicalObject {
         self.object.as_ref().expect("present until drop")
+    }
+    /// A new handle of kind `kind` (one `MEMPLUG_HANDLE_*` bit) to this
+    /// prefix's memory, owned by the caller, for another process to import
+    /// with [`MemoryBinding::import_shared`] (ABI 1.2 typed export; the
+    /// binding that made it names the kinds at creation,
+    /// `BindingSpec::export_types`). The prefix stays charged here.
+    pub fn export_handle(&self, kind: u32) -> Result<Handle, BindingError> {
+        let b = &*self.binding;
+        let sm = b.mechanism().shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
+        Ok(sm.export_handle(self.object(), kind)?)
     }
 }
 

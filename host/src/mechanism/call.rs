@@ -127,7 +127,9 @@ slot_shape!(A);
 slot_shape!(A, B);
 slot_shape!(A, B, C);
 slot_shape!(A, B, C, D);
+slot_shape!(A, B, C, D, E);
 slot_shape!(A, B, C, D, E, F);
+slot_shape!(A, B, C, D, E, F, G, H);
 
 impl MechanismInner {
     /// Calls `slot` of this mechanism with `args`: `Ok` on

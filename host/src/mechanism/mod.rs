@@ -25,12 +25,14 @@ macro_rules! slot {
 mod allocator;
 mod blocks;
 mod call;
+mod queued;
 mod shared_mapping;
 mod sync;
 mod typed_export;
 mod virtual_backing;
 
 pub use allocator::AllocatorApi;
+pub use queued::PeerAccessApi;
 pub use shared_mapping::SharedMappingApi;
 pub use sync::stray_host_fn_calls;
 pub use sync::SyncApi;
@@ -80,6 +82,15 @@ impl Capabilities {
     pub fn typed_export(self) -> bool {
         self.0 & MEMPLUG_CAP_TYPED_EXPORT != 0
     }
+    /// Peer access (ABI 1.2): other devices can be given access.
+    pub fn peer_access(self) -> bool {
+        self.0 & MEMPLUG_CAP_PEER_ACCESS != 0
+    }
+    /// Queue-ordered binding (ABI 1.2): `commit_on`, `decommit_on` (and
+    /// `map_on`, `unmap_on` with a shared mapping).
+    pub fn queued_binding(self) -> bool {
+        self.0 & MEMPLUG_CAP_QUEUED_BINDING != 0
+    }
     /// Bits this host does not know (from a newer minor); ignored.
     pub fn unknown_bits(self) -> u32 {
         self.0 & !MEMPLUG_CAP_ALL_1_2
@@ -104,6 +115,12 @@ impl Capabilities {
         }
         if self.typed_export() {
             v.push("typed_export");
+        }
+        if self.peer_access() {
+            v.push("peer_access");
+        }
+        if self.queued_binding() {
+            v.push("queued_binding");
         }
         v
     }
@@ -204,6 +221,8 @@ pub(crate) struct MechanismInner {
     pub(crate) virtual_backing: Option<MemplugVirtualBacking>,
     pub(crate) shared_mapping: Option<MemplugSharedMapping>,
     pub(crate) sync: Option<MemplugSync>,
+    /// Peer access (ABI 1.2), when published.
+    pub(crate) peer_access: Option<MemplugPeerAccess>,
     /// The device's identity (ABI 1.2), when the plugin published one.
     pub(crate) identity: Option<DeviceIdentity>,
     pub(crate) live: [AtomicU64; 5],
@@ -263,6 +282,7 @@ impl MechanismInner {
         virtual_backing: Option<MemplugVirtualBacking>,
         shared_mapping: Option<MemplugSharedMapping>,
         sync: Option<MemplugSync>,
+        peer_access: Option<MemplugPeerAccess>,
         check_overlaps: bool,
         plugin: Arc<LoadedLibrary>,
     ) -> MechanismInner {
@@ -285,6 +305,7 @@ impl MechanismInner {
             virtual_backing,
             shared_mapping,
             sync,
+            peer_access,
             identity: None,
             live: Default::default(),
             blocks: check_overlaps.then(Box::default),
@@ -539,6 +560,11 @@ impl Mechanism {
     /// [`allocator`](Self::allocator).
     pub(crate) fn shared_mapping(&self) -> Option<SharedMappingApi<'_>> {
         self.inner.shared_mapping.as_ref().map(|vt| SharedMappingApi { m: &self.inner, vt })
+    }
+    /// Peer access (ABI 1.2), or `None`. Public: it grants access to memory
+    /// that exists; it makes none.
+    pub fn peer_access(&self) -> Option<PeerAccessApi<'_>> {
+        self.inner.peer_access.as_ref().map(|vt| PeerAccessApi { m: &self.inner, vt })
     }
     /// Streams and fences, or `None`. Public: streams and fences order
     /// work; they make no memory.

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 enum Work {
     Run(HostFn),
     Signal(Arc<Fence>),
+    /// `stream_wait_fence`: later work waits for another fence.
+    Wait(Arc<Fence>),
 }
 
 /// A fence's completion flag; waiters sleep on the condition variable.
@@ -151,6 +153,9 @@ fn run_worker(queue: std::sync::mpsc::Receiver<Work>) {
         match work {
             Work::Run(f) => f.call(),
             Work::Signal(fence) => fence.signal(),
+            Work::Wait(fence) => {
+                fence.wait(Duration::MAX);
+            }
         }
     }
 }
@@ -218,6 +223,16 @@ impl StreamSync for CpuMechanism {
         // and a concurrent fence_destroy only drops the table's reference.
         let f = self.streams.with_fence(fence, |f| Arc::clone(&f.fence))?;
         Ok(f.wait(timeout))
+    }
+
+    // ABI 1.2: the stream's worker waits for the fence before running what
+    // comes after (the fence is kept alive by the queue, even if its handle
+    // is destroyed meanwhile).
+    const CAN_WAIT_FENCE: bool = true;
+
+    fn stream_wait_fence(&self, stream: u64, fence: u64) -> PluginResult<()> {
+        let f = self.streams.with_fence(fence, |f| Arc::clone(&f.fence))?;
+        self.streams.submit(stream, Work::Wait(f), "stream_wait_fence")
     }
 
     fn fence_destroy(&self, fence: u64) -> PluginResult<()> {

@@ -11,6 +11,7 @@ use super::context::{Facts, MechCtx};
 use super::host_link::{HostLink, LostFlag};
 use super::owned::Owned;
 use super::thunks::*;
+use super::thunks_1_2::*;
 use crate::abi::{self, *};
 use crate::author::*;
 use crate::descriptor::DeviceIdentity;
@@ -29,6 +30,7 @@ pub struct MechanismBuilder<M: 'static> {
     virtual_backing: Option<MemplugVirtualBacking>,
     shared_mapping: Option<MemplugSharedMapping>,
     sync: Option<MemplugSync>,
+    peer_access: Option<MemplugPeerAccess>,
     identity: Option<DeviceIdentity>,
 }
 
@@ -78,6 +80,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             virtual_backing: None,
             shared_mapping: None,
             sync: None,
+            peer_access: None,
             identity: None,
         }
     }
@@ -117,13 +120,15 @@ impl<M: Allocator> MechanismBuilder<M> {
         M: VirtualBacking,
     {
         self.virtual_backing = Some(MemplugVirtualBacking {
-            struct_size: abi::size_1_0::VIRTUAL_BACKING,
+            struct_size: abi::size_1_2::VIRTUAL_BACKING,
             reserved0: 0,
             reserve: Some(v_reserve::<M>),
             commit: Some(v_commit::<M>),
             decommit: Some(v_decommit::<M>),
             committed_bytes: Some(v_committed::<M>),
             release: Some(v_release::<M>),
+            commit_on: if M::CAN_QUEUE { Some(v_commit_on::<M>) } else { None },
+            decommit_on: if M::CAN_QUEUE { Some(v_decommit_on::<M>) } else { None },
         });
         self
     }
@@ -147,6 +152,8 @@ impl<M: Allocator> MechanismBuilder<M> {
             import_fd: if M::CAN_EXPORT { Some(s_import_fd::<M>) } else { None },
             export_handle: if M::CAN_EXPORT_HANDLES { Some(s_export_handle::<M>) } else { None },
             import_handle: if M::CAN_EXPORT_HANDLES { Some(s_import_handle::<M>) } else { None },
+            map_on: if M::CAN_QUEUE_MAPS { Some(s_map_on::<M>) } else { None },
+            unmap_on: if M::CAN_QUEUE_MAPS { Some(s_unmap_on::<M>) } else { None },
         });
         self
     }
@@ -157,7 +164,7 @@ impl<M: Allocator> MechanismBuilder<M> {
         M: StreamSync,
     {
         self.sync = Some(MemplugSync {
-            struct_size: abi::size_1_0::SYNC,
+            struct_size: abi::size_1_2::SYNC,
             reserved0: 0,
             stream_create: Some(y_stream_create::<M>),
             stream_adopt: if M::CAN_ADOPT { Some(y_stream_adopt::<M>) } else { None },
@@ -167,6 +174,22 @@ impl<M: Allocator> MechanismBuilder<M> {
             fence_query: Some(y_fence_query::<M>),
             fence_wait: Some(y_fence_wait::<M>),
             fence_destroy: Some(y_fence_destroy::<M>),
+            stream_wait_fence: if M::CAN_WAIT_FENCE { Some(y_stream_wait_fence::<M>) } else { None },
+            stream_adopt_typed: if M::CAN_ADOPT_TYPED { Some(y_stream_adopt_typed::<M>) } else { None },
+        });
+        self
+    }
+
+    /// Publishes the peer access capability (ABI 1.2), implemented by `M`.
+    pub fn peer_access(mut self) -> Self
+    where
+        M: PeerAccess,
+    {
+        self.peer_access = Some(MemplugPeerAccess {
+            struct_size: abi::size_1_2::PEER_ACCESS,
+            reserved0: 0,
+            can_access_peer: Some(p_can_access_peer::<M>),
+            set_peer_access: Some(p_set_peer_access::<M>),
         });
         self
     }
@@ -176,7 +199,7 @@ impl<M: Allocator> MechanismBuilder<M> {
     /// minor the SDK speaks: a host that agreed on 1.0 gets a 1.0 view (no
     /// 1.1 capability bit, 1.0-sized sub-vtables), so it never sees what it
     /// cannot use and a 1.1 host never has to mask.
-    pub fn build(self) -> BuiltMechanism {
+    pub fn build(mut self) -> BuiltMechanism {
         fn own<T>(v: Option<T>) -> Option<Owned<T>> {
             v.map(Owned::new)
         }
@@ -207,6 +230,24 @@ impl<M: Allocator> MechanismBuilder<M> {
         if self.sync.is_some() {
             caps |= abi::MEMPLUG_CAP_SYNC;
         }
+        if self.peer_access.is_some() {
+            caps |= abi::MEMPLUG_CAP_PEER_ACCESS;
+        }
+        // Queued binding is one capability over two tables: published only
+        // when the virtual backing queues, streams exist, and a shared
+        // mapping (if any) queues its maps too; otherwise the slots go.
+        let vb_queues = self.virtual_backing.is_some_and(|v| v.commit_on.is_some());
+        let sm_queues = self.shared_mapping.is_none_or(|m| m.map_on.is_some());
+        if vb_queues && sm_queues && self.sync.is_some() {
+            caps |= abi::MEMPLUG_CAP_QUEUED_BINDING;
+        } else {
+            if let Some(v) = &mut self.virtual_backing {
+                (v.commit_on, v.decommit_on) = (None, None);
+            }
+            if let Some(m) = &mut self.shared_mapping {
+                (m.map_on, m.unmap_on) = (None, None);
+            }
+        }
         // Each older minor's view of the shared mapping table: its prefix
         // only (the 1.2 table is the whole one).
         let shared_1_0 = own(self.shared_mapping.map(|sm| MemplugSharedMapping {
@@ -215,19 +256,38 @@ impl<M: Allocator> MechanismBuilder<M> {
             import_fd: None,
             export_handle: None,
             import_handle: None,
+            map_on: None,
+            unmap_on: None,
             ..sm
         }));
         let shared_1_1 = own(self.shared_mapping.map(|sm| MemplugSharedMapping {
             struct_size: abi::size_1_1::SHARED_MAPPING,
             export_handle: None,
             import_handle: None,
+            map_on: None,
+            unmap_on: None,
             ..sm
         }));
-        let virtual_backing = own(self.virtual_backing);
+        // The virtual backing and sync tables of 1.0 and 1.1 are the same
+        // (1.1 added nothing to them); 1.2's are the whole tables.
+        let virtual_backing = own(self.virtual_backing.map(|v| MemplugVirtualBacking {
+            struct_size: abi::size_1_0::VIRTUAL_BACKING,
+            commit_on: None,
+            decommit_on: None,
+            ..v
+        }));
+        let virtual_backing_1_2 = own(self.virtual_backing);
+        let sync_1_2 = own(self.sync);
+        let peer_access = own(self.peer_access);
         let shared_1_2 = own(self
             .shared_mapping
             .map(|sm| MemplugSharedMapping { struct_size: abi::size_1_2::SHARED_MAPPING, ..sm }));
-        let sync = own(self.sync);
+        let sync = own(self.sync.map(|y| MemplugSync {
+            struct_size: abi::size_1_0::SYNC,
+            stream_wait_fence: None,
+            stream_adopt_typed: None,
+            ..y
+        }));
         let name = OwnedCStr::new(self.name);
         let mech_1_1 = MemplugMechanism {
             struct_size: abi::size_1_1::MECHANISM,
@@ -241,6 +301,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             shared_mapping: ptr(&shared_1_1),
             sync: ptr(&sync),
             identity: core::ptr::null(),
+            peer_access: core::ptr::null(),
         };
         let mech_1_0 = MemplugMechanism {
             struct_size: abi::size_1_0::MECHANISM,
@@ -261,8 +322,11 @@ impl<M: Allocator> MechanismBuilder<M> {
         let mech_1_2 = MemplugMechanism {
             struct_size: abi::size_1_2::MECHANISM,
             capabilities: caps,
+            virtual_backing: ptr(&virtual_backing_1_2),
             shared_mapping: ptr(&shared_1_2),
+            sync: ptr(&sync_1_2),
             identity: ptr(&identity),
+            peer_access: ptr(&peer_access),
             ..mech_1_1
         };
         BuiltMechanism {
@@ -273,6 +337,9 @@ impl<M: Allocator> MechanismBuilder<M> {
                 _shared_1_0: shared_1_0,
                 _shared_1_1: shared_1_1,
                 _shared_1_2: shared_1_2,
+                _virtual_backing_1_2: virtual_backing_1_2,
+                _sync_1_2: sync_1_2,
+                _peer_access: peer_access,
                 _sync: sync,
                 _identity: identity,
                 _name: name,
@@ -303,6 +370,9 @@ struct Tables {
     _shared_1_0: Option<Owned<MemplugSharedMapping>>,
     _shared_1_1: Option<Owned<MemplugSharedMapping>>,
     _shared_1_2: Option<Owned<MemplugSharedMapping>>,
+    _virtual_backing_1_2: Option<Owned<MemplugVirtualBacking>>,
+    _sync_1_2: Option<Owned<MemplugSync>>,
+    _peer_access: Option<Owned<MemplugPeerAccess>>,
     _sync: Option<Owned<MemplugSync>>,
     _identity: Option<Owned<DeviceIdentity>>,
     _name: OwnedCStr,

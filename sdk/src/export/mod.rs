@@ -46,6 +46,7 @@ mod guard;
 mod host_link;
 mod owned;
 mod thunks;
+mod thunks_1_2;
 
 pub use builder::{BuiltMechanism, ExportedPlugin, MechanismBuilder, MechanismState, PluginBuilder};
 pub use entry::{negotiate, PluginCell};
