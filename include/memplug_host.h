@@ -122,6 +122,9 @@
 // Size of `MemplugHostMemoryNeeds` in API 1.1, where it first appeared.
 #define MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1 24
 
+// Size of `MemplugHostHandle` in API 1.1, where it first appeared.
+#define MEMPLUG_HOST_HANDLE_SIZE_1_1 96
+
 // Result of every fallible function of the host C API.
 //
 // `MEMPLUG_HOST_STATUS_OK` (zero) is success. Codes 0 to 15 have exactly
@@ -349,8 +352,14 @@ typedef struct MemplugHostMechanismInfo {
   // Bits of later ABI minors are set only for a plugin that agreed on
   // that minor: `MEMPLUG_CAP_SHARED_EXPORT` (1.1),
   // `MEMPLUG_CAP_TYPED_EXPORT` (1.2: physical objects exported as typed
-  // handles of the kinds in its descriptor's `export_types`). Ignore
-  // bits memplug.h does not name.
+  // handles of the kinds in its descriptor's `export_types`; shared
+  // prefixes through `memplug_host_prefix_export_handle` and
+  // `memplug_host_binding_import_prefix`), `MEMPLUG_CAP_PEER_ACCESS`
+  // (1.2, bit 6: other devices may be given access to its memory;
+  // `memplug_host_mechanism_can_access_peer` says which),
+  // `MEMPLUG_CAP_QUEUED_BINDING` (1.2, bit 7: committing and mapping can
+  // be enqueued on a stream; informational, this API does not enqueue
+  // them yet). Ignore bits memplug.h does not name.
   uint32_t capabilities;
   // The device it serves.
   MemplugDevice device;
@@ -712,6 +721,41 @@ typedef struct MemplugHostPressureTicket {
 typedef uint64_t (*MemplugHostPressureFn)(void *userdata,
                                           const struct MemplugHostPressureTicket *ticket);
 
+// A typed handle to memory (the plugin ABI 1.2 `MemplugHandle`): what
+// `memplug_host_prefix_export_handle` writes and
+// `memplug_host_binding_import_prefix` reads. One kind per handle:
+//
+// * `MEMPLUG_HANDLE_OPAQUE_FD`, `_DMABUF_FD`, `_MEMFD`: `fd` is a file
+//   descriptor (else -1). One written by an export is new and the
+//   caller's: close it when done (it keeps the memory alive for whoever
+//   imports it, in this process or another one it is passed to). Import
+//   only borrows it (the plugin keeps a duplicate if it needs one).
+// * `MEMPLUG_HANDLE_WIN32`: `win32` is a Windows NT handle, owned as an
+//   fd is (else 0).
+// * `MEMPLUG_HANDLE_VENDOR_BLOB`: the first `blob_len` bytes of `blob`
+//   (at most `MEMPLUG_HANDLE_BLOB_MAX`) are a vendor's opaque bytes.
+//
+// Set `struct_size` to `sizeof(MemplugHostHandle)` (at least
+// `MEMPLUG_HOST_HANDLE_SIZE_1_1`) before either call. Since API 1.1.
+typedef struct MemplugHostHandle {
+  // `sizeof(MemplugHostHandle)`; set to the bytes written.
+  uint32_t struct_size;
+  // One `MEMPLUG_HANDLE_*` bit (memplug.h).
+  uint32_t kind;
+  // The descriptor of the fd kinds; -1 otherwise.
+  int32_t fd;
+  // Zero.
+  uint32_t reserved0;
+  // The handle of `MEMPLUG_HANDLE_WIN32`; zero otherwise.
+  uint64_t win32;
+  // Bytes of `blob` used (`MEMPLUG_HANDLE_VENDOR_BLOB`); zero otherwise.
+  uint32_t blob_len;
+  // Zero.
+  uint32_t reserved1;
+  // A vendor blob's bytes.
+  uint8_t blob[64];
+} MemplugHostHandle;
+
 // A region's figures.
 typedef struct MemplugHostRegionInfo {
   // `sizeof(MemplugHostRegionInfo)`; set to the bytes written.
@@ -1030,6 +1074,23 @@ MemplugHostStatus memplug_host_stream_enqueue(struct MemplugHostStream stream,
 // `out` must be NULL or writable.
 MemplugHostStatus memplug_host_fence_record(struct MemplugHostStream stream,
                                             struct MemplugHostFence *out);
+
+// Orders `stream` behind `fence`: work enqueued on the stream after this
+// call runs only once the fence has completed; the caller does not wait
+// (as CUDA's `cuStreamWaitEvent`). The fence must have been recorded
+// (`memplug_host_fence_record`) on a stream of the same mechanism —
+// possibly this one — and belong to the stream's manager
+// (`MEMPLUG_HOST_STATUS_WRONG_MANAGER` otherwise); a fence of another
+// mechanism is refused with the host's code (`_WRONG_MECHANISM`), one
+// made by `memplug_host_fence_from_callbacks` with `_INVALID_ARGUMENT`
+// (no plugin can wait on a runtime's callbacks: wait for it on the host,
+// then enqueue). A plugin that does not publish `stream_wait_fence`
+// (optional, plugin ABI 1.2) refuses with `MEMPLUG_HOST_STATUS_UNSUPPORTED`.
+//
+// Ownership: both handles stay the caller's; releasing the fence handle
+// afterwards does not undo the wait. Thread-safety: any thread.
+MemplugHostStatus memplug_host_stream_wait_fence(struct MemplugHostStream stream,
+                                                 struct MemplugHostFence fence);
 
 // Wraps a runtime's own fence (a CUDA event, a timeline semaphore value,
 // anything) as a host fence: `query` (required) says whether the work
@@ -1518,6 +1579,25 @@ MemplugHostStatus memplug_host_manager_drain(struct MemplugHostManager manager,
                                              uint64_t timeout_ns,
                                              uint64_t *out_left);
 
+// Asks a mechanism what access device `peer` can be given to its memory:
+// `out_access` receives `MEMPLUG_ACCESS_*` bits (memplug.h;
+// `MEMPLUG_ACCESS_READ`, or `_READ | _WRITE`), 0 when the peer can be given
+// none (an unreachable device is an answer, not an error).
+//
+// A mechanism without `MEMPLUG_CAP_PEER_ACCESS` (`MemplugHostMechanismInfo`
+// `capabilities`; never set by a plugin that agreed on an ABI minor below
+// 1.2) refuses with `MEMPLUG_HOST_STATUS_UNSUPPORTED` and a message saying
+// so. A plugin's own refusal (an unknown device) comes back with its code.
+//
+// Granting access to a range (the plugin's `set_peer_access`) is not in
+// this API yet. Thread-safety: any thread.
+//
+// # Safety
+// `out_access` must be NULL or writable.
+MemplugHostStatus memplug_host_mechanism_can_access_peer(struct MemplugHostMechanism mechanism,
+                                                         MemplugDevice peer,
+                                                         uint32_t *out_access);
+
 // Creates a pool of `capacity` bytes for one physical memory domain.
 // Names are unique per manager (`MEMPLUG_HOST_STATUS_ALREADY_EXISTS`);
 // a capacity the governor cannot represent is `_OUT_OF_RANGE`.
@@ -1644,6 +1724,64 @@ MemplugHostStatus memplug_host_holder_unregister(struct MemplugHostHolder holder
 // # Safety
 // `out` must be NULL or writable.
 MemplugHostStatus memplug_host_holder_id(struct MemplugHostHolder holder, uint64_t *out);
+
+// Exports a shared prefix's memory as a new handle of `kind` (one
+// `MEMPLUG_HANDLE_*` bit) and writes it to `out` (set `out->struct_size`
+// to `sizeof(MemplugHostHandle)` first). Another binding — of this
+// manager or another, in this process or one the handle is passed to —
+// imports it with `memplug_host_binding_import_prefix`. The prefix stays
+// charged to its own pool; exporting charges nothing.
+//
+// Name `kind` in the `export_types` of the options of the binding that
+// makes the prefix: a mechanism may make memory exportable only as it was
+// asked to (the reference CPU plugin's is always a memfd). A mechanism that
+// does not offer `kind` (its descriptor's `export_types`), has no
+// `MEMPLUG_CAP_TYPED_EXPORT`, agreed on an ABI minor below 1.2, or did not
+// make this prefix exportable so refuses with
+// `MEMPLUG_HOST_STATUS_UNSUPPORTED`. An unknown kind, or several bits, is
+// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+//
+// Ownership: what `out` receives is the caller's — close an fd kind's
+// `fd` (`close`), a `MEMPLUG_HANDLE_WIN32` handle (`CloseHandle`) when
+// done; the memory lives on while any handle or importer holds it. On
+// failure nothing is written and nothing needs closing.
+// Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_prefix_export_handle(struct MemplugHostPrefix prefix,
+                                                    uint32_t kind,
+                                                    struct MemplugHostHandle *out);
+
+// Imports memory exported as `handle` (by `memplug_host_prefix_export_handle`
+// here or in another process, or by a runtime that speaks the same kind)
+// as a shared prefix of `size` bytes (rounded up to the granularity) made
+// through `binding`: charged once to the binding's pool, however many
+// regions map it (`memplug_host_region_map_prefix`, read-only), refunded
+// when it is freed. The handle's memory must be at least `size` bytes.
+//
+// `handle->struct_size` must be at least `MEMPLUG_HOST_HANDLE_SIZE_1_1`;
+// its `kind` one `MEMPLUG_HANDLE_*` bit; for the fd kinds `fd` an open
+// descriptor (a negative one is `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`),
+// for a blob `blob_len` at most `MEMPLUG_HANDLE_BLOB_MAX`. A mechanism
+// that cannot import the kind (no `MEMPLUG_CAP_TYPED_EXPORT`, a kind it
+// does not offer) refuses with `MEMPLUG_HOST_STATUS_UNSUPPORTED`; a
+// handle it does not recognise with its own code; no room in the pool is
+// `MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`.
+//
+// Ownership: the handle stays the caller's (an fd is borrowed for the
+// call; the plugin keeps a duplicate if it needs one): close it whenever
+// convenient. The caller owns the new prefix (`memplug_host_prefix_release`).
+// Thread-safety: any thread.
+//
+// # Safety
+// `handle` must be NULL or readable for its `struct_size` bytes, and an
+// fd in it an open descriptor of the caller's until the call returns;
+// `out` NULL or writable.
+MemplugHostStatus memplug_host_binding_import_prefix(struct MemplugHostBinding binding,
+                                                     const struct MemplugHostHandle *handle,
+                                                     uint64_t size,
+                                                     struct MemplugHostPrefix *out);
 
 // Reserves `max_bytes` of address space through the binding's mechanism
 // (it needs the virtual backing capability: `MEMPLUG_HOST_STATUS_UNSUPPORTED`

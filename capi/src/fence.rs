@@ -4,7 +4,7 @@
 use crate::callbacks::{CallbackScope, UserData};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
-use crate::manager_tables::{self, pin, pin_manager, same_manager, StreamEntry};
+use crate::manager_tables::{self, pin, pin_manager, same_manager, FenceEntry, StreamEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
@@ -12,7 +12,7 @@ use crate::types::{
     MemplugHostMechanism, MemplugHostReleaseFn, MemplugHostStream, MemplugHostStreamFn,
 };
 use memplug_host_dep::registry::Context;
-use memplug_host_dep::{FnFence, PluginFence, SharedFence};
+use memplug_host_dep::{CallError, Fence, FenceSource, FnFence, Mechanism, SharedFence, Stream};
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -65,8 +65,8 @@ pub(crate) unsafe fn collect_fences(
     let resolve = |h: &MemplugHostFence| -> Result<SharedFence> {
         crate::handle::expect(h.id, Kind::Fence)?;
         same_manager(manager, h.id, Kind::Fence)?;
-        let (f, _) = pin::<SharedFence>(h.id)?;
-        Ok(SharedFence::clone(&f))
+        let (f, _) = pin::<FenceEntry>(h.id)?;
+        Ok(SharedFence::clone(&f.fence))
     };
     if count <= 4 {
         let mut out = [None, None, None, None];
@@ -169,10 +169,111 @@ pub unsafe extern "C" fn memplug_host_fence_record(
         let (e, seat) = pin::<StreamEntry>(stream.id)?;
         let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
         let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
-        let f = PluginFence::record(&e.mechanism, s)?;
+        let f = StreamFence::record(&e.mechanism, s)?;
         drop(guard);
+        let entry = FenceEntry { fence: f.clone(), recorded: Some(f) };
         // SAFETY: `out` was checked non-NULL.
-        unsafe { manager_tables::issue(seat, f, [0, 0], out, |id| MemplugHostFence { id }) }
+        unsafe { manager_tables::issue(seat, entry, [0, 0], out, |id| MemplugHostFence { id }) }
+    })
+}
+
+/// A fence a plugin recorded on one of its streams, destroyed through the
+/// plugin when the last holder drops it. The host's `PluginFence` with its
+/// token in reach: a stream of the same mechanism can be ordered behind it
+/// (`memplug_host_stream_wait_fence`).
+pub(crate) struct StreamFence {
+    mechanism: Mechanism,
+    fence: Option<Fence>,
+    /// The stream it was recorded on.
+    stream: u64,
+    /// Recording order (see `FenceSource::order_key`): every fence of a C
+    /// API stream is recorded here, so this counter orders them all.
+    sequence: u64,
+}
+
+static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl StreamFence {
+    fn record(mechanism: &Mechanism, stream: &Stream) -> std::result::Result<Arc<StreamFence>, CallError> {
+        let sync = mechanism.sync().expect("checked at stream creation");
+        let fence = sync.fence_record(stream)?;
+        let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Arc::new(StreamFence {
+            mechanism: mechanism.clone(),
+            fence: Some(fence),
+            stream: stream.handle(),
+            sequence,
+        }))
+    }
+
+    fn fence(&self) -> &Fence {
+        self.fence.as_ref().expect("present until drop")
+    }
+}
+
+impl FenceSource for StreamFence {
+    fn query(&self) -> std::result::Result<bool, CallError> {
+        self.mechanism.sync().expect("checked at record").fence_query(self.fence())
+    }
+    fn wait(&self, timeout: Duration) -> std::result::Result<bool, CallError> {
+        self.mechanism.sync().expect("checked at record").fence_wait(self.fence(), timeout)
+    }
+    fn describe(&self) -> String {
+        format!("fence {} of {}", self.fence().handle(), self.mechanism.label())
+    }
+    /// Fences recorded on one stream complete in recording order.
+    fn order_key(&self) -> Option<(u64, u64, u64)> {
+        Some((self.mechanism.key(), self.stream, self.sequence))
+    }
+}
+
+impl Drop for StreamFence {
+    fn drop(&mut self) {
+        if let Some(f) = self.fence.take() {
+            // A fence the plugin will not destroy stays counted live on the
+            // mechanism (visible in unload reports), never dropped silently.
+            let _ = self.mechanism.sync().expect("checked at record").fence_destroy(f);
+        }
+    }
+}
+
+/// Orders `stream` behind `fence`: work enqueued on the stream after this
+/// call runs only once the fence has completed; the caller does not wait
+/// (as CUDA's `cuStreamWaitEvent`). The fence must have been recorded
+/// (`memplug_host_fence_record`) on a stream of the same mechanism —
+/// possibly this one — and belong to the stream's manager
+/// (`MEMPLUG_HOST_STATUS_WRONG_MANAGER` otherwise); a fence of another
+/// mechanism is refused with the host's code (`_WRONG_MECHANISM`), one
+/// made by `memplug_host_fence_from_callbacks` with `_INVALID_ARGUMENT`
+/// (no plugin can wait on a runtime's callbacks: wait for it on the host,
+/// then enqueue). A plugin that does not publish `stream_wait_fence`
+/// (optional, plugin ABI 1.2) refuses with `MEMPLUG_HOST_STATUS_UNSUPPORTED`.
+///
+/// Ownership: both handles stay the caller's; releasing the fence handle
+/// afterwards does not undo the wait. Thread-safety: any thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_stream_wait_fence(
+    stream: MemplugHostStream,
+    fence: MemplugHostFence,
+) -> MemplugHostStatus {
+    boundary("memplug_host_stream_wait_fence", || {
+        let (e, seat) = pin::<StreamEntry>(stream.id)?;
+        crate::handle::expect(fence.id, Kind::Fence)?;
+        same_manager(seat, fence.id, Kind::Fence)?;
+        let (f, _) = pin::<FenceEntry>(fence.id)?;
+        let recorded = f.recorded.clone().ok_or_else(|| {
+            Error::new(
+                S::InvalidArgument,
+                "the fence was made by memplug_host_fence_from_callbacks: a stream waits only on a fence \
+                 recorded on a stream of its mechanism (memplug_host_fence_record)",
+            )
+        })?;
+        drop(f);
+        let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
+        let sync = e.mechanism.sync().expect("checked at creation");
+        sync.stream_wait_fence(s, recorded.fence())?;
+        Ok(())
     })
 }
 
@@ -260,8 +361,9 @@ pub unsafe extern "C" fn memplug_host_fence_from_callbacks(
         let rf = Arc::new(RuntimeFence { query, wait, release, userdata: UserData(userdata) });
         let (q, w) = (rf.clone(), rf);
         let f = FnFence::new(name, move || q.query(), move |t| w.wait(t));
+        let entry = FenceEntry { fence: f, recorded: None };
         // SAFETY: `out` was checked non-NULL.
-        unsafe { manager_tables::issue(seat, f, [0, 0], out, |id| MemplugHostFence { id }) }
+        unsafe { manager_tables::issue(seat, entry, [0, 0], out, |id| MemplugHostFence { id }) }
     })
 }
 
@@ -277,8 +379,8 @@ pub unsafe extern "C" fn memplug_host_fence_query(
 ) -> MemplugHostStatus {
     boundary("memplug_host_fence_query", || {
         require_non_null(out_complete, "out_complete")?;
-        let (f, _) = pin::<SharedFence>(fence.id)?;
-        let done = f.query()?;
+        let (f, _) = pin::<FenceEntry>(fence.id)?;
+        let done = f.fence.query()?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(out_complete, done) };
         Ok(())
@@ -298,8 +400,8 @@ pub unsafe extern "C" fn memplug_host_fence_wait(
 ) -> MemplugHostStatus {
     boundary("memplug_host_fence_wait", || {
         require_non_null(out_complete, "out_complete")?;
-        let (f, _) = pin::<SharedFence>(fence.id)?;
-        let done = f.wait(Duration::from_nanos(timeout_ns))?;
+        let (f, _) = pin::<FenceEntry>(fence.id)?;
+        let done = f.fence.wait(Duration::from_nanos(timeout_ns))?;
         // SAFETY: checked non-NULL.
         unsafe { write_out(out_complete, done) };
         Ok(())
@@ -312,7 +414,7 @@ pub unsafe extern "C" fn memplug_host_fence_wait(
 #[no_mangle]
 pub extern "C" fn memplug_host_fence_release(fence: MemplugHostFence) -> MemplugHostStatus {
     boundary("memplug_host_fence_release", || {
-        manager_tables::remove::<SharedFence>(fence.id)?;
+        manager_tables::remove::<FenceEntry>(fence.id)?;
         Ok(())
     })
 }

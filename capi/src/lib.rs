@@ -38,7 +38,9 @@ pub mod handle;
 pub mod lifecycle;
 pub mod manager;
 mod manager_tables;
+pub mod peer;
 pub mod pool;
+pub mod prefix_export;
 pub mod region;
 // Public (hidden) for tests/slot_table_loom.rs.
 #[doc(hidden)]
@@ -54,7 +56,9 @@ pub use error::{memplug_host_last_error_message, memplug_host_last_error_status}
 pub use fence::*;
 pub use lifecycle::*;
 pub use manager::*;
+pub use peer::*;
 pub use pool::*;
+pub use prefix_export::*;
 pub use region::*;
 pub use stats::*;
 pub use status::{memplug_host_status_name, MemplugHostStatus};

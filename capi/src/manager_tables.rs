@@ -72,6 +72,14 @@ impl Drop for StreamEntry {
     }
 }
 
+/// A fence handle's value: the fence every free waits on, and — for one
+/// recorded on a stream (`memplug_host_fence_record`) — the plugin's fence
+/// itself, which `memplug_host_stream_wait_fence` hands to the plugin.
+pub(crate) struct FenceEntry {
+    pub fence: SharedFence,
+    pub recorded: Option<Arc<crate::fence::StreamFence>>,
+}
+
 /// A subscription handle's value: dropping it ends the subscription
 /// (`crate::lifecycle`).
 pub(crate) struct SubscriptionEntry {
@@ -95,7 +103,7 @@ pub(crate) struct Tables {
     pub regions: SlotTable<RegionEntry>,
     pub prefixes: SlotTable<Arc<SharedPrefix>>,
     pub streams: SlotTable<StreamEntry>,
-    pub fences: SlotTable<SharedFence>,
+    pub fences: SlotTable<FenceEntry>,
     pub subscriptions: SlotTable<SubscriptionEntry>,
 }
 
@@ -177,7 +185,7 @@ object!(OwnedAllocation, Allocation, allocations);
 object!(RegionEntry, Region, regions);
 object!(Arc<SharedPrefix>, Prefix, prefixes);
 object!(StreamEntry, Stream, streams);
-object!(SharedFence, Fence, fences);
+object!(FenceEntry, Fence, fences);
 object!(SubscriptionEntry, Subscription, subscriptions);
 
 #[inline]

@@ -213,8 +213,14 @@ pub struct MemplugHostMechanismInfo {
     /// Bits of later ABI minors are set only for a plugin that agreed on
     /// that minor: `MEMPLUG_CAP_SHARED_EXPORT` (1.1),
     /// `MEMPLUG_CAP_TYPED_EXPORT` (1.2: physical objects exported as typed
-    /// handles of the kinds in its descriptor's `export_types`). Ignore
-    /// bits memplug.h does not name.
+    /// handles of the kinds in its descriptor's `export_types`; shared
+    /// prefixes through `memplug_host_prefix_export_handle` and
+    /// `memplug_host_binding_import_prefix`), `MEMPLUG_CAP_PEER_ACCESS`
+    /// (1.2, bit 6: other devices may be given access to its memory;
+    /// `memplug_host_mechanism_can_access_peer` says which),
+    /// `MEMPLUG_CAP_QUEUED_BINDING` (1.2, bit 7: committing and mapping can
+    /// be enqueued on a stream; informational, this API does not enqueue
+    /// them yet). Ignore bits memplug.h does not name.
     pub capabilities: u32,
     /// The device it serves.
     pub device: MemplugDevice,
@@ -332,6 +338,58 @@ pub struct MemplugHostDeviceIdentity {
     /// The NUMA node closest to the device; for a CPU, its node
     /// (`MEMPLUG_IDENTITY_NUMA_NODE`).
     pub numa_node: u32,
+}
+
+/// A typed handle to memory (the plugin ABI 1.2 `MemplugHandle`): what
+/// `memplug_host_prefix_export_handle` writes and
+/// `memplug_host_binding_import_prefix` reads. One kind per handle:
+///
+/// * `MEMPLUG_HANDLE_OPAQUE_FD`, `_DMABUF_FD`, `_MEMFD`: `fd` is a file
+///   descriptor (else -1). One written by an export is new and the
+///   caller's: close it when done (it keeps the memory alive for whoever
+///   imports it, in this process or another one it is passed to). Import
+///   only borrows it (the plugin keeps a duplicate if it needs one).
+/// * `MEMPLUG_HANDLE_WIN32`: `win32` is a Windows NT handle, owned as an
+///   fd is (else 0).
+/// * `MEMPLUG_HANDLE_VENDOR_BLOB`: the first `blob_len` bytes of `blob`
+///   (at most `MEMPLUG_HANDLE_BLOB_MAX`) are a vendor's opaque bytes.
+///
+/// Set `struct_size` to `sizeof(MemplugHostHandle)` (at least
+/// `MEMPLUG_HOST_HANDLE_SIZE_1_1`) before either call. Since API 1.1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemplugHostHandle {
+    /// `sizeof(MemplugHostHandle)`; set to the bytes written.
+    pub struct_size: u32,
+    /// One `MEMPLUG_HANDLE_*` bit (memplug.h).
+    pub kind: u32,
+    /// The descriptor of the fd kinds; -1 otherwise.
+    pub fd: i32,
+    /// Zero.
+    pub reserved0: u32,
+    /// The handle of `MEMPLUG_HANDLE_WIN32`; zero otherwise.
+    pub win32: u64,
+    /// Bytes of `blob` used (`MEMPLUG_HANDLE_VENDOR_BLOB`); zero otherwise.
+    pub blob_len: u32,
+    /// Zero.
+    pub reserved1: u32,
+    /// A vendor blob's bytes.
+    pub blob: [u8; 64],
+}
+
+impl Default for MemplugHostHandle {
+    fn default() -> Self {
+        MemplugHostHandle {
+            struct_size: MEMPLUG_HOST_HANDLE_SIZE_1_1,
+            kind: 0,
+            fd: -1,
+            reserved0: 0,
+            win32: 0,
+            blob_len: 0,
+            reserved1: 0,
+            blob: [0; 64],
+        }
+    }
 }
 
 /// What a caller needs of a mechanism's memory, beyond capabilities
@@ -761,6 +819,8 @@ pub const MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1: u32 = 48;
 pub const MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1: u32 = 48;
 /// Size of `MemplugHostMemoryNeeds` in API 1.1, where it first appeared.
 pub const MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1: u32 = 24;
+/// Size of `MemplugHostHandle` in API 1.1, where it first appeared.
+pub const MEMPLUG_HOST_HANDLE_SIZE_1_1: u32 = 96;
 
 // `T => FIRST` or `T => FIRST, now NOW`: FIRST is the size the struct
 // had when it appeared (the shortest a reader accepts: `SIZE_1_0` of
@@ -802,6 +862,7 @@ prefixed! {
     MemplugHostDescriptor => MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1;
     MemplugHostDeviceIdentity => MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1;
     MemplugHostMemoryNeeds => MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1;
+    MemplugHostHandle => MEMPLUG_HOST_HANDLE_SIZE_1_1;
 }
 
 // The structs that grew, and the new ones: every field where it is said to
@@ -824,6 +885,17 @@ fn api_1_1_layouts_are_frozen() {
     assert_eq!((offset_of!(I, uuid), offset_of!(I, pci_domain), offset_of!(I, numa_node)), (8, 24, 44));
     type N = MemplugHostMemoryNeeds;
     assert_eq!((offset_of!(N, location_kind), offset_of!(N, page_size)), (8, 16));
+    // The typed handle is the plugin ABI's `MemplugHandle`, field for field.
+    type H = MemplugHostHandle;
+    type A = memplug_sdk::abi::MemplugHandle;
+    assert_eq!(std::mem::size_of::<H>(), std::mem::size_of::<A>());
+    assert_eq!((offset_of!(H, kind), offset_of!(H, fd)), (offset_of!(A, handle_type), offset_of!(A, fd)));
+    assert_eq!(
+        (offset_of!(H, win32), offset_of!(H, blob_len)),
+        (offset_of!(A, win32), offset_of!(A, blob_len))
+    );
+    assert_eq!((offset_of!(H, win32), offset_of!(H, blob)), (16, 32));
+    assert_eq!(std::mem::size_of::<[u8; 64]>(), memplug_sdk::abi::MEMPLUG_HANDLE_BLOB_MAX as usize);
 }
 
 // The structs the library hands to callbacks (never read from the
@@ -863,6 +935,16 @@ fn refusal(what: &str, e: PrefixError) -> crate::error::Error {
 pub(crate) unsafe fn write_sized<T: Prefixed>(out: *mut T, value: T, what: &str) -> crate::error::Result<()> {
     // SAFETY: the caller's contract, as above.
     unsafe { prefix::write_setting_size(out, &value) }.map_err(|e| refusal(what, e))
+}
+
+/// Refuses a caller's out-struct `write_sized` would refuse, before
+/// anything is made that a refusal would have to undo (a descriptor).
+///
+/// # Safety
+/// `out` must be non-NULL and readable for its `struct_size` field.
+pub(crate) unsafe fn check_out_sized<T: Prefixed>(out: *mut T, what: &str) -> crate::error::Result<()> {
+    // SAFETY: the caller's contract, as above.
+    unsafe { prefix::out_capacity(out) }.map(drop).map_err(|e| refusal(what, e))
 }
 
 /// Reads a caller's struct of type `T` of `struct_size` bytes into a zeroed
