@@ -6,8 +6,13 @@
 //! array, each `MemplugMechanism`, their allocator / virtual backing /
 //! shared mapping (with the 1.1 `export_fd`/`import_fd` slots and
 //! `MEMPLUG_CAP_SHARED_EXPORT`, the 1.2 `export_handle`/`import_handle`
-//! slots and `MEMPLUG_CAP_TYPED_EXPORT`) / sync sub-vtables, the 1.2
-//! device identity each may point at, and each mechanism's answer to
+//! slots and `MEMPLUG_CAP_TYPED_EXPORT`, the 1.2 `map_on`/`unmap_on`) /
+//! sync sub-vtables (with the optional 1.2 `stream_wait_fence` and
+//! `stream_adopt_typed`), the virtual backing's 1.2 `commit_on`/
+//! `decommit_on` and `MEMPLUG_CAP_QUEUED_BINDING`, the 1.2 device identity
+//! and peer access table (`MEMPLUG_CAP_PEER_ACCESS`) each may point at
+//! (read only from a struct holding the whole pointer: the host reads
+//! prefixes in whole 8-byte words), and each mechanism's answer to
 //! `allocator.properties` (with the 1.2 memory descriptor) — laid out in
 //! fuzz-owned memory
 //! ([`GuardedArena`]: every buffer ends at an unreadable page). The fuzzer
@@ -387,6 +392,8 @@ struct Mech {
     props: PropsAnswer,
     /// The 1.2 identity (`None`: NULL).
     identity: Option<Identity>,
+    /// The 1.2 peer access table (`None`: NULL).
+    peer_access: Option<Table>,
 }
 
 /// Whether a `mechanism_count` of `u32::MAX` (with a NULL entry within the
@@ -394,11 +401,18 @@ struct Mech {
 /// `tests/host_bugs.rs`, `an_absurd_mechanism_count_is_refused_not_fatal`.
 const ABSURD_COUNT: bool = true;
 /// Whether a mechanism whose `struct_size` ends inside its 1.2 `identity`
-/// pointer (73 to 79 bytes) is tried with an identity published. Off while
-/// the host reads the pointer's first bytes from such a struct and follows
-/// it: `tests/host_bugs.rs`,
-/// `a_mechanism_too_short_for_its_identity_pointer_has_none`.
-const PARTIAL_IDENTITY: bool = false;
+/// pointer (73 to 79 bytes) is tried with an identity published. It was off
+/// while the host read the pointer's first bytes from such a struct and
+/// followed it (`tests/host_bugs.rs`,
+/// `a_mechanism_too_short_for_its_identity_pointer_has_none`); the host now
+/// reads prefixes in whole 8-byte words, so the cut pointer stays NULL.
+const PARTIAL_IDENTITY: bool = true;
+/// The `struct_size` from which a mechanism holds its 1.2 `identity`
+/// pointer (offset 72..80): the host reads whole words only.
+const MECHANISM_REACHES_IDENTITY: u32 = 80;
+/// The `struct_size` from which a mechanism holds its 1.2 `peer_access`
+/// pointer (offset 80..88, the end of the 1.2 struct).
+const MECHANISM_REACHES_PEER_ACCESS: u32 = MEMPLUG_MECHANISM_SIZE_1_2;
 /// Capability bits this ABI defines.
 const KNOWN_CAPS: u32 = MEMPLUG_CAP_ALL_1_2;
 /// Identity bits this ABI defines.
@@ -471,9 +485,47 @@ impl Mech {
         }
         props.decode_descriptor(u)?;
         let mut identity = if u.arbitrary()? { Some(Identity::decode(u)?) } else { None };
-        let cut = (MEMPLUG_MECHANISM_SIZE_1_1 + 1..MEMPLUG_MECHANISM_SIZE_1_2).contains(&shape.declared);
+        // Decoded after the identity, so older seeds still decode alike.
+        // Rarely a size around the 1.2 pointers (between the 1.1 size and
+        // the 1.2 one): cutting the identity pointer (73 to 79 bytes), or
+        // holding it but cutting the peer access pointer (80 to 87).
+        let mut shape = shape;
+        if rare(u, 5)? {
+            let sizes = [73, 76, 79, 80, 80, 84, 87, MEMPLUG_MECHANISM_SIZE_1_1];
+            shape.declared = if rare(u, 4)? {
+                u.int_in_range(MEMPLUG_MECHANISM_SIZE_1_1..=MEMPLUG_MECHANISM_SIZE_1_2)?
+            } else {
+                *u.choose(&sizes)?
+            };
+        }
+        let cut = (MEMPLUG_MECHANISM_SIZE_1_1 + 1..MECHANISM_REACHES_IDENTITY).contains(&shape.declared);
         if cut && !PARTIAL_IDENTITY {
             identity = None;
+        }
+        // ABI 1.2 peer access: the table with its flag, rarely one without
+        // the other.
+        let peer_access = if rare(u, 4)? { Some(Table::decode::<MemplugPeerAccess>(u)?) } else { None };
+        capabilities &= !MEMPLUG_CAP_PEER_ACCESS;
+        if peer_access.is_some() ^ rare(u, 16)? {
+            capabilities |= MEMPLUG_CAP_PEER_ACCESS;
+        }
+        // ABI 1.2 queue-ordered binding: usually only with virtual backing
+        // and sync, its slots with the flag (rarely one missing or without
+        // it).
+        let can_queue = virtual_backing.is_some() && sync.is_some();
+        let queued = if can_queue { u.arbitrary()? } else { rare(u, 24)? };
+        capabilities &= !MEMPLUG_CAP_QUEUED_BINDING;
+        if queued ^ rare(u, 16)? {
+            capabilities |= MEMPLUG_CAP_QUEUED_BINDING;
+        }
+        let mut virtual_backing = virtual_backing;
+        if let Some(t) = &mut virtual_backing {
+            t.set("commit_on", queued ^ rare(u, 16)?);
+            t.set("decommit_on", queued ^ rare(u, 16)?);
+        }
+        if let Some(t) = &mut shared_mapping {
+            t.set("map_on", queued ^ rare(u, 16)?);
+            t.set("unmap_on", queued ^ rare(u, 16)?);
         }
         Ok(Mech {
             shape,
@@ -488,6 +540,7 @@ impl Mech {
             sync,
             props,
             identity,
+            peer_access,
         })
     }
 }
@@ -894,6 +947,60 @@ mod stubs {
     pub unsafe extern "C" fn wait(_: *mut c_void, _: u64, _: u64, _: Sink) -> u32 {
         called()
     }
+    pub unsafe extern "C" fn range_on(
+        _: *mut c_void,
+        _: Obj,
+        _: u64,
+        _: u64,
+        _: u64,
+        _: *mut u64,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe extern "C" fn map_on(
+        _: *mut c_void,
+        _: Obj,
+        _: u64,
+        _: Obj,
+        _: u64,
+        _: u64,
+        _: u32,
+        _: u64,
+        _: *mut u64,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
+    pub unsafe extern "C" fn adopt_typed(
+        _: *mut c_void,
+        _: u32,
+        _: *mut c_void,
+        _: *mut u64,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
+    pub unsafe extern "C" fn can_access_peer(
+        _: *mut c_void,
+        _: *const MemplugDevice,
+        _: *mut u32,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
+    pub unsafe extern "C" fn set_peer_access(
+        _: *mut c_void,
+        _: Obj,
+        _: u64,
+        _: u64,
+        _: *const MemplugDevice,
+        _: u32,
+        _: Sink,
+    ) -> u32 {
+        called()
+    }
 }
 
 // ----- laying the plugin out in fuzz-owned memory ---------------------------
@@ -1016,6 +1123,8 @@ fn build(input: &Input) -> Built {
                     v.decommit = t.slot("decommit", stubs::range as _);
                     v.committed_bytes = t.slot("committed_bytes", stubs::committed as _);
                     v.release = t.slot("release", stubs::object as _);
+                    v.commit_on = t.slot("commit_on", stubs::range_on as _);
+                    v.decommit_on = t.slot("decommit_on", stubs::range_on as _);
                     v
                 });
                 let shared_mapping = place_table(&mut arena, &m.shared_mapping, |t| {
@@ -1029,6 +1138,8 @@ fn build(input: &Input) -> Built {
                     v.import_fd = t.slot("import_fd", stubs::import_fd as _);
                     v.export_handle = t.slot("export_handle", stubs::export_handle as _);
                     v.import_handle = t.slot("import_handle", stubs::import_handle as _);
+                    v.map_on = t.slot("map_on", stubs::map_on as _);
+                    v.unmap_on = t.slot("unmap_on", stubs::range_on as _);
                     v
                 });
                 let sync = place_table(&mut arena, &m.sync, |t| {
@@ -1041,6 +1152,14 @@ fn build(input: &Input) -> Built {
                     v.fence_query = t.slot("fence_query", stubs::handle as _);
                     v.fence_wait = t.slot("fence_wait", stubs::wait as _);
                     v.fence_destroy = t.slot("fence_destroy", stubs::handle as _);
+                    v.stream_wait_fence = t.slot("stream_wait_fence", stubs::wait as _);
+                    v.stream_adopt_typed = t.slot("stream_adopt_typed", stubs::adopt_typed as _);
+                    v
+                });
+                let peer_access = place_table(&mut arena, &m.peer_access, |t| {
+                    let mut v: MemplugPeerAccess = zeroed();
+                    v.can_access_peer = t.slot("can_access_peer", stubs::can_access_peer as _);
+                    v.set_peer_access = t.slot("set_peer_access", stubs::set_peer_access as _);
                     v
                 });
                 let mut desc: MemplugMechanism = zeroed();
@@ -1057,6 +1176,7 @@ fn build(input: &Input) -> Built {
                     None => ptr::null(),
                     Some(id) => place(&mut arena, id.value, &id.shape),
                 };
+                desc.peer_access = peer_access;
                 entries.push(place(&mut arena, desc, &m.shape));
             }
             let array = if p.array_null {
@@ -1147,6 +1267,20 @@ pub fn outcomes() -> Vec<(String, u64)> {
     v
 }
 
+/// Mechanisms loaded with what ABI 1.2 added, in this process so far: a
+/// peer access table, queue-ordered binding, an identity from a struct of
+/// 80 to 87 bytes (the whole pointer, and no peer access pointer).
+static LOADED_1_2: [AtomicU64; 3] = [const { AtomicU64::new(0) }; 3];
+
+/// How many loaded mechanisms had each 1.2 feature (see [`outcomes`]).
+pub fn loaded_1_2() -> Vec<(String, u64)> {
+    ["peer_access", "queued_binding", "identity_at_80"]
+        .iter()
+        .zip(&LOADED_1_2)
+        .map(|(n, c)| (n.to_string(), c.load(Ordering::Relaxed)))
+        .collect()
+}
+
 fn kind_of(e: &LoadError) -> Option<Kind> {
     Some(match e {
         LoadError::EntryFailed { .. } => Kind::EntryFailed,
@@ -1175,6 +1309,8 @@ struct ExpectedMech {
     memory_info: bool,
     /// The 1.2 identity the host keeps (known `valid` bits only).
     identity: Option<MemplugDeviceIdentity>,
+    /// Whether the host keeps a 1.2 peer access table.
+    peer_access: bool,
 }
 
 #[derive(Debug)]
@@ -1375,6 +1511,9 @@ fn expect_mechanism(
     let long_sm_1_2 = sm.is_some_and(|t| t.shape.declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_2);
     let typed_slots =
         sm.map_or((false, false), |t| (t.published("export_handle"), t.published("import_handle")));
+    if typed && caps & MEMPLUG_CAP_SHARED_MAPPING == 0 {
+        bad(Kind::CapabilityMismatch, format!("mechanism #{i}: TYPED_EXPORT without SHARED_MAPPING"));
+    }
     if sm.is_some() {
         if typed {
             if minor < 2 || !long_sm_1_2 {
@@ -1389,9 +1528,69 @@ fn expect_mechanism(
             bad(Kind::CapabilityMismatch, format!("mechanism #{i}: typed export slots without TYPED_EXPORT"));
         }
     }
+    // ABI 1.2: queue-ordered binding, at an agreed minor of 2 or more, with
+    // virtual backing and sync, a virtual backing table of the 1.2 size
+    // with commit_on/decommit_on and, with a shared mapping, a table of the
+    // 1.2 size with map_on/unmap_on. Without the flag the slots are
+    // ignored (the host clears them).
+    if caps & MEMPLUG_CAP_QUEUED_BINDING != 0 {
+        if minor < 2 {
+            bad(Kind::CapabilityMismatch, format!("mechanism #{i}: QUEUED_BINDING below 1.2"));
+        } else if caps & MEMPLUG_CAP_VIRTUAL_BACKING == 0 || caps & MEMPLUG_CAP_SYNC == 0 {
+            bad(Kind::CapabilityMismatch, format!("mechanism #{i}: QUEUED_BINDING without VB and SYNC"));
+        } else {
+            let tables = [
+                (m.virtual_backing.as_ref(), MEMPLUG_VIRTUAL_BACKING_SIZE_1_2, ["commit_on", "decommit_on"]),
+                (
+                    m.shared_mapping.as_ref().filter(|_| caps & MEMPLUG_CAP_SHARED_MAPPING != 0),
+                    MEMPLUG_SHARED_MAPPING_SIZE_1_2,
+                    ["map_on", "unmap_on"],
+                ),
+            ];
+            for (t, size, slots) in tables {
+                let Some(t) = t else { continue };
+                if t.shape.declared < size {
+                    bad(
+                        Kind::CapabilityMismatch,
+                        format!("mechanism #{i}: QUEUED_BINDING with a short table"),
+                    );
+                } else if !slots.iter().all(|s| t.published(s)) {
+                    bad(Kind::NullRequired, format!("mechanism #{i}: QUEUED_BINDING without {slots:?}"));
+                }
+            }
+        }
+    }
+    // ABI 1.2: peer access, at an agreed minor of 2 or more: the flag and
+    // the pointer agree (a struct too short to hold the whole pointer
+    // publishes none), the table is at least its size with both slots.
+    // Below 1.2 the flag is a contradiction and the pointer is ignored.
+    let peer = caps & MEMPLUG_CAP_PEER_ACCESS != 0;
+    let peer_seen = m.peer_access.as_ref().filter(|_| m.shape.declared >= MECHANISM_REACHES_PEER_ACCESS);
+    let mut peer_access = false;
+    if minor < 2 {
+        if peer {
+            bad(Kind::CapabilityMismatch, format!("mechanism #{i}: PEER_ACCESS below 1.2"));
+        }
+    } else {
+        match (peer, peer_seen) {
+            (false, None) => {}
+            (true, None) | (false, Some(_)) => bad(
+                Kind::CapabilityMismatch,
+                format!("mechanism #{i}: PEER_ACCESS disagrees with its pointer"),
+            ),
+            (true, Some(t)) => {
+                if t.shape.declared < t.size_1_0 {
+                    bad(Kind::ShortStruct, format!("mechanism #{i}: peer_access is short"));
+                } else if t.lacks_required() {
+                    bad(Kind::NullRequired, format!("mechanism #{i}: peer_access lacks a slot"));
+                }
+                peer_access = true;
+            }
+        }
+    }
     // ABI 1.2: the identity, read at an agreed minor of 2 or more when the
-    // mechanism's struct reaches the pointer and it is not NULL.
-    let reaches_identity = m.shape.declared >= MEMPLUG_MECHANISM_SIZE_1_2;
+    // mechanism's struct holds the whole pointer and it is not NULL.
+    let reaches_identity = m.shape.declared >= MECHANISM_REACHES_IDENTITY;
     let identity = match &m.identity {
         Some(id) if minor >= 2 && reaches_identity => {
             if id.shape.declared < MEMPLUG_DEVICE_IDENTITY_SIZE_1_2 {
@@ -1455,6 +1654,7 @@ fn expect_mechanism(
         sync: m.sync.as_ref().map(|t| t.published("stream_adopt")),
         memory_info: alloc.published("memory_info"),
         identity,
+        peer_access,
     })
 }
 
@@ -1505,7 +1705,27 @@ fn check(input: &Input) {
     };
     OUTCOMES[slot].fetch_add(1, Ordering::Relaxed);
     match (loaded, expected) {
-        (Ok(plugin), Ok(e)) => check_loaded(plugin, &e),
+        (Ok(plugin), Ok(e)) => {
+            let mechs =
+                input.plugin.iter().flat_map(|p| p.mechanisms.iter().take(p.count as usize).flatten());
+            for (m, got) in mechs.zip(&e.mechanisms) {
+                let at_80 =
+                    (MECHANISM_REACHES_IDENTITY..MECHANISM_REACHES_PEER_ACCESS).contains(&m.shape.declared);
+                for (i, hit) in [
+                    got.peer_access,
+                    got.capabilities & MEMPLUG_CAP_QUEUED_BINDING != 0,
+                    at_80 && got.identity.is_some(),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    if hit {
+                        LOADED_1_2[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+            check_loaded(plugin, &e)
+        }
         (Err(err), Err(faults)) => check_refusal(input, &err, &faults),
         (Ok(plugin), Err(faults)) => {
             panic!("the host loaded a malformed plugin {plugin:?}\nfaults: {faults:?}\ninput: {input:#?}")
@@ -1589,6 +1809,7 @@ fn check_loaded(plugin: Plugin, e: &Expected) {
             sync: m.sync().map(|s| s.can_adopt()),
             memory_info: m.memory_info().is_some(),
             identity: m.identity(),
+            peer_access: m.peer_access().is_some(),
         })
         .collect();
     assert_eq!(got, e.mechanisms);

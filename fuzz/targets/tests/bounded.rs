@@ -76,6 +76,16 @@ fn plugin_descriptor_bounded() {
         }
         let loaded = outcomes[0].1;
         assert!(loaded * 20 >= n, "only {loaded} of {n} random plugins loaded: {outcomes:?}");
+        // What ABI 1.2 added is reached by loaded plugins too (a handful
+        // each: asserted for the default seed only, other seeds may miss
+        // one).
+        let features = plugin_descriptor::loaded_1_2();
+        eprintln!("plugin_descriptor 1.2 features loaded: {features:?}");
+        if std::env::var_os("MEMPLUG_FUZZ_SEED").is_none() {
+            for (what, count) in &features {
+                assert!(*count > 0, "no loaded mechanism had {what}: {features:?}");
+            }
+        }
     }
 }
 

@@ -187,8 +187,8 @@ fn load_with_identity(mech_size: u32) -> Plugin {
     r.expect("a well-formed plugin loads")
 }
 
-/// The premise: with a 1.2-sized mechanism the identity is read; with a
-/// 1.1-sized one (the pointer wholly past `struct_size`) it is not.
+/// The premise: with a 1.2-sized mechanism (88 bytes) the identity is
+/// read; with a 1.1-sized one (the pointer wholly past `struct_size`) it is not.
 #[test]
 fn an_identity_is_read_only_from_a_mechanism_that_holds_it() {
     let p = load_with_identity(MEMPLUG_MECHANISM_SIZE_1_2);
@@ -198,25 +198,39 @@ fn an_identity_is_read_only_from_a_mechanism_that_holds_it() {
 }
 
 /// Found by `plugin_descriptor` (input class `PARTIAL_IDENTITY` in
-/// `src/plugin_descriptor.rs`, disabled until this is fixed).
+/// `src/plugin_descriptor.rs`, re-enabled with the fix).
 ///
-/// The header publishes `MemplugMechanism::identity` "when `struct_size`
-/// is at least `MEMPLUG_MECHANISM_SIZE_1_2`" (80). The loader
-/// (`Reader::identity`, host/src/plugin.rs) reads the mechanism as a
-/// prefix — the bytes up to `struct_size`, the rest zero — and follows
-/// `identity` whenever that is non-NULL: for a `struct_size` of 73 to 79
-/// the pointer is assembled from its first bytes (the plugin's) and zeros,
-/// and the host dereferences an address the plugin never published (here
-/// the real one, as an x86-64 user address has a zero top byte; in general
-/// anything).
+/// `MemplugMechanism::identity` lies at offset 72..80 (the 1.2 struct,
+/// `MEMPLUG_MECHANISM_SIZE_1_2`, is 88 bytes since `peer_access` follows
+/// it). The loader (`Reader::identity`, host/src/plugin/v1_2.rs) read the
+/// mechanism as a prefix — the bytes up to `struct_size`, the rest zero —
+/// and followed `identity` whenever that was non-NULL: for a `struct_size`
+/// of 73 to 79 the pointer was assembled from its first bytes (the
+/// plugin's) and zeros, and the host dereferenced an address the plugin
+/// never published (here the real one, as an x86-64 user address has a
+/// zero top byte; in general anything).
 ///
-/// Fix: `if self.minor < 2 || d.struct_size < MEMPLUG_MECHANISM_SIZE_1_2 ||
-/// d.identity.is_null() { return Ok(None); }`.
+/// Fixed by reading prefixes in whole 8-byte words (`memplug_sdk::prefix`):
+/// a `struct_size` that cuts a field leaves it zero.
 #[test]
-#[ignore = "host bug: the identity pointer is read from a mechanism too short to hold it"]
 fn a_mechanism_too_short_for_its_identity_pointer_has_none() {
-    for size in MEMPLUG_MECHANISM_SIZE_1_1 + 1..MEMPLUG_MECHANISM_SIZE_1_2 {
+    for size in MEMPLUG_MECHANISM_SIZE_1_1 + 1..80 {
         let p = load_with_identity(size);
         assert_eq!(p.mechanisms()[0].identity(), None, "struct_size {size}");
+    }
+}
+
+/// The other side of the whole-word rule: from 80 bytes the mechanism
+/// holds the whole identity pointer (its 1.2 `peer_access` pointer, at
+/// 80..88, cut or absent) and the identity is read.
+#[test]
+fn a_mechanism_holding_the_whole_identity_pointer_has_it() {
+    for size in 80..=MEMPLUG_MECHANISM_SIZE_1_2 {
+        let p = load_with_identity(size);
+        assert_eq!(
+            p.mechanisms()[0].identity().map(|i| i.valid),
+            Some(MEMPLUG_IDENTITY_NUMA_NODE),
+            "struct_size {size}"
+        );
     }
 }
