@@ -32,9 +32,9 @@ MEMPLUG_CHECK(sizeof(MemplugRequest) >= MEMPLUG_REQUEST_SIZE_1_0); /* grown in 1
 MEMPLUG_CHECK(sizeof(MemplugBlock) == MEMPLUG_BLOCK_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugObjectRef) == MEMPLUG_OBJECT_REF_SIZE_1_0);
 MEMPLUG_CHECK(sizeof(MemplugAllocator) == MEMPLUG_ALLOCATOR_SIZE_1_0);
-MEMPLUG_CHECK(sizeof(MemplugVirtualBacking) == MEMPLUG_VIRTUAL_BACKING_SIZE_1_0);
-MEMPLUG_CHECK(sizeof(MemplugSharedMapping) >= MEMPLUG_SHARED_MAPPING_SIZE_1_0); /* grown in 1.1 */
-MEMPLUG_CHECK(sizeof(MemplugSync) == MEMPLUG_SYNC_SIZE_1_0);
+MEMPLUG_CHECK(sizeof(MemplugVirtualBacking) >= MEMPLUG_VIRTUAL_BACKING_SIZE_1_0); /* grown in 1.2 */
+MEMPLUG_CHECK(sizeof(MemplugSharedMapping) >= MEMPLUG_SHARED_MAPPING_SIZE_1_0); /* grown in 1.1 and 1.2 */
+MEMPLUG_CHECK(sizeof(MemplugSync) >= MEMPLUG_SYNC_SIZE_1_0); /* grown in 1.2 */
 
 /* ---- Every growable struct starts with uint32_t struct_size. ---- */
 MEMPLUG_CHECK(offsetof(MemplugHostInfo, struct_size) == 0 && sizeof(((const MemplugHostInfo *)0)->struct_size) == 4);
@@ -160,7 +160,7 @@ MEMPLUG_CHECK(offsetof(MemplugAllocator, allocate) == 16);
 MEMPLUG_CHECK(offsetof(MemplugAllocator, deallocate) == 24);
 MEMPLUG_CHECK(offsetof(MemplugAllocator, memory_info) == 32);
 
-MEMPLUG_CHECK(sizeof(MemplugVirtualBacking) == 48);
+MEMPLUG_CHECK(MEMPLUG_VIRTUAL_BACKING_SIZE_1_0 == 48 && sizeof(MemplugVirtualBacking) >= 48);
 MEMPLUG_CHECK(_Alignof(MemplugVirtualBacking) == 8);
 MEMPLUG_CHECK(offsetof(MemplugVirtualBacking, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugVirtualBacking, reserved0) == 4);
@@ -180,7 +180,7 @@ MEMPLUG_CHECK(offsetof(MemplugSharedMapping, unmap) == 24);
 MEMPLUG_CHECK(offsetof(MemplugSharedMapping, retain) == 32);
 MEMPLUG_CHECK(offsetof(MemplugSharedMapping, release) == 40);
 
-MEMPLUG_CHECK(sizeof(MemplugSync) == 72);
+MEMPLUG_CHECK(MEMPLUG_SYNC_SIZE_1_0 == 72 && sizeof(MemplugSync) >= 72);
 MEMPLUG_CHECK(_Alignof(MemplugSync) == 8);
 MEMPLUG_CHECK(offsetof(MemplugSync, struct_size) == 0);
 MEMPLUG_CHECK(offsetof(MemplugSync, reserved0) == 4);
