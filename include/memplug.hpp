@@ -18,6 +18,12 @@
 //   none was published), typed_export(); Manager::select_needing with
 //   MemoryNeeds; placement in BindingOptions (with_page_size,
 //   with_location, with_export_types, with_uninitialized_ok).
+// * Typed export of shared prefixes (C API 1.1): Prefix::export_handle
+//   returns an RAII ExportedHandle (closes its fd / Windows handle);
+//   Binding::import_prefix makes a prefix of the importer's, charged to its
+//   pool. Stream::wait_fence orders a stream behind another stream's fence;
+//   Mechanism::can_access_peer asks about peer access (UNSUPPORTED, thrown,
+//   without MEMPLUG_CAP_PEER_ACCESS).
 #ifndef MEMPLUG_HPP
 #define MEMPLUG_HPP
 
@@ -33,6 +39,10 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#if !defined(_WIN32)
+#include <unistd.h>
+#endif
 
 namespace memplug {
 
@@ -276,9 +286,73 @@ class Allocation : public detail::Owned<MemplugHostAllocation, memplug_host_allo
     uint64_t addr_ = 0;
 };
 
+/// A typed handle to memory (MemplugHostHandle) the caller owns: the
+/// destructor closes an fd kind's descriptor. (A MEMPLUG_HANDLE_WIN32
+/// handle is not closed: this header does not include <windows.h>;
+/// release() it and CloseHandle it.) Move-only; release() gives the C
+/// struct up without closing.
+class ExportedHandle {
+  public:
+    ExportedHandle() noexcept = default;
+    explicit ExportedHandle(const MemplugHostHandle &h) noexcept : h_(h) {}
+    ExportedHandle(const ExportedHandle &) = delete;
+    ExportedHandle &operator=(const ExportedHandle &) = delete;
+    ExportedHandle(ExportedHandle &&o) noexcept : h_(o.release()) {}
+    ExportedHandle &operator=(ExportedHandle &&o) noexcept {
+        if (this != &o) {
+            reset();
+            h_ = o.release();
+        }
+        return *this;
+    }
+    ~ExportedHandle() { reset(); }
+
+    /// The MEMPLUG_HANDLE_* kind (0 when empty).
+    uint32_t kind() const noexcept { return h_.kind; }
+    /// The descriptor of the fd kinds (-1 otherwise); still owned.
+    int fd() const noexcept { return h_.fd; }
+    /// The C struct (still owned), for memplug_host_binding_import_prefix.
+    const MemplugHostHandle &get() const noexcept { return h_; }
+    explicit operator bool() const noexcept { return h_.kind != 0; }
+    /// Gives up ownership without closing.
+    MemplugHostHandle release() noexcept {
+        MemplugHostHandle h = h_;
+        h_ = empty();
+        return h;
+    }
+    /// Closes now.
+    void reset() noexcept {
+#if !defined(_WIN32)
+        if ((h_.kind & (MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD)) != 0 &&
+            h_.fd >= 0) {
+            (void)::close(h_.fd);
+        }
+#endif
+        h_ = empty();
+    }
+
+  private:
+    static MemplugHostHandle empty() noexcept {
+        MemplugHostHandle h{};
+        h.struct_size = sizeof(MemplugHostHandle);
+        h.fd = -1;
+        return h;
+    }
+    MemplugHostHandle h_ = empty();
+};
+
 class Prefix : public detail::Owned<MemplugHostPrefix, memplug_host_prefix_release> {
   public:
     using Owned::Owned;
+    /// Its memory as a new handle of `kind` (one MEMPLUG_HANDLE_* bit;
+    /// memplug_host_prefix_export_handle), for Binding::import_prefix here
+    /// or in another process. Charges nothing.
+    ExportedHandle export_handle(uint32_t kind) const {
+        auto h = detail::sized<MemplugHostHandle>();
+        h.fd = -1;
+        check(memplug_host_prefix_export_handle(h_, kind, &h));
+        return ExportedHandle(h);
+    }
     MemplugHostPrefixInfo info() const {
         auto i = detail::sized<MemplugHostPrefixInfo>();
         check(memplug_host_prefix_info(h_, &i));
@@ -376,6 +450,15 @@ class Binding : public detail::Owned<MemplugHostBinding, memplug_host_binding_de
         }
         return Prefix(p);
     }
+    /// A prefix of `size` bytes backed by the memory `h` names
+    /// (memplug_host_binding_import_prefix), charged once to this binding's
+    /// pool. The handle stays the caller's.
+    Prefix import_prefix(const MemplugHostHandle &h, uint64_t size) const {
+        MemplugHostPrefix p{};
+        check(memplug_host_binding_import_prefix(h_, &h, size, &p));
+        return Prefix(p);
+    }
+    Prefix import_prefix(const ExportedHandle &h, uint64_t size) const { return import_prefix(h.get(), size); }
 
   private:
     static void init_tramp(void *ud, uint64_t addr, uint64_t len) noexcept {
@@ -401,6 +484,10 @@ class Stream : public detail::Owned<MemplugHostStream, memplug_host_stream_destr
         check(memplug_host_fence_record(h_, &f));
         return Fence(f);
     }
+    /// Later work on this stream waits for `f`, a fence recorded on a
+    /// stream of the same mechanism (memplug_host_stream_wait_fence); the
+    /// caller does not wait.
+    void wait_fence(const Fence &f) const { check(memplug_host_stream_wait_fence(h_, f.get())); }
 
   private:
     static void run_tramp(void *ud) noexcept {
@@ -551,6 +638,17 @@ class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechan
     /// True when it exports physical objects as typed handles
     /// (MEMPLUG_CAP_TYPED_EXPORT; the kinds are descriptor().export_types).
     bool typed_export() const { return (info().capabilities & MEMPLUG_CAP_TYPED_EXPORT) != 0; }
+    /// True when other devices can be given access to its memory
+    /// (MEMPLUG_CAP_PEER_ACCESS).
+    bool peer_access() const { return (info().capabilities & MEMPLUG_CAP_PEER_ACCESS) != 0; }
+    /// The MEMPLUG_ACCESS_* bits `peer` can be given (0: none;
+    /// memplug_host_mechanism_can_access_peer). Throws Error
+    /// (MEMPLUG_HOST_STATUS_UNSUPPORTED) without peer access.
+    uint32_t can_access_peer(MemplugDevice peer) const {
+        uint32_t access = 0;
+        check(memplug_host_mechanism_can_access_peer(h_, peer, &access));
+        return access;
+    }
     Stream create_stream() const {
         MemplugHostStream s{};
         check(memplug_host_stream_create(h_, &s));
