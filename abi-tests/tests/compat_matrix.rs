@@ -56,9 +56,12 @@
 //! after unload; the current host refuses the 1.1 capability claimed above the
 //! agreed minor, with a short table, or without shared mapping, and 1.2's
 //! typed export likewise (and its slots published without the bit); pinned to
-//! 1.0 it degrades export/import to an explicit `Unsupported`; and a
+//! 1.0 it degrades export/import to an explicit `Unsupported`; a
 //! binding's allocation class reaches the plugin as the 1.1 tag only when
-//! 1.1 was agreed.
+//! 1.1 was agreed; and `stream_wait_fence` reaches the CPU plugin (a stream
+//! really waits for another's fence) only at 1.2, the host answering it
+//! `Unsupported` below (each Rust cell checks the same refusal, and that no
+//! plugin of the matrix shows peer access or queued binding).
 
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
@@ -137,6 +140,8 @@ struct Published {
     /// Its device identity (`struct_size` aside), as the host keeps it:
     /// the `valid` bits of later minors dropped.
     identity: Option<DeviceIdentity>,
+    /// Its sync table publishes `stream_wait_fence` (optional in 1.2).
+    wait_fence: bool,
 }
 
 fn cpu_plugin_descriptor(granularity: u64) -> Descriptor {
@@ -192,6 +197,7 @@ fn subjects() -> Vec<Subject> {
             numa_node: 0,
             ..Default::default()
         }),
+        wait_fence: true,
     };
     let future_1_2 = Published {
         descriptor: future_plugin_descriptor,
@@ -201,6 +207,8 @@ fn subjects() -> Vec<Subject> {
             numa_node: 0,
             ..Default::default()
         }),
+        // It has no sync capability at all.
+        wait_fence: false,
     };
     vec![
         Subject { at_1_2: Some(cpu_1_2), ..s("Rust CPU plugin (1.0..=1.2)", cpu, (0, 2), true, false) },
@@ -346,6 +354,10 @@ fn c_host_cell(host_minor: u32, s: &Subject, child: Child) -> Cell {
         .into(),
     );
     cell.degraded.push(format!("services: none in 1.{host_minor} (24-byte host info, nothing read past it)"));
+    if outcome("sync") == Some("pass") {
+        cell.degraded
+            .push(format!("stream_wait_fence: not in the 1.{host_minor} header (sync read as its prefix)"));
+    }
     if outcome("properties") == Some("pass") {
         cell.degraded.push(
             "descriptor, identity: not in this header (32-byte properties, nothing written past them)".into(),
@@ -596,6 +608,91 @@ fn typed_round_trip(m: &Mechanism, kind: u32) -> Result<(), String> {
     Ok(())
 }
 
+/// What the host sees of ABI 1.2's device ordering: `stream_wait_fence` is
+/// answered `Unsupported` by the host itself below 1.2 and, at 1.2, for a
+/// plugin that does not publish it; no plugin of the matrix claims peer
+/// access or queued binding, and the host shows neither.
+///
+/// Where a plugin publishes it at 1.2 (the CPU plugin), the cross-stream
+/// wait is run in process by
+/// `stream_wait_fence_reaches_the_cpu_plugin_only_at_1_2`, not here: after
+/// a `stream_wait_fence` the dlopen'd CPU library stays resident past
+/// unload, and the host's `dlopen("/proc/self/fd/N")` then hands that
+/// library back for every later load whose descriptor gets the same number
+/// (the other cells would test the CPU plugin under other names).
+fn ordering_checks(s: &Subject, m: &Mechanism, agreed: u32, problems: &mut Vec<String>) -> Vec<String> {
+    let mut notes = Vec::new();
+    let mut fail = |what: String| problems.push(format!("mechanism '{}': {what}", m.name()));
+    let caps = m.capabilities();
+    if caps.peer_access() || caps.queued_binding() || m.peer_access().is_some() {
+        fail(format!("peer access or queued binding the plugin does not claim: {caps:?}"));
+    }
+    let Some(sync) = m.sync() else {
+        notes.push("stream_wait_fence: no sync capability".into());
+        return notes;
+    };
+    let publishes = agreed >= 2 && s.at_1_2.as_ref().is_some_and(|p| p.wait_fence);
+    if publishes {
+        notes.push("stream_wait_fence: published (the wait is checked in process)".into());
+        return notes;
+    }
+    match refused_wait(&sync) {
+        Ok(()) if agreed >= 2 => notes.push("stream_wait_fence: not published, Unsupported".into()),
+        Ok(()) => notes.push(format!("stream_wait_fence: none at 1.{agreed}, Unsupported")),
+        Err(e) => fail(format!("stream_wait_fence at 1.{agreed}: {e}")),
+    }
+    notes
+}
+
+/// Stream B waits for a fence of stream A, which is behind a gate: B's work
+/// runs only once the gate opens.
+fn cross_stream_wait(sync: &memplug_host::SyncApi<'_>) -> Result<(), String> {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::{mpsc, Arc};
+    use std::time::Duration;
+    let e = |e: memplug_host::CallError| e.to_string();
+    let (a, b) = (sync.stream_create().map_err(e)?, sync.stream_create().map_err(e)?);
+    let (open, gate) = mpsc::channel::<()>();
+    sync.enqueue(&a, move || {
+        let _ = gate.recv_timeout(Duration::from_secs(20));
+    })
+    .map_err(e)?;
+    let fa = sync.fence_record(&a).map_err(e)?;
+    sync.stream_wait_fence(&b, &fa).map_err(e)?;
+    let ran = Arc::new(AtomicBool::new(false));
+    let r = ran.clone();
+    sync.enqueue(&b, move || r.store(true, SeqCst)).map_err(e)?;
+    let fb = sync.fence_record(&b).map_err(e)?;
+    let early = sync.fence_wait(&fb, Duration::from_millis(50)).map_err(e)? || ran.load(SeqCst);
+    open.send(()).map_err(|x| x.to_string())?;
+    let done = sync.fence_wait(&fb, Duration::from_secs(20)).map_err(e)? && ran.load(SeqCst);
+    for f in [fa, fb] {
+        sync.fence_destroy(f).map_err(|x| x.error.to_string())?;
+    }
+    sync.stream_destroy(a).map_err(|x| x.error.to_string())?;
+    sync.stream_destroy(b).map_err(|x| x.error.to_string())?;
+    match (early, done) {
+        (false, true) => Ok(()),
+        (true, _) => Err("the waiting stream ran before the fence it waits for".into()),
+        (false, false) => Err("the waiting stream never ran".into()),
+    }
+}
+
+/// `stream_wait_fence` where the plugin does not publish it (or 1.2 was not
+/// agreed): `Unsupported`, from the host.
+fn refused_wait(sync: &memplug_host::SyncApi<'_>) -> Result<(), String> {
+    let e = |e: memplug_host::CallError| e.to_string();
+    let a = sync.stream_create().map_err(e)?;
+    let f = sync.fence_record(&a).map_err(e)?;
+    let r = sync.stream_wait_fence(&a, &f);
+    sync.fence_destroy(f).map_err(|x| x.error.to_string())?;
+    sync.stream_destroy(a).map_err(|x| x.error.to_string())?;
+    match r {
+        Err(x) if x.status == Status::Unsupported && x.message.contains("stream_wait_fence") => Ok(()),
+        other => Err(format!("expected Unsupported from the host, got {other:?}")),
+    }
+}
+
 /// What the plugin did with the host's services (ABI 1.2), as the host
 /// counted them: nothing, unless the test trigger of a plugin that has one
 /// is pulled; then a loss reaches the host, and the mechanism fails the way
@@ -692,6 +789,7 @@ fn rust_host_cell(s: &Subject, host_max: u32, kit: bool) -> Cell {
     for m in plugin.mechanisms() {
         cell.degraded.extend(host_checks(m, agreed, &mut cell.problems));
         cell.degraded.extend(abi_1_2_checks(s, m, agreed, &mut cell.problems));
+        cell.degraded.extend(ordering_checks(s, m, agreed, &mut cell.problems));
     }
     let used = services_used(s, &plugin, agreed, &mut cell.problems);
     cell.degraded.push(used);
@@ -1205,6 +1303,22 @@ fn cpu_in_process(max_minor: u32) -> Plugin {
     let opts = LoadOptions { max_minor, ..Default::default() };
     // SAFETY: the CPU plugin's own in-process entry.
     unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &opts) }.unwrap()
+}
+
+/// `stream_wait_fence` reaches the CPU plugin when 1.2 was agreed: a stream
+/// waiting for a fence of another, gated stream runs its work only once the
+/// gate opens. Pinned to 1.1 or 1.0 the host answers it `Unsupported`
+/// itself (the plugin's 1.1 view has no such slot).
+#[test]
+fn stream_wait_fence_reaches_the_cpu_plugin_only_at_1_2() {
+    let _turn = IN_PROCESS.lock().unwrap_or_else(|e| e.into_inner());
+    for minor in [2, 1, 0] {
+        let plugin = cpu_in_process(minor);
+        let sync = plugin.mechanisms()[0].sync().unwrap();
+        let r = if minor >= 2 { cross_stream_wait(&sync) } else { refused_wait(&sync) };
+        r.unwrap_or_else(|e| panic!("at 1.{minor}: {e}"));
+        plugin.unload().unwrap();
+    }
 }
 
 #[test]
