@@ -353,6 +353,40 @@ pub const CHECKS: &[CheckInfo] = &[
          runs; an accepted one runs exactly once",
     ),
     per_mechanism(
+        "ordering.commit_on",
+        "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING: commit_on and decommit_on on a stream return fences (counted live) \
+         that complete, after which committed_bytes is exact and (host-visible memory) the range is read-write, \
+         then inaccessible",
+    ),
+    per_mechanism(
+        "ordering.map_on",
+        "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING with shared mapping: map_on and unmap_on return fences that complete, \
+         after which (host-visible memory) the mapping is read-write, then gone",
+    ),
+    per_mechanism(
+        "ordering.queued_refusals",
+        "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING: commit_on, decommit_on, map_on and unmap_on of ranges past the end, \
+         straddling it or overflowing are OUT_OF_RANGE and a NULL out_fence INVALID_ARGUMENT, answered while the \
+         stream is held, with no fence made and, once it drains, nothing committed",
+    ),
+    per_mechanism(
+        "ordering.stream_wait_fence",
+        "ABI 1.2, when stream_wait_fence is published: work enqueued on stream B after a wait on stream A's fence \
+         does not run (B's fence NOT_READY) while A is held by a host function, and runs once A is released; a \
+         fence never recorded is refused",
+    ),
+    per_mechanism(
+        "ordering.stream_adopt_typed",
+        "ABI 1.2, when stream_adopt_typed is published: a native kind no minor defines is UNSUPPORTED and makes \
+         nothing",
+    ),
+    per_mechanism(
+        "ordering.peer_access",
+        "ABI 1.2 MEMPLUG_CAP_PEER_ACCESS: can_access_peer answers OK with only READ/WRITE bits (or WRONG_DEVICE) \
+         for the device itself and others; set_peer_access refuses ranges out of a reservation with OUT_OF_RANGE \
+         and unknown access bits",
+    ),
+    per_mechanism(
         "concurrency.allocator",
         "several threads allocating and freeing at once: every call succeeds, no two live blocks overlap, \
          live_objects balances",

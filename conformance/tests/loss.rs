@@ -82,8 +82,9 @@ fn the_cpu_plugin_passes_the_loss_checks_through_its_test_switch() {
         "{d}"
     );
     let (_, d) = one(&r, "loss.every_slot_device_lost");
-    // Every capability of the CPU plugin was swept (stream_adopt is NULL),
-    // typed export included.
+    // Every capability of the CPU plugin was swept (stream_adopt and
+    // stream_adopt_typed are NULL), typed export and the 1.2
+    // stream_wait_fence included.
     for slot in [
         "allocator.allocate",
         "allocator.deallocate",
@@ -94,11 +95,12 @@ fn the_cpu_plugin_passes_the_loss_checks_through_its_test_switch() {
         "shared_mapping.import_handle",
         "sync.enqueue_host_fn",
         "sync.fence_wait",
+        "sync.stream_wait_fence",
         "sync.stream_destroy",
     ] {
         assert!(d.contains(slot), "{slot} was not called after the loss: {d}");
     }
-    assert!(d.contains("all 25 slots"), "{d}");
+    assert!(d.contains("all 26 slots"), "{d}");
     let (_, d) = one(&r, "exports.only_entry_symbols");
     assert!(d.contains("memplug_cpu_test_report_loss"), "{d}");
     // The JSON report names the new checks.

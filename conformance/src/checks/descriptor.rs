@@ -55,6 +55,8 @@ pub(crate) fn capability_names(caps: u32) -> Vec<&'static str> {
         (MEMPLUG_CAP_SYNC, "sync"),
         (MEMPLUG_CAP_SHARED_EXPORT, "shared_export"),
         (MEMPLUG_CAP_TYPED_EXPORT, "typed_export"),
+        (MEMPLUG_CAP_PEER_ACCESS, "peer_access"),
+        (MEMPLUG_CAP_QUEUED_BINDING, "queued_binding"),
     ]
     .into_iter()
     .filter(|(bit, _)| caps & bit != 0)
@@ -273,6 +275,44 @@ fn capabilities(plugin: &PluginView, desc: &MemplugMechanism) -> Result<String, 
             ));
         }
     }
+    for (bit, flag) in [
+        (MEMPLUG_CAP_PEER_ACCESS, "MEMPLUG_CAP_PEER_ACCESS (bit 6)"),
+        (MEMPLUG_CAP_QUEUED_BINDING, "MEMPLUG_CAP_QUEUED_BINDING (bit 7)"),
+    ] {
+        if caps & bit != 0 && plugin.agreed_minor < 2 {
+            return Err(soft(format!(
+                "{flag} is an ABI 1.2 capability, but the agreed minor is 1.{} (the plugin speaks up to 1.{}): a \
+                 host refuses the mechanism",
+                plugin.agreed_minor, plugin.max_minor
+            )));
+        }
+    }
+    if plugin.agreed_minor >= 2 {
+        // The pointer is read only from a mechanism holding all of it
+        // (struct_size >= 88: prefix reads copy whole words).
+        let peer = caps & MEMPLUG_CAP_PEER_ACCESS != 0;
+        if peer && desc.peer_access.is_null() {
+            return Err(soft(
+                "MEMPLUG_CAP_PEER_ACCESS is set but the peer_access pointer is NULL (or past the mechanism's \
+                 struct_size): a host refuses the mechanism"
+                    .into(),
+            ));
+        }
+        if !peer && !desc.peer_access.is_null() {
+            return Err(soft(
+                "the peer_access pointer is set but MEMPLUG_CAP_PEER_ACCESS is not: a host refuses the mechanism"
+                    .into(),
+            ));
+        }
+        let both = MEMPLUG_CAP_VIRTUAL_BACKING | MEMPLUG_CAP_SYNC;
+        if caps & MEMPLUG_CAP_QUEUED_BINDING != 0 && caps & both != both {
+            return Err(soft(
+                "MEMPLUG_CAP_QUEUED_BINDING is set without MEMPLUG_CAP_VIRTUAL_BACKING and MEMPLUG_CAP_SYNC \
+                 (commit_on and its fence need both): a host refuses the mechanism"
+                    .into(),
+            ));
+        }
+    }
     let unknown = caps & !MEMPLUG_CAP_ALL_1_2;
     if unknown != 0 && plugin.max_minor <= MEMPLUG_ABI_MINOR {
         return Err(soft(format!(
@@ -418,6 +458,8 @@ pub(crate) struct Tables {
     vb: Option<MemplugVirtualBacking>,
     sm: Option<MemplugSharedMapping>,
     sync: Option<MemplugSync>,
+    /// The 1.2 peer access table.
+    peer: Option<MemplugPeerAccess>,
     /// The optional slots left NULL, as `table.slot`.
     optional_null: Vec<String>,
 }
@@ -429,9 +471,28 @@ pub(crate) fn read_tables(desc: &MemplugMechanism, agreed_minor: u32) -> Result<
     let caps = desc.capabilities;
     let a: MemplugAllocator = vtable(desc.allocator, "allocator")?;
     required(&a, Need::Required, "allocator")?;
+    // ABI 1.2 queue-ordered binding: its slots only with the flag, at 1.2,
+    // in tables long enough (a host ignores them otherwise; the flag's
+    // conditions are descriptor.capabilities').
+    let queued = caps & MEMPLUG_CAP_QUEUED_BINDING != 0 && agreed_minor >= 2;
     let vb = if caps & MEMPLUG_CAP_VIRTUAL_BACKING != 0 {
-        let v: MemplugVirtualBacking = vtable(desc.virtual_backing, "virtual_backing")?;
+        let (mut v, declared): (MemplugVirtualBacking, u32) =
+            vtable_sized(desc.virtual_backing, "virtual_backing")?;
         required(&v, Need::Required, "virtual_backing")?;
+        if queued {
+            ensure!(
+                declared >= MEMPLUG_VIRTUAL_BACKING_SIZE_1_2,
+                "MEMPLUG_CAP_QUEUED_BINDING is set but virtual_backing.struct_size {declared} is shorter than ABI \
+                 1.2's {MEMPLUG_VIRTUAL_BACKING_SIZE_1_2} (commit_on, decommit_on)"
+            );
+            required(
+                &v,
+                Need::WithCapability(MEMPLUG_CAP_QUEUED_BINDING),
+                "virtual_backing (MEMPLUG_CAP_QUEUED_BINDING is set)",
+            )?;
+        } else {
+            (v.commit_on, v.decommit_on) = (None, None);
+        }
         Some(v)
     } else {
         None
@@ -484,14 +545,45 @@ pub(crate) fn read_tables(desc: &MemplugMechanism, agreed_minor: u32) -> Result<
             v.export_handle = None;
             v.import_handle = None;
         }
+        if queued {
+            ensure!(
+                declared >= MEMPLUG_SHARED_MAPPING_SIZE_1_2,
+                "MEMPLUG_CAP_QUEUED_BINDING is set but shared_mapping.struct_size {declared} is shorter than ABI \
+                 1.2's {MEMPLUG_SHARED_MAPPING_SIZE_1_2} (map_on, unmap_on)"
+            );
+            required(
+                &v,
+                Need::WithCapability(MEMPLUG_CAP_QUEUED_BINDING),
+                "shared_mapping (MEMPLUG_CAP_QUEUED_BINDING is set)",
+            )?;
+        } else {
+            (v.map_on, v.unmap_on) = (None, None);
+        }
         required(&v, Need::Required, "shared_mapping")?;
         Some(v)
     } else {
         None
     };
     let sync = if caps & MEMPLUG_CAP_SYNC != 0 {
-        let v: MemplugSync = vtable(desc.sync, "sync")?;
+        let mut v: MemplugSync = vtable(desc.sync, "sync")?;
         required(&v, Need::Required, "sync")?;
+        if agreed_minor < 2 {
+            // The 1.2 slots are past what the agreed minor defines.
+            (v.stream_wait_fence, v.stream_adopt_typed) = (None, None);
+        }
+        Some(v)
+    } else {
+        None
+    };
+    if queued && (vb.is_none() || sync.is_none()) {
+        fail!("MEMPLUG_CAP_QUEUED_BINDING is set without MEMPLUG_CAP_VIRTUAL_BACKING and MEMPLUG_CAP_SYNC");
+    }
+    // ABI 1.2 peer access: the table, at its size with both slots, when
+    // the flag is set (the pointer's agreement with it is
+    // descriptor.capabilities').
+    let peer = if caps & MEMPLUG_CAP_PEER_ACCESS != 0 && agreed_minor >= 2 && !desc.peer_access.is_null() {
+        let v: MemplugPeerAccess = vtable(desc.peer_access, "peer_access")?;
+        required(&v, Need::Required, "peer_access")?;
         Some(v)
     } else {
         None
@@ -499,9 +591,15 @@ pub(crate) fn read_tables(desc: &MemplugMechanism, agreed_minor: u32) -> Result<
     let mut optional_null: Vec<String> = Vec::new();
     optional_null.extend(optional_nulls(&a));
     if let Some(s) = &sync {
-        optional_null.extend(optional_nulls(s));
+        let since = |slot: &String| {
+            MemplugSync::SLOTS
+                .iter()
+                .find(|f| format!("sync.{}", f.name) == *slot)
+                .map_or(0, |f| f.since_minor)
+        };
+        optional_null.extend(optional_nulls(s).filter(|slot| since(slot) <= agreed_minor));
     }
-    Ok(Tables { alloc: a, vb, sm, sync, optional_null })
+    Ok(Tables { alloc: a, vb, sm, sync, peer, optional_null })
 }
 
 /// The kit's view of a mechanism whose tables were read (properties still
@@ -526,6 +624,7 @@ pub(crate) fn mech_of(
         vb: t.vb,
         sm: t.sm,
         sync: t.sync,
+        peer: t.peer,
         props: MemplugProperties::default(),
         descriptor: DescriptorSeen::Older,
         // Present only in a 1.2-sized descriptor at an agreed minor of 2
@@ -599,6 +698,12 @@ fn later_bits(bits: u32) -> String {
     }
     if bits & MEMPLUG_CAP_TYPED_EXPORT != 0 {
         names.push("MEMPLUG_CAP_TYPED_EXPORT, ABI 1.2");
+    }
+    if bits & MEMPLUG_CAP_PEER_ACCESS != 0 {
+        names.push("MEMPLUG_CAP_PEER_ACCESS, ABI 1.2");
+    }
+    if bits & MEMPLUG_CAP_QUEUED_BINDING != 0 {
+        names.push("MEMPLUG_CAP_QUEUED_BINDING, ABI 1.2");
     }
     if bits & !MEMPLUG_CAP_ALL_1_2 != 0 {
         names.push("bits no minor this kit knows defines");

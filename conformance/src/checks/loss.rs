@@ -21,7 +21,7 @@
 use super::descriptor_claims::{FD_HANDLES, KNOWN_HANDLES};
 use super::fresh::{fresh, mark, not_enabled, pull};
 use super::{ensure, expect, skip, Checked, Ctx, Results, Verdict};
-use crate::raw::{object_ref, request, status_name, Mech};
+use crate::raw::{object_ref, request, status_name, FenceOut, Mech};
 use crate::services::{Phase, Reason, Seen};
 use crate::sink::Log;
 use core::ffi::c_void;
@@ -308,6 +308,15 @@ fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, Mempl
         at("virtual_backing.commit", &|| m.commit(log, &res, gran, gran));
         at("virtual_backing.committed_bytes", &|| m.committed(log, &res).0);
         at("virtual_backing.decommit", &|| m.decommit(log, &res, 0, gran));
+        // ABI 1.2 queue-ordered binding, on the stream made before.
+        if let (Some(vb), Some((s, _))) = (m.vb, b.stream) {
+            if vb.commit_on.is_some() {
+                at("virtual_backing.commit_on", &|| m.commit_on(log, &res, gran, gran, s, FenceOut::Kit).0);
+            }
+            if vb.decommit_on.is_some() {
+                at("virtual_backing.decommit_on", &|| m.decommit_on(log, &res, 0, gran, s, FenceOut::Kit).0);
+            }
+        }
     }
     if let (Some(sm), Some(obj)) = (m.sm, b.object) {
         let rw = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
@@ -315,6 +324,16 @@ fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, Mempl
         at("shared_mapping.retain", &|| m.retain(log, &obj));
         at("shared_mapping.map", &|| m.map(log, &obj, 0, &res, gran, gran, rw));
         at("shared_mapping.unmap", &|| m.unmap(log, &res, 2 * gran, gran));
+        if let Some((s, _)) = b.stream {
+            if sm.map_on.is_some() {
+                at("shared_mapping.map_on", &|| {
+                    m.map_on(log, &obj, 0, &res, (gran, gran), rw, s, FenceOut::Kit).0
+                });
+            }
+            if sm.unmap_on.is_some() {
+                at("shared_mapping.unmap_on", &|| m.unmap_on(log, &res, 2 * gran, gran, s, FenceOut::Kit).0);
+            }
+        }
         if sm.export_fd.is_some() {
             at("shared_mapping.export_fd", &|| {
                 let (st, fd) = m.export_fd(log, &obj);
@@ -355,6 +374,14 @@ fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, Mempl
         }
         at("shared_mapping.release", &|| m.release_object(log, &obj));
     }
+    if m.peer.is_some() {
+        // ABI 1.2 peer access: the mechanism's own device, its first
+        // granule (committed before the loss).
+        at("peer_access.can_access_peer", &|| m.can_access_peer(log, &m.device).0);
+        at("peer_access.set_peer_access", &|| {
+            m.set_peer_access(log, &res, 0, gran, &m.device, MEMPLUG_ACCESS_READ)
+        });
+    }
     if m.vb.is_some() {
         at("virtual_backing.release", &|| m.release_reservation(log, &res));
     }
@@ -371,6 +398,18 @@ fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, Mempl
         at("sync.fence_record", &|| m.fence_record(log, s).0);
         at("sync.fence_query", &|| m.fence_query(log, fence));
         at("sync.fence_wait", &|| m.fence_wait(log, fence, 0));
+        if sync.stream_wait_fence.is_some() {
+            at("sync.stream_wait_fence", &|| m.stream_wait_fence(log, s, fence));
+        }
+        if sync.stream_adopt_typed.is_some() {
+            // The mechanism's own kind, with something readable to point
+            // at (a lost mechanism answers before looking at it).
+            let mut native = [0u64; 16];
+            let p = native.as_mut_ptr().cast::<c_void>();
+            at("sync.stream_adopt_typed", &|| {
+                m.stream_adopt_typed(log, m.device.kind, p).map_or(MEMPLUG_STATUS_UNSUPPORTED, |r| r.0)
+            });
+        }
         at("sync.fence_destroy", &|| m.fence_destroy(log, fence));
         at("sync.stream_destroy", &|| m.stream_destroy(log, s));
     }

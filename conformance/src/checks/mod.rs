@@ -59,6 +59,7 @@ pub(crate) mod fresh;
 mod loss;
 mod messages;
 mod negotiation;
+mod ordering;
 mod shared_mapping;
 mod sync;
 mod typed_export;
@@ -926,6 +927,7 @@ fn per_mechanism(res: &mut Results, ctx: &Ctx, m: &Mech) {
     res.share(&m.name, &mut st);
     sync::run_all(res, ctx, m, &mut st);
     res.share(&m.name, &mut st);
+    ordering::run_all(res, ctx, m, &st);
     concurrency::run_all(res, ctx, m, &st);
     res.share(&m.name, &mut st);
     loss::run_mech(res, ctx, m);

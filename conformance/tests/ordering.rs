@@ -1,0 +1,71 @@
+//! The kit's ABI 1.2 ordering and peer access checks (`ordering.*`), run
+//! through its library API on the reference CPU plugin: it publishes
+//! `stream_wait_fence` (its stream's worker waits for the fence), so
+//! `ordering.stream_wait_fence` passes; it has neither queue-ordered
+//! binding, nor peer access, nor `stream_adopt_typed`, so the other checks
+//! are skipped, saying why.
+
+use memplug_conformance::{Options, Outcome, Report, CHECKS};
+use memplug_test_support::find_cdylib;
+use std::collections::BTreeSet;
+
+const ORDERING_CHECKS: [&str; 6] = [
+    "ordering.commit_on",
+    "ordering.map_on",
+    "ordering.queued_refusals",
+    "ordering.stream_wait_fence",
+    "ordering.stream_adopt_typed",
+    "ordering.peer_access",
+];
+
+fn table(r: &Report) -> String {
+    r.checks
+        .iter()
+        .map(|c| format!("{:<40} {:<7} {}", c.name, c.outcome, c.detail))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+fn one(r: &Report, check: &str) -> (Outcome, String) {
+    let v: Vec<_> = r.results(check).collect();
+    assert_eq!(v.len(), 1, "{check} reported {} times:\n{}", v.len(), table(r));
+    (v[0].outcome, v[0].detail.clone())
+}
+
+#[test]
+fn the_catalog_lists_the_ordering_checks_after_sync() {
+    let names: Vec<&str> = CHECKS.iter().map(|c| c.name).collect();
+    let at = |n: &str| names.iter().position(|x| *x == n).unwrap_or_else(|| panic!("{n} not listed"));
+    let last_sync = at("sync.enqueue_refusal");
+    for (i, check) in ORDERING_CHECKS.iter().enumerate() {
+        assert_eq!(at(check), last_sync + 1 + i, "{check} out of place");
+        assert!(CHECKS[at(check)].per_mechanism, "{check} runs per mechanism");
+    }
+}
+
+#[test]
+fn the_cpu_plugin_waits_across_streams_and_skips_what_it_does_not_publish() {
+    let path = find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
+    let opts = Options { threads: 2, iterations: 200, ..Default::default() };
+    let r = memplug_conformance::run(&path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let failed: BTreeSet<&str> = r.failures().map(|c| c.name).collect();
+    assert!(r.passed(), "failed: {failed:?}\n{}", table(&r));
+    let (o, d) = one(&r, "ordering.stream_wait_fence");
+    assert_eq!(o, Outcome::Pass, "{d}");
+    assert!(d.contains("waited while A was held, then ran") && d.contains("forged fence was refused"), "{d}");
+    for check in ["ordering.commit_on", "ordering.map_on", "ordering.queued_refusals"] {
+        let (o, d) = one(&r, check);
+        assert_eq!(o, Outcome::Skip, "{check}: {d}");
+        assert!(d.contains("no MEMPLUG_CAP_QUEUED_BINDING"), "{check}: {d}");
+    }
+    let (o, d) = one(&r, "ordering.stream_adopt_typed");
+    assert_eq!(o, Outcome::Skip, "{d}");
+    assert!(d.contains("stream_adopt_typed is not published"), "{d}");
+    let (o, d) = one(&r, "ordering.peer_access");
+    assert_eq!(o, Outcome::Skip, "{d}");
+    assert!(d.contains("no MEMPLUG_CAP_PEER_ACCESS"), "{d}");
+    let json = serde_json::to_string(&r).expect("the report serialises");
+    for check in ORDERING_CHECKS {
+        assert!(json.contains(&format!("\"name\":\"{check}\"")), "{check} missing from the JSON");
+    }
+}
