@@ -63,20 +63,37 @@ fn the_reference_cpu_plugin_passes_every_check() {
     for c in memplug_conformance::CHECKS {
         assert!(ran.contains(c.name), "{} did not run", c.name);
     }
-    // The only absence the reference plugin has is stream_adopt; and the
-    // kit looks only for what a mechanism claims of its memory (ABI 1.2):
-    // it claims no zero fill, and no page size but the base one.
+    // The only absences the reference plugin has are stream_adopt (and
+    // 1.2's typed stream_adopt_typed), queue-ordered binding and peer
+    // access (ABI 1.2; it publishes stream_wait_fence, which passes); and
+    // the kit looks only for what a mechanism claims of its memory (ABI
+    // 1.2): it claims no zero fill, and no page size but the base one.
     let skipped = with_outcome(&v, "skip");
-    let want = ["sync.stream_adopt", "claims.zero_filled", "claims.page_size_used"];
+    let want = [
+        "sync.stream_adopt",
+        "claims.zero_filled",
+        "claims.page_size_used",
+        "ordering.commit_on",
+        "ordering.map_on",
+        "ordering.queued_refusals",
+        "ordering.stream_adopt_typed",
+        "ordering.peer_access",
+    ];
     assert_eq!(skipped, want.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>(), "{v:#}");
     for c in checks(&v).iter().filter(|c| c["outcome"] == "skip") {
         let why = c["detail"].as_str().unwrap();
         match c["name"].as_str().unwrap() {
             "claims.zero_filled" => assert!(why.contains("does not claim"), "{c}"),
             "claims.page_size_used" => assert!(why.contains("only the base page"), "{c}"),
+            "ordering.commit_on" | "ordering.map_on" | "ordering.queued_refusals" => {
+                assert!(why.contains("no MEMPLUG_CAP_QUEUED_BINDING"), "{c}")
+            }
+            "ordering.stream_adopt_typed" => assert!(why.contains("not published"), "{c}"),
+            "ordering.peer_access" => assert!(why.contains("no MEMPLUG_CAP_PEER_ACCESS"), "{c}"),
             _ => {}
         }
     }
+    assert!(with_outcome(&v, "pass").contains("ordering.stream_wait_fence"), "{v:#}");
 }
 
 #[test]
@@ -122,6 +139,10 @@ fn the_c_example_plugin_passes_what_it_implements_and_skips_the_rest() {
             // the claims checked against the memory are 1.2's.
             n if n.starts_with("descriptor.") || n.starts_with("claims.") => {
                 assert!(why.contains("agreed on ABI 1.0") && why.contains("ABI 1.2"), "{c}")
+            }
+            // Device ordering and peer access are 1.2's.
+            n if n.starts_with("ordering.") => {
+                assert!(why.contains("agreed minor is 1.0") && why.contains("ABI 1.2"), "{c}")
             }
             // Device loss and the host services are 1.2's (the one loss
             // check that needs no loss, loss.negotiation_reports, passes).
