@@ -40,6 +40,7 @@ pub mod manager;
 mod manager_tables;
 pub mod pool;
 pub mod region;
+mod subscriber;
 // Public (hidden) for tests/slot_table_loom.rs.
 #[doc(hidden)]
 pub mod slot_table;
