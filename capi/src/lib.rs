@@ -42,6 +42,7 @@ pub mod peer;
 pub mod pool;
 pub mod prefix_export;
 pub mod region;
+mod subscriber;
 // Public (hidden) for tests/slot_table_loom.rs.
 #[doc(hidden)]
 pub mod slot_table;

@@ -10,51 +10,24 @@
 //! inside a lifecycle callback, and lets `unsubscribe` wait for deliveries
 //! running on other threads.
 
-use crate::callbacks::{
-    lock_region, not_in_callback, not_in_lifecycle_callback, thread_token, LifecycleScope, UserData,
-};
+use crate::callbacks::{lock_region, not_in_callback, not_in_lifecycle_callback, UserData};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, RegionEntry, SubscriptionEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
+use crate::subscriber::{life_state, settlement, Subscriber};
 use crate::types::{
-    write_sized, MemplugHostAllocation, MemplugHostLifeState, MemplugHostLifecycleEvent,
-    MemplugHostLifecycleFn, MemplugHostLossNotice, MemplugHostManager, MemplugHostMechanism,
-    MemplugHostPrefix, MemplugHostRegion, MemplugHostSettlement, MemplugHostSubscription,
-    MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
+    write_sized, MemplugHostAllocation, MemplugHostLifeState, MemplugHostLifecycleFn, MemplugHostManager,
+    MemplugHostMechanism, MemplugHostPrefix, MemplugHostRegion, MemplugHostSettlement,
+    MemplugHostSubscription,
 };
 use memplug_host_dep::registry::Context;
-use memplug_host_dep::{
-    LifeState, LifecycleEvent, OwnedAllocation, Settlement, SharedPrefix, SubscriptionId,
-};
+use memplug_host_dep::{OwnedAllocation, SharedPrefix};
 use memplug_sdk::prefix::Prefixed;
 use std::ffi::{c_char, c_void};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
-
-fn life_state(s: LifeState) -> MemplugHostLifeState {
-    match s {
-        LifeState::Active => MemplugHostLifeState::Active,
-        LifeState::Retiring => MemplugHostLifeState::Retiring,
-        LifeState::Lost => MemplugHostLifeState::Lost,
-        LifeState::Terminated => MemplugHostLifeState::Terminated,
-    }
-}
-
-/// The C form of a settlement.
-fn settlement(s: &Settlement) -> MemplugHostSettlement {
-    MemplugHostSettlement {
-        struct_size: MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
-        after_loss: s.after_loss as u32,
-        bytes: s.bytes,
-        quarantined_bytes: s.bindings.iter().map(|b| b.quarantined_bytes).fold(0, u64::saturating_add),
-        leases: s.bindings.iter().map(|b| b.leases).fold(0, u64::saturating_add),
-        bindings: s.bindings.len() as u64,
-        objects_forgotten: s.objects_forgotten,
-    }
-}
 
 /// Refuses a caller's out-struct shorter than the 1.0 size before anything
 /// irreversible is done, so that the call can still fail without effect.
@@ -74,14 +47,6 @@ unsafe fn check_out_size<T: Prefixed>(out: *const T, what: &str) -> Result<()> {
         ));
     }
     Ok(())
-}
-
-/// `s` as bytes followed by a NUL (C strings valid for a callback).
-fn nul_terminated(s: &str) -> Vec<u8> {
-    let mut v = Vec::with_capacity(s.len() + 1);
-    v.extend_from_slice(s.as_bytes());
-    v.push(0);
-    v
 }
 
 // ---- state ------------------------------------------------------------------
@@ -360,120 +325,6 @@ pub unsafe extern "C" fn memplug_host_mechanism_settlement(
     })
 }
 
-// ---- subscriptions ------------------------------------------------------------
-
-type LifecycleCallback = unsafe extern "C" fn(*mut c_void, *const MemplugHostLifecycleEvent);
-
-struct SubscriberState {
-    /// No delivery starts once set.
-    closed: bool,
-    /// Threads (`thread_token`) delivering to this subscriber now.
-    running: Vec<u64>,
-    /// The context's id of the subscription, once subscribed.
-    id: Option<SubscriptionId>,
-}
-
-/// One C subscription: the caller's callback and userdata, and what lets
-/// `unsubscribe` wait for deliveries running on other threads.
-pub(crate) struct Subscriber {
-    callback: LifecycleCallback,
-    userdata: UserData,
-    /// The subscription's handle (set before any event can be delivered).
-    handle: AtomicU64,
-    context: Weak<Context>,
-    state: Mutex<SubscriberState>,
-    idle: Condvar,
-}
-
-impl Subscriber {
-    fn lock(&self) -> MutexGuard<'_, SubscriberState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Ends the subscription: no delivery starts after this; returns once
-    /// none runs on another thread (one running on this thread — a callback
-    /// ending its own subscription — goes on after this returns).
-    pub(crate) fn close(&self) {
-        let me = thread_token();
-        let id = {
-            let mut s = self.lock();
-            s.closed = true;
-            while s.running.iter().any(|t| *t != me) {
-                s = self.idle.wait(s).unwrap_or_else(PoisonError::into_inner);
-            }
-            s.id.take()
-        };
-        if let (Some(id), Some(ctx)) = (id, self.context.upgrade()) {
-            ctx.unsubscribe(id);
-        }
-    }
-
-    /// Runs the callback with `e` (unless closed), on this thread.
-    fn deliver(&self, e: &LifecycleEvent) {
-        let me = thread_token();
-        {
-            let mut s = self.lock();
-            if s.closed {
-                return;
-            }
-            s.running.push(me);
-        }
-        // Taken off the running list however this ends.
-        struct Running<'a>(&'a Subscriber, u64);
-        impl Drop for Running<'_> {
-            fn drop(&mut self) {
-                let mut s = self.0.lock();
-                if let Some(i) = s.running.iter().position(|t| *t == self.1) {
-                    s.running.swap_remove(i);
-                }
-                drop(s);
-                self.0.idle.notify_all();
-            }
-        }
-        let _running = Running(self, me);
-
-        let context = nul_terminated(&e.context);
-        let reason = e.reason.as_deref().map(nul_terminated);
-        let pool_names: Vec<Vec<u8>> = e.notices.iter().map(|n| nul_terminated(&n.pool)).collect();
-        let notices: Vec<MemplugHostLossNotice> = e
-            .notices
-            .iter()
-            .zip(&pool_names)
-            .map(|(n, name)| MemplugHostLossNotice {
-                struct_size: std::mem::size_of::<MemplugHostLossNotice>() as u32,
-                alloc_class: memplug_host_dep::mechanism::class_tag(n.class),
-                holder_id: n.holder.map_or(0, |h| h.get()),
-                objects: n.objects,
-                bytes: n.bytes,
-                quarantined_bytes: n.quarantined_bytes,
-                pool_name: name.as_ptr().cast(),
-                pool_name_len: name.len() - 1,
-            })
-            .collect();
-        let settled = e.settlement.as_ref().map(settlement);
-        let event = MemplugHostLifecycleEvent {
-            struct_size: std::mem::size_of::<MemplugHostLifecycleEvent>() as u32,
-            from: life_state(e.from),
-            to: life_state(e.to),
-            reserved0: 0,
-            subscription: MemplugHostSubscription { id: self.handle.load(Ordering::Acquire) },
-            context: context.as_ptr().cast(),
-            context_len: context.len() - 1,
-            reason: reason.as_ref().map_or(std::ptr::null(), |r| r.as_ptr().cast()),
-            reason_len: reason.as_ref().map_or(0, |r| r.len() - 1),
-            notices: if notices.is_empty() { std::ptr::null() } else { notices.as_ptr() },
-            notice_count: notices.len(),
-            notice_size: std::mem::size_of::<MemplugHostLossNotice>(),
-            settlement: settled.as_ref().map_or(std::ptr::null(), |s| s as *const _),
-        };
-        let _scope = LifecycleScope::enter();
-        let ud = self.userdata;
-        // SAFETY: the caller subscribed this function and userdata for
-        // exactly this call; the event and what it points to live across it.
-        unsafe { (self.callback)(ud.0, &event) };
-    }
-}
-
 /// Subscribes `callback` to every later transition of the mechanism's
 /// context: it is called once per transition, with `userdata` and a
 /// `MemplugHostLifecycleEvent` valid for the call (see
@@ -508,33 +359,20 @@ pub unsafe extern "C" fn memplug_host_mechanism_subscribe(
         // The slot first, so that nothing can fail once the context knows
         // the subscriber.
         let vacant = manager_tables::vacant::<SubscriptionEntry>(seat)?;
-        let subscriber = Arc::new(Subscriber {
-            callback,
-            userdata: UserData(userdata),
-            handle: AtomicU64::new(0),
-            context: Arc::downgrade(&ctx),
-            state: Mutex::new(SubscriberState { closed: false, running: Vec::new(), id: None }),
-            idle: Condvar::new(),
-        });
+        let subscriber = Arc::new(Subscriber::new(callback, UserData(userdata), Arc::downgrade(&ctx)));
         let id =
             manager_tables::fill(seat, vacant, SubscriptionEntry { subscriber: subscriber.clone() }, [0, 0]);
-        subscriber.handle.store(id, Ordering::Release);
+        subscriber.set_handle(id);
         let weak = Arc::downgrade(&subscriber);
         let sub_id = ctx.subscribe(move |e| {
             if let Some(s) = weak.upgrade() {
                 s.deliver(e);
             }
         });
-        {
-            let mut s = subscriber.lock();
-            if s.closed {
-                // Ended (by a guessed handle, or the manager's destruction)
-                // before it was complete.
-                drop(s);
-                ctx.unsubscribe(sub_id);
-            } else {
-                s.id = Some(sub_id);
-            }
+        if !subscriber.complete(sub_id) {
+            // Ended (by a guessed handle, or the manager's destruction)
+            // before it was complete.
+            ctx.unsubscribe(sub_id);
         }
         // SAFETY: checked non-NULL.
         unsafe { write_out(out, MemplugHostSubscription { id }) };
@@ -632,6 +470,8 @@ pub unsafe extern "C" fn memplug_host_prefix_is_lost(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::subscriber::life_state;
+    use memplug_host_dep::LifeState;
 
     #[test]
     fn life_state_names_follow_the_enum() {

@@ -82,8 +82,14 @@ pub(crate) struct FenceEntry {
 
 /// A subscription handle's value: dropping it ends the subscription
 /// (`crate::lifecycle`).
+/// What a subscription entry ends when it is removed (a lifecycle
+/// subscriber); a trait, so the tables need not know the subscriber's type.
+pub(crate) trait Closes: Send + Sync {
+    fn close(&self);
+}
+
 pub(crate) struct SubscriptionEntry {
-    pub subscriber: Arc<crate::lifecycle::Subscriber>,
+    pub subscriber: Arc<dyn Closes>,
 }
 
 impl Drop for SubscriptionEntry {

@@ -146,7 +146,14 @@ impl Plugin {
         // and refuses every report.
         let services = ServicesInbox::open();
         let loaded = Self::negotiate_with(entry, origin, library, opts, services)?;
-        let routes = crate::services::routes(loaded.mechanisms.iter().map(|m| &m.inner));
+        let routes = loaded
+            .mechanisms
+            .iter()
+            .map(|m| {
+                let w: std::sync::Weak<dyn crate::lifecycle::LossReceiver> = Arc::downgrade(&m.inner) as _;
+                (m.id(), w)
+            })
+            .collect();
         loaded.shared.services.publish(loaded.agreed_minor, routes);
         Ok(loaded)
     }

@@ -42,7 +42,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::fs::{File, Metadata};
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -137,8 +137,18 @@ impl CheckedFile {
             .map_err(|e| not_a_library(format!("cannot pick a name to load it through: {e}")))?;
         let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
         // SAFETY: the caller's; `path` names our open descriptor.
+        // A second descriptor of the file, held while the library is
+        // mapped: the inode cannot be freed and reused meanwhile (see
+        // `OpenLibrary`).
+        let pin =
+            self.file.try_clone().map_err(|e| not_a_library(format!("cannot keep the file open: {e}")))?;
         match unsafe { libloading::os::unix::Library::open(Some(&path), flags) } {
-            Ok(l) => Ok(OpenLibrary { library: libloading::Library::from(l), _name: name }),
+            Ok(l) => Ok(OpenLibrary {
+                library: Some(libloading::Library::from(l)),
+                _name: name,
+                loaded_as: path.into_os_string().into_vec(),
+                pin: Some(pin),
+            }),
             Err(e) => {
                 // The loader's message names the descriptor; name the file.
                 let reason = e.to_string().replace(&*path.to_string_lossy(), &self.named.to_string_lossy());
@@ -152,16 +162,39 @@ impl CheckedFile {
 /// opened under kept reserved: dropping it closes the library, then frees
 /// the name (unless the same file is still open through another
 /// `OpenLibrary`, whose object keeps every alias it was given).
+///
+/// It also holds the file open. glibc answers a `dlopen` with an object it
+/// already mapped from the same (device, inode), and a library can stay
+/// mapped after its last `dlclose` (a thread-local destructor it
+/// registered, a thread of its still running): if the file were then
+/// deleted and its inode reused by another file, loading that other file
+/// would hand back the old library. So the descriptor is closed only once
+/// the library is really gone; while it stays mapped, its inode stays
+/// pinned (one descriptor kept, for good).
 pub struct OpenLibrary {
-    // Dropped in this order: the library first, then its name.
-    library: libloading::Library,
+    // Dropped in this order (see `Drop`): the library first, then, if the
+    // loader let it go, the pin; then its name.
+    library: Option<libloading::Library>,
     _name: LoaderName,
+    /// The name the loader was given (how it lists the object).
+    loaded_as: Vec<u8>,
+    pin: Option<File>,
 }
 
 impl OpenLibrary {
     /// The library.
     pub fn library(&self) -> &libloading::Library {
-        &self.library
+        self.library.as_ref().expect("present until drop")
+    }
+}
+
+impl Drop for OpenLibrary {
+    fn drop(&mut self) {
+        drop(self.library.take());
+        if loaded_object_names().contains(&self.loaded_as) {
+            // Still mapped after the close: keep the inode pinned.
+            std::mem::forget(self.pin.take());
+        }
     }
 }
 

@@ -16,13 +16,13 @@
 //! it is safe from inside a slot, from a driver's callback thread, from
 //! anywhere.
 
-use crate::mechanism::MechanismInner;
+use crate::lifecycle::LossReceiver;
 use crate::sink::bounded_message;
 use memplug_sdk::abi::*;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicPtr, AtomicU32, AtomicU64, Ordering::*};
-use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::sync::{Mutex, OnceLock, Weak};
 
 /// What outlives every load: the table the plugin was given, and the way
 /// to the load's state while it is open.
@@ -97,7 +97,7 @@ struct InboxState {
     /// The plugin's mechanisms by id, set once negotiation and validation
     /// succeeded; until then a report is refused as made during
     /// negotiation.
-    mechanisms: OnceLock<Vec<(u64, Weak<MechanismInner>)>>,
+    mechanisms: OnceLock<Vec<Route>>,
     /// The agreed minor (services are part of 1.2).
     minor: AtomicU32,
     counts: [AtomicU64; 3],
@@ -156,7 +156,7 @@ impl ServicesInbox {
 
     /// Negotiation and validation succeeded: reports now reach these
     /// mechanisms.
-    pub(crate) fn publish(&self, minor: u32, mechanisms: Vec<(u64, Weak<MechanismInner>)>) {
+    pub(crate) fn publish(&self, minor: u32, mechanisms: Vec<Route>) {
         Self::with_state(self.stone, |s| {
             if let Some(s) = s {
                 s.minor.store(minor, Release);
@@ -243,7 +243,7 @@ impl InboxState {
             let n = len.min(MEMPLUG_MESSAGE_MAX as usize);
             bounded_message(core::slice::from_raw_parts(reason.cast::<u8>(), n))
         };
-        let moved = m.life.report_lost(format!("the plugin reported the loss: {text}"));
+        let moved = m.receive_loss(format!("the plugin reported the loss: {text}"));
         self.counts[if moved { LOSSES } else { REPEATS }].fetch_add(1, Relaxed);
         drop(m);
         MEMPLUG_STATUS_OK
@@ -271,9 +271,6 @@ unsafe extern "C" fn report_device_lost(
     .unwrap_or(MEMPLUG_STATUS_INTERNAL)
 }
 
-/// The weak routes of a plugin's mechanisms, for [`ServicesInbox::publish`].
-pub(crate) fn routes<'a>(
-    ms: impl Iterator<Item = &'a Arc<MechanismInner>>,
-) -> Vec<(u64, Weak<MechanismInner>)> {
-    ms.map(|m| (m.id, Arc::downgrade(m))).collect()
-}
+/// Where a report for one mechanism id goes: the mechanism, weakly (a
+/// report for one that is gone is refused).
+pub(crate) type Route = (u64, Weak<dyn LossReceiver>);

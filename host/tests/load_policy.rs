@@ -341,3 +341,40 @@ fn a_missing_file_is_not_found() {
     assert!(matches!(e, LoadError::NotFound(_)), "{e}");
     assert_mentions(&e, &["/nonexistent/libnothing.so", "does not exist"]);
 }
+
+/// Whether a descriptor of this process refers to `(dev, ino)`.
+fn inode_held_open(dev: u64, ino: u64) -> bool {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .flatten()
+        .any(|e| std::fs::metadata(e.path()).is_ok_and(|m| m.dev() == dev && m.ino() == ino))
+}
+
+#[test]
+fn a_library_the_loader_keeps_mapped_after_unload_keeps_its_inode_pinned() {
+    // A CPU plugin instance that ran a stream: its worker thread's
+    // thread-local destructors keep glibc from unmapping the library at
+    // dlclose. If its file were then deleted and the inode reused, the
+    // next file with that inode would be answered with this library.
+    let dir = private_dir("pin-after-unload");
+    let lib = copy_as(&cpu_plugin(), &dir, "libmemplug_plugin_cpu_pin.so", 0o755);
+    let md = std::fs::metadata(&lib).unwrap();
+    let (dev, ino) = (md.dev(), md.ino());
+    let p = Plugin::load(&lib).unwrap();
+    let m = p.mechanism("cpu").unwrap().clone();
+    let sync = m.sync().unwrap();
+    let s = sync.stream_create().unwrap();
+    sync.enqueue(&s, || {}).unwrap();
+    sync.stream_destroy(s).unwrap();
+    drop(m);
+    p.unload().unwrap();
+    std::fs::remove_file(&lib).unwrap();
+    if inode_mapped(dev, ino) {
+        assert!(
+            inode_held_open(dev, ino),
+            "the library is still mapped after unload, but no descriptor pins its inode: a new file could reuse it"
+        );
+    } else {
+        assert!(!inode_held_open(dev, ino), "unmapped, so nothing need stay open");
+    }
+}

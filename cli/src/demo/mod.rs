@@ -49,9 +49,11 @@
 //! text and `--json` output.
 
 mod loss;
+mod loss_report;
 mod measure;
 mod report;
 mod serving;
+mod session;
 mod story;
 mod timeline;
 

@@ -2,7 +2,7 @@
 //! final ledger, and the two renderings of the whole [`Report`] (text, and
 //! one JSON document for `--json`).
 
-use super::loss::LossReport;
+use super::loss_report::LossReport;
 use super::measure::{Measurement, Stranded};
 use super::timeline::{Check, Event};
 use super::{mib, signed_mib, KIB};

@@ -5,13 +5,12 @@
 //! makes; and the report at the end.
 
 use super::loss;
-use super::measure::{
-    self, Kernel, Measurement, Stranded, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD,
-};
+use super::measure::{self, Kernel, Stranded, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD};
 use super::report::{Ledger, PluginLine, Report, Scenario};
 use super::serving::{
-    admit, decode, filled_with, grow, kv_intact, prefix_intact, system_prompt, Request, Tally, Weights,
+    admit, decode, filled_with, grow, kv_intact, prefix_intact, system_prompt, Tally, Weights,
 };
+use super::session::{kv_ranges, Session, State, NEEDS};
 use super::timeline::{Checks, Recorder};
 use super::{
     lock, mib, CAPACITY, CPU0, DECODE_STEPS, EXPERTS, KERNEL_MS, KV_PRIORITY, PINNED, PREFILL, PREFILL_RETRY,
@@ -19,59 +18,12 @@ use super::{
     WEIGHTS_PRIORITY,
 };
 use crate::locate;
-use memplug_host::governor::{AllocationClass, GovernorError, HolderRegistration, Pool};
-use memplug_host::{
-    BindingError, BindingSpec, GrowError, MemoryBinding, PluginFence, ProcessMemoryManager, Requirements,
-    SharedPrefix,
-};
+use memplug_host::governor::{AllocationClass, GovernorError};
+use memplug_host::{BindingError, BindingSpec, GrowError, PluginFence, ProcessMemoryManager, SharedPrefix};
 use std::error::Error;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// What every step writes to: the timeline, the checks, the measurements.
-pub(super) struct State<'a> {
-    pub(super) rec: Arc<Recorder>,
-    pub(super) kernel: &'a Kernel,
-    pub(super) pool: Arc<Pool>,
-    pub(super) checks: Checks,
-    pub(super) measurements: Vec<Measurement>,
-    pub(super) tally: Tally,
-    /// What the lost context left behind (nothing until the loss).
-    pub(super) stranded: Stranded,
-}
-
-impl State<'_> {
-    /// Governor vs kernel now ([`Kernel::measure`]), kept for the report.
-    pub(super) fn measure(&mut self, label: &str, weights: &[(u64, u64)], kv: &[(u64, u64)]) {
-        let m = self.kernel.measure(&self.pool, &self.rec, label, weights, kv, &self.stranded);
-        self.measurements.push(m);
-    }
-}
-
-/// The requirements the story selects its context with.
-pub(super) const NEEDS: Requirements =
-    Requirements { virtual_backing: true, shared_mapping: true, sync: true };
-
-/// What the serving steps leave to the device loss and the teardown: the
-/// holders, the weights holder (its pinned shards still loaded), and the
-/// bindings the holders charge through.
-pub(super) struct Session {
-    pub(super) weights: Arc<Weights>,
-    pub(super) weights_reg: HolderRegistration,
-    pub(super) kv_reg: HolderRegistration,
-    pub(super) weights_b: MemoryBinding,
-    pub(super) kv_b: MemoryBinding,
-}
-
-/// The live KV address ranges of `reqs`: the prefix once (through the
-/// first region), each region's private part, and `extra`.
-pub(super) fn kv_ranges(reqs: &[Request], extra: &[(u64, u64)]) -> Vec<(u64, u64)> {
-    let mut v: Vec<(u64, u64)> = reqs.first().map(|r| r.prefix_range()).into_iter().collect();
-    v.extend(reqs.iter().map(Request::private_range));
-    v.extend_from_slice(extra);
-    v
-}
 
 /// Runs the scenario; returns the report (checks included).
 pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {

@@ -28,6 +28,14 @@ pub use state::LifeState;
 
 use crate::sync::{AtomicBool, Mutex};
 
+/// What a loss reported through the host services reaches (the mechanism,
+/// which owns its lifecycle): kept apart so the services need not know the
+/// mechanism's type.
+pub(crate) trait LossReceiver: Send + Sync {
+    /// Records the loss; `true` when it moved the context to `Lost`.
+    fn receive_loss(&self, reason: String) -> bool;
+}
+
 /// The lifecycle of one mechanism's context: its gate and why it left
 /// `Active`. Lives inside the mechanism, so the one door into the plugin
 /// reaches it without a pointer chase.

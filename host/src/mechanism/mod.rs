@@ -257,6 +257,12 @@ pub(crate) struct MechanismInner {
     pub(crate) plugin: Arc<LoadedLibrary>,
 }
 
+impl crate::lifecycle::LossReceiver for MechanismInner {
+    fn receive_loss(&self, reason: String) -> bool {
+        self.life.report_lost(reason)
+    }
+}
+
 // SAFETY: `ctx` and the vtables are the plugin's; the ABI requires every
 // slot to be callable from any thread concurrently (DESIGN.md §3, Threads).
 unsafe impl Send for MechanismInner {}
