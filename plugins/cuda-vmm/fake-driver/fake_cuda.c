@@ -58,6 +58,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #define API __attribute__((visibility("default")))
@@ -199,11 +200,93 @@ static long g_fault_after = -1;
 static unsigned int g_fault_after_code = CUDA_ERROR_ILLEGAL_ADDRESS;
 /* MEMPLUG_FAKE_CUDA_NO_READ_ONLY / fake_cuda_set_no_read_only. */
 static int g_no_read_only;
+/* MEMPLUG_FAKE_CUDA_UNMAP_ONE_MAPPING / fake_cuda_set_unmap_one_mapping:
+ * cuMemUnmap takes exactly one mapping per call (a stricter driver). */
+static int g_unmap_one_mapping;
+/* cuMemCreate calls so far (valid ones), and the call number that fails
+ * with CUDA_ERROR_OUT_OF_MEMORY (0: none): MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT=k
+ * (the k-th of the process) or fake_cuda_fail_create_at(k) (the k-th from
+ * then on). g_lock. */
+static long g_create_calls, g_fail_create_at, g_create_failures;
+/* Calls refused because they were made from the callback thread. */
+static long g_callback_refused;
+
+/* ---- per-entry-point counts and the blocking hook (for tests) ---- */
+
+enum counted {
+    N_MEM_CREATE,
+    N_MEM_RELEASE,
+    N_MEM_MAP,
+    N_MEM_UNMAP,
+    N_MEM_SET_ACCESS,
+    N_EVENT_CREATE,
+    N_EVENT_DESTROY,
+    N_EVENT_RECORD,
+    N_EVENT_QUERY,
+    N_EVENT_SYNC,
+    N_STREAM_CREATE,
+    N_STREAM_CREATE_PRIO,
+    N_STREAM_DESTROY,
+    N_STREAM_SYNC,
+    N_LAUNCH_HOST_FUNC,
+    N_MEMSET_ASYNC,
+    N_PRIORITY_RANGE,
+    N_MEM_GET_INFO,
+    N_COUNTED
+};
+static const char *const g_counted_names[N_COUNTED] = {
+    "cuMemCreate",     "cuMemRelease",       "cuMemMap",
+    "cuMemUnmap",      "cuMemSetAccess",     "cuEventCreate",
+    "cuEventDestroy",  "cuEventRecord",      "cuEventQuery",
+    "cuEventSynchronize", "cuStreamCreate",  "cuStreamCreateWithPriority",
+    "cuStreamDestroy", "cuStreamSynchronize", "cuLaunchHostFunc",
+    "cuMemsetD8Async", "cuCtxGetStreamPriorityRange", "cuMemGetInfo",
+};
+static long g_counts[N_COUNTED];
+
+/* The hook: fake_cuda_block_next_call(name) makes the next call of that
+ * entry point (from any thread) wait, before it does anything, until
+ * fake_cuda_release_blocked(); a test sees it waiting with
+ * fake_cuda_wait_blocked. */
+static pthread_mutex_t g_hook_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_hook_cv = PTHREAD_COND_INITIALIZER;
+static int g_block_idx = -1;
+static int g_blocked;
+static unsigned long g_release_gen;
+
+static void entered(enum counted idx) {
+    __atomic_add_fetch(&g_counts[idx], 1, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g_block_idx, __ATOMIC_ACQUIRE) != (int)idx)
+        return;
+    pthread_mutex_lock(&g_hook_lock);
+    if (g_block_idx == (int)idx) {
+        unsigned long gen = g_release_gen;
+        g_block_idx = -1; /* the next call only */
+        g_blocked++;
+        pthread_cond_broadcast(&g_hook_cv);
+        while (g_release_gen == gen)
+            pthread_cond_wait(&g_hook_cv, &g_hook_lock);
+        g_blocked--;
+        pthread_cond_broadcast(&g_hook_cv);
+    }
+    pthread_mutex_unlock(&g_hook_lock);
+}
+
+static int counted_index(const char *name) {
+    if (name == NULL)
+        return -1;
+    for (int i = 0; i < N_COUNTED; i++)
+        if (strcmp(name, g_counted_names[i]) == 0)
+            return i;
+    return -1;
+}
 
 static CUresult check_call(int sticky_applies) {
     long n;
-    if (t_in_callback)
+    if (t_in_callback) {
+        __atomic_add_fetch(&g_callback_refused, 1, __ATOMIC_RELAXED);
         return CUDA_ERROR_NOT_PERMITTED;
+    }
     n = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
     if (g_fault_after >= 0 && n > g_fault_after)
         __atomic_store_n(&g_sticky, g_fault_after_code, __ATOMIC_RELAXED);
@@ -229,6 +312,12 @@ static CUresult fault(void) {
  * and giving a primary context back still work after a sticky fault. */
 #define CHECK_INIT() CHECK_INIT_STICKY(1)
 #define CHECK_INIT_CTX_STACK() CHECK_INIT_STICKY(0)
+/* CHECK_INIT, then counts the call (and maybe blocks it: the hook). */
+#define CHECK_INIT_COUNTED(idx)                                                                    \
+    do {                                                                                           \
+        CHECK_INIT();                                                                              \
+        entered(idx);                                                                              \
+    } while (0)
 
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
 
@@ -270,6 +359,9 @@ API CUresult cuInit(unsigned int flags) {
         g_ctx_overhead = env_ull("MEMPLUG_FAKE_CUDA_CTX_MIB", 16) << 20;
         if (env_ull("MEMPLUG_FAKE_CUDA_NO_READ_ONLY", 0) != 0)
             __atomic_store_n(&g_no_read_only, 1, __ATOMIC_RELAXED);
+        if (env_ull("MEMPLUG_FAKE_CUDA_UNMAP_ONE_MAPPING", 0) != 0)
+            __atomic_store_n(&g_unmap_one_mapping, 1, __ATOMIC_RELAXED);
+        g_fail_create_at = (long)env_ull("MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT", 0);
         if (getenv("FAKE_CUDA_STICKY_FAULT_AFTER") != NULL)
             g_fault_after = (long)env_ull("FAKE_CUDA_STICKY_FAULT_AFTER", 0);
         {
@@ -564,7 +656,7 @@ API CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     int dev = current_device();
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_MEM_GET_INFO);
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (free_bytes == NULL || total_bytes == NULL)
@@ -576,12 +668,19 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     return CUDA_SUCCESS;
 }
 
-/* ---- copies and fills (synchronous in the fake) ---- */
+/* ---- copies and fills (synchronous) ---- */
+
+/* Synchronous copies and fills run on the legacy default stream: they wait
+ * for its earlier work (and, through it, the blocking streams'). */
+static CUresult legacy_sync(void);
 
 API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
+    CUresult r;
     CHECK_INIT();
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = legacy_sync()) != CUDA_SUCCESS)
+        return r;
     if (!accessible(dst, n, 1))
         return fault();
     memcpy((void *)(uintptr_t)dst, src, n);
@@ -589,9 +688,12 @@ API CUresult cuMemcpyHtoD_v2(CUdeviceptr dst, const void *src, size_t n) {
 }
 
 API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
+    CUresult r;
     CHECK_INIT();
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = legacy_sync()) != CUDA_SUCCESS)
+        return r;
     if (!accessible(src, n, 0))
         return fault();
     memcpy(dst, (const void *)(uintptr_t)src, n);
@@ -599,9 +701,12 @@ API CUresult cuMemcpyDtoH_v2(void *dst, CUdeviceptr src, size_t n) {
 }
 
 API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
+    CUresult r;
     CHECK_INIT();
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = legacy_sync()) != CUDA_SUCCESS)
+        return r;
     if (!accessible(dst, n, 1) || !accessible(src, n, 0))
         return fault();
     memmove((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
@@ -609,9 +714,12 @@ API CUresult cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, size_t n) {
 }
 
 API CUresult cuMemsetD8_v2(CUdeviceptr dst, unsigned char value, size_t n) {
+    CUresult r;
     CHECK_INIT();
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = legacy_sync()) != CUDA_SUCCESS)
+        return r;
     if (!accessible(dst, n, 1))
         return fault();
     memset((void *)(uintptr_t)dst, value, n);
@@ -622,11 +730,20 @@ API CUresult cuCtxSynchronize(void);
 
 /* ---- streams and events ---- */
 
-enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET };
+enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET, OP_WAIT, OP_NOP };
+
+struct fake_stream;
+
+/* What an OP_WAIT waits for: `stream` to have finished its op `seq`. */
+struct wait_target {
+    struct fake_stream *stream;
+    unsigned long long seq;
+};
 
 struct op {
     struct op *next;
     enum op_kind kind;
+    unsigned long long seq; /* its place on its stream, from 1 */
     CUhostFn fn;
     void *data;
     CUevent event;
@@ -634,23 +751,48 @@ struct op {
     CUdeviceptr ptr;
     size_t n;
     unsigned char value;
+    struct wait_target *waits; /* OP_WAIT */
+    int nwaits;
 };
+
+/* Stream priorities, as on recent GPUs: 0 is the least, -5 the greatest. */
+#define LEAST_PRIORITY 0
+#define GREATEST_PRIORITY (-5)
+#define CU_STREAM_NON_BLOCKING 1u
 
 struct fake_stream {
     struct fake_stream *next_registered;
     CUcontext ctx;
     unsigned long gen;
+    unsigned int flags; /* CU_STREAM_NON_BLOCKING or 0 (synchronises with the legacy stream) */
+    int priority;
+    int legacy; /* the context's legacy default stream (NULL, CU_STREAM_LEGACY) */
     pthread_t thread;
     pthread_mutex_t m;
     pthread_cond_t cv;
     struct op *head, *tail;
+    /* Ops enqueued and ops finished, in order (m). */
+    unsigned long long submitted, completed;
     int busy;
     int stop;
+    int refs; /* the handle, plus one per pending OP_WAIT naming the stream (g_lock) */
 };
+
+/* The legacy default stream of each device's primary context: made at its
+ * first use and kept (it is not counted among the live streams). */
+static struct fake_stream *g_legacy[MAX_DEVICES];
+/* Async memsets per stream priority (index -priority). g_lock. */
+static long g_memsets_at_priority[1 - GREATEST_PRIORITY];
+/* cuEventSynchronize calls on blocking-sync events and on the others, and
+ * the threads inside cuEventSynchronize now. */
+static long g_event_syncs_blocking, g_event_syncs_spinning, g_in_event_sync;
+
+#define CU_EVENT_BLOCKING_SYNC 1u
 
 struct fake_event {
     CUcontext ctx;
     unsigned long gen;
+    unsigned int flags;
     pthread_mutex_t m;
     pthread_cond_t cv;
     unsigned long long recorded, completed;
@@ -678,6 +820,15 @@ static void event_complete(CUevent e, unsigned long long gen) {
         e->completed = gen;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->m);
+}
+
+/* Drops a reference to a stream (g_lock held): the last frees it. */
+static void stream_unref_locked(struct fake_stream *s) {
+    if (--s->refs == 0) {
+        pthread_mutex_destroy(&s->m);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+    }
 }
 
 /* Host functions: all of them, of every stream, run on ONE callback thread,
@@ -747,6 +898,23 @@ static void run_op(struct op *o) {
         event_unref(o->event);
         break;
     case OP_MEMSET: memset((void *)(uintptr_t)o->ptr, o->value, o->n); break;
+    case OP_WAIT:
+        /* The implicit synchronisation of the legacy default stream: wait
+         * until each named stream has finished the work it had when this
+         * op was submitted. */
+        for (int i = 0; i < o->nwaits; i++) {
+            struct fake_stream *t = o->waits[i].stream;
+            pthread_mutex_lock(&t->m);
+            while (t->completed < o->waits[i].seq)
+                pthread_cond_wait(&t->cv, &t->m);
+            pthread_mutex_unlock(&t->m);
+            pthread_mutex_lock(&g_lock);
+            stream_unref_locked(t);
+            pthread_mutex_unlock(&g_lock);
+        }
+        free(o->waits);
+        break;
+    case OP_NOP: break;
     }
 }
 
@@ -755,6 +923,7 @@ static void *stream_worker(void *arg) {
     pthread_mutex_lock(&s->m);
     for (;;) {
         struct op *o;
+        unsigned long long seq;
         while (s->head == NULL && !s->stop)
             pthread_cond_wait(&s->cv, &s->m);
         if (s->head == NULL)
@@ -764,15 +933,80 @@ static void *stream_worker(void *arg) {
         if (s->head == NULL)
             s->tail = NULL;
         s->busy = 1;
+        seq = o->seq;
         pthread_mutex_unlock(&s->m);
         run_op(o);
         free(o);
         pthread_mutex_lock(&s->m);
         s->busy = 0;
+        s->completed = seq;
         pthread_cond_broadcast(&s->cv);
     }
     pthread_mutex_unlock(&s->m);
     return NULL;
+}
+
+/* A new stream of context `c` with its worker thread; a legacy one is not
+ * registered (nor counted live). */
+static struct fake_stream *stream_new(CUcontext c, unsigned int flags, int priority, int legacy) {
+    struct fake_stream *s = calloc(1, sizeof *s);
+    if (s == NULL)
+        return NULL;
+    s->ctx = c;
+    s->gen = ctx_gen(c);
+    s->flags = flags;
+    s->priority = priority;
+    s->legacy = legacy;
+    s->refs = 1;
+    pthread_mutex_init(&s->m, NULL);
+    pthread_cond_init(&s->cv, NULL);
+    if (pthread_create(&s->thread, NULL, stream_worker, s) != 0) {
+        pthread_mutex_destroy(&s->m);
+        pthread_cond_destroy(&s->cv);
+        free(s);
+        return NULL;
+    }
+    if (!legacy) {
+        pthread_mutex_lock(&g_lock);
+        s->next_registered = g_streams;
+        g_streams = s;
+        g_live_streams++;
+        pthread_mutex_unlock(&g_lock);
+    }
+    return s;
+}
+
+/* The legacy default stream of context `c`, made at its first use. */
+static struct fake_stream *legacy_of(CUcontext c) {
+    struct fake_stream *l;
+    pthread_mutex_lock(&g_lock);
+    l = g_legacy[c->device];
+    pthread_mutex_unlock(&g_lock);
+    if (l != NULL)
+        return l;
+    l = stream_new(c, 0, LEAST_PRIORITY, 1);
+    if (l == NULL)
+        return NULL;
+    pthread_mutex_lock(&g_lock);
+    if (g_legacy[c->device] == NULL) {
+        g_legacy[c->device] = l;
+        l = NULL;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (l != NULL) { /* another thread made it first */
+        pthread_mutex_lock(&l->m);
+        l->stop = 1;
+        pthread_cond_broadcast(&l->cv);
+        pthread_mutex_unlock(&l->m);
+        pthread_join(l->thread, NULL);
+        pthread_mutex_lock(&g_lock);
+        stream_unref_locked(l);
+        pthread_mutex_unlock(&g_lock);
+    }
+    pthread_mutex_lock(&g_lock);
+    l = g_legacy[c->device];
+    pthread_mutex_unlock(&g_lock);
+    return l;
 }
 
 static int stream_registered(CUstream s) {
@@ -785,85 +1019,199 @@ static int stream_registered(CUstream s) {
     return found;
 }
 
-/* Runs `o` on stream `s` after its earlier work; the NULL stream (which
- * the fake never leaves work on) runs it at once, on the caller. */
-static CUresult submit(CUstream s, struct op *o) {
-    if (s == NULL) {
-        run_op(o);
-        free(o);
-        return CUDA_SUCCESS;
+/* The stream a handle names: NULL and CU_STREAM_LEGACY (0x1) are the
+ * legacy default stream of the current context; CU_STREAM_PER_THREAD (0x2)
+ * is not modelled. */
+static CUresult resolve_stream(CUstream in, struct fake_stream **out) {
+    if (in == NULL || in == (CUstream)0x1) {
+        CUcontext c = current();
+        if (!ctx_alive(c))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *out = legacy_of(c);
+        return *out != NULL ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (!stream_registered(s)) {
-        free(o);
+    if (!stream_registered(in))
         return CUDA_ERROR_INVALID_HANDLE;
-    }
-    if (!ctx_same(s->ctx, s->gen)) {
-        free(o);
+    if (!ctx_same(in->ctx, in->gen))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    *out = in;
+    return CUDA_SUCCESS;
+}
+
+/* Adds `t`, unless it has nothing pending, to the targets of a wait being
+ * built. g_lock held. */
+static void add_wait_locked(struct wait_target *w, int *n, struct fake_stream *t) {
+    pthread_mutex_lock(&t->m);
+    if (t->submitted > t->completed) {
+        w[*n].stream = t;
+        w[*n].seq = t->submitted;
+        t->refs++;
+        (*n)++;
     }
+    pthread_mutex_unlock(&t->m);
+}
+
+/* The wait that goes before new work on `s`, as the legacy default stream
+ * demands (NULL when there is nothing to wait for): work on the legacy
+ * stream waits for the earlier work of every blocking stream of the
+ * context; work on a blocking stream waits for the legacy stream's earlier
+ * work; a non-blocking stream waits for nothing. g_lock held. */
+static struct op *implicit_wait_locked(struct fake_stream *s) {
+    struct wait_target *w;
+    struct op *o;
+    int cap = 1, n = 0;
+    if (!s->legacy && (s->flags & CU_STREAM_NON_BLOCKING))
+        return NULL;
+    if (s->legacy)
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            cap++;
+    w = calloc((size_t)cap, sizeof *w);
+    if (w == NULL)
+        return NULL;
+    if (s->legacy) {
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (t->ctx == s->ctx && !(t->flags & CU_STREAM_NON_BLOCKING))
+                add_wait_locked(w, &n, t);
+    } else if (g_legacy[s->ctx->device] != NULL) {
+        add_wait_locked(w, &n, g_legacy[s->ctx->device]);
+    }
+    if (n == 0 || (o = calloc(1, sizeof *o)) == NULL) {
+        for (int i = 0; i < n; i++)
+            stream_unref_locked(w[i].stream);
+        free(w);
+        return NULL;
+    }
+    o->kind = OP_WAIT;
+    o->waits = w;
+    o->nwaits = n;
+    return o;
+}
+
+static void enqueue_locked(struct fake_stream *s, struct op *o) {
     o->next = NULL;
-    pthread_mutex_lock(&s->m);
+    o->seq = ++s->submitted;
     if (s->tail)
         s->tail->next = o;
     else
         s->head = o;
     s->tail = o;
     pthread_cond_broadcast(&s->cv);
-    pthread_mutex_unlock(&s->m);
-    return CUDA_SUCCESS;
 }
 
-API CUresult cuStreamCreate(CUstream *out, unsigned int flags) {
+/* Runs `o` on stream `in` after its earlier work (and, by the legacy
+ * default stream's rules, after the work it must wait for). */
+static CUresult submit(CUstream in, struct op *o) {
     struct fake_stream *s;
-    CUcontext c = current();
-    CHECK_INIT();
-    if (!ctx_alive(c))
-        return CUDA_ERROR_INVALID_CONTEXT;
-    if (out == NULL || flags > 1)
-        return CUDA_ERROR_INVALID_VALUE;
-    s = calloc(1, sizeof *s);
-    if (s == NULL)
-        return CUDA_ERROR_OUT_OF_MEMORY;
-    s->ctx = c;
-    s->gen = ctx_gen(c);
-    pthread_mutex_init(&s->m, NULL);
-    pthread_cond_init(&s->cv, NULL);
-    if (pthread_create(&s->thread, NULL, stream_worker, s) != 0) {
-        free(s);
-        return CUDA_ERROR_OUT_OF_MEMORY;
+    struct op *w;
+    CUresult r = resolve_stream(in, &s);
+    if (r != CUDA_SUCCESS) {
+        free(o);
+        return r;
     }
     pthread_mutex_lock(&g_lock);
-    s->next_registered = g_streams;
-    g_streams = s;
-    g_live_streams++;
+    w = implicit_wait_locked(s);
+    if (o->kind == OP_MEMSET)
+        g_memsets_at_priority[-s->priority]++;
+    pthread_mutex_lock(&s->m);
+    if (w != NULL)
+        enqueue_locked(s, w);
+    enqueue_locked(s, o);
+    pthread_mutex_unlock(&s->m);
     pthread_mutex_unlock(&g_lock);
-    *out = s;
     return CUDA_SUCCESS;
 }
 
-API CUresult cuStreamSynchronize(CUstream s) {
-    CHECK_INIT();
-    if (s == NULL)
-        return CUDA_SUCCESS;
-    if (!stream_registered(s))
-        return CUDA_ERROR_INVALID_HANDLE;
-    if (!ctx_same(s->ctx, s->gen))
-        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+/* Waits until `s` has finished what was submitted to it so far. */
+static CUresult stream_sync(struct fake_stream *s) {
+    unsigned long long target;
     if (pthread_equal(pthread_self(), s->thread))
         return CUDA_ERROR_NOT_PERMITTED;
     pthread_mutex_lock(&s->m);
-    while (s->head != NULL || s->busy)
+    target = s->submitted;
+    while (s->completed < target)
         pthread_cond_wait(&s->cv, &s->m);
     pthread_mutex_unlock(&s->m);
     return CUDA_SUCCESS;
 }
 
+/* What a synchronous copy or fill does first: it runs on the legacy
+ * default stream, so it waits for that stream's earlier work and, through
+ * it, for the blocking streams' earlier work. */
+static CUresult legacy_sync(void) {
+    struct fake_stream *l;
+    struct op *o;
+    CUresult r;
+    CUcontext c = current();
+    if (!ctx_alive(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    l = legacy_of(c);
+    o = calloc(1, sizeof *o);
+    if (l == NULL || o == NULL) {
+        free(o);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    o->kind = OP_NOP;
+    r = submit(NULL, o);
+    return r == CUDA_SUCCESS ? stream_sync(l) : r;
+}
+
+static CUresult stream_create(CUstream *out, unsigned int flags, int priority) {
+    struct fake_stream *s;
+    CUcontext c = current();
+    if (!ctx_alive(c))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (out == NULL || flags > CU_STREAM_NON_BLOCKING)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (priority < GREATEST_PRIORITY)
+        priority = GREATEST_PRIORITY;
+    if (priority > LEAST_PRIORITY)
+        priority = LEAST_PRIORITY;
+    s = stream_new(c, flags, priority, 0);
+    if (s == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *out = s;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamCreate(CUstream *out, unsigned int flags) {
+    CHECK_INIT_COUNTED(N_STREAM_CREATE);
+    return stream_create(out, flags, LEAST_PRIORITY);
+}
+
+API CUresult cuStreamCreateWithPriority(CUstream *out, unsigned int flags, int priority) {
+    CHECK_INIT_COUNTED(N_STREAM_CREATE_PRIO);
+    return stream_create(out, flags, priority);
+}
+
+API CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) {
+    CHECK_INIT_COUNTED(N_PRIORITY_RANGE);
+    if (!ctx_alive(current()))
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (least != NULL)
+        *least = LEAST_PRIORITY;
+    if (greatest != NULL)
+        *greatest = GREATEST_PRIORITY;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuStreamSynchronize(CUstream in) {
+    struct fake_stream *s;
+    CUresult r;
+    CHECK_INIT_COUNTED(N_STREAM_SYNC);
+    r = resolve_stream(in, &s);
+    return r == CUDA_SUCCESS ? stream_sync(s) : r;
+}
+
 API CUresult cuStreamDestroy_v2(CUstream s) {
     CUresult r;
-    CHECK_INIT();
-    if (s == NULL)
+    CHECK_INIT_COUNTED(N_STREAM_DESTROY);
+    if (s == NULL || s == (CUstream)0x1 || s == (CUstream)0x2)
         return CUDA_ERROR_INVALID_HANDLE;
-    r = cuStreamSynchronize(s);
+    if (!stream_registered(s))
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_same(s->ctx, s->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    r = stream_sync(s);
     if (r != CUDA_SUCCESS)
         return r;
     pthread_mutex_lock(&g_lock);
@@ -879,9 +1227,9 @@ API CUresult cuStreamDestroy_v2(CUstream s) {
     pthread_cond_broadcast(&s->cv);
     pthread_mutex_unlock(&s->m);
     pthread_join(s->thread, NULL);
-    pthread_mutex_destroy(&s->m);
-    pthread_cond_destroy(&s->cv);
-    free(s);
+    pthread_mutex_lock(&g_lock);
+    stream_unref_locked(s);
+    pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
 
@@ -905,7 +1253,7 @@ API CUresult cuStreamGetCtx(CUstream s, CUcontext *ctx) {
 
 API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
     struct op *o;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_LAUNCH_HOST_FUNC);
     if (fn == NULL)
         return CUDA_ERROR_INVALID_VALUE;
     o = calloc(1, sizeof *o);
@@ -919,7 +1267,7 @@ API CUresult cuLaunchHostFunc(CUstream s, CUhostFn fn, void *data) {
 
 API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUstream s) {
     struct op *o;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_MEMSET_ASYNC);
     if (!accessible(dst, n, 1))
         return fault();
     o = calloc(1, sizeof *o);
@@ -935,7 +1283,7 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUs
 API CUresult cuEventCreate(CUevent *out, unsigned int flags) {
     CUevent e;
     CUcontext c = current();
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_EVENT_CREATE);
     if (!ctx_alive(c))
         return CUDA_ERROR_INVALID_CONTEXT;
     if (out == NULL || flags > 0xf)
@@ -945,6 +1293,7 @@ API CUresult cuEventCreate(CUevent *out, unsigned int flags) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     e->ctx = c;
     e->gen = ctx_gen(c);
+    e->flags = flags;
     e->refs = 1;
     pthread_mutex_init(&e->m, NULL);
     pthread_cond_init(&e->cv, NULL);
@@ -957,7 +1306,8 @@ API CUresult cuEventCreate(CUevent *out, unsigned int flags) {
 
 API CUresult cuEventRecord(CUevent e, CUstream s) {
     struct op *o;
-    CHECK_INIT();
+    CUresult r;
+    CHECK_INIT_COUNTED(N_EVENT_RECORD);
     if (e == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!ctx_same(e->ctx, e->gen))
@@ -971,13 +1321,21 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     o->gen = ++e->recorded;
     e->refs++;
     pthread_mutex_unlock(&e->m);
-    return submit(s, o);
+    r = submit(s, o);
+    if (r != CUDA_SUCCESS) {
+        /* Not recorded after all: the op (freed by submit) held a ref. */
+        pthread_mutex_lock(&e->m);
+        e->recorded--;
+        pthread_mutex_unlock(&e->m);
+        event_unref(e);
+    }
+    return r;
 }
 
 #ifndef FAKE_CUDA_OMIT_EVENT_QUERY
 API CUresult cuEventQuery(CUevent e) {
     CUresult r;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_EVENT_QUERY);
     if (e == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     if (!ctx_same(e->ctx, e->gen))
@@ -990,18 +1348,26 @@ API CUresult cuEventQuery(CUevent e) {
 #endif
 
 API CUresult cuEventSynchronize(CUevent e) {
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_EVENT_SYNC);
     if (e == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (!ctx_same(e->ctx, e->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    /* A blocking-sync event puts the thread to sleep; any other spins (or
+     * yields) on a real driver. Both are counted. */
+    __atomic_add_fetch(e->flags & CU_EVENT_BLOCKING_SYNC ? &g_event_syncs_blocking : &g_event_syncs_spinning, 1,
+                       __ATOMIC_RELAXED);
+    __atomic_add_fetch(&g_in_event_sync, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&e->m);
     while (e->completed < e->recorded)
         pthread_cond_wait(&e->cv, &e->m);
     pthread_mutex_unlock(&e->m);
+    __atomic_sub_fetch(&g_in_event_sync, 1, __ATOMIC_RELAXED);
     return CUDA_SUCCESS;
 }
 
 API CUresult cuEventDestroy_v2(CUevent e) {
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_EVENT_DESTROY);
     if (e == NULL)
         return CUDA_ERROR_INVALID_HANDLE;
     event_unref(e);
@@ -1014,18 +1380,32 @@ API CUresult cuCtxSynchronize(void) {
     if (!ctx_alive(c))
         return CUDA_ERROR_INVALID_CONTEXT;
     for (;;) {
-        CUstream pending = NULL;
+        struct fake_stream *pending = NULL;
         pthread_mutex_lock(&g_lock);
         for (struct fake_stream *s = g_streams; s && !pending; s = s->next_registered) {
             pthread_mutex_lock(&s->m);
-            if (s->ctx == c && (s->head != NULL || s->busy))
+            if (s->ctx == c && s->submitted > s->completed) {
                 pending = s;
+                s->refs++;
+            }
             pthread_mutex_unlock(&s->m);
+        }
+        if (pending == NULL && g_legacy[c->device] != NULL) {
+            struct fake_stream *l = g_legacy[c->device];
+            pthread_mutex_lock(&l->m);
+            if (l->submitted > l->completed) {
+                pending = l;
+                l->refs++;
+            }
+            pthread_mutex_unlock(&l->m);
         }
         pthread_mutex_unlock(&g_lock);
         if (pending == NULL)
             return CUDA_SUCCESS;
-        cuStreamSynchronize(pending);
+        stream_sync(pending);
+        pthread_mutex_lock(&g_lock);
+        stream_unref_locked(pending);
+        pthread_mutex_unlock(&g_lock);
     }
 }
 
@@ -1106,11 +1486,17 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
                          unsigned long long flags) {
     int fd, dev;
     struct phys *grown;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_MEM_CREATE);
     if (handle == NULL || size == 0 || size % GRAN != 0 || flags != 0 || !valid_prop(prop))
         return CUDA_ERROR_INVALID_VALUE;
     dev = prop->location.id;
     pthread_mutex_lock(&g_lock);
+    if (++g_create_calls == g_fail_create_at) {
+        /* The injected failure (MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT). */
+        g_create_failures++;
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     if (size > available_locked(dev)) {
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1168,7 +1554,7 @@ static void phys_maybe_free(struct phys *p) {
 
 API CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
     struct phys *p;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_MEM_RELEASE);
     pthread_mutex_lock(&g_lock);
     p = phys_of(handle);
     if (p == NULL) {
@@ -1192,7 +1578,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
                       unsigned long long flags) {
     struct phys *p;
     struct mapping *m;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_MEM_MAP);
     /* As in the real driver, offset must (currently) be zero. */
     if (size == 0 || size % GRAN != 0 || ptr % GRAN != 0 || offset != 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1245,7 +1631,7 @@ static int mapped_locked(CUdeviceptr p, size_t n) {
 
 API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
     int prot;
-    CHECK_INIT();
+    CHECK_INIT_COUNTED(N_MEM_SET_ACCESS);
     if (desc == NULL || count != 1 || size == 0 || desc->location.type != 1 ||
         !valid_device(desc->location.id))
         return CUDA_ERROR_INVALID_VALUE;
@@ -1271,17 +1657,21 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
 
 API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     CUdeviceptr p = ptr, end = ptr + size;
-    CHECK_INIT();
+    int whole = 0;
+    CHECK_INIT_COUNTED(N_MEM_UNMAP);
     if (size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_lock);
-    /* The range must be made of whole mappings, with no gap. */
+    /* The range must be made of whole mappings, with no gap (one call may
+     * cover several adjacent mappings; with the UNMAP_ONE_MAPPING switch,
+     * exactly one). */
     while (p < end) {
         struct mapping *m;
         for (m = g_mappings; m; m = m->next)
             if (m->addr == p)
                 break;
-        if (m == NULL || m->addr + m->size > end) {
+        if (m == NULL || m->addr + m->size > end ||
+            (++whole > 1 && __atomic_load_n(&g_unmap_one_mapping, __ATOMIC_RELAXED))) {
             pthread_mutex_unlock(&g_lock);
             return CUDA_ERROR_INVALID_VALUE;
         }
@@ -1401,6 +1791,124 @@ API long fake_cuda_live_objects(void) {
     for (struct mapping *m = g_mappings; m; m = m->next)
         n++;
     n += g_live_streams + g_live_events;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Calls made so far to the entry point `name` (e.g. "cuMemUnmap"; the
+ * counted ones are in g_counted_names), or -1 for a name not counted. */
+API long fake_cuda_entry_calls(const char *name) {
+    int i = counted_index(name);
+    return i < 0 ? -1 : __atomic_load_n(&g_counts[i], __ATOMIC_RELAXED);
+}
+
+/* The next call of the counted entry point `name`, from any thread, waits
+ * (before it does anything) until fake_cuda_release_blocked(). Returns 0,
+ * or -1 for a name not counted. */
+API int fake_cuda_block_next_call(const char *name) {
+    int i = counted_index(name);
+    if (i < 0)
+        return -1;
+    pthread_mutex_lock(&g_hook_lock);
+    __atomic_store_n(&g_block_idx, i, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_hook_lock);
+    return 0;
+}
+
+/* Waits until at least `n` calls are held by the hook, or `timeout_ms`
+ * passed; returns how many are held. */
+API int fake_cuda_wait_blocked(int n, int timeout_ms) {
+    struct timespec until;
+    int held;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += timeout_ms / 1000;
+    until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_lock(&g_hook_lock);
+    while (g_blocked < n)
+        if (pthread_cond_timedwait(&g_hook_cv, &g_hook_lock, &until) != 0)
+            break;
+    held = g_blocked;
+    pthread_mutex_unlock(&g_hook_lock);
+    return held;
+}
+
+/* Lets every call held by the hook go on (and disarms a pending block). */
+API void fake_cuda_release_blocked(void) {
+    pthread_mutex_lock(&g_hook_lock);
+    __atomic_store_n(&g_block_idx, -1, __ATOMIC_RELEASE);
+    g_release_gen++;
+    pthread_cond_broadcast(&g_hook_cv);
+    pthread_mutex_unlock(&g_hook_lock);
+}
+
+/* Makes the k-th cuMemCreate from now fail with CUDA_ERROR_OUT_OF_MEMORY
+ * (once); k <= 0 disarms. Returns the cuMemCreate calls made so far. */
+API long fake_cuda_fail_create_at(long k) {
+    long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_create_calls;
+    g_fail_create_at = k > 0 ? n + k : 0;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* cuMemCreate calls failed on purpose so far. */
+API long fake_cuda_create_failures(void) {
+    long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_create_failures;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Makes cuMemUnmap take exactly one mapping per call (on != 0), as a
+ * stricter driver might; returns the previous setting. */
+API int fake_cuda_set_unmap_one_mapping(int on) {
+    return __atomic_exchange_n(&g_unmap_one_mapping, on != 0, __ATOMIC_RELAXED);
+}
+
+/* cuMemsetD8Async calls submitted to streams of priority `priority` (the
+ * legacy stream and cuStreamCreate's have 0; the greatest is -5). */
+API long fake_cuda_memsets_at_priority(int priority) {
+    long n;
+    if (priority > LEAST_PRIORITY || priority < GREATEST_PRIORITY)
+        return -1;
+    pthread_mutex_lock(&g_lock);
+    n = g_memsets_at_priority[-priority];
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* cuEventSynchronize calls on blocking-sync events (blocking != 0: the
+ * thread sleeps in the driver) or on the others (which spin on a GPU). */
+API long fake_cuda_event_syncs(int blocking) {
+    return __atomic_load_n(blocking ? &g_event_syncs_blocking : &g_event_syncs_spinning, __ATOMIC_RELAXED);
+}
+
+/* Threads inside cuEventSynchronize now. */
+API long fake_cuda_threads_in_event_sync(void) { return __atomic_load_n(&g_in_event_sync, __ATOMIC_RELAXED); }
+
+/* Events alive (created and not yet destroyed). */
+API long fake_cuda_live_events(void) {
+    long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_live_events;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* Driver calls refused because a host function made them. */
+API long fake_cuda_callback_refused(void) { return __atomic_load_n(&g_callback_refused, __ATOMIC_RELAXED); }
+
+/* Device memory a live context takes off cuMemGetInfo's free figure. */
+API unsigned long long fake_cuda_ctx_overhead_bytes(void) {
+    unsigned long long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_ctx_overhead;
     pthread_mutex_unlock(&g_lock);
     return n;
 }

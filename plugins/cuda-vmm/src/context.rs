@@ -8,33 +8,65 @@
 //! object still holds a [`Pin`], the handle through which it reaches the
 //! context.
 //!
-//! Each device also has a plugin-owned, non-blocking stream used only to
-//! zero-fill memory the plugin commits or creates (the ABI promises zeros),
-//! so that zeroing never waits behind a runtime's work on other streams. It
-//! lives as long as the context's retention.
-
+//! Each device also has a plugin-owned, non-blocking stream of the
+//! context's **greatest priority** (`cuCtxGetStreamPriorityRange`,
+//! `cuStreamCreateWithPriority`), made once at the first zero-fill and used
+//! only to zero-fill memory the plugin commits or creates (the ABI promises
+//! zeros): zeroing never waits behind a runtime's work on other streams
+//! (non-blocking: no implicit wait for the legacy default stream), and on a
+//! busy GPU its blocks are scheduled before those of default-priority
+//! streams. It lives as long as the context's retention.
+//!
+//! Each context also keeps a bounded **pool of events** ([`EVENT_POOL_MAX`])
+//! for fences: a fence takes one (`cuEventCreate` only when the pool is
+//! empty) and gives it back when it is destroyed, as PyTorch pools its
+//! events. Events are blocking-sync (`CU_EVENT_BLOCKING_SYNC`, so
+//! `cuEventSynchronize` sleeps instead of spinning) without timing.
+//!
+//! No lock here is held across a driver call, but the first pin's
+//! `cuDevicePrimaryCtxRetain` (once per context).
 //!
 //! A context that met a sticky error is *dead* ([`DeviceContext::mark_dead`]):
 //! every later slot fails without calling the driver, and the loss is
 //! reported to the hosts once (see `loss.rs`).
 
-use crate::driver::{CUcontext, CUdevice, CUdeviceptr, CUstream, Driver, Entered, STREAM_NON_BLOCKING};
+use crate::driver::{
+    CUcontext, CUdevice, CUdeviceptr, CUevent, CUstream, Driver, Entered, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
+    EVENT_BLOCKING_SYNC, EVENT_DISABLE_TIMING, STREAM_NON_BLOCKING,
+};
 use crate::loss::LossLine;
 use memplug_sdk::{PluginError, PluginResult};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 
+/// Events kept for reuse per context, at most. A fence recorded and
+/// destroyed over and over reuses one event; a burst of live fences
+/// beyond this many gives the extra events back to the driver.
+pub const EVENT_POOL_MAX: usize = 64;
+
+/// The flags of every event the plugin creates.
+pub const EVENT_FLAGS: std::ffi::c_uint = EVENT_BLOCKING_SYNC | EVENT_DISABLE_TIMING;
+
 struct State {
     pins: u64,
     ctx: CUcontext,
-    zero_stream: CUstream,
 }
+
+/// A raw driver handle kept in a lock (the handles are usable from any
+/// thread).
+struct Raw<T>(T);
+// SAFETY: driver handles, usable from any thread.
+unsafe impl<T> Send for Raw<T> {}
 
 /// One device's primary context, retained while pinned.
 pub struct DeviceContext {
     driver: &'static Driver,
     device: CUdevice,
     state: Mutex<State>,
+    /// The zero-fill stream (null until the first zero-fill).
+    zero_stream: Mutex<Raw<CUstream>>,
+    /// Events of this context ready for reuse (complete).
+    events: Mutex<Vec<Raw<CUevent>>>,
     /// Set by the first sticky error seen in the context (the driver's
     /// context is dead): why, for every later slot, which fails without
     /// calling the driver.
@@ -67,11 +99,9 @@ impl DeviceContext {
         Arc::new(DeviceContext {
             driver,
             device,
-            state: Mutex::new(State {
-                pins: 0,
-                ctx: std::ptr::null_mut(),
-                zero_stream: std::ptr::null_mut(),
-            }),
+            state: Mutex::new(State { pins: 0, ctx: std::ptr::null_mut() }),
+            zero_stream: Mutex::new(Raw(std::ptr::null_mut())),
+            events: Mutex::new(Vec::new()),
             dead: OnceLock::new(),
             mechanism_id,
             ordinal,
@@ -176,13 +206,23 @@ impl Drop for DeviceContext {
             return;
         }
         let d = self.driver;
-        if !s.zero_stream.is_null() && self.dead.get().is_none() {
+        let zero = std::mem::replace(
+            &mut self.zero_stream.get_mut().unwrap_or_else(PoisonError::into_inner).0,
+            std::ptr::null_mut(),
+        );
+        let events = std::mem::take(self.events.get_mut().unwrap_or_else(PoisonError::into_inner));
+        if self.dead.get().is_none() {
             if let Ok(_e) = Entered::new(d, s.ctx) {
-                // SAFETY: the plugin's own stream, idle (every zero-fill
-                // waits for its memset before returning).
-                unsafe { (d.api.stream_destroy)(s.zero_stream) };
+                for e in events {
+                    // SAFETY: pooled events are complete and used by nothing.
+                    unsafe { (d.api.event_destroy)(e.0) };
+                }
+                if !zero.is_null() {
+                    // SAFETY: the plugin's own stream, idle (every zero-fill
+                    // waits for its memset before returning).
+                    unsafe { (d.api.stream_destroy)(zero) };
+                }
             }
-            s.zero_stream = std::ptr::null_mut();
         }
         // Nothing can be done about a failure here: the context is not
         // used again either way.
@@ -219,25 +259,89 @@ impl Pin {
         Entered::new(self.dev.driver, self.ctx)
     }
 
+    /// The zero-fill stream, made on first use at the context's greatest
+    /// priority. The context must be current.
+    fn zero_stream(&self) -> PluginResult<CUstream> {
+        let dev = &self.dev;
+        let made = dev.zero_stream.lock().unwrap_or_else(PoisonError::into_inner).0;
+        if !made.is_null() {
+            return Ok(made);
+        }
+        let d = dev.driver;
+        // Made outside the lock; if another thread made one meanwhile, this
+        // one goes.
+        let (mut least, mut greatest) = (0, 0);
+        // SAFETY: resolved entry points, out-pointers to locals; the
+        // context is current (the caller entered it).
+        d.check(
+            unsafe { (d.api.ctx_get_stream_priority_range)(&mut least, &mut greatest) },
+            "cuCtxGetStreamPriorityRange",
+        )?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        d.check(
+            unsafe { (d.api.stream_create_with_priority)(&mut stream, STREAM_NON_BLOCKING, greatest) },
+            "cuStreamCreateWithPriority",
+        )?;
+        let mut slot = dev.zero_stream.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.0.is_null() {
+            slot.0 = stream;
+            return Ok(stream);
+        }
+        let theirs = slot.0;
+        drop(slot);
+        // SAFETY: the stream just made, unused.
+        unsafe { (d.api.stream_destroy)(stream) };
+        Ok(theirs)
+    }
+
+    /// An event of this context for a fence: one from the pool, or a new
+    /// one. The context must be current.
+    pub fn take_event(&self) -> PluginResult<CUevent> {
+        if let Some(e) = self.dev.events.lock().unwrap_or_else(PoisonError::into_inner).pop() {
+            return Ok(e.0);
+        }
+        let d = self.dev.driver;
+        let mut event: CUevent = std::ptr::null_mut();
+        // SAFETY: resolved entry point, out-pointer to a local; the context
+        // is current.
+        d.check(unsafe { (d.api.event_create)(&mut event, EVENT_FLAGS) }, "cuEventCreate")?;
+        Ok(event)
+    }
+
+    /// Gives back an event [`Pin::take_event`] handed out, that nothing
+    /// uses any more: to the pool when it is complete and the pool has
+    /// room, else to the driver. The context must be current.
+    pub fn give_event(&self, event: CUevent) -> PluginResult<()> {
+        let d = self.dev.driver;
+        // SAFETY: a live event of this context.
+        let mut first = match unsafe { (d.api.event_query)(event) } {
+            CUDA_SUCCESS => {
+                let mut pool = self.dev.events.lock().unwrap_or_else(PoisonError::into_inner);
+                if pool.len() < EVENT_POOL_MAX {
+                    pool.push(Raw(event));
+                    return Ok(());
+                }
+                Ok(())
+            }
+            // Still pending (its fence was destroyed first): not reused, so
+            // a later fence never inherits an older record.
+            CUDA_ERROR_NOT_READY => Ok(()),
+            r => Err(d.error(r, "cuEventQuery")),
+        };
+        // SAFETY: as above; nothing uses it any more.
+        let r = d.check(unsafe { (d.api.event_destroy)(event) }, "cuEventDestroy");
+        if first.is_ok() {
+            first = r;
+        }
+        first
+    }
+
     /// Writes zeros over `[addr, addr + len)` and waits until they are
     /// there. The context must be current (see [`Pin::enter`]).
     pub fn zero_fill(&self, addr: CUdeviceptr, len: u64) -> PluginResult<()> {
         let d = self.dev.driver;
-        let stream = {
-            let mut s = self.dev.lock();
-            if s.zero_stream.is_null() {
-                let mut stream: CUstream = std::ptr::null_mut();
-                // SAFETY: resolved entry point, out-pointer to a local; the
-                // context is current (the caller entered it).
-                d.check(
-                    unsafe { (d.api.stream_create)(&mut stream, STREAM_NON_BLOCKING) },
-                    "cuStreamCreate",
-                )?;
-                s.zero_stream = stream;
-            }
-            // The stream outlives this call: this pin keeps it.
-            s.zero_stream
-        };
+        // The stream outlives this call: this pin keeps it.
+        let stream = self.zero_stream()?;
         // SAFETY: the range is mapped read-write (the caller's guarantee).
         d.check(unsafe { (d.api.memset_d8_async)(addr, 0, len as usize, stream) }, "cuMemsetD8Async")?;
         // SAFETY: the plugin's own stream.

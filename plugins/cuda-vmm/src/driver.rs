@@ -53,6 +53,9 @@ const ATTR_VMM_SUPPORTED: c_uint = 102;
 pub const STREAM_NON_BLOCKING: c_uint = 1;
 /// `CU_EVENT_DISABLE_TIMING`.
 pub const EVENT_DISABLE_TIMING: c_uint = 2;
+/// `CU_EVENT_BLOCKING_SYNC`: `cuEventSynchronize` puts the thread to sleep
+/// until the event completes instead of spinning.
+pub const EVENT_BLOCKING_SYNC: c_uint = 1;
 /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
 const GRANULARITY_MINIMUM: c_uint = 0;
 
@@ -96,7 +99,8 @@ macro_rules! entry_points {
 }
 
 entry_points! {
-    /// The entry points every mechanism needs (all present since CUDA 10).
+    /// The entry points every mechanism needs (all present since CUDA 10;
+    /// stream priorities since 5.5).
     Core {
         init = "cuInit"(c_uint);
         driver_get_version = "cuDriverGetVersion"(*mut c_int);
@@ -120,6 +124,8 @@ entry_points! {
         memcpy_dtod = "cuMemcpyDtoD_v2"(CUdeviceptr, CUdeviceptr, usize);
         memset_d8_async = "cuMemsetD8Async"(CUdeviceptr, u8, usize, CUstream);
         stream_create = "cuStreamCreate"(*mut CUstream, c_uint);
+        stream_create_with_priority = "cuStreamCreateWithPriority"(*mut CUstream, c_uint, c_int);
+        ctx_get_stream_priority_range = "cuCtxGetStreamPriorityRange"(*mut c_int, *mut c_int);
         stream_destroy = "cuStreamDestroy_v2"(CUstream);
         stream_synchronize = "cuStreamSynchronize"(CUstream);
         stream_get_ctx = "cuStreamGetCtx"(CUstream, *mut CUcontext);
@@ -127,6 +133,7 @@ entry_points! {
         event_create = "cuEventCreate"(*mut CUevent, c_uint);
         event_record = "cuEventRecord"(CUevent, CUstream);
         event_query = "cuEventQuery"(CUevent);
+        event_synchronize = "cuEventSynchronize"(CUevent);
         event_destroy = "cuEventDestroy_v2"(CUevent);
     }
 }

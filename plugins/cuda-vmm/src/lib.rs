@@ -50,6 +50,9 @@ mod virtual_backing;
 
 pub use mechanism::{mechanism_id, mechanism_name, MAX_ALIGNMENT, MIN_ALIGNMENT};
 
+pub use context::{EVENT_FLAGS, EVENT_POOL_MAX};
+pub use streams::MAX_WAITERS;
+
 pub use loss::POLL_ENV as LOSS_POLL_ENV;
 
 use loss::{CurrentLine, LossLine, Watcher};

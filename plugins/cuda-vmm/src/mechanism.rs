@@ -9,11 +9,11 @@ use crate::driver::{DeviceInfo, Driver, Vmm};
 use crate::handles::Table;
 use crate::loss::LossLine;
 use crate::shared::Physical;
-use crate::streams::{FenceEntry, StreamEntry};
+use crate::streams::{FenceEntry, StreamEntry, Waiters};
 use crate::virtual_backing::Reservation;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CUDA};
 use memplug_sdk::{ObjectRef, PluginError, PluginResult, Request, Status};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
 /// Alignment every allocation has: what `cuMemAlloc` guarantees.
@@ -33,6 +33,8 @@ pub fn mechanism_id(ordinal: u32) -> u64 {
 
 /// State of one device's mechanism.
 pub struct CudaMechanism {
+    /// Declared first, so dropped (its threads joined) first, at unload.
+    pub(crate) waiters: Waiters,
     pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) device: MemplugDevice,
@@ -45,9 +47,13 @@ pub struct CudaMechanism {
     pub(crate) allocations: Table<Allocation>,
     pub(crate) reservations: Table<Arc<Reservation>>,
     pub(crate) physical: Table<Physical>,
-    pub(crate) streams: Table<StreamEntry>,
+    pub(crate) streams: Table<Arc<StreamEntry>>,
     pub(crate) fences: Table<FenceEntry>,
     serial: AtomicU32,
+    /// Whether one `cuMemUnmap` may cover several adjacent granule
+    /// mappings; cleared the first time the driver refuses that (and then
+    /// takes the granules one by one).
+    pub(crate) batch_unmap: AtomicBool,
 }
 
 impl CudaMechanism {
@@ -56,6 +62,7 @@ impl CudaMechanism {
     pub fn new(driver: &'static Driver, info: &DeviceInfo, loss: Arc<LossLine>) -> Self {
         let vmm = info.vmm_granularity.and(driver.vmm);
         CudaMechanism {
+            waiters: Waiters::default(),
             id: mechanism_id(info.ordinal),
             name: mechanism_name(info.ordinal),
             device: MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: info.ordinal },
@@ -69,6 +76,7 @@ impl CudaMechanism {
             streams: Table::default(),
             fences: Table::default(),
             serial: AtomicU32::new(1),
+            batch_unmap: AtomicBool::new(true),
         }
     }
 

@@ -7,10 +7,13 @@
 //! References: one from `create`, one per `retain`, one per live mapping,
 //! counted apart as in the CPU plugin: only the host's make the handle
 //! valid, but the chunks are released (`cuMemRelease`) only when both counts
-//! reach zero. If the driver refuses that release, the object stays in the
-//! table, unreachable and counted live: its memory is still held.
+//! reach zero. If the driver refuses that release, the object goes back in
+//! the table, unreachable and counted live: its memory is still held.
 //!
-//! Lock order: a reservation's lock, then this table's lock.
+//! Lock order: a reservation's lock, then this table's lock. Neither is
+//! held across a driver call: the last reference takes the object out of
+//! the table before its chunks are released; `map` and `unmap` mark their
+//! range busy in the reservation (see `virtual_backing.rs`).
 
 use crate::context::Pin;
 use crate::driver::CUmemGenericAllocationHandle;
@@ -68,19 +71,22 @@ impl CudaMechanism {
         verify: impl FnOnce(&Physical) -> bool,
         dec: impl FnOnce(&mut Physical),
     ) -> Option<PluginResult<()>> {
-        let (gone, r) = self.physical.update(handle, verify, |p| {
+        let (gone, ()) = self.physical.update(handle, verify, |p| {
             dec(p);
-            if p.host_refs > 0 || p.mappings > 0 {
-                return (false, Ok(()));
-            }
-            match self.release_chunks(p) {
-                Ok(()) => (true, Ok(())),
-                Err(e) => (false, Err(e)),
-            }
+            (p.host_refs == 0 && p.mappings == 0, ())
         })?;
-        // The pin goes outside the table lock.
-        drop(gone);
-        Some(r)
+        let Some(mut p) = gone else { return Some(Ok(())) };
+        // The last reference: out of the table, the chunks are released
+        // with no lock held (and the pin goes after).
+        match self.release_chunks(&mut p) {
+            Ok(()) => Some(Ok(())),
+            Err(e) => {
+                // Quarantined: unreachable (no host reference), still
+                // counted live, its memory still held.
+                self.physical.insert(p);
+                Some(Err(e))
+            }
+        }
     }
 
     /// Drops the reference a mapping of `handle` held.
@@ -105,7 +111,7 @@ impl CudaMechanism {
         d.check(r, "cuMemAddressReserve")?;
         let filled = self.map_granules(vmm, va, handles, Access::ReadWrite).and_then(|()| {
             let z = pin.zero_fill(va, size);
-            let u = self.unmap_granules(vmm, va, handles.len() as u64);
+            let (_, u) = self.unmap_run(vmm, va, handles.len() as u64);
             z.and(u)
         });
         // SAFETY: the temporary range, unmapped.
@@ -154,36 +160,43 @@ impl SharedMapping for CudaMechanism {
         let vmm = self.vmm("map")?;
         self.check_owner(object, "physical object")?;
         let res = self.find_reservation(reservation)?;
-        let mut st = res.lock(self, reservation)?;
-        let end = self.check_range(offset, len, res.size, "map: reservation")?;
         let g = self.granularity;
-        // Take a mapping reference first: it keeps the chunks while the
-        // driver maps them, without holding the table lock meanwhile.
-        let handles = self
-            .physical
-            .with(
-                object.handle,
-                |p| p.is(object),
-                |p| {
-                    self.check_range(object_offset, len, p.size, "map: physical object")?;
-                    if st.committed_in(offset, end) {
-                        return Err(wrong_state(format!(
-                            "map: reservation range [{offset:#x}, {end:#x}) has committed pages"
-                        )));
-                    }
-                    if st.mapped(offset, end) {
-                        return Err(wrong_state(format!(
-                            "map: reservation range [{offset:#x}, {end:#x}) is already mapped"
-                        )));
-                    }
-                    p.mappings += 1;
-                    Ok(Arc::clone(&p.handles))
-                },
-            )
-            .ok_or_else(|| self.unknown(object, "physical object"))??;
+        let handles = {
+            let mut st = res.lock(self, reservation)?;
+            let end = self.check_range(offset, len, res.size, "map: reservation")?;
+            // Take a mapping reference first: it keeps the chunks while the
+            // driver maps them, with no lock held meanwhile.
+            let handles = self
+                .physical
+                .with(
+                    object.handle,
+                    |p| p.is(object),
+                    |p| {
+                        self.check_range(object_offset, len, p.size, "map: physical object")?;
+                        if st.committed_in(offset, end) {
+                            return Err(wrong_state(format!(
+                                "map: reservation range [{offset:#x}, {end:#x}) has committed pages"
+                            )));
+                        }
+                        if st.mapped(offset, end) {
+                            return Err(wrong_state(format!(
+                                "map: reservation range [{offset:#x}, {end:#x}) is already mapped"
+                            )));
+                        }
+                        st.check_not_busy("map", offset, end)?;
+                        p.mappings += 1;
+                        Ok(Arc::clone(&p.handles))
+                    },
+                )
+                .ok_or_else(|| self.unknown(object, "physical object"))??;
+            st.busy.insert(offset, len);
+            handles
+        };
         let first = (object_offset / g) as usize;
         let chunks = &handles[first..first + (len / g) as usize];
         let mapped = res.pin.enter().and_then(|_e| self.map_granules(vmm, res.addr + offset, chunks, access));
+        let mut st = res.state();
+        st.busy.remove(&offset);
         if let Err(e) = mapped {
             drop(st);
             self.drop_mapping(object.handle);
@@ -197,29 +210,43 @@ impl SharedMapping for CudaMechanism {
         let _slot = self.slot("unmap")?;
         let vmm = self.vmm("unmap")?;
         let res = self.find_reservation(reservation)?;
-        let mut st = res.lock(self, reservation)?;
-        let end = self.check_range(offset, len, res.size, "unmap")?;
-        match st.mappings.get(&offset) {
-            Some(m) if m.len == len => {}
-            Some(m) => {
-                return Err(wrong_state(format!(
-                    "unmap: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
-                    m.len
-                )))
+        let m = {
+            let mut st = res.lock(self, reservation)?;
+            let end = self.check_range(offset, len, res.size, "unmap")?;
+            match st.mappings.get(&offset) {
+                Some(m) if m.len == len => {}
+                Some(m) => {
+                    return Err(wrong_state(format!(
+                        "unmap: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
+                        m.len
+                    )))
+                }
+                None => {
+                    return Err(wrong_state(format!(
+                        "unmap: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
+                    )))
+                }
             }
-            None => {
-                return Err(wrong_state(format!(
-                    "unmap: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
-                )))
-            }
+            // (A mapping is never busy: a busy range is disjoint from it.)
+            st.busy.insert(offset, len);
+            st.mappings.remove(&offset).expect("the mapping just found")
+        };
+        // One cuMemUnmap over the mapping's granules.
+        let n = len / self.granularity;
+        let (done, r) = match res.pin.enter() {
+            Ok(_e) => self.unmap_run(vmm, res.addr + offset, n),
+            Err(e) => (0, Err(e)),
+        };
+        let mut st = res.state();
+        st.busy.remove(&offset);
+        if done < n {
+            // Still (partly) mapped: it stays, for another try.
+            st.mappings.insert(offset, m);
+            return r;
         }
-        res.pin.enter().and_then(|_e| self.unmap_granules(vmm, res.addr + offset, len / self.granularity))?;
-        let removed = st.mappings.remove(&offset);
         drop(st);
-        if let Some(m) = removed {
-            self.drop_mapping(m.object);
-        }
-        Ok(())
+        self.drop_mapping(m.object);
+        r
     }
 
     fn retain(&self, object: &ObjectRef) -> PluginResult<()> {

@@ -2,26 +2,50 @@
 //! `stream_create`, or a runtime's own `CUstream` wrapped by `stream_adopt`
 //! without taking ownership); host functions go through `cuLaunchHostFunc`;
 //! a fence is an event recorded on the stream (`cuEventRecord`), queried
-//! with `cuEventQuery`, waited for by polling it.
+//! with `cuEventQuery`.
 //!
 //! Stream and fence handles carry a serial number in their upper 32 bits
 //! beside the table key in the lower 32, as in the CPU plugin: the ABI names
 //! them by a bare `uint64_t`.
 //!
-//! Work is submitted to a stream under the table's lock, and
-//! `stream_destroy` marks the stream closing under the same lock before it
-//! waits, so nothing is ever submitted to a stream being destroyed.
+//! **No lock across a driver call.** The tables hold `Arc`s: a call finds
+//! its entry under the table's lock, clones it and lets the lock go before
+//! it calls the driver, so a thread blocked in the driver on one stream
+//! never holds up another stream's calls (nor the same stream's, but for
+//! its destruction). A stream's own gate counts the submissions in flight:
+//! `stream_destroy` closes it (later submissions are `BUSY`), waits for
+//! those in flight to return, and only then synchronises and destroys the
+//! stream, so nothing is ever submitted to a stream being destroyed.
+//!
+//! **Events are pooled** (see `context.rs`): a fence takes a complete event
+//! of its context's pool, or creates one, and gives it back when destroyed.
+//!
+//! **Waiting without polling.** `fence_wait` asks `cuEventQuery` once; a
+//! pending fence with no time limit is waited for with `cuEventSynchronize`
+//! (the events are blocking-sync: the thread sleeps in the driver until
+//! the event completes); with a limit, a waiter thread of the mechanism
+//! makes the `cuEventSynchronize` and signals the caller, who sleeps on a
+//! condition variable until the signal or the deadline, whichever comes
+//! first. Only when every one of [`MAX_WAITERS`] waiter threads is already
+//! busy does a wait fall back to polling.
 
 use crate::context::Pin;
 use crate::driver::{
-    CUcontext, CUevent, CUstream, Entered, CUDA_ERROR_NOT_READY, CUDA_SUCCESS, EVENT_DISABLE_TIMING,
+    CUcontext, CUevent, CUstream, CuResult, Driver, Entered, CUDA_ERROR_NOT_READY, CUDA_SUCCESS,
 };
 use crate::mechanism::CudaMechanism;
 use memplug_sdk::{FenceState, HostFn, PluginError, PluginResult, Status, StreamSync};
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
+
+/// Waiter threads per mechanism, at most (each serves one timed wait at a
+/// time; idle ones park until the next).
+pub const MAX_WAITERS: usize = 16;
 
 /// One stream.
 pub struct StreamEntry {
@@ -32,24 +56,99 @@ pub struct StreamEntry {
     ctx: CUcontext,
     /// Made by `stream_create` (destroyed with it) rather than adopted.
     owned: bool,
-    /// Set while `stream_destroy` waits for the stream.
-    closing: bool,
+    gate: Mutex<Gate>,
+    /// Signalled when the last submission in flight leaves a closing gate.
+    drained: Condvar,
     /// Declared last: the context is released after the rest is gone.
     pin: Pin,
 }
 
-/// One fence.
-pub struct FenceEntry {
-    serial: u32,
-    event: CUevent,
-    ctx: CUcontext,
-    /// Declared last: keeps the context while the event lives.
-    _pin: Pin,
+#[derive(Default)]
+struct Gate {
+    /// Set while `stream_destroy` waits for the stream.
+    closing: bool,
+    /// Submissions (host functions, fence records) in the driver now.
+    in_flight: u32,
 }
 
-// SAFETY: driver handles, usable from any thread.
+/// A submission let through a stream's gate; leaves it when dropped.
+struct Admitted<'a>(&'a StreamEntry);
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        let mut g = self.0.gate();
+        g.in_flight -= 1;
+        if g.closing && g.in_flight == 0 {
+            self.0.drained.notify_all();
+        }
+    }
+}
+
+impl StreamEntry {
+    fn gate(&self) -> MutexGuard<'_, Gate> {
+        self.gate.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets one submission in, unless the stream is being destroyed.
+    fn admit(&self, call: &str) -> PluginResult<Admitted<'_>> {
+        let mut g = self.gate();
+        if g.closing {
+            return Err(closing(call));
+        }
+        g.in_flight += 1;
+        Ok(Admitted(self))
+    }
+}
+
+/// A fence's event. Whoever holds it last gives it back: to its context's
+/// pool (an event of the primary context), or to the driver.
+pub(crate) struct Event {
+    raw: CUevent,
+    ctx: CUcontext,
+    /// From the primary context's pool (and going back to it).
+    pooled: bool,
+    /// Declared last: keeps the context while the event lives.
+    pin: Pin,
+}
+
+impl Event {
+    /// Gives the event back (once); the driver's failure, if any.
+    fn give_back(&mut self, driver: &'static Driver) -> PluginResult<()> {
+        let raw = std::mem::replace(&mut self.raw, std::ptr::null_mut());
+        if raw.is_null() {
+            return Ok(());
+        }
+        let _e = Entered::new(driver, self.ctx)?;
+        if self.pooled {
+            return self.pin.give_event(raw);
+        }
+        // SAFETY: an event of this mechanism nothing uses any more.
+        driver.check(unsafe { (driver.api.event_destroy)(raw) }, "cuEventDestroy")
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // The last holder was not `fence_destroy` (a concurrent query or a
+        // waiter thread): nobody to tell of a failure.
+        if let Ok(d) = crate::driver::driver() {
+            let _ = self.give_back(d);
+        }
+    }
+}
+
+/// One fence: its serial and its event (shared with the calls using it).
+pub struct FenceEntry {
+    serial: u32,
+    event: Arc<Event>,
+}
+
+// SAFETY: driver handles, usable from any thread; the mutable parts are
+// behind locks.
 unsafe impl Send for StreamEntry {}
-unsafe impl Send for FenceEntry {}
+unsafe impl Sync for StreamEntry {}
+unsafe impl Send for Event {}
+unsafe impl Sync for Event {}
 
 /// `CU_STREAM_LEGACY`.
 const STREAM_LEGACY: usize = 0x1;
@@ -93,6 +192,118 @@ fn closing(call: &str) -> PluginError {
     PluginError::new(Status::Busy, format!("{call}: the stream is being destroyed"))
 }
 
+/// The answer a waiter thread gives: `cuEventSynchronize`'s status.
+struct Signal {
+    done: Mutex<Option<CuResult>>,
+    cv: Condvar,
+}
+
+struct Job {
+    event: Arc<Event>,
+    signal: Arc<Signal>,
+}
+
+#[derive(Default)]
+struct WaitQueue {
+    jobs: VecDeque<Job>,
+    /// Threads parked, waiting for a job.
+    idle: usize,
+    threads: Vec<JoinHandle<()>>,
+    shutdown: bool,
+}
+
+/// A mechanism's waiter threads (see the module docs); stopped and joined
+/// when the mechanism is freed, at unload. Every job is an event recorded
+/// on a stream the plugin knew; unload waits until every stream is
+/// destroyed, which waits for its work, so no job outlives it.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    queue: Arc<(Mutex<WaitQueue>, Condvar)>,
+}
+
+impl Waiters {
+    /// Hands `job` to a waiter thread (starting one if none is idle);
+    /// gives it back when all [`MAX_WAITERS`] are busy.
+    fn submit(&self, driver: &'static Driver, job: Job) -> Result<(), Job> {
+        let (lock, cv) = &*self.queue;
+        let mut q = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if q.shutdown {
+            return Err(job);
+        }
+        if q.idle > q.jobs.len() {
+            q.jobs.push_back(job);
+            cv.notify_one();
+            return Ok(());
+        }
+        if q.threads.len() >= MAX_WAITERS {
+            return Err(job);
+        }
+        let queue = Arc::clone(&self.queue);
+        let spawned = std::thread::Builder::new()
+            .name("memplug-cuda-wait".into())
+            .spawn(move || waiter(driver, &queue));
+        match spawned {
+            Ok(t) => {
+                q.threads.push(t);
+                q.jobs.push_back(job);
+                cv.notify_one();
+                Ok(())
+            }
+            Err(_) => Err(job),
+        }
+    }
+}
+
+impl Drop for Waiters {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.queue;
+        let threads = {
+            let mut q = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            q.shutdown = true;
+            cv.notify_all();
+            std::mem::take(&mut q.threads)
+        };
+        for t in threads {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+}
+
+/// A waiter thread: runs jobs until shut down (finishing those queued).
+fn waiter(driver: &'static Driver, queue: &(Mutex<WaitQueue>, Condvar)) {
+    let (lock, cv) = queue;
+    let mut q = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        if let Some(job) = q.jobs.pop_front() {
+            drop(q);
+            let Job { event, signal } = job;
+            // SAFETY: a live event (this job holds it), of a stream the
+            // plugin knows; blocking-sync, so this thread sleeps.
+            let r = unsafe { (driver.api.event_synchronize)(event.raw) };
+            // Let the event go before the signal: the caller may destroy
+            // the fence (and recycle its event) as soon as it hears.
+            drop(event);
+            *signal.done.lock().unwrap_or_else(PoisonError::into_inner) = Some(r);
+            signal.cv.notify_all();
+            q = lock.lock().unwrap_or_else(PoisonError::into_inner);
+            continue;
+        }
+        if q.shutdown {
+            return;
+        }
+        q.idle += 1;
+        q = cv.wait(q).unwrap_or_else(PoisonError::into_inner);
+        q.idle -= 1;
+    }
+}
+
+/// `timeout` means "no limit" (the ABI's `UINT64_MAX` nanoseconds).
+fn unbounded(timeout: Duration) -> bool {
+    timeout >= Duration::from_nanos(u64::MAX)
+}
+
 impl CudaMechanism {
     fn compose(&self, key: u64, serial: u32) -> Option<u64> {
         (key <= KEY_BITS).then_some(u64::from(serial) << 32 | key)
@@ -100,7 +311,7 @@ impl CudaMechanism {
 
     fn insert_stream(&self, entry: StreamEntry) -> PluginResult<u64> {
         let serial = entry.serial;
-        let key = self.streams.insert(entry);
+        let key = self.streams.insert(Arc::new(entry));
         self.compose(key, serial).ok_or_else(|| {
             let gone = self.streams.remove(key, |_| true);
             if let Some(s) = &gone {
@@ -114,36 +325,92 @@ impl CudaMechanism {
         })
     }
 
-    /// Runs `f` on an open stream, under the table lock.
+    /// The stream `stream` names (the table's lock is held for the lookup
+    /// only).
+    fn stream_entry(&self, stream: u64) -> PluginResult<Arc<StreamEntry>> {
+        let (key, serial) = split(stream);
+        self.streams
+            .with(key, |s| s.serial == serial, |s| Arc::clone(s))
+            .ok_or_else(|| unknown("stream", stream))
+    }
+
+    /// Runs `f` on an open stream, admitted through its gate (no lock held
+    /// while `f` calls the driver).
     fn with_open_stream<R>(
         &self,
         stream: u64,
         call: &str,
-        f: impl FnOnce(&mut StreamEntry) -> PluginResult<R>,
+        f: impl FnOnce(&StreamEntry) -> PluginResult<R>,
     ) -> PluginResult<R> {
-        let (key, serial) = split(stream);
-        self.streams
-            .with(key, |s| s.serial == serial, |s| if s.closing { Err(closing(call)) } else { f(s) })
-            .ok_or_else(|| unknown("stream", stream))?
+        let entry = self.stream_entry(stream)?;
+        let _admitted = entry.admit(call)?;
+        f(&entry)
     }
 
-    fn query(&self, fence: u64) -> PluginResult<FenceState> {
+    /// The event of fence `fence` (the table's lock is held for the lookup
+    /// only; the clone keeps the event alive while it is used).
+    fn fence_event(&self, fence: u64) -> PluginResult<Arc<Event>> {
         let (key, serial) = split(fence);
-        let d = self.driver;
         self.fences
-            .with(
-                key,
-                |f| f.serial == serial,
-                // Under the lock: a concurrent destroy cannot free the event
-                // in between.
-                // SAFETY: a live event of this mechanism.
-                |f| match unsafe { (d.api.event_query)(f.event) } {
+            .with(key, |f| f.serial == serial, |f| Arc::clone(&f.event))
+            .ok_or_else(|| unknown("fence", fence))
+    }
+
+    fn query_event(&self, event: &Event) -> PluginResult<FenceState> {
+        let d = self.driver;
+        // SAFETY: a live event (the caller holds it).
+        match unsafe { (d.api.event_query)(event.raw) } {
+            CUDA_SUCCESS => Ok(FenceState::Complete),
+            CUDA_ERROR_NOT_READY => Ok(FenceState::Pending),
+            r => Err(d.error(r, "cuEventQuery")),
+        }
+    }
+
+    /// Waits for `event` with a limit, through a waiter thread; `None`
+    /// when no waiter thread could take the job.
+    fn wait_through_waiter(&self, event: &Arc<Event>, deadline: Instant) -> Option<PluginResult<FenceState>> {
+        let d = self.driver;
+        let signal = Arc::new(Signal { done: Mutex::new(None), cv: Condvar::new() });
+        let job = Job { event: Arc::clone(event), signal: Arc::clone(&signal) };
+        if self.waiters.submit(d, job).is_err() {
+            return None;
+        }
+        let mut done = signal.done.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(r) = *done {
+                return Some(match r {
                     CUDA_SUCCESS => Ok(FenceState::Complete),
-                    CUDA_ERROR_NOT_READY => Ok(FenceState::Pending),
-                    r => Err(d.error(r, "cuEventQuery")),
-                },
-            )
-            .ok_or_else(|| unknown("fence", fence))?
+                    r => Err(d.error(r, "cuEventSynchronize")),
+                });
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            done = signal.cv.wait_timeout(done, deadline - now).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        drop(done);
+        // The deadline passed; the waiter thread keeps its job until the
+        // event completes. One last look: it may have completed just now.
+        Some(self.query_event(event))
+    }
+
+    /// The old way, when every waiter thread is busy: polls with sleeps
+    /// growing from 1 µs to 200 µs.
+    fn poll_until(&self, event: &Event, deadline: Instant) -> PluginResult<FenceState> {
+        let mut pause = Duration::from_micros(1);
+        loop {
+            if self.query_event(event)? == FenceState::Complete {
+                return Ok(FenceState::Complete);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(FenceState::Pending);
+            }
+            let sleep = pause.min(deadline - now);
+            std::thread::sleep(sleep);
+            pause = (pause * 2).min(Duration::from_micros(200));
+        }
     }
 }
 
@@ -167,7 +434,8 @@ impl StreamSync for CudaMechanism {
             raw,
             ctx: pin.ctx(),
             owned: true,
-            closing: false,
+            gate: Mutex::default(),
+            drained: Condvar::new(),
             pin,
         })
     }
@@ -211,36 +479,52 @@ impl StreamSync for CudaMechanism {
             }
             (raw, ctx)
         };
-        self.insert_stream(StreamEntry { serial: self.serial(), raw, ctx, owned: false, closing: false, pin })
+        self.insert_stream(StreamEntry {
+            serial: self.serial(),
+            raw,
+            ctx,
+            owned: false,
+            gate: Mutex::default(),
+            drained: Condvar::new(),
+            pin,
+        })
     }
 
     fn stream_destroy(&self, stream: u64) -> PluginResult<()> {
         let _slot = self.slot("stream_destroy")?;
-        let (raw, ctx, owned) = self.with_open_stream(stream, "stream_destroy", |s| {
-            s.closing = true;
-            Ok((s.raw, s.ctx, s.owned))
-        })?;
+        let entry = self.stream_entry(stream)?;
+        {
+            let mut g = entry.gate();
+            if g.closing {
+                return Err(closing("stream_destroy"));
+            }
+            g.closing = true;
+            // Submissions already let in finish their driver call first.
+            while g.in_flight > 0 {
+                g = entry.drained.wait(g).unwrap_or_else(PoisonError::into_inner);
+            }
+        }
         let d = self.driver;
         // Wait for the work already submitted (host functions of this
         // library included: none may run after the stream is gone).
-        let done = Entered::new(d, ctx).and_then(|_e| {
+        let done = Entered::new(d, entry.ctx).and_then(|_e| {
             // SAFETY: a live stream; nothing new is submitted while closing.
-            d.check(unsafe { (d.api.stream_synchronize)(raw) }, "cuStreamSynchronize")?;
-            if owned {
+            d.check(unsafe { (d.api.stream_synchronize)(entry.raw) }, "cuStreamSynchronize")?;
+            if entry.owned {
                 // SAFETY: the plugin's own stream, idle.
-                d.check(unsafe { (d.api.stream_destroy)(raw) }, "cuStreamDestroy")?;
+                d.check(unsafe { (d.api.stream_destroy)(entry.raw) }, "cuStreamDestroy")?;
             }
             Ok(())
         });
-        let (key, serial) = split(stream);
         match done {
             Ok(()) => {
-                let gone = self.streams.remove(key, |s| s.serial == serial);
+                let (key, _) = split(stream);
+                let gone = self.streams.remove(key, |s| Arc::ptr_eq(s, &entry));
                 drop(gone);
                 Ok(())
             }
             Err(e) => {
-                self.streams.with(key, |s| s.serial == serial, |s| s.closing = false);
+                entry.gate().closing = false;
                 Err(e)
             }
         }
@@ -267,77 +551,84 @@ impl StreamSync for CudaMechanism {
     fn fence_record(&self, stream: u64) -> PluginResult<u64> {
         let _slot = self.slot("fence_record")?;
         let d = self.driver;
-        let (event, ctx, pin) = self.with_open_stream(stream, "fence_record", |s| {
+        let event = self.with_open_stream(stream, "fence_record", |s| {
             let _e = Entered::new(d, s.ctx)?;
-            let mut event: CUevent = std::ptr::null_mut();
-            // SAFETY: out-pointer to a local; the stream's context current.
-            d.check(unsafe { (d.api.event_create)(&mut event, EVENT_DISABLE_TIMING) }, "cuEventCreate")?;
+            // The primary context's events come from its pool; an adopted
+            // stream of another context gets a new event of that context.
+            let pooled = s.ctx == s.pin.ctx();
+            let raw = if pooled {
+                s.pin.take_event()?
+            } else {
+                let mut raw: CUevent = std::ptr::null_mut();
+                // SAFETY: out-pointer to a local; the stream's context current.
+                d.check(
+                    unsafe { (d.api.event_create)(&mut raw, crate::context::EVENT_FLAGS) },
+                    "cuEventCreate",
+                )?;
+                raw
+            };
+            // Given back (pooled or destroyed) if the record fails.
+            let event = Event { raw, ctx: s.ctx, pooled, pin: s.pin.another() };
             // SAFETY: a live event and stream of the same context.
-            let r = unsafe { (d.api.event_record)(event, s.raw) };
+            let r = unsafe { (d.api.event_record)(event.raw, s.raw) };
             if r != CUDA_SUCCESS {
-                // SAFETY: the event just made, unused.
-                unsafe { (d.api.event_destroy)(event) };
                 return Err(d.error(r, "cuEventRecord"));
             }
-            Ok((event, s.ctx, s.pin.another()))
+            Ok(event)
         })?;
         let serial = self.serial();
-        let key = self.fences.insert(FenceEntry { serial, event, ctx, _pin: pin });
+        let key = self.fences.insert(FenceEntry { serial, event: Arc::new(event) });
         self.compose(key, serial).ok_or_else(|| {
-            if let Some(f) = self.fences.remove(key, |_| true) {
-                // SAFETY: the event just made.
-                unsafe { (d.api.event_destroy)(f.event) };
-            }
+            drop(self.fences.remove(key, |_| true));
             PluginError::out_of_memory("fence_record: too many live fences")
         })
     }
 
     fn fence_query(&self, fence: u64) -> PluginResult<FenceState> {
         let _slot = self.slot("fence_query")?;
-        self.query(fence)
+        let event = self.fence_event(fence)?;
+        self.query_event(&event)
     }
 
     fn fence_wait(&self, fence: u64, timeout: Duration) -> PluginResult<FenceState> {
         let _slot = self.slot("fence_wait")?;
-        // Polls cuEventQuery: cuEventSynchronize cannot time out, and how it
-        // waits (spin, yield, block) depends on flags the runtime set on the
-        // context. Sleeps grow from 1 µs to 200 µs between polls.
+        let event = self.fence_event(fence)?;
+        match self.query_event(&event)? {
+            FenceState::Complete => return Ok(FenceState::Complete),
+            FenceState::Pending if timeout.is_zero() => return Ok(FenceState::Pending),
+            FenceState::Pending => {}
+        }
+        let d = self.driver;
+        if unbounded(timeout) {
+            // No limit: sleep in the driver until the event completes.
+            // SAFETY: a live event (held here), blocking-sync.
+            return d
+                .check(unsafe { (d.api.event_synchronize)(event.raw) }, "cuEventSynchronize")
+                .map(|()| FenceState::Complete);
+        }
         let deadline = Instant::now().checked_add(timeout);
-        let mut pause = Duration::from_micros(1);
-        loop {
-            if self.query(fence)? == FenceState::Complete {
-                return Ok(FenceState::Complete);
-            }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Ok(FenceState::Pending);
-            }
-            let sleep = deadline.map_or(pause, |d| pause.min(d - now));
-            std::thread::sleep(sleep);
-            pause = (pause * 2).min(Duration::from_micros(200));
+        match deadline {
+            Some(deadline) => match self.wait_through_waiter(&event, deadline) {
+                Some(r) => r,
+                None => self.poll_until(&event, deadline),
+            },
+            // A limit too far to represent: as good as none.
+            // SAFETY: as above.
+            None => d
+                .check(unsafe { (d.api.event_synchronize)(event.raw) }, "cuEventSynchronize")
+                .map(|()| FenceState::Complete),
         }
     }
 
     fn fence_destroy(&self, fence: u64) -> PluginResult<()> {
         let _slot = self.slot("fence_destroy")?;
         let (key, serial) = split(fence);
-        let d = self.driver;
-        let (gone, r) = self
-            .fences
-            .update(
-                key,
-                |f| f.serial == serial,
-                |f| {
-                    let r = Entered::new(d, f.ctx).and_then(|_e| {
-                        // SAFETY: a live event of this mechanism, removed
-                        // from the table only if this succeeds.
-                        d.check(unsafe { (d.api.event_destroy)(f.event) }, "cuEventDestroy")
-                    });
-                    (r.is_ok(), r)
-                },
-            )
-            .ok_or_else(|| unknown("fence", fence))?;
-        drop(gone);
-        r
+        let gone = self.fences.remove(key, |f| f.serial == serial).ok_or_else(|| unknown("fence", fence))?;
+        // Outside the table's lock. When a concurrent query or a waiter
+        // thread still holds the event, the last of them gives it back.
+        match Arc::try_unwrap(gone.event) {
+            Ok(mut event) => event.give_back(self.driver),
+            Err(_shared) => Ok(()),
+        }
     }
 }

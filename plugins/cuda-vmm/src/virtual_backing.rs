@@ -5,23 +5,38 @@
 //! * commit = one `cuMemCreate` physical chunk per granule, `cuMemMap`ped in
 //!   place, then one `cuMemSetAccess` (read-write) over the range and a
 //!   zero-fill (the ABI promises zeros after a commit);
-//! * decommit = `cuMemUnmap` + `cuMemRelease` of each granule;
-//! * release = everything above, every shared mapping unmapped, then
-//!   `cuMemAddressFree`.
+//! * decommit = one `cuMemUnmap` over the whole range (its granules are
+//!   adjacent mappings), then `cuMemRelease` of each granule;
+//! * release = one `cuMemUnmap` per run of adjacent mapped granules
+//!   (committed granules and shared mappings alike), the chunks released,
+//!   then `cuMemAddressFree`.
 //!
 //! One chunk per granule is what lets any granule-aligned sub-range be
 //! decommitted later: the driver can neither unmap part of a mapping nor map
-//! a physical allocation from a non-zero offset.
+//! a physical allocation from a non-zero offset. Unmapping is batched: one
+//! call covers adjacent mappings (decommitting 16 GiB is one `cuMemUnmap`,
+//! not 8192); a driver that refuses a range of several mappings
+//! (`CUDA_ERROR_INVALID_VALUE`, where one mapping per call works) is
+//! noticed once per mechanism and then unmapped granule by granule.
 //!
 //! Every call checks the whole range against the reservation's state before
 //! it calls the driver, so a refused call changes nothing; a commit that
-//! fails in the driver undoes what it did.
+//! fails in the driver undoes what it did. **No lock across a driver
+//! call**: a call marks its range *busy* under the reservation's lock, lets
+//! the lock go for the driver calls, and takes it again to record the
+//! outcome; another call on a disjoint range of the same reservation
+//! proceeds meanwhile, one on an overlapping range is refused
+//! (`INVALID_STATE`, nothing changed), and `release` while a call is in the
+//! driver is `BUSY`.
 
 use crate::context::Pin;
-use crate::driver::{access_desc, allocation_prop, CUmemGenericAllocationHandle, Vmm};
+use crate::driver::{
+    access_desc, allocation_prop, CUmemGenericAllocationHandle, Vmm, CUDA_ERROR_INVALID_VALUE,
+};
 use crate::mechanism::{wrong_state, CudaMechanism};
-use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, VirtualBacking};
+use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, Status, VirtualBacking};
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// One shared mapping inside a reservation.
@@ -37,11 +52,17 @@ pub struct Mapping {
 #[derive(Default)]
 pub struct State {
     released: bool,
+    /// Set while `release` is in the driver: the reservation is going.
+    releasing: bool,
     /// Committed granules: offset → physical handle.
     pub committed: BTreeMap<u64, CUmemGenericAllocationHandle>,
     /// Shared mappings by starting offset (disjoint from each other and
     /// from committed granules).
     pub mappings: BTreeMap<u64, Mapping>,
+    /// Ranges a call is changing in the driver now, by start → length
+    /// (disjoint from each other, from committed granules and from
+    /// mappings).
+    pub busy: BTreeMap<u64, u64>,
 }
 
 impl State {
@@ -53,6 +74,21 @@ impl State {
     /// Whether any shared mapping overlaps `[start, end)`.
     pub fn mapped(&self, start: u64, end: u64) -> bool {
         self.mappings.range(..end).next_back().is_some_and(|(&s, m)| s + m.len > start)
+    }
+
+    /// Whether a call in the driver is changing part of `[start, end)`.
+    pub fn busy_in(&self, start: u64, end: u64) -> bool {
+        self.busy.range(..end).next_back().is_some_and(|(&s, &len)| s + len > start)
+    }
+
+    /// Refuses `[start, end)` when another call is changing part of it.
+    pub fn check_not_busy(&self, call: &str, start: u64, end: u64) -> PluginResult<()> {
+        if self.busy_in(start, end) {
+            return Err(wrong_state(format!(
+                "{call}: range [{start:#x}, {end:#x}) is being changed by another call right now"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -71,13 +107,20 @@ impl Reservation {
         self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
     }
 
-    /// Locks the state, refusing a reservation released after it was found.
+    /// Locks the state, refusing a reservation released (or being
+    /// released) after it was found.
     pub fn lock(&self, m: &CudaMechanism, obj: &ObjectRef) -> PluginResult<MutexGuard<'_, State>> {
-        let s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.released {
+        let s = self.state();
+        if s.released || s.releasing {
             return Err(m.unknown(obj, "reservation"));
         }
         Ok(s)
+    }
+
+    /// Locks the state as it is (to record what a call that marked a busy
+    /// range did).
+    pub fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -105,6 +148,19 @@ impl CudaMechanism {
             let r = unsafe { (vmm.create)(&mut h, self.granularity as usize, &prop, 0) };
             if let Err(e) = d.check(r, "cuMemCreate") {
                 release_all(vmm, &made);
+                let e = if made.is_empty() {
+                    e
+                } else {
+                    PluginError::new(
+                        e.status,
+                        format!(
+                            "{} (granule {} of {n}; the {} made before were released)",
+                            e.message,
+                            made.len() + 1,
+                            made.len()
+                        ),
+                    )
+                };
                 return Err(e);
             }
             made.push(h);
@@ -132,7 +188,7 @@ impl CudaMechanism {
             // is neither committed nor mapped (the callers' checks).
             let r = unsafe { (vmm.map)(addr + i as u64 * g, g as usize, 0, h, 0) };
             if let Err(e) = d.check(r, "cuMemMap") {
-                let _ = self.unmap_granules(vmm, addr, i as u64);
+                let _ = self.unmap_run(vmm, addr, i as u64);
                 return Err(e);
             }
         }
@@ -141,10 +197,9 @@ impl CudaMechanism {
         // SAFETY: the range was just mapped; `desc` lives for the call.
         let r = unsafe { (vmm.set_access)(addr, len as usize, &desc, 1) };
         if r != crate::driver::CUDA_SUCCESS {
-            let _ = self.unmap_granules(vmm, addr, handles.len() as u64);
+            let _ = self.unmap_run(vmm, addr, handles.len() as u64);
             if access == Access::ReadOnly
-                && (r == crate::driver::CUDA_ERROR_NOT_SUPPORTED
-                    || r == crate::driver::CUDA_ERROR_INVALID_VALUE)
+                && (r == crate::driver::CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)
             {
                 return Err(PluginError::unsupported(format!(
                     "this driver refuses read-only access (CU_MEM_ACCESS_FLAGS_PROT_READ) on device {}: \
@@ -158,20 +213,40 @@ impl CudaMechanism {
         Ok(())
     }
 
-    /// Unmaps `n` granule mappings starting at `addr`; tries them all and
-    /// reports the first failure.
-    pub(crate) fn unmap_granules(&self, vmm: Vmm, addr: u64, n: u64) -> PluginResult<()> {
+    /// Unmaps the `n` adjacent granule mappings starting at `addr`: one
+    /// `cuMemUnmap` over all of them, or one per granule where the driver
+    /// takes a single mapping per call. Returns how many of the leading
+    /// granules are unmapped (all of them, unless the driver failed) and
+    /// the first failure.
+    pub(crate) fn unmap_run(&self, vmm: Vmm, addr: u64, n: u64) -> (u64, PluginResult<()>) {
         let d = self.driver;
         let g = self.granularity;
-        let mut first = Ok(());
+        if n == 0 {
+            return (0, Ok(()));
+        }
+        if n == 1 || self.batch_unmap.load(Ordering::Relaxed) {
+            // SAFETY: `n` granule mappings made by this mechanism, adjacent.
+            let r = unsafe { (vmm.unmap)(addr, (n * g) as usize) };
+            if r == crate::driver::CUDA_SUCCESS {
+                return (n, Ok(()));
+            }
+            if n == 1 || r != CUDA_ERROR_INVALID_VALUE {
+                return (0, Err(d.error(r, "cuMemUnmap")));
+            }
+        }
+        // One by one; if that works, this driver takes one mapping per call
+        // (remembered: later runs skip the batched attempt).
         for i in 0..n {
             // SAFETY: each granule is one mapping made by this mechanism.
             let r = unsafe { (vmm.unmap)(addr + i * g, g as usize) };
-            if first.is_ok() {
-                first = d.check(r, "cuMemUnmap");
+            if let Err(e) = d.check(r, "cuMemUnmap") {
+                return (i, Err(e));
+            }
+            if i == 0 {
+                self.batch_unmap.store(false, Ordering::Relaxed);
             }
         }
-        first
+        (n, Ok(()))
     }
 }
 
@@ -181,6 +256,15 @@ pub(crate) fn release_all(vmm: Vmm, handles: &[CUmemGenericAllocationHandle]) {
         // SAFETY: chunks this mechanism created and nothing else holds.
         unsafe { (vmm.release)(h) };
     }
+}
+
+/// What one granule of a reservation being released holds.
+#[derive(Clone, Copy)]
+enum Held {
+    /// A committed chunk (released after it is unmapped).
+    Committed(CUmemGenericAllocationHandle),
+    /// Part of the shared mapping starting at this offset.
+    Shared(u64),
 }
 
 impl VirtualBacking for CudaMechanism {
@@ -214,31 +298,40 @@ impl VirtualBacking for CudaMechanism {
         let _slot = self.slot("commit")?;
         let vmm = self.vmm("commit")?;
         let res = self.find_reservation(reservation)?;
-        let mut st = res.lock(self, reservation)?;
-        let end = self.check_range(offset, len, res.size, "commit")?;
-        if st.committed_in(offset, end) {
-            return Err(wrong_state(format!(
-                "commit: range [{offset:#x}, {end:#x}) has pages already committed"
-            )));
+        {
+            let mut st = res.lock(self, reservation)?;
+            let end = self.check_range(offset, len, res.size, "commit")?;
+            if st.committed_in(offset, end) {
+                return Err(wrong_state(format!(
+                    "commit: range [{offset:#x}, {end:#x}) has pages already committed"
+                )));
+            }
+            if st.mapped(offset, end) {
+                return Err(wrong_state(format!(
+                    "commit: range [{offset:#x}, {end:#x}) has pages mapped to a physical object"
+                )));
+            }
+            st.check_not_busy("commit", offset, end)?;
+            st.busy.insert(offset, len);
         }
-        if st.mapped(offset, end) {
-            return Err(wrong_state(format!(
-                "commit: range [{offset:#x}, {end:#x}) has pages mapped to a physical object"
-            )));
-        }
+        // The driver's part, with no lock held.
         let g = self.granularity;
-        let _e = res.pin.enter()?;
-        let handles = self.create_granules(vmm, len / g)?;
-        if let Err(e) = self.map_granules(vmm, res.addr + offset, &handles, Access::ReadWrite) {
-            release_all(vmm, &handles);
-            return Err(e);
-        }
-        if let Err(e) = res.pin.zero_fill(res.addr + offset, len) {
-            let _ = self.unmap_granules(vmm, res.addr + offset, len / g);
-            release_all(vmm, &handles);
-            return Err(e);
-        }
-        for (i, h) in handles.into_iter().enumerate() {
+        let made = res.pin.enter().and_then(|_e| {
+            let handles = self.create_granules(vmm, len / g)?;
+            if let Err(e) = self.map_granules(vmm, res.addr + offset, &handles, Access::ReadWrite) {
+                release_all(vmm, &handles);
+                return Err(e);
+            }
+            if let Err(e) = res.pin.zero_fill(res.addr + offset, len) {
+                let _ = self.unmap_run(vmm, res.addr + offset, len / g);
+                release_all(vmm, &handles);
+                return Err(e);
+            }
+            Ok(handles)
+        });
+        let mut st = res.state();
+        st.busy.remove(&offset);
+        for (i, h) in made?.into_iter().enumerate() {
             st.committed.insert(offset + i as u64 * g, h);
         }
         Ok(())
@@ -248,29 +341,51 @@ impl VirtualBacking for CudaMechanism {
         let _slot = self.slot("decommit")?;
         let vmm = self.vmm("decommit")?;
         let res = self.find_reservation(reservation)?;
-        let mut st = res.lock(self, reservation)?;
-        let end = self.check_range(offset, len, res.size, "decommit")?;
         let g = self.granularity;
-        if st.committed.range(offset..end).count() as u64 != len / g {
-            return Err(wrong_state(format!(
-                "decommit: range [{offset:#x}, {end:#x}) has pages that are not committed"
-            )));
-        }
+        let taken: Vec<(u64, CUmemGenericAllocationHandle)> = {
+            let mut st = res.lock(self, reservation)?;
+            let end = self.check_range(offset, len, res.size, "decommit")?;
+            if st.committed.range(offset..end).count() as u64 != len / g {
+                return Err(wrong_state(format!(
+                    "decommit: range [{offset:#x}, {end:#x}) has pages that are not committed"
+                )));
+            }
+            // (Committed granules are never busy: a busy range is disjoint
+            // from them.)
+            let taken = st.committed.range(offset..end).map(|(&o, &h)| (o, h)).collect::<Vec<_>>();
+            for (o, _) in &taken {
+                st.committed.remove(o);
+            }
+            st.busy.insert(offset, len);
+            taken
+        };
+        // Every granule of the range is committed, so the mappings are
+        // adjacent: one cuMemUnmap covers them.
         let d = self.driver;
-        let _e = res.pin.enter()?;
-        // Granule by granule; if the driver fails part-way, the state still
-        // says exactly which granules are committed.
-        let mut o = offset;
-        while o < end {
-            let h = st.committed[&o];
-            // SAFETY: one committed granule of this reservation.
-            d.check(unsafe { (vmm.unmap)(res.addr + o, g as usize) }, "cuMemUnmap")?;
-            st.committed.remove(&o);
-            // SAFETY: the chunk is no longer mapped and nothing else holds it.
-            d.check(unsafe { (vmm.release)(h) }, "cuMemRelease")?;
-            o += g;
+        let (unmapped, result) = match res.pin.enter() {
+            Ok(_e) => {
+                let (n, r) = self.unmap_run(vmm, res.addr + offset, taken.len() as u64);
+                let mut result = r;
+                for &(_, h) in &taken[..n as usize] {
+                    // SAFETY: the chunk is no longer mapped and nothing else
+                    // holds it.
+                    let r = d.check(unsafe { (vmm.release)(h) }, "cuMemRelease");
+                    if result.is_ok() {
+                        result = r;
+                    }
+                }
+                (n as usize, result)
+            }
+            Err(e) => (0, Err(e)),
+        };
+        // If the driver failed part-way, the state still says exactly which
+        // granules are committed (mapped).
+        let mut st = res.state();
+        st.busy.remove(&offset);
+        for &(o, h) in &taken[unmapped..] {
+            st.committed.insert(o, h);
         }
-        Ok(())
+        result
     }
 
     fn committed_bytes(&self, reservation: &ObjectRef) -> PluginResult<u64> {
@@ -284,30 +399,85 @@ impl VirtualBacking for CudaMechanism {
         let _slot = self.slot("release")?;
         let vmm = self.vmm("release")?;
         let res = self.find_reservation(reservation)?;
-        let mut st = res.lock(self, reservation)?;
-        let d = self.driver;
         let g = self.granularity;
-        let mut unmapped_objects = Vec::new();
-        let result = res.pin.enter().and_then(|_e| {
-            while let Some((&o, &h)) = st.committed.first_key_value() {
-                // SAFETY: one committed granule of this reservation.
-                d.check(unsafe { (vmm.unmap)(res.addr + o, g as usize) }, "cuMemUnmap")?;
-                st.committed.remove(&o);
-                // SAFETY: unmapped, held by nothing else.
-                d.check(unsafe { (vmm.release)(h) }, "cuMemRelease")?;
+        // Everything mapped, granule by granule, taken out of the state.
+        let (held, mut mappings) = {
+            let mut st = res.lock(self, reservation)?;
+            if !st.busy.is_empty() {
+                return Err(PluginError::new(
+                    Status::Busy,
+                    "release: another call is changing this reservation in the driver right now",
+                ));
             }
-            while let Some((&o, m)) = st.mappings.first_key_value() {
-                self.unmap_granules(vmm, res.addr + o, m.len / g)?;
-                if let Some(m) = st.mappings.remove(&o) {
-                    unmapped_objects.push(m.object);
+            st.releasing = true;
+            let mut held: BTreeMap<u64, Held> =
+                std::mem::take(&mut st.committed).into_iter().map(|(o, h)| (o, Held::Committed(h))).collect();
+            let mappings = std::mem::take(&mut st.mappings);
+            for (&start, m) in &mappings {
+                for i in 0..m.len / g {
+                    held.insert(start + i * g, Held::Shared(start));
                 }
             }
-            // SAFETY: nothing is mapped in the range any more.
-            d.check(unsafe { (vmm.address_free)(res.addr, res.size as usize) }, "cuMemAddressFree")?;
-            st.released = true;
-            Ok(())
+            (held.into_iter().collect::<Vec<_>>(), mappings)
+        };
+        let d = self.driver;
+        // Runs of adjacent granules: one cuMemUnmap each.
+        let mut unmapped = 0usize;
+        let mut result = res.pin.enter().and_then(|_e| {
+            let mut first = Ok(());
+            while unmapped < held.len() {
+                let start = held[unmapped].0;
+                let mut n = 1;
+                while unmapped + n < held.len() && held[unmapped + n].0 == start + n as u64 * g {
+                    n += 1;
+                }
+                let (done, r) = self.unmap_run(vmm, res.addr + start, n as u64);
+                let run = &held[unmapped..unmapped + done as usize];
+                unmapped += done as usize;
+                for &(_, h) in run {
+                    if let Held::Committed(h) = h {
+                        // SAFETY: unmapped, held by nothing else. A chunk
+                        // the driver keeps is lost to the state either way
+                        // (it is unmapped); the failure is reported.
+                        let released = d.check(unsafe { (vmm.release)(h) }, "cuMemRelease");
+                        if first.is_ok() {
+                            first = released;
+                        }
+                    }
+                }
+                r?;
+            }
+            first
         });
-        drop(st);
+        // Mappings now wholly unmapped give their object reference back;
+        // one with a granule still mapped stays.
+        let still_mapped: std::collections::BTreeSet<u64> = held[unmapped..]
+            .iter()
+            .filter_map(|&(_, h)| if let Held::Shared(s) = h { Some(s) } else { None })
+            .collect();
+        let unmapped_objects: Vec<u64> = {
+            let gone: Vec<u64> = mappings.keys().copied().filter(|s| !still_mapped.contains(s)).collect();
+            gone.iter().filter_map(|s| mappings.remove(s)).map(|m| m.object).collect()
+        };
+        if result.is_ok() {
+            // SAFETY: nothing is mapped in the range any more.
+            result = d.check(unsafe { (vmm.address_free)(res.addr, res.size as usize) }, "cuMemAddressFree");
+        }
+        {
+            let mut st = res.state();
+            st.releasing = false;
+            if result.is_ok() {
+                st.released = true;
+            } else {
+                // What is still mapped stays, usable for another try.
+                for &(o, h) in &held[unmapped..] {
+                    if let Held::Committed(h) = h {
+                        st.committed.insert(o, h);
+                    }
+                }
+                st.mappings = mappings;
+            }
+        }
         if result.is_ok() {
             let gone = self.reservations.remove(reservation.handle, |r| Arc::ptr_eq(r, &res));
             drop(gone);

@@ -21,6 +21,14 @@
 //! read-only access; the tests then take the read-write fallback
 //! ([`map_read_only_or_fallback`]) and say so.
 //!
+//! `MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT=k` (fake mode) chooses the step at
+//! which the rollback tests (`tests/driver_rules.rs`) fail `cuMemCreate`
+//! ([`fail_create_mode`]); [`setup`] takes it out of the environment of
+//! the test processes themselves, whose other tests expect their memory
+//! (the fake would fail the k-th `cuMemCreate` of the process, in whichever
+//! test that happens to be), and the rollback tests hand it to the fake of
+//! a child process explicitly.
+//!
 //! Data is always moved with driver copies (`cuMemcpy*`), never by
 //! dereferencing device addresses, so the same tests run on both.
 
@@ -94,6 +102,15 @@ pub fn setup() {
         if real() {
             return;
         }
+        // The rollback tests' step (see the module docs): kept here, out
+        // of this process's environment (a child is handed it explicitly).
+        if !is_child() {
+            if let Some(k) = std::env::var_os(FAIL_CREATE_ENV) {
+                let _ =
+                    FAIL_CREATE_MODE.set(k.to_str().and_then(|k| k.trim().parse().ok()).filter(|&k| k > 0));
+                std::env::remove_var(FAIL_CREATE_ENV);
+            }
+        }
         let lib = build_fake("default", &[]).join("libcuda.so.1");
         // Before any thread of this process reads the environment for the
         // driver: the first load happens after this returns.
@@ -104,16 +121,29 @@ pub fn setup() {
     });
 }
 
+/// The fake's switch that fails a `cuMemCreate` (see the module docs).
+pub const FAIL_CREATE_ENV: &str = "MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT";
+static FAIL_CREATE_MODE: OnceLock<Option<u64>> = OnceLock::new();
+
+/// The step `MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT` named for this run (taken
+/// out of the environment by [`setup`]); `None` without it.
+pub fn fail_create_mode() -> Option<u64> {
+    setup();
+    FAIL_CREATE_MODE.get().copied().flatten()
+}
+
 /// The fake driver's counts when a test began (all zero in real mode and in
 /// child processes that take no [`serial`] guard).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Baseline {
     pub objects: i64,
     pub streams: i64,
+    pub events: i64,
     pub ctx_refs: [i32; 2],
 }
 
-static BASELINE: Mutex<Baseline> = Mutex::new(Baseline { objects: 0, streams: 0, ctx_refs: [0, 0] });
+static BASELINE: Mutex<Baseline> =
+    Mutex::new(Baseline { objects: 0, streams: 0, events: 0, ctx_refs: [0, 0] });
 
 fn current_counts() -> Baseline {
     match fake_live_objects() {
@@ -121,6 +151,7 @@ fn current_counts() -> Baseline {
         Some(objects) => Baseline {
             objects,
             streams: fake_live_streams().unwrap(),
+            events: fake_live_events().unwrap(),
             ctx_refs: [fake_ctx_refs(0).unwrap(), fake_ctx_refs(1).unwrap()],
         },
     }
@@ -390,7 +421,8 @@ pub fn fake_live_streams() -> Option<i64> {
 /// object, and (fake mode, counted from the test's [`baseline`]) each
 /// primary context is retained at most once more (by the plugin, which
 /// keeps it until it is unloaded) and the driver holds nothing more but the
-/// plugin's zero-fill stream of each retained context.
+/// plugin's zero-fill stream and its pool of at most `EVENT_POOL_MAX`
+/// events of each retained context.
 #[track_caller]
 pub fn assert_quiescent(p: &Plugin) {
     assert_eq!(p.plugin_live_objects(), 0, "plugin live objects: {}", p.live_report());
@@ -407,7 +439,13 @@ pub fn assert_quiescent(p: &Plugin) {
         }
         let streams = fake_live_streams().unwrap() - b.streams;
         assert!(streams <= retained, "{streams} streams left for {retained} retained contexts");
-        assert_eq!(n - b.objects - streams, 0, "objects left in the (fake) driver");
+        let pooled = fake_live_events().unwrap() - b.events;
+        let pool_max = memplug_plugin_cuda_vmm::EVENT_POOL_MAX as i64;
+        assert!(
+            (0..=retained * pool_max).contains(&pooled),
+            "{pooled} events left for {retained} retained contexts (a pool holds at most {pool_max})"
+        );
+        assert_eq!(n - b.objects - streams - pooled, 0, "objects left in the (fake) driver");
     }
 }
 
@@ -456,4 +494,104 @@ pub fn run_child(name: &str, env: &[(&str, Option<&std::ffi::OsStr>)]) -> Output
 /// Whether this process is a child started by [`run_child`].
 pub fn is_child() -> bool {
     std::env::var_os("MEMPLUG_CUDA_CHILD").is_some()
+}
+
+/// Events alive in the fake (the plugin's pool included).
+pub fn fake_live_events() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_events").map(|f| unsafe { f() })
+}
+
+/// Calls the fake answered so far to the entry point `name` (one of the
+/// counted ones: `cuMemCreate`, `cuMemUnmap`, `cuEventCreate`, …).
+pub fn fake_entry_calls(name: &str) -> Option<i64> {
+    let f = fake_fn::<unsafe extern "C" fn(*const std::ffi::c_char) -> i64>("fake_cuda_entry_calls")?;
+    let c = std::ffi::CString::new(name).unwrap();
+    let n = unsafe { f(c.as_ptr()) };
+    assert!(n >= 0, "the fake does not count {name}");
+    Some(n)
+}
+
+/// Makes the next call of the entry point `name` wait inside the fake
+/// until [`fake_release_blocked`].
+pub fn fake_block_next_call(name: &str) {
+    let f = fake_fn::<unsafe extern "C" fn(*const std::ffi::c_char) -> i32>("fake_cuda_block_next_call")
+        .expect("fake mode");
+    let c = std::ffi::CString::new(name).unwrap();
+    assert_eq!(unsafe { f(c.as_ptr()) }, 0, "the fake cannot block {name}");
+}
+
+/// Waits (up to `timeout_ms`) until `n` calls are held by the fake's hook;
+/// how many are.
+pub fn fake_wait_blocked(n: i32, timeout_ms: i32) -> i32 {
+    let f = fake_fn::<unsafe extern "C" fn(i32, i32) -> i32>("fake_cuda_wait_blocked").expect("fake mode");
+    unsafe { f(n, timeout_ms) }
+}
+
+/// Lets every call held by the fake's hook go on.
+pub fn fake_release_blocked() {
+    let f = fake_fn::<unsafe extern "C" fn()>("fake_cuda_release_blocked").expect("fake mode");
+    unsafe { f() }
+}
+
+/// Makes the k-th `cuMemCreate` from now fail with OUT_OF_MEMORY (0
+/// disarms); the calls made so far.
+pub fn fake_fail_create_at(k: i64) -> i64 {
+    let f = fake_fn::<unsafe extern "C" fn(i64) -> i64>("fake_cuda_fail_create_at").expect("fake mode");
+    unsafe { f(k) }
+}
+
+/// `cuMemCreate` calls failed on purpose so far.
+pub fn fake_create_failures() -> i64 {
+    let f = fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_create_failures").expect("fake mode");
+    unsafe { f() }
+}
+
+/// Makes the fake's `cuMemUnmap` take one mapping per call (or not); the
+/// previous setting.
+pub fn fake_set_unmap_one_mapping(on: bool) -> bool {
+    let f =
+        fake_fn::<unsafe extern "C" fn(i32) -> i32>("fake_cuda_set_unmap_one_mapping").expect("fake mode");
+    unsafe { f(i32::from(on)) != 0 }
+}
+
+/// `cuMemsetD8Async` calls on streams of `priority`.
+pub fn fake_memsets_at_priority(priority: i32) -> i64 {
+    let f = fake_fn::<unsafe extern "C" fn(i32) -> i64>("fake_cuda_memsets_at_priority").expect("fake mode");
+    unsafe { f(priority) }
+}
+
+/// `cuEventSynchronize` calls on blocking-sync events (`true`) or others.
+pub fn fake_event_syncs(blocking: bool) -> i64 {
+    let f = fake_fn::<unsafe extern "C" fn(i32) -> i64>("fake_cuda_event_syncs").expect("fake mode");
+    unsafe { f(i32::from(blocking)) }
+}
+
+/// Threads inside the fake's `cuEventSynchronize` now.
+pub fn fake_threads_in_event_sync() -> i64 {
+    let f = fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_threads_in_event_sync").expect("fake mode");
+    unsafe { f() }
+}
+
+/// Driver calls the fake refused because a host function made them.
+pub fn fake_callback_refused() -> i64 {
+    let f = fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_callback_refused").expect("fake mode");
+    unsafe { f() }
+}
+
+/// Device memory a live context takes off the fake's free figure.
+pub fn fake_ctx_overhead() -> u64 {
+    let f = fake_fn::<unsafe extern "C" fn() -> u64>("fake_cuda_ctx_overhead_bytes").expect("fake mode");
+    unsafe { f() }
+}
+
+/// Waits, checking every millisecond for up to 20 s, until `cond` holds;
+/// whether it did (a bound against hanging, not a timing claim).
+pub fn eventually(cond: impl Fn() -> bool) -> bool {
+    for _ in 0..20_000 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    cond()
 }
