@@ -15,9 +15,10 @@
 //! decommitted later: the driver can neither unmap part of a mapping nor map
 //! a physical allocation from a non-zero offset. Unmapping is batched: one
 //! call covers adjacent mappings (decommitting 16 GiB is one `cuMemUnmap`,
-//! not 8192); a driver that refuses a range of several mappings
-//! (`CUDA_ERROR_INVALID_VALUE`, where one mapping per call works) is
-//! noticed once per mechanism and then unmapped granule by granule.
+//! not 8192), as CUDA's own samples unmap ranges mapped piece by piece; a
+//! driver that refuses a range of several mappings (where one mapping per
+//! call works) is noticed once per mechanism and then unmapped granule by
+//! granule.
 //!
 //! Every call checks the whole range against the reservation's state before
 //! it calls the driver, so a refused call changes nothing; a commit that
@@ -230,7 +231,10 @@ impl CudaMechanism {
             if r == crate::driver::CUDA_SUCCESS {
                 return (n, Ok(()));
             }
-            if n == 1 || r != CUDA_ERROR_INVALID_VALUE {
+            // A dead context is not asked again; any other refusal of a
+            // range of several mappings (CUDA_ERROR_INVALID_VALUE, say) is
+            // retried granule by granule.
+            if n == 1 || crate::driver::is_sticky(r) {
                 return (0, Err(d.error(r, "cuMemUnmap")));
             }
         }

@@ -8,7 +8,14 @@
 //!   with sizes in MiB, so CI proves the code runs and the accounting
 //!   figures come out as designed (timings on the fake mean nothing).
 //!
-//! Every figure is printed (`--nocapture` to see them).
+//! * `gpu_driver_info` (ignored): prints the `libcuda` loaded and
+//!   `cuDriverGetVersion` (device-check.sh's first step).
+//!
+//! Every figure is printed (`--nocapture` to see them): a human `BENCH`
+//! line, and one `FIGURE {json}` line per number, which device-check.sh
+//! gathers into its figures file. On the fake driver every figure is
+//! labelled `"driver": "FAKE"` (its timings are of host memory and mean
+//! nothing for a GPU).
 
 mod common;
 
@@ -31,6 +38,12 @@ struct Config {
     /// Shared prefix: its size and how many regions map it.
     prefix: u64,
     regions: usize,
+    /// Commit latency: samples per case, and the buffer a busy stream
+    /// fills over and over meanwhile.
+    latency_samples: usize,
+    busy_buffer: u64,
+    /// `tiny` or `full`, for the figures file.
+    scale: &'static str,
 }
 
 const TINY: Config = Config {
@@ -41,6 +54,9 @@ const TINY: Config = Config {
     kv_target: 64 * MIB,
     prefix: 8 * MIB,
     regions: 32,
+    latency_samples: 50,
+    busy_buffer: 4 * MIB,
+    scale: "tiny",
 };
 
 const FULL: Config = Config {
@@ -51,6 +67,9 @@ const FULL: Config = Config {
     kv_target: 16 * GIB,
     prefix: GIB,
     regions: 32,
+    latency_samples: 2000,
+    busy_buffer: 256 * MIB,
+    scale: "full",
 };
 
 /// Full size on a GPU, tiny on the fake; `MEMPLUG_CUDA_BENCH_SCALE=tiny`
@@ -71,6 +90,53 @@ fn gib(b: u64) -> f64 {
 fn used_bytes(m: &Mechanism) -> u64 {
     let i = m.memory_info().unwrap().unwrap();
     i.total_bytes - i.free_bytes
+}
+
+/// Whether the driver in use is the fake (its introspection symbols, or
+/// its device names, give it away).
+fn on_fake() -> bool {
+    let d = drv();
+    d.symbol("fake_cuda_calls").is_some() || d.devices.iter().any(|x| x.name.contains("FAKE"))
+}
+
+/// `FAKE` or `GPU`: the label of every figure.
+fn label() -> &'static str {
+    if on_fake() {
+        "FAKE"
+    } else {
+        "GPU"
+    }
+}
+
+/// A JSON string literal of `s`.
+fn json_str(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Prints one machine-readable figure (device-check.sh collects them).
+fn figure(cfg: &Config, name: &str, value: f64, unit: &str) {
+    let value = if value.is_finite() { format!("{value:.6}") } else { "null".into() };
+    println!(
+        "FIGURE {{\"name\":{},\"value\":{value},\"unit\":{},\"driver\":{},\"scale\":{}}}",
+        json_str(name),
+        json_str(unit),
+        json_str(label()),
+        json_str(cfg.scale)
+    );
+}
+
+fn percentile(sorted: &[f64], p: usize) -> f64 {
+    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -152,7 +218,84 @@ fn bench_granule(p: &Plugin, cfg: &Config) -> f64 {
         cfg.name,
         host / raw
     );
+    figure(cfg, "granule_commit_decommit_host_us", host, "us");
+    figure(cfg, "granule_commit_decommit_raw_us", raw, "us");
+    figure(cfg, "granule_commit_decommit_raw_zero_fill_us", raw_zero, "us");
+    figure(cfg, "granule_host_over_raw", host / raw, "x");
+    figure(cfg, "granule_host_over_raw_zero_fill", ratio, "x");
     ratio
+}
+
+/// Latency of one granule's commit (zero-fill included) through the host:
+/// p50 and p99 over many commits, on an idle device and with a second
+/// stream kept busy meanwhile (memsets of a buffer queued on a
+/// default-priority stream of the runtime, two ahead of every commit): the
+/// plugin's zero-fill stream has the greatest priority, so its fill is
+/// scheduled first. Returns (p50 idle, p99 idle, p50 busy, p99 busy) in µs.
+fn bench_commit_latency(p: &Plugin, cfg: &Config) -> (f64, f64, f64, f64) {
+    let m = cuda0(p);
+    let g = m.properties().granularity;
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let r = vb.reserve(g).unwrap();
+    let (idle, busy) = in_context(0, |d| {
+        let sample = |busy: Option<(CUstream, u64)>| {
+            let mut v = Vec::with_capacity(cfg.latency_samples);
+            for i in 0..cfg.latency_samples + 10 {
+                if let Some((stream, buf)) = busy {
+                    for _ in 0..2 {
+                        let r = unsafe {
+                            (d.api.memset_d8_async)(buf, i as u8, cfg.busy_buffer as usize, stream)
+                        };
+                        assert_eq!(r, CUDA_SUCCESS);
+                    }
+                }
+                let t = Instant::now();
+                vb.commit(&r, 0, g).unwrap();
+                let us = t.elapsed().as_secs_f64() * 1e6;
+                vb.decommit(&r, 0, g).unwrap();
+                // The first few warm the paths up.
+                if i >= 10 {
+                    v.push(us);
+                }
+            }
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v
+        };
+        let idle = sample(None);
+        let mut stream: CUstream = std::ptr::null_mut();
+        let mut buf = 0;
+        unsafe {
+            assert_eq!((d.api.stream_create)(&mut stream, 1), CUDA_SUCCESS);
+            assert_eq!((d.api.mem_alloc)(&mut buf, cfg.busy_buffer as usize), CUDA_SUCCESS);
+        }
+        let busy = sample(Some((stream, buf)));
+        unsafe {
+            assert_eq!((d.api.stream_synchronize)(stream), CUDA_SUCCESS);
+            assert_eq!((d.api.stream_destroy)(stream), CUDA_SUCCESS);
+            assert_eq!((d.api.mem_free)(buf), CUDA_SUCCESS);
+        }
+        (idle, busy)
+    });
+    vb.release(r).unwrap();
+    let f = (percentile(&idle, 50), percentile(&idle, 99), percentile(&busy, 50), percentile(&busy, 99));
+    println!(
+        "BENCH commit latency of one {} MiB granule (zero-fill included) [{}], {} commits each: idle p50 {:.1} \
+         us, p99 {:.1} us | a second stream busy ({} MiB memsets queued on a default-priority stream): p50 \
+         {:.1} us, p99 {:.1} us",
+        g / MIB,
+        cfg.name,
+        cfg.latency_samples,
+        f.0,
+        f.1,
+        cfg.busy_buffer / MIB,
+        f.2,
+        f.3
+    );
+    figure(cfg, "commit_latency_idle_p50_us", f.0, "us");
+    figure(cfg, "commit_latency_idle_p99_us", f.1, "us");
+    figure(cfg, "commit_latency_busy_p50_us", f.2, "us");
+    figure(cfg, "commit_latency_busy_p99_us", f.3, "us");
+    f
 }
 
 /// Growing a KV cache: a stable-pointer reservation committed 2 MiB at a
@@ -225,6 +368,11 @@ fn bench_kv_growth(p: &Plugin, cfg: &Config) -> (u64, u64) {
         gib(copied),
         gib(g) * (steps * (steps - 1) / 2) as f64,
     );
+    figure(cfg, "kv_growth_target_gib", gib(cfg.kv_target), "GiB");
+    figure(cfg, "kv_growth_vmm_ms", ms(vmm_time), "ms");
+    figure(cfg, "kv_growth_vmm_peak_gib", gib(vmm_peak), "GiB");
+    figure(cfg, "kv_growth_copy_ms", ms(copy_time), "ms");
+    figure(cfg, "kv_growth_copy_peak_gib", gib(copy_peak), "GiB");
     (vmm_peak, copy_peak)
 }
 
@@ -275,6 +423,10 @@ fn bench_shared_prefix(p: &Plugin, cfg: &Config) -> u64 {
         ms(t_create),
         ms(t_map),
     );
+    figure(cfg, "shared_prefix_gib", gib(cfg.prefix), "GiB");
+    figure(cfg, "shared_prefix_regions", cfg.regions as f64, "regions");
+    figure(cfg, "shared_prefix_used_gib", gib(used), "GiB");
+    figure(cfg, "shared_prefix_map_all_ms", ms(t_map), "ms");
     for r in regions {
         vb.release(r).unwrap();
     }
@@ -301,6 +453,63 @@ fn benches_run_in_a_tiny_configuration() {
     assert!(copy_peak >= TINY.kv_target * 3 / 2, "copying holds old and new: {copy_peak}");
     let used = bench_shared_prefix(&p, &TINY);
     assert_eq!(used, TINY.prefix, "32 views of one prefix cost one prefix");
+    let (p50, p99, b50, b99) = bench_commit_latency(&p, &TINY);
+    assert!(p50 > 0.0 && p50 <= p99 && b50 > 0.0 && b50 <= b99);
+    finish(p);
+}
+
+/// What device-check.sh prints first: the driver file loaded, its
+/// `cuDriverGetVersion`, the devices, and whether it is the fake; one
+/// `INFO {json}` line for the figures file.
+#[test]
+#[ignore = "run by device-check.sh"]
+fn gpu_driver_info() {
+    let _s = serial();
+    let d = drv();
+    let p = load();
+    let fake = on_fake();
+    println!("libcuda: {}", d.loaded_path);
+    println!("cuDriverGetVersion: {} (CUDA {}.{})", d.version, d.version / 1000, d.version % 1000 / 10);
+    println!("plugin: {} {}", p.name(), p.version());
+    let mut devices = Vec::new();
+    for (i, info) in d.devices.iter().enumerate() {
+        let m = p.mechanism(&memplug_plugin_cuda_vmm::mechanism_name(i as u32)).unwrap().clone();
+        let mem = m.memory_info().unwrap().unwrap();
+        println!(
+            "device {i}: {} | VMM granularity {} | {:.1} GiB total, {:.1} GiB free",
+            info.name,
+            info.vmm_granularity.map_or("none (no VMM)".into(), |g| format!("{} MiB", g / MIB)),
+            gib(mem.total_bytes),
+            gib(mem.free_bytes)
+        );
+        devices.push(format!(
+            "{{\"ordinal\":{i},\"name\":{},\"vmm_granularity\":{},\"total_bytes\":{},\"free_bytes\":{}}}",
+            json_str(&info.name),
+            info.vmm_granularity.map_or("null".into(), |g| g.to_string()),
+            mem.total_bytes,
+            mem.free_bytes
+        ));
+    }
+    if fake {
+        println!("driver: FAKE (fake-driver/fake_cuda.c): no figure below is a GPU figure");
+    }
+    println!(
+        "INFO {{\"libcuda\":{},\"driver_version\":{},\"plugin_version\":{},\"fake\":{fake},\"devices\":[{}]}}",
+        json_str(&d.loaded_path),
+        d.version,
+        json_str(p.version()),
+        devices.join(",")
+    );
+    finish(p);
+}
+
+#[test]
+#[ignore = "GPU benchmark: run by device-check.sh (tiny configuration without a GPU)"]
+fn gpu_bench_commit_latency() {
+    let _s = serial();
+    let p = load();
+    let (p50, p99, b50, b99) = bench_commit_latency(&p, config());
+    assert!(p50 <= p99 && b50 <= b99);
     finish(p);
 }
 

@@ -535,6 +535,8 @@ fn a_fence_wait_sleeps_until_completion_instead_of_polling() {
     let m = cuda0(&p);
     let sync = m.sync().unwrap();
     let s = sync.stream_create().unwrap();
+    // (A failed earlier test may have left its plugin copy, and threads.)
+    let waiters_before = waiter_threads();
     for timeout in [Duration::from_secs(60), Duration::MAX] {
         let gate = Gate::shut();
         {
@@ -575,8 +577,20 @@ fn a_fence_wait_sleeps_until_completion_instead_of_polling() {
     assert!(sync.fence_wait(&f, HANG_GUARD).unwrap());
     sync.fence_destroy(f).unwrap();
     sync.stream_destroy(s).unwrap();
+    assert!(waiter_threads() > waiters_before, "a timed wait went through a waiter thread");
     drop(m);
     unload_released(p);
+    assert_eq!(waiter_threads(), waiters_before, "the waiter threads are joined at unload");
+}
+
+/// Threads of this process named as the plugin names its waiter threads
+/// (`memplug-cuda-wait`, as the kernel keeps the first 15 bytes).
+fn waiter_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "memplug-cuda-wa")
+        .count()
 }
 
 /// No lock is held across a driver call: while one thread is held inside
