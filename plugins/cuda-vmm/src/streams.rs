@@ -279,9 +279,7 @@ fn waiter(driver: &'static Driver, queue: &(Mutex<WaitQueue>, Condvar)) {
         if let Some(job) = q.jobs.pop_front() {
             drop(q);
             let Job { event, signal } = job;
-            // SAFETY: a live event (this job holds it), of a stream the
-            // plugin knows; blocking-sync, so this thread sleeps.
-            let r = unsafe { (driver.api.event_synchronize)(event.raw) };
+            let r = synchronize(driver, &event);
             // Let the event go before the signal: the caller may destroy
             // the fence (and recycle its event) as soon as it hears.
             drop(event);
@@ -297,6 +295,17 @@ fn waiter(driver: &'static Driver, queue: &(Mutex<WaitQueue>, Condvar)) {
         q = cv.wait(q).unwrap_or_else(PoisonError::into_inner);
         q.idle -= 1;
     }
+}
+
+/// `cuEventSynchronize` of `event`, its context current meanwhile: the
+/// thread sleeps in the driver until the event completes (blocking-sync).
+fn synchronize(driver: &'static Driver, event: &Event) -> CuResult {
+    // If the context cannot be made current, the sync meets whatever made
+    // it unusable and says so.
+    let _entered = Entered::new(driver, event.ctx);
+    // SAFETY: a live event (the caller holds it), of a stream the plugin
+    // knows.
+    unsafe { (driver.api.event_synchronize)(event.raw) }
 }
 
 /// `timeout` means "no limit" (the ABI's `UINT64_MAX` nanoseconds).
@@ -601,10 +610,7 @@ impl StreamSync for CudaMechanism {
         let d = self.driver;
         if unbounded(timeout) {
             // No limit: sleep in the driver until the event completes.
-            // SAFETY: a live event (held here), blocking-sync.
-            return d
-                .check(unsafe { (d.api.event_synchronize)(event.raw) }, "cuEventSynchronize")
-                .map(|()| FenceState::Complete);
+            return d.check(synchronize(d, &event), "cuEventSynchronize").map(|()| FenceState::Complete);
         }
         let deadline = Instant::now().checked_add(timeout);
         match deadline {
@@ -613,10 +619,7 @@ impl StreamSync for CudaMechanism {
                 None => self.poll_until(&event, deadline),
             },
             // A limit too far to represent: as good as none.
-            // SAFETY: as above.
-            None => d
-                .check(unsafe { (d.api.event_synchronize)(event.raw) }, "cuEventSynchronize")
-                .map(|()| FenceState::Complete),
+            None => d.check(synchronize(d, &event), "cuEventSynchronize").map(|()| FenceState::Complete),
         }
     }
 
