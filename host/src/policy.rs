@@ -42,7 +42,7 @@ use std::ffi::{c_int, c_void, CStr};
 use std::fs::{File, Metadata};
 use std::io::Read;
 use std::os::fd::{AsRawFd, RawFd};
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -133,7 +133,7 @@ impl CheckedFile {
     pub unsafe fn dlopen(&self) -> Result<OpenLibrary, LoadError> {
         let not_a_library = |reason: String| LoadError::NotALibrary { path: self.named.clone(), reason };
         let meta = self.file.metadata().map_err(|e| not_a_library(e.to_string()))?;
-        let (name, path) = LoaderName::reserve(&self.file, (meta.dev(), meta.ino()))
+        let (name, path, loaded_as) = LoaderName::reserve(&self.file, (meta.dev(), meta.ino()))
             .map_err(|e| not_a_library(format!("cannot pick a name to load it through: {e}")))?;
         let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
         // SAFETY: the caller's; `path` names our open descriptor.
@@ -146,7 +146,7 @@ impl CheckedFile {
             Ok(l) => Ok(OpenLibrary {
                 library: Some(libloading::Library::from(l)),
                 _name: name,
-                loaded_as: path.into_os_string().into_vec(),
+                loaded_as,
                 pin: Some(pin),
             }),
             Err(e) => {
@@ -176,8 +176,11 @@ pub struct OpenLibrary {
     // loader let it go, the pin; then its name.
     library: Option<libloading::Library>,
     _name: LoaderName,
-    /// The name the loader was given (how it lists the object).
-    loaded_as: Vec<u8>,
+    /// The name the loader was given (how it lists the object), as the
+    /// numbers it is made of: no heap, since a library kept mapped for good
+    /// is never dropped (and must leave nothing a leak checker would see as
+    /// lost).
+    loaded_as: NameParts,
     pin: Option<File>,
 }
 
@@ -191,7 +194,7 @@ impl OpenLibrary {
 impl Drop for OpenLibrary {
     fn drop(&mut self) {
         drop(self.library.take());
-        if loaded_object_names().contains(&self.loaded_as) {
+        if loaded_object_names().contains(&self.loaded_as.name()) {
             // Still mapped after the close: keep the inode pinned.
             std::mem::forget(self.pin.take());
         }
@@ -207,6 +210,19 @@ fn names_in_use() -> std::sync::MutexGuard<'static, NamesInUse> {
     NAMES_IN_USE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A loader name, `/proc/self/fd/` then `steps` times `./` then `fd`.
+#[derive(Clone, Copy)]
+struct NameParts {
+    fd: RawFd,
+    steps: usize,
+}
+
+impl NameParts {
+    fn name(self) -> Vec<u8> {
+        format!("/proc/self/fd/{}{}", "./".repeat(self.steps), self.fd).into_bytes()
+    }
+}
+
 /// One hold on the loader names of an object (see [`CheckedFile::dlopen`]).
 /// The names themselves live in the process-wide table, so a hold that is
 /// never dropped (a library kept mapped for good) leaks nothing unreachable.
@@ -220,19 +236,20 @@ impl LoaderName {
     /// `/proc/self/fd/N`, or, when that is taken, the same path with `./`
     /// steps added (`/proc/self/fd/./N`, …), which the kernel resolves to
     /// the same descriptor.
-    fn reserve(file: &File, object: (u64, u64)) -> std::io::Result<(LoaderName, PathBuf)> {
+    fn reserve(file: &File, object: (u64, u64)) -> std::io::Result<(LoaderName, PathBuf, NameParts)> {
         let loaded = loaded_object_names();
         let mut in_use = names_in_use();
         let fd = file.as_raw_fd();
         for steps in 0..1000 {
-            let name = format!("/proc/self/fd/{}{fd}", "./".repeat(steps)).into_bytes();
+            let parts = NameParts { fd, steps };
+            let name = parts.name();
             let taken = loaded.contains(&name) || in_use.values().any(|(names, _)| names.contains(&name));
             if !taken {
                 let path = PathBuf::from(std::ffi::OsStr::from_bytes(&name));
                 let entry = in_use.entry(object).or_default();
                 entry.0.push(name);
                 entry.1 += 1;
-                return Ok((LoaderName { object }, path));
+                return Ok((LoaderName { object }, path, parts));
             }
         }
         Err(std::io::Error::other(format!("every name for descriptor {fd} is in use by a loaded library")))
