@@ -12,7 +12,7 @@ use crate::types::{
     MemplugHostMechanism, MemplugHostReleaseFn, MemplugHostStream, MemplugHostStreamFn,
 };
 use memplug_host_dep::registry::Context;
-use memplug_host_dep::{CallError, Fence, FenceSource, FnFence, Mechanism, SharedFence, Stream};
+use memplug_host_dep::{FnFence, PluginFence, SharedFence};
 use std::ffi::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -169,72 +169,12 @@ pub unsafe extern "C" fn memplug_host_fence_record(
         let (e, seat) = pin::<StreamEntry>(stream.id)?;
         let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
         let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
-        let f = StreamFence::record(&e.mechanism, s)?;
+        let f = PluginFence::record_typed(&e.mechanism, s)?;
         drop(guard);
         let entry = FenceEntry { fence: f.clone(), recorded: Some(f) };
         // SAFETY: `out` was checked non-NULL.
         unsafe { manager_tables::issue(seat, entry, [0, 0], out, |id| MemplugHostFence { id }) }
     })
-}
-
-/// A fence a plugin recorded on one of its streams, destroyed through the
-/// plugin when the last holder drops it. The host's `PluginFence` with its
-/// token in reach: a stream of the same mechanism can be ordered behind it
-/// (`memplug_host_stream_wait_fence`).
-pub(crate) struct StreamFence {
-    mechanism: Mechanism,
-    fence: Option<Fence>,
-    /// The stream it was recorded on.
-    stream: u64,
-    /// Recording order (see `FenceSource::order_key`): every fence of a C
-    /// API stream is recorded here, so this counter orders them all.
-    sequence: u64,
-}
-
-static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-impl StreamFence {
-    fn record(mechanism: &Mechanism, stream: &Stream) -> std::result::Result<Arc<StreamFence>, CallError> {
-        let sync = mechanism.sync().expect("checked at stream creation");
-        let fence = sync.fence_record(stream)?;
-        let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Arc::new(StreamFence {
-            mechanism: mechanism.clone(),
-            fence: Some(fence),
-            stream: stream.handle(),
-            sequence,
-        }))
-    }
-
-    fn fence(&self) -> &Fence {
-        self.fence.as_ref().expect("present until drop")
-    }
-}
-
-impl FenceSource for StreamFence {
-    fn query(&self) -> std::result::Result<bool, CallError> {
-        self.mechanism.sync().expect("checked at record").fence_query(self.fence())
-    }
-    fn wait(&self, timeout: Duration) -> std::result::Result<bool, CallError> {
-        self.mechanism.sync().expect("checked at record").fence_wait(self.fence(), timeout)
-    }
-    fn describe(&self) -> String {
-        format!("fence {} of {}", self.fence().handle(), self.mechanism.label())
-    }
-    /// Fences recorded on one stream complete in recording order.
-    fn order_key(&self) -> Option<(u64, u64, u64)> {
-        Some((self.mechanism.key(), self.stream, self.sequence))
-    }
-}
-
-impl Drop for StreamFence {
-    fn drop(&mut self) {
-        if let Some(f) = self.fence.take() {
-            // A fence the plugin will not destroy stays counted live on the
-            // mechanism (visible in unload reports), never dropped silently.
-            let _ = self.mechanism.sync().expect("checked at record").fence_destroy(f);
-        }
-    }
 }
 
 /// Orders `stream` behind `fence`: work enqueued on the stream after this
@@ -272,7 +212,7 @@ pub extern "C" fn memplug_host_stream_wait_fence(
         let guard = e.stream.lock().unwrap_or_else(|p| p.into_inner());
         let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
         let sync = e.mechanism.sync().expect("checked at creation");
-        sync.stream_wait_fence(s, recorded.fence())?;
+        sync.stream_wait_fence(s, recorded.token())?;
         Ok(())
     })
 }

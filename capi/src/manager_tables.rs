@@ -77,7 +77,7 @@ impl Drop for StreamEntry {
 /// itself, which `memplug_host_stream_wait_fence` hands to the plugin.
 pub(crate) struct FenceEntry {
     pub fence: SharedFence,
-    pub recorded: Option<Arc<crate::fence::StreamFence>>,
+    pub recorded: Option<Arc<memplug_host_dep::PluginFence>>,
 }
 
 /// A subscription handle's value: dropping it ends the subscription

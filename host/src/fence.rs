@@ -53,6 +53,13 @@ static NEXT_SEQUENCE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU6
 impl PluginFence {
     /// Records a fence on `stream` of `mechanism`'s sync capability.
     pub fn record(mechanism: &Mechanism, stream: &Stream) -> Result<SharedFence, CallError> {
+        Ok(Self::record_typed(mechanism, stream)?)
+    }
+
+    /// [`record`](Self::record), keeping the type: for a caller that also
+    /// needs the plugin's fence token ([`token`](Self::token)), to order
+    /// another stream behind it (`SyncApi::stream_wait_fence`).
+    pub fn record_typed(mechanism: &Mechanism, stream: &Stream) -> Result<Arc<PluginFence>, CallError> {
         let sync = mechanism.sync().ok_or_else(|| no_sync(mechanism))?;
         let fence = sync.fence_record(stream)?;
         let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -62,6 +69,11 @@ impl PluginFence {
             stream: stream.handle(),
             sequence,
         }))
+    }
+
+    /// The plugin's fence token (valid while this lives).
+    pub fn token(&self) -> &Fence {
+        self.fence()
     }
 
     fn fence(&self) -> &Fence {
