@@ -20,6 +20,31 @@ fn out_fence_present(out: *mut u64) -> PluginResult<()> {
     Ok(())
 }
 
+/// The body every queued range slot shares: the out-fence present, the
+/// reservation and range checked, then `act` makes the fence, which is
+/// written out.
+///
+/// # Safety
+/// `res` as for `object_of`; `out` NULL or writable.
+#[inline(always)]
+unsafe fn queued_range<M>(
+    ctx: *mut c_void,
+    res: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    out: *mut u64,
+    slot: &'static str,
+    act: impl FnOnce(&M, &ObjectRef) -> PluginResult<u64>,
+) -> PluginResult<()> {
+    out_fence_present(out)?;
+    let m = mech::<M>(ctx)?;
+    let r = object_of(res, "reservation")?;
+    m.facts.object(&r, slot)?;
+    m.facts.range(offset, len, slot)?;
+    let f = act(&m.imp, &r)?;
+    write_u64(out, f, "out_fence")
+}
+
 pub(super) unsafe extern "C" fn v_commit_on<M: VirtualBacking>(
     ctx: *mut c_void,
     res: *const MemplugObjectRef,
@@ -30,13 +55,7 @@ pub(super) unsafe extern "C" fn v_commit_on<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "commit_on", || {
-        out_fence_present(out)?;
-        let m = mech::<M>(ctx)?;
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "commit_on: reservation")?;
-        m.facts.range(offset, len, "commit_on")?;
-        let f = m.imp.commit_on(&r, offset, len, stream)?;
-        write_u64(out, f, "out_fence")
+        queued_range::<M>(ctx, res, offset, len, out, "commit_on", |m, r| m.commit_on(r, offset, len, stream))
     })
 }
 
@@ -50,13 +69,9 @@ pub(super) unsafe extern "C" fn v_decommit_on<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "decommit_on", || {
-        out_fence_present(out)?;
-        let m = mech::<M>(ctx)?;
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "decommit_on: reservation")?;
-        m.facts.range(offset, len, "decommit_on")?;
-        let f = m.imp.decommit_on(&r, offset, len, stream)?;
-        write_u64(out, f, "out_fence")
+        queued_range::<M>(ctx, res, offset, len, out, "decommit_on", |m, r| {
+            m.decommit_on(r, offset, len, stream)
+        })
     })
 }
 
@@ -102,13 +117,7 @@ pub(super) unsafe extern "C" fn s_unmap_on<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "unmap_on", || {
-        out_fence_present(out)?;
-        let m = mech::<M>(ctx)?;
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&r, "unmap_on: reservation")?;
-        m.facts.range(offset, len, "unmap_on")?;
-        let f = m.imp.unmap_on(&r, offset, len, stream)?;
-        write_u64(out, f, "out_fence")
+        queued_range::<M>(ctx, res, offset, len, out, "unmap_on", |m, r| m.unmap_on(r, offset, len, stream))
     })
 }
 
