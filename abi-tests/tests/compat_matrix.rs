@@ -527,7 +527,7 @@ fn abi_1_2_checks(s: &Subject, m: &Mechanism, agreed: u32, problems: &mut Vec<St
         Some(i) => format!("identity: valid {:#x}, numa node {}", i.valid, i.numa_node),
         None => "identity: none".into(),
     });
-    const FD_KINDS: u32 = MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD;
+    use memplug_sdk::descriptor::FD_KINDS;
     if want_d.export_types == 0 {
         if caps.typed_export() {
             fail("claims typed export with no export kinds".into());

@@ -12,16 +12,12 @@ use crate::types::{
     MEMPLUG_HOST_HANDLE_SIZE_1_1,
 };
 use memplug_host_dep::{MemoryBinding, SharedPrefix};
-use memplug_sdk::abi::{
-    MEMPLUG_HANDLE_BLOB_MAX, MEMPLUG_HANDLE_DMABUF_FD, MEMPLUG_HANDLE_MEMFD, MEMPLUG_HANDLE_OPAQUE_FD,
-    MEMPLUG_HANDLE_VENDOR_BLOB, MEMPLUG_HANDLE_WIN32,
-};
+use memplug_sdk::abi::{MEMPLUG_HANDLE_BLOB_MAX, MEMPLUG_HANDLE_WIN32};
 use memplug_sdk::{Handle, HandleRef};
 use std::os::fd::{AsRawFd, BorrowedFd, IntoRawFd};
 use std::sync::Arc;
 
-const FD_KINDS: u32 = MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD;
-const KINDS: u32 = FD_KINDS | MEMPLUG_HANDLE_WIN32 | MEMPLUG_HANDLE_VENDOR_BLOB;
+use memplug_sdk::descriptor::{FD_KINDS, HANDLE_KINDS as KINDS};
 
 /// Refuses anything but one known `MEMPLUG_HANDLE_*` bit.
 fn one_kind(kind: u32) -> Result<()> {

@@ -84,6 +84,13 @@ impl Descriptor {
     }
 }
 
+/// Every `MEMPLUG_IDENTITY_*` bit ABI 1.2 defines (a reader keeps these
+/// and drops bits of a later minor).
+pub const IDENTITY_BITS: u32 = abi::MEMPLUG_IDENTITY_UUID
+    | abi::MEMPLUG_IDENTITY_PCI
+    | abi::MEMPLUG_IDENTITY_SUB_DEVICE
+    | abi::MEMPLUG_IDENTITY_NUMA_NODE;
+
 /// A device's identity (ABI 1.2): UUID, PCI address, sub-device, NUMA node,
 /// each meaningful when its `MEMPLUG_IDENTITY_*` bit is set in `valid`.
 pub type DeviceIdentity = abi::MemplugDeviceIdentity;
@@ -127,6 +134,9 @@ pub enum HandleRef<'a> {
     Blob(&'a [u8]),
 }
 
-/// The descriptor kinds.
-pub(crate) const FD_KINDS: u32 =
+/// The `MEMPLUG_HANDLE_*` kinds that are file descriptors (a handle of
+/// one of these carries its memory in `MemplugHandle::fd`).
+pub const FD_KINDS: u32 =
     abi::MEMPLUG_HANDLE_OPAQUE_FD | abi::MEMPLUG_HANDLE_DMABUF_FD | abi::MEMPLUG_HANDLE_MEMFD;
+/// Every `MEMPLUG_HANDLE_*` kind ABI 1.2 defines.
+pub const HANDLE_KINDS: u32 = FD_KINDS | abi::MEMPLUG_HANDLE_WIN32 | abi::MEMPLUG_HANDLE_VENDOR_BLOB;

@@ -21,13 +21,12 @@ const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
 
 /// Every `MEMPLUG_ATTR_*` bit ABI 1.2 defines.
 const KNOWN_ATTRIBUTES: u32 = (MEMPLUG_ATTR_ZERO_FILLED << 1) - 1;
-/// Every `MEMPLUG_HANDLE_*` bit ABI 1.2 defines.
-pub(crate) const KNOWN_HANDLES: u32 = (MEMPLUG_HANDLE_VENDOR_BLOB << 1) - 1;
 /// The descriptor kinds of handle.
-pub(crate) const FD_HANDLES: u32 = MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD;
+pub(crate) use memplug_sdk::descriptor::FD_KINDS as FD_HANDLES;
+/// Every `MEMPLUG_HANDLE_*` bit ABI 1.2 defines.
+pub(crate) use memplug_sdk::descriptor::HANDLE_KINDS as KNOWN_HANDLES;
 /// Every `MEMPLUG_IDENTITY_*` bit ABI 1.2 defines.
-const KNOWN_IDENTITY: u32 =
-    MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_PCI | MEMPLUG_IDENTITY_SUB_DEVICE | MEMPLUG_IDENTITY_NUMA_NODE;
+use memplug_sdk::descriptor::IDENTITY_BITS as KNOWN_IDENTITY;
 
 /// Page sizes a non-CPU device may plausibly claim: 1 KiB to 1 TiB.
 const PAGE_BITS: core::ops::RangeInclusive<u32> = 10..=40;

@@ -416,8 +416,7 @@ const MECHANISM_REACHES_PEER_ACCESS: u32 = MEMPLUG_MECHANISM_SIZE_1_2;
 /// Capability bits this ABI defines.
 const KNOWN_CAPS: u32 = MEMPLUG_CAP_ALL_1_2;
 /// Identity bits this ABI defines.
-const KNOWN_IDENTITY: u32 =
-    MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_PCI | MEMPLUG_IDENTITY_SUB_DEVICE | MEMPLUG_IDENTITY_NUMA_NODE;
+const KNOWN_IDENTITY: u32 = memplug_sdk::descriptor::IDENTITY_BITS;
 
 impl Mech {
     fn decode(u: &mut Unstructured<'_>, index: usize) -> Result<Mech> {

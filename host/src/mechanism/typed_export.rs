@@ -17,10 +17,9 @@ use super::{MechanismInner, Placement, SharedMappingApi};
 use crate::error::CallError;
 use crate::tokens::PhysicalObject;
 use memplug_sdk::abi::*;
+use memplug_sdk::descriptor::FD_KINDS;
 use memplug_sdk::{Handle, HandleRef, Status};
 use std::os::fd::{FromRawFd, OwnedFd};
-
-const FD_KINDS: u32 = MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD;
 
 impl SharedMappingApi<'_> {
     #[cold]
