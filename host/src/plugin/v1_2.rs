@@ -27,13 +27,9 @@ impl Reader<'_> {
             MEMPLUG_DEVICE_IDENTITY_SIZE_1_2,
             &format!("mechanism '{name}' identity"),
         )?;
-        let known = MEMPLUG_IDENTITY_UUID
-            | MEMPLUG_IDENTITY_PCI
-            | MEMPLUG_IDENTITY_SUB_DEVICE
-            | MEMPLUG_IDENTITY_NUMA_NODE;
         // Bits of a later minor are that minor's business: keep what is
         // known, drop the rest.
-        Ok(Some(DeviceIdentity { valid: id.valid & known, ..id }))
+        Ok(Some(DeviceIdentity { valid: id.valid & memplug_sdk::descriptor::IDENTITY_BITS, ..id }))
     }
 
     /// The 1.2 tail of a shared mapping table (`export_handle`,
@@ -48,18 +44,10 @@ impl Reader<'_> {
         caps: Capabilities,
         name: &str,
     ) -> Result<(), LoadError> {
-        let mismatch = |detail: String| LoadError::CapabilityMismatch {
-            origin: self.origin.into(),
-            mechanism: name.to_string(),
-            detail,
-        };
+        let mismatch = |detail: String| self.contradiction(name, detail);
         if caps.typed_export() {
             if self.minor < 2 {
-                return Err(mismatch(format!(
-                    "MEMPLUG_CAP_TYPED_EXPORT is a capability above the agreed minor: it is defined by ABI 1.2 and \
-                     the plugin agreed on 1.{}",
-                    self.minor
-                )));
+                return Err(self.above_minor(name, "MEMPLUG_CAP_TYPED_EXPORT"));
             }
             if v.struct_size < MEMPLUG_SHARED_MAPPING_SIZE_1_2 {
                 return Err(mismatch(format!(
@@ -135,26 +123,18 @@ impl Reader<'_> {
             }
             return Ok(None);
         }
-        match (caps.peer_access(), d.peer_access.is_null()) {
-            (false, true) => Ok(None),
-            (true, true) => Err(self.contradiction(
-                name,
-                "MEMPLUG_CAP_PEER_ACCESS is set but the peer_access pointer is NULL".into(),
-            )),
-            (false, false) => Err(self.contradiction(
-                name,
-                "the peer_access pointer is set but MEMPLUG_CAP_PEER_ACCESS is not".into(),
-            )),
-            (true, false) => {
-                let t: MemplugPeerAccess = self.prefix(
-                    d.peer_access,
-                    MEMPLUG_PEER_ACCESS_SIZE_1_2,
-                    &format!("mechanism '{name}' peer_access"),
-                )?;
-                self.required(&t, Need::Required, name)?;
-                Ok(Some(t))
-            }
+        super::agree(caps.peer_access(), !d.peer_access.is_null(), "MEMPLUG_CAP_PEER_ACCESS", "peer_access")
+            .map_err(|detail| self.contradiction(name, detail))?;
+        if !caps.peer_access() {
+            return Ok(None);
         }
+        let t: MemplugPeerAccess = self.prefix(
+            d.peer_access,
+            MEMPLUG_PEER_ACCESS_SIZE_1_2,
+            &format!("mechanism '{name}' peer_access"),
+        )?;
+        self.required(&t, Need::Required, name)?;
+        Ok(Some(t))
     }
 
     /// Queue-ordered binding (`MEMPLUG_CAP_QUEUED_BINDING`): at 1.2, with
