@@ -34,25 +34,53 @@ impl<M> MechCtx<M> {
     }
 
     /// The body of the slots that act on a range of a reservation
-    /// (`commit`, `decommit`, `unmap`): the reservation checked, the range
-    /// checked, then `act`.
+    /// (`commit`, `decommit`, `unmap`, and 1.2's queued twins): the
+    /// reservation checked, the range checked, then `act`.
     ///
     /// # Safety
     /// `res` as for [`object_of`].
     #[inline(always)]
-    unsafe fn on_range(
+    pub(super) unsafe fn on_range<R>(
         &self,
         res: *const MemplugObjectRef,
         offset: u64,
         len: u64,
         slot: &'static str,
         reservation: &'static str,
-        act: impl FnOnce(&ObjectRef) -> PluginResult<()>,
-    ) -> PluginResult<()> {
+        act: impl FnOnce(&ObjectRef) -> PluginResult<R>,
+    ) -> PluginResult<R> {
         let r = object_of(res, "reservation")?;
         self.facts.object(&r, reservation)?;
         self.facts.range(offset, len, slot)?;
         act(&r)
+    }
+
+    /// The arguments of `map` (and 1.2's `map_on`): the physical object and
+    /// the reservation read and checked against this mechanism, both
+    /// ranges checked (`on_object` and `on_reservation` name them in a
+    /// refusal).
+    ///
+    /// # Safety
+    /// `object` and `res` as for [`object_of`].
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn mapping(
+        &self,
+        object: *const MemplugObjectRef,
+        object_offset: u64,
+        res: *const MemplugObjectRef,
+        offset: u64,
+        len: u64,
+        on_object: &'static str,
+        on_reservation: &'static str,
+    ) -> PluginResult<(ObjectRef, ObjectRef)> {
+        let o = object_of(object, "object")?;
+        let r = object_of(res, "reservation")?;
+        self.facts.object(&o, on_object)?;
+        self.facts.object(&r, on_reservation)?;
+        self.facts.range(object_offset, len, on_object)?;
+        self.facts.range(offset, len, on_reservation)?;
+        Ok((o, r))
     }
 
     /// The body of every slot that makes an object from a request other
@@ -245,12 +273,8 @@ pub(super) unsafe extern "C" fn s_map<M: SharedMapping>(
             ))
         })?;
         let m = mech::<M>(ctx)?;
-        let o = object_of(object, "object")?;
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&o, "map: physical object")?;
-        m.facts.object(&r, "map: reservation")?;
-        m.facts.range(object_offset, len, "map: physical object")?;
-        m.facts.range(offset, len, "map: reservation")?;
+        let (o, r) =
+            m.mapping(object, object_offset, res, offset, len, "map: physical object", "map: reservation")?;
         m.imp.map(&o, object_offset, &r, offset, len, acc)
     })
 }

@@ -20,13 +20,14 @@ fn out_fence_present(out: *mut u64) -> PluginResult<()> {
     Ok(())
 }
 
-/// The body every queued range slot shares: the out-fence present, the
-/// reservation and range checked, then `act` makes the fence, which is
-/// written out.
+/// The body every queued range slot shares: the out-fence present, then
+/// the reservation and range checked as for the synchronous slot
+/// (`MechCtx::on_range`), then `act` makes the fence, which is written out.
 ///
 /// # Safety
 /// `res` as for `object_of`; `out` NULL or writable.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 unsafe fn queued_range<M>(
     ctx: *mut c_void,
     res: *const MemplugObjectRef,
@@ -34,14 +35,12 @@ unsafe fn queued_range<M>(
     len: u64,
     out: *mut u64,
     slot: &'static str,
+    reservation: &'static str,
     act: impl FnOnce(&M, &ObjectRef) -> PluginResult<u64>,
 ) -> PluginResult<()> {
     out_fence_present(out)?;
     let m = mech::<M>(ctx)?;
-    let r = object_of(res, "reservation")?;
-    m.facts.object(&r, slot)?;
-    m.facts.range(offset, len, slot)?;
-    let f = act(&m.imp, &r)?;
+    let f = m.on_range(res, offset, len, slot, reservation, |r| act(&m.imp, r))?;
     write_u64(out, f, "out_fence")
 }
 
@@ -55,7 +54,9 @@ pub(super) unsafe extern "C" fn v_commit_on<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "commit_on", || {
-        queued_range::<M>(ctx, res, offset, len, out, "commit_on", |m, r| m.commit_on(r, offset, len, stream))
+        queued_range::<M>(ctx, res, offset, len, out, "commit_on", "commit_on: reservation", |m, r| {
+            m.commit_on(r, offset, len, stream)
+        })
     })
 }
 
@@ -69,7 +70,7 @@ pub(super) unsafe extern "C" fn v_decommit_on<M: VirtualBacking>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "decommit_on", || {
-        queued_range::<M>(ctx, res, offset, len, out, "decommit_on", |m, r| {
+        queued_range::<M>(ctx, res, offset, len, out, "decommit_on", "decommit_on: reservation", |m, r| {
             m.decommit_on(r, offset, len, stream)
         })
     })
@@ -96,12 +97,15 @@ pub(super) unsafe extern "C" fn s_map_on<M: SharedMapping>(
             ))
         })?;
         let m = mech::<M>(ctx)?;
-        let o = object_of(object, "object")?;
-        let r = object_of(res, "reservation")?;
-        m.facts.object(&o, "map_on: physical object")?;
-        m.facts.object(&r, "map_on: reservation")?;
-        m.facts.range(object_offset, len, "map_on: physical object")?;
-        m.facts.range(offset, len, "map_on: reservation")?;
+        let (o, r) = m.mapping(
+            object,
+            object_offset,
+            res,
+            offset,
+            len,
+            "map_on: physical object",
+            "map_on: reservation",
+        )?;
         let f = m.imp.map_on(&o, object_offset, &r, offset, len, acc, stream)?;
         write_u64(out, f, "out_fence")
     })
@@ -117,7 +121,9 @@ pub(super) unsafe extern "C" fn s_unmap_on<M: SharedMapping>(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     guard(sink, "unmap_on", || {
-        queued_range::<M>(ctx, res, offset, len, out, "unmap_on", |m, r| m.unmap_on(r, offset, len, stream))
+        queued_range::<M>(ctx, res, offset, len, out, "unmap_on", "unmap_on: reservation", |m, r| {
+            m.unmap_on(r, offset, len, stream)
+        })
     })
 }
 
