@@ -7,7 +7,7 @@
 //! reaper thread, or in `drain()` at teardown, which reports what it could
 //! not retire. No lock is held while a fence is queried or a plugin called.
 
-use crate::fence::SharedFence;
+use crate::fence::{Completion, SharedFence};
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
 use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -214,17 +214,14 @@ impl DeferredFreeQueue {
     /// as not complete (never free on a guess) — except a fence of a lost
     /// device, which never completes and guards work that is gone.
     fn done(&self, f: &SharedFence) -> bool {
-        match f.query() {
-            Ok(done) => done,
-            Err(e) if e.status == memplug_sdk::Status::DeviceLost => {
-                self.lost_fences.fetch_add(1, Ordering::Relaxed);
-                true
-            }
-            Err(_) => {
-                self.fence_errors.fetch_add(1, Ordering::Relaxed);
-                false
-            }
-        }
+        let c = Completion::of(f);
+        let counter = match c {
+            Completion::Lost => &self.lost_fences,
+            Completion::Failed => &self.fence_errors,
+            Completion::Complete | Completion::Pending => return c.frees(),
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        c.frees()
     }
 
     /// Drops fences from the end of `e` while they report completion

@@ -33,6 +33,40 @@ pub trait FenceSource: Send + Sync {
 /// A shareable fence: several frees may wait on the same one.
 pub type SharedFence = Arc<dyn FenceSource>;
 
+/// What a fence's query says for the frees waiting on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Completion {
+    /// The work before it has run.
+    Complete,
+    /// Its device is lost: it never completes, and the work it guarded went
+    /// with the device, so a free need not wait for it.
+    Lost,
+    /// Not yet.
+    Pending,
+    /// The query failed otherwise: counted as not complete (never free on
+    /// a guess).
+    Failed,
+}
+
+impl Completion {
+    /// Queries `f`.
+    #[inline]
+    pub(crate) fn of(f: &SharedFence) -> Completion {
+        match f.query() {
+            Ok(true) => Completion::Complete,
+            Ok(false) => Completion::Pending,
+            Err(e) if e.status == memplug_sdk::Status::DeviceLost => Completion::Lost,
+            Err(_) => Completion::Failed,
+        }
+    }
+
+    /// Whether a free waiting on the fence may go ahead.
+    #[inline]
+    pub(crate) fn frees(self) -> bool {
+        matches!(self, Completion::Complete | Completion::Lost)
+    }
+}
+
 /// A fence recorded by a plugin on one of its streams; destroyed (through
 /// the plugin) when the last holder drops it.
 pub struct PluginFence {

@@ -6,7 +6,6 @@ use crate::binding::MemoryBinding;
 use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
 use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool};
-use crate::lifecycle::LifeState;
 use crate::mechanism::{Location, Mechanism, Placement};
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
@@ -299,12 +298,7 @@ impl ProcessMemoryManager {
 fn drive_lives(registry: &Registry, queue: &DeferredFreeQueue, unload: &Mutex<Vec<String>>) {
     for c in registry.contexts() {
         c.dispatch();
-        let ready = match c.state() {
-            LifeState::Lost => c.calls_in_flight() == 0,
-            LifeState::Retiring => c.pins() == 0 && c.calls_in_flight() == 0,
-            _ => false,
-        };
-        if ready {
+        if c.ready_to_terminate() {
             let _ = c.terminate_polling(Duration::ZERO, || {
                 queue.poll();
             });

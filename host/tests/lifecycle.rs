@@ -378,3 +378,28 @@ fn one_plugin_instance_held_by_a_1_2_and_a_1_1_host_answers_each_in_its_own_code
     let e = unsafe { m_new.ungoverned() }.allocator().allocate(64, 64).unwrap_err();
     assert_eq!(e.status, Status::DeviceLost, "{e}");
 }
+
+#[test]
+fn a_free_queued_behind_a_lost_devices_fence_settles_without_waiting_for_it() {
+    use common::{CpuStream, Rig as CpuRig};
+    let rig = CpuRig::cpu("lost-fence", 64 << 20);
+    let stream = CpuStream::new(rig.mechanism());
+    let (open, gate) = std::sync::mpsc::channel::<()>();
+    // The stream's work never finishes while the gate is shut, so its
+    // fence never completes on its own.
+    stream.run(move || {
+        let _ = gate.recv_timeout(Duration::from_secs(20));
+    });
+    let a = rig.binding.allocate(4096, 64).unwrap();
+    a.release_after([stream.fence()]);
+    rig.manager.poll();
+    assert_eq!(rig.manager.queue().pending(), 1, "waits for the stream");
+    rig.context.declare_lost("the device fell off the bus");
+    rig.manager.poll();
+    let q = rig.manager.queue().stats();
+    assert_eq!((q.pending, q.lost), (0, 1), "the free left the queue as lost, without its fence: {q:?}");
+    assert!(q.lost_fences >= 1, "{q:?}");
+    assert_eq!(rig.context.state(), LifeState::Terminated);
+    assert_eq!(rig.pool.used(), 0);
+    let _ = open.send(());
+}

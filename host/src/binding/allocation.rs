@@ -4,7 +4,7 @@
 use super::settle::{self, Charge};
 use super::{BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
-use crate::fence::SharedFence;
+use crate::fence::{Completion, SharedFence};
 use crate::governor::Lease;
 use crate::tokens::Allocation;
 use std::fmt;
@@ -150,10 +150,7 @@ impl FenceSet {
 }
 
 fn complete(f: &SharedFence) -> bool {
-    match f.query() {
-        Ok(done) => done,
-        Err(e) => e.status == memplug_sdk::Status::DeviceLost,
-    }
+    Completion::of(f).frees()
 }
 
 struct AllocationRetire {

@@ -8,8 +8,9 @@
 use super::{Context, Settlement};
 use crate::governor::{AllocationClass, HolderId};
 use crate::lifecycle::LifeState;
-use crate::sync::{lock, Mutex};
+use crate::sync::{lock, AtomicU64, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// What one binding of a lost context held: everything it made through the
@@ -56,7 +57,7 @@ type Listener = Arc<dyn Fn(&LifecycleEvent) + Send + Sync>;
 
 pub(super) struct Listeners {
     list: Mutex<Vec<(u64, Listener)>>,
-    next: Mutex<u64>,
+    next: AtomicU64,
     /// The state the listeners were last told of.
     delivered: Mutex<LifeState>,
 }
@@ -65,7 +66,7 @@ impl Default for Listeners {
     fn default() -> Self {
         Listeners {
             list: Mutex::new(Vec::new()),
-            next: Mutex::new(0),
+            next: AtomicU64::new(0),
             delivered: Mutex::new(LifeState::Active),
         }
     }
@@ -76,11 +77,7 @@ impl Context {
     /// that delivers it (see the module documentation). A panic in `f` is
     /// caught and ignored.
     pub fn subscribe(&self, f: impl Fn(&LifecycleEvent) + Send + Sync + 'static) -> SubscriptionId {
-        let id = {
-            let mut n = lock(&self.listeners.next);
-            *n += 1;
-            *n
-        };
+        let id = self.listeners.next.fetch_add(1, Relaxed) + 1;
         lock(&self.listeners.list).push((id, Arc::new(f)));
         SubscriptionId(id)
     }
@@ -121,14 +118,14 @@ impl Context {
         let events = {
             let mut delivered = lock(&self.listeners.delivered);
             let settled = lock(&self.settlement).clone();
+            let lost_on_the_way = self.mechanism.inner.life.was_lost();
             let mut now = self.state();
             if now == LifeState::Terminated && settled.is_none() {
                 // Settling right now: the terminator delivers the rest.
-                now = if self.mechanism.inner.life.was_lost() { LifeState::Lost } else { *delivered };
+                now = if lost_on_the_way { LifeState::Lost } else { *delivered };
             }
             let mut events = Vec::new();
             let mut from = *delivered;
-            let lost_on_the_way = self.mechanism.inner.life.was_lost();
             if from < LifeState::Lost && now >= LifeState::Lost && lost_on_the_way {
                 events.push(self.event(from, LifeState::Lost, None));
                 from = LifeState::Lost;

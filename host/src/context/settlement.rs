@@ -60,6 +60,16 @@ pub enum TerminateError {
 }
 
 impl Context {
+    /// Whether termination could go ahead now: lost with no call in
+    /// flight, or retiring with no call in flight and no object left.
+    pub(crate) fn ready_to_terminate(&self) -> bool {
+        match self.state() {
+            LifeState::Lost => self.calls_in_flight() == 0,
+            LifeState::Retiring => self.pins() == 0 && self.calls_in_flight() == 0,
+            LifeState::Active | LifeState::Terminated => false,
+        }
+    }
+
     /// The settlement, once the context has terminated.
     pub fn settlement(&self) -> Option<Settlement> {
         lock(&self.settlement).clone()
@@ -90,8 +100,7 @@ impl Context {
                 LifeState::Terminated => {
                     return Err(TerminateError::AlreadyTerminated { context: context() })
                 }
-                LifeState::Lost => self.calls_in_flight() == 0,
-                LifeState::Retiring => self.pins() == 0 && self.calls_in_flight() == 0,
+                LifeState::Lost | LifeState::Retiring => self.ready_to_terminate(),
             };
             if ready {
                 break;
