@@ -135,28 +135,60 @@ struct Subject {
 
 /// What a plugin says of its memory and device at ABI 1.2.
 struct Published {
-    /// Its memory descriptor, given the mechanism's granularity.
-    descriptor: fn(u64) -> Descriptor,
-    /// Its device identity (`struct_size` aside), as the host keeps it:
-    /// the `valid` bits of later minors dropped.
-    identity: Option<DeviceIdentity>,
+    /// The memory descriptor of the mechanism of this name, given its
+    /// granularity.
+    descriptor: fn(&str, u64) -> Descriptor,
+    /// The device identity (`struct_size` aside) of the mechanism of this
+    /// name, as the host keeps it: the `valid` bits of later minors
+    /// dropped.
+    identity: fn(&str) -> Option<DeviceIdentity>,
     /// Its sync table publishes `stream_wait_fence` (optional in 1.2).
     wait_fence: bool,
 }
 
-fn cpu_plugin_descriptor(granularity: u64) -> Descriptor {
-    Descriptor {
+/// The NUMA node of a CPU plugin mechanism: `"cpu-node<N>"` is node N;
+/// the others name node 0's ordinal.
+fn cpu_plugin_node(name: &str) -> Option<u32> {
+    name.strip_prefix("cpu-node").map(|n| n.parse().expect("cpu-node<N>"))
+}
+
+/// The CPU plugin's mechanisms: `"cpu"` (base pages, no placement),
+/// `"cpu-node<N>"` (bound to node N, zero-filled) and `"cpu-huge-2m"`
+/// (2 MiB pages, zero-filled, no shared mapping).
+fn cpu_plugin_descriptor(name: &str, granularity: u64) -> Descriptor {
+    const HOST: u32 = MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT;
+    let base = Descriptor {
         recommended_granularity: 0,
         page_sizes: Descriptor::page_size_bit(granularity),
-        attributes: MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT | MEMPLUG_ATTR_READ_ONLY_ENFORCED,
+        attributes: HOST | MEMPLUG_ATTR_READ_ONLY_ENFORCED,
         export_types: MEMPLUG_HANDLE_MEMFD,
         location: Location::HOST,
         maps_at_offsets: true,
+    };
+    match (name, cpu_plugin_node(name)) {
+        ("cpu", _) => base,
+        (_, Some(node)) => Descriptor {
+            attributes: base.attributes | MEMPLUG_ATTR_ZERO_FILLED,
+            location: Location::numa_node(node),
+            ..base
+        },
+        ("cpu-huge-2m", _) => Descriptor {
+            attributes: HOST | MEMPLUG_ATTR_ZERO_FILLED,
+            export_types: 0,
+            maps_at_offsets: false,
+            ..base
+        },
+        _ => panic!("the CPU plugin has no mechanism {name:?}"),
     }
 }
 
+fn cpu_plugin_identity(name: &str) -> Option<DeviceIdentity> {
+    let numa_node = cpu_plugin_node(name).unwrap_or(0);
+    Some(DeviceIdentity { valid: MEMPLUG_IDENTITY_NUMA_NODE, numa_node, ..Default::default() })
+}
+
 /// `future_plugin.c`'s `FUTURE_*` values.
-fn future_plugin_descriptor(granularity: u64) -> Descriptor {
+fn future_plugin_descriptor(_name: &str, granularity: u64) -> Descriptor {
     Descriptor {
         recommended_granularity: 16 * granularity,
         page_sizes: Descriptor::page_size_bit(granularity),
@@ -190,23 +222,18 @@ fn subjects() -> Vec<Subject> {
     });
     let s =
         |label, path, range, exports, trigger| Subject { label, path, range, exports, trigger, at_1_2: None };
-    let cpu_1_2 = Published {
-        descriptor: cpu_plugin_descriptor,
-        identity: Some(DeviceIdentity {
-            valid: MEMPLUG_IDENTITY_NUMA_NODE,
-            numa_node: 0,
-            ..Default::default()
-        }),
-        wait_fence: true,
-    };
+    let cpu_1_2 =
+        Published { descriptor: cpu_plugin_descriptor, identity: cpu_plugin_identity, wait_fence: true };
     let future_1_2 = Published {
         descriptor: future_plugin_descriptor,
-        identity: Some(DeviceIdentity {
-            valid: MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_NUMA_NODE,
-            uuid: *b"memplug-future!!",
-            numa_node: 0,
-            ..Default::default()
-        }),
+        identity: |_| {
+            Some(DeviceIdentity {
+                valid: MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_NUMA_NODE,
+                uuid: *b"memplug-future!!",
+                numa_node: 0,
+                ..Default::default()
+            })
+        },
         // It has no sync capability at all.
         wait_fence: false,
     };
@@ -508,12 +535,13 @@ fn abi_1_2_checks(s: &Subject, m: &Mechanism, agreed: u32, problems: &mut Vec<St
         notes.push("descriptor, identity: not published".into());
         return notes;
     };
-    let want_d = (want.descriptor)(m.properties().granularity);
+    let want_d = (want.descriptor)(m.name(), m.properties().granularity);
     if d != want_d {
         fail(format!("descriptor {d:?}, published {want_d:?}"));
     }
-    if identity != want.identity {
-        fail(format!("identity {identity:?}, published {:?}", want.identity));
+    let want_identity = (want.identity)(m.name());
+    if identity != want_identity {
+        fail(format!("identity {identity:?}, published {want_identity:?}"));
     }
     notes.push(format!(
         "descriptor: attributes {:#x}, page sizes {:#x}, location {}:{}{}",

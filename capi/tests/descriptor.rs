@@ -166,12 +166,27 @@ fn selection_by_memory_needs_says_what_is_missing() {
             .unwrap_err();
     assert_eq!(s, MemplugHostStatus::Unsupported);
     assert!(e.contains("attributes 0x8") && e.starts_with("memplug_host_manager_select_needing: "), "{e}");
-    let (s, e) = select_needing(m, CPU0, &needs(0, Location::numa_node(0), 0)).unwrap_err();
+    // A node no mechanism on CPU 0 is at, a page size none backs with.
+    let (s, e) = select_needing(m, CPU0, &needs(0, Location::numa_node(7), 0)).unwrap_err();
     assert_eq!(s, MemplugHostStatus::Unsupported);
-    assert!(e.contains("location 3:0 (it has 2:0)"), "{e}");
-    let (s, e) = select_needing(m, CPU0, &needs(0, Location::ANY, MIB2)).unwrap_err();
+    assert!(e.contains("location 3:7 (it has 2:0)"), "{e}");
+    let (s, e) = select_needing(m, CPU0, &needs(0, Location::ANY, 1 << 30)).unwrap_err();
     assert_eq!(s, MemplugHostStatus::Unsupported);
-    assert!(e.contains("page size 0x200000"), "{e}");
+    assert!(e.contains("page size 0x40000000"), "{e}");
+    // Where the CPU plugin has them, node 0 and 2 MiB pages are served by
+    // its node and huge-page mechanisms.
+    let published =
+        |n: &str| memplug_plugin_cpu::offers().iter().any(|o| o.name == n && o.not_offered.is_none());
+    if published("cpu-node0") {
+        let found = select_needing(m, CPU0, &needs(0, Location::numa_node(0), 0)).unwrap();
+        assert_eq!(descriptor_of(found).location_kind, MEMPLUG_LOCATION_NUMA_NODE);
+        ok(memplug_host_mechanism_release(found));
+    }
+    if published("cpu-huge-2m") {
+        let found = select_needing(m, CPU0, &needs(0, Location::ANY, MIB2)).unwrap();
+        assert_eq!(descriptor_of(found).page_sizes, MIB2);
+        ok(memplug_host_mechanism_release(found));
+    }
     assert_eq!(select_needing(m, CPU1, &all).unwrap_err().0, MemplugHostStatus::NotFound);
 
     // Malformed needs.

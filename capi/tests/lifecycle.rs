@@ -477,12 +477,29 @@ fn replacement_routes_new_bindings_to_the_new_mechanism_and_unloads_the_old_plug
         let calls = SUCCESSOR_CALLS.load(SeqCst);
         let (fresh, fresh_size) = allocate(b, 4096);
         assert_eq!(SUCCESSOR_CALLS.load(SeqCst), calls + 1, "the new plugin made it");
-        // Selection no longer chooses the old mechanism.
+        // Selection no longer chooses the old plugin: its other mechanisms
+        // (the CPU plugin's node and huge-page ones) retired with it, since
+        // the plugin is to be unloaded.
         let mut sel = MemplugHostMechanism::default();
         ok(memplug_host_manager_select(m, CPU0, 0, &mut sel));
         ok(memplug_host_mechanism_info(sel, &mut info));
         assert_eq!(mechanism_plugin_name(&info), "memplug-cpu-successor");
         ok(memplug_host_mechanism_release(sel));
+        let mut n = 0usize;
+        ok(memplug_host_manager_mechanism_count(m, &mut n));
+        for i in 0..n {
+            let mut each = MemplugHostMechanism::default();
+            ok(memplug_host_manager_mechanism(m, i, &mut each));
+            ok(memplug_host_mechanism_info(each, &mut info));
+            if mechanism_plugin_name(&info) == "memplug-cpu" {
+                assert_ne!(
+                    state(each),
+                    MemplugHostLifeState::Active,
+                    "an old plugin's mechanism still serves"
+                );
+            }
+            ok(memplug_host_mechanism_release(each));
+        }
 
         // Terminating a retiring context with a live object: BUSY, nothing settled.
         let mut s =

@@ -53,15 +53,58 @@ fn table(r: &Report) -> String {
         .join("\n")
 }
 
-/// The one result of `check` (every plugin here has one mechanism).
+/// The one result of `check` (every shim here has one mechanism).
 fn one(r: &Report, check: &str) -> (Outcome, String) {
     let v: Vec<_> = r.results(check).collect();
     assert_eq!(v.len(), 1, "{check} reported {} times:\n{}", v.len(), table(r));
     (v[0].outcome, v[0].detail.clone())
 }
 
+/// The result of `check` on mechanism `mech` (the CPU plugin has several),
+/// if the report has it.
+fn of(r: &Report, check: &str, mech: &str) -> Option<(Outcome, String)> {
+    let v: Vec<_> = r.results(check).filter(|c| c.mechanism.as_deref() == Some(mech)).collect();
+    assert!(v.len() <= 1, "{check} reported {} times for {mech}:\n{}", v.len(), table(r));
+    v.first().map(|c| (c.outcome, c.detail.clone()))
+}
+
 fn failed(r: &Report) -> BTreeSet<String> {
     r.failures().map(|c| c.name.to_string()).collect()
+}
+
+#[test]
+fn the_cpu_plugins_node_and_huge_page_mechanisms_deliver_what_they_claim() {
+    let r = run(&cpu_plugin());
+    assert!(r.passed(), "failed: {:?}\n{}", failed(&r), table(&r));
+    let offers = memplug_plugin_cpu::offers();
+    let published = |name: &str| {
+        let o = offers
+            .iter()
+            .find(|o| o.name == name || (name.starts_with("cpu-node") && o.name == "cpu-node<N>"));
+        match o.and_then(|o| o.not_offered.clone()) {
+            Some(why) => {
+                eprintln!("skipped: {name} is not published here: {why}");
+                false
+            }
+            None => true,
+        }
+    };
+    if published("cpu-node0") {
+        let (o, d) = of(&r, "claims.zero_filled", "cpu-node0").expect("zero_filled ran on cpu-node0");
+        assert_eq!(o, Outcome::Pass, "{d}");
+        let (_, d) = of(&r, "descriptor.memory_descriptor", "cpu-node0").unwrap();
+        assert!(d.contains("location NUMA node 0"), "{d}");
+        let (o, d) = of(&r, "claims.read_only_enforced", "cpu-node0").unwrap();
+        assert_eq!(o, Outcome::Pass, "{d}");
+    }
+    if published("cpu-huge-2m") {
+        let (o, d) =
+            of(&r, "claims.page_size_used", "cpu-huge-2m").expect("page_size_used ran on cpu-huge-2m");
+        assert_eq!(o, Outcome::Pass, "{d}");
+        assert!(d.contains("2 MiB") && d.contains("transparent huge pages"), "{d}");
+        let (o, d) = of(&r, "claims.zero_filled", "cpu-huge-2m").unwrap();
+        assert_eq!(o, Outcome::Pass, "{d}");
+    }
 }
 
 fn cpu_plugin() -> PathBuf {
@@ -91,14 +134,15 @@ fn thp_enabled() -> bool {
 fn the_cpu_plugin_passes_the_1_2_checks_and_skips_what_it_does_not_claim() {
     let r = run(&cpu_plugin());
     assert!(r.passed(), "failed: {:?}\n{}", failed(&r), table(&r));
+    let cpu = |r: &Report, c: &str| of(r, c, "cpu").unwrap_or_else(|| panic!("{c} not run on \"cpu\""));
     let skipped: BTreeSet<&str> =
-        NEW_CHECKS.iter().copied().filter(|c| one(&r, c).0 == Outcome::Skip).collect();
+        NEW_CHECKS.iter().copied().filter(|c| cpu(&r, c).0 == Outcome::Skip).collect();
     assert_eq!(skipped, BTreeSet::from(["claims.zero_filled", "claims.page_size_used"]), "{}", table(&r));
-    let (_, d) = one(&r, "claims.zero_filled");
+    let (_, d) = cpu(&r, "claims.zero_filled");
     assert!(d.contains("does not claim MEMPLUG_ATTR_ZERO_FILLED"), "{d}");
-    let (_, d) = one(&r, "claims.page_size_used");
+    let (_, d) = cpu(&r, "claims.page_size_used");
     assert!(d.contains("claims only the base page (4 KiB)"), "{d}");
-    let (_, d) = one(&r, "descriptor.memory_descriptor");
+    let (_, d) = cpu(&r, "descriptor.memory_descriptor");
     for want in [
         "page sizes 4 KiB",
         "attributes HOST_VISIBLE|HOST_COHERENT|READ_ONLY_ENFORCED",
@@ -108,21 +152,21 @@ fn the_cpu_plugin_passes_the_1_2_checks_and_skips_what_it_does_not_claim() {
     ] {
         assert!(d.contains(want), "{want:?} not in: {d}");
     }
-    let (_, d) = one(&r, "descriptor.identity");
+    let (_, d) = cpu(&r, "descriptor.identity");
     assert!(d.contains("48-byte identity: NUMA node 0"), "{d}");
-    let (_, d) = one(&r, "shared_mapping.typed_export");
+    let (_, d) = cpu(&r, "shared_mapping.typed_export");
     assert!(d.contains("MEMFD: descriptor") && d.contains("/memfd:") && d.contains("the same memory"), "{d}");
-    let (_, d) = one(&r, "shared_mapping.typed_export_refusals");
+    let (_, d) = cpu(&r, "shared_mapping.typed_export_refusals");
     assert!(d.contains("UNSUPPORTED") && d.contains("fd -1"), "{d}");
-    let (_, d) = one(&r, "shared_mapping.export_kinds_requested");
+    let (_, d) = cpu(&r, "shared_mapping.export_kinds_requested");
     assert!(d.contains("OPAQUE_FD|DMABUF_FD|WIN32|VENDOR_BLOB") && d.contains("(MEMFD) served"), "{d}");
-    let (_, d) = one(&r, "claims.read_only_enforced");
+    let (_, d) = cpu(&r, "claims.read_only_enforced");
     assert!(d.contains("killed the child with SIGSEGV"), "{d}");
-    let (_, d) = one(&r, "descriptor.page_size_requests");
+    let (_, d) = cpu(&r, "descriptor.page_size_requests");
     assert!(d.contains("allocate, reserve, create") && d.contains("page_size 4 KiB (listed) served"), "{d}");
-    let (_, d) = one(&r, "descriptor.minor_1_is_1_1");
+    let (_, d) = cpu(&r, "descriptor.minor_1_is_1_1");
     assert!(d.contains("agreed on 1.1") && d.contains("shared_export") && !d.contains("typed_export"), "{d}");
-    let (_, d) = one(&r, "descriptor.capabilities");
+    let (_, d) = cpu(&r, "descriptor.capabilities");
     assert!(d.contains("typed_export"), "{d}");
     // The JSON report names the new checks, and the new capability.
     let json = serde_json::to_string(&r).expect("the report serialises");

@@ -10,6 +10,7 @@ use crate::mechanism::{Location, Mechanism, Placement};
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
 use crate::sync::{lock, Mutex};
+use crate::LifeState;
 use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
 use std::path::Path;
@@ -251,8 +252,10 @@ impl ProcessMemoryManager {
     /// Replaces `old` by `new` (same device): `old` retires (or, lost,
     /// stays lost), new bindings on `old` go to `new`, and neither is ever
     /// asked to free the other's memory. With `unload_old_plugin`, the
-    /// plugin of `old` is unloaded once every context of it has terminated
-    /// (a later `poll`, or the reaper).
+    /// plugin of `old` goes as a whole: its other contexts still active
+    /// retire too (without a successor: replace them first to keep them
+    /// served), and the plugin is unloaded once every context of it has
+    /// terminated (a later `poll`, or the reaper).
     pub fn replace(
         &self,
         old: &Arc<Context>,
@@ -263,6 +266,15 @@ impl ProcessMemoryManager {
         old.replace_with(new, reason)?;
         if unload_old_plugin {
             if let Some(name) = self.registry.plugin_of(old) {
+                let why = format!("its plugin {name} is unloaded: {reason}");
+                for other in self.registry.contexts() {
+                    let same_plugin = self.registry.plugin_of(&other).as_deref() == Some(&*name);
+                    if same_plugin && !Arc::ptr_eq(&other, old) && other.state() == LifeState::Active {
+                        // Only an active context can retire; one that went
+                        // meanwhile needs nothing.
+                        let _ = other.retire(&why);
+                    }
+                }
                 lock(&self.unload_when_settled).push(name);
             }
         }

@@ -502,14 +502,31 @@ pub(super) fn scene(
             Ok(_) => "NOT refused".into(),
         };
     rec.log("refused", "kv", format!("bind on the lost context: {}", loss.report.bind_refused));
+    // The plugin's other mechanisms (a NUMA node's, the huge-page one) were
+    // not lost, but the plugin goes as a whole: each is retired, and with
+    // nothing of it alive terminates at once.
+    let others: Vec<_> = manager
+        .registry()
+        .contexts()
+        .into_iter()
+        .filter(|c| {
+            !Arc::ptr_eq(c, &ctx) && manager.registry().plugin_of(c).as_deref() == Some(&*plugin_name)
+        })
+        .collect();
+    for other in &others {
+        manager.retire(other, "its plugin is unregistered after another of its devices was lost")?;
+        manager.terminate(other, Duration::from_secs(5))?;
+    }
     manager.unload_plugin(&plugin_name)?;
     rec.log(
         "unregister",
         "plugin",
         format!(
-            "{plugin_name} ({}) unregistered: its only context terminated; its library stays mapped, since the lost \
-             instance still holds {} object(s) the host will never free",
+            "{plugin_name} ({}) unregistered: its lost context terminated ({} other context(s) of it retired and \
+             terminated, nothing of theirs alive); its library stays mapped, since the lost instance still holds {} \
+             object(s) the host will never free",
             library.display(),
+            others.len(),
             loss.report.lost_instance_objects
         ),
     );

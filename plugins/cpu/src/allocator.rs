@@ -1,5 +1,6 @@
-//! The allocator capability: aligned blocks from the system allocator, one
-//! slot each in a sharded handle table.
+//! The allocator capability. For `"cpu"`: aligned blocks from the system
+//! allocator, one slot each in a sharded handle table; the placed and
+//! huge-page mechanisms map each allocation (`mapped_allocations.rs`).
 //!
 //! This is the path benchmarked against malloc/free (DESIGN.md §6), so the
 //! success path formats nothing and allocates nothing but the block, and is
@@ -7,8 +8,8 @@
 //! a short per-shard lock, and the memory call made outside it.
 
 use crate::checks::unknown;
+use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
-use crate::meminfo;
 use crate::slots::Slots;
 use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -117,49 +118,44 @@ fn table_full() -> PluginError {
     PluginError::out_of_memory("allocate: this thread's shard of the allocation table is full")
 }
 
-impl Allocator for CpuMechanism {
+impl<F: Flavor> Allocator for CpuMechanism<F> {
     const HAS_MEMORY_INFO: bool = true;
 
     fn properties(&self) -> Properties {
         Properties {
-            min_alignment: MIN_ALIGNMENT,
+            // A mapped allocation starts on a granule at least.
+            min_alignment: if F::SYSTEM_HEAP { MIN_ALIGNMENT } else { self.granularity },
             max_alignment: MAX_ALIGNMENT,
             granularity: self.granularity,
         }
     }
 
-    /// What every object of this mechanism is (ABI 1.2), claimed only where
-    /// it holds for all of them: host memory on no particular node, mapped
-    /// coherently (it is the host's own), read-only views enforced by the
-    /// MMU (`mprotect`), physical objects exported as memfds that map at
-    /// any page offset, backed by pages of the base size. Not zero-filled:
-    /// allocations come from the system allocator, which does not clear
-    /// them (committed ranges and physical objects are zero, but an
-    /// attribute is a promise about every object).
+    /// What every object of this mechanism is (ABI 1.2): the flavour's
+    /// claims (`flavor.rs`).
     fn descriptor(&self) -> memplug_sdk::Descriptor {
-        memplug_sdk::Descriptor {
-            recommended_granularity: 0,
-            page_sizes: memplug_sdk::Descriptor::page_size_bit(self.granularity),
-            attributes: memplug_sdk::abi::MEMPLUG_ATTR_HOST_VISIBLE
-                | memplug_sdk::abi::MEMPLUG_ATTR_HOST_COHERENT
-                | memplug_sdk::abi::MEMPLUG_ATTR_READ_ONLY_ENFORCED,
-            export_types: memplug_sdk::abi::MEMPLUG_HANDLE_MEMFD,
-            location: memplug_sdk::Location::HOST,
-            maps_at_offsets: true,
-        }
+        self.flavor.descriptor()
     }
 
     #[inline(always)]
     fn allocate(&self, request: &Request) -> PluginResult<Block> {
-        self.allocations.allocate(request)
+        self.flavor.check_location(request, &self.name, "allocate")?;
+        if F::SYSTEM_HEAP {
+            self.allocations.allocate(request)
+        } else {
+            self.mapped.allocate(&self.flavor, self.granularity, request)
+        }
     }
 
     #[inline(always)]
     fn deallocate(&self, object: &ObjectRef) -> PluginResult<()> {
-        self.allocations.deallocate(object)
+        if F::SYSTEM_HEAP {
+            self.allocations.deallocate(object)
+        } else {
+            self.mapped.deallocate(object)
+        }
     }
 
     fn memory_info(&self) -> PluginResult<MemoryInfo> {
-        meminfo::read()
+        self.flavor.memory_info()
     }
 }

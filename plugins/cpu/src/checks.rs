@@ -10,7 +10,6 @@
 //! Failure messages are formatted here, on the failure path only; the
 //! success path of every check is a few comparisons.
 
-use crate::mechanism::MECHANISM_NAME;
 use memplug_sdk::{ObjectRef, PluginError, PluginResult};
 
 /// The `UNKNOWN_ALLOCATION` failure for a reference no table accepted.
@@ -25,7 +24,7 @@ pub fn unknown(obj: &ObjectRef, what: &str) -> PluginError {
 fn unknown_object(what: &str, handle: u64, object_id: u64, addr: u64, size: u64) -> PluginError {
     PluginError::unknown_allocation(format!(
         "{what} (handle {handle}, object_id {object_id}, addr {addr:#x}, size {size}) does not name a live \
-         {what} of mechanism \"{MECHANISM_NAME}\": never made, already freed, or altered"
+         {what} of this mechanism: never made, already freed, or altered"
     ))
 }
 

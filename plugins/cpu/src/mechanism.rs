@@ -1,32 +1,34 @@
-//! The `"cpu"` mechanism: its identity and the tables of everything it has
-//! handed out. The capability traits are implemented next to the state they
-//! drive (`allocator.rs`, `virtual_backing.rs`, `shared.rs`, `streams.rs`).
+//! A CPU mechanism: its flavour (what kind of host memory it serves) and
+//! the tables of everything it has handed out. The capability traits are
+//! implemented next to the state they drive (`allocator.rs`,
+//! `virtual_backing.rs`, `shared.rs`, `streams.rs`), once for every
+//! flavour.
 
 use crate::allocator::Allocations;
+use crate::flavor::{Base, Flavor};
+use crate::mapped_allocations::MappedAllocations;
 use crate::reservations::Reservations;
 use crate::shared::PhysicalObjects;
 use crate::streams::Streams;
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
 
-/// Mechanism name published in the descriptor.
-pub const MECHANISM_NAME: &str = "cpu";
-/// Mechanism id published in the descriptor; every object reference must
-/// carry it.
-pub const MECHANISM_ID: u64 = 1;
-/// The one device this mechanism serves.
-pub const DEVICE: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
-
-/// State of one plugin instance. Each kind of object has its own table, so
-/// a handle of one kind can never be resolved as another.
-pub struct CpuMechanism {
-    /// The OS page size: granularity of reservations, commits and physical
+/// State of one mechanism of one plugin instance. Each kind of object has
+/// its own table, so a handle of one kind can never be resolved as another.
+pub struct CpuMechanism<F: Flavor = Base> {
+    /// The mechanism's name, for messages.
+    pub(crate) name: String,
+    /// What kind of memory it serves.
+    pub(crate) flavor: F,
+    /// The flavour's granularity: of reservations, commits and physical
     /// objects.
     pub(crate) granularity: u64,
     /// RAM plus swap, read once: physical objects larger than this are
     /// refused.
     pub(crate) memory_capacity: u64,
-    /// Plain allocations.
+    /// Plain allocations from the system allocator (flavours with
+    /// `SYSTEM_HEAP`).
     pub(crate) allocations: Allocations,
+    /// Plain allocations that are mappings of their own (the others).
+    pub(crate) mapped: MappedAllocations,
     /// Address-space reservations, with their committed ranges and mappings.
     pub(crate) reservations: Reservations,
     /// memfd-backed physical objects.
@@ -35,13 +37,16 @@ pub struct CpuMechanism {
     pub(crate) streams: Streams,
 }
 
-impl CpuMechanism {
-    /// An instance with nothing alive.
-    pub fn new() -> Self {
+impl<F: Flavor> CpuMechanism<F> {
+    /// A mechanism called `name` serving `flavor`, with nothing alive.
+    pub fn new(name: &str, flavor: F) -> Self {
         CpuMechanism {
-            granularity: crate::os::page_size(),
+            name: name.to_string(),
+            granularity: flavor.granularity(),
+            flavor,
             memory_capacity: crate::meminfo::capacity_bytes().unwrap_or(u64::MAX),
             allocations: Allocations::default(),
+            mapped: MappedAllocations::default(),
             reservations: Reservations::default(),
             physical: PhysicalObjects::default(),
             streams: Streams::default(),
@@ -53,6 +58,7 @@ impl CpuMechanism {
     /// references included, is gone: its memory is still held until then.
     pub fn live_objects(&self) -> u64 {
         (self.allocations.len()
+            + self.mapped.len()
             + self.reservations.len()
             + self.physical.len()
             + self.streams.stream_count()

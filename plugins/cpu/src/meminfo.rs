@@ -14,6 +14,20 @@ pub fn read() -> PluginResult<MemoryInfo> {
     parse(&text)
 }
 
+/// Free and total memory of NUMA node `node` now, from its sysfs
+/// `meminfo` (lines `Node N MemTotal: ... kB`). A node has no
+/// `MemAvailable`: free is `MemFree` (reclaimable caches are not counted).
+pub fn read_node(node: u32) -> PluginResult<MemoryInfo> {
+    let path = format!("/sys/devices/system/node/node{node}/meminfo");
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| PluginError::internal(format!("memory_info: cannot read {path}: {e}")))?;
+    // Drop the "Node N " prefix and read it as /proc/meminfo.
+    let prefix = format!("Node {node} ");
+    let lines: String =
+        text.lines().filter_map(|l| l.strip_prefix(&prefix)).flat_map(|l| [l, "\n"]).collect();
+    parse(&lines).map_err(|e| PluginError::internal(format!("{} ({path})", e.message)))
+}
+
 /// The most memory the machine could ever back: RAM plus swap. An object
 /// larger than this can never be filled, so it is refused up front rather
 /// than failing page by page later. `None` when `/proc/meminfo` is
@@ -62,6 +76,17 @@ mod tests {
         assert_eq!(m.free_bytes, 4096);
         assert!(parse("MemTotalish: 10 kB\n").is_err());
         assert!(parse("").is_err());
+    }
+
+    #[test]
+    fn node_zero_reports_no_more_than_the_machine() {
+        if !std::path::Path::new("/sys/devices/system/node/node0").exists() {
+            eprintln!("skipped: this kernel has no NUMA nodes in sysfs");
+            return;
+        }
+        let n = read_node(0).unwrap();
+        assert!(n.total_bytes > 0 && n.free_bytes <= n.total_bytes);
+        assert!(n.total_bytes <= read().unwrap().total_bytes);
     }
 
     #[test]

@@ -160,3 +160,110 @@ pub fn memfd(len: u64, what: &str) -> PluginResult<OwnedFd> {
         .map_err(|e| os_error("fcntl(F_ADD_SEALS)", what, e))?;
     Ok(fd)
 }
+
+/// Reserves `len` bytes of address space (as [`reserve`]) starting on a
+/// multiple of `align` (a power of two at least the page size), for pages
+/// larger than the base page: the kernel only backs a range with a huge
+/// page where the range covers a whole aligned one.
+pub fn reserve_aligned(len: u64, align: u64, what: &str) -> PluginResult<u64> {
+    let page = page_size();
+    if align <= page {
+        return reserve(len, what);
+    }
+    let padded = len
+        .checked_add(align - page)
+        .ok_or_else(|| PluginError::out_of_memory(format!("{what}: {len} bytes exceed the address space")))?;
+    let start = reserve(padded, what)?;
+    let aligned = start.next_multiple_of(align);
+    // SAFETY: both trimmed pieces are inside the reservation just made and
+    // nothing refers to them; the aligned middle is kept.
+    unsafe {
+        if aligned > start {
+            unreserve(start, aligned - start, what)?;
+        }
+        let tail = start + padded - (aligned + len);
+        if tail > 0 {
+            unreserve(aligned + len, tail, what)?;
+        }
+    }
+    Ok(aligned)
+}
+
+/// The most NUMA nodes a placement can name; the node mask passed to the
+/// kernel has this many bits.
+pub const MAX_NUMA_NODES: u32 = 1024;
+
+/// Binds the pages of `[addr, addr + len)` to NUMA node `node`
+/// (`mbind(MPOL_BIND)`): pages faulted in later come from that node only,
+/// and a fault the node cannot serve fails rather than spilling elsewhere.
+/// The policy belongs to the mapping: a range mapped afresh (unmap puts a
+/// new reservation mapping back) must be bound again.
+///
+/// # Safety
+/// `[addr, addr + len)` is mapped and belongs to the caller.
+pub unsafe fn bind_to_node(addr: u64, len: u64, node: u32, what: &str) -> PluginResult<()> {
+    debug_assert!(node < MAX_NUMA_NODES);
+    let mut mask = [0u64; (MAX_NUMA_NODES / 64) as usize];
+    mask[(node / 64) as usize] = 1 << (node % 64);
+    // The kernel reads `maxnode - 1` bits of the mask (a historical
+    // off-by-one every caller compensates for).
+    let maxnode = MAX_NUMA_NODES as u64 + 1;
+    // SAFETY: the mask outlives the call and holds `maxnode - 1` bits; the
+    // range is the caller's (see above). No flags: nothing is migrated.
+    let r =
+        unsafe { libc::syscall(libc::SYS_mbind, addr, len, libc::MPOL_BIND, mask.as_ptr(), maxnode, 0u32) };
+    if r != 0 {
+        return Err(os_error("mbind(MPOL_BIND)", what, Errno::from_raw_os_error(last_errno())));
+    }
+    Ok(())
+}
+
+/// Backs a read-write range with transparent huge pages now, or fails:
+/// marks it `MADV_HUGEPAGE`, faults every page in (`MADV_POPULATE_WRITE`),
+/// then asks the kernel to collapse it into huge pages synchronously
+/// (`MADV_COLLAPSE`), which fails when it cannot — so a page size claimed
+/// is a page size delivered, not a hope. `OUT_OF_MEMORY` when the kernel
+/// has no huge page to give.
+///
+/// # Safety
+/// `[addr, addr + len)` is mapped read-write, aligned to the huge page and
+/// belongs to the caller, who gives up its contents (it reads zeros after).
+pub unsafe fn back_with_huge_pages(addr: u64, len: u64, what: &str) -> PluginResult<()> {
+    rustix::mm::madvise(ptr(addr), len as usize, Advice::LinuxHugepage)
+        .map_err(|e| os_error("madvise(MADV_HUGEPAGE)", what, e))?;
+    rustix::mm::madvise(ptr(addr), len as usize, Advice::LinuxPopulateWrite)
+        .map_err(|e| os_error("madvise(MADV_POPULATE_WRITE)", what, e))?;
+    // SAFETY: as above; collapsing moves no data the caller still wants.
+    let r = unsafe { libc::madvise(ptr(addr), len as usize, libc::MADV_COLLAPSE) };
+    if r != 0 {
+        let e = Errno::from_raw_os_error(last_errno());
+        // EAGAIN/ENOMEM: no huge page could be had right now.
+        let msg = format!(
+            "{what}: madvise(MADV_COLLAPSE) failed: {e}: the kernel could not back the range with huge pages"
+        );
+        return Err(if e == Errno::AGAIN || e == Errno::NOMEM {
+            PluginError::out_of_memory(msg)
+        } else {
+            PluginError::internal(msg)
+        });
+    }
+    Ok(())
+}
+
+/// Maps `len` fresh, zeroed, read-write bytes aligned to `align`; returns
+/// the address. Given back with [`unreserve`].
+pub fn map_fresh(len: u64, align: u64, what: &str) -> PluginResult<u64> {
+    let addr = reserve_aligned(len, align, what)?;
+    // SAFETY: the range was just reserved and is neither committed nor
+    // mapped; on failure it is given back whole.
+    if let Err(e) = unsafe { commit(addr, len, what) } {
+        // SAFETY: as above; nothing refers to it.
+        let _ = unsafe { unreserve(addr, len, what) };
+        return Err(e);
+    }
+    Ok(addr)
+}
+
+fn last_errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}

@@ -19,6 +19,7 @@
 use crate::checks::{check_range, round_up, unknown};
 use crate::classes::Counted;
 use crate::fd_sharing;
+use crate::flavor::Flavor;
 use crate::handles::Table;
 use crate::mechanism::CpuMechanism;
 use crate::os;
@@ -99,8 +100,9 @@ fn wrong_state(msg: String) -> PluginError {
     PluginError::invalid_state(format!("{msg}; nothing was changed"))
 }
 
-impl SharedMapping for CpuMechanism {
+impl<F: Flavor> SharedMapping for CpuMechanism<F> {
     fn create(&self, request: &Request) -> PluginResult<Block> {
+        self.flavor.check_location(request, &self.name, "create")?;
         let size = round_up(request.size, self.granularity, "create")?;
         if size > self.memory_capacity {
             return Err(PluginError::out_of_memory(format!(
@@ -109,6 +111,7 @@ impl SharedMapping for CpuMechanism {
             )));
         }
         let fd = os::memfd(size, "create")?;
+        self.flavor.place_file(&fd, size, "create")?;
         Ok(self.physical.insert(request, size, fd))
     }
 

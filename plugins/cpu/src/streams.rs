@@ -160,7 +160,7 @@ fn run_worker(queue: std::sync::mpsc::Receiver<Work>) {
     }
 }
 
-impl StreamSync for CpuMechanism {
+impl<F: crate::flavor::Flavor> StreamSync for CpuMechanism<F> {
     fn stream_create(&self) -> PluginResult<u64> {
         let (queue, receiver) = channel();
         let worker = thread::Builder::new()

@@ -4,6 +4,9 @@
 //! `MADV_DONTNEED` + `mprotect(PROT_NONE)`, so the pages really go back and
 //! read as zeros when committed again.
 //!
+//! The flavour prepares each commit (binds it to a node, backs it with
+//! huge pages), so the policy holds for whatever was mapped there before.
+//!
 //! Every call checks the whole range against the reservation's state before
 //! it touches the mapping, so a refused call changes nothing.
 //!
@@ -12,6 +15,7 @@
 //! is accounted to the object, not to the reservation.
 
 use crate::checks::{check_range, round_up};
+use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
 use crate::os;
 use crate::reservations::Reservation;
@@ -22,10 +26,11 @@ fn wrong_state(call: &str, offset: u64, end: u64, why: &str) -> PluginError {
     PluginError::invalid_state(format!("{call}: range [{offset:#x}, {end:#x}) {why}; nothing was changed"))
 }
 
-impl VirtualBacking for CpuMechanism {
+impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
     fn reserve(&self, request: &Request) -> PluginResult<Block> {
+        self.flavor.check_location(request, &self.name, "reserve")?;
         let size = round_up(request.size, self.granularity, "reserve")?;
-        let addr = os::reserve(size, "reserve")?;
+        let addr = os::reserve_aligned(size, self.granularity, "reserve")?;
         let handle = self.reservations.insert(Reservation::new(request.object_id, addr, size));
         Ok(Block { addr, size, handle })
     }
@@ -43,6 +48,13 @@ impl VirtualBacking for CpuMechanism {
         // SAFETY: the range is inside a live reservation (checked above,
         // kept live by its lock) and is neither committed nor mapped.
         unsafe { os::commit(res.addr + offset, len, "commit")? };
+        // SAFETY: the range was just made read-write and holds nothing. A
+        // refusal takes the commit back, so nothing changed.
+        if let Err(e) = unsafe { self.flavor.prepare(res.addr + offset, len, "commit") } {
+            // SAFETY: committed just above; nobody has seen it.
+            let _ = unsafe { os::decommit(res.addr + offset, len, "commit") };
+            return Err(e);
+        }
         state.committed.insert(offset, end);
         Ok(())
     }

@@ -5,7 +5,7 @@ mod common;
 use common::*;
 
 #[test]
-fn descriptor_publishes_one_cpu_mechanism_with_every_capability() {
+fn descriptor_publishes_the_cpu_mechanism_first_with_every_capability() {
     let _h = harness();
     let plugin = descriptor();
     assert_eq!(plugin.struct_size, MEMPLUG_PLUGIN_SIZE_1_0);
@@ -13,7 +13,16 @@ fn descriptor_publishes_one_cpu_mechanism_with_every_capability() {
     assert_eq!(text(plugin.name), "memplug-cpu");
     assert!(!text(plugin.version).is_empty());
     assert!(plugin.live_objects.is_some());
-    assert_eq!(plugin.mechanism_count, 1);
+    // "cpu" first, then what this machine serves (`offers` probes it the
+    // same way the plugin does).
+    let offered: Vec<String> = memplug_plugin_cpu::offers()
+        .into_iter()
+        .filter(|o| o.not_offered.is_none())
+        .map(|o| o.name)
+        .collect();
+    let mechs = unsafe { std::slice::from_raw_parts(plugin.mechanisms, plugin.mechanism_count as usize) };
+    let names: Vec<String> = mechs.iter().map(|&m| text(unsafe { (*m).name }).to_string()).collect();
+    assert_eq!(names, offered);
 
     let mech = unsafe { &**plugin.mechanisms };
     assert_eq!(text(mech.name), "cpu");

@@ -140,22 +140,42 @@ pub struct Api {
 }
 
 impl Api {
-    /// Reads the vtables of the first mechanism of a negotiated plugin.
+    /// Reads the vtables of the `"cpu"` mechanism (the first) of a
+    /// negotiated plugin.
     pub fn from_descriptor(plugin: &MemplugPlugin) -> Api {
-        assert_eq!(plugin.mechanism_count, 1);
-        let mech = unsafe { &**plugin.mechanisms };
+        Api::named(plugin, "cpu").expect("the plugin publishes \"cpu\" first")
+    }
+
+    /// Reads the vtables of mechanism `name`, if the plugin publishes it
+    /// (the placed and huge-page mechanisms only where the machine serves
+    /// them). A capability it lacks reads as an empty vtable.
+    pub fn named(plugin: &MemplugPlugin, name: &str) -> Option<Api> {
+        // Every vtable is a size, padding and optional function pointers,
+        // for which all-zero bytes are a valid (empty) value.
+        fn or_empty<T: Copy>(p: *const T) -> T {
+            if p.is_null() {
+                unsafe { std::mem::zeroed() }
+            } else {
+                unsafe { *p }
+            }
+        }
+        let mechs = unsafe { std::slice::from_raw_parts(plugin.mechanisms, plugin.mechanism_count as usize) };
+        let mech = mechs
+            .iter()
+            .map(|&m| unsafe { &*m })
+            .find(|m| unsafe { std::ffi::CStr::from_ptr(m.name) }.to_bytes() == name.as_bytes())?;
         unsafe {
-            Api {
+            Some(Api {
                 plugin_ctx: plugin.ctx as usize,
                 live_objects: plugin.live_objects.expect("live_objects is required"),
                 ctx: mech.ctx as usize,
                 mechanism_id: mech.mechanism_id,
                 device: mech.device,
                 alloc: *mech.allocator,
-                vb: *mech.virtual_backing,
-                sm: *mech.shared_mapping,
-                sync: *mech.sync,
-            }
+                vb: or_empty(mech.virtual_backing),
+                sm: or_empty(mech.shared_mapping),
+                sync: or_empty(mech.sync),
+            })
         }
     }
 
@@ -177,7 +197,7 @@ impl Api {
             size,
             alignment,
             object_id: next_object_id(),
-            device: CPU0,
+            device: self.device,
             class_tag: 0,
             reserved0: 0,
             ..Default::default()
@@ -407,6 +427,22 @@ pub fn harness() -> Harness {
     Harness { _serial: serial, api, baseline }
 }
 
+/// Takes the plugin for one test of mechanism `name`, or says why this
+/// machine does not have it (and the test is skipped).
+pub fn harness_of(name: &str) -> Option<Harness> {
+    let h = harness();
+    let Some(api) = Api::named(descriptor(), name) else {
+        let why = memplug_plugin_cpu::offers()
+            .into_iter()
+            .filter(|o| o.name == name || (o.name == "cpu-node<N>" && name.starts_with("cpu-node")))
+            .find_map(|o| o.not_offered)
+            .unwrap_or_else(|| "the plugin does not know it".into());
+        eprintln!("skipped: mechanism \"{name}\" is not published on this machine: {why}");
+        return None;
+    };
+    Some(Harness { baseline: api.live(), api, ..h })
+}
+
 // ---- what the kernel says about our memory ----
 
 /// Bytes of `[addr, addr + len)` resident in memory, page by page
@@ -437,9 +473,21 @@ pub fn mapping_at(addr: u64) -> Option<(String, String)> {
     })
 }
 
+/// Bytes of transparent huge pages `/proc/self/smaps` shows in the
+/// mappings that overlap `[addr, addr + len)` (each counted whole).
+pub fn smaps_huge(addr: u64, len: u64) -> u64 {
+    smaps_field(addr, len, "AnonHugePages:")
+}
+
 /// Resident bytes `/proc/self/smaps` attributes to the mappings that
 /// overlap `[addr, addr + len)` (each counted whole).
 pub fn smaps_rss(addr: u64, len: u64) -> u64 {
+    smaps_field(addr, len, "Rss:")
+}
+
+/// The sum of a `kB` field of `/proc/self/smaps` over the mappings that
+/// overlap `[addr, addr + len)`.
+fn smaps_field(addr: u64, len: u64, field: &str) -> u64 {
     let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
     let mut inside = false;
     let mut total = 0;
@@ -452,7 +500,7 @@ pub fn smaps_rss(addr: u64, len: u64) -> u64 {
             }
         }
         if inside {
-            if let Some(kb) = line.strip_prefix("Rss:") {
+            if let Some(kb) = line.strip_prefix(field) {
                 total += kb.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap() * 1024;
             }
         }
