@@ -60,8 +60,9 @@
 //! binding's allocation class reaches the plugin as the 1.1 tag only when
 //! 1.1 was agreed; and `stream_wait_fence` reaches the CPU plugin (a stream
 //! really waits for another's fence) only at 1.2, the host answering it
-//! `Unsupported` below (each Rust cell checks the same refusal, and that no
-//! plugin of the matrix shows peer access or queued binding).
+//! `Unsupported` below (each Rust cell checks the same refusal, that no
+//! plugin of the matrix shows peer access, and that queued binding shows
+//! only where the CPU plugin claims it at 1.2).
 
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
@@ -144,6 +145,8 @@ struct Published {
     identity: fn(&str) -> Option<DeviceIdentity>,
     /// Its sync table publishes `stream_wait_fence` (optional in 1.2).
     wait_fence: bool,
+    /// It claims queue-ordered binding (`MEMPLUG_CAP_QUEUED_BINDING`).
+    queued_binding: bool,
 }
 
 /// The NUMA node of a CPU plugin mechanism: `"cpu-node<N>"` is node N;
@@ -222,8 +225,12 @@ fn subjects() -> Vec<Subject> {
     });
     let s =
         |label, path, range, exports, trigger| Subject { label, path, range, exports, trigger, at_1_2: None };
-    let cpu_1_2 =
-        Published { descriptor: cpu_plugin_descriptor, identity: cpu_plugin_identity, wait_fence: true };
+    let cpu_1_2 = Published {
+        descriptor: cpu_plugin_descriptor,
+        identity: cpu_plugin_identity,
+        wait_fence: true,
+        queued_binding: true,
+    };
     let future_1_2 = Published {
         descriptor: future_plugin_descriptor,
         identity: |_| {
@@ -236,6 +243,7 @@ fn subjects() -> Vec<Subject> {
         },
         // It has no sync capability at all.
         wait_fence: false,
+        queued_binding: false,
     };
     vec![
         Subject { at_1_2: Some(cpu_1_2), ..s("Rust CPU plugin (1.0..=1.2)", cpu, (0, 2), true, false) },
@@ -639,7 +647,8 @@ fn typed_round_trip(m: &Mechanism, kind: u32) -> Result<(), String> {
 /// What the host sees of ABI 1.2's device ordering: `stream_wait_fence` is
 /// answered `Unsupported` by the host itself below 1.2 and, at 1.2, for a
 /// plugin that does not publish it; no plugin of the matrix claims peer
-/// access or queued binding, and the host shows neither.
+/// access, and the host shows none; queued binding is shown exactly where
+/// the plugin claims it at 1.2 (the CPU plugin), never below.
 ///
 /// Where a plugin publishes it at 1.2 (the CPU plugin), the cross-stream
 /// wait is run in process by
@@ -652,8 +661,15 @@ fn ordering_checks(s: &Subject, m: &Mechanism, agreed: u32, problems: &mut Vec<S
     let mut notes = Vec::new();
     let mut fail = |what: String| problems.push(format!("mechanism '{}': {what}", m.name()));
     let caps = m.capabilities();
-    if caps.peer_access() || caps.queued_binding() || m.peer_access().is_some() {
-        fail(format!("peer access or queued binding the plugin does not claim: {caps:?}"));
+    if caps.peer_access() || m.peer_access().is_some() {
+        fail(format!("peer access the plugin does not claim: {caps:?}"));
+    }
+    let queues = agreed >= 2 && s.at_1_2.as_ref().is_some_and(|p| p.queued_binding);
+    if caps.queued_binding() != queues {
+        fail(format!("queued binding {} at 1.{agreed}, expected {queues}: {caps:?}", caps.queued_binding()));
+    }
+    if queues {
+        notes.push("queued binding: claimed (checked by the kit's ordering.* checks)".into());
     }
     let Some(sync) = m.sync() else {
         notes.push("stream_wait_fence: no sync capability".into());

@@ -56,7 +56,7 @@ fn the_catalog_lists_the_ordering_checks_after_sync() {
 }
 
 #[test]
-fn the_cpu_plugin_waits_across_streams_and_skips_what_it_does_not_publish() {
+fn the_cpu_plugin_waits_across_streams_queues_its_binding_and_skips_what_it_does_not_publish() {
     let path = find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
     let opts = Options { threads: 2, iterations: 200, ..Default::default() };
     let r = memplug_conformance::run(&path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -65,11 +65,16 @@ fn the_cpu_plugin_waits_across_streams_and_skips_what_it_does_not_publish() {
     let (o, d) = one(&r, "ordering.stream_wait_fence");
     assert_eq!(o, Outcome::Pass, "{d}");
     assert!(d.contains("waited while A was held, then ran") && d.contains("forged fence was refused"), "{d}");
-    for check in ["ordering.commit_on", "ordering.map_on", "ordering.queued_refusals"] {
-        let (o, d) = one(&r, check);
-        assert_eq!(o, Outcome::Skip, "{check}: {d}");
-        assert!(d.contains("no MEMPLUG_CAP_QUEUED_BINDING"), "{check}: {d}");
-    }
+    // Queue-ordered binding (the CPU plugin's queued decommit and unmap
+    // wait for the stream; its tests/queued.rs shows they do).
+    let (o, d) = one(&r, "ordering.commit_on");
+    assert_eq!(o, Outcome::Pass, "{d}");
+    assert!(d.contains("read-write, then inaccessible"), "{d}");
+    let (o, d) = one(&r, "ordering.map_on");
+    assert_eq!(o, Outcome::Pass, "{d}");
+    let (o, d) = one(&r, "ordering.queued_refusals");
+    assert_eq!(o, Outcome::Pass, "{d}");
+    assert!(d.contains("map_on and unmap_on") && d.contains("made no fence"), "{d}");
     let (o, d) = one(&r, "ordering.stream_adopt_typed");
     assert_eq!(o, Outcome::Skip, "{d}");
     assert!(d.contains("stream_adopt_typed is not published"), "{d}");

@@ -174,6 +174,11 @@ fn queued_refusals(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     // would be seen (a fence, committed bytes) once it drains.
     let gate = Arc::new(Gate::default());
     s.enqueue_ok(h, Job::Gate(gate.clone()))?;
+    // The object the map_on refusals name exists before the count is taken.
+    let object = match m.sm.and_then(|v| v.map_on) {
+        Some(_) => Some(s.create_ok(g)?),
+        None => None,
+    };
     let live = m.live();
     let range = [MEMPLUG_STATUS_OUT_OF_RANGE];
     let cases: [(&str, u64, u64); 3] = [
@@ -216,8 +221,7 @@ fn queued_refusals(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     )?;
     calls += 2;
     let mut mapped = String::new();
-    if m.sm.and_then(|v| v.map_on).is_some() {
-        let o = s.create_ok(g)?;
+    if let Some(o) = object {
         let rw = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
         let (c, _) = m.map_on(&ctx.log, &o, 0, &r, (size, g), rw, h, FenceOut::Kit);
         expect(c, &range, "map_on past the reservation's end")?;

@@ -58,6 +58,7 @@ mod mapped_allocations;
 mod mechanism;
 mod meminfo;
 mod os;
+mod queued;
 mod ranges;
 mod reservations;
 mod shared;

@@ -10,6 +10,7 @@ use crate::mapped_allocations::MappedAllocations;
 use crate::reservations::Reservations;
 use crate::shared::PhysicalObjects;
 use crate::streams::Streams;
+use std::sync::Arc;
 
 /// State of one mechanism of one plugin instance. Each kind of object has
 /// its own table, so a handle of one kind can never be resolved as another.
@@ -31,8 +32,9 @@ pub struct CpuMechanism<F: Flavor = Base> {
     pub(crate) mapped: MappedAllocations,
     /// Address-space reservations, with their committed ranges and mappings.
     pub(crate) reservations: Reservations,
-    /// memfd-backed physical objects.
-    pub(crate) physical: PhysicalObjects,
+    /// memfd-backed physical objects (shared with queued unmaps, which
+    /// drop a mapping's reference when their stream runs them).
+    pub(crate) physical: Arc<PhysicalObjects>,
     /// Streams and fences.
     pub(crate) streams: Streams,
 }
@@ -48,7 +50,7 @@ impl<F: Flavor> CpuMechanism<F> {
             allocations: Allocations::default(),
             mapped: MappedAllocations::default(),
             reservations: Reservations::default(),
-            physical: PhysicalObjects::default(),
+            physical: Arc::default(),
             streams: Streams::default(),
         }
     }

@@ -11,7 +11,7 @@
 use crate::checks::unknown;
 use crate::handles::Table;
 use crate::ranges::RangeSet;
-use memplug_sdk::{ObjectRef, PluginResult};
+use memplug_sdk::{ObjectRef, PluginError, PluginResult};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
@@ -35,6 +35,10 @@ pub struct State {
     /// Shared mappings by starting offset; they never overlap each other
     /// or committed ranges.
     pub mappings: BTreeMap<u64, Mapping>,
+    /// Ranges given up by a queued `decommit_on`/`unmap_on` whose stream
+    /// has not reached it yet: neither committed nor mapped any more, but
+    /// not to be committed or mapped again before the change has run.
+    pub draining: RangeSet,
 }
 
 impl State {
@@ -48,6 +52,24 @@ impl State {
     /// Marks the reservation released: nothing may be done with it again.
     pub fn mark_released(&mut self) {
         self.released = true;
+    }
+
+    /// Whether the reservation was released (for work queued before the
+    /// release, which must then touch none of its addresses).
+    pub fn is_released(&self) -> bool {
+        self.released
+    }
+
+    /// `INVALID_STATE` when `[start, end)` meets a range a queued change
+    /// has not finished giving up.
+    pub fn check_not_draining(&self, call: &str, start: u64, end: u64) -> PluginResult<()> {
+        if self.draining.intersects(start, end) {
+            return Err(PluginError::invalid_state(format!(
+                "{call}: range [{start:#x}, {end:#x}) meets a queued decommit or unmap that has not run yet \
+                 (wait for its fence); nothing was changed"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -70,6 +92,12 @@ impl Reservation {
 
     fn is(&self, obj: &ObjectRef) -> bool {
         self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
+    }
+
+    /// Locks the state whatever it is (work a stream runs after a release
+    /// must see the flag, not be refused).
+    pub fn lock_any(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Locks the state, refusing (`UNKNOWN_ALLOCATION`) a reservation that

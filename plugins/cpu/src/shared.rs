@@ -100,6 +100,29 @@ fn wrong_state(msg: String) -> PluginError {
     PluginError::invalid_state(format!("{msg}; nothing was changed"))
 }
 
+/// The checks of `unmap` and `unmap_on`: exactly one mapping starts at
+/// `offset` and spans `len`. Returns the end of the range.
+pub(crate) fn check_unmap(
+    state: &crate::reservations::State,
+    offset: u64,
+    len: u64,
+    limit: u64,
+    granularity: u64,
+    call: &str,
+) -> PluginResult<u64> {
+    let end = check_range(offset, len, limit, granularity, call)?;
+    match state.mappings.get(&offset) {
+        Some(m) if m.len == len => Ok(end),
+        Some(m) => Err(wrong_state(format!(
+            "{call}: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
+            m.len
+        ))),
+        None => Err(wrong_state(format!(
+            "{call}: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
+        ))),
+    }
+}
+
 impl<F: Flavor> SharedMapping for CpuMechanism<F> {
     fn create(&self, request: &Request) -> PluginResult<Block> {
         self.flavor.check_location(request, &self.name, "create")?;
@@ -144,6 +167,7 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
                             "map: reservation range [{offset:#x}, {end:#x}) is already mapped"
                         )));
                     }
+                    state.check_not_draining("map", offset, end)?;
                     // SAFETY: the range is inside a live reservation whose
                     // lock is held, and is neither committed nor mapped; the
                     // file range was checked against the sealed size.
@@ -160,21 +184,7 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
     fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
         let res = self.reservations.find(reservation)?;
         let mut state = res.lock(reservation)?;
-        let end = check_range(offset, len, res.size, self.granularity, "unmap")?;
-        match state.mappings.get(&offset) {
-            Some(m) if m.len == len => {}
-            Some(m) => {
-                return Err(wrong_state(format!(
-                    "unmap: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
-                    m.len
-                )))
-            }
-            None => {
-                return Err(wrong_state(format!(
-                    "unmap: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
-                )))
-            }
-        }
+        check_unmap(&state, offset, len, res.size, self.granularity, "unmap")?;
         // SAFETY: the range is exactly one mapping of a live reservation
         // whose lock is held; the host gives up this view of the object.
         unsafe { os::restore_reserved(res.addr + offset, len, "unmap")? };
@@ -232,6 +242,26 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
         let size = round_up(request.size, self.granularity, "import_fd")?;
         let kept = fd_sharing::adopt(fd, size)?;
         Ok(self.physical.insert(request, size, kept))
+    }
+
+    // ABI 1.2 queue-ordered binding (`queued.rs`).
+    const CAN_QUEUE_MAPS: bool = true;
+
+    fn map_on(
+        &self,
+        object: &ObjectRef,
+        object_offset: u64,
+        reservation: &ObjectRef,
+        offset: u64,
+        len: u64,
+        access: Access,
+        stream: u64,
+    ) -> PluginResult<u64> {
+        crate::queued::map_on(self, object, object_offset, reservation, offset, len, access, stream)
+    }
+
+    fn unmap_on(&self, reservation: &ObjectRef, offset: u64, len: u64, stream: u64) -> PluginResult<u64> {
+        crate::queued::unmap_on(self, reservation, offset, len, stream)
     }
 
     // ABI 1.2: the same memfds, typed. The SDK has checked the kind is one

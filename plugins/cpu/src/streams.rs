@@ -23,6 +23,8 @@ enum Work {
     Signal(Arc<Fence>),
     /// `stream_wait_fence`: later work waits for another fence.
     Wait(Arc<Fence>),
+    /// The plugin's own work in stream order (a queued decommit or unmap).
+    Job(Box<dyn FnOnce() + Send>),
 }
 
 /// A fence's completion flag; waiters sleep on the condition variable.
@@ -138,6 +140,21 @@ impl Streams {
         self.fences.with(key, |s| s.serial == serial, f).ok_or_else(|| unknown("fence", handle))
     }
 
+    /// Fails (`UNKNOWN_ALLOCATION`) unless `stream` names a live stream.
+    pub(crate) fn check_stream(&self, stream: u64) -> PluginResult<()> {
+        self.with_stream(stream, |_| ())
+    }
+
+    /// Puts the plugin's own `job` at the end of the stream's queue.
+    pub(crate) fn submit_job(
+        &self,
+        stream: u64,
+        job: Box<dyn FnOnce() + Send>,
+        call: &str,
+    ) -> PluginResult<()> {
+        self.submit(stream, Work::Job(job), call)
+    }
+
     /// Puts `work` at the end of the stream's queue.
     fn submit(&self, stream: u64, work: Work, call: &str) -> PluginResult<()> {
         self.with_stream(stream, |s| s.queue.send(work).is_ok())?
@@ -156,6 +173,7 @@ fn run_worker(queue: std::sync::mpsc::Receiver<Work>) {
             Work::Wait(fence) => {
                 fence.wait(Duration::MAX);
             }
+            Work::Job(job) => job(),
         }
     }
 }

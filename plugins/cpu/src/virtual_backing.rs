@@ -45,6 +45,7 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         if state.mapped(offset, end) {
             return Err(wrong_state("commit", offset, end, "has pages mapped to a physical object"));
         }
+        state.check_not_draining("commit", offset, end)?;
         // SAFETY: the range is inside a live reservation (checked above,
         // kept live by its lock) and is neither committed nor mapped.
         unsafe { os::commit(res.addr + offset, len, "commit")? };
@@ -94,5 +95,16 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
             self.physical.drop_mapping(mapping.object);
         }
         Ok(())
+    }
+
+    // ABI 1.2 queue-ordered binding (`queued.rs`).
+    const CAN_QUEUE: bool = true;
+
+    fn commit_on(&self, reservation: &ObjectRef, offset: u64, len: u64, stream: u64) -> PluginResult<u64> {
+        crate::queued::commit_on(self, reservation, offset, len, stream)
+    }
+
+    fn decommit_on(&self, reservation: &ObjectRef, offset: u64, len: u64, stream: u64) -> PluginResult<u64> {
+        crate::queued::decommit_on(self, reservation, offset, len, stream)
     }
 }

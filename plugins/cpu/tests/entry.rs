@@ -29,24 +29,21 @@ fn descriptor_publishes_the_cpu_mechanism_first_with_every_capability() {
     assert_eq!(mech.mechanism_id, 1);
     assert_eq!(mech.device, CPU0);
     // Negotiated at 1.2 (the newest minor): every capability 1.2 defines,
-    // typed export included, but peer access (no other device to grant it
-    // to) and queue-ordered binding (a CPU's mappings take effect at once),
-    // in a 1.2-sized mechanism (88 bytes) with its identity.
+    // typed export and queue-ordered binding included, but peer access (no
+    // other device to grant it to), in a 1.2-sized mechanism (88 bytes)
+    // with its identity.
     assert_eq!(mech.struct_size, MEMPLUG_MECHANISM_SIZE_1_2);
-    assert_eq!(
-        mech.capabilities,
-        MEMPLUG_CAP_ALL_1_2 & !(MEMPLUG_CAP_PEER_ACCESS | MEMPLUG_CAP_QUEUED_BINDING)
-    );
+    assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_2 & !MEMPLUG_CAP_PEER_ACCESS);
     assert!(mech.peer_access.is_null(), "no peer access without MEMPLUG_CAP_PEER_ACCESS");
     assert!(!mech.virtual_backing.is_null() && !mech.shared_mapping.is_null() && !mech.sync.is_null());
     let vb = unsafe { &*mech.virtual_backing };
     assert_eq!(vb.struct_size, MEMPLUG_VIRTUAL_BACKING_SIZE_1_2);
-    assert!(vb.commit_on.is_none() && vb.decommit_on.is_none(), "no queue-ordered binding");
+    assert!(vb.commit_on.is_some() && vb.decommit_on.is_some(), "queue-ordered binding");
     let sm = unsafe { &*mech.shared_mapping };
     assert_eq!(sm.struct_size, MEMPLUG_SHARED_MAPPING_SIZE_1_2);
     assert!(sm.export_fd.is_some() && sm.import_fd.is_some());
     assert!(sm.export_handle.is_some() && sm.import_handle.is_some());
-    assert!(sm.map_on.is_none() && sm.unmap_on.is_none(), "no queue-ordered binding");
+    assert!(sm.map_on.is_some() && sm.unmap_on.is_some(), "queue-ordered binding");
     assert!(!mech.identity.is_null(), "the CPU mechanism publishes its identity at 1.2");
     let id = unsafe { &*mech.identity };
     assert_eq!(id.struct_size, MEMPLUG_DEVICE_IDENTITY_SIZE_1_2);

@@ -372,6 +372,61 @@ impl Api {
         call(|sink| unsafe { self.sync.fence_wait.unwrap()(self.ctx(), fence, timeout_ns, sink) })
     }
 
+    // ---- queue-ordered binding (ABI 1.2) ----
+
+    pub fn commit_on(&self, r: &MemplugObjectRef, offset: u64, len: u64, stream: u64) -> Outcome<u64> {
+        let mut fence = 0;
+        call(|sink| unsafe {
+            self.vb.commit_on.expect("commit_on")(self.ctx(), r, offset, len, stream, &mut fence, sink)
+        })?;
+        Ok(fence)
+    }
+
+    pub fn decommit_on(&self, r: &MemplugObjectRef, offset: u64, len: u64, stream: u64) -> Outcome<u64> {
+        let mut fence = 0;
+        call(|sink| unsafe {
+            self.vb.decommit_on.expect("decommit_on")(self.ctx(), r, offset, len, stream, &mut fence, sink)
+        })?;
+        Ok(fence)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn map_on(
+        &self,
+        object: &MemplugObjectRef,
+        object_offset: u64,
+        r: &MemplugObjectRef,
+        offset: u64,
+        len: u64,
+        access: u32,
+        stream: u64,
+    ) -> Outcome<u64> {
+        let mut fence = 0;
+        call(|sink| unsafe {
+            self.sm.map_on.expect("map_on")(
+                self.ctx(),
+                object,
+                object_offset,
+                r,
+                offset,
+                len,
+                access,
+                stream,
+                &mut fence,
+                sink,
+            )
+        })?;
+        Ok(fence)
+    }
+
+    pub fn unmap_on(&self, r: &MemplugObjectRef, offset: u64, len: u64, stream: u64) -> Outcome<u64> {
+        let mut fence = 0;
+        call(|sink| unsafe {
+            self.sm.unmap_on.expect("unmap_on")(self.ctx(), r, offset, len, stream, &mut fence, sink)
+        })?;
+        Ok(fence)
+    }
+
     pub fn fence_destroy(&self, fence: u64) -> Outcome<()> {
         call(|sink| unsafe { self.sync.fence_destroy.unwrap()(self.ctx(), fence, sink) })
     }
