@@ -23,7 +23,11 @@
 //   Binding::import_prefix makes a prefix of the importer's, charged to its
 //   pool. Stream::wait_fence orders a stream behind another stream's fence;
 //   Mechanism::can_access_peer asks about peer access (UNSUPPORTED, thrown,
-//   without MEMPLUG_CAP_PEER_ACCESS).
+//   without MEMPLUG_CAP_PEER_ACCESS) and Region::set_peer_access gives it
+//   to a range; Region::grow_on grows a region on a stream and returns the
+//   commit's Fence (UNSUPPORTED without MEMPLUG_CAP_QUEUED_BINDING);
+//   Mechanism::adopt_stream wraps a runtime's native stream, naming its
+//   API (memplug_host_stream_adopt_typed).
 #ifndef MEMPLUG_HPP
 #define MEMPLUG_HPP
 
@@ -202,6 +206,7 @@ struct MemoryNeeds {
 };
 
 class Fence;
+class Stream;
 
 inline std::vector<MemplugHostFence> handles_of(const std::vector<const Fence *> &fences);
 
@@ -393,6 +398,18 @@ class Region : public detail::Owned<MemplugHostRegion, memplug_host_region_free>
         check(memplug_host_region_shrink(h_, len, hs.data(), hs.size()));
     }
     void map_prefix(const Prefix &p) { check(memplug_host_region_map_prefix(h_, p.get())); }
+    /// Grows to at least `len` usable bytes as a queue operation on
+    /// `stream` (memplug_host_region_grow_on): charged now; the returned
+    /// fence completes once the new range is usable. Throws Error
+    /// (MEMPLUG_HOST_STATUS_UNSUPPORTED) without MEMPLUG_CAP_QUEUED_BINDING.
+    Fence grow_on(uint64_t len, const Stream &stream);
+    /// Sets what `peer` may do with [offset, offset + len) of the region:
+    /// MEMPLUG_ACCESS_* bits, 0 to revoke
+    /// (memplug_host_region_set_peer_access). Throws Error
+    /// (MEMPLUG_HOST_STATUS_UNSUPPORTED) without MEMPLUG_CAP_PEER_ACCESS.
+    void set_peer_access(uint64_t offset, uint64_t len, MemplugDevice peer, uint32_t access) {
+        check(memplug_host_region_set_peer_access(h_, offset, len, peer, access));
+    }
     /// True when it went with a lost device (memplug_host_region_is_lost).
     bool is_lost() const {
         bool lost = false;
@@ -498,6 +515,12 @@ class Stream : public detail::Owned<MemplugHostStream, memplug_host_stream_destr
         }
     }
 };
+
+inline Fence Region::grow_on(uint64_t len, const Stream &stream) {
+    MemplugHostFence f{};
+    check(memplug_host_region_grow_on(h_, len, stream.get(), &f));
+    return Fence(f);
+}
 
 /// The name of a life state, e.g. "MEMPLUG_HOST_LIFE_STATE_LOST".
 inline const char *life_state_name(MemplugHostLifeState s) noexcept { return memplug_host_life_state_name(s); }
@@ -652,6 +675,16 @@ class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechan
     Stream create_stream() const {
         MemplugHostStream s{};
         check(memplug_host_stream_create(h_, &s));
+        return Stream(s);
+    }
+    /// Wraps a runtime's native stream made by the API of device kind
+    /// `native_kind` (MEMPLUG_DEVICE_*; memplug_host_stream_adopt_typed).
+    /// The native stream stays the runtime's and must outlive the Stream.
+    /// Throws Error (MEMPLUG_HOST_STATUS_UNSUPPORTED) when the plugin does
+    /// not adopt that kind.
+    Stream adopt_stream(uint32_t native_kind, void *native) const {
+        MemplugHostStream s{};
+        check(memplug_host_stream_adopt_typed(h_, native_kind, native, &s));
         return Stream(s);
     }
 

@@ -356,10 +356,13 @@ typedef struct MemplugHostMechanismInfo {
   // prefixes through `memplug_host_prefix_export_handle` and
   // `memplug_host_binding_import_prefix`), `MEMPLUG_CAP_PEER_ACCESS`
   // (1.2, bit 6: other devices may be given access to its memory;
-  // `memplug_host_mechanism_can_access_peer` says which),
+  // `memplug_host_mechanism_can_access_peer` says which,
+  // `memplug_host_region_set_peer_access` gives it to a region's range),
   // `MEMPLUG_CAP_QUEUED_BINDING` (1.2, bit 7: committing and mapping can
-  // be enqueued on a stream; informational, this API does not enqueue
-  // them yet). Ignore bits memplug.h does not name.
+  // be enqueued on a stream; `memplug_host_region_grow_on` enqueues a
+  // region's grow, and this API enqueues nothing else: shrinks and
+  // frees decommit on the host once their fences complete). Ignore
+  // bits memplug.h does not name.
   uint32_t capabilities;
   // The device it serves.
   MemplugDevice device;
@@ -1047,6 +1050,34 @@ MemplugHostStatus memplug_host_last_error_status(void);
 MemplugHostStatus memplug_host_stream_create(struct MemplugHostMechanism mechanism,
                                              struct MemplugHostStream *out);
 
+// Wraps a runtime's own stream as a host stream (C API 1.1; the plugin's
+// `stream_adopt_typed`, plugin ABI 1.2): `native_kind` is the
+// `MEMPLUG_DEVICE_*` kind (memplug.h) of the API that made `native` —
+// `MEMPLUG_DEVICE_CUDA` for a `CUstream` — so the plugin can check it is a
+// stream it knows how to use. `native` is passed through as it is (NULL
+// included: CUDA's default stream is NULL). Work enqueued on the host
+// stream, fences recorded on it and queued operations
+// (`memplug_host_region_grow_on`) are ordered with the runtime's own work
+// on that stream.
+//
+// A mechanism without the sync capability, or whose plugin does not
+// publish `stream_adopt_typed` (optional, plugin ABI 1.2), refuses with
+// `MEMPLUG_HOST_STATUS_UNSUPPORTED`; so does the plugin for a kind it does
+// not adopt. Nothing is made on refusal.
+//
+// Ownership: the caller owns the handle (`memplug_host_stream_destroy`,
+// which ends the plugin's wrapper, never the native stream: that stays
+// the runtime's, and must outlive the handle). Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable; `native` a live stream of the API
+// `native_kind` names (or what that API accepts as one), valid until the
+// handle is destroyed.
+MemplugHostStatus memplug_host_stream_adopt_typed(struct MemplugHostMechanism mechanism,
+                                                  uint32_t native_kind,
+                                                  void *native,
+                                                  struct MemplugHostStream *out);
+
 // Destroys a stream after the work submitted to it has run (as the
 // plugin defines). Fences recorded on it stay valid. The zero handle is a
 // no-op. Thread-safety: any thread.
@@ -1589,14 +1620,42 @@ MemplugHostStatus memplug_host_manager_drain(struct MemplugHostManager manager,
 // 1.2) refuses with `MEMPLUG_HOST_STATUS_UNSUPPORTED` and a message saying
 // so. A plugin's own refusal (an unknown device) comes back with its code.
 //
-// Granting access to a range (the plugin's `set_peer_access`) is not in
-// this API yet. Thread-safety: any thread.
+// Granting access to a range of a region is
+// `memplug_host_region_set_peer_access`. Thread-safety: any thread.
 //
 // # Safety
 // `out_access` must be NULL or writable.
 MemplugHostStatus memplug_host_mechanism_can_access_peer(struct MemplugHostMechanism mechanism,
                                                          MemplugDevice peer,
                                                          uint32_t *out_access);
+
+// Sets what device `peer` may do with `[offset, offset + len)` of a
+// region (offsets from the region's base, its prefix included):
+// `access` is `MEMPLUG_ACCESS_READ`, `MEMPLUG_ACCESS_READ |
+// MEMPLUG_ACCESS_WRITE` (memplug.h), or 0 to revoke. See
+// `memplug_host_mechanism_can_access_peer` for what a peer can be given.
+//
+// Refusals, each leaving everything as it was:
+// `MEMPLUG_HOST_STATUS_UNSUPPORTED` when the region's mechanism has no
+// `MEMPLUG_CAP_PEER_ACCESS` (with a message saying so);
+// `_INVALID_ARGUMENT` for other `access` bits, or for write access to a
+// range overlapping a prefix mapped read-only; `_OUT_OF_RANGE` for a
+// range that is empty, overflows, is not aligned to the mechanism's
+// granularity, or goes past the region's usable bytes (`len` of
+// `MemplugHostRegionInfo`: the prefix and the committed private part);
+// `_BUSY` for a range committed by `memplug_host_region_grow_on` whose
+// fence has not completed. The plugin's own refusals (more than it
+// allows that peer: `_UNSUPPORTED`; an unknown device) come back with
+// their codes. Nothing is charged.
+//
+// A revoke must not race the peer's work still using the range: the
+// caller orders that. Thread-safety: any thread; calls on one region are
+// serialised.
+MemplugHostStatus memplug_host_region_set_peer_access(struct MemplugHostRegion region,
+                                                      uint64_t offset,
+                                                      uint64_t len,
+                                                      MemplugDevice peer,
+                                                      uint32_t access);
 
 // Creates a pool of `capacity` bytes for one physical memory domain.
 // Names are unique per manager (`MEMPLUG_HOST_STATUS_ALREADY_EXISTS`);
@@ -1825,6 +1884,43 @@ MemplugHostStatus memplug_host_region_grow(struct MemplugHostRegion region,
                                            uint64_t len,
                                            MemplugHostGrowFn update,
                                            void *userdata);
+
+// Grows the region's usable length to at least `len` bytes (rounded up to
+// the granularity) as a queue operation on `stream` (C API 1.1; the
+// plugin's `commit_on`, plugin ABI 1.2 `MEMPLUG_CAP_QUEUED_BINDING`): the
+// commit runs after the work already submitted to `stream`, and
+// `out_fence` receives a fence that completes once the new range is
+// usable — wait for it (`memplug_host_fence_wait`), or order other work
+// behind it (`memplug_host_stream_wait_fence`). Until then the range must
+// not be touched. The region's free and later shrinks wait for the fence
+// on their own.
+//
+// The new bytes are charged to the binding's pool before the commit is
+// enqueued and refunded if the plugin refuses it; the region's info
+// (`len`, `committed`) counts them at once. There is no update callback
+// (the view is not usable when this returns). A `len` at or below the
+// current length commits nothing: the fence is then one recorded on
+// `stream` (as `memplug_host_fence_record`).
+//
+// Refusals, each leaving the region and the pool's figures as they were:
+// `MEMPLUG_HOST_STATUS_UNSUPPORTED` when the mechanism has no
+// `MEMPLUG_CAP_QUEUED_BINDING` (with a message saying so);
+// `_INVALID_ARGUMENT` beyond the reservation; `_BUSY` for a range whose
+// deferred decommit (an earlier shrink) has not run; `_OUT_OF_BUDGET`;
+// `_WRONG_MANAGER` for a stream of another manager; a stream of another
+// mechanism is refused with the host's code (`_WRONG_MECHANISM`).
+//
+// Ownership: the caller owns the fence handle
+// (`memplug_host_fence_release`); written only on success. The stream
+// stays the caller's. Thread-safety: any thread; calls on one region are
+// serialised.
+//
+// # Safety
+// `out_fence` must be NULL or writable.
+MemplugHostStatus memplug_host_region_grow_on(struct MemplugHostRegion region,
+                                              uint64_t len,
+                                              struct MemplugHostStream stream,
+                                              struct MemplugHostFence *out_fence);
 
 // Shrinks the private part to `len` usable bytes (rounded up to the
 // granularity). The tail is decommitted and refunded once every fence in

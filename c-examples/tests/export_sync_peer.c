@@ -13,8 +13,14 @@
  *   2. memplug_host_stream_wait_fence: a stream ordered behind another
  *      stream's fence does not complete while the first stream is held,
  *      and does once it is released. A runtime (callback) fence is refused.
- *   3. memplug_host_mechanism_can_access_peer: the CPU plugin has no peer
+ *   3. memplug_host_mechanism_can_access_peer and
+ *      memplug_host_region_set_peer_access: the CPU plugin has no peer
  *      access (no MEMPLUG_CAP_PEER_ACCESS): UNSUPPORTED, saying so.
+ *      memplug_host_region_grow_on: without MEMPLUG_CAP_QUEUED_BINDING
+ *      UNSUPPORTED, the region's figures, the pool's charge and the
+ *      out-fence unchanged (with it: charged at once, the fence
+ *      completes). memplug_host_stream_adopt_typed: the CPU
+ *      plugin adopts no native stream: UNSUPPORTED, nothing written.
  *
  *   export_sync_peer PATH/TO/libmemplug_plugin_cpu.so
  *
@@ -282,20 +288,85 @@ static void stream_wait(MemplugHostManager m, MemplugHostMechanism mech) {
     pthread_mutex_destroy(&g.mu);
 }
 
-static void peer(MemplugHostMechanism mech) {
+static void peer(MemplugHostManager m, MemplugHostMechanism mech) {
     MemplugHostMechanismInfo info;
     MemplugDevice cpu1;
     uint32_t access = 7;
+    MemplugHostPool p = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostBinding b;
+    MemplugHostRegion r = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostStream s = MEMPLUG_HOST_NULL_HANDLE_INIT, adopted = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostFence f = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostRegionInfo ri;
+    uint64_t len, committed, charged;
+    int native = 0;
     memset(&info, 0, sizeof info);
     info.struct_size = sizeof info;
     EXPECT_OK(memplug_host_mechanism_info(mech, &info));
-    EXPECT((info.capabilities & (MEMPLUG_CAP_PEER_ACCESS | MEMPLUG_CAP_QUEUED_BINDING)) == 0);
+    /* No peer access; queued binding is judged below (either way). */
+    EXPECT((info.capabilities & MEMPLUG_CAP_PEER_ACCESS) == 0);
     cpu1.kind = MEMPLUG_DEVICE_CPU;
     cpu1.ordinal = 1;
     EXPECT_STATUS(memplug_host_mechanism_can_access_peer(mech, cpu1, &access), MEMPLUG_HOST_STATUS_UNSUPPORTED);
     EXPECT_MESSAGE("no peer access (MEMPLUG_CAP_PEER_ACCESS");
     EXPECT(access == 7);
     EXPECT_STATUS(memplug_host_mechanism_can_access_peer(mech, cpu1, NULL), MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
+
+    /* A region's range: no peer access, no queued grow; nothing changes. */
+    EXPECT_OK(memplug_host_pool_create(m, "peer", 64u << 20, &p));
+    b = make_binding(m, mech, p, 0);
+    EXPECT_OK(memplug_host_region_reserve(b, 1u << 20, &r));
+    EXPECT_OK(memplug_host_region_grow(r, 64u << 10, NULL, NULL));
+    memset(&ri, 0, sizeof ri);
+    ri.struct_size = sizeof ri;
+    EXPECT_OK(memplug_host_region_info(r, &ri));
+    len = ri.len;
+    committed = ri.committed;
+    charged = used(p);
+    EXPECT(len >= (64u << 10) && committed == len && charged == len);
+    EXPECT_STATUS(memplug_host_region_set_peer_access(r, 0, 4096, cpu1, MEMPLUG_ACCESS_READ),
+                  MEMPLUG_HOST_STATUS_UNSUPPORTED);
+    EXPECT_MESSAGE("no peer access (MEMPLUG_CAP_PEER_ACCESS");
+    EXPECT_STATUS(memplug_host_region_set_peer_access(r, 0, 4096, cpu1, MEMPLUG_ACCESS_WRITE),
+                  MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("access 0x2 is not 0");
+    EXPECT_OK(memplug_host_stream_create(mech, &s));
+    EXPECT_STATUS(memplug_host_region_grow_on(r, 1u << 20, s, NULL), MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
+    f.id = 0xdead;
+    if ((info.capabilities & MEMPLUG_CAP_QUEUED_BINDING) == 0) {
+        EXPECT_STATUS(memplug_host_region_grow_on(r, 1u << 20, s, &f), MEMPLUG_HOST_STATUS_UNSUPPORTED);
+        EXPECT_MESSAGE("no queued binding (MEMPLUG_CAP_QUEUED_BINDING");
+        EXPECT(f.id == 0xdead);
+    } else {
+        /* A CPU plugin that queues its commits: charged at once, the
+         * fence completes. */
+        bool complete = false;
+        EXPECT_OK(memplug_host_region_grow_on(r, 1u << 20, s, &f));
+        EXPECT_OK(memplug_host_fence_wait(f, 10ull * 1000 * 1000 * 1000, &complete));
+        EXPECT(complete);
+        EXPECT_OK(memplug_host_fence_release(f));
+        len = committed = charged = 1u << 20;
+    }
+    memset(&ri, 0, sizeof ri);
+    ri.struct_size = sizeof ri;
+    EXPECT_OK(memplug_host_region_info(r, &ri));
+    EXPECT(ri.len == len && ri.committed == committed);
+    EXPECT(used(p) == charged);
+
+    /* Typed adoption of a native stream: not offered by the CPU plugin. */
+    EXPECT_STATUS(memplug_host_stream_adopt_typed(mech, MEMPLUG_DEVICE_CUDA, &native, &adopted),
+                  MEMPLUG_HOST_STATUS_UNSUPPORTED);
+    EXPECT_MESSAGE("stream_adopt_typed");
+    EXPECT(adopted.id == 0);
+    EXPECT_STATUS(memplug_host_stream_adopt_typed(mech, MEMPLUG_DEVICE_CUDA, &native, NULL),
+                  MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
+
+    EXPECT_OK(memplug_host_stream_destroy(s));
+    EXPECT_OK(memplug_host_region_free(r));
+    EXPECT_OK(memplug_host_manager_poll(m, NULL)); /* a free behind a queued commit's fence */
+    EXPECT(used(p) == 0);
+    EXPECT_OK(memplug_host_binding_destroy(b));
+    EXPECT_OK(memplug_host_pool_release(p));
 }
 
 int main(int argc, char **argv) {
@@ -312,7 +383,7 @@ int main(int argc, char **argv) {
     if (failed == 0) {
         typed_export(m, mech);
         stream_wait(m, mech);
-        peer(mech);
+        peer(m, mech);
     }
     EXPECT_OK(memplug_host_mechanism_release(mech));
     EXPECT_OK(memplug_host_manager_destroy(m));

@@ -4,9 +4,12 @@
 // pool, mapped into a region (the same bytes, each pool charged once, both
 // back to 0); an unoffered kind is UNSUPPORTED; Stream::wait_fence (a
 // stream ordered behind another stream's fence is not complete while the
-// first is held); Mechanism::can_access_peer (UNSUPPORTED on the CPU
-// plugin, which has no peer access) — every failure a memplug::Error with
-// its status.
+// first is held); Mechanism::can_access_peer and Region::set_peer_access
+// (UNSUPPORTED on the CPU plugin, which has no peer access),
+// Region::grow_on (UNSUPPORTED without queued binding, the region and the
+// pool's charge unchanged; with it, charged at once and its fence completes) and Mechanism::adopt_stream (UNSUPPORTED: the
+// CPU plugin adopts no native stream) — every failure a memplug::Error
+// with its status.
 //
 //   export_sync_peer_cpp PATH/TO/libmemplug_plugin_cpu.so
 //
@@ -157,14 +160,41 @@ void stream_wait(memplug::Manager &m, const memplug::Mechanism &mech) {
     EXPECT(contains(e, "memplug_host_fence_from_callbacks"));
 }
 
-void peer(const memplug::Mechanism &mech) {
+void peer(memplug::Manager &m, const memplug::Mechanism &mech) {
     EXPECT(!mech.peer_access());
-    EXPECT((mech.info().capabilities & MEMPLUG_CAP_QUEUED_BINDING) == 0);
     MemplugDevice cpu1{};
     cpu1.kind = MEMPLUG_DEVICE_CPU;
     cpu1.ordinal = 1;
     std::string e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, mech.can_access_peer(cpu1));
     EXPECT(contains(e, "no peer access (MEMPLUG_CAP_PEER_ACCESS"));
+
+    memplug::Pool pool = m.create_pool("peer", 64u << 20);
+    {
+        memplug::Binding b = m.bind(mech, pool);
+        memplug::Region r = b.reserve(1u << 20);
+        r.grow(64u << 10);
+        const MemplugHostRegionInfo before = r.info();
+        const uint64_t charged = pool.stats().used;
+        EXPECT(before.committed >= (64u << 10) && charged == before.committed);
+        e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, r.set_peer_access(0, 4096, cpu1, MEMPLUG_ACCESS_READ));
+        EXPECT(contains(e, "no peer access (MEMPLUG_CAP_PEER_ACCESS"));
+        memplug::Stream s = mech.create_stream();
+        if ((mech.info().capabilities & MEMPLUG_CAP_QUEUED_BINDING) == 0) {
+            e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, r.grow_on(1u << 20, s));
+            EXPECT(contains(e, "no queued binding (MEMPLUG_CAP_QUEUED_BINDING"));
+            EXPECT(r.info().len == before.len && r.info().committed == before.committed);
+            EXPECT(pool.stats().used == charged);
+        } else {
+            memplug::Fence f = r.grow_on(1u << 20, s);
+            EXPECT(r.info().committed == (1u << 20) && pool.stats().used == (1u << 20));
+            EXPECT(f.wait(std::chrono::seconds(10)));
+        }
+        int native = 0;
+        e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, mech.adopt_stream(MEMPLUG_DEVICE_CUDA, &native));
+        EXPECT(contains(e, "stream_adopt_typed"));
+    }
+    m.poll(); // a free behind a queued commit's fence retires here
+    EXPECT(pool.stats().used == 0);
 }
 
 } // namespace
@@ -180,7 +210,7 @@ int main(int argc, char **argv) {
         memplug::Mechanism mech = m.find_mechanism("memplug-cpu/cpu");
         typed_export(m, mech);
         stream_wait(m, mech);
-        peer(mech);
+        peer(m, mech);
     } catch (const std::exception &e) {
         std::fprintf(stderr, "FAIL: uncaught %s\n", e.what());
         failed++;

@@ -107,6 +107,57 @@ pub unsafe extern "C" fn memplug_host_stream_create(
     })
 }
 
+/// Wraps a runtime's own stream as a host stream (C API 1.1; the plugin's
+/// `stream_adopt_typed`, plugin ABI 1.2): `native_kind` is the
+/// `MEMPLUG_DEVICE_*` kind (memplug.h) of the API that made `native` —
+/// `MEMPLUG_DEVICE_CUDA` for a `CUstream` — so the plugin can check it is a
+/// stream it knows how to use. `native` is passed through as it is (NULL
+/// included: CUDA's default stream is NULL). Work enqueued on the host
+/// stream, fences recorded on it and queued operations
+/// (`memplug_host_region_grow_on`) are ordered with the runtime's own work
+/// on that stream.
+///
+/// A mechanism without the sync capability, or whose plugin does not
+/// publish `stream_adopt_typed` (optional, plugin ABI 1.2), refuses with
+/// `MEMPLUG_HOST_STATUS_UNSUPPORTED`; so does the plugin for a kind it does
+/// not adopt. Nothing is made on refusal.
+///
+/// Ownership: the caller owns the handle (`memplug_host_stream_destroy`,
+/// which ends the plugin's wrapper, never the native stream: that stays
+/// the runtime's, and must outlive the handle). Thread-safety: any thread.
+///
+/// # Safety
+/// `out` must be NULL or writable; `native` a live stream of the API
+/// `native_kind` names (or what that API accepts as one), valid until the
+/// handle is destroyed.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_stream_adopt_typed(
+    mechanism: MemplugHostMechanism,
+    native_kind: u32,
+    native: *mut c_void,
+    out: *mut MemplugHostStream,
+) -> MemplugHostStatus {
+    boundary("memplug_host_stream_adopt_typed", || {
+        require_non_null(out, "out")?;
+        let (ctx, seat) = pin::<Arc<Context>>(mechanism.id)?;
+        let mech = ctx.mechanism().clone();
+        drop(ctx);
+        let sync = mech.sync().ok_or_else(|| {
+            Error::new(S::Unsupported, format!("mechanism {} has no sync capability", mech.label()))
+        })?;
+        // The table slot first: an adopted stream is never made and then
+        // dropped for want of a handle.
+        let vacant = manager_tables::vacant::<StreamEntry>(seat)?;
+        // SAFETY: the caller vouches for `native` (this function's contract).
+        let stream = unsafe { sync.stream_adopt_typed(native_kind, native) }?;
+        let entry = StreamEntry { mechanism: mech, stream: Mutex::new(Some(stream)) };
+        let id = manager_tables::fill(seat, vacant, entry, [0, 0]);
+        // SAFETY: `out` was checked non-NULL.
+        unsafe { write_out(out, MemplugHostStream { id }) };
+        Ok(())
+    })
+}
+
 /// Destroys a stream after the work submitted to it has run (as the
 /// plugin defines). Fences recorded on it stay valid. The zero handle is a
 /// no-op. Thread-safety: any thread.

@@ -1,16 +1,16 @@
 //! Virtual regions (reserve, grow, shrink, free) and shared prefixes.
 
 use crate::callbacks::{lock_region, CallbackScope, UserData};
-use crate::error::{boundary, require_non_null, Error};
+use crate::error::{boundary, require_non_null, write_out, Error};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
-use crate::manager_tables::{self, pin, same_manager, RegionEntry};
+use crate::manager_tables::{self, pin, same_manager, FenceEntry, RegionEntry, StreamEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
     write_sized, MemplugHostBinding, MemplugHostFence, MemplugHostGrowFn, MemplugHostPrefix,
     MemplugHostPrefixInfo, MemplugHostPrefixInitFn, MemplugHostRegion, MemplugHostRegionInfo,
-    MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0, MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
+    MemplugHostStream, MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0, MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
 };
 use memplug_host_dep::{GrowError, MemoryBinding, SharedPrefix};
 use std::ffi::c_void;
@@ -121,6 +121,68 @@ pub unsafe extern "C" fn memplug_host_region_grow(
                 "the update callback refused the grown view; the region is unchanged",
             )),
         }
+    })
+}
+
+/// Grows the region's usable length to at least `len` bytes (rounded up to
+/// the granularity) as a queue operation on `stream` (C API 1.1; the
+/// plugin's `commit_on`, plugin ABI 1.2 `MEMPLUG_CAP_QUEUED_BINDING`): the
+/// commit runs after the work already submitted to `stream`, and
+/// `out_fence` receives a fence that completes once the new range is
+/// usable — wait for it (`memplug_host_fence_wait`), or order other work
+/// behind it (`memplug_host_stream_wait_fence`). Until then the range must
+/// not be touched. The region's free and later shrinks wait for the fence
+/// on their own.
+///
+/// The new bytes are charged to the binding's pool before the commit is
+/// enqueued and refunded if the plugin refuses it; the region's info
+/// (`len`, `committed`) counts them at once. There is no update callback
+/// (the view is not usable when this returns). A `len` at or below the
+/// current length commits nothing: the fence is then one recorded on
+/// `stream` (as `memplug_host_fence_record`).
+///
+/// Refusals, each leaving the region and the pool's figures as they were:
+/// `MEMPLUG_HOST_STATUS_UNSUPPORTED` when the mechanism has no
+/// `MEMPLUG_CAP_QUEUED_BINDING` (with a message saying so);
+/// `_INVALID_ARGUMENT` beyond the reservation; `_BUSY` for a range whose
+/// deferred decommit (an earlier shrink) has not run; `_OUT_OF_BUDGET`;
+/// `_WRONG_MANAGER` for a stream of another manager; a stream of another
+/// mechanism is refused with the host's code (`_WRONG_MECHANISM`).
+///
+/// Ownership: the caller owns the fence handle
+/// (`memplug_host_fence_release`); written only on success. The stream
+/// stays the caller's. Thread-safety: any thread; calls on one region are
+/// serialised.
+///
+/// # Safety
+/// `out_fence` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_region_grow_on(
+    region: MemplugHostRegion,
+    len: u64,
+    stream: MemplugHostStream,
+    out_fence: *mut MemplugHostFence,
+) -> MemplugHostStatus {
+    boundary("memplug_host_region_grow_on", || {
+        require_non_null(out_fence, "out_fence")?;
+        let (e, seat) = pin::<RegionEntry>(region.id)?;
+        crate::handle::expect(stream.id, Kind::Stream)?;
+        same_manager(seat, stream.id, Kind::Stream)?;
+        let (st, _) = pin::<StreamEntry>(stream.id)?;
+        // The fence's table slot first: once the commit is enqueued,
+        // nothing may fail.
+        let vacant = manager_tables::vacant::<FenceEntry>(seat)?;
+        let mut l = lock_region(&e)?;
+        let guard = st.stream.lock().unwrap_or_else(|p| p.into_inner());
+        let s = guard.as_ref().ok_or_else(|| Error::new(S::InvalidState, "the stream was destroyed"))?;
+        let f = l.guard.grow_on(len, s)?;
+        drop(guard);
+        drop(l);
+        let entry = FenceEntry { fence: f.clone(), recorded: Some(f) };
+        let id = manager_tables::fill(seat, vacant, entry, [0, 0]);
+        // SAFETY: checked non-NULL.
+        unsafe { write_out(out_fence, MemplugHostFence { id }) };
+        Ok(())
     })
 }
 

@@ -217,10 +217,13 @@ pub struct MemplugHostMechanismInfo {
     /// prefixes through `memplug_host_prefix_export_handle` and
     /// `memplug_host_binding_import_prefix`), `MEMPLUG_CAP_PEER_ACCESS`
     /// (1.2, bit 6: other devices may be given access to its memory;
-    /// `memplug_host_mechanism_can_access_peer` says which),
+    /// `memplug_host_mechanism_can_access_peer` says which,
+    /// `memplug_host_region_set_peer_access` gives it to a region's range),
     /// `MEMPLUG_CAP_QUEUED_BINDING` (1.2, bit 7: committing and mapping can
-    /// be enqueued on a stream; informational, this API does not enqueue
-    /// them yet). Ignore bits memplug.h does not name.
+    /// be enqueued on a stream; `memplug_host_region_grow_on` enqueues a
+    /// region's grow, and this API enqueues nothing else: shrinks and
+    /// frees decommit on the host once their fences complete). Ignore
+    /// bits memplug.h does not name.
     pub capabilities: u32,
     /// The device it serves.
     pub device: MemplugDevice,

@@ -105,7 +105,9 @@ mod tests {
             MemplugHostStatus::NullArgument
         );
         assert_eq!(memplug_host_check_api(1, 0), MemplugHostStatus::Ok);
-        // API 1.1: the descriptor, identity, needs and placement.
+        // API 1.1: what plugin ABI 1.2 adds — the descriptor, identity, needs
+        // and placement; typed prefix export; stream waits and typed
+        // adoption; peer access; a region's grow queued on a stream.
         assert_eq!((v.api_minor, MEMPLUG_HOST_API_MINOR), (1, 1));
         assert_eq!(memplug_host_check_api(1, 1), MemplugHostStatus::Ok);
         assert_eq!(memplug_host_check_api(1, 2), MemplugHostStatus::VersionMismatch);

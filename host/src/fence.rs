@@ -105,6 +105,23 @@ impl PluginFence {
         }))
     }
 
+    /// Takes ownership of a fence a queued operation returned on `stream`
+    /// (`commit_on`, `decommit_on`, `map_on`, `unmap_on`): destroyed
+    /// through the plugin when the last holder drops it, like a recorded
+    /// one. A queued operation is work on its stream, so the fence is
+    /// ordered with the fences recorded there. The mechanism has the sync
+    /// capability (queued binding requires it; the caller checked).
+    pub(crate) fn from_queued(mechanism: &Mechanism, fence: Fence, stream: &Stream) -> Arc<PluginFence> {
+        debug_assert!(mechanism.sync().is_some(), "queued binding requires the sync capability");
+        let sequence = NEXT_SEQUENCE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(PluginFence {
+            mechanism: mechanism.clone(),
+            fence: Some(fence),
+            stream: stream.handle(),
+            sequence,
+        })
+    }
+
     /// The plugin's fence token (valid while this lives).
     pub fn token(&self) -> &Fence {
         self.fence()

@@ -1,6 +1,10 @@
 //! Virtual regions: [`MemoryBinding::reserve_virtual`], the owning
 //! [`Region`] (prefix mapping, grow, shrink) and the
-//! retire jobs of a shrink and of the region itself.
+//! retire jobs of a shrink and of the region itself. What plugin ABI 1.2
+//! adds (peer access to a range, a grow queued on a stream) is in
+//! `region/queued.rs`.
+
+mod queued;
 
 use super::prefix::SharedPrefix;
 use super::settle::{self, Charge};
@@ -38,6 +42,7 @@ impl MemoryBinding {
             prefix_access: Access::ReadOnly,
             pending: Arc::new(Mutex::new(Vec::new())),
             fences: Vec::new(),
+            queued_commits: Vec::new(),
         })
     }
 }
@@ -64,6 +69,10 @@ pub struct Region {
     /// Ranges whose decommit waits for fences; not re-committable before.
     pending: Arc<Mutex<Vec<(u64, u64)>>>,
     fences: Vec<SharedFence>,
+    /// Ranges committed by [`grow_on`](Self::grow_on) with the fence that
+    /// says they are usable; dropped once it has completed. Until then no
+    /// synchronous call (peer access) touches the range.
+    queued_commits: Vec<(u64, u64, SharedFence)>,
 }
 
 impl fmt::Debug for Region {

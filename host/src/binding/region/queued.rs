@@ -1,0 +1,185 @@
+//! What plugin ABI 1.2 adds to a [`Region`]: giving a peer device access
+//! to a range of it (`MEMPLUG_CAP_PEER_ACCESS`: `set_peer_access`), and
+//! growing it as a queue operation on a stream
+//! (`MEMPLUG_CAP_QUEUED_BINDING`: `commit_on`), with a fence that says
+//! when the new range is usable. Both refuse, with nothing changed, on a
+//! mechanism without the capability.
+
+use super::super::{round_up, BindingError};
+use super::Region;
+use crate::fence::{PluginFence, SharedFence};
+use crate::mechanism::Access;
+use crate::sync::lock;
+use crate::tokens::Stream;
+use memplug_sdk::abi::MemplugDevice;
+use memplug_sdk::Status;
+use std::sync::Arc;
+
+impl Region {
+    /// Sets what device `peer` may do with `[offset, offset + len)` of the
+    /// region (offsets from its base, the prefix included): `Some(access)`
+    /// grants, `None` revokes. The range must lie within the usable bytes
+    /// ([`len`](Self::len): the mapped prefix and the committed private
+    /// part), be non-empty, not overflow, and be aligned to the
+    /// mechanism's granularity (`OutOfRange` otherwise). Write access to a
+    /// prefix mapped read-only is refused (`Invalid`: the prefix's bytes
+    /// are every region's). A range whose queued commit
+    /// ([`grow_on`](Self::grow_on)) has not completed is `Busy`.
+    ///
+    /// A mechanism without peer access (`MEMPLUG_CAP_PEER_ACCESS`, plugin
+    /// ABI 1.2) refuses with [`BindingError::Unsupported`]. Nothing is
+    /// charged; nothing changes on refusal. Like a decommit, a revoke must
+    /// not race the peer's work still using the range: that is the
+    /// caller's to order.
+    pub fn set_peer_access(
+        &self,
+        offset: u64,
+        len: u64,
+        peer: MemplugDevice,
+        access: Option<Access>,
+    ) -> Result<(), BindingError> {
+        let b = &*self.binding;
+        let m = b.mechanism();
+        let pa = m
+            .peer_access()
+            .ok_or_else(|| b.unsupported("peer access (MEMPLUG_CAP_PEER_ACCESS, plugin ABI 1.2)"))?;
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > self.len()) {
+            return Err(BindingError::Plugin(m.refusal(
+                "binding",
+                Status::OutOfRange,
+                format!(
+                    "peer access range +{offset:#x} len {len:#x} is empty, overflowing, or past the \
+                     region's {:#x} usable bytes (prefix {:#x} + committed {:#x})",
+                    self.len(),
+                    self.base,
+                    self.committed
+                ),
+            )));
+        }
+        if access == Some(Access::ReadWrite) && offset < self.base && self.prefix_is_read_only() {
+            return Err(BindingError::Invalid(format!(
+                "range +{offset:#x} len {len:#x} overlaps the shared prefix (+0x0 len {:#x}), mapped \
+                 read-only: a peer cannot be given write access to it",
+                self.base
+            )));
+        }
+        self.not_queued(offset, len)?;
+        pa.set_peer_access(self.res(), offset, len, peer, access)?;
+        Ok(())
+    }
+
+    /// A range whose queued commit has not completed is not touched by a
+    /// synchronous call yet: `Busy`. Completed commits are forgotten here
+    /// (a query that fails keeps its entry: never decide on a guess).
+    fn not_queued(&self, offset: u64, len: u64) -> Result<(), BindingError> {
+        let end = offset + len;
+        let busy = self
+            .queued_commits
+            .iter()
+            .find(|(o, l, f)| *o < end && offset < o + l && !matches!(f.query(), Ok(true)));
+        match busy {
+            None => Ok(()),
+            Some((o, l, f)) => Err(BindingError::Plugin(self.binding.mechanism().refusal(
+                "binding",
+                Status::Busy,
+                format!(
+                    "range +{o:#x} ({l:#x} B) was committed on a stream and its fence ({}) has not \
+                     completed: wait for it first",
+                    f.describe()
+                ),
+            ))),
+        }
+    }
+
+    /// Grows the usable length to at least `len` bytes (rounded up to the
+    /// granularity) as a queue operation on `stream` (`commit_on`): the
+    /// commit runs after the work already on `stream`, and the returned
+    /// fence completes once the new range is usable — wait on it, or order
+    /// other work behind it (`SyncApi::stream_wait_fence`). The region's
+    /// own release and later shrinks wait for it too.
+    ///
+    /// The new bytes are charged before the commit is enqueued (the grant
+    /// is committed into the region's lease) and refunded at once if the
+    /// plugin refuses it: after the call the charge is exactly the
+    /// region's committed bytes. [`len`](Self::len) and [`committed`](Self::committed) count
+    /// the range at once; until the fence completes it is not usable, and
+    /// [`set_peer_access`](Self::set_peer_access) on it is `Busy`.
+    ///
+    /// A `len` at or below the current length commits nothing: the fence
+    /// is then one recorded on `stream` (complete once the work already on
+    /// it has run). Beyond the reservation is [`BindingError::Invalid`]; a
+    /// range whose deferred decommit has not run is `Busy`, as for
+    /// [`grow_to`](Self::grow_to). A mechanism without queued binding
+    /// (`MEMPLUG_CAP_QUEUED_BINDING`, plugin ABI 1.2) refuses with
+    /// [`BindingError::Unsupported`]; nothing is charged or changed on
+    /// any refusal. There is no update callback: the view is not usable
+    /// when this returns.
+    pub fn grow_on(&mut self, len: u64, stream: &Stream) -> Result<Arc<PluginFence>, BindingError> {
+        let b = self.binding.clone();
+        let m = b.mechanism();
+        if !m.capabilities().queued_binding() || m.sync().is_none() {
+            return Err(b.unsupported("queued binding (MEMPLUG_CAP_QUEUED_BINDING, plugin ABI 1.2)"));
+        }
+        if len <= self.len() {
+            return Ok(PluginFence::record_typed(m, stream)?);
+        }
+        let want = round_up(len - self.base, self.granularity)
+            .filter(|w| self.base.checked_add(*w).is_some_and(|end| end <= self.capacity()))
+            .ok_or_else(|| {
+                BindingError::Invalid(format!(
+                    "cannot grow to {len} B: the region reserves {} B",
+                    self.capacity()
+                ))
+            })?;
+        let (offset, delta) = (self.base + self.committed, want - self.committed);
+        self.wait_out_pending(offset, delta)?;
+        let vb = m.virtual_backing().expect("checked at reserve");
+        let grant = b.grant(delta)?;
+        // The charge, its ledger entry and (on refusal) its refund are made
+        // under one gate token, as in `grow_to`.
+        let (_token, stripe) = b.admit().map_err(|state| b.ended(state))?;
+        let new_lease = {
+            let mut slot = lock(&self.lease);
+            let new_lease = slot.is_none();
+            let charged = match slot.as_mut() {
+                Some(l) => grant.commit_into(l, delta).map(|()| None),
+                None => grant.commit(delta).map(Some),
+            };
+            match charged {
+                Ok(Some(l)) => *slot = Some(l),
+                Ok(None) => {}
+                Err(r) => return Err(r.error.clone().into()),
+            }
+            new_lease
+        };
+        b.ledger.charged(stripe, delta, u64::from(new_lease));
+        let token = match vb.commit_on(self.res(), offset, delta, stream) {
+            Ok(f) => f,
+            Err(e) => {
+                // Nothing was enqueued: the charge goes back.
+                let mut slot = lock(&self.lease);
+                if new_lease {
+                    if let Some(l) = slot.take() {
+                        if b.pool.release(l).is_ok() {
+                            b.ledger.refunded(stripe, delta, 1);
+                        }
+                    }
+                } else if let Some(l) = slot.as_mut() {
+                    if b.pool.release_part(l, delta).is_ok() {
+                        b.ledger.refunded(stripe, delta, 0);
+                    }
+                }
+                return Err(e.into());
+            }
+        };
+        let fence = PluginFence::from_queued(m, token, stream);
+        let shared: SharedFence = fence.clone();
+        self.committed = want;
+        self.queued_commits.retain(|(_, _, f)| !matches!(f.query(), Ok(true)));
+        self.queued_commits.push((offset, delta, shared.clone()));
+        // The range may be in use until the commit has run: a shrink of it
+        // and the region's release wait for the fence (invariant 4).
+        self.add_fences([shared]);
+        Ok(fence)
+    }
+}
