@@ -156,8 +156,10 @@ fn cpu_plugin_node(name: &str) -> Option<u32> {
 }
 
 /// The CPU plugin's mechanisms: `"cpu"` (base pages, no placement),
-/// `"cpu-node<N>"` (bound to node N, zero-filled) and `"cpu-huge-2m"`
-/// (2 MiB pages, zero-filled, no shared mapping).
+/// `"cpu-node<N>"` (bound to node N, zero-filled), `"cpu-huge-2m"` (2 MiB
+/// pages, zero-filled, no shared mapping) and, where the kernel has a
+/// system dma-buf heap, `"dmabuf-system"` (base pages in 2 MiB granules,
+/// not coherent, dma-buf exports).
 fn cpu_plugin_descriptor(name: &str, granularity: u64) -> Descriptor {
     const HOST: u32 = MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT;
     let base = Descriptor {
@@ -179,6 +181,14 @@ fn cpu_plugin_descriptor(name: &str, granularity: u64) -> Descriptor {
             attributes: HOST | MEMPLUG_ATTR_ZERO_FILLED,
             export_types: 0,
             maps_at_offsets: false,
+            ..base
+        },
+        ("dmabuf-system", _) => Descriptor {
+            attributes: MEMPLUG_ATTR_HOST_VISIBLE
+                | MEMPLUG_ATTR_READ_ONLY_ENFORCED
+                | MEMPLUG_ATTR_ZERO_FILLED,
+            export_types: MEMPLUG_HANDLE_DMABUF_FD,
+            page_sizes: Descriptor::page_size_bit(4096),
             ..base
         },
         _ => panic!("the CPU plugin has no mechanism {name:?}"),

@@ -12,7 +12,7 @@
 use crate::os;
 use memplug_sdk::abi::{self, MemplugDevice, MEMPLUG_DEVICE_CPU};
 use memplug_sdk::{Descriptor, DeviceIdentity, Location, MemoryInfo, PluginError, PluginResult, Request};
-use rustix::fd::OwnedFd;
+use rustix::fd::{BorrowedFd, OwnedFd};
 
 /// What one kind of host memory is.
 pub trait Flavor: Send + Sync + Sized + 'static {
@@ -43,6 +43,65 @@ pub trait Flavor: Send + Sync + Sized + 'static {
     fn place_file(&self, fd: &OwnedFd, len: u64, what: &str) -> PluginResult<()>;
     /// Free and total memory of what this mechanism draws from.
     fn memory_info(&self) -> PluginResult<MemoryInfo>;
+
+    /// The `MEMPLUG_HANDLE_*` kind its physical objects' descriptors are.
+    const OBJECT_HANDLE: u32 = abi::MEMPLUG_HANDLE_MEMFD;
+
+    /// Makes a range of a reservation usable (`commit`): anonymous pages,
+    /// prepared. Nothing is left changed on failure.
+    ///
+    /// # Safety
+    /// The range lies in a reservation the caller owns, granularity-
+    /// aligned, neither committed nor mapped.
+    unsafe fn commit(&self, addr: u64, len: u64, what: &str) -> PluginResult<()> {
+        // SAFETY: the caller's range (see above).
+        unsafe {
+            os::commit(addr, len, what)?;
+            if let Err(e) = self.prepare(addr, len, what) {
+                let _ = os::decommit(addr, len, what);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives a committed range back (`decommit`; also run by a stream for
+    /// a queued one, hence no `self`).
+    ///
+    /// # Safety
+    /// The range lies in a reservation the caller owns and is committed;
+    /// nobody reads it again before a new commit.
+    unsafe fn decommit(addr: u64, len: u64, what: &str) -> PluginResult<()> {
+        // SAFETY: the caller's range (see above).
+        unsafe { os::decommit(addr, len, what) }
+    }
+
+    /// Fresh read-write memory of `len` bytes aligned to `align` for one
+    /// allocation, prepared; given back with `os::unreserve`.
+    fn map_allocation(&self, len: u64, align: u64, what: &str) -> PluginResult<u64> {
+        let addr = os::map_fresh(len, align, what)?;
+        // SAFETY: just mapped read-write, nobody else's; given back whole
+        // on failure.
+        if let Err(e) = unsafe { self.prepare(addr, len, what) } {
+            let _ = unsafe { os::unreserve(addr, len, what) };
+            return Err(e);
+        }
+        Ok(addr)
+    }
+
+    /// The file of a new physical object of `len` bytes: a sealed memfd,
+    /// placed.
+    fn object_file(&self, len: u64, what: &str) -> PluginResult<OwnedFd> {
+        let fd = os::memfd(len, what)?;
+        self.place_file(&fd, len, what)?;
+        Ok(fd)
+    }
+
+    /// Checks an imported descriptor is a file this mechanism's objects
+    /// can be, of at least `size` bytes, and keeps a duplicate of it.
+    fn adopt_file(&self, fd: BorrowedFd<'_>, size: u64) -> PluginResult<OwnedFd> {
+        crate::fd_sharing::adopt(fd, size)
+    }
 
     /// `UNSUPPORTED` for a request whose location this memory is not at.
     #[inline(always)]

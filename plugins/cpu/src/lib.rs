@@ -11,9 +11,12 @@
 //! * `"cpu-huge-2m"` (id 2, device CPU 0) — memory backed by 2 MiB
 //!   transparent huge pages, faulted in and collapsed when committed, so a
 //!   commit the kernel cannot back with huge pages is refused; no shared
-//!   mapping (see `flavor.rs`).
+//!   mapping (see `flavor.rs`);
+//! * `"dmabuf-system"` (id 3, device CPU 0) — memory from the kernel's
+//!   system dma-buf heap, every object a dma-buf a device driver can
+//!   import (exported as `MEMPLUG_HANDLE_DMABUF_FD`; see `dma_heap.rs`).
 //!
-//! The last two are published only where the machine serves them (a probe
+//! The last three are published only where the machine serves them (a probe
 //! at start-up; [`offers`] says what was found and why anything is
 //! missing). Each mechanism has every capability:
 //!
@@ -51,6 +54,7 @@
 mod allocator;
 mod checks;
 mod classes;
+mod dma_heap;
 mod fd_sharing;
 mod flavor;
 mod handles;
@@ -86,6 +90,7 @@ pub fn offers() -> Vec<Offer> {
         vec![Offer { name: "cpu".into(), id: CPU_ID, device: flavor::cpu_device(0), not_offered: None }];
     all.extend(flavor::node_mechanisms().into_iter().map(|(o, _)| o));
     all.push(flavor::huge_mechanism().0);
+    all.push(dma_heap::dma_heap_mechanism().0);
     all
 }
 
@@ -120,6 +125,9 @@ fn plugin() -> ExportedPlugin {
     }
     if let (offer, Some(huge)) = flavor::huge_mechanism() {
         mechanisms.push(build(&offer.name, offer.id, 0, huge));
+    }
+    if let (offer, Some(heap)) = dma_heap::dma_heap_mechanism() {
+        mechanisms.push(build(&offer.name, offer.id, 0, heap));
     }
     // The instance's line to its hosts; only the test switch uses it.
     let link = HostLink::new();

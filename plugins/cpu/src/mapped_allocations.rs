@@ -38,14 +38,7 @@ impl MappedAllocations {
     /// maximum and raised it to the minimum, the granularity).
     pub fn allocate<F: Flavor>(&self, flavor: &F, granularity: u64, r: &Request) -> PluginResult<Block> {
         let mapped = round_up(r.size, granularity, "allocate")?;
-        let addr = os::map_fresh(mapped, r.alignment.max(granularity), "allocate")?;
-        // SAFETY: the range was just mapped read-write and nothing refers to
-        // it; on failure it is given back whole.
-        if let Err(e) = unsafe { flavor.prepare(addr, mapped, "allocate") } {
-            // SAFETY: as above.
-            let _ = unsafe { os::unreserve(addr, mapped, "allocate") };
-            return Err(e);
-        }
+        let addr = flavor.map_allocation(mapped, r.alignment.max(granularity), "allocate")?;
         let handle = self.table.insert(Issued { object_id: r.object_id, addr, size: r.size, mapped });
         Ok(Block { addr, size: r.size, handle })
     }

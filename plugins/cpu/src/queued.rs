@@ -92,7 +92,7 @@ pub(crate) fn decommit_on<F: Flavor>(
             // stay readable and resident, which wastes memory but breaks
             // nothing the host can see (there is no one to tell: the fence
             // carries no status).
-            let _ = unsafe { os::decommit(held.addr + offset, len, "decommit_on") };
+            let _ = unsafe { F::decommit(held.addr + offset, len, "decommit_on") };
         }
         state.draining.remove(offset, end);
     });

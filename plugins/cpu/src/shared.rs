@@ -133,8 +133,7 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
                 self.memory_capacity
             )));
         }
-        let fd = os::memfd(size, "create")?;
-        self.flavor.place_file(&fd, size, "create")?;
+        let fd = self.flavor.object_file(size, "create")?;
         Ok(self.physical.insert(request, size, fd))
     }
 
@@ -240,7 +239,7 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
 
     fn import_fd(&self, fd: BorrowedFd<'_>, request: &Request) -> PluginResult<Block> {
         let size = round_up(request.size, self.granularity, "import_fd")?;
-        let kept = fd_sharing::adopt(fd, size)?;
+        let kept = self.flavor.adopt_file(fd, size)?;
         Ok(self.physical.insert(request, size, kept))
     }
 
@@ -264,8 +263,9 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
         crate::queued::unmap_on(self, reservation, offset, len, stream)
     }
 
-    // ABI 1.2: the same memfds, typed. The SDK has checked the kind is one
-    // the descriptor offers (MEMFD only), so nothing else arrives here.
+    // ABI 1.2: the same descriptors, typed. The SDK has checked the kind is
+    // one the descriptor offers (the flavour's one kind), so nothing else
+    // arrives here.
     const CAN_EXPORT_HANDLES: bool = true;
 
     fn export_handle(&self, object: &ObjectRef, handle_type: u32) -> PluginResult<memplug_sdk::Handle> {
@@ -274,8 +274,11 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
 
     fn import_handle(&self, handle: memplug_sdk::HandleRef<'_>, request: &Request) -> PluginResult<Block> {
         match handle {
-            memplug_sdk::HandleRef::Fd { fd, .. } => self.import_fd(fd, request),
-            other => Err(PluginError::unsupported(format!("import_handle: {other:?} is not a memfd"))),
+            memplug_sdk::HandleRef::Fd { fd, kind } if kind == F::OBJECT_HANDLE => self.import_fd(fd, request),
+            other => Err(PluginError::unsupported(format!(
+                "import_handle: {other:?} is not a descriptor of the kind this mechanism's objects are ({:#x})",
+                F::OBJECT_HANDLE
+            ))),
         }
     }
 }

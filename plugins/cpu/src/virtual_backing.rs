@@ -48,14 +48,7 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         state.check_not_draining("commit", offset, end)?;
         // SAFETY: the range is inside a live reservation (checked above,
         // kept live by its lock) and is neither committed nor mapped.
-        unsafe { os::commit(res.addr + offset, len, "commit")? };
-        // SAFETY: the range was just made read-write and holds nothing. A
-        // refusal takes the commit back, so nothing changed.
-        if let Err(e) = unsafe { self.flavor.prepare(res.addr + offset, len, "commit") } {
-            // SAFETY: committed just above; nobody has seen it.
-            let _ = unsafe { os::decommit(res.addr + offset, len, "commit") };
-            return Err(e);
-        }
+        unsafe { self.flavor.commit(res.addr + offset, len, "commit")? };
         state.committed.insert(offset, end);
         Ok(())
     }
@@ -69,7 +62,7 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         }
         // SAFETY: the range is inside a live reservation and entirely
         // committed anonymous memory; the host gives up its contents.
-        unsafe { os::decommit(res.addr + offset, len, "decommit")? };
+        unsafe { F::decommit(res.addr + offset, len, "decommit")? };
         state.committed.remove(offset, end);
         Ok(())
     }

@@ -12,7 +12,7 @@ use common::*;
 
 use memplug_plugin_cpu::live_physical_objects;
 use memplug_sdk::RequestClass;
-use rustix::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use rustix::net::{
     recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
     SendAncillaryMessage, SendFlags,
@@ -28,33 +28,6 @@ const CHILD_TEST: &str = "child_side_of_two_process_sharing";
 const CHILD_SOCKET: &str = "MEMPLUG_EXPORT_CHILD_SOCKET";
 const FROM_PARENT: &[u8] = b"written by the parent process";
 const FROM_CHILD: &[u8] = b"written by the child process";
-
-impl Api {
-    fn export_fd(&self, object: &MemplugObjectRef) -> Outcome<OwnedFd> {
-        let mut fd = -1;
-        call(|sink| unsafe {
-            self.sm.export_fd.expect("export_fd published")(self.ctx as *mut _, object, &mut fd, sink)
-        })?;
-        assert!(fd >= 0);
-        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-    }
-
-    fn import_raw(&self, fd: i32, request: &MemplugRequest) -> Outcome<MemplugBlock> {
-        let mut out = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_1, ..Default::default() };
-        call(|sink| unsafe {
-            self.sm.import_fd.expect("import_fd published")(self.ctx as *mut _, fd, request, &mut out, sink)
-        })?;
-        Ok(out)
-    }
-
-    fn import_fd(&self, fd: BorrowedFd<'_>, size: u64) -> Outcome<MemplugObjectRef> {
-        let r = self.request(size, 1);
-        let b = self.import_raw(fd.as_raw_fd(), &r)?;
-        assert_eq!(b.addr, 0, "a physical object has no address until mapped");
-        assert!(b.size >= size);
-        Ok(self.object_ref(&r, &b))
-    }
-}
 
 /// A reservation of `len` bytes with `object` mapped read-write over it.
 fn mapped(h: &Harness, object: &MemplugObjectRef, len: u64) -> MemplugObjectRef {

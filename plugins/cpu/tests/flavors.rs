@@ -5,6 +5,7 @@
 
 mod common;
 use common::*;
+use std::os::fd::AsRawFd;
 
 const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
 const HUGE: u64 = 2 << 20;
@@ -145,4 +146,47 @@ fn every_mechanism_not_published_says_why() {
         }
     }
     assert_eq!(memplug_plugin_cpu::offers()[0].name, "cpu");
+}
+
+#[test]
+fn the_dma_buf_heap_mechanism_shares_dma_bufs_and_gives_granules_back() {
+    use std::os::fd::AsFd;
+    let Some(h) = harness_of("dmabuf-system") else { return };
+    let p = h.properties().unwrap();
+    let g = p.granularity;
+    assert_eq!(g, HUGE, "one buffer per 2 MiB granule");
+    assert_eq!(p.export_types, MEMPLUG_HANDLE_DMABUF_FD);
+    assert_ne!(p.attributes & MEMPLUG_ATTR_ZERO_FILLED, 0);
+
+    // A commit is one buffer per granule: half of it can go back.
+    let r = h.reserve(4 * g).unwrap();
+    h.commit(&r, 0, 2 * g).unwrap();
+    let (_, what) = mapping_at(r.addr).unwrap();
+    assert!(what.contains("dmabuf"), "a committed granule maps a dma-buf: {what}");
+    assert_eq!(unsafe { *((r.addr + g) as *const u64) }, 0, "zero-filled");
+    unsafe { ((r.addr + g) as *mut u8).write_volatile(9) };
+    h.decommit(&r, 0, g).unwrap();
+    assert_eq!(mapping_at(r.addr).unwrap().0, "---p");
+    assert_eq!(unsafe { ((r.addr + g) as *const u8).read_volatile() }, 9, "the other granule is untouched");
+    assert_eq!(h.committed(&r).unwrap(), g);
+
+    // A physical object is a dma-buf; exported and imported, both views
+    // show the same bytes.
+    let o = h.create(g).unwrap();
+    let fd = h.export_fd(&o).unwrap();
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    assert!(link.to_string_lossy().contains("dmabuf"), "{}", link.display());
+    let imported = h.import_fd(fd.as_fd(), g).unwrap();
+    h.map(&o, 0, &r, 2 * g, g, RW).unwrap();
+    h.map(&imported, 0, &r, 3 * g, g, RW).unwrap();
+    unsafe { ((r.addr + 2 * g) as *mut u8).write_volatile(5) };
+    assert_eq!(unsafe { ((r.addr + 3 * g) as *const u8).read_volatile() }, 5);
+    // A memfd is not a dma-buf.
+    let memfd = rustix::fs::memfd_create("not-a-dmabuf", rustix::fs::MemfdFlags::CLOEXEC).unwrap();
+    rustix::fs::ftruncate(&memfd, g).unwrap();
+    refused(h.import_fd(memfd.as_fd(), g), Status::InvalidArgument);
+    h.release_object(&o).unwrap();
+    h.release_object(&imported).unwrap();
+    h.release_reservation(&r).unwrap();
+    h.assert_balanced();
 }

@@ -14,6 +14,7 @@ pub use memplug_sdk::Status;
 
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
@@ -370,6 +371,33 @@ impl Api {
 
     pub fn fence_wait(&self, fence: u64, timeout_ns: u64) -> Outcome<()> {
         call(|sink| unsafe { self.sync.fence_wait.unwrap()(self.ctx(), fence, timeout_ns, sink) })
+    }
+
+    // ---- sharing across processes (ABI 1.1) ----
+
+    pub fn export_fd(&self, object: &MemplugObjectRef) -> Outcome<OwnedFd> {
+        let mut fd = -1;
+        call(|sink| unsafe {
+            self.sm.export_fd.expect("export_fd published")(self.ctx as *mut _, object, &mut fd, sink)
+        })?;
+        assert!(fd >= 0);
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    pub fn import_raw(&self, fd: i32, request: &MemplugRequest) -> Outcome<MemplugBlock> {
+        let mut out = MemplugBlock { struct_size: MEMPLUG_BLOCK_SIZE_1_1, ..Default::default() };
+        call(|sink| unsafe {
+            self.sm.import_fd.expect("import_fd published")(self.ctx as *mut _, fd, request, &mut out, sink)
+        })?;
+        Ok(out)
+    }
+
+    pub fn import_fd(&self, fd: BorrowedFd<'_>, size: u64) -> Outcome<MemplugObjectRef> {
+        let r = self.request(size, 1);
+        let b = self.import_raw(fd.as_raw_fd(), &r)?;
+        assert_eq!(b.addr, 0, "a physical object has no address until mapped");
+        assert!(b.size >= size);
+        Ok(self.object_ref(&r, &b))
     }
 
     // ---- queue-ordered binding (ABI 1.2) ----
