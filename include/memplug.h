@@ -112,7 +112,7 @@
 // of at least 2, with tables long enough for the slots.
 #define MEMPLUG_CAP_QUEUED_BINDING (1 << 7)
 
-// Every capability flag defined by ABI 1.2 (so far: 1.2 is not frozen).
+// Every capability flag defined by ABI 1.2.
 #define MEMPLUG_CAP_ALL_1_2 (((MEMPLUG_CAP_ALL_1_1 | MEMPLUG_CAP_TYPED_EXPORT) | MEMPLUG_CAP_PEER_ACCESS) | MEMPLUG_CAP_QUEUED_BINDING)
 
 // Since 1.1. Allocation classes a host tags requests with
@@ -330,8 +330,8 @@
 // `MemplugSync` (`stream_wait_fence`, `stream_adopt_typed`) and
 // `MemplugMechanism` (`peer_access`); new in 1.2: `MemplugHostServices`
 // (`report_device_lost`), `MemplugDeviceIdentity`, `MemplugHandle` and
-// `MemplugPeerAccess`. 1.2 is not frozen yet: it may still grow
-// before its header is frozen (docs/ABI-CHANGELOG.md).
+// `MemplugPeerAccess`. Frozen with the 1.2 header
+// (`abi-tests/frozen/1.2`): a later minor appends, never changes these.
 #define MEMPLUG_HOST_INFO_SIZE_1_2 32
 
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.

@@ -26,6 +26,7 @@ use std::process::Command;
 const FROZEN: &[(&str, &str)] = &[
     ("1.0", "267f79266479a11139b13dc147c42689d536ea08b4938775540ba65c55f8af43"),
     ("1.1", "bfd008a4a72078f219aa0b84fc55841dc94384303ddd9aebdb077d53a7d15f7b"),
+    ("1.2", "9bd40b83cb8c2bb8a09cc4f182ab3a1bbc6b9bcccfa4522f2a41d801b37b26c5"),
 ];
 
 /// Constants whose value is allowed to change between minors.
@@ -80,7 +81,10 @@ fn declarations(header: &Path) -> Declared {
                 let rest = &t[start + 2..];
                 fields.push(rest[..rest.find(')').expect("(*name)")].to_string());
             } else if t.ends_with(';') && !t.contains(')') {
+                // An array field (`uint8_t uuid[16];`) is named before its
+                // bound.
                 let decl = t.trim_end_matches(';');
+                let decl = decl.split_once('[').map_or(decl, |(name, _)| name);
                 let name = decl.rsplit(|c: char| !(c.is_alphanumeric() || c == '_')).next().unwrap();
                 fields.push(name.to_string());
             }

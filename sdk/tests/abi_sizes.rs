@@ -27,6 +27,38 @@ fn the_1_1_sizes_never_change() {
 }
 
 #[test]
+fn the_1_2_sizes_never_change() {
+    // Released with the 1.2 header (abi-tests/frozen/1.2), in the order of
+    // the size table; structs new in 1.2 included.
+    let frozen: Vec<(&str, u32)> = memplug_sdk::facts::SIZES.iter().map(|f| (f.name, f.size_1_2)).collect();
+    let want = [
+        ("MemplugHostInfo", 32),
+        ("MemplugNegotiation", 16),
+        ("MemplugPlugin", 72),
+        ("MemplugMechanism", 88),
+        ("MemplugProperties", 72),
+        ("MemplugMemoryInfo", 24),
+        ("MemplugRequest", 72),
+        ("MemplugBlock", 32),
+        ("MemplugObjectRef", 56),
+        ("MemplugAllocator", 40),
+        ("MemplugVirtualBacking", 64),
+        ("MemplugSharedMapping", 96),
+        ("MemplugSync", 88),
+        ("MemplugHostServices", 24),
+        ("MemplugDeviceIdentity", 48),
+        ("MemplugHandle", 96),
+        ("MemplugPeerAccess", 24),
+    ];
+    for (name, size) in want {
+        let got =
+            frozen.iter().find(|(n, _)| *n == name).unwrap_or_else(|| panic!("{name} not in the table"));
+        assert_eq!(got.1, size, "{name}: a released size is frozen");
+    }
+    assert_eq!(frozen.len(), want.len(), "a growable struct of 1.2 is missing here: {frozen:?}");
+}
+
+#[test]
 fn the_1_2_fields_start_where_1_1_ended() {
     assert_eq!(offset_of!(MemplugHostInfo, services), size_1_1::HOST_INFO as usize);
     assert_eq!(MEMPLUG_STATUS_DEVICE_LOST, MEMPLUG_STATUS_BUSY + 1, "the next code, never a reused one");
