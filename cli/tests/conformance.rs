@@ -77,6 +77,7 @@ fn the_reference_cpu_plugin_passes_every_check() {
         "sync.stream_adopt",
         "claims.zero_filled",
         "claims.page_size_used",
+        "claims.placement_used",
         "ordering.stream_adopt_typed",
         "ordering.peer_access",
     ];
@@ -86,6 +87,7 @@ fn the_reference_cpu_plugin_passes_every_check() {
         match c["name"].as_str().unwrap() {
             "claims.zero_filled" => assert!(why.contains("does not claim"), "{c}"),
             "claims.page_size_used" => assert!(why.contains("only the base page"), "{c}"),
+            "claims.placement_used" => assert!(why.contains("claims no NUMA node"), "{c}"),
             "ordering.stream_adopt_typed" => assert!(why.contains("not published"), "{c}"),
             "ordering.peer_access" => assert!(why.contains("no MEMPLUG_CAP_PEER_ACCESS"), "{c}"),
             _ => {}

@@ -316,6 +316,11 @@ pub const CHECKS: &[CheckInfo] = &[
          KernelPageSize, or transparent huge pages)",
     ),
     per_mechanism(
+        "claims.placement_used",
+        "ABI 1.2, a host-visible mechanism located at a NUMA node: every page of an allocation and of a commit, \
+         written, lives on that node (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR)",
+    ),
+    per_mechanism(
         "sync.streams",
         "streams are created and destroyed; destroy waits for submitted work; a second destroy is refused",
     ),

@@ -179,6 +179,31 @@ pub(crate) fn numa_node_exists(n: u32) -> Option<bool> {
     dir.is_dir().then(|| dir.join(format!("node{n}")).is_dir())
 }
 
+/// The NUMA node of the page at `addr` (`get_mempolicy(MPOL_F_NODE |
+/// MPOL_F_ADDR)`, which faults the page in if it is not), or why it
+/// cannot be told.
+pub(crate) fn node_of_page(addr: u64) -> Result<u32, String> {
+    const MPOL_F_NODE: libc::c_ulong = 1;
+    const MPOL_F_ADDR: libc::c_ulong = 2;
+    let mut node: libc::c_int = -1;
+    // SAFETY: only the mode is written (no node mask is passed); `addr` is
+    // the caller's mapped page.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_get_mempolicy,
+            &mut node as *mut libc::c_int,
+            std::ptr::null_mut::<libc::c_ulong>(),
+            0 as libc::c_ulong,
+            addr as usize,
+            MPOL_F_NODE | MPOL_F_ADDR,
+        )
+    };
+    if r != 0 {
+        return Err(format!("get_mempolicy failed: {}", std::io::Error::last_os_error()));
+    }
+    u32::try_from(node).map_err(|_| format!("get_mempolicy answered node {node}"))
+}
+
 /// What `/proc/self/fd/<fd>` links to (`/memfd:name (deleted)`,
 /// `anon_inode:dmabuf`, a path), or `None`.
 pub(crate) fn fd_link(fd: i32) -> Option<String> {

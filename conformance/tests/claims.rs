@@ -26,7 +26,7 @@ use std::sync::Mutex;
 static ONE_RUN: Mutex<()> = Mutex::new(());
 
 /// The checks of this file.
-const NEW_CHECKS: [&str; 10] = [
+const NEW_CHECKS: [&str; 11] = [
     "descriptor.minor_1_is_1_1",
     "descriptor.memory_descriptor",
     "descriptor.identity",
@@ -37,6 +37,7 @@ const NEW_CHECKS: [&str; 10] = [
     "claims.read_only_enforced",
     "claims.zero_filled",
     "claims.page_size_used",
+    "claims.placement_used",
 ];
 
 fn run(path: &Path) -> Report {
@@ -96,6 +97,9 @@ fn the_cpu_plugins_node_and_huge_page_mechanisms_deliver_what_they_claim() {
         assert!(d.contains("location NUMA node 0"), "{d}");
         let (o, d) = of(&r, "claims.read_only_enforced", "cpu-node0").unwrap();
         assert_eq!(o, Outcome::Pass, "{d}");
+        let (o, d) = of(&r, "claims.placement_used", "cpu-node0").unwrap();
+        assert_eq!(o, Outcome::Pass, "{d}");
+        assert!(d.contains("an allocation and of a commit written is on NUMA node 0"), "{d}");
     }
     if published("cpu-huge-2m") {
         let (o, d) =
@@ -137,7 +141,12 @@ fn the_cpu_plugin_passes_the_1_2_checks_and_skips_what_it_does_not_claim() {
     let cpu = |r: &Report, c: &str| of(r, c, "cpu").unwrap_or_else(|| panic!("{c} not run on \"cpu\""));
     let skipped: BTreeSet<&str> =
         NEW_CHECKS.iter().copied().filter(|c| cpu(&r, c).0 == Outcome::Skip).collect();
-    assert_eq!(skipped, BTreeSet::from(["claims.zero_filled", "claims.page_size_used"]), "{}", table(&r));
+    assert_eq!(
+        skipped,
+        BTreeSet::from(["claims.zero_filled", "claims.page_size_used", "claims.placement_used"]),
+        "{}",
+        table(&r)
+    );
     let (_, d) = cpu(&r, "claims.zero_filled");
     assert!(d.contains("does not claim MEMPLUG_ATTR_ZERO_FILLED"), "{d}");
     let (_, d) = cpu(&r, "claims.page_size_used");
@@ -230,6 +239,18 @@ fn read_only_enforced_claimed_over_read_write_views() {
         "claims.read_only_enforced",
         "MEMPLUG_ATTR_READ_ONLY_ENFORCED is claimed, but the read-only view",
         &["shared_mapping.read_only"],
+    );
+}
+
+#[test]
+fn a_numa_node_claimed_where_no_page_is() {
+    // A node this machine lacks (none of these machines has six), so the
+    // memory descriptor's own check objects too.
+    caught(
+        "CLAIMS_ELSEWHERE",
+        "claims.placement_used",
+        "the location claims NUMA node 5, but page 0x0 of an allocation",
+        &["descriptor.memory_descriptor"],
     );
 }
 

@@ -45,6 +45,7 @@ pub(crate) fn run_claims(res: &mut Results, ctx: &Ctx, m: &Mech) {
     res.run("claims.read_only_enforced", name, || read_only_enforced(ctx, m));
     res.run("claims.zero_filled", name, || zero_filled(ctx, m));
     res.run("claims.page_size_used", name, || page_size_used(ctx, m));
+    res.run("claims.placement_used", name, || placement_used(ctx, m));
 }
 
 /// Skips below 1.2: nothing of the descriptor exists there.
@@ -728,5 +729,50 @@ fn page_size_used(ctx: &Ctx, m: &Mech) -> Checked {
     Ok(format!(
         "reserved, committed and touched with each claimed page size; smaps shows {}",
         seen.join(", ")
+    ))
+}
+
+/// A claimed NUMA node is where the pages are: every page of an allocation
+/// and of a commit, written, lives on that node (`get_mempolicy`).
+fn placement_used(ctx: &Ctx, m: &Mech) -> Checked {
+    let p = claimed(m)?;
+    if p.location_kind != MEMPLUG_LOCATION_NUMA_NODE {
+        skip!(
+            "the mechanism claims no NUMA node (location {})",
+            location_name(p.location_kind, p.location_id)
+        );
+    }
+    host_visible(m, "a NUMA node location")?;
+    let node = p.location_id;
+    let base = os::page_size();
+    let mut s = Scope::new(ctx, m);
+    let g = p.granularity.max(base);
+    let mut ranges = Vec::new();
+    let made = s.allocate(&request_1_2(m, 2 * g, p.min_alignment.max(1)));
+    expect(made.status, &[MEMPLUG_STATUS_OK], "allocate(2 granules)")?;
+    ranges.push(("an allocation", made.obj));
+    if m.vb.is_some() {
+        let r = s.reserve_ok(2 * g)?;
+        expect(m.commit(&ctx.log, &r, 0, 2 * g), &[MEMPLUG_STATUS_OK], "commit of the whole reservation")?;
+        ranges.push(("a commit", r));
+    }
+    for (what, o) in &ranges {
+        ensure!(os::writable(o.addr, o.size), "{what} [{:#x}, +{}) is not mapped read-write", o.addr, o.size);
+        for off in (0..o.size).step_by(base as usize) {
+            // SAFETY: mapped read-write (checked above).
+            unsafe { ((o.addr + off) as *mut u8).write_volatile(1) };
+            let on = os::node_of_page(o.addr + off)
+                .map_err(|e| Verdict::Skip(format!("{e}: placement cannot be seen")))?;
+            ensure!(
+                on == node,
+                "the location claims NUMA node {node}, but page {off:#x} of {what} [{:#x}, +{}) is on node {on}",
+                o.addr,
+                o.size
+            );
+        }
+    }
+    Ok(format!(
+        "every page of {} written is on NUMA node {node}",
+        ranges.iter().map(|(w, _)| *w).collect::<Vec<_>>().join(" and of ")
     ))
 }
