@@ -43,7 +43,15 @@ fn inspect_json_is_machine_readable() {
     let caps: Vec<&str> = m["capabilities"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
     assert_eq!(
         caps,
-        ["allocator", "virtual_backing", "shared_mapping", "sync", "shared_export", "typed_export"]
+        [
+            "allocator",
+            "virtual_backing",
+            "shared_mapping",
+            "sync",
+            "shared_export",
+            "typed_export",
+            "queued_binding"
+        ]
     );
     assert_eq!(m["unknown_capability_bits"], 0);
     let page = page_size();

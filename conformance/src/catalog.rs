@@ -337,7 +337,11 @@ pub const CHECKS: &[CheckInfo] = &[
         "sync.unknown_fence",
         "a fence handle never recorded, or already destroyed, is refused with UNKNOWN_ALLOCATION",
     ),
-    per_mechanism("sync.stream_adopt", "stream_adopt, when published, refuses a NULL native stream"),
+    per_mechanism(
+        "sync.stream_adopt",
+        "stream_adopt, when published, refuses a NULL native stream, or adopts it as a working stream (NULL is a \
+         stream in CUDA: the legacy default stream) on which a fence completes",
+    ),
     per_mechanism(
         "sync.fence_after_stream_destroy",
         "fences recorded on a stream stay valid after stream_destroy, report complete, and destroy",

@@ -220,8 +220,24 @@ fn stream_adopt(ctx: &Ctx, m: &Mech) -> Checked {
         skip!("stream_adopt is NULL: the plugin adopts no native streams (an explicit absence)");
     };
     if st == MEMPLUG_STATUS_OK {
-        m.stream_destroy(&ctx.log, h);
-        fail!("stream_adopt(NULL) returned OK");
+        // NULL is a stream in some APIs (CUDA's legacy default stream);
+        // adopted, it must then work like any other.
+        let adopted = (|| {
+            let (rs, f) = m.fence_record(&ctx.log, h);
+            expect(rs, &[MEMPLUG_STATUS_OK], "fence_record on the stream adopted from NULL")?;
+            let w = m.fence_wait(&ctx.log, f, 20_000_000_000);
+            let _ = m.fence_destroy(&ctx.log, f);
+            expect(w, &[MEMPLUG_STATUS_OK], "fence_wait on the stream adopted from NULL")?;
+            Ok::<(), Verdict>(())
+        })();
+        let destroyed = m.stream_destroy(&ctx.log, h);
+        adopted?;
+        expect(destroyed, &[MEMPLUG_STATUS_OK], "stream_destroy of the stream adopted from NULL")?;
+        return Ok(
+            "stream_adopt(NULL) adopted a working stream (NULL names a stream in this API, as CUDA's legacy \
+                   default stream): a fence recorded on it completed, and it was destroyed"
+                .into(),
+        );
     }
     Ok(format!("stream_adopt(NULL) refused with {}", status_name(st)))
 }

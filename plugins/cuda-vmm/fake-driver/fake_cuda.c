@@ -175,7 +175,8 @@ struct mapping {
     CUdeviceptr addr;
     size_t size;
     CUmemGenericAllocationHandle handle;
-    int prot;
+    int prot;                    /* the owning device's access (mprotect) */
+    int peer_prot[MAX_DEVICES];  /* other devices' access (recorded only) */
 };
 static struct mapping *g_mappings;
 
@@ -415,6 +416,51 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* ---- identity and peers ----
+ * Each fake device has a UUID ("memplug-fake-gpu" with the ordinal in the
+ * last byte), a PCI address (domain 0, bus 0x10 + ordinal, device 0) and
+ * reports no RDMA. Devices can access each other as peers unless
+ * MEMPLUG_FAKE_CUDA_NO_PEER=1 (read at each query); a device is not its
+ * own peer (CUDA_ERROR_INVALID_DEVICE, as the real driver). */
+#define ATTR_PCI_BUS_ID 33
+#define ATTR_PCI_DEVICE_ID 34
+#define ATTR_PCI_DOMAIN_ID 50
+
+static void identity_attribute(unsigned int attrib, CUdevice dev, int *value) {
+    switch (attrib) {
+    case ATTR_PCI_BUS_ID: *value = 0x10 + dev; break;
+    case ATTR_PCI_DEVICE_ID: *value = 0; break;
+    case ATTR_PCI_DOMAIN_ID: *value = 0; break;
+    default: break;
+    }
+}
+
+static int peers_allowed(void) {
+    const char *v = getenv("MEMPLUG_FAKE_CUDA_NO_PEER");
+    return !(v != NULL && strcmp(v, "1") == 0);
+}
+
+API CUresult cuDeviceGetUuid(unsigned char uuid[16], CUdevice dev) {
+    CHECK_INIT();
+    if (uuid == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev))
+        return CUDA_ERROR_INVALID_DEVICE;
+    memcpy(uuid, "memplug-fake-gpu", 16);
+    uuid[15] = (unsigned char)dev;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer) {
+    CHECK_INIT();
+    if (can == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!valid_device(dev) || !valid_device(peer) || dev == peer)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *can = peers_allowed();
+    return CUDA_SUCCESS;
+}
+
 API CUresult cuDeviceGetAttribute(int *value, unsigned int attrib, CUdevice dev) {
     CHECK_INIT();
     if (value == NULL)
@@ -427,6 +473,7 @@ API CUresult cuDeviceGetAttribute(int *value, unsigned int attrib, CUdevice dev)
 #else
     *value = attrib == ATTR_VMM_SUPPORTED ? 1 : 0;
 #endif
+    identity_attribute(attrib, dev, value);
     return CUDA_SUCCESS;
 }
 
@@ -730,7 +777,7 @@ API CUresult cuCtxSynchronize(void);
 
 /* ---- streams and events ---- */
 
-enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET, OP_WAIT, OP_NOP };
+enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET, OP_WAIT, OP_EVENT_WAIT, OP_NOP };
 
 struct fake_stream;
 
@@ -913,6 +960,15 @@ static void run_op(struct op *o) {
             pthread_mutex_unlock(&g_lock);
         }
         free(o->waits);
+        break;
+    case OP_EVENT_WAIT:
+        /* cuStreamWaitEvent: later work waits for the record the event
+         * had when the wait was submitted. */
+        pthread_mutex_lock(&o->event->m);
+        while (o->event->completed < o->gen)
+            pthread_cond_wait(&o->event->cv, &o->event->m);
+        pthread_mutex_unlock(&o->event->m);
+        event_unref(o->event);
         break;
     case OP_NOP: break;
     }
@@ -1332,6 +1388,31 @@ API CUresult cuEventRecord(CUevent e, CUstream s) {
     return r;
 }
 
+API CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned int flags) {
+    struct op *o;
+    CUresult r;
+    CHECK_INIT();
+    if (e == NULL)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!ctx_same(e->ctx, e->gen))
+        return CUDA_ERROR_CONTEXT_IS_DESTROYED;
+    o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_EVENT_WAIT;
+    o->event = e;
+    pthread_mutex_lock(&e->m);
+    o->gen = e->recorded; /* never recorded: nothing to wait for */
+    e->refs++;
+    pthread_mutex_unlock(&e->m);
+    r = submit(s, o);
+    if (r != CUDA_SUCCESS)
+        event_unref(e);
+    return r;
+}
+
 #ifndef FAKE_CUDA_OMIT_EVENT_QUERY
 API CUresult cuEventQuery(CUevent e) {
     CUresult r;
@@ -1607,6 +1688,7 @@ API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericA
     m->size = size;
     m->handle = handle;
     m->prot = PROT_NONE;
+    memset(m->peer_prot, 0, sizeof m->peer_prot);
     m->next = g_mappings;
     g_mappings = m;
     p->maps++;
@@ -1629,6 +1711,19 @@ static int mapped_locked(CUdeviceptr p, size_t n) {
     return 1;
 }
 
+/* Whether `dev` is not the device owning the physical memory mapped at
+ * `ptr` (the first mapping of the range decides; a range spans one
+ * device's memory in every use the plugin makes). */
+static int peer_of_range_locked(CUdeviceptr ptr, size_t size, int dev) {
+    (void)size;
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        if (ptr >= m->addr && ptr < m->addr + m->size) {
+            size_t i = (size_t)m->handle - 1;
+            return i < g_phys_len && g_phys[i].device != dev;
+        }
+    return 0;
+}
+
 API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
     int prot;
     CHECK_INIT_COUNTED(N_MEM_SET_ACCESS);
@@ -1644,6 +1739,18 @@ API CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc 
     if (prot == PROT_READ && __atomic_load_n(&g_no_read_only, __ATOMIC_RELAXED))
         return CUDA_ERROR_NOT_SUPPORTED;
     pthread_mutex_lock(&g_lock);
+    if (mapped_locked(ptr, size) && peer_of_range_locked(ptr, size, desc->location.id)) {
+        /* Another device's access: recorded per mapping, never mprotect
+         * (the host view is the owner's). Refused unless it is a peer. */
+        CUresult r = CUDA_SUCCESS;
+        if (!peers_allowed())
+            r = CUDA_ERROR_INVALID_DEVICE;
+        for (struct mapping *m = g_mappings; m && r == CUDA_SUCCESS; m = m->next)
+            if (m->addr >= ptr && m->addr + m->size <= ptr + size)
+                m->peer_prot[desc->location.id] = prot;
+        pthread_mutex_unlock(&g_lock);
+        return r;
+    }
     if (!mapped_locked(ptr, size) || mprotect((void *)(uintptr_t)ptr, size, prot) != 0) {
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_VALUE;
@@ -1911,4 +2018,23 @@ API unsigned long long fake_cuda_ctx_overhead_bytes(void) {
     n = g_ctx_overhead;
     pthread_mutex_unlock(&g_lock);
     return n;
+}
+
+/* The access device `dev` was given to the mapping at `ptr` (PROT_* bits;
+ * -1 if nothing is mapped there). For the owner, its mprotect; for a
+ * peer, what cuMemSetAccess recorded. */
+API int fake_cuda_access_of(unsigned long long ptr, int dev) {
+    int prot = -1;
+    if (dev < 0 || dev >= MAX_DEVICES)
+        return -1;
+    pthread_mutex_lock(&g_lock);
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        if (ptr >= m->addr && ptr < m->addr + m->size) {
+            size_t i = (size_t)m->handle - 1;
+            int owner = i < g_phys_len ? g_phys[i].device : -1;
+            prot = dev == owner ? m->prot : m->peer_prot[dev];
+            break;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return prot;
 }

@@ -37,6 +37,34 @@ impl Allocator for CudaMechanism {
         }
     }
 
+    /// What the mechanism's memory is (ABI 1.2): device-local, at the
+    /// device; with VMM, pages of the granularity, the driver's recommended
+    /// granularity, and read-only views enforced by the GPU's MMU (where the
+    /// driver grants them: otherwise a read-only map is `UNSUPPORTED`).
+    /// Physical objects do not map at arbitrary offsets: an exportable one
+    /// is one driver handle, which CUDA maps only from its start. Not
+    /// zero-filled: `cuMemAlloc` memory is not cleared (commits and
+    /// physical objects are, unless the request says
+    /// `MEMPLUG_HINT_UNINITIALIZED_OK`, but an attribute is a promise about
+    /// every object).
+    fn descriptor(&self) -> memplug_sdk::Descriptor {
+        let facts = &self.driver.devices[self.device.ordinal as usize].facts;
+        let g = self.granularity;
+        let vmm = g != 0;
+        memplug_sdk::Descriptor {
+            recommended_granularity: facts
+                .recommended_granularity
+                .filter(|&r| vmm && r >= g && r % g == 0)
+                .unwrap_or(0),
+            page_sizes: if vmm { memplug_sdk::Descriptor::page_size_bit(g) } else { 0 },
+            attributes: memplug_sdk::abi::MEMPLUG_ATTR_DEVICE_LOCAL
+                | if vmm { memplug_sdk::abi::MEMPLUG_ATTR_READ_ONLY_ENFORCED } else { 0 },
+            export_types: self.export_kinds(),
+            location: memplug_sdk::Location::DEVICE,
+            maps_at_offsets: false,
+        }
+    }
+
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         let _slot = self.slot("allocate")?;
         self.check_request(r, "allocate")?;
@@ -119,5 +147,13 @@ impl Allocator for CudaMechanism {
         // context current.
         d.check(unsafe { (d.api.mem_get_info)(&mut free, &mut total) }, "cuMemGetInfo")?;
         Ok(MemoryInfo { free_bytes: free as u64, total_bytes: total as u64 })
+    }
+}
+
+impl CudaMechanism {
+    /// The kinds of handle physical objects can be exported as: none yet
+    /// (shareable handles are a separate piece of work).
+    fn export_kinds(&self) -> u32 {
+        0
     }
 }

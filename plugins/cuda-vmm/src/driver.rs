@@ -58,6 +58,8 @@ pub const EVENT_DISABLE_TIMING: c_uint = 2;
 pub const EVENT_BLOCKING_SYNC: c_uint = 1;
 /// `CU_MEM_ALLOC_GRANULARITY_MINIMUM`.
 const GRANULARITY_MINIMUM: c_uint = 0;
+/// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`.
+pub(crate) const GRANULARITY_RECOMMENDED: c_uint = 1;
 
 /// The environment variable that names the driver library to use.
 pub const DRIVER_ENV: &str = "MEMPLUG_CUDA_DRIVER";
@@ -135,6 +137,9 @@ entry_points! {
         event_query = "cuEventQuery"(CUevent);
         event_synchronize = "cuEventSynchronize"(CUevent);
         event_destroy = "cuEventDestroy_v2"(CUevent);
+        device_get_uuid = "cuDeviceGetUuid"(*mut [u8; 16], CUdevice);
+        device_can_access_peer = "cuDeviceCanAccessPeer"(*mut c_int, CUdevice, CUdevice);
+        stream_wait_event = "cuStreamWaitEvent"(CUstream, CUevent, c_uint);
     }
 }
 
@@ -166,6 +171,9 @@ pub struct DeviceInfo {
     /// (the mechanism then publishes neither virtual backing nor shared
     /// mapping).
     pub vmm_granularity: Option<u64>,
+    /// What else the driver says of the device (ABI 1.2's descriptor and
+    /// identity).
+    pub facts: crate::device_facts::DeviceFacts,
 }
 
 /// The loaded, initialised driver.
@@ -509,7 +517,8 @@ impl Driver {
                 format!("CUDA device {ordinal}")
             };
             let vmm_granularity = self.vmm_granularity(device);
-            self.devices.push(DeviceInfo { ordinal: ordinal as u32, device, name, vmm_granularity });
+            let facts = crate::device_facts::DeviceFacts::probe(self, device, vmm_granularity.is_some());
+            self.devices.push(DeviceInfo { ordinal: ordinal as u32, device, name, vmm_granularity, facts });
         }
         Ok(())
     }
@@ -541,7 +550,7 @@ impl Driver {
     /// Runs `f` with `device`'s primary context retained and current, and
     /// puts everything back afterwards; `f`'s status, or the failure of
     /// getting there.
-    fn with_primary_context(&self, device: CUdevice, f: impl FnOnce() -> CuResult) -> CuResult {
+    pub(crate) fn with_primary_context(&self, device: CUdevice, f: impl FnOnce() -> CuResult) -> CuResult {
         let api = self.api;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: resolved entry points; what is retained and pushed here is

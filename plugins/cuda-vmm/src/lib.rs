@@ -39,11 +39,13 @@
 
 mod allocator;
 mod context;
+mod device_facts;
 #[doc(hidden)]
 pub mod driver;
 mod handles;
 mod loss;
 mod mechanism;
+mod peer;
 mod shared;
 mod streams;
 mod virtual_backing;
@@ -160,6 +162,15 @@ fn plugin(current: &CurrentLine) -> ExportedPlugin {
             MechanismBuilder::new(&mechanism_name(info.ordinal), mechanism_id(info.ordinal), device, m);
         if vmm {
             mb = mb.virtual_backing().shared_mapping();
+        }
+        if vmm && driver.devices.len() > 1 {
+            // Peers exist only with another device; access to a range is
+            // set with cuMemSetAccess, which needs VMM.
+            mb = mb.peer_access();
+        }
+        let identity = info.facts.identity();
+        if identity.valid != 0 {
+            mb = mb.identity(identity);
         }
         mb = mb.sync();
         // Counted, not leaked: each mechanism (and the primary context it

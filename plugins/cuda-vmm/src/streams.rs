@@ -426,6 +426,36 @@ impl CudaMechanism {
 impl StreamSync for CudaMechanism {
     const CAN_ADOPT: bool = true;
 
+    // ABI 1.2: typed adoption (a CUDA stream only) and cross-stream waits
+    // (`cuStreamWaitEvent`: the device orders the work, no thread waits).
+    const CAN_ADOPT_TYPED: bool = true;
+    const CAN_WAIT_FENCE: bool = true;
+
+    fn stream_adopt_typed(&self, native_kind: u32, native: *mut c_void) -> PluginResult<u64> {
+        if native_kind != memplug_sdk::abi::MEMPLUG_DEVICE_CUDA {
+            let _slot = self.slot("stream_adopt_typed")?;
+            return Err(PluginError::unsupported(format!(
+                "stream_adopt_typed: a native stream of device kind {native_kind} is not a CUstream; this \
+                 mechanism adopts CUDA streams (kind {})",
+                memplug_sdk::abi::MEMPLUG_DEVICE_CUDA
+            )));
+        }
+        self.stream_adopt(native)
+    }
+
+    fn stream_wait_fence(&self, stream: u64, fence: u64) -> PluginResult<()> {
+        let _slot = self.slot("stream_wait_fence")?;
+        let event = self.fence_event(fence)?;
+        let d = self.driver;
+        self.with_open_stream(stream, "stream_wait_fence", |s| {
+            let _e = Entered::new(d, s.ctx)?;
+            // SAFETY: a live stream and a live event (kept by the Arc); the
+            // driver takes the event's current record, so destroying the
+            // fence afterwards does not undo the wait.
+            d.check(unsafe { (d.api.stream_wait_event)(s.raw, event.raw, 0) }, "cuStreamWaitEvent")
+        })
+    }
+
     fn stream_create(&self) -> PluginResult<u64> {
         let _slot = self.slot("stream_create")?;
         let d = self.driver;

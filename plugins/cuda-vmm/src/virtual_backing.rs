@@ -4,7 +4,8 @@
 //!   granularity);
 //! * commit = one `cuMemCreate` physical chunk per granule, `cuMemMap`ped in
 //!   place, then one `cuMemSetAccess` (read-write) over the range and a
-//!   zero-fill (the ABI promises zeros after a commit);
+//!   zero-fill (the ABI promises zeros after a commit; a reservation made
+//!   with `MEMPLUG_HINT_UNINITIALIZED_OK` skips it);
 //! * decommit = one `cuMemUnmap` over the whole range (its granules are
 //!   adjacent mappings), then `cuMemRelease` of each granule;
 //! * release = one `cuMemUnmap` per run of adjacent mapped granules
@@ -98,6 +99,9 @@ pub struct Reservation {
     pub object_id: u64,
     pub addr: u64,
     pub size: u64,
+    /// Whether commits are zero-filled: the ABI's promise, waived when the
+    /// reserving request carried `MEMPLUG_HINT_UNINITIALIZED_OK`.
+    pub zero_fill: bool,
     state: Mutex<State>,
     /// Declared last: the context is released after the rest is gone.
     pub pin: Pin,
@@ -292,6 +296,7 @@ impl VirtualBacking for CudaMechanism {
             object_id: request.object_id,
             addr,
             size,
+            zero_fill: request.hints & memplug_sdk::abi::MEMPLUG_HINT_UNINITIALIZED_OK == 0,
             state: Mutex::new(State::default()),
             pin,
         }));
@@ -326,7 +331,10 @@ impl VirtualBacking for CudaMechanism {
                 release_all(vmm, &handles);
                 return Err(e);
             }
-            if let Err(e) = res.pin.zero_fill(res.addr + offset, len) {
+            // Skipped for a reservation whose request said uninitialised
+            // memory is acceptable (ABI 1.2 MEMPLUG_HINT_UNINITIALIZED_OK).
+            let filled = if res.zero_fill { res.pin.zero_fill(res.addr + offset, len) } else { Ok(()) };
+            if let Err(e) = filled {
                 let _ = self.unmap_run(vmm, res.addr + offset, len / g);
                 release_all(vmm, &handles);
                 return Err(e);

@@ -39,7 +39,9 @@ fn one_mechanism_per_device_with_every_capability() {
         assert_eq!(m.device().0.kind, MEMPLUG_DEVICE_CUDA);
         assert_eq!(m.device().0.ordinal, i as u32);
         assert_eq!(m.device().to_string(), format!("cuda:{i}"));
-        assert_eq!(m.capabilities(), Capabilities(0b1111), "{m:?}");
+        // The four of 1.0, and peer access (ABI 1.2) with another device.
+        let peer = if devices > 1 { memplug_sdk::abi::MEMPLUG_CAP_PEER_ACCESS } else { 0 };
+        assert_eq!(m.capabilities(), Capabilities(0b1111 | peer), "{m:?}");
         assert!(m.sync().unwrap().can_adopt());
         let props = m.properties();
         assert_eq!(props.min_alignment, 256);
