@@ -6,32 +6,9 @@
 mod common;
 use common::*;
 use std::ffi::c_void;
-use std::sync::{Condvar, Mutex};
 
 const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
 const FOREVER: u64 = u64::MAX;
-
-/// Blocks the stream until the test opens it.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-}
-
-impl Gate {
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-}
-
-unsafe extern "C" fn wait_at_gate(p: *mut c_void) {
-    let g = &*(p as *const Gate);
-    let mut open = g.open.lock().unwrap();
-    while !*open {
-        open = g.opened.wait(open).unwrap();
-    }
-}
 
 fn perms(addr: u64) -> String {
     mapping_at(addr).expect("mapped").0

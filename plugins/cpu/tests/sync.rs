@@ -7,7 +7,7 @@ use common::*;
 
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Condvar, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const MS: u64 = 1_000_000;
@@ -22,30 +22,6 @@ unsafe extern "C" fn sleep_then_set(p: *mut c_void) {
     let s = &*(p as *const SleepThenSet);
     std::thread::sleep(s.sleep);
     s.flag.store(true, Ordering::Release);
-}
-
-/// Blocks until the test opens the gate, then raises a flag.
-#[derive(Default)]
-struct Gate {
-    open: Mutex<bool>,
-    opened: Condvar,
-    flag: AtomicBool,
-}
-
-impl Gate {
-    fn open(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
-}
-
-unsafe extern "C" fn wait_at_gate(p: *mut c_void) {
-    let g = &*(p as *const Gate);
-    let mut open = g.open.lock().unwrap();
-    while !*open {
-        open = g.opened.wait(open).unwrap();
-    }
-    g.flag.store(true, Ordering::Release);
 }
 
 fn ptr<T>(v: &T) -> *const c_void {

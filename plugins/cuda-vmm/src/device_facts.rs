@@ -54,7 +54,8 @@ impl DeviceFacts {
             // -1: the kernel does not know.
             std::fs::read_to_string(path).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
         });
-        let recommended_granularity = if vmm { recommended(d, device) } else { None };
+        let recommended_granularity =
+            d.vmm.filter(|_| vmm).and_then(|v| d.granularity(v, device, GRANULARITY_RECOMMENDED));
         DeviceFacts { uuid, pci, numa_node, recommended_granularity }
     }
 
@@ -75,20 +76,4 @@ impl DeviceFacts {
         }
         id
     }
-}
-
-/// The recommended VMM granularity of `device`.
-fn recommended(d: &Driver, device: CUdevice) -> Option<u64> {
-    let vmm = d.vmm?;
-    let prop = crate::driver::allocation_prop(device);
-    let mut g = 0usize;
-    // SAFETY: resolved entry point; `prop` lives for the call.
-    let mut r = unsafe { (vmm.granularity)(&mut g, &prop, GRANULARITY_RECOMMENDED) };
-    if r != CUDA_SUCCESS {
-        // SAFETY: as above, with the primary context current.
-        r = d.with_primary_context(device, || unsafe {
-            (vmm.granularity)(&mut g, &prop, GRANULARITY_RECOMMENDED)
-        });
-    }
-    (r == CUDA_SUCCESS && g.is_power_of_two()).then_some(g as u64)
 }

@@ -533,16 +533,20 @@ impl Driver {
         if r != CUDA_SUCCESS || supported == 0 {
             return None;
         }
+        self.granularity(vmm, device, GRANULARITY_MINIMUM)
+    }
+
+    /// `cuMemGetAllocationGranularity` of `device` for `option` (minimum
+    /// or recommended), when the driver answers a power of two.
+    pub(crate) fn granularity(&self, vmm: Vmm, device: CUdevice, option: c_uint) -> Option<u64> {
         let prop = allocation_prop(device);
         let mut g = 0usize;
-        // SAFETY: as above; `prop` lives for the call.
-        let mut r = unsafe { (vmm.granularity)(&mut g, &prop, GRANULARITY_MINIMUM) };
+        // SAFETY: resolved entry point; `prop` and `g` live for the call.
+        let mut r = unsafe { (vmm.granularity)(&mut g, &prop, option) };
         if r != CUDA_SUCCESS {
             // A driver that wants a context for the query: ask again with
             // the primary context current, retained for the query only.
-            r = self.with_primary_context(device, || unsafe {
-                (vmm.granularity)(&mut g, &prop, GRANULARITY_MINIMUM)
-            });
+            r = self.with_primary_context(device, || unsafe { (vmm.granularity)(&mut g, &prop, option) });
         }
         (r == CUDA_SUCCESS && g.is_power_of_two()).then_some(g as u64)
     }
@@ -550,7 +554,7 @@ impl Driver {
     /// Runs `f` with `device`'s primary context retained and current, and
     /// puts everything back afterwards; `f`'s status, or the failure of
     /// getting there.
-    pub(crate) fn with_primary_context(&self, device: CUdevice, f: impl FnOnce() -> CuResult) -> CuResult {
+    fn with_primary_context(&self, device: CUdevice, f: impl FnOnce() -> CuResult) -> CuResult {
         let api = self.api;
         let mut ctx: CUcontext = std::ptr::null_mut();
         // SAFETY: resolved entry points; what is retained and pushed here is

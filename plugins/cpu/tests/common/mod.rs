@@ -15,8 +15,8 @@ pub use memplug_sdk::Status;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void, CStr};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// A refused call: its status and everything the plugin wrote to the sink.
 pub struct Failure {
@@ -598,4 +598,30 @@ pub fn plugin_memfds() -> usize {
         .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
         .filter(|target| target.to_string_lossy().contains("memfd:memplug-cpu"))
         .count()
+}
+
+// ---- holding a stream ----
+
+/// Blocks until the test opens the gate, then raises a flag.
+#[derive(Default)]
+pub struct Gate {
+    pub open: Mutex<bool>,
+    pub opened: Condvar,
+    pub flag: AtomicBool,
+}
+
+impl Gate {
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+}
+
+pub unsafe extern "C" fn wait_at_gate(p: *mut c_void) {
+    let g = &*(p as *const Gate);
+    let mut open = g.open.lock().unwrap();
+    while !*open {
+        open = g.opened.wait(open).unwrap();
+    }
+    g.flag.store(true, Ordering::Release);
 }
