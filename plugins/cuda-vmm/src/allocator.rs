@@ -37,6 +37,25 @@ impl Allocator for CudaMechanism {
         }
     }
 
+    // ---- descriptor: a minimal stand-in (branch cuda-share) ----
+    // Only so that requests with export_types reach `create` before the
+    // mechanism's full descriptor lands; that version replaces this block.
+    fn descriptor(&self) -> memplug_sdk::Descriptor {
+        memplug_sdk::Descriptor {
+            recommended_granularity: 0,
+            page_sizes: if self.granularity != 0 {
+                memplug_sdk::Descriptor::page_size_bit(self.granularity)
+            } else {
+                0
+            },
+            attributes: memplug_sdk::abi::MEMPLUG_ATTR_DEVICE_LOCAL,
+            export_types: self.export_kinds(),
+            location: memplug_sdk::Location::DEVICE,
+            maps_at_offsets: false,
+        }
+    }
+    // ---- end of the stand-in descriptor ----
+
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         let _slot = self.slot("allocate")?;
         self.check_request(r, "allocate")?;

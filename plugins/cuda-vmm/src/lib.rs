@@ -9,6 +9,11 @@
 //!   decommit unmaps and releases; committed bytes are exact;
 //! * shared mapping — physical objects mapped into several reservations,
 //!   read-only views through `CU_MEM_ACCESS_FLAGS_PROT_READ`;
+//! * export — objects created with `export_types` MEMPLUG_HANDLE_OPAQUE_FD
+//!   are one shareable allocation (mapped only whole), exported and
+//!   imported as CUDA POSIX-fd handles (`cuMemExportToShareableHandle`,
+//!   `cuMemImportFromShareableHandle`; ABI 1.2 typed and 1.1 untyped),
+//!   offered where the device supports them (see `export.rs`);
 //! * sync — CUDA streams (created, or a runtime's `CUstream` adopted), host
 //!   functions through `cuLaunchHostFunc`, fences that are events.
 //!
@@ -41,6 +46,7 @@ mod allocator;
 mod context;
 #[doc(hidden)]
 pub mod driver;
+mod export;
 mod handles;
 mod loss;
 mod mechanism;

@@ -39,7 +39,10 @@ fn one_mechanism_per_device_with_every_capability() {
         assert_eq!(m.device().0.kind, MEMPLUG_DEVICE_CUDA);
         assert_eq!(m.device().0.ordinal, i as u32);
         assert_eq!(m.device().to_string(), format!("cuda:{i}"));
-        assert_eq!(m.capabilities(), Capabilities(0b1111), "{m:?}");
+        // The four of ABI 1.0, and sharing: untyped (1.1) and typed (1.2).
+        let sharing =
+            memplug_sdk::abi::MEMPLUG_CAP_SHARED_EXPORT | memplug_sdk::abi::MEMPLUG_CAP_TYPED_EXPORT;
+        assert_eq!(m.capabilities(), Capabilities(0b1111 | sharing), "{m:?}");
         assert!(m.sync().unwrap().can_adopt());
         let props = m.properties();
         assert_eq!(props.min_alignment, 256);
