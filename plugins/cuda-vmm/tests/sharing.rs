@@ -35,15 +35,21 @@ fn exportable() -> Placement {
     Placement { export_types: OPAQUE, ..Placement::default() }
 }
 
-/// Whether `m` offers OPAQUE_FD export; in fake mode it must. In real mode
-/// a device without POSIX-fd handles skips the test (with a note).
+/// Whether this whole run told the fake to have no POSIX-fd handles.
+fn no_posix_fd_env() -> bool {
+    !real() && std::env::var("MEMPLUG_FAKE_CUDA_NO_POSIX_FD").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// Whether `m` offers OPAQUE_FD export; in fake mode it must (unless the
+/// run set MEMPLUG_FAKE_CUDA_NO_POSIX_FD). In real mode a device without
+/// POSIX-fd handles skips the test (with a note).
 fn offers_export(m: &Mechanism) -> bool {
     let d = m.properties().descriptor;
     if d.export_types & OPAQUE != 0 {
         return true;
     }
     assert!(
-        real(),
+        real() || no_posix_fd_env(),
         "the fake supports POSIX-fd handles by default, yet export_types is {:#x}",
         d.export_types
     );
@@ -86,7 +92,7 @@ fn exportable_objects_are_offered_and_made_as_one_zeroed_shareable_allocation() 
     let m = cuda0(&p);
     let d = m.properties().descriptor;
     assert!(!d.maps_at_offsets, "CUDA maps a shareable handle only from offset 0");
-    if !real() {
+    if !real() && !no_posix_fd_env() {
         assert_eq!(posix_fd_attribute(), 1, "the fake supports POSIX-fd handles by default");
         assert_eq!(d.export_types, OPAQUE, "exactly MEMPLUG_HANDLE_OPAQUE_FD is offered");
     }
@@ -341,6 +347,9 @@ fn a_whole_mapping_unmaps_in_one_call_on_a_one_mapping_per_call_driver() {
     let g = m.properties().granularity;
     let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    if !offers_export(&m) {
+        return;
+    }
     let before = fake_set_unmap_one_mapping(true);
     // The mechanism learns that this driver unmaps one mapping per call
     // (a two-granule decommit falls back to granule by granule) ...
