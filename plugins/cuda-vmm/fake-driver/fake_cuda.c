@@ -32,7 +32,17 @@
  *     anew, as the real driver then makes a new one);
  *   - a stream is a worker thread running host functions, memsets and
  *     event records in order; an event completes when the worker reaches
- *     the place it was recorded at.
+ *     the place it was recorded at;
+ *   - shareable handles: a cuMemCreate with CU_MEM_HANDLE_TYPE_POSIX_FILE_
+ *     DESCRIPTOR in requestedHandleTypes is a sealed memfd named
+ *     "fake-cuda-shareable"; only such a handle exports
+ *     (cuMemExportToShareableHandle: a dup the caller owns; any other is
+ *     CUDA_ERROR_INVALID_VALUE), and cuMemImportFromShareableHandle takes
+ *     only such a descriptor (from any process; else INVALID_VALUE) as a new
+ *     handle of the same memory, counted once in cuMemGetInfo;
+ *     cuMemGetAllocationPropertiesFromHandle answers; the device attribute
+ *     HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (103) is 1; cuMemMap of
+ *     any handle only at offset 0 (see "shareable handles" below).
  *
  * Switches for tests: MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1 (read at the first
  * cuInit) or fake_cuda_set_no_read_only(1) make cuMemSetAccess refuse
@@ -43,7 +53,9 @@
  * returns that sticky code, as a real driver does after an illegal address;
  * FAKE_CUDA_STICKY_FAULT_AFTER=N (read at the first cuInit) does the same
  * with 700 after N calls, and MEMPLUG_FAKE_CUDA_STICKY_CODE=C makes that
- * code C instead.
+ * code C instead. MEMPLUG_FAKE_CUDA_NO_POSIX_FD=1 (read at the first cuInit)
+ * takes POSIX-fd shareable handles away: attribute 103 is 0, and creating,
+ * exporting or importing them is CUDA_ERROR_NOT_SUPPORTED.
  *
  * Variants for tests: -DFAKE_CUDA_OMIT_VMM leaves out the VMM entry points
  * (an old driver); -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
@@ -57,7 +69,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -166,6 +180,16 @@ struct phys {
     int released;
     size_t size;
     long maps;
+    /* Shareable handles (see "shareable handles" below): made with
+     * CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR in requestedHandleTypes, or
+     * imported; only these export. */
+    int shareable;
+    /* Whether this handle's pages are the ones counted in g_used (an
+     * imported handle of memory another live handle of this process holds
+     * is not: the memory counts once). */
+    int counted;
+    /* The memfd's inode: handles of one memory share it. */
+    unsigned long long ino;
 };
 static struct phys *g_phys;
 static size_t g_phys_len;
@@ -199,6 +223,9 @@ static unsigned int g_sticky;
 static long g_calls;
 static long g_fault_after = -1;
 static unsigned int g_fault_after_code = CUDA_ERROR_ILLEGAL_ADDRESS;
+/* MEMPLUG_FAKE_CUDA_NO_POSIX_FD: no POSIX-fd shareable handles (see
+ * "shareable handles" below). */
+static int g_no_posix_fd;
 /* MEMPLUG_FAKE_CUDA_NO_READ_ONLY / fake_cuda_set_no_read_only. */
 static int g_no_read_only;
 /* MEMPLUG_FAKE_CUDA_UNMAP_ONE_MAPPING / fake_cuda_set_unmap_one_mapping:
@@ -233,6 +260,8 @@ enum counted {
     N_MEMSET_ASYNC,
     N_PRIORITY_RANGE,
     N_MEM_GET_INFO,
+    N_MEM_EXPORT,
+    N_MEM_IMPORT,
     N_COUNTED
 };
 static const char *const g_counted_names[N_COUNTED] = {
@@ -242,6 +271,7 @@ static const char *const g_counted_names[N_COUNTED] = {
     "cuEventSynchronize", "cuStreamCreate",  "cuStreamCreateWithPriority",
     "cuStreamDestroy", "cuStreamSynchronize", "cuLaunchHostFunc",
     "cuMemsetD8Async", "cuCtxGetStreamPriorityRange", "cuMemGetInfo",
+    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
 };
 static long g_counts[N_COUNTED];
 
@@ -360,6 +390,8 @@ API CUresult cuInit(unsigned int flags) {
         g_ctx_overhead = env_ull("MEMPLUG_FAKE_CUDA_CTX_MIB", 16) << 20;
         if (env_ull("MEMPLUG_FAKE_CUDA_NO_READ_ONLY", 0) != 0)
             __atomic_store_n(&g_no_read_only, 1, __ATOMIC_RELAXED);
+        if (env_ull("MEMPLUG_FAKE_CUDA_NO_POSIX_FD", 0) != 0)
+            __atomic_store_n(&g_no_posix_fd, 1, __ATOMIC_RELAXED);
         if (env_ull("MEMPLUG_FAKE_CUDA_UNMAP_ONE_MAPPING", 0) != 0)
             __atomic_store_n(&g_unmap_one_mapping, 1, __ATOMIC_RELAXED);
         g_fail_create_at = (long)env_ull("MEMPLUG_FAKE_CUDA_FAIL_CREATE_AT", 0);
@@ -472,6 +504,10 @@ API CUresult cuDeviceGetAttribute(int *value, unsigned int attrib, CUdevice dev)
     *value = 0;
 #else
     *value = attrib == ATTR_VMM_SUPPORTED ? 1 : 0;
+    /* CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (see
+     * "shareable handles"). */
+    if (attrib == 103)
+        *value = !__atomic_load_n(&g_no_posix_fd, __ATOMIC_RELAXED);
 #endif
     identity_attribute(attrib, dev, value);
     return CUDA_SUCCESS;
@@ -1499,6 +1535,193 @@ static int valid_prop(const CUmemAllocationProp *p) {
            valid_device(p->location.id);
 }
 
+/* ---- shareable handles (export/import) ----
+ *
+ * A handle made with CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR (1) in
+ * requestedHandleTypes is a sealed memfd named "fake-cuda-shareable"
+ * (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL); cuMemExportToShareableHandle
+ * hands out a new descriptor of it (a dup the caller owns), and
+ * cuMemImportFromShareableHandle takes only such a descriptor (from this
+ * process or another: the name and seals are checked, so a pipe or another
+ * memfd is CUDA_ERROR_INVALID_VALUE) and makes a new handle of the same
+ * memory, of the memfd's size. In one process that memory counts in
+ * cuMemGetInfo once however many handles show it. A device supports this
+ * unless MEMPLUG_FAKE_CUDA_NO_POSIX_FD=1 (read at the first cuInit): then
+ * CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED is 0 and
+ * creating, exporting and importing such handles is CUDA_ERROR_NOT_SUPPORTED.
+ * Fabric handles (CU_MEM_HANDLE_TYPE_FABRIC) are not modelled: the
+ * attribute is 0 and the type is CUDA_ERROR_NOT_SUPPORTED. cuMemMap maps
+ * any handle only at offset 0 (below), as the real driver does. */
+
+#define HANDLE_TYPE_POSIX_FD 1u
+#define ATTR_POSIX_FD_SUPPORTED 103
+#define SHAREABLE_NAME "fake-cuda-shareable"
+#define SHAREABLE_SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+static struct phys *phys_of(CUmemGenericAllocationHandle h);
+
+static int shareable_requested(const CUmemAllocationProp *p) {
+    return (p->requestedHandleTypes & HANDLE_TYPE_POSIX_FD) != 0;
+}
+
+/* A handle-type mask cuMemCreate takes: none or POSIX fds (when offered). */
+static int handle_types_ok(const CUmemAllocationProp *p) {
+    if (p->requestedHandleTypes == 0)
+        return 1;
+    return p->requestedHandleTypes == HANDLE_TYPE_POSIX_FD && !__atomic_load_n(&g_no_posix_fd, __ATOMIC_RELAXED);
+}
+
+static unsigned long long fd_inode(int fd) {
+    struct stat st;
+    return fstat(fd, &st) == 0 ? (unsigned long long)st.st_ino : 0;
+}
+
+/* A new sealed memfd of `size` bytes for a shareable handle, or -1. */
+static int shareable_memfd(size_t size) {
+    int fd = memfd_create(SHAREABLE_NAME, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0)
+        return -1;
+    if (ftruncate(fd, (off_t)size) != 0 || fcntl(fd, F_ADD_SEALS, SHAREABLE_SEALS) != 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+/* Whether `fd` is a descriptor this fake exported (here or in another
+ * process): a memfd of that name, sealed so, read-write, whole granules. */
+static int is_exported_memfd(int fd, size_t *size) {
+    char link[64], target[256];
+    struct stat st;
+    ssize_t n;
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || (fl & O_ACCMODE) != O_RDWR || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    n = readlink(link, target, sizeof target - 1);
+    if (n < 0)
+        return 0;
+    target[n] = 0;
+    if (strncmp(target, "/memfd:" SHAREABLE_NAME " ", strlen("/memfd:" SHAREABLE_NAME " ")) != 0)
+        return 0;
+    if (fcntl(fd, F_GET_SEALS) != SHAREABLE_SEALS || st.st_size <= 0 || (size_t)st.st_size % GRAN != 0)
+        return 0;
+    *size = (size_t)st.st_size;
+    return 1;
+}
+
+/* The counting of `p`'s memory handed to another live handle of the same
+ * memory, if there is one. g_lock held. */
+static int pass_count_on(struct phys *p) {
+    for (size_t i = 0; i < g_phys_len; i++) {
+        struct phys *o = &g_phys[i];
+        if (o != p && o->fd >= 0 && o->ino == p->ino && !o->counted) {
+            o->counted = 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+API CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocationHandle handle,
+                                          unsigned int type, unsigned long long flags) {
+    struct phys *p;
+    int fd;
+    CHECK_INIT_COUNTED(N_MEM_EXPORT);
+    if (shareable == NULL || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != HANDLE_TYPE_POSIX_FD || __atomic_load_n(&g_no_posix_fd, __ATOMIC_RELAXED))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    p = phys_of(handle);
+    /* Only a handle made shareable that way exports (the driver documents
+     * INVALID_VALUE, NOT_PERMITTED and NOT_SUPPORTED without saying which
+     * this is; INVALID_VALUE is the one the fake answers). */
+    if (p == NULL || !p->shareable) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 3);
+    pthread_mutex_unlock(&g_lock);
+    if (fd < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    *(int *)shareable = fd;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle, void *os_handle,
+                                            unsigned int type) {
+    int fd = (int)(intptr_t)os_handle, mine, dev = 0;
+    size_t size = 0;
+    unsigned long long ino;
+    struct phys *grown;
+    int shown = 0;
+    CHECK_INIT_COUNTED(N_MEM_IMPORT);
+    if (handle == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type != HANDLE_TYPE_POSIX_FD || __atomic_load_n(&g_no_posix_fd, __ATOMIC_RELAXED))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    if (fd < 0 || !is_exported_memfd(fd, &size))
+        return CUDA_ERROR_INVALID_VALUE;
+    ino = fd_inode(fd);
+    /* The caller keeps its descriptor (it closes it); the handle holds its
+     * own. */
+    mine = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+    if (mine < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    for (size_t i = 0; i < g_phys_len; i++)
+        if (g_phys[i].fd >= 0 && g_phys[i].ino == ino) {
+            shown = 1;
+            dev = g_phys[i].device;
+            break;
+        }
+    /* Memory from another process lands on device 0 of this one (the fake
+     * has no idea where it came from) and counts there. */
+    if (!shown && size > available_locked(dev)) {
+        pthread_mutex_unlock(&g_lock);
+        close(mine);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    grown = realloc(g_phys, (g_phys_len + 1) * sizeof *g_phys);
+    if (grown == NULL) {
+        pthread_mutex_unlock(&g_lock);
+        close(mine);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g_phys = grown;
+    g_phys[g_phys_len] = (struct phys){
+        .fd = mine, .device = dev, .size = size, .shareable = 1, .counted = !shown, .ino = ino};
+    g_phys_len++;
+    if (!shown)
+        g_used[dev] += size;
+    *handle = g_phys_len;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle handle) {
+    struct phys *p;
+    CHECK_INIT();
+    if (prop == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    p = phys_of(handle);
+    if (p == NULL) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    memset(prop, 0, sizeof *prop);
+    prop->type = 1; /* PINNED */
+    prop->requestedHandleTypes = p->shareable ? HANDLE_TYPE_POSIX_FD : 0;
+    prop->location.type = 1; /* DEVICE */
+    prop->location.id = p->device;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+/* ---- end of shareable handles ---- */
+
 API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, unsigned int option) {
     CHECK_INIT();
     if (g == NULL || !valid_prop(prop) || option > 1)
@@ -1570,6 +1793,8 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
     CHECK_INIT_COUNTED(N_MEM_CREATE);
     if (handle == NULL || size == 0 || size % GRAN != 0 || flags != 0 || !valid_prop(prop))
         return CUDA_ERROR_INVALID_VALUE;
+    if (!handle_types_ok(prop))
+        return CUDA_ERROR_NOT_SUPPORTED;
     dev = prop->location.id;
     pthread_mutex_lock(&g_lock);
     if (++g_create_calls == g_fail_create_at) {
@@ -1582,8 +1807,8 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    fd = memfd_create("fake-cuda-physical", MFD_CLOEXEC);
-    if (fd < 0 || ftruncate(fd, (off_t)size) != 0) {
+    fd = shareable_requested(prop) ? shareable_memfd(size) : memfd_create("fake-cuda-physical", MFD_CLOEXEC);
+    if (fd < 0 || (!shareable_requested(prop) && ftruncate(fd, (off_t)size) != 0)) {
         if (fd >= 0)
             close(fd);
         pthread_mutex_unlock(&g_lock);
@@ -1610,6 +1835,9 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
     g_phys[g_phys_len].released = 0;
     g_phys[g_phys_len].size = size;
     g_phys[g_phys_len].maps = 0;
+    g_phys[g_phys_len].shareable = shareable_requested(prop);
+    g_phys[g_phys_len].counted = 1;
+    g_phys[g_phys_len].ino = fd_inode(fd);
     g_phys_len++;
     g_used[dev] += size;
     *handle = g_phys_len; /* index + 1: zero is never a handle */
@@ -1629,7 +1857,11 @@ static void phys_maybe_free(struct phys *p) {
     if (p->released && p->maps == 0 && p->fd >= 0) {
         close(p->fd);
         p->fd = -1;
-        g_used[p->device] -= p->size;
+        /* Memory another live handle (an import) still shows stays
+         * counted, now by that handle. */
+        if (p->counted && !pass_count_on(p))
+            g_used[p->device] -= p->size;
+        p->counted = 0;
     }
 }
 

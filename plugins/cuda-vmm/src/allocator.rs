@@ -149,11 +149,3 @@ impl Allocator for CudaMechanism {
         Ok(MemoryInfo { free_bytes: free as u64, total_bytes: total as u64 })
     }
 }
-
-impl CudaMechanism {
-    /// The kinds of handle physical objects can be exported as: none yet
-    /// (shareable handles are a separate piece of work).
-    fn export_kinds(&self) -> u32 {
-        0
-    }
-}

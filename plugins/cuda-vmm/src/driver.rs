@@ -157,6 +157,27 @@ entry_points! {
     }
 }
 
+entry_points! {
+    /// Shareable handles (CUDA 10.2 and later): a physical allocation
+    /// exported as an OS handle (here a POSIX file descriptor) and imported
+    /// in another process. Optional: a driver without them still loads, and
+    /// its mechanisms offer no export kinds (see `export.rs`).
+    Share {
+        export = "cuMemExportToShareableHandle"(*mut c_void, CUmemGenericAllocationHandle, c_uint, u64);
+        import = "cuMemImportFromShareableHandle"(*mut CUmemGenericAllocationHandle, *mut c_void, c_uint);
+        properties_from_handle =
+            "cuMemGetAllocationPropertiesFromHandle"(*mut CUmemAllocationProp, CUmemGenericAllocationHandle);
+    }
+}
+
+/// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`.
+pub const ATTR_POSIX_FD_SUPPORTED: c_uint = 103;
+/// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED` (not used: fabric
+/// handles are not implemented, see `export.rs`).
+pub const ATTR_FABRIC_SUPPORTED: c_uint = 128;
+/// `CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR`, as a raw number.
+pub const HANDLE_TYPE_POSIX_FD: c_uint = 1;
+
 /// One device as found at load.
 #[derive(Clone, Debug)]
 pub struct DeviceInfo {
@@ -182,6 +203,8 @@ pub struct Driver {
     pub api: Core,
     /// VMM entry points, when the library has them all.
     pub vmm: Option<Vmm>,
+    /// Shareable-handle entry points, when the library has them all.
+    pub share: Option<Share>,
     /// `cuDriverGetVersion`, e.g. 12080 for 12.8.
     pub version: i32,
     /// Every device, in ordinal order.
@@ -477,7 +500,8 @@ fn load() -> PluginResult<Driver> {
     let loaded_path = loaded_file(api.init as *mut c_void).unwrap_or_else(|| "an unknown file".into());
     let origin = format!("{origin}: {loaded_path}");
     let vmm = Vmm::resolve(&find).ok();
-    let mut driver = Driver { api, vmm, version: 0, devices: Vec::new(), origin, loaded_path, lib };
+    let share = Share::resolve(&find).ok();
+    let mut driver = Driver { api, vmm, share, version: 0, devices: Vec::new(), origin, loaded_path, lib };
     driver.initialise()?;
     Ok(driver)
 }

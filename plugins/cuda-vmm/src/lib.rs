@@ -9,6 +9,11 @@
 //!   decommit unmaps and releases; committed bytes are exact;
 //! * shared mapping — physical objects mapped into several reservations,
 //!   read-only views through `CU_MEM_ACCESS_FLAGS_PROT_READ`;
+//! * export — objects created with `export_types` MEMPLUG_HANDLE_OPAQUE_FD
+//!   are one shareable allocation (mapped only whole), exported and
+//!   imported as CUDA POSIX-fd handles (`cuMemExportToShareableHandle`,
+//!   `cuMemImportFromShareableHandle`; ABI 1.2 typed export only),
+//!   offered where the device supports them (see `export.rs`);
 //! * sync — CUDA streams (created, or a runtime's `CUstream` adopted), host
 //!   functions through `cuLaunchHostFunc`, fences that are events.
 //!
@@ -42,6 +47,7 @@ mod context;
 mod device_facts;
 #[doc(hidden)]
 pub mod driver;
+mod export;
 mod handles;
 mod loss;
 mod mechanism;

@@ -4,6 +4,11 @@
 //! `cuMemMap`s the chunks into a range of a reservation and sets the access
 //! (`CU_MEM_ACCESS_FLAGS_PROT_READ` for read-only views).
 //!
+//! An object created with `export_types` asking for
+//! `MEMPLUG_HANDLE_OPAQUE_FD`, or imported, is instead ONE shareable handle
+//! of its whole size, mapped only whole from offset 0, and exported /
+//! imported as a POSIX descriptor (`export.rs`).
+//!
 //! References: one from `create`, one per `retain`, one per live mapping,
 //! counted apart as in the CPU plugin: only the host's make the handle
 //! valid, but the chunks are released (`cuMemRelease`) only when both counts
@@ -19,23 +24,39 @@ use crate::context::Pin;
 use crate::driver::CUmemGenericAllocationHandle;
 use crate::mechanism::{wrong_state, CudaMechanism};
 use crate::virtual_backing::{release_all, Mapping};
-use memplug_sdk::{Access, Block, ObjectRef, PluginResult, Request, SharedMapping};
+use memplug_sdk::abi::MEMPLUG_HANDLE_OPAQUE_FD;
+use memplug_sdk::{Access, Block, Handle, HandleRef, ObjectRef, PluginResult, Request, SharedMapping};
 use std::sync::Arc;
 
 /// One physical object.
 pub struct Physical {
     object_id: u64,
     size: u64,
-    /// One chunk per granule, in order.
-    handles: Arc<[CUmemGenericAllocationHandle]>,
+    /// One chunk per granule, in order; or, for a shareable object, its
+    /// one handle.
+    pub(crate) handles: Arc<[CUmemGenericAllocationHandle]>,
+    /// One shareable handle (POSIX fd) of the whole size: maps only whole
+    /// from offset 0, exports (see `export.rs`).
+    pub(crate) shareable: bool,
     host_refs: u64,
-    mappings: u64,
+    pub(crate) mappings: u64,
     /// Declared last: the context is released after the rest is gone.
     pin: Pin,
 }
 
 impl Physical {
-    fn is(&self, obj: &ObjectRef) -> bool {
+    /// A new object holding the host's one reference.
+    pub(crate) fn new(
+        object_id: u64,
+        size: u64,
+        handles: Vec<CUmemGenericAllocationHandle>,
+        shareable: bool,
+        pin: Pin,
+    ) -> Physical {
+        Physical { object_id, size, handles: handles.into(), shareable, host_refs: 1, mappings: 0, pin }
+    }
+
+    pub(crate) fn is(&self, obj: &ObjectRef) -> bool {
         self.host_refs > 0 && self.object_id == obj.object_id && obj.addr == 0 && self.size == obj.size
     }
 }
@@ -96,12 +117,14 @@ impl CudaMechanism {
         let _ = self.drop_ref(handle, |p| p.mappings > 0, |p| p.mappings -= 1);
     }
 
-    /// Zero-fills new chunks through a temporary mapping.
+    /// Zero-fills new chunks (or a new shareable handle) through a
+    /// temporary mapping.
     fn zero_chunks(
         &self,
         pin: &Pin,
         handles: &[CUmemGenericAllocationHandle],
         size: u64,
+        shareable: bool,
     ) -> PluginResult<()> {
         let vmm = self.vmm("create")?;
         let d = self.driver;
@@ -109,14 +132,36 @@ impl CudaMechanism {
         // SAFETY: resolved entry point, out-pointer to a local.
         let r = unsafe { (vmm.address_reserve)(&mut va, size as usize, self.granularity as usize, 0, 0) };
         d.check(r, "cuMemAddressReserve")?;
-        let filled = self.map_granules(vmm, va, handles, Access::ReadWrite).and_then(|()| {
+        let filled = self.map_physical(vmm, va, handles, shareable, size, Access::ReadWrite).and_then(|()| {
             let z = pin.zero_fill(va, size);
-            let (_, u) = self.unmap_run(vmm, va, handles.len() as u64);
+            let u = if shareable {
+                self.unmap_whole(vmm, va, size)
+            } else {
+                self.unmap_run(vmm, va, handles.len() as u64).1
+            };
             z.and(u)
         });
         // SAFETY: the temporary range, unmapped.
         let freed = d.check(unsafe { (vmm.address_free)(va, size as usize) }, "cuMemAddressFree");
         filled.and(freed)
+    }
+
+    /// Maps an object's handles at `addr`: chunk by chunk, or a shareable
+    /// object's one handle whole (`len` is then its size).
+    fn map_physical(
+        &self,
+        vmm: crate::driver::Vmm,
+        addr: u64,
+        handles: &[CUmemGenericAllocationHandle],
+        shareable: bool,
+        len: u64,
+        access: Access,
+    ) -> PluginResult<()> {
+        if shareable {
+            self.map_whole(vmm, addr, handles[0], len, access)
+        } else {
+            self.map_granules(vmm, addr, handles, access)
+        }
     }
 }
 
@@ -125,25 +170,23 @@ impl SharedMapping for CudaMechanism {
         let _slot = self.slot("create")?;
         let vmm = self.vmm("create")?;
         self.check_request(request, "create")?;
+        let shareable = self.wants_shareable(request)?;
         let size = self.round_up(request.size, "create")?;
         let pin = self.ctx.pin()?;
         let handles = {
             let _e = pin.enter()?;
-            let handles = self.create_granules(vmm, size / self.granularity)?;
-            if let Err(e) = self.zero_chunks(&pin, &handles, size) {
+            let handles = if shareable {
+                vec![self.create_shareable(vmm, size)?]
+            } else {
+                self.create_granules(vmm, size / self.granularity)?
+            };
+            if let Err(e) = self.zero_chunks(&pin, &handles, size, shareable) {
                 release_all(vmm, &handles);
                 return Err(e);
             }
             handles
         };
-        let handle = self.physical.insert(Physical {
-            object_id: request.object_id,
-            size,
-            handles: handles.into(),
-            host_refs: 1,
-            mappings: 0,
-            pin,
-        });
+        let handle = self.physical.insert(Physical::new(request.object_id, size, handles, shareable, pin));
         Ok(Block { addr: 0, size, handle })
     }
 
@@ -161,18 +204,27 @@ impl SharedMapping for CudaMechanism {
         self.check_owner(object, "physical object")?;
         let res = self.find_reservation(reservation)?;
         let g = self.granularity;
-        let handles = {
+        let (handles, shareable) = {
             let mut st = res.lock(self, reservation)?;
             let end = self.check_range(offset, len, res.size, "map: reservation")?;
             // Take a mapping reference first: it keeps the chunks while the
             // driver maps them, with no lock held meanwhile.
-            let handles = self
+            let (handles, shareable) = self
                 .physical
                 .with(
                     object.handle,
                     |p| p.is(object),
                     |p| {
                         self.check_range(object_offset, len, p.size, "map: physical object")?;
+                        if p.shareable && (object_offset != 0 || len != p.size) {
+                            return Err(memplug_sdk::PluginError::invalid_argument(format!(
+                                "map: the physical object is one shareable CUDA allocation (created with \
+                                 export_types MEMPLUG_HANDLE_OPAQUE_FD, or imported), which the driver maps \
+                                 only whole from offset 0: object_offset {object_offset:#x}, len {len:#x} of \
+                                 its {:#x} bytes; nothing was changed",
+                                p.size
+                            )));
+                        }
                         if st.committed_in(offset, end) {
                             return Err(wrong_state(format!(
                                 "map: reservation range [{offset:#x}, {end:#x}) has committed pages"
@@ -185,16 +237,23 @@ impl SharedMapping for CudaMechanism {
                         }
                         st.check_not_busy("map", offset, end)?;
                         p.mappings += 1;
-                        Ok(Arc::clone(&p.handles))
+                        Ok((Arc::clone(&p.handles), p.shareable))
                     },
                 )
                 .ok_or_else(|| self.unknown(object, "physical object"))??;
             st.busy.insert(offset, len);
-            handles
+            (handles, shareable)
         };
-        let first = (object_offset / g) as usize;
-        let chunks = &handles[first..first + (len / g) as usize];
-        let mapped = res.pin.enter().and_then(|_e| self.map_granules(vmm, res.addr + offset, chunks, access));
+        let chunks = if shareable {
+            &handles[..]
+        } else {
+            let first = (object_offset / g) as usize;
+            &handles[first..first + (len / g) as usize]
+        };
+        let mapped = res
+            .pin
+            .enter()
+            .and_then(|_e| self.map_physical(vmm, res.addr + offset, chunks, shareable, len, access));
         let mut st = res.state();
         st.busy.remove(&offset);
         if let Err(e) = mapped {
@@ -202,7 +261,7 @@ impl SharedMapping for CudaMechanism {
             self.drop_mapping(object.handle);
             return Err(e);
         }
-        st.mappings.insert(offset, Mapping { len, object: object.handle });
+        st.mappings.insert(offset, Mapping { len, object: object.handle, whole: shareable });
         Ok(())
     }
 
@@ -234,6 +293,10 @@ impl SharedMapping for CudaMechanism {
         // One cuMemUnmap over the mapping's granules.
         let n = len / self.granularity;
         let (done, r) = match res.pin.enter() {
+            Ok(_e) if m.whole => match self.unmap_whole(vmm, res.addr + offset, len) {
+                Ok(()) => (n, Ok(())),
+                Err(e) => (0, Err(e)),
+            },
             Ok(_e) => self.unmap_run(vmm, res.addr + offset, n),
             Err(e) => (0, Err(e)),
         };
@@ -271,5 +334,34 @@ impl SharedMapping for CudaMechanism {
         self.check_owner(object, "physical object")?;
         self.drop_ref(object.handle, |p| p.is(object), |p| p.host_refs -= 1)
             .ok_or_else(|| self.unknown(object, "physical object"))?
+    }
+
+    // Sharing (`export.rs`): POSIX-fd shareable handles, typed only (ABI
+    // 1.2, kind MEMPLUG_HANDLE_OPAQUE_FD). Not the untyped export of 1.1:
+    // its contract is that *any* physical object exports, and CUDA makes an
+    // allocation shareable only when asked at cuMemCreate — which a 1.2
+    // request says (`export_types`) and a 1.1 request cannot.
+    const CAN_EXPORT_HANDLES: bool = true;
+
+    fn export_handle(&self, object: &ObjectRef, handle_type: u32) -> PluginResult<Handle> {
+        if handle_type != MEMPLUG_HANDLE_OPAQUE_FD {
+            return Err(memplug_sdk::PluginError::unsupported(format!(
+                "export_handle: handle kind {handle_type:#x} is not MEMPLUG_HANDLE_OPAQUE_FD, the only kind \
+                 this mechanism exports"
+            )));
+        }
+        Ok(Handle::Fd { kind: handle_type, fd: self.export_object(object, "export_handle")? })
+    }
+
+    fn import_handle(&self, handle: HandleRef<'_>, request: &Request) -> PluginResult<Block> {
+        match handle {
+            HandleRef::Fd { kind: MEMPLUG_HANDLE_OPAQUE_FD, fd } => {
+                self.import_object(fd, request, "import_handle")
+            }
+            other => Err(memplug_sdk::PluginError::unsupported(format!(
+                "import_handle: {other:?} is not a MEMPLUG_HANDLE_OPAQUE_FD descriptor, the only kind this \
+                 mechanism imports"
+            ))),
+        }
     }
 }

@@ -8,9 +8,10 @@
 //!   with `MEMPLUG_HINT_UNINITIALIZED_OK` skips it);
 //! * decommit = one `cuMemUnmap` over the whole range (its granules are
 //!   adjacent mappings), then `cuMemRelease` of each granule;
-//! * release = one `cuMemUnmap` per run of adjacent mapped granules
-//!   (committed granules and shared mappings alike), the chunks released,
-//!   then `cuMemAddressFree`.
+//! * release = one `cuMemUnmap` per whole mapping of a shareable object
+//!   (`export.rs`), then one per run of adjacent mapped granules (committed
+//!   granules and other shared mappings alike), the chunks released, then
+//!   `cuMemAddressFree`.
 //!
 //! One chunk per granule is what lets any granule-aligned sub-range be
 //! decommitted later: the driver can neither unmap part of a mapping nor map
@@ -48,6 +49,10 @@ pub struct Mapping {
     /// Handle of the physical object; the mapping holds one of its
     /// references.
     pub object: u64,
+    /// One driver mapping of a shareable object's single handle (see
+    /// `export.rs`): unmapped with one `cuMemUnmap`, never granule by
+    /// granule.
+    pub whole: bool,
 }
 
 /// Mutable state of a reservation.
@@ -198,11 +203,22 @@ impl CudaMechanism {
             }
         }
         let len = handles.len() as u64 * g;
+        if let Err(e) = self.grant_access(vmm, addr, len, access) {
+            let _ = self.unmap_run(vmm, addr, handles.len() as u64);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Gives the device `access` to the mapped range `[addr, addr + len)`
+    /// (one `cuMemSetAccess`); a driver refusing read-only access is
+    /// `UNSUPPORTED`. The caller undoes its mapping on failure.
+    pub(crate) fn grant_access(&self, vmm: Vmm, addr: u64, len: u64, access: Access) -> PluginResult<()> {
+        let d = self.driver;
         let desc = access_desc(self.ctx_device(), access == Access::ReadWrite);
         // SAFETY: the range was just mapped; `desc` lives for the call.
         let r = unsafe { (vmm.set_access)(addr, len as usize, &desc, 1) };
         if r != crate::driver::CUDA_SUCCESS {
-            let _ = self.unmap_run(vmm, addr, handles.len() as u64);
             if access == Access::ReadOnly
                 && (r == crate::driver::CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE)
             {
@@ -425,17 +441,25 @@ impl VirtualBacking for CudaMechanism {
             let mut held: BTreeMap<u64, Held> =
                 std::mem::take(&mut st.committed).into_iter().map(|(o, h)| (o, Held::Committed(h))).collect();
             let mappings = std::mem::take(&mut st.mappings);
-            for (&start, m) in &mappings {
+            for (&start, m) in mappings.iter().filter(|(_, m)| !m.whole) {
                 for i in 0..m.len / g {
                     held.insert(start + i * g, Held::Shared(start));
                 }
             }
             (held.into_iter().collect::<Vec<_>>(), mappings)
         };
+        // Whole mappings of shareable objects: one cuMemUnmap each, first.
+        let wholes: Vec<(u64, u64)> =
+            mappings.iter().filter(|(_, m)| m.whole).map(|(&start, m)| (start, m.len)).collect();
+        let mut wholes_done = 0usize;
         let d = self.driver;
         // Runs of adjacent granules: one cuMemUnmap each.
         let mut unmapped = 0usize;
         let mut result = res.pin.enter().and_then(|_e| {
+            for &(start, len) in &wholes {
+                self.unmap_whole(vmm, res.addr + start, len)?;
+                wholes_done += 1;
+            }
             let mut first = Ok(());
             while unmapped < held.len() {
                 let start = held[unmapped].0;
@@ -466,6 +490,7 @@ impl VirtualBacking for CudaMechanism {
         let still_mapped: std::collections::BTreeSet<u64> = held[unmapped..]
             .iter()
             .filter_map(|&(_, h)| if let Held::Shared(s) = h { Some(s) } else { None })
+            .chain(wholes[wholes_done..].iter().map(|&(start, _)| start))
             .collect();
         let unmapped_objects: Vec<u64> = {
             let gone: Vec<u64> = mappings.keys().copied().filter(|s| !still_mapped.contains(s)).collect();

@@ -108,7 +108,10 @@ fn cudarc_finds_a_driver_on_the_library_path() {
     ]);
     assert_eq!(
         r,
-        format!("loaded cuda0-vmm=allocator|virtual_backing|shared_mapping|sync total={}", 96u64 << 20)
+        format!(
+            "loaded cuda0-vmm=allocator|virtual_backing|shared_mapping|sync|typed_export total={}",
+            96u64 << 20
+        )
     );
 }
 

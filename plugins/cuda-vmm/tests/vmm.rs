@@ -39,9 +39,16 @@ fn one_mechanism_per_device_with_every_capability() {
         assert_eq!(m.device().0.kind, MEMPLUG_DEVICE_CUDA);
         assert_eq!(m.device().0.ordinal, i as u32);
         assert_eq!(m.device().to_string(), format!("cuda:{i}"));
-        // The four of 1.0, and peer access (ABI 1.2) with another device.
+        // The four of ABI 1.0, typed export (1.2) where the device has
+        // POSIX-fd handles (never the untyped export of 1.1: see
+        // tests/sharing.rs), and peer access (1.2) with another device.
+        let sharing = if m.properties().descriptor.export_types != 0 {
+            memplug_sdk::abi::MEMPLUG_CAP_TYPED_EXPORT
+        } else {
+            0
+        };
         let peer = if devices > 1 { memplug_sdk::abi::MEMPLUG_CAP_PEER_ACCESS } else { 0 };
-        assert_eq!(m.capabilities(), Capabilities(0b1111 | peer), "{m:?}");
+        assert_eq!(m.capabilities(), Capabilities(0b1111 | sharing | peer), "{m:?}");
         assert!(m.sync().unwrap().can_adopt());
         let props = m.properties();
         assert_eq!(props.min_alignment, 256);
