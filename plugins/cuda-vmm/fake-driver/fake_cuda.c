@@ -451,15 +451,31 @@ API CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 /* ---- identity and peers ----
  * Each fake device has a UUID ("memplug-fake-gpu" with the ordinal in the
  * last byte), a PCI address (domain 0, bus 0x10 + ordinal, device 0) and
- * reports no RDMA. Devices can access each other as peers unless
+ * reports no GPUDirect RDMA unless MEMPLUG_FAKE_CUDA_RDMA=1 (then cuMemCreate
+ * takes gpuDirectRDMACapable, refused otherwise, and counts it:
+ * fake_cuda_rdma_creates). Devices can access each other as peers unless
  * MEMPLUG_FAKE_CUDA_NO_PEER=1 (read at each query); a device is not its
  * own peer (CUDA_ERROR_INVALID_DEVICE, as the real driver). */
 #define ATTR_PCI_BUS_ID 33
 #define ATTR_PCI_DEVICE_ID 34
 #define ATTR_PCI_DOMAIN_ID 50
 
+#define ATTR_GPU_DIRECT_RDMA_WITH_VMM 110
+#define ATTR_GPU_DIRECT_RDMA 116
+
+/* GPUDirect RDMA on VMM allocations: off unless MEMPLUG_FAKE_CUDA_RDMA=1
+ * (read at each query, as a driver reports a fixed fact). */
+static int rdma_supported(void) {
+    const char *v = getenv("MEMPLUG_FAKE_CUDA_RDMA");
+    return v != NULL && strcmp(v, "1") == 0;
+}
+
+static long g_rdma_creates; /* cuMemCreate calls with gpuDirectRDMACapable */
+
 static void identity_attribute(unsigned int attrib, CUdevice dev, int *value) {
     switch (attrib) {
+    case ATTR_GPU_DIRECT_RDMA_WITH_VMM:
+    case ATTR_GPU_DIRECT_RDMA: *value = rdma_supported(); break;
     case ATTR_PCI_BUS_ID: *value = 0x10 + dev; break;
     case ATTR_PCI_DEVICE_ID: *value = 0; break;
     case ATTR_PCI_DOMAIN_ID: *value = 0; break;
@@ -1795,6 +1811,13 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
         return CUDA_ERROR_INVALID_VALUE;
     if (!handle_types_ok(prop))
         return CUDA_ERROR_NOT_SUPPORTED;
+    if (prop->gpuDirectRDMACapable) {
+        /* Asked of a device without RDMA on VMM: refused, as the flag is
+         * documented only for devices reporting the attribute. */
+        if (!rdma_supported())
+            return CUDA_ERROR_INVALID_VALUE;
+        __atomic_add_fetch(&g_rdma_creates, 1, __ATOMIC_RELAXED);
+    }
     dev = prop->location.id;
     pthread_mutex_lock(&g_lock);
     if (++g_create_calls == g_fail_create_at) {
@@ -2270,3 +2293,6 @@ API int fake_cuda_access_of(unsigned long long ptr, int dev) {
     pthread_mutex_unlock(&g_lock);
     return prot;
 }
+
+/* cuMemCreate calls made with gpuDirectRDMACapable set. */
+API long fake_cuda_rdma_creates(void) { return __atomic_load_n(&g_rdma_creates, __ATOMIC_RELAXED); }

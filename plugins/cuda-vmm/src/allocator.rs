@@ -58,7 +58,10 @@ impl Allocator for CudaMechanism {
                 .unwrap_or(0),
             page_sizes: if vmm { memplug_sdk::Descriptor::page_size_bit(g) } else { 0 },
             attributes: memplug_sdk::abi::MEMPLUG_ATTR_DEVICE_LOCAL
-                | if vmm { memplug_sdk::abi::MEMPLUG_ATTR_READ_ONLY_ENFORCED } else { 0 },
+                | if vmm { memplug_sdk::abi::MEMPLUG_ATTR_READ_ONLY_ENFORCED } else { 0 }
+                // Claimed only where both plain and VMM memory are (see
+                // DeviceFacts::rdma_with_vmm).
+                | if vmm && facts.rdma_with_vmm { memplug_sdk::abi::MEMPLUG_ATTR_RDMA } else { 0 },
             export_types: self.export_kinds(),
             location: memplug_sdk::Location::DEVICE,
             maps_at_offsets: false,

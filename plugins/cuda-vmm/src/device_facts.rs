@@ -16,6 +16,10 @@ const ATTR_PCI_BUS_ID: c_uint = 33;
 const ATTR_PCI_DEVICE_ID: c_uint = 34;
 /// `CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID`.
 const ATTR_PCI_DOMAIN_ID: c_uint = 50;
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`.
+const ATTR_RDMA_WITH_VMM: c_uint = 110;
+/// `CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED` (cuMemAlloc memory).
+const ATTR_RDMA: c_uint = 116;
 
 /// The facts of one device.
 #[derive(Clone, Debug, Default)]
@@ -29,6 +33,11 @@ pub struct DeviceFacts {
     /// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`, when VMM is supported and
     /// the driver answers a power of two.
     pub recommended_granularity: Option<u64>,
+    /// GPUDirect RDMA for every kind of memory the mechanism makes: plain
+    /// allocations (`GPU_DIRECT_RDMA_SUPPORTED`) and VMM physical memory
+    /// (`GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED`), which is then made with
+    /// `gpuDirectRDMACapable` so a NIC can register it.
+    pub rdma_with_vmm: bool,
 }
 
 impl DeviceFacts {
@@ -56,7 +65,8 @@ impl DeviceFacts {
         });
         let recommended_granularity =
             d.vmm.filter(|_| vmm).and_then(|v| d.granularity(v, device, GRANULARITY_RECOMMENDED));
-        DeviceFacts { uuid, pci, numa_node, recommended_granularity }
+        let rdma_with_vmm = vmm && attr(ATTR_RDMA_WITH_VMM) == Some(1) && attr(ATTR_RDMA) == Some(1);
+        DeviceFacts { uuid, pci, numa_node, recommended_granularity, rdma_with_vmm }
     }
 
     /// The identity a mechanism publishes: only what the driver answered.
@@ -75,5 +85,18 @@ impl DeviceFacts {
             id.numa_node = node;
         }
         id
+    }
+}
+
+impl crate::mechanism::CudaMechanism {
+    /// The properties every `cuMemCreate` of this mechanism uses: pinned
+    /// device memory, RDMA-capable where the device supports it.
+    pub(crate) fn create_prop(&self) -> crate::driver::CUmemAllocationProp {
+        let info = &self.driver.devices[self.device.ordinal as usize];
+        let mut prop = crate::driver::allocation_prop(info.device);
+        if info.facts.rdma_with_vmm {
+            prop.allocFlags.gpuDirectRDMACapable = 1;
+        }
+        prop
     }
 }

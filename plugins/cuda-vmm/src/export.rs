@@ -121,7 +121,7 @@ impl CudaMechanism {
     /// One `cuMemCreate` handle of `size` bytes that can be exported as a
     /// POSIX file descriptor. The caller has the device's context current.
     pub(crate) fn create_shareable(&self, vmm: Vmm, size: u64) -> PluginResult<CUmemGenericAllocationHandle> {
-        let mut prop = allocation_prop(self.cu_device());
+        let mut prop = self.create_prop();
         prop.requestedHandleTypes = cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
         let mut h: CUmemGenericAllocationHandle = 0;
         // SAFETY: resolved entry point; `prop` and `h` live for the call.

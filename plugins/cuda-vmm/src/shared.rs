@@ -180,9 +180,15 @@ impl SharedMapping for CudaMechanism {
             } else {
                 self.create_granules(vmm, size / self.granularity)?
             };
-            if let Err(e) = self.zero_chunks(&pin, &handles, size, shareable) {
-                release_all(vmm, &handles);
-                return Err(e);
+            // The fill (a temporary mapping and a memset) is skipped for a
+            // request that said uninitialised memory is acceptable (ABI 1.2
+            // MEMPLUG_HINT_UNINITIALIZED_OK).
+            let fill = request.hints & memplug_sdk::abi::MEMPLUG_HINT_UNINITIALIZED_OK == 0;
+            if fill {
+                if let Err(e) = self.zero_chunks(&pin, &handles, size, shareable) {
+                    release_all(vmm, &handles);
+                    return Err(e);
+                }
             }
             handles
         };

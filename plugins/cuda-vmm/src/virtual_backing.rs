@@ -33,9 +33,7 @@
 //! driver is `BUSY`.
 
 use crate::context::Pin;
-use crate::driver::{
-    access_desc, allocation_prop, CUmemGenericAllocationHandle, Vmm, CUDA_ERROR_INVALID_VALUE,
-};
+use crate::driver::{access_desc, CUmemGenericAllocationHandle, Vmm, CUDA_ERROR_INVALID_VALUE};
 use crate::mechanism::{wrong_state, CudaMechanism};
 use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, Status, VirtualBacking};
 use std::collections::BTreeMap;
@@ -150,7 +148,7 @@ impl CudaMechanism {
         n: u64,
     ) -> PluginResult<Vec<CUmemGenericAllocationHandle>> {
         let d = self.driver;
-        let prop = allocation_prop(self.ctx_device());
+        let prop = self.create_prop();
         let mut made = Vec::with_capacity(n as usize);
         for _ in 0..n {
             let mut h: CUmemGenericAllocationHandle = 0;

@@ -91,6 +91,23 @@ fn a_reservation_asking_for_uninitialised_memory_commits_without_a_fill() {
     assert_eq!(read(filled.addr(), 16), vec![0; 16]);
     vb.release(filled).unwrap();
     vb.release(hinted).unwrap();
+    // The same for a physical object made with the hint.
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let before = memsets();
+    let o = sm
+        .create_placed(
+            g,
+            AllocationClass::Kv,
+            &Placement { hints: MEMPLUG_HINT_UNINITIALIZED_OK, ..Default::default() },
+        )
+        .unwrap();
+    assert_eq!(memsets(), before, "no fill for a physical object that waived it");
+    let plain = sm.create(g).unwrap();
+    if let (Some(a), Some(b)) = (before, memsets()) {
+        assert_eq!(b, a + 1, "one fill for a plain physical object");
+    }
+    sm.release(o).unwrap();
+    sm.release(plain).unwrap();
     drop(m);
     unload_released(p);
 }
@@ -195,6 +212,51 @@ fn typed_adoption_takes_cuda_streams_only() {
     assert!(sync.fence_wait(&f, Duration::from_secs(20)).unwrap());
     sync.fence_destroy(f).unwrap();
     sync.stream_destroy(s).unwrap();
+    drop(m);
+    unload_released(p);
+}
+
+#[test]
+fn rdma_is_claimed_and_asked_of_the_driver_only_where_the_device_has_it() {
+    if real() {
+        eprintln!("skipped on a real GPU: the fake's switch decides the attribute");
+        return;
+    }
+    let _s = serial();
+    let p = load();
+    let d = cuda0(&p).properties().descriptor;
+    assert_eq!(d.attributes & MEMPLUG_ATTR_RDMA, 0, "the fake reports no RDMA by default");
+    drop(p);
+    run_child("rdma_child", &[("MEMPLUG_FAKE_CUDA_RDMA", Some(std::ffi::OsStr::new("1")))]);
+}
+
+#[test]
+#[ignore = "run by rdma_is_claimed_and_asked_of_the_driver_only_where_the_device_has_it"]
+fn rdma_child() {
+    let _s = serial();
+    let p = load();
+    let m = cuda0(&p);
+    assert_ne!(
+        m.properties().descriptor.attributes & MEMPLUG_ATTR_RDMA,
+        0,
+        "claimed where the device has it"
+    );
+    let rdma_creates = || {
+        let lib = unsafe {
+            libloading::Library::new(std::env::var_os(memplug_plugin_cuda_vmm::driver::DRIVER_ENV).unwrap())
+        }
+        .unwrap();
+        let f: libloading::Symbol<unsafe extern "C" fn() -> i64> =
+            unsafe { lib.get(b"fake_cuda_rdma_creates\0") }.unwrap();
+        unsafe { f() }
+    };
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let g = m.properties().granularity;
+    let r = vb.reserve(2 * g).unwrap();
+    let before = rdma_creates();
+    vb.commit(&r, 0, 2 * g).unwrap();
+    assert_eq!(rdma_creates(), before + 2, "each granule made RDMA-capable");
+    vb.release(r).unwrap();
     drop(m);
     unload_released(p);
 }
