@@ -6,7 +6,8 @@
 # OUT_DIR on the build machine, copy it over, run ./device-check.sh there):
 #
 #     libmemplug_plugin_cuda_vmm.so    the plugin (debug info stripped)
-#     vmm, bench, driver_loading       the plugin's test binaries (stripped)
+#     vmm, bench, driver_loading,      the plugin's test binaries (stripped)
+#     sharing, abi_1_2
 #     fake_cuda.c                      the fake driver's source (--fake only)
 #     PACKED_SIZE                      the folder's size in bytes, as packed
 #
@@ -82,7 +83,7 @@ json() {
     printf '"%s"' "$s"
 }
 
-for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading; do
+for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2; do
     if [ ! -e "$here/$f" ]; then
         echo "missing $here/$f: see the top of this script for how to prepare the folder" >&2
         exit 2
@@ -145,6 +146,7 @@ step() {
     t0=$(date +%s)
     timeout --signal=KILL "$limit" "$@" >"$work/step.out" 2>&1
     rc=$?
+    last_rc=$rc
     dt=$(($(date +%s) - t0))
     cat "$work/step.out" >>"$log"
     grep -o 'FIGURE {.*}' "$work/step.out" | sed 's/^FIGURE //' >>"$work/figures"
@@ -177,6 +179,18 @@ step "functional tests" 150 "$here/vmm" "${functional[@]}"
 # Driver discovery: the scenarios that need no compiler (the others skip
 # themselves with MEMPLUG_CUDA_TEST_REAL=1); nm may be missing here.
 step "driver discovery" 60 "$here/driver_loading" "${discovery[@]}"
+# ABI 1.2 on the device: descriptor, identity, the fill skipped on the
+# hint, peer access (with two devices), stream_wait_fence, typed adoption.
+step "abi 1.2" 60 "$here/abi_1_2" --test-threads=1
+# Export and import of shareable handles, one process and two (the test
+# binary re-run as the child, the descriptor passed over SCM_RIGHTS).
+last_rc=
+step "sharing" 90 "$here/sharing" --test-threads=1
+case "$last_rc" in
+0) export_note="passed: tests/sharing.rs two_processes_share_one_exportable_object_over_scm_rights and the in-process export/import tests ($mode driver)" ;;
+"") export_note="not run: the budget ran out" ;;
+*) export_note="FAILED (exit $last_rc): see the sharing step in the log" ;;
+esac
 # The benchmarks, full size on a GPU.
 step "benchmarks" 240 "$here/bench" "${benches[@]}"
 
@@ -186,7 +200,6 @@ version="$(grep -o 'cuDriverGetVersion: .*' "$log" | head -n 1 | sed 's/^cuDrive
 devices="$(grep -E '^device [0-9]+: ' "$log" | sed 's/^/  /')"
 packed="$(cat "$here/PACKED_SIZE" 2>/dev/null || true)"
 info="$(head -n 1 "$work/info" 2>/dev/null || true)"
-export_note="not available here: needs the ABI 1.2 typed export (another branch)"
 
 # The figures file.
 {

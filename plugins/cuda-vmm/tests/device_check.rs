@@ -53,9 +53,11 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     if real() || is_child() {
         return;
     }
-    let bins: Vec<(&str, PathBuf)> =
-        ["vmm", "bench", "driver_loading"].into_iter().filter_map(|n| sibling(n).map(|p| (n, p))).collect();
-    if bins.len() < 3 {
+    let bins: Vec<(&str, PathBuf)> = ["vmm", "bench", "driver_loading", "sharing", "abi_1_2"]
+        .into_iter()
+        .filter_map(|n| sibling(n).map(|p| (n, p)))
+        .collect();
+    if bins.len() < 5 {
         eprintln!(
             "skipped: the other test binaries of this crate are not built (run the crate's whole suite)"
         );
@@ -114,7 +116,14 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     let screen = String::from_utf8_lossy(&run.stdout).into_owned();
     let errors = String::from_utf8_lossy(&run.stderr);
     assert!(run.status.success(), "device-check.sh --fake failed:\n{screen}\n{errors}");
-    for step in ["== driver", "== functional tests", "== driver discovery", "== benchmarks"] {
+    for step in [
+        "== driver",
+        "== functional tests",
+        "== driver discovery",
+        "== abi 1.2",
+        "== sharing",
+        "== benchmarks",
+    ] {
         assert!(screen.contains(step), "no {step:?} on the screen:\n{screen}");
     }
     assert!(
@@ -139,7 +148,7 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
 
     // The full log.
     let log = std::fs::read_to_string(results.join("device-check.log")).unwrap();
-    assert!(log.matches("test result: ok.").count() >= 4, "{log}");
+    assert!(log.matches("test result: ok.").count() >= 6, "{log}");
     assert!(log.contains("== summary"), "the log ends with the summary too");
     assert_eq!(std::fs::read_to_string(results.join("summary.txt")).unwrap().trim(), summary.trim());
 
@@ -154,7 +163,7 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     assert_eq!(driver.get("fake"), Some(&json::J::Bool(true)));
     assert_eq!(driver.get("libcuda").and_then(json::J::str), Some(libcuda));
     let steps = v.get("steps").and_then(json::J::arr).unwrap();
-    assert_eq!(steps.len(), 4);
+    assert_eq!(steps.len(), 6, "driver, functional, discovery, abi 1.2, sharing, benchmarks");
     assert!(steps.iter().all(|s| s.get("exit").and_then(json::J::num) == Some(0.0)), "{text}");
     let figures = v.get("figures").and_then(json::J::arr).unwrap();
     assert!(figures.iter().all(|f| f.get("driver").and_then(json::J::str) == Some("FAKE")), "{text}");
@@ -172,6 +181,14 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
         "one prefix's memory for 32 regions"
     );
     assert_eq!(value("shared_prefix_regions"), 32.0);
+    let export = figures
+        .iter()
+        .find(|f| f.get("name").and_then(json::J::str) == Some("export_import_two_processes"))
+        .and_then(|f| f.get("note"))
+        .and_then(json::J::str)
+        .unwrap_or_else(|| panic!("no export/import figure:\n{text}"));
+    assert!(export.starts_with("passed: ") && export.contains("two_processes"), "{export}");
+    assert!(summary.contains("export/import across two processes: passed"), "{summary}");
 }
 
 /// Just enough JSON to check the figures file.
