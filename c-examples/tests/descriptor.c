@@ -88,6 +88,7 @@ STATIC_CHECK(old_size, sizeof(struct binding_options_1_0) == MEMPLUG_HOST_BINDIN
 
 #define CPU_ATTRIBUTES (MEMPLUG_ATTR_HOST_VISIBLE | MEMPLUG_ATTR_HOST_COHERENT | MEMPLUG_ATTR_READ_ONLY_ENFORCED)
 #define MIB2 (2ull << 20)
+#define GIB1 (1ull << 30)
 
 static MemplugDevice cpu(uint32_t ordinal) {
     MemplugDevice d;
@@ -186,12 +187,15 @@ static void selection(MemplugHostManager m) {
     n = needs(MEMPLUG_ATTR_PINNED, MEMPLUG_LOCATION_ANY, 0, 0);
     EXPECT_STATUS(memplug_host_manager_select_needing(m, cpu(0), 0, &n, &found), MEMPLUG_HOST_STATUS_UNSUPPORTED);
     EXPECT_MESSAGE("attributes 0x8");
-    n = needs(0, MEMPLUG_LOCATION_NUMA_NODE, 0, 0);
+    /* A node and a page size no mechanism of cpu:0 has (the CPU plugin's
+     * node-0 and 2 MiB mechanisms serve node 0 and 2 MiB where the machine
+     * has them). */
+    n = needs(0, MEMPLUG_LOCATION_NUMA_NODE, 7, 0);
     EXPECT_STATUS(memplug_host_manager_select_needing(m, cpu(0), 0, &n, &found), MEMPLUG_HOST_STATUS_UNSUPPORTED);
-    EXPECT_MESSAGE("location 3:0 (it has 2:0)");
-    n = needs(0, MEMPLUG_LOCATION_ANY, 0, MIB2);
+    EXPECT_MESSAGE("location 3:7 (it has 2:0)");
+    n = needs(0, MEMPLUG_LOCATION_ANY, 0, GIB1);
     EXPECT_STATUS(memplug_host_manager_select_needing(m, cpu(0), 0, &n, &found), MEMPLUG_HOST_STATUS_UNSUPPORTED);
-    EXPECT_MESSAGE("page size 0x200000");
+    EXPECT_MESSAGE("page size 0x40000000");
     n = needs(0, MEMPLUG_LOCATION_ANY, 0, 0);
     EXPECT_STATUS(memplug_host_manager_select_needing(m, cpu(9), 0, &n, &found), MEMPLUG_HOST_STATUS_NOT_FOUND);
 

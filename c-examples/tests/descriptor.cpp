@@ -99,13 +99,14 @@ void selection(memplug::Manager &m) {
     std::string e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, m.select_needing(cpu(0), 0, pinned));
     EXPECT(contains(e, "attributes 0x8"));
     memplug::MemoryNeeds node;
-    node.location = memplug::Location::numa_node(0);
+    // A node and a page size no mechanism of cpu:0 has.
+    node.location = memplug::Location::numa_node(7);
     e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, m.select_needing(cpu(0), 0, node));
-    EXPECT(contains(e, "location 3:0 (it has 2:0)"));
+    EXPECT(contains(e, "location 3:7 (it has 2:0)"));
     memplug::MemoryNeeds huge;
-    huge.page_size = kMib2;
+    huge.page_size = 1ull << 30;
     e = EXPECT_ERROR(MEMPLUG_HOST_STATUS_UNSUPPORTED, m.select_needing(cpu(0), 0, huge));
-    EXPECT(contains(e, "page size 0x200000"));
+    EXPECT(contains(e, "page size 0x40000000"));
     EXPECT_ERROR(MEMPLUG_HOST_STATUS_NOT_FOUND, m.select_needing(cpu(7), 0, memplug::MemoryNeeds{}));
     memplug::MemoryNeeds odd;
     odd.page_size = 3 * 4096;

@@ -151,7 +151,9 @@ void replacement(const char *cpu_plugin, const char *example_plugin) {
     auto m = memplug::Manager::create();
     m.load_plugin(cpu_plugin);
     m.load_plugin(example_plugin);
-    EXPECT(m.mechanism_count() == 2);
+    // The example's one mechanism, and the CPU plugin's "cpu" with those of
+    // its others this machine serves (NUMA node, 2 MiB pages).
+    EXPECT(m.mechanism_count() >= 2);
     auto old_mech = m.find_mechanism("memplug-cpu/cpu");
     auto new_mech = m.find_mechanism("memplug-c-example/c-example");
     auto pool = m.create_pool("cpu0", 16u << 20);
