@@ -214,8 +214,9 @@ pub unsafe extern "C" fn memplug_host_mechanism_declare_lost(
 /// active successor — and `memplug_host_manager_select` no longer chooses
 /// `old`. Objects already made through `old` keep working (unless lost)
 /// and are freed by `old`'s plugin; neither mechanism is ever asked to free
-/// the other's memory. With `unload_old_plugin`, `old`'s plugin is unloaded
-/// once every context of it has terminated (a later
+/// the other's memory. With `unload_old_plugin`, `old`'s plugin goes as a
+/// whole: its other active mechanisms retire too (without a successor),
+/// and it is unloaded once every context of it has terminated (a later
 /// `memplug_host_manager_poll`, or the reaper); handles to its mechanisms
 /// stay valid (and inert).
 ///
