@@ -21,6 +21,7 @@ mod state;
 
 // Public for the loom model of the gate (tests/gate_loom.rs); not part of
 // the host's API.
+pub(crate) use gate::STRIPES;
 #[doc(hidden)]
 pub use gate::{Gate, Token};
 pub(crate) use ledger::Ledger;

@@ -25,6 +25,7 @@ macro_rules! slot {
 mod allocator;
 mod blocks;
 mod call;
+mod live;
 mod queued;
 mod shared_mapping;
 mod sync;
@@ -49,7 +50,6 @@ use memplug_sdk::Status;
 pub use memplug_sdk::{Descriptor, DeviceIdentity, Handle, HandleRef, Location};
 use std::ffi::c_void;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// Capability flags of a mechanism (the ABI 1.1 bits, plus any unknown bits
@@ -245,7 +245,8 @@ pub(crate) struct MechanismInner {
     pub(crate) peer_access: Option<MemplugPeerAccess>,
     /// The device's identity (ABI 1.2), when the plugin published one.
     pub(crate) identity: Option<DeviceIdentity>,
-    pub(crate) live: [AtomicU64; 5],
+    /// Objects alive per kind, striped (`live.rs`).
+    pub(crate) live: live::LiveCounts,
     /// Live allocations and reservations by address, when
     /// `LoadOptions::check_overlaps` is on (`blocks.rs`).
     pub(crate) blocks: Option<Box<BlockIndex>>,
@@ -341,13 +342,8 @@ impl MechanismInner {
     }
 
     #[inline]
-    fn live_counter(&self, k: ObjectKind) -> &AtomicU64 {
-        &self.live[k as usize]
-    }
-
-    #[inline]
     fn born(&self, k: ObjectKind) {
-        self.live_counter(k).fetch_add(1, Ordering::Relaxed);
+        self.live.born(k);
     }
 
     /// The properties as the plugin writes them (the loader judges them).
@@ -362,12 +358,12 @@ impl MechanismInner {
         if let Some(ix) = &self.blocks {
             ix.clear();
         }
-        self.live.iter().map(|c| c.swap(0, Ordering::Relaxed)).sum()
+        self.live.forget()
     }
 
     #[inline]
     pub(crate) fn died(&self, k: ObjectKind) {
-        self.live_counter(k).fetch_sub(1, Ordering::Relaxed);
+        self.live.died(k);
     }
 
     /// A request tagged with `class_tag` and placed by `p`. A plugin of an
@@ -542,7 +538,7 @@ impl Mechanism {
     }
     /// Objects of `kind` the host gave out and has not seen released.
     pub fn live(&self, kind: ObjectKind) -> u64 {
-        self.inner.live_counter(kind).load(Ordering::Relaxed)
+        self.inner.live.of(kind)
     }
     /// Whether the host checks every new allocation and reservation of
     /// this mechanism against its live ones (`LoadOptions::check_overlaps`).
