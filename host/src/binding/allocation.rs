@@ -2,7 +2,7 @@
 //! [`OwnedAllocation`], the fences of its last use, and its retire job.
 
 use super::settle::{self, Charge};
-use super::{BindingError, BindingInner, MemoryBinding};
+use super::{Anchor, BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::{Completion, SharedFence};
 use crate::governor::Lease;
@@ -24,7 +24,7 @@ impl MemoryBinding {
             |a| m.allocator().deallocate(a),
         )?;
         Ok(OwnedAllocation {
-            binding: Some(self.inner.clone()),
+            binding: Some(self.anchor()),
             alloc: Some(alloc),
             lease: Some(lease),
             fences: FenceSet::default(),
@@ -35,8 +35,9 @@ impl MemoryBinding {
 /// An owning allocation. Dropping it frees through the deferred-free queue
 /// after the fences of its last use; it never waits on the device.
 pub struct OwnedAllocation {
-    /// Taken (not cloned) by `drop`, which hands it to the retire job.
-    binding: Option<Arc<BindingInner>>,
+    /// The binding, through the allocating thread's anchor. Taken (not
+    /// cloned) by `drop`, which hands it to the retire job.
+    binding: Option<Arc<Anchor>>,
     alloc: Option<Allocation>,
     lease: Option<Lease>,
     fences: FenceSet,
@@ -66,7 +67,7 @@ impl OwnedAllocation {
     /// and dropping it calls no plugin (its charge is settled when the
     /// context terminates).
     pub fn is_lost(&self) -> bool {
-        self.binding.as_ref().is_some_and(|b| b.is_lost())
+        self.binding.as_ref().is_some_and(|b| b.inner.is_lost())
     }
     /// Records device work that uses this allocation: the free waits for it.
     pub fn used_by(&mut self, fence: SharedFence) {
@@ -91,9 +92,9 @@ impl Drop for OwnedAllocation {
         // a lost device): free now, without boxing a job or touching the
         // queue. A lost context's free calls no plugin (settle.rs).
         if self.fences.all_complete() {
-            let _ = retire_allocation(&binding, alloc, lease);
+            let _ = retire_allocation(&binding.inner, alloc, lease);
         } else {
-            let queue = binding.queue.clone();
+            let queue = binding.inner.queue.clone();
             let job = AllocationRetire { binding, alloc: Some(alloc), lease: Some(lease) };
             queue.enqueue(std::mem::take(&mut self.fences).into_vec(), Box::new(job));
         }
@@ -154,7 +155,7 @@ fn complete(f: &SharedFence) -> bool {
 }
 
 struct AllocationRetire {
-    binding: Arc<BindingInner>,
+    binding: Arc<Anchor>,
     alloc: Option<Allocation>,
     lease: Option<Lease>,
 }
@@ -162,7 +163,7 @@ struct AllocationRetire {
 impl AllocationRetire {
     fn run(&mut self) -> RetireOutcome {
         match (self.alloc.take(), self.lease.take()) {
-            (Some(alloc), Some(lease)) => retire_allocation(&self.binding, alloc, lease),
+            (Some(alloc), Some(lease)) => retire_allocation(&self.binding.inner, alloc, lease),
             _ => RetireOutcome::Freed { bytes: 0 },
         }
     }

@@ -33,7 +33,7 @@ use crate::context::{Context, LedgerEntry};
 use crate::deferred::DeferredFreeQueue;
 use crate::error::CallError;
 use crate::governor::{AllocationClass, GovernorError, Grant, HolderId, Lease, Pool};
-use crate::lifecycle::{Ledger, LifeState, Token};
+use crate::lifecycle::{Ledger, LifeState, Token, STRIPES};
 use crate::mechanism::{Mechanism, Placement};
 use crate::reentry::thread_stripe;
 use crate::sync::{lock, Mutex};
@@ -175,6 +175,29 @@ impl BindingInner {
 #[derive(Clone)]
 pub struct MemoryBinding {
     pub(crate) inner: Arc<BindingInner>,
+    /// One hold on `inner` per stripe: an allocation clones its thread's,
+    /// so two threads allocating through one binding do not share a
+    /// reference count (`Anchor`).
+    anchors: Arc<[Arc<Anchor>; STRIPES]>,
+}
+
+/// A stripe's reference to a binding. An allocation keeps its binding
+/// alive through one of these, picked by the allocating thread's stripe:
+/// each anchor's count sits on a cache line of its own (the alignment pads
+/// its `Arc` allocation to a line), so a pair's reference-count traffic
+/// stays on the thread's line instead of the binding's one shared count.
+/// The binding itself goes once every anchor has.
+#[repr(align(64))]
+pub(crate) struct Anchor {
+    pub(crate) inner: Arc<BindingInner>,
+}
+
+impl MemoryBinding {
+    /// The anchor of the running thread's stripe.
+    #[inline(always)]
+    pub(crate) fn anchor(&self) -> Arc<Anchor> {
+        Arc::clone(&self.anchors[thread_stripe() % STRIPES])
+    }
 }
 
 impl fmt::Debug for MemoryBinding {
@@ -200,19 +223,19 @@ impl MemoryBinding {
     ) -> Self {
         let ledger = Arc::new(Ledger::default());
         context.add_ledger(LedgerEntry { ledger: ledger.clone(), pool: pool.clone(), holder, class });
-        MemoryBinding {
-            inner: Arc::new(BindingInner {
-                context,
-                pool,
-                holder,
-                class,
-                queue,
-                wait,
-                placement,
-                quarantine: Mutex::default(),
-                ledger,
-            }),
-        }
+        let inner = Arc::new(BindingInner {
+            context,
+            pool,
+            holder,
+            class,
+            queue,
+            wait,
+            placement,
+            quarantine: Mutex::default(),
+            ledger,
+        });
+        let anchors = Arc::new(std::array::from_fn(|_| Arc::new(Anchor { inner: inner.clone() })));
+        MemoryBinding { inner, anchors }
     }
 
     pub fn mechanism(&self) -> &Mechanism {
