@@ -15,6 +15,8 @@
 //!   where the lie cannot help showing elsewhere, the checks listed with
 //!   it), and nothing else.
 
+mod common;
+use common::*;
 use memplug_conformance::{Options, Outcome, Report};
 use memplug_test_support::{compile_c_plugin, find_cdylib, repo_root};
 use std::collections::BTreeSet;
@@ -44,33 +46,6 @@ fn run(path: &Path) -> Report {
     let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let opts = Options { threads: 2, iterations: 200, ..Default::default() };
     memplug_conformance::run(path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn table(r: &Report) -> String {
-    r.checks
-        .iter()
-        .map(|c| format!("{:<40} {:<7} {}", c.name, c.outcome, c.detail))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The one result of `check` (every shim here has one mechanism).
-fn one(r: &Report, check: &str) -> (Outcome, String) {
-    let v: Vec<_> = r.results(check).collect();
-    assert_eq!(v.len(), 1, "{check} reported {} times:\n{}", v.len(), table(r));
-    (v[0].outcome, v[0].detail.clone())
-}
-
-/// The result of `check` on mechanism `mech` (the CPU plugin has several),
-/// if the report has it.
-fn of(r: &Report, check: &str, mech: &str) -> Option<(Outcome, String)> {
-    let v: Vec<_> = r.results(check).filter(|c| c.mechanism.as_deref() == Some(mech)).collect();
-    assert!(v.len() <= 1, "{check} reported {} times for {mech}:\n{}", v.len(), table(r));
-    v.first().map(|c| (c.outcome, c.detail.clone()))
-}
-
-fn failed(r: &Report) -> BTreeSet<String> {
-    r.failures().map(|c| c.name.to_string()).collect()
 }
 
 #[test]

@@ -14,6 +14,8 @@
 //! * on the same C plugin without a trigger (`-DLOSS_NO_TRIGGER`): the
 //!   checks that need a loss are skipped, saying why.
 
+mod common;
+use common::*;
 use memplug_conformance::{Options, Outcome, Report, LOSS_TRIGGERS};
 use memplug_test_support::{compile_c_plugin, find_cdylib, repo_root};
 use std::collections::BTreeSet;
@@ -35,36 +37,6 @@ fn run(path: &Path) -> Report {
     let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
     let opts = Options { threads: 2, iterations: 200, ..Default::default() };
     memplug_conformance::run(path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn table(r: &Report) -> String {
-    r.checks
-        .iter()
-        .map(|c| format!("{:<40} {:<7} {}", c.name, c.outcome, c.detail))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The one result of `check`: plugin-wide, or on the plugin's first
-/// mechanism (the CPU plugin's `"cpu"`; the CPU plugin's other mechanisms
-/// are judged by the same checks, and `claims.rs` looks at them).
-fn one(r: &Report, check: &str) -> (Outcome, String) {
-    let first = r.mechanisms.first().map(|m| m.name.as_str());
-    let v: Vec<_> =
-        r.results(check).filter(|c| c.mechanism.is_none() || c.mechanism.as_deref() == first).collect();
-    assert_eq!(
-        v.len(),
-        1,
-        "{check} reported {} times:
-{}",
-        v.len(),
-        table(r)
-    );
-    (v[0].outcome, v[0].detail.clone())
-}
-
-fn failed(r: &Report) -> BTreeSet<String> {
-    r.failures().map(|c| c.name.to_string()).collect()
 }
 
 fn fixture(variant: Option<&str>) -> PathBuf {

@@ -1,11 +1,14 @@
 //! The kit's ABI 1.2 ordering and peer access checks (`ordering.*`), run
 //! through its library API on the reference CPU plugin: it publishes
-//! `stream_wait_fence` (its stream's worker waits for the fence), so
-//! `ordering.stream_wait_fence` passes; it has neither queue-ordered
-//! binding, nor peer access, nor `stream_adopt_typed`, so the other checks
-//! are skipped, saying why.
+//! `stream_wait_fence` (its stream's worker waits for the fence) and
+//! queue-ordered binding, so those checks pass; it has neither peer access
+//! nor `stream_adopt_typed`, so those are skipped, saying why. (The CUDA
+//! plugin's run of the kit, on the fake driver, passes the peer access and
+//! typed adoption checks: `plugins/cuda-vmm/tests/kit.rs`.)
 
-use memplug_conformance::{Options, Outcome, Report, CHECKS};
+mod common;
+use common::*;
+use memplug_conformance::{Options, Outcome, CHECKS};
 use memplug_test_support::find_cdylib;
 use std::collections::BTreeSet;
 
@@ -17,32 +20,6 @@ const ORDERING_CHECKS: [&str; 6] = [
     "ordering.stream_adopt_typed",
     "ordering.peer_access",
 ];
-
-fn table(r: &Report) -> String {
-    r.checks
-        .iter()
-        .map(|c| format!("{:<40} {:<7} {}", c.name, c.outcome, c.detail))
-        .collect::<Vec<_>>()
-        .join("\n")
-}
-
-/// The one result of `check`: plugin-wide, or on the plugin's first
-/// mechanism (the CPU plugin's `"cpu"`; the CPU plugin's other mechanisms
-/// are judged by the same checks, and `claims.rs` looks at them).
-fn one(r: &Report, check: &str) -> (Outcome, String) {
-    let first = r.mechanisms.first().map(|m| m.name.as_str());
-    let v: Vec<_> =
-        r.results(check).filter(|c| c.mechanism.is_none() || c.mechanism.as_deref() == first).collect();
-    assert_eq!(
-        v.len(),
-        1,
-        "{check} reported {} times:
-{}",
-        v.len(),
-        table(r)
-    );
-    (v[0].outcome, v[0].detail.clone())
-}
 
 #[test]
 fn the_catalog_lists_the_ordering_checks_after_sync() {
