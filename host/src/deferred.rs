@@ -63,6 +63,35 @@ fn identity(f: &SharedFence) -> usize {
     Arc::as_ptr(f) as *const () as usize
 }
 
+/// The queue's maps are keyed by the host's own numbers (mechanism keys,
+/// stream handles, fence addresses), hashed on every enqueue and poll: a
+/// multiply-and-rotate hash costs a few instructions where the default
+/// SipHash costs dozens, and its resistance to chosen keys buys nothing
+/// against a plugin, which runs in the process anyway.
+#[derive(Default)]
+struct WordHasher(u64);
+
+impl std::hash::Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+    #[inline]
+    fn write_u64(&mut self, x: u64) {
+        self.0 = (self.0.rotate_left(5) ^ x).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    #[inline]
+    fn write_usize(&mut self, x: usize) {
+        self.write_u64(x as u64);
+    }
+}
+
+type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<WordHasher>>;
+
 /// Where entries wait, by the fence they wait on. Ordered fences (those with
 /// an [`order_key`](crate::fence::FenceSource::order_key)) wait in their
 /// stream's queue, oldest first: a poll queries only each stream's oldest
@@ -71,10 +100,14 @@ fn identity(f: &SharedFence) -> usize {
 /// queries each distinct fence once.
 #[derive(Default)]
 struct Waiting {
-    streams: HashMap<StreamKey, BTreeMap<StreamSlot, Bucket>>,
-    unordered: HashMap<usize, Bucket>,
+    streams: FastMap<StreamKey, BTreeMap<StreamSlot, Bucket>>,
+    unordered: FastMap<usize, Bucket>,
     /// Entries with no fence left: retired by the next poll.
     ready: Vec<Entry>,
+    /// A poll's list of streams to visit, kept between polls so a poll
+    /// allocates nothing for it (a second poller at the same time makes
+    /// its own).
+    scratch: Vec<StreamKey>,
 }
 
 impl Waiting {
@@ -290,7 +323,9 @@ impl DeferredFreeQueue {
         let (ready, streams, unordered) = {
             let mut w = lock(&self.waiting);
             let ready = std::mem::take(&mut w.ready);
-            let streams: Vec<StreamKey> = w.streams.keys().copied().collect();
+            let mut streams = std::mem::take(&mut w.scratch);
+            streams.clear();
+            streams.extend(w.streams.keys().copied());
             let unordered: Vec<(usize, SharedFence)> =
                 w.unordered.iter().map(|(id, b)| (*id, b.fence.clone())).collect();
             (ready, streams, unordered)
@@ -323,10 +358,13 @@ impl DeferredFreeQueue {
                 }
             }
         }
-        if !again.is_empty() {
+        {
             let mut w = lock(&self.waiting);
             for e in again {
                 w.place(e);
+            }
+            if w.scratch.capacity() < streams.capacity() {
+                w.scratch = streams;
             }
         }
         report.still_pending = self.pending();
