@@ -114,7 +114,7 @@ pub(crate) fn unmap_on<F: Flavor>(
 ) -> PluginResult<u64> {
     let res = m.reservations.find(reservation)?;
     let mut state = res.lock(reservation)?;
-    let end = crate::shared::check_unmap(&state, offset, len, res.size, m.granularity, "unmap_on")?;
+    let end = state.check_unmap(offset, len, res.size, m.granularity, "unmap_on")?;
     let object = state.mappings[&offset].object;
     let held = Arc::clone(&res);
     let physical = Arc::clone(&m.physical);

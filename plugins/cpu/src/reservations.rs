@@ -60,6 +60,31 @@ impl State {
         self.released
     }
 
+    /// The checks of `unmap` and `unmap_on`: the range is in bounds and
+    /// exactly one mapping starts at `offset` and spans `len`. Returns the
+    /// end of the range.
+    pub fn check_unmap(
+        &self,
+        offset: u64,
+        len: u64,
+        limit: u64,
+        granularity: u64,
+        call: &str,
+    ) -> PluginResult<u64> {
+        let end = crate::checks::check_range(offset, len, limit, granularity, call)?;
+        let wrong = |msg: String| PluginError::invalid_state(format!("{msg}; nothing was changed"));
+        match self.mappings.get(&offset) {
+            Some(m) if m.len == len => Ok(end),
+            Some(m) => Err(wrong(format!(
+                "{call}: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
+                m.len
+            ))),
+            None => Err(wrong(format!(
+                "{call}: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
+            ))),
+        }
+    }
+
     /// `INVALID_STATE` when `[start, end)` meets a range a queued change
     /// has not finished giving up.
     pub fn check_not_draining(&self, call: &str, start: u64, end: u64) -> PluginResult<()> {

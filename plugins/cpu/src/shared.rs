@@ -100,29 +100,6 @@ fn wrong_state(msg: String) -> PluginError {
     PluginError::invalid_state(format!("{msg}; nothing was changed"))
 }
 
-/// The checks of `unmap` and `unmap_on`: exactly one mapping starts at
-/// `offset` and spans `len`. Returns the end of the range.
-pub(crate) fn check_unmap(
-    state: &crate::reservations::State,
-    offset: u64,
-    len: u64,
-    limit: u64,
-    granularity: u64,
-    call: &str,
-) -> PluginResult<u64> {
-    let end = check_range(offset, len, limit, granularity, call)?;
-    match state.mappings.get(&offset) {
-        Some(m) if m.len == len => Ok(end),
-        Some(m) => Err(wrong_state(format!(
-            "{call}: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
-            m.len
-        ))),
-        None => Err(wrong_state(format!(
-            "{call}: no mapping starts at offset {offset:#x} (range [{offset:#x}, {end:#x}))"
-        ))),
-    }
-}
-
 impl<F: Flavor> SharedMapping for CpuMechanism<F> {
     fn create(&self, request: &Request) -> PluginResult<Block> {
         self.flavor.check_location(request, &self.name, "create")?;
@@ -183,7 +160,7 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
     fn unmap(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
         let res = self.reservations.find(reservation)?;
         let mut state = res.lock(reservation)?;
-        check_unmap(&state, offset, len, res.size, self.granularity, "unmap")?;
+        state.check_unmap(offset, len, res.size, self.granularity, "unmap")?;
         // SAFETY: the range is exactly one mapping of a live reservation
         // whose lock is held; the host gives up this view of the object.
         unsafe { os::restore_reserved(res.addr + offset, len, "unmap")? };
