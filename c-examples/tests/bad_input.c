@@ -16,36 +16,12 @@
  */
 #include "memplug_host.h"
 
+#include "expect.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int passed, failed;
-
-static void expect_status(MemplugHostStatus got, MemplugHostStatus want, const char *what, int line) {
-    if (got == want) {
-        passed++;
-    } else {
-        char msg[256];
-        memplug_host_last_error_message(msg, sizeof msg);
-        fprintf(stderr, "FAIL line %d: %s: got %s, want %s (%s)\n", line, what, memplug_host_status_name(got),
-                memplug_host_status_name(want), msg);
-        failed++;
-    }
-}
-
-static void expect_true(int cond, const char *what, int line) {
-    if (cond) {
-        passed++;
-    } else {
-        fprintf(stderr, "FAIL line %d: %s\n", line, what);
-        failed++;
-    }
-}
-
-#define EXPECT_STATUS(call, want) expect_status((call), (want), #call, __LINE__)
-#define EXPECT_OK(call) expect_status((call), MEMPLUG_HOST_STATUS_OK, #call, __LINE__)
-#define EXPECT(cond) expect_true((cond) ? 1 : 0, #cond, __LINE__)
 
 struct env {
     MemplugHostManager m;

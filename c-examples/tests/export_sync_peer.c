@@ -32,6 +32,8 @@
 
 #include "memplug_host.h"
 
+#include "expect.h"
+
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -39,44 +41,6 @@
 #include <time.h>
 #include <unistd.h>
 
-static int passed, failed;
-
-static void expect_status(MemplugHostStatus got, MemplugHostStatus want, const char *what, int line) {
-    if (got == want) {
-        passed++;
-    } else {
-        char msg[512];
-        memplug_host_last_error_message(msg, sizeof msg);
-        fprintf(stderr, "FAIL line %d: %s: got %s, want %s (%s)\n", line, what, memplug_host_status_name(got),
-                memplug_host_status_name(want), msg);
-        failed++;
-    }
-}
-
-static void expect_true(int cond, const char *what, int line) {
-    if (cond) {
-        passed++;
-    } else {
-        fprintf(stderr, "FAIL line %d: %s\n", line, what);
-        failed++;
-    }
-}
-
-static void expect_message(const char *part, int line) {
-    char msg[1024];
-    memplug_host_last_error_message(msg, sizeof msg);
-    if (strstr(msg, part) != NULL) {
-        passed++;
-    } else {
-        fprintf(stderr, "FAIL line %d: the last error \"%s\" does not contain \"%s\"\n", line, msg, part);
-        failed++;
-    }
-}
-
-#define EXPECT_STATUS(call, want) expect_status((call), (want), #call, __LINE__)
-#define EXPECT_OK(call) expect_status((call), MEMPLUG_HOST_STATUS_OK, #call, __LINE__)
-#define EXPECT(cond) expect_true((cond) ? 1 : 0, #cond, __LINE__)
-#define EXPECT_MESSAGE(part) expect_message((part), __LINE__)
 
 #define STATIC_CHECK(name, cond) typedef char name[(cond) ? 1 : -1]
 STATIC_CHECK(handle_size, sizeof(MemplugHostHandle) == MEMPLUG_HOST_HANDLE_SIZE_1_1);

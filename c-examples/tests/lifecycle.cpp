@@ -14,6 +14,8 @@
 // Prints "N passed, N failed" and exits non-zero on any failure.
 #include "memplug.hpp"
 
+#include "expect.hpp"
+
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -26,33 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-int passed = 0, failed = 0;
-
-void expect(bool cond, const char *what, int line) {
-    if (cond) {
-        passed++;
-    } else {
-        std::fprintf(stderr, "FAIL line %d: %s\n", line, what);
-        failed++;
-    }
-}
-#define EXPECT(cond) expect((cond), #cond, __LINE__)
-
-/// Runs `f`, which must throw memplug::Error with `code`; returns its message.
-template <class F> std::string expect_error(F f, MemplugHostStatus code, int line) {
-    try {
-        f();
-    } catch (const memplug::Error &e) {
-        expect(e.code() == code, e.what(), line);
-        return e.what();
-    } catch (...) {
-        expect(false, "another exception", line);
-        return {};
-    }
-    expect(false, "no exception", line);
-    return {};
-}
-#define EXPECT_ERROR(code, ...) expect_error([&] { __VA_ARGS__; }, (code), __LINE__)
 
 void declared_loss(const char *cpu_plugin) {
     auto m = memplug::Manager::create();
