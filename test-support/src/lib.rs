@@ -11,6 +11,8 @@
 //! * [`bad_plugin`]: one variant of `abi-tests/c/bad_plugin.c`, compiled once
 //!   per process.
 //! * [`exported_symbols`]: what a shared library exports (`nm -D`).
+//! * [`fd_passing`]: a descriptor sent to a child process over a Unix
+//!   socket (`SCM_RIGHTS`), and the wait for the child to connect.
 //! * `header_drift` (feature `header-drift`): a committed header compared
 //!   with what the pinned cbindgen generates now.
 //!
@@ -19,6 +21,7 @@
 //! are not here: they belong to the ABI tests (`memplug_abi_tests::layout`).
 
 mod bad_plugin;
+pub mod fd_passing;
 #[cfg(feature = "header-drift")]
 pub mod header_drift;
 mod paths;

@@ -9,19 +9,14 @@
 
 mod common;
 use common::*;
-
 use memplug_plugin_cpu::live_physical_objects;
 use memplug_sdk::RequestClass;
-use rustix::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
-use rustix::net::{
-    recvmsg, sendmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SendAncillaryBuffer,
-    SendAncillaryMessage, SendFlags,
-};
-use std::io::{IoSlice, IoSliceMut, Read, Write};
-use std::mem::MaybeUninit;
+use memplug_test_support::fd_passing::{accept_child, recv_fd, send_fd};
+use rustix::fd::{AsFd, AsRawFd};
+use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
 const CHILD_TEST: &str = "child_side_of_two_process_sharing";
@@ -227,31 +222,6 @@ fn class_tags_reach_the_plugin_and_unknown_tags_count_as_other() {
 
 // ---- two processes ----
 
-fn send_fd(stream: &UnixStream, fd: BorrowedFd<'_>, payload: &[u8]) {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = SendAncillaryBuffer::new(&mut space);
-    let fds = [fd];
-    assert!(control.push(SendAncillaryMessage::ScmRights(&fds)));
-    let n = sendmsg(stream, &[IoSlice::new(payload)], &mut control, SendFlags::empty()).unwrap();
-    assert_eq!(n, payload.len());
-}
-
-fn recv_fd(stream: &UnixStream) -> (OwnedFd, Vec<u8>) {
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
-    let mut control = RecvAncillaryBuffer::new(&mut space);
-    let mut buf = [0u8; 64];
-    let got =
-        recvmsg(stream, &mut [IoSliceMut::new(&mut buf)], &mut control, RecvFlags::CMSG_CLOEXEC).unwrap();
-    let fd = control
-        .drain()
-        .find_map(|m| match m {
-            RecvAncillaryMessage::ScmRights(mut fds) => fds.next(),
-            _ => None,
-        })
-        .expect("the message carried a descriptor (SCM_RIGHTS)");
-    (fd, buf[..got.bytes].to_vec())
-}
-
 /// The other process of `two_processes_share_one_physical_object`: imports
 /// the descriptor it is sent, checks the parent's bytes, writes its own,
 /// and says so. Does nothing in an ordinary test run.
@@ -286,8 +256,6 @@ fn two_processes_share_one_physical_object_over_scm_rights() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("socket");
     let listener = UnixListener::bind(&path).unwrap();
-    listener.set_nonblocking(true).unwrap();
-
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", CHILD_TEST, "--nocapture", "--test-threads=1"])
         .env(CHILD_SOCKET, &path)
@@ -295,23 +263,7 @@ fn two_processes_share_one_physical_object_over_scm_rights() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut stream = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Some(status) = child.try_wait().unwrap() {
-                    let out = child.wait_with_output().unwrap();
-                    panic!("the child exited ({status}) before connecting:\n{}", child_output(&out));
-                }
-                assert!(Instant::now() < deadline, "the child did not connect within 30 s");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    };
-    stream.set_nonblocking(false).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut stream = accept_child(&listener, &mut child, Duration::from_secs(30), child_output);
 
     let object = h.create(len).unwrap();
     let r = mapped(&h, &object, len);

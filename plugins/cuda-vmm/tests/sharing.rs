@@ -18,12 +18,12 @@ use memplug_host::governor::AllocationClass;
 use memplug_host::{Access, Mechanism, Placement, Plugin, Status};
 use memplug_sdk::abi::{MEMPLUG_HANDLE_DMABUF_FD, MEMPLUG_HANDLE_MEMFD, MEMPLUG_HANDLE_OPAQUE_FD};
 use memplug_sdk::{Handle, HandleRef};
-use std::ffi::{c_int, c_void};
+use memplug_test_support::fd_passing::{accept_child, recv_fd, send_fd};
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const OPAQUE: u32 = MEMPLUG_HANDLE_OPAQUE_FD;
 const FROM_PARENT: &[u8] = b"written by the parent process";
@@ -446,49 +446,6 @@ fn no_posix_fd_child() {
 
 // ---- two processes ----
 
-/// Sends `fd` and `payload` over `sock` (`SCM_RIGHTS`).
-fn send_fd(sock: &UnixStream, fd: RawFd, payload: &[u8]) {
-    let mut control = [0u64; 8];
-    unsafe {
-        let mut iov = libc::iovec { iov_base: payload.as_ptr() as *mut c_void, iov_len: payload.len() };
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<c_int>() as u32) as _;
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<c_int>() as u32) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<c_int>(), fd);
-        let n = libc::sendmsg(sock.as_raw_fd(), &msg, 0);
-        assert_eq!(n, payload.len() as isize, "sendmsg: {}", std::io::Error::last_os_error());
-    }
-}
-
-/// Receives one descriptor and its payload (`SCM_RIGHTS`).
-fn recv_fd(sock: &UnixStream) -> (OwnedFd, Vec<u8>) {
-    let mut control = [0u64; 8];
-    let mut buf = [0u8; 64];
-    unsafe {
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control) as _;
-        let n = libc::recvmsg(sock.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC);
-        assert!(n > 0, "recvmsg: {}", std::io::Error::last_os_error());
-        let c = libc::CMSG_FIRSTHDR(&msg);
-        assert!(
-            !c.is_null() && (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS,
-            "the message carried a descriptor (SCM_RIGHTS)"
-        );
-        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<c_int>());
-        (OwnedFd::from_raw_fd(fd), buf[..n as usize].to_vec())
-    }
-}
-
 /// The other process of `two_processes_share_one_exportable_object`:
 /// imports the descriptor it is sent, reads the parent's bytes, writes its
 /// own, releases everything and acknowledges.
@@ -546,7 +503,6 @@ fn two_processes_share_one_exportable_object_over_scm_rights() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("socket");
     let listener = UnixListener::bind(&path).unwrap();
-    listener.set_nonblocking(true).unwrap();
     let mut child = Command::new(std::env::current_exe().unwrap())
         .args([CHILD_TEST, "--exact", "--ignored", "--nocapture", "--test-threads=1"])
         .env("MEMPLUG_CUDA_CHILD", "1")
@@ -556,23 +512,7 @@ fn two_processes_share_one_exportable_object_over_scm_rights() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut stream = loop {
-        match listener.accept() {
-            Ok((s, _)) => break s,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if let Some(status) = child.try_wait().unwrap() {
-                    let out = child.wait_with_output().unwrap();
-                    panic!("the child exited ({status}) before connecting:\n{}", output(&out));
-                }
-                assert!(Instant::now() < deadline, "the child did not connect within 60 s");
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            Err(e) => panic!("accept: {e}"),
-        }
-    };
-    stream.set_nonblocking(false).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut stream = accept_child(&listener, &mut child, Duration::from_secs(60), output);
 
     let obj = sm.create_placed(len, AllocationClass::Other, &exportable()).unwrap();
     let r = vb.reserve(len).unwrap();
@@ -581,7 +521,7 @@ fn two_processes_share_one_exportable_object_over_scm_rights() {
     let Handle::Fd { fd, .. } = sm.export_handle(&obj, OPAQUE).unwrap() else {
         panic!("an OPAQUE_FD export is a descriptor");
     };
-    send_fd(&stream, fd.as_raw_fd(), &len.to_le_bytes());
+    send_fd(&stream, fd.as_fd(), &len.to_le_bytes());
     drop(fd);
 
     let mut ack = [0u8; 1];
