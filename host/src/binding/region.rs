@@ -224,16 +224,7 @@ impl Region {
         if len <= self.len() {
             return Ok(());
         }
-        let want = round_up(len - self.base, self.granularity)
-            .filter(|w| self.base.checked_add(*w).is_some_and(|end| end <= self.capacity()))
-            .ok_or_else(|| {
-                BindingError::Invalid(format!(
-                    "cannot grow to {len} B: the region reserves {} B",
-                    self.capacity()
-                ))
-            })?;
-        let (offset, delta) = (self.base + self.committed, want - self.committed);
-        self.wait_out_pending(offset, delta)?;
+        let (want, offset, delta) = self.growth(len)?;
         let b = self.binding.clone();
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         let grant = b.grant(delta).map_err(GrowError::Binding)?;
@@ -274,6 +265,24 @@ impl Region {
         drop(slot);
         self.committed = want;
         Ok(())
+    }
+
+    /// What growing to `len` (more than the usable length) commits: the
+    /// committed private length it reaches (`want`, rounded up to the
+    /// granularity), and the range `(offset, delta)` to commit, checked to
+    /// fit the reservation and to have no deferred decommit still pending.
+    fn growth(&self, len: u64) -> Result<(u64, u64, u64), BindingError> {
+        let want = round_up(len - self.base, self.granularity)
+            .filter(|w| self.base.checked_add(*w).is_some_and(|end| end <= self.capacity()))
+            .ok_or_else(|| {
+                BindingError::Invalid(format!(
+                    "cannot grow to {len} B: the region reserves {} B",
+                    self.capacity()
+                ))
+            })?;
+        let (offset, delta) = (self.base + self.committed, want - self.committed);
+        self.wait_out_pending(offset, delta)?;
+        Ok((want, offset, delta))
     }
 
     /// A range whose deferred decommit has not run cannot be committed

@@ -5,7 +5,7 @@
 //! when the new range is usable. Both refuse, with nothing changed, on a
 //! mechanism without the capability.
 
-use super::super::{round_up, BindingError};
+use super::super::BindingError;
 use super::Region;
 use crate::fence::{PluginFence, SharedFence};
 use crate::mechanism::Access;
@@ -123,16 +123,7 @@ impl Region {
         if len <= self.len() {
             return Ok(PluginFence::record_typed(m, stream)?);
         }
-        let want = round_up(len - self.base, self.granularity)
-            .filter(|w| self.base.checked_add(*w).is_some_and(|end| end <= self.capacity()))
-            .ok_or_else(|| {
-                BindingError::Invalid(format!(
-                    "cannot grow to {len} B: the region reserves {} B",
-                    self.capacity()
-                ))
-            })?;
-        let (offset, delta) = (self.base + self.committed, want - self.committed);
-        self.wait_out_pending(offset, delta)?;
+        let (want, offset, delta) = self.growth(len)?;
         let vb = m.virtual_backing().expect("checked at reserve");
         let grant = b.grant(delta)?;
         // The charge, its ledger entry and (on refusal) its refund are made
