@@ -15,18 +15,6 @@ use std::time::Duration;
 
 const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
 
-/// The access the fake says device `dev` has to the mapping at `ptr`
-/// (`PROT_*` bits).
-fn fake_access_of(ptr: u64, dev: i32) -> i32 {
-    type F = unsafe extern "C" fn(u64, i32) -> i32;
-    let lib = unsafe {
-        libloading::Library::new(std::env::var_os(memplug_plugin_cuda_vmm::driver::DRIVER_ENV).unwrap())
-    }
-    .unwrap();
-    let f: libloading::Symbol<F> = unsafe { lib.get(b"fake_cuda_access_of\0") }.unwrap();
-    unsafe { f(ptr, dev) }
-}
-
 fn cuda(n: u32) -> MemplugDevice {
     MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: n }
 }
@@ -139,15 +127,15 @@ fn peer_access_opens_a_committed_range_to_the_other_device_and_closes_it() {
     assert_eq!(e.status, Status::InvalidArgument, "its own access is set by commit and map: {e}");
     pa.set_peer_access(&r, 0, 2 * g, cuda(1), Some(Access::ReadWrite)).unwrap();
     if !real() {
-        assert_eq!(fake_access_of(r.addr(), 1), 3, "PROT_READ|PROT_WRITE for the peer");
-        assert_eq!(fake_access_of(r.addr() + g, 1), 3);
-        assert_eq!(fake_access_of(r.addr(), 0), 3, "the owner keeps its access");
+        assert_eq!(fake_access_of(r.addr(), 1).unwrap(), 3, "PROT_READ|PROT_WRITE for the peer");
+        assert_eq!(fake_access_of(r.addr() + g, 1).unwrap(), 3);
+        assert_eq!(fake_access_of(r.addr(), 0).unwrap(), 3, "the owner keeps its access");
     }
     pa.set_peer_access(&r, 0, g, cuda(1), None).unwrap();
     if !real() {
-        assert_eq!(fake_access_of(r.addr(), 1), 0, "revoked");
-        assert_eq!(fake_access_of(r.addr() + g, 1), 3, "the rest kept");
-        assert_eq!(fake_access_of(r.addr(), 0), 3);
+        assert_eq!(fake_access_of(r.addr(), 1).unwrap(), 0, "revoked");
+        assert_eq!(fake_access_of(r.addr() + g, 1).unwrap(), 3, "the rest kept");
+        assert_eq!(fake_access_of(r.addr(), 0).unwrap(), 3);
     }
     // Over a shared mapping, read access only.
     let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
@@ -158,7 +146,7 @@ fn peer_access_opens_a_committed_range_to_the_other_device_and_closes_it() {
     assert!(e.to_string().contains("shared mapping"), "{e}");
     pa.set_peer_access(&r, 2 * g, g, cuda(1), Some(Access::ReadOnly)).unwrap();
     if !real() {
-        assert_eq!(fake_access_of(r.addr() + 2 * g, 1), 1, "PROT_READ for the peer");
+        assert_eq!(fake_access_of(r.addr() + 2 * g, 1).unwrap(), 1, "PROT_READ for the peer");
     }
     sm.unmap(&r, 2 * g, g).unwrap();
     sm.release(o).unwrap();
@@ -241,15 +229,7 @@ fn rdma_child() {
         0,
         "claimed where the device has it"
     );
-    let rdma_creates = || {
-        let lib = unsafe {
-            libloading::Library::new(std::env::var_os(memplug_plugin_cuda_vmm::driver::DRIVER_ENV).unwrap())
-        }
-        .unwrap();
-        let f: libloading::Symbol<unsafe extern "C" fn() -> i64> =
-            unsafe { lib.get(b"fake_cuda_rdma_creates\0") }.unwrap();
-        unsafe { f() }
-    };
+    let rdma_creates = || fake_rdma_creates().expect("fake mode");
     let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let g = m.properties().granularity;
     let r = vb.reserve(2 * g).unwrap();

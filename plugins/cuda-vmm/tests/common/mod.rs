@@ -356,6 +356,18 @@ pub fn fake_ctx_calls(dev: i32) -> Option<(i64, i64)> {
         .map(|f| unsafe { (f(dev, 0), f(dev, 1)) })
 }
 
+/// The access (`PROT_*` bits) the fake says device `dev` has to the
+/// mapping at `ptr`: the owner's mprotect, or what a peer was given; -1
+/// where nothing is mapped.
+pub fn fake_access_of(ptr: u64, dev: i32) -> Option<i32> {
+    fake_fn::<unsafe extern "C" fn(u64, i32) -> i32>("fake_cuda_access_of").map(|f| unsafe { f(ptr, dev) })
+}
+
+/// `cuMemCreate` calls the fake took with `gpuDirectRDMACapable` set.
+pub fn fake_rdma_creates() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_rdma_creates").map(|f| unsafe { f() })
+}
+
 /// Bytes of physical memory in use on `dev` in the fake.
 pub fn fake_used(dev: i32) -> Option<u64> {
     fake_fn::<unsafe extern "C" fn(i32) -> u64>("fake_cuda_used_bytes").map(|f| unsafe { f(dev) })
