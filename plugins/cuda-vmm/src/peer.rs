@@ -95,13 +95,19 @@ impl PeerAccess for CudaMechanism {
             }
         };
         let res = self.find_reservation(reservation)?;
-        let dev;
+        // The range is judged before the peer, so a bad range is
+        // OUT_OF_RANGE whoever it is for; the peer's capability is the
+        // driver's answer, asked with no lock held.
+        let end = self.check_range(offset, len, res.size, "set_peer_access")?;
+        let dev = self.peer_device(peer, "set_peer_access")?;
+        if !self.peer_capable(dev)? {
+            return Err(PluginError::unsupported(format!(
+                "set_peer_access: cuDeviceCanAccessPeer says cuda:{} cannot access cuda:{}",
+                peer.ordinal, self.device.ordinal
+            )));
+        }
         {
             let mut st = res.lock(self, reservation)?;
-            // The range is judged before the peer, so a bad range is
-            // OUT_OF_RANGE whoever it is for.
-            let end = self.check_range(offset, len, res.size, "set_peer_access")?;
-            dev = self.peer_device(peer, "set_peer_access")?;
             st.check_not_busy("set_peer_access", offset, end)?;
             let g = self.granularity;
             let mut at = offset;
@@ -126,12 +132,6 @@ impl PeerAccess for CudaMechanism {
             }
             // Checked before the driver is asked, so a refusal changes
             // nothing; the range is busy while the lock is let go.
-            if !self.peer_capable(dev)? {
-                return Err(PluginError::unsupported(format!(
-                    "set_peer_access: cuDeviceCanAccessPeer says cuda:{} cannot access cuda:{}",
-                    peer.ordinal, self.device.ordinal
-                )));
-            }
             st.busy.insert(offset, len);
         }
         let desc = CUmemAccessDesc {
