@@ -201,11 +201,6 @@ impl Node {
     fn new(node: u32) -> Node {
         Node { page: os::page_size(), node }
     }
-
-    /// The NUMA node this memory is bound to.
-    pub fn node(&self) -> u32 {
-        self.node
-    }
 }
 
 impl Flavor for Node {

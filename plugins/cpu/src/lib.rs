@@ -82,16 +82,33 @@ pub use test_switches::memplug_cpu_test_report_loss;
 memplug_sdk::export_plugin!(plugin);
 memplug_sdk::declare_entry!(pub cpu_plugin_entry, plugin);
 
+/// A mechanism this machine serves, with the flavour it is built over.
+enum Found {
+    Base(flavor::Base),
+    Node(flavor::Node),
+    Huge(flavor::Huge),
+    Heap(dma_heap::DmaHeap),
+}
+
+/// Every mechanism the plugin knows, in the order it publishes them, with
+/// its flavour where this machine serves it (the one list both
+/// [`offers`] and the descriptor are made from). Probes the machine.
+fn candidates() -> Vec<(Offer, Option<Found>)> {
+    let cpu = Offer { name: "cpu".into(), id: CPU_ID, device: flavor::cpu_device(0), not_offered: None };
+    let mut all = vec![(cpu, Some(Found::Base(flavor::Base::new())))];
+    all.extend(flavor::node_mechanisms().into_iter().map(|(o, f)| (o, f.map(Found::Node))));
+    let (o, f) = flavor::huge_mechanism();
+    all.push((o, f.map(Found::Huge)));
+    let (o, f) = dma_heap::dma_heap_mechanism();
+    all.push((o, f.map(Found::Heap)));
+    all
+}
+
 /// The mechanisms this plugin publishes on this machine, in order, and
 /// those it would publish elsewhere with why not here. Probes the machine
 /// afresh (maps and touches a page or two).
 pub fn offers() -> Vec<Offer> {
-    let mut all =
-        vec![Offer { name: "cpu".into(), id: CPU_ID, device: flavor::cpu_device(0), not_offered: None }];
-    all.extend(flavor::node_mechanisms().into_iter().map(|(o, _)| o));
-    all.push(flavor::huge_mechanism().0);
-    all.push(dma_heap::dma_heap_mechanism().0);
-    all
+    candidates().into_iter().map(|(o, _)| o).collect()
 }
 
 /// One built mechanism and the count of what it holds alive.
@@ -117,18 +134,18 @@ fn build<F: Flavor>(name: &str, id: u64, node: u32, flavor: F) -> Built {
 /// Builds the plugin descriptor; the SDK calls it once per entry point, on
 /// the first negotiation.
 fn plugin() -> ExportedPlugin {
-    let mut mechanisms = vec![build("cpu", CPU_ID, 0, flavor::Base::new())];
-    for (offer, node) in flavor::node_mechanisms() {
-        if let Some(node) = node {
-            mechanisms.push(build(&offer.name, offer.id, node.node(), node));
-        }
-    }
-    if let (offer, Some(huge)) = flavor::huge_mechanism() {
-        mechanisms.push(build(&offer.name, offer.id, 0, huge));
-    }
-    if let (offer, Some(heap)) = dma_heap::dma_heap_mechanism() {
-        mechanisms.push(build(&offer.name, offer.id, 0, heap));
-    }
+    let mechanisms: Vec<Built> = candidates()
+        .into_iter()
+        .filter_map(|(o, found)| {
+            let (name, id, node) = (o.name.as_str(), o.id, o.device.ordinal);
+            Some(match found? {
+                Found::Base(f) => build(name, id, node, f),
+                Found::Node(f) => build(name, id, node, f),
+                Found::Huge(f) => build(name, id, node, f),
+                Found::Heap(f) => build(name, id, node, f),
+            })
+        })
+        .collect();
     // The instance's line to its hosts; only the test switch uses it.
     let link = HostLink::new();
     // Held by the instance (through the closure below), so the switch
