@@ -246,6 +246,25 @@ fn abidw(lib: &Path, out: &Path) {
     let mut cmd = Command::new("abidw");
     cmd.args(ABIDW_FLAGS).arg("--out-file").arg(out).arg(lib);
     run_tool(cmd);
+    let text = std::fs::read_to_string(out).unwrap();
+    std::fs::write(out, without_machine_paths(&text)).unwrap();
+}
+
+/// `text` with the paths of this machine that abidw still writes into
+/// translation-unit names (C sources compiled by absolute path, crates
+/// from cargo's registry) made relative: to the repository, and to
+/// `cargo-home/`. Names only; abidiff compares types and symbols.
+fn without_machine_paths(text: &str) -> String {
+    let root = format!("{}/", repo_root().display());
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| Path::new(&h).join(".cargo")))
+        .map(|p| format!("{}/", p.display()));
+    let text = text.replace(&format!("path='{root}"), "path='");
+    match cargo_home {
+        Some(home) => text.replace(&format!("path='{home}"), "path='cargo-home/"),
+        None => text,
+    }
 }
 
 /// Compares one library with its baseline (or rewrites the baseline).
