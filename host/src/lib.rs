@@ -22,6 +22,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod binding;
+pub mod cache;
 pub mod context;
 pub mod deferred;
 pub mod error;
@@ -47,6 +48,7 @@ pub mod tokens;
 pub use binding::{
     BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,
 };
+pub use cache::{CacheConfig, CacheStats, CachedAllocation, CachingBinding, StreamKey};
 pub use context::{
     Context, LifecycleError, LifecycleEvent, LossNotice, SettledBinding, Settlement, SubscriptionId,
     TerminateError,

@@ -3,9 +3,10 @@
 //! way to allocate (DESIGN.md §1).
 
 use crate::binding::MemoryBinding;
+use crate::cache::{CacheConfig, CachingBinding};
 use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
-use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool};
+use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool, PressureCallback};
 use crate::mechanism::{Location, Mechanism, Placement};
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
@@ -14,7 +15,7 @@ use crate::LifeState;
 use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Why the manager refused.
@@ -36,6 +37,13 @@ pub enum ManagerError {
     Lifecycle(#[from] LifecycleError),
     #[error(transparent)]
     Terminate(#[from] TerminateError),
+    /// A caching binding was asked for with a holder of the caller's: the
+    /// cache registers its own.
+    #[error("a caching binding registers its own holder; the spec names {holder}")]
+    CacheHolder { holder: HolderId },
+    /// The cache's configuration is refused.
+    #[error("cache configuration: {0}")]
+    Cache(String),
 }
 
 /// What a binding is for.
@@ -214,6 +222,34 @@ impl ProcessMemoryManager {
             spec.wait,
             spec.placement,
         ))
+    }
+
+    /// Issues a [`CachingBinding`]: a binding whose freed blocks are kept,
+    /// charged, for reuse by later requests of the same size class (see
+    /// [`crate::cache`]). The cache registers its own holder in `pool`
+    /// (named and prioritised by `config`), so `spec.holder` must be
+    /// `None`: its bytes are the cache's, and it answers that holder's
+    /// pressure tickets with idle blocks.
+    pub fn bind_caching(
+        &self,
+        context: &Arc<Context>,
+        pool: &Arc<Pool>,
+        spec: BindingSpec,
+        config: CacheConfig,
+    ) -> Result<CachingBinding, ManagerError> {
+        if let Some(holder) = spec.holder {
+            return Err(ManagerError::CacheHolder { holder });
+        }
+        config.validate().map_err(ManagerError::Cache)?;
+        // The cache's answer is installed once the cache exists; until then
+        // (only this call knows the holder) a ticket finds nothing to give.
+        let answer: Arc<OnceLock<Box<PressureCallback>>> = Arc::default();
+        let installed = answer.clone();
+        let registration = pool.register_holder(&config.holder_name, config.priority, move |t| {
+            installed.get().map_or(0, |f| f(t))
+        });
+        let binding = self.bind(context, pool, spec.holder(registration.id()))?;
+        Ok(CachingBinding::new(binding, config, registration, &answer))
     }
 
     /// Starts the background reaper (idempotent): every `interval` it

@@ -73,6 +73,21 @@ impl OwnedAllocation {
     pub fn used_by(&mut self, fence: SharedFence) {
         self.fences.push(fence);
     }
+    /// Whether every fence recorded with [`used_by`](Self::used_by) has
+    /// completed (true with none): freeing it now would wait for nothing.
+    pub fn fences_complete(&self) -> bool {
+        self.fences.all_complete()
+    }
+    /// Whether any fence was recorded (complete or not).
+    pub(crate) fn has_fences(&self) -> bool {
+        self.fences.first.is_some()
+    }
+    /// Forgets the recorded fences: for the cache, once the work they
+    /// guarded is known to come before any new use (completed, or queued
+    /// earlier on the stream the new use runs on).
+    pub(crate) fn clear_fences(&mut self) {
+        self.fences = FenceSet::default();
+    }
     /// Releases after `fences` (and any recorded with `used_by`).
     pub fn release_after(mut self, fences: impl IntoIterator<Item = SharedFence>) {
         for f in fences {

@@ -254,6 +254,12 @@ impl MemoryBinding {
     pub fn placement(&self) -> Placement {
         self.inner.placement
     }
+    /// Whether the binding's context is `Active`, the only state in which
+    /// it makes new objects. One atomic load.
+    #[inline]
+    pub fn is_active(&self) -> bool {
+        self.inner.mechanism().inner.life.state() == LifeState::Active
+    }
     /// Objects whose release the plugin refused (quarantined).
     pub fn quarantined(&self) -> Vec<String> {
         lock(&self.inner.quarantine).clone()
