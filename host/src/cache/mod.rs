@@ -46,7 +46,7 @@ use crate::reentry::thread_stripe;
 use crate::sync::{lock, Mutex};
 use crate::tokens::Stream;
 use crate::LifeState;
-use shard::Shard;
+use shard::{Block, Shard};
 use std::fmt;
 use std::sync::{Arc, OnceLock, Weak};
 
@@ -274,11 +274,11 @@ impl CachingBinding {
 
     /// The cache's figures now.
     pub fn stats(&self) -> CacheStats {
-        let mut s = CacheStats::default();
+        let mut s = stats::Sums::default();
         for shard in self.inner().shards.iter() {
             s.add(&lock(&shard.0).counters);
         }
-        s
+        s.stats()
     }
 }
 
@@ -297,7 +297,7 @@ impl CacheInner {
         if !self.binding.is_active() {
             self.give_back(u64::MAX, true, |s, b| s.trimmed_bytes += b);
         }
-        let block = self.binding.allocate(size, alignment)?;
+        let block = Box::new(self.binding.allocate(size, alignment)?);
         lock(&self.shards[stripe].0).counters.bypasses += 1;
         Ok(CachedAllocation { block: Some(block), size, class: BYPASS, cache: Some(anchor.clone()) })
     }
@@ -312,7 +312,7 @@ impl CacheInner {
         alignment: u64,
         stream: Option<StreamKey>,
         stripe: usize,
-    ) -> Result<OwnedAllocation, BindingError> {
+    ) -> Result<Block, BindingError> {
         for other in (1..STRIPES).map(|i| (stripe + i) % STRIPES) {
             let Ok(mut shard) = self.shards[other].0.try_lock() else { continue };
             if let Some(b) = shard.take(class.index, alignment, stream) {
@@ -325,13 +325,13 @@ impl CacheInner {
                 s.pressure_bytes += b
             });
         }
-        let block = match self.binding.allocate(class.bytes, align) {
+        let block = Box::new(match self.binding.allocate(class.bytes, align) {
             Err(BindingError::Budget(GovernorError::OutOfBudget(_))) if self.idle_bytes() > 0 => {
                 self.give_back(u64::MAX, true, |s, b| s.pressure_bytes += b);
                 self.binding.allocate(class.bytes, align)?
             }
             r => r?,
-        };
+        });
         lock(&self.shards[stripe].0).made(block.charged());
         Ok(block)
     }
@@ -372,7 +372,7 @@ const BYPASS: u32 = u32::MAX;
 /// with [`used_by`](Self::used_by) complete); [`free_on`](Self::free_on)
 /// gives it back behind work on a stream.
 pub struct CachedAllocation {
-    block: Option<OwnedAllocation>,
+    block: Option<Block>,
     /// Bytes requested.
     size: u64,
     /// The size class, or `BYPASS`.
@@ -430,14 +430,15 @@ impl CachedAllocation {
     }
 
     #[inline]
-    fn give_back(&mut self, block: OwnedAllocation, stream: Option<StreamKey>) {
+    fn give_back(&mut self, block: Block, stream: Option<StreamKey>) {
         let Some(anchor) = self.cache.take() else { return };
         if self.class == BYPASS {
             return drop(block);
         }
         let c = &anchor.cache;
         let stripe = thread_stripe() % STRIPES;
-        if !c.binding.is_active() || block.is_lost() {
+        // The block's context is the binding's: not active covers lost.
+        if !c.binding.is_active() {
             lock(&c.shards[stripe].0).forget_in_use(block.charged());
             return drop(block);
         }

@@ -14,6 +14,11 @@ use super::StreamKey;
 use crate::binding::OwnedAllocation;
 use std::collections::VecDeque;
 
+/// A block: boxed once when it is made, so handing it out and taking it
+/// back moves a pointer, not the allocation's ~160 bytes (measured: the
+/// copies were half of a cached pair's instructions).
+pub(crate) type Block = Box<OwnedAllocation>;
+
 /// How many idle blocks of a class one request looks at before it gives
 /// up (blocks of another stream or a smaller alignment), so a request's
 /// cost does not grow with the number of idle blocks.
@@ -24,25 +29,31 @@ const LOOK: usize = 8;
 struct ClassList {
     /// Usable by anyone; the most recently freed last (reused first: its
     /// lines are the likeliest to be in a cache).
-    ready: Vec<OwnedAllocation>,
+    ready: Vec<Block>,
     /// Freed behind work on a stream, oldest first. Fences recorded on one
     /// stream complete in order, so the front is the first to become ready.
-    pending: VecDeque<(StreamKey, OwnedAllocation)>,
+    pending: VecDeque<(StreamKey, Block)>,
 }
 
-/// A shard's figures (written under the shard's lock). `in_use_*` count
-/// blocks handed out by this shard minus blocks given back to it, so one
-/// shard's value may wrap below zero; the sum over shards never does.
+/// A shard's figures (written under the shard's lock). Block counts are
+/// derived from event counts (`CacheStats::add`), so a pair updates three
+/// figures each way. A block may leave through one shard and come back
+/// through another, so one shard's `in_use_bytes` (and the derived counts)
+/// may wrap below zero; the sums over shards never do.
 #[derive(Clone, Copy, Default, Debug)]
 pub(crate) struct Counters {
     pub hits: u64,
     pub misses: u64,
     pub bypasses: u64,
+    /// Blocks given back and kept.
+    pub returns: u64,
+    /// Blocks given back and not kept (their context not active).
+    pub forgotten: u64,
+    /// Idle blocks taken out to be freed (trim, pressure, loss).
+    pub dropped: u64,
     pub idle_bytes: u64,
-    pub idle_blocks: u64,
     pub pending_blocks: u64,
     pub in_use_bytes: u64,
-    pub in_use_blocks: u64,
     pub trimmed_bytes: u64,
     pub pressure_bytes: u64,
 }
@@ -68,7 +79,7 @@ impl Shard {
     /// (a power of two), made on `stream` (`None`: by the host, not ordered
     /// on any stream). Counted as handed out.
     #[inline]
-    pub fn take(&mut self, class: usize, align: u64, stream: Option<StreamKey>) -> Option<OwnedAllocation> {
+    pub fn take(&mut self, class: usize, align: u64, stream: Option<StreamKey>) -> Option<Block> {
         let list = &mut self.classes[class];
         let mut block = None;
         // The newest block freed on the requesting stream: ordered after the
@@ -84,31 +95,41 @@ impl Shard {
             }
         }
         if block.is_none() {
-            let n = list.ready.len();
-            if let Some(i) = (n.saturating_sub(LOOK)..n).rev().find(|&i| fits(&list.ready[i], align)) {
-                block = Some(list.ready.swap_remove(i));
-            }
+            // The newest ready block almost always fits: try it before the
+            // search.
+            block = match list.ready.last() {
+                Some(b) if fits(b, align) => list.ready.pop(),
+                _ => Self::search_ready(list, align),
+            };
         }
         if block.is_none() {
             block = Self::promote(list, align, &mut self.counters);
         }
         let mut b = block?;
-        b.clear_fences();
+        if b.has_fences() {
+            b.clear_fences();
+        }
         let bytes = b.charged();
         let c = &mut self.counters;
         c.hits += 1;
         c.idle_bytes -= bytes;
-        c.idle_blocks -= 1;
         c.in_use_bytes = c.in_use_bytes.wrapping_add(bytes);
-        c.in_use_blocks = c.in_use_blocks.wrapping_add(1);
         Some(b)
+    }
+
+    /// A ready block among the newest [`LOOK`] that fits `align`.
+    #[cold]
+    fn search_ready(list: &mut ClassList, align: u64) -> Option<Block> {
+        let n = list.ready.len();
+        let i = (n.saturating_sub(LOOK)..n).rev().find(|&i| fits(&list.ready[i], align))?;
+        Some(list.ready.swap_remove(i))
     }
 
     /// The oldest pending blocks whose fences completed become ready; the
     /// first that fits `align` is returned instead. Looks at no more than
     /// [`LOOK`] blocks, stopping at the first still pending.
     #[cold]
-    fn promote(list: &mut ClassList, align: u64, c: &mut Counters) -> Option<OwnedAllocation> {
+    fn promote(list: &mut ClassList, align: u64, c: &mut Counters) -> Option<Block> {
         for _ in 0..LOOK {
             let complete = list.pending.front().is_some_and(|(_, b)| b.fences_complete());
             if !complete {
@@ -129,7 +150,7 @@ impl Shard {
     /// fences on `stream` (`None`: behind fences of no known stream, taken
     /// by nobody before they complete).
     #[inline]
-    pub fn put(&mut self, class: usize, block: OwnedAllocation, stream: Option<StreamKey>) {
+    pub fn put(&mut self, class: usize, block: Block, stream: Option<StreamKey>) {
         let bytes = block.charged();
         let list = &mut self.classes[class];
         let c = &mut self.counters;
@@ -139,18 +160,17 @@ impl Shard {
         } else {
             list.ready.push(block);
         }
+        c.returns += 1;
         c.idle_bytes += bytes;
-        c.idle_blocks += 1;
         c.in_use_bytes = c.in_use_bytes.wrapping_sub(bytes);
-        c.in_use_blocks = c.in_use_blocks.wrapping_sub(1);
     }
 
     /// A block handed out by this shard came back without being kept
     /// (the cache bypassed it or its device is gone).
     pub fn forget_in_use(&mut self, bytes: u64) {
         let c = &mut self.counters;
+        c.forgotten += 1;
         c.in_use_bytes = c.in_use_bytes.wrapping_sub(bytes);
-        c.in_use_blocks = c.in_use_blocks.wrapping_sub(1);
     }
 
     /// A block made for a request: counted as handed out by this shard.
@@ -158,7 +178,6 @@ impl Shard {
         let c = &mut self.counters;
         c.misses += 1;
         c.in_use_bytes = c.in_use_bytes.wrapping_add(bytes);
-        c.in_use_blocks = c.in_use_blocks.wrapping_add(1);
     }
 
     /// Takes idle blocks out, the largest classes first, until their
@@ -166,7 +185,7 @@ impl Shard {
     /// unless `pending_too`: a pending block dropped by the caller frees
     /// through the deferred-free queue after its fences. The caller drops
     /// them outside the shard's lock (dropping calls the plugin).
-    pub fn take_idle(&mut self, wanted: u64, pending_too: bool, out: &mut Vec<OwnedAllocation>) -> u64 {
+    pub fn take_idle(&mut self, wanted: u64, pending_too: bool, out: &mut Vec<Block>) -> u64 {
         let mut taken = 0u64;
         let c = &mut self.counters;
         for list in self.classes.iter_mut().rev() {
@@ -174,14 +193,14 @@ impl Shard {
                 let Some(b) = list.ready.pop() else { break };
                 taken = taken.saturating_add(b.charged());
                 c.idle_bytes -= b.charged();
-                c.idle_blocks -= 1;
+                c.dropped += 1;
                 out.push(b);
             }
             while pending_too && taken < wanted {
                 let Some((_, b)) = list.pending.pop_front() else { break };
                 taken = taken.saturating_add(b.charged());
                 c.idle_bytes -= b.charged();
-                c.idle_blocks -= 1;
+                c.dropped += 1;
                 c.pending_blocks -= 1;
                 out.push(b);
             }

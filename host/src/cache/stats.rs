@@ -35,20 +35,51 @@ pub struct CacheStats {
     pub pressure_bytes: u64,
 }
 
-impl CacheStats {
+/// Event counts summed over shards (wrapping: see `Counters`).
+#[derive(Default)]
+pub(crate) struct Sums(Counters);
+
+impl Sums {
     pub(crate) fn add(&mut self, c: &Counters) {
-        self.hits += c.hits;
-        self.misses += c.misses;
-        self.bypasses += c.bypasses;
-        self.idle_bytes += c.idle_bytes;
-        self.idle_blocks += c.idle_blocks;
-        self.pending_blocks += c.pending_blocks;
-        self.in_use_bytes = self.in_use_bytes.wrapping_add(c.in_use_bytes);
-        self.in_use_blocks = self.in_use_blocks.wrapping_add(c.in_use_blocks);
-        self.trimmed_bytes += c.trimmed_bytes;
-        self.pressure_bytes += c.pressure_bytes;
+        let s = &mut self.0;
+        for (t, v) in [
+            (&mut s.hits, c.hits),
+            (&mut s.misses, c.misses),
+            (&mut s.bypasses, c.bypasses),
+            (&mut s.returns, c.returns),
+            (&mut s.forgotten, c.forgotten),
+            (&mut s.dropped, c.dropped),
+            (&mut s.idle_bytes, c.idle_bytes),
+            (&mut s.pending_blocks, c.pending_blocks),
+            (&mut s.in_use_bytes, c.in_use_bytes),
+            (&mut s.trimmed_bytes, c.trimmed_bytes),
+            (&mut s.pressure_bytes, c.pressure_bytes),
+        ] {
+            *t = t.wrapping_add(v);
+        }
     }
 
+    pub(crate) fn stats(&self) -> CacheStats {
+        let c = &self.0;
+        CacheStats {
+            hits: c.hits,
+            misses: c.misses,
+            bypasses: c.bypasses,
+            idle_bytes: c.idle_bytes,
+            // Every block kept idle came back (`returns`) and left by a hit
+            // or to be freed.
+            idle_blocks: c.returns.wrapping_sub(c.hits).wrapping_sub(c.dropped),
+            pending_blocks: c.pending_blocks,
+            in_use_bytes: c.in_use_bytes,
+            // Handed out by a hit or a miss, not yet back.
+            in_use_blocks: (c.hits + c.misses).wrapping_sub(c.returns).wrapping_sub(c.forgotten),
+            trimmed_bytes: c.trimmed_bytes,
+            pressure_bytes: c.pressure_bytes,
+        }
+    }
+}
+
+impl CacheStats {
     /// Hits over requests served by size classes (0 before any).
     pub fn hit_rate(&self) -> f64 {
         let n = self.hits + self.misses;
