@@ -9,6 +9,7 @@ install(FILES
     ${PROJECT_SOURCE_DIR}/include/memplug.h
     ${PROJECT_SOURCE_DIR}/include/memplug_host.h
     ${PROJECT_SOURCE_DIR}/include/memplug.hpp
+    ${PROJECT_SOURCE_DIR}/include/memplug_cache.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(PROGRAMS ${MEMPLUG_HOST_SHARED} DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(FILES ${MEMPLUG_HOST_STATIC} DESTINATION ${CMAKE_INSTALL_LIBDIR})

@@ -31,6 +31,7 @@
 extern crate memplug_host_dep;
 
 pub mod binding;
+pub mod cache;
 mod callbacks;
 pub mod error;
 pub mod fence;
@@ -53,6 +54,7 @@ pub mod types;
 pub mod version;
 
 pub use binding::*;
+pub use cache::*;
 pub use error::{memplug_host_last_error_message, memplug_host_last_error_status};
 pub use fence::*;
 pub use lifecycle::*;
