@@ -15,7 +15,7 @@
 //! What fails: `abidiff`'s "incompatible" bit (exit status bit 3: a function
 //! or variable removed, ...), a tool error (bits 0 and 1), and — because
 //! libabigail reports layout changes only as "ABI changed" (bit 2) — any
-//! change the ABI rules of DESIGN.md section 3 forbid: a field moved
+//! change the ABI rules of ARCHITECTURE.md section 3 forbid: a field moved
 //! ("offset changed"), removed ("deletion"), or retyped ("type name
 //! changed"), a struct shrunk, or a field inserted before the end. Fields
 //! appended at the end of a struct and new functions are reported and

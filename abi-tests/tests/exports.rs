@@ -1,4 +1,4 @@
-//! A plugin exports only its versioned entry symbols (DESIGN.md section 3,
+//! A plugin exports only its versioned entry symbols (ARCHITECTURE.md section 3,
 //! Symbols): the dynamic symbol table of each plugin library, read as the
 //! conformance kit reads it (`memplug_conformance::elf::exported_symbols`:
 //! defined, global or weak, default or protected visibility, version

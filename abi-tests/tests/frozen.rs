@@ -1,4 +1,4 @@
-//! Released minors are frozen (DESIGN.md section 3, Versioning).
+//! Released minors are frozen (ARCHITECTURE.md section 3, Versioning).
 //!
 //! * `abi-tests/frozen/<major>.<minor>/memplug.h` is the header exactly as it
 //!   was released; its SHA-256 is recorded here, so the file cannot be

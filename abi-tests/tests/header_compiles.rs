@@ -97,7 +97,7 @@ fn entry_symbol_in_header() -> String {
 #[test]
 fn entry_symbol_matches_the_sdk() {
     assert_eq!(entry_symbol_in_header(), memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1);
-    // The major is part of the name (DESIGN.md section 3, Versioning).
+    // The major is part of the name (ARCHITECTURE.md section 3, Versioning).
     assert!(memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1
         .ends_with(&format!("_v{}", memplug_sdk::abi::MEMPLUG_ABI_MAJOR)));
 }

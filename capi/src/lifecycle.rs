@@ -1,4 +1,4 @@
-//! Mechanism lives through the C API (DESIGN.md §5): the state of a
+//! Mechanism lives through the C API (ARCHITECTURE.md §5): the state of a
 //! mechanism's context, retiring it, declaring it lost, replacing it,
 //! terminating it and reading its settlement, lifecycle callbacks, and
 //! whether an owning object went with a lost device.

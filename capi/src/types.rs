@@ -1,5 +1,5 @@
 //! Types the C API shares with C: handles, option and information structs,
-//! callbacks, constants. Layout rules as in the plugin ABI (DESIGN.md §3):
+//! callbacks, constants. Layout rules as in the plugin ABI (ARCHITECTURE.md §3):
 //! every struct that can grow starts with `uint32_t struct_size`; later
 //! minors only append.
 

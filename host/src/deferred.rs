@@ -1,4 +1,4 @@
-//! The deferred-free queue: one design, owned by the host (DESIGN.md §4).
+//! The deferred-free queue: one design, owned by the host (ARCHITECTURE.md §4).
 //!
 //! An owning object released while the device may still use it is enqueued
 //! with the fences of its last use. Entries retire — the creating

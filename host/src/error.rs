@@ -100,8 +100,8 @@ impl ObjectKind {
 }
 
 /// A release the plugin refused: the object comes back to the caller, still
-/// alive and still counted, so it can be retried or quarantined (DESIGN.md
-/// §2, invariant 7) — never silently forgotten.
+/// alive and still counted, so it can be retried or quarantined
+/// (ARCHITECTURE.md §2, invariant 7) — never silently forgotten.
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct ReleaseError<T: std::fmt::Debug> {

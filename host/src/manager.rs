@@ -1,6 +1,6 @@
 //! The process memory manager: registers plugins and devices, selects
 //! mechanisms, pins contexts, creates pools, and issues bindings — the only
-//! way to allocate (DESIGN.md §1).
+//! way to allocate (ARCHITECTURE.md §1).
 
 use crate::binding::MemoryBinding;
 use crate::cache::{CacheConfig, CachingBinding};

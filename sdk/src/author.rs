@@ -326,7 +326,7 @@ pub struct HostFn {
 }
 
 // SAFETY: the ABI requires a host function and its userdata to be callable
-// from any plugin thread (DESIGN.md §3, Sync).
+// from any plugin thread (ARCHITECTURE.md §3, Sync).
 unsafe impl Send for HostFn {}
 
 impl HostFn {

@@ -1,5 +1,5 @@
 //! Bindings: mechanism + context + pool + holder + class, the only way to
-//! allocate (DESIGN.md §1). Every path is a transaction — reserve a grant,
+//! allocate (ARCHITECTURE.md §1). Every path is a transaction — reserve a grant,
 //! make the memory, commit the charge with the bytes actually obtained — and
 //! any failure rolls back what was done. Owning objects free through the
 //! deferred-free queue after their fences (invariant 4), through the

@@ -1,4 +1,4 @@
-//! A [`Context`]: a mechanism pinned for use, and its life (DESIGN.md §5).
+//! A [`Context`]: a mechanism pinned for use, and its life (ARCHITECTURE.md §5).
 //!
 //! Bindings, allocations and queued frees hold a context; a plugin whose
 //! contexts are pinned cannot be unloaded. A context is `Active` until it

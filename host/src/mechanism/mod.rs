@@ -265,7 +265,7 @@ impl crate::lifecycle::LossReceiver for MechanismInner {
 }
 
 // SAFETY: `ctx` and the vtables are the plugin's; the ABI requires every
-// slot to be callable from any thread concurrently (DESIGN.md §3, Threads).
+// slot to be callable from any thread concurrently (ARCHITECTURE.md §3, Threads).
 unsafe impl Send for MechanismInner {}
 unsafe impl Sync for MechanismInner {}
 
@@ -614,7 +614,7 @@ impl Mechanism {
     ///
     /// # Safety
     /// Not a memory-safety contract (the host still checks every object and
-    /// range): it is DESIGN's rule that nobody gets a raw allocator. Memory
+    /// range): nobody gets a raw allocator (ARCHITECTURE.md §1). Memory
     /// made here is charged to no pool, so a runtime that uses it defeats
     /// every budget. The caller gives every object back to this mechanism
     /// and never hands this door to code that serves requests.
