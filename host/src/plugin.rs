@@ -58,6 +58,8 @@ pub struct LiveReport {
 }
 
 impl LiveReport {
+    /// Whether nothing holds the plugin: no object counted by the host, no
+    /// mechanism handle outside it, and the plugin reports none of its own.
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty() && self.handles.is_empty() && self.plugin_reported == 0
     }
@@ -79,7 +81,9 @@ impl fmt::Display for LiveReport {
 #[derive(thiserror::Error)]
 #[error("plugin {} cannot unload: still live: {report}", plugin.shared.name)]
 pub struct UnloadRefused {
+    /// The plugin, loaded and usable as before.
     pub plugin: Plugin,
+    /// What was live when the unload was refused.
     pub report: LiveReport,
 }
 
@@ -272,9 +276,13 @@ impl Plugin {
         })
     }
 
+    /// The plugin's name as it published it (escaped: safe to print); a
+    /// [`Registry`](crate::Registry) holds one plugin per name.
     pub fn name(&self) -> &str {
         &self.shared.name
     }
+    /// The plugin's version string, as it published it (escaped). Free
+    /// text: the host compares nothing by it.
     pub fn version(&self) -> &str {
         &self.shared.version
     }
@@ -290,9 +298,11 @@ impl Plugin {
     pub fn plugin_minor_range(&self) -> (u32, u32) {
         self.plugin_minors
     }
+    /// Its mechanisms, in the order the plugin published them.
     pub fn mechanisms(&self) -> &[Mechanism] {
         &self.mechanisms
     }
+    /// The mechanism of this name, if the plugin published one.
     pub fn mechanism(&self, name: &str) -> Option<&Mechanism> {
         self.mechanisms.iter().find(|m| m.name() == name)
     }

@@ -53,9 +53,15 @@ impl OwnedAllocation {
     fn alloc(&self) -> &Allocation {
         self.alloc.as_ref().expect("present until drop")
     }
+    /// The block's first byte, as the mechanism returned it: an address in
+    /// the mechanism's address space (device memory for a device
+    /// mechanism, host memory for the CPU plugin), at least as aligned as
+    /// asked. Stable for the allocation's life.
     pub fn addr(&self) -> u64 {
         self.alloc().addr()
     }
+    /// Usable bytes, as the mechanism returned them (at least the size
+    /// asked; a mechanism may return more).
     pub fn size(&self) -> u64 {
         self.alloc().size()
     }

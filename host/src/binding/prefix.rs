@@ -119,12 +119,19 @@ pub struct SharedPrefix {
 }
 
 impl SharedPrefix {
+    /// Its length in bytes: the size asked, rounded up to the mechanism's
+    /// granularity. A region that maps it starts with these bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// Whether the prefix has no bytes (only if the mechanism accepted a
+    /// size of 0; SDK-built mechanisms refuse one).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Bytes charged to the pool for it, once, however many regions map
+    /// it. After a device loss the pool's books settle this charge at
+    /// termination; the figure here stays what was charged.
     pub fn charged(&self) -> u64 {
         self.lease.as_ref().map_or(0, Lease::bytes)
     }

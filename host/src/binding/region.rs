@@ -107,6 +107,7 @@ impl Region {
     pub fn len(&self) -> u64 {
         self.base + self.committed
     }
+    /// Whether no byte is usable yet (no prefix, nothing committed).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -128,6 +129,8 @@ impl Region {
     pub fn prefix_is_read_only(&self) -> bool {
         self.prefix_access() == Some(Access::ReadOnly)
     }
+    /// The region's base address and usable length now, as a grow update
+    /// sees them. The base never changes over the region's life.
     pub fn view(&self) -> RegionView {
         RegionView { addr: self.addr(), len: self.len(), lost: self.is_lost() }
     }

@@ -545,7 +545,9 @@ impl Pool {
         self.refund(d.leased + d.quarantined);
     }
 
-    /// Bytes settled by [`discharge`](Self::discharge) so far.
+    /// Bytes settled so far by the terminations of lost or retired
+    /// contexts whose bindings charged this pool (live and quarantined
+    /// charges together; see [`Settlement`](crate::Settlement)).
     pub fn discharged(&self) -> u64 {
         self.discharged.load(Relaxed)
     }
