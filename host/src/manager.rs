@@ -128,6 +128,44 @@ impl BindingSpec {
 }
 
 /// One per process (or per embedding). Thread-safe.
+///
+/// Load (or register) plugins, select a mechanism's context by device and
+/// capabilities, create pools with hard capacities, and bind: a
+/// [`MemoryBinding`] is the only way to memory. Dropping the manager drains
+/// its deferred-free queue for up to a second.
+///
+/// ```
+/// use memplug_host::governor::AllocationClass;
+/// use memplug_host::{BindingSpec, LoadOptions, Plugin, ProcessMemoryManager, Requirements};
+/// use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+///
+/// let mgr = ProcessMemoryManager::new();
+/// // A plugin library loads by path: `mgr.load_plugin("./libmemplug_plugin_cpu.so", &opts)`.
+/// // Here the reference CPU plugin is linked in, and goes through the same checks.
+/// // SAFETY: its entry is built against this ABI.
+/// let cpu = unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }?;
+/// let plugin = cpu.name().to_string();
+/// mgr.register_plugin(cpu)?;
+///
+/// let cpu0 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+/// let ctx = mgr.select(cpu0, Requirements::ALLOCATOR_ONLY)?;
+/// let pool = mgr.create_pool("cpu0", 64 << 20)?;
+/// let scratch = mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Workspace))?;
+///
+/// let buf = scratch.allocate(4096, 64)?; // grant → allocate → charge
+/// assert_eq!(buf.addr() % 64, 0);
+/// assert_eq!(pool.used(), buf.charged());
+/// drop(buf); // no fence recorded: freed through its mechanism and refunded now
+/// assert_eq!(pool.used(), 0);
+///
+/// // Over budget is an error, never a silent overcommit.
+/// assert!(scratch.allocate(128 << 20, 64).is_err());
+///
+/// // A plugin unloads once nothing it made is alive.
+/// drop((scratch, ctx));
+/// mgr.unload_plugin(&plugin)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ProcessMemoryManager {
     registry: Arc<Registry>,
     governor: Arc<Governor>,

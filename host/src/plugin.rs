@@ -103,6 +103,18 @@ impl Plugin {
     /// (`./libx.so`); a bare file name is refused, never searched for. The
     /// file is opened once, the loading policy runs on that descriptor,
     /// and that descriptor is what gets loaded ([`crate::policy`]).
+    ///
+    /// ```
+    /// use memplug_host::{LoadError, LoadOptions, Plugin};
+    ///
+    /// // A bare name would be looked up in LD_LIBRARY_PATH and the loader's
+    /// // cache: refused before anything is opened.
+    /// let bare = Plugin::load_with("libmemplug_plugin_cpu.so", &LoadOptions::default());
+    /// assert!(matches!(bare, Err(LoadError::Policy { .. })));
+    ///
+    /// let missing = Plugin::load_with("./no-such-plugin.so", &LoadOptions::default());
+    /// assert!(matches!(missing, Err(LoadError::NotFound(_))));
+    /// ```
     pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Plugin, LoadError> {
         let path = path.as_ref();
         let checked = crate::policy::open_checked(path, opts)?;
@@ -128,6 +140,21 @@ impl Plugin {
 
     /// Takes a plugin linked into this process, through the same checks as
     /// a library.
+    ///
+    /// ```
+    /// use memplug_host::{LoadOptions, Plugin};
+    ///
+    /// // SAFETY: the reference CPU plugin's entry, built against this ABI.
+    /// let cpu = unsafe {
+    ///     Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default())
+    /// }?;
+    /// assert_eq!(cpu.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
+    /// assert!(cpu.origin().ends_with("(in-process)"));
+    /// let m = cpu.mechanism("cpu").expect("the CPU plugin's first mechanism");
+    /// assert!(m.capabilities().virtual_backing());
+    /// cpu.unload().expect("nothing of it is alive");
+    /// # Ok::<(), memplug_host::LoadError>(())
+    /// ```
     ///
     /// # Safety
     /// `entry` must follow the `memplug_plugin_v1` contract as far as memory
