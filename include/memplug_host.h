@@ -453,6 +453,7 @@ typedef struct MemplugHostCachedAllocation {
 typedef struct MemplugHostCacheStats {
   // `sizeof(MemplugHostCacheStats)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // The governor's id of the cache's holder (as `memplug_host_holder_id`).
   uint64_t holder_id;
@@ -464,11 +465,13 @@ typedef struct MemplugHostCacheStats {
   uint64_t bypasses;
   // Bytes kept idle (charged, not handed out).
   uint64_t idle_bytes;
+  // Idle blocks holding those bytes.
   uint64_t idle_blocks;
   // Idle blocks still waiting for the fences they were freed behind.
   uint64_t pending_blocks;
-  // Bytes and blocks handed out (bypasses not included).
+  // Bytes handed out and not yet freed (bypasses not included).
   uint64_t in_use_bytes;
+  // The blocks holding those bytes.
   uint64_t in_use_blocks;
   // Idle bytes given back by `memplug_host_cache_trim`.
   uint64_t trimmed_bytes;

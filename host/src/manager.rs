@@ -62,7 +62,10 @@ pub enum ManagerError {
     /// A caching binding was asked for with a holder of the caller's: the
     /// cache registers its own.
     #[error("a caching binding registers its own holder; the spec names {holder}")]
-    CacheHolder { holder: HolderId },
+    CacheHolder {
+        /// The holder the spec named.
+        holder: HolderId,
+    },
     /// The cache's configuration is refused.
     #[error("cache configuration: {0}")]
     Cache(String),
