@@ -338,6 +338,8 @@ typedef struct MemplugHostBindingOptions {
   // names no node or tier, is refused). A plugin that cannot place it
   // there refuses.
   uint32_t location_kind;
+  // The NUMA node or tier `location_kind` names; 0 for a kind that names
+  // none.
   uint32_t location_id;
 } MemplugHostBindingOptions;
 
@@ -374,7 +376,10 @@ typedef struct MemplugHostMechanismInfo {
   MemplugDevice device;
   // The plugin's id of the mechanism.
   uint64_t mechanism_id;
+  // Alignment every allocation has at least, in bytes (a power of two).
   uint64_t min_alignment;
+  // Largest alignment an allocation may ask for, in bytes (a power of
+  // two); more is refused.
   uint64_t max_alignment;
   // Granule of virtual regions and shared prefixes (0: none).
   uint64_t granularity;
@@ -395,6 +400,7 @@ typedef struct MemplugHostAllocation {
 typedef struct MemplugHostAllocationInfo {
   // `sizeof(MemplugHostAllocationInfo)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // Device address (a host pointer for CPU mechanisms).
   uint64_t addr;
@@ -447,6 +453,7 @@ typedef struct MemplugHostCachedAllocation {
 typedef struct MemplugHostCacheStats {
   // `sizeof(MemplugHostCacheStats)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // The governor's id of the cache's holder (as `memplug_host_holder_id`).
   uint64_t holder_id;
@@ -458,11 +465,13 @@ typedef struct MemplugHostCacheStats {
   uint64_t bypasses;
   // Bytes kept idle (charged, not handed out).
   uint64_t idle_bytes;
+  // Idle blocks holding those bytes.
   uint64_t idle_blocks;
   // Idle blocks still waiting for the fences they were freed behind.
   uint64_t pending_blocks;
-  // Bytes and blocks handed out (bypasses not included).
+  // Bytes handed out and not yet freed (bypasses not included).
   uint64_t in_use_bytes;
+  // The blocks holding those bytes.
   uint64_t in_use_blocks;
   // Idle bytes given back by `memplug_host_cache_trim`.
   uint64_t trimmed_bytes;
@@ -555,6 +564,7 @@ typedef struct MemplugHostLossNotice {
   // `pool_name_len` bytes of UTF-8, then a NUL. Valid only during the
   // callback.
   const char *pool_name;
+  // Length of `pool_name` in bytes, without the NUL.
   size_t pool_name_len;
 } MemplugHostLossNotice;
 
@@ -568,25 +578,34 @@ typedef struct MemplugHostLifecycleEvent {
   uint32_t struct_size;
   // The state before and after the transition.
   MemplugHostLifeState from;
+  // The state entered; `MEMPLUG_HOST_LIFE_STATE_TERMINATED` is the last event
+  // of a context.
   MemplugHostLifeState to;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // The subscription this call is for.
   struct MemplugHostSubscription subscription;
   // `"plugin/mechanism"` of the context: `context_len` bytes, then a
   // NUL.
   const char *context;
+  // Length of `context` in bytes, without the NUL.
   size_t context_len;
   // Why the context left `ACTIVE` (the runtime's reason, the plugin's
   // sanitised report, or the host's), `reason_len` bytes, then a NUL;
   // NULL (and 0) when none was given.
   const char *reason;
+  // Length of `reason` in bytes, without the NUL; 0 when `reason` is
+  // NULL.
   size_t reason_len;
   // On entering `LOST`: one notice per binding that held something,
   // `notice_count` of them, `notice_size` bytes apart (step by
   // `notice_size`, not by your `sizeof`, so that a later library with a
   // longer notice still works). NULL when `notice_count` is 0.
   const struct MemplugHostLossNotice *notices;
+  // How many notices `notices` points to.
   size_t notice_count;
+  // Distance between two notices, in bytes (at least the 1.0
+  // `sizeof(MemplugHostLossNotice)`).
   size_t notice_size;
   // On entering `TERMINATED`: what was settled; NULL otherwise.
   const struct MemplugHostSettlement *settlement;
@@ -644,6 +663,8 @@ typedef struct MemplugHostMemoryNeeds {
   // `MEMPLUG_LOCATION_ANY` (0): anywhere. An unknown kind, or an id with
   // a kind that names no node or tier, is refused.
   uint32_t location_kind;
+  // The NUMA node or tier `location_kind` names; 0 for a kind that names
+  // none.
   uint32_t location_id;
   // A page size (a power of two) the mechanism must publish; 0: any.
   uint64_t page_size;
@@ -655,6 +676,7 @@ typedef struct MemplugHostMemoryNeeds {
 typedef struct MemplugHostDescriptor {
   // `sizeof(MemplugHostDescriptor)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // The granularity the device works best at: 0 (same as the
   // granularity) or a power-of-two multiple of it.
@@ -670,10 +692,13 @@ typedef struct MemplugHostDescriptor {
   // Where its memory lives: `MEMPLUG_LOCATION_*` (0: not said), and the
   // NUMA node or tier that kind names (else 0).
   uint32_t location_kind;
+  // The NUMA node or tier `location_kind` names; 0 for a kind that names
+  // none.
   uint32_t location_id;
   // 1 when its physical objects map at any granularity-aligned offset
   // (`MEMPLUG_PROP_MAPS_AT_OFFSETS`), else 0.
   uint32_t maps_at_offsets;
+  // Padding, always written as 0.
   uint32_t reserved1;
 } MemplugHostDescriptor;
 
@@ -690,8 +715,11 @@ typedef struct MemplugHostDeviceIdentity {
   uint8_t uuid[16];
   // PCI domain, bus, device and function (`MEMPLUG_IDENTITY_PCI`).
   uint32_t pci_domain;
+  // PCI bus (`MEMPLUG_IDENTITY_PCI`).
   uint32_t pci_bus;
+  // PCI device (`MEMPLUG_IDENTITY_PCI`).
   uint32_t pci_device;
+  // PCI function (`MEMPLUG_IDENTITY_PCI`).
   uint32_t pci_function;
   // Index of the sub-device (tile, partition, MIG instance) within the
   // device (`MEMPLUG_IDENTITY_SUB_DEVICE`).
@@ -705,6 +733,7 @@ typedef struct MemplugHostDeviceIdentity {
 typedef struct MemplugHostPollReport {
   // `sizeof(MemplugHostPollReport)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // Frees retired by this poll.
   uint64_t retired;
@@ -746,6 +775,7 @@ typedef struct MemplugHostPoolInfo {
   uint64_t children_used;
   // Pools created directly under this one, alive now.
   uint32_t children;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // The pool's name, NUL-terminated (truncated to fit).
   char name[MEMPLUG_HOST_NAME_MAX];
@@ -830,6 +860,7 @@ typedef struct MemplugHostHandle {
 typedef struct MemplugHostRegionInfo {
   // `sizeof(MemplugHostRegionInfo)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // Base address; never changes for the region's life.
   uint64_t addr;
@@ -858,6 +889,7 @@ typedef void (*MemplugHostPrefixInitFn)(void *userdata, uint64_t addr, uint64_t 
 typedef struct MemplugHostPrefixInfo {
   // `sizeof(MemplugHostPrefixInfo)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // Bytes (a multiple of the granularity).
   uint64_t len;
@@ -873,22 +905,32 @@ typedef struct MemplugHostPoolStats {
   uint32_t struct_size;
   // Holders registered now.
   uint32_t holders;
+  // Bytes the pool may charge in all.
   uint64_t capacity;
   // Bytes charged: reservations, leases and quarantine.
   uint64_t used;
+  // `capacity - used`.
   uint64_t free;
   // Highest `used` ever.
   uint64_t peak;
+  // Of `used`, bytes held by reservations (granted, not committed), in
+  // the pool's own accounts (summed over classes).
   uint64_t reserved;
+  // Bytes charged to live leases, in the pool's own accounts.
   uint64_t leased;
+  // Bytes quarantined, in the pool's own accounts.
   uint64_t quarantined;
   // Pressure tickets this pool issued, and their sums.
   uint64_t tickets;
+  // Bytes the tickets asked for, summed.
   uint64_t bytes_wanted;
+  // Bytes the holders said they released in answer, summed (clamped).
   uint64_t bytes_answered;
+  // Tickets answered with 0 bytes.
   uint64_t zero_answers;
   // Requests that waited for room, and those whose deadline passed.
   uint64_t waits;
+  // Requests whose wait for room ended at their deadline, refused.
   uint64_t wait_timeouts;
 } MemplugHostPoolStats;
 
@@ -896,6 +938,7 @@ typedef struct MemplugHostPoolStats {
 typedef struct MemplugHostClassStats {
   // `sizeof(MemplugHostClassStats)`; set to the bytes written.
   uint32_t struct_size;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // Bytes held by reservations (granted, not yet committed).
   uint64_t reserved;
@@ -913,6 +956,7 @@ typedef struct MemplugHostClassStats {
   uint64_t quarantines;
   // Leases dropped without release (a bug somewhere), cumulative.
   uint64_t leaked_leases;
+  // Bytes of those leaked leases, cumulative (they stay charged).
   uint64_t leaked_bytes;
 } MemplugHostClassStats;
 
@@ -920,20 +964,28 @@ typedef struct MemplugHostClassStats {
 typedef struct MemplugHostHolderStats {
   // `sizeof(MemplugHostHolderStats)`; set to the bytes written.
   uint32_t struct_size;
+  // The priority given at registration: the holder is asked only by
+  // requests of at least this priority.
   uint32_t priority;
   // 1 while registered.
   uint32_t registered;
+  // Padding, always written as 0.
   uint32_t reserved0;
   // Sums over every class of what is charged to the holder.
   uint64_t reserved;
+  // Bytes charged to its live leases.
   uint64_t leased;
+  // Bytes of its quarantined charges.
   uint64_t quarantined;
+  // Its live leases (charged objects).
   uint64_t leases;
   // Tickets received, and their sums.
   uint64_t tickets;
+  // Bytes those tickets asked for, summed.
   uint64_t bytes_wanted;
   // Sum of the (clamped) answers.
   uint64_t bytes_answered;
+  // Tickets it answered with 0 bytes.
   uint64_t zero_answers;
   // Answers larger than the pool's whole use when the ticket was issued:
   // nonsense, clamped to that figure and counted here.
@@ -947,17 +999,23 @@ typedef struct MemplugHostVersion {
   uint32_t struct_size;
   // Library version (semantic versioning).
   uint32_t major;
+  // Library minor version.
   uint32_t minor;
+  // Library patch version.
   uint32_t patch;
   // C API version the library implements (compare with
   // `MEMPLUG_HOST_API_MAJOR` / `MEMPLUG_HOST_API_MINOR` of the header).
   uint32_t api_major;
+  // C API minor version the library implements (a library serves every
+  // header of its major with a minor up to this).
   uint32_t api_minor;
   // Plugin ABI major the host loads (`MEMPLUG_ABI_MAJOR`).
   uint32_t abi_major;
-  // Range of plugin ABI minors the host negotiates.
+  // Oldest plugin ABI minor the host negotiates.
   uint32_t abi_min_minor;
+  // Newest plugin ABI minor the host negotiates (see `abi_min_minor`).
   uint32_t abi_max_minor;
+  // Padding, always written as 0.
   uint32_t reserved0;
 } MemplugHostVersion;
 

@@ -16,6 +16,12 @@ else
 fi
 # Doc tests (nextest does not run them).
 cargo test --workspace --doc
+# API docs: memplug-host, memplug-sdk and memplug-host-capi deny missing
+# docs; a warning (a broken intra-doc link) fails here. The host and the C
+# API crate both name their library memplug_host, so the C API crate is
+# documented on its own.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p memplug-host -p memplug-sdk
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p memplug-host-capi
 
 # Exhaustive interleavings (loom) of the governor's lock-free fast path,
 # of the operation gate of a context,

@@ -65,6 +65,7 @@ pub struct MemplugHostCacheOptions {
 pub struct MemplugHostCacheStats {
     /// `sizeof(MemplugHostCacheStats)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// The governor's id of the cache's holder (as `memplug_host_holder_id`).
     pub holder_id: u64,
@@ -76,11 +77,13 @@ pub struct MemplugHostCacheStats {
     pub bypasses: u64,
     /// Bytes kept idle (charged, not handed out).
     pub idle_bytes: u64,
+    /// Idle blocks holding those bytes.
     pub idle_blocks: u64,
     /// Idle blocks still waiting for the fences they were freed behind.
     pub pending_blocks: u64,
-    /// Bytes and blocks handed out (bypasses not included).
+    /// Bytes handed out and not yet freed (bypasses not included).
     pub in_use_bytes: u64,
+    /// The blocks holding those bytes.
     pub in_use_blocks: u64,
     /// Idle bytes given back by `memplug_host_cache_trim`.
     pub trimmed_bytes: u64,

@@ -8,7 +8,7 @@
 //! Conventions (modelled on rustls-ffi and wasmtime's C API):
 //!
 //! * Every exported function runs its body behind one panic boundary
-//!   ([`error::boundary`]): a panic becomes `MEMPLUG_HOST_STATUS_PANIC` with
+//!   (`error::boundary`): a panic becomes `MEMPLUG_HOST_STATUS_PANIC` with
 //!   its message, never an unwind into C (invariant 8).
 //! * Fallible functions return a [`MemplugHostStatus`] (`uint32_t`); the
 //!   reason is this thread's last error message
@@ -24,6 +24,8 @@
 //! * Whoever allocates a thing frees it: no heap object changes sides;
 //!   strings are copied into caller buffers or fixed fields.
 
+#![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
 // The host crate under another name: this crate's own library is

@@ -5,7 +5,7 @@
 //!
 //! A mechanism handle names a context (`Arc<Context>`); every call here is
 //! about that context. Events are delivered by the host's `dispatch` on the
-//! thread that drives the context; a [`Subscriber`] turns each into a C
+//! thread that drives the context; a `Subscriber` turns each into a C
 //! `MemplugHostLifecycleEvent` valid for the call, marks the thread as
 //! inside a lifecycle callback, and lets `unsubscribe` wait for deliveries
 //! running on other threads.

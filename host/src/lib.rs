@@ -16,6 +16,8 @@
 //!   allocate: governor charge, fence-ordered deferred free, rollback on any
 //!   failure.
 
+#![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
 // Errors carry the plugin's message and the mechanism's name; they are the
 // cold path, and returning them by value keeps the success path free of
 // allocation.

@@ -13,6 +13,7 @@
 //! * [`exported_symbols`]: what a shared library exports (`nm -D`).
 //! * [`fd_passing`]: a descriptor sent to a child process over a Unix
 //!   socket (`SCM_RIGHTS`), and the wait for the child to connect.
+//! * [`readme`]: a README snippet held to the compiled source it copies.
 //! * `header_drift` (feature `header-drift`): a committed header compared
 //!   with what the pinned cbindgen generates now.
 //!
@@ -25,6 +26,7 @@ pub mod fd_passing;
 #[cfg(feature = "header-drift")]
 pub mod header_drift;
 mod paths;
+pub mod readme;
 mod tools;
 
 pub use bad_plugin::{bad_plugin, BAD_PLUGIN_VARIANTS};

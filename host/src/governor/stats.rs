@@ -97,7 +97,9 @@ pub struct PressureStats {
 /// `reserved + leased + quarantined` ([`own_used`](Self::own_used)).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolSnapshot {
+    /// The pool's id.
     pub pool: PoolId,
+    /// The pool's name, unique within its governor.
     pub name: Arc<str>,
     /// The pool above this one, if any.
     pub parent: Option<PoolId>,
@@ -116,9 +118,12 @@ pub struct PoolSnapshot {
     /// very moment the capacity changes may record its peak with the
     /// capacity before or after the change (off by at most the change).
     pub peak: u64,
-    /// Sums over `classes` (this pool's own accounts).
+    /// Bytes held by live grants not yet committed: the sum of
+    /// [`ClassStats::reserved`] over `classes` (this pool's own accounts).
     pub reserved: u64,
+    /// Bytes charged to live leases, the sum over `classes`.
     pub leased: u64,
+    /// Bytes quarantined, the sum over `classes`.
     pub quarantined: u64,
     /// Pools directly below this one, alive now.
     pub children: usize,
@@ -184,9 +189,14 @@ impl fmt::Display for PoolSnapshot {
 /// Kept after the holder unregisters, for as long as the pool lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HolderStats {
+    /// The holder's id.
     pub holder: HolderId,
+    /// The pool it was registered with.
     pub pool: PoolId,
+    /// The name given at registration (for reports; not unique).
     pub name: Arc<str>,
+    /// The priority given at registration: it is asked only by requests of
+    /// at least this priority.
     pub priority: Priority,
     /// False once the registration was dropped.
     pub registered: bool,
