@@ -79,3 +79,29 @@ fn a_closed_stdout_does_not_send_the_output_into_the_chart() {
     assert!(text.starts_with("<svg"), "{}", &text[..text.len().min(200)]);
     assert!(!text.contains("memplug demo: LLM serving"), "the text report landed in the chart");
 }
+
+/// Output lost for another reason than a reader that went away (a full
+/// disk) is a failure: said on stderr, exit 1 where it would have been 0.
+#[test]
+fn a_full_disk_is_a_failure_said_on_stderr() {
+    for (args, redirect, what) in [
+        (&["inspect"][..], ">/dev/full", "to standard output"),
+        (&["inspect", "--json"], ">/dev/full", "to standard output"),
+        (&["demo", "--plot", "/dev/full"], ">/dev/null", "the chart /dev/full"),
+        (&["demo", "--trace", "/dev/full"], ">/dev/null", "the trace /dev/full"),
+    ] {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("exec \"$0\" \"$@\" {redirect}"))
+            .arg(env!("CARGO_BIN_EXE_memplug"))
+            .args(args)
+            .output()
+            .expect("run sh");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&format!("cannot write {what}")) && stderr.contains("No space left"),
+            "{stderr}"
+        );
+    }
+}
