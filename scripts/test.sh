@@ -17,6 +17,10 @@ fi
 # Doc tests (nextest does not run them).
 cargo test --workspace --doc
 
+# The crates meant for crates.io package and build from their packages,
+# with both license texts.
+scripts/package-check.sh
+
 # Exhaustive interleavings (loom) of the governor's lock-free fast path,
 # of the operation gate of a context,
 # of the deferred-free queue and of the C API's handle slot table;
