@@ -24,6 +24,21 @@ install(FILES ${MEMPLUG_LIB_OUT}/${MEMPLUG_HOST_SONAME} ${MEMPLUG_LIB_OUT}/${MEM
   DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(FILES ${MEMPLUG_HOST_STATIC} DESTINATION ${CMAKE_INSTALL_LIBDIR})
 install(PROGRAMS ${MEMPLUG_CPU_PLUGIN} DESTINATION ${MEMPLUG_INSTALL_PLUGINDIR})
+# `cmake --install --strip` strips only targets CMake built itself; these
+# libraries come from cargo, so they are stripped here (the archive of its
+# debug info only, keeping the symbols a link needs).
+install(CODE "
+  if(CMAKE_INSTALL_DO_STRIP)
+    set(dest \"\$ENV{DESTDIR}\${CMAKE_INSTALL_PREFIX}\")
+    execute_process(COMMAND \"${CMAKE_STRIP}\" --strip-unneeded
+      \"\${dest}/${CMAKE_INSTALL_LIBDIR}/${MEMPLUG_HOST_REAL_NAME}\"
+      \"\${dest}/${MEMPLUG_INSTALL_PLUGINDIR}/${CMAKE_SHARED_LIBRARY_PREFIX}memplug_plugin_cpu${CMAKE_SHARED_LIBRARY_SUFFIX}\"
+      COMMAND_ERROR_IS_FATAL ANY)
+    execute_process(COMMAND \"${CMAKE_STRIP}\" --strip-debug
+      \"\${dest}/${CMAKE_INSTALL_LIBDIR}/${CMAKE_STATIC_LIBRARY_PREFIX}memplug_host${CMAKE_STATIC_LIBRARY_SUFFIX}\"
+      COMMAND_ERROR_IS_FATAL ANY)
+  endif()
+")
 
 set(MEMPLUG_CMAKE_INSTALL_DIR ${CMAKE_INSTALL_LIBDIR}/cmake/memplug)
 configure_package_config_file(

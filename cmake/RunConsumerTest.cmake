@@ -1,4 +1,4 @@
-# Installs the build tree into a scratch prefix, checks the installed
+# Installs the build tree into a scratch prefix (stripped), checks the installed
 # layout (the shared library's link chain and SONAME, the CPU plugin in the
 # plugin directory), then configures, builds and runs cmake/consumer-test
 # against it (find_package(memplug), shared and static), and compiles the
@@ -32,7 +32,9 @@ set(config_args)
 if(CONFIG)
   set(config_args --config ${CONFIG})
 endif()
-run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} ${config_args})
+# Stripped, as a distribution installs it: the libraries must still link
+# and load without their debug info.
+run(${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${prefix} --strip ${config_args})
 
 # The shared library: the real file behind the SONAME link behind the
 # development link, and the SONAME recorded in the file.

@@ -3,7 +3,7 @@
 # header drift included), and the C/C++ side through CMake and ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh test
 
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
