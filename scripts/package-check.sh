@@ -16,6 +16,11 @@ for m in $members; do
 done
 echo "package-check: publishable: ${published[*]}"
 
+# A target directory of its own: cargo verifies each package in the
+# workspace's target directory, where a verified crate can take the file
+# names of the workspace's own build (same name and version), built
+# against the packaged dependencies; later builds then mix the two.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/package-check"
 args=()
 for p in "${published[@]}"; do args+=(-p "$p"); done
 # --allow-dirty: what is checked is the manifests and files, not git state.

@@ -63,9 +63,16 @@ fn compiler_command(compiler: Option<&str>, cpp: bool) -> Command {
 pub fn run_tool(mut cmd: Command) {
     let out =
         cmd.output().unwrap_or_else(|e| panic!("cannot run {:?}: {e} (is it installed?)", cmd.get_program()));
+    // The program and arguments only: `Command`'s Debug form would list the
+    // whole environment, which `cc`'s commands carry.
+    let line = std::iter::once(cmd.get_program())
+        .chain(cmd.get_args())
+        .map(|a| a.to_string_lossy())
+        .collect::<Vec<_>>()
+        .join(" ");
     assert!(
         out.status.success(),
-        "{cmd:?} failed ({}):\n{}{}",
+        "{line} failed ({}):\n{}{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
