@@ -14,9 +14,9 @@
 //! over 10000 (loops: `rust`, `c`, `rust-fenced`, `c-fenced`, `rust-cached`,
 //! `c-cached`).
 
-use memplug_host::*;
-use memplug_host_dep::governor::AllocationClass;
-use memplug_host_dep::{BindingSpec, CacheConfig, LoadOptions, ProcessMemoryManager};
+use memplug_host::governor::AllocationClass;
+use memplug_host::{BindingSpec, CacheConfig, LoadOptions, ProcessMemoryManager};
+use memplug_host_capi::*;
 use std::ffi::{c_void, CString};
 use std::hint::black_box;
 use std::ptr::{null, null_mut};
@@ -207,10 +207,10 @@ fn ratio(name: &str, c: f64, rust: f64, budget: Option<f64>) {
 struct FnFenceShim;
 
 impl FnFenceShim {
-    fn fence() -> memplug_host_dep::SharedFence {
+    fn fence() -> memplug_host::SharedFence {
         thread_local! {
-            static F: memplug_host_dep::SharedFence =
-                memplug_host_dep::FnFence::new("done", || true, |_| true);
+            static F: memplug_host::SharedFence =
+                memplug_host::FnFence::new("done", || true, |_| true);
         }
         F.with(|f| f.clone())
     }

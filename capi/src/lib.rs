@@ -2,8 +2,9 @@
 //!
 //! The header is `include/memplug_host.h`, generated from this crate by
 //! cbindgen (`capi/cbindgen.toml`) and checked for drift by
-//! `tests/header_drift.rs`. The library builds as `libmemplug_host.so`,
-//! `libmemplug_host.a` and an rlib (for Rust tests and benches).
+//! `tests/header_drift.rs`. Cargo builds it as `libmemplug_host_capi.so`,
+//! `libmemplug_host_capi.a` and an rlib (for Rust tests and benches);
+//! CMake installs the C libraries as `libmemplug_host.so` / `.a`.
 //!
 //! Conventions (modelled on rustls-ffi and wasmtime's C API):
 //!
@@ -28,9 +29,9 @@
 #![warn(rustdoc::broken_intra_doc_links)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// The host crate under another name: this crate's own library is
-// `memplug_host` (libmemplug_host.so / .a).
-extern crate memplug_host_dep;
+// The host crate under another name, so that its paths stand apart from
+// the C API's `memplug_host_*` items at a glance.
+extern crate memplug_host as memplug_host_dep;
 
 pub mod binding;
 pub mod cache;

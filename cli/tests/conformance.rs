@@ -608,7 +608,7 @@ fn versioned_example_plugin(name: &str) -> std::path::PathBuf {
     let dir = test_tmp_dir(name);
     let so = dir.join(format!("lib{name}.so"));
     let map = repo_root().join("abi-tests/c/versioned_plugin.map");
-    let mut cmd = Command::new("gcc");
+    let mut cmd = memplug_test_support::c_compiler(None);
     cmd.args(memplug_test_support::C_PLUGIN_FLAGS)
         .arg("-I")
         .arg(memplug_test_support::include_dir())
