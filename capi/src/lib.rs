@@ -35,6 +35,7 @@ extern crate memplug_host_dep;
 pub mod binding;
 pub mod cache;
 mod callbacks;
+pub mod dlpack;
 pub mod error;
 pub mod fence;
 pub mod handle;
@@ -57,6 +58,7 @@ pub mod version;
 
 pub use binding::*;
 pub use cache::*;
+pub use dlpack::*;
 pub use error::{memplug_host_last_error_message, memplug_host_last_error_status};
 pub use fence::*;
 pub use lifecycle::*;

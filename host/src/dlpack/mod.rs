@@ -25,7 +25,7 @@ mod tensor;
 
 pub use abi::*;
 pub use layout::TensorLayout;
-pub use region::SharedRegion;
+pub use region::{check_region, SharedRegion};
 pub use tensor::ManagedTensor;
 
 use crate::binding::BindingInner;
@@ -184,6 +184,17 @@ pub fn export<S: DlpackSource>(
         Ok(p) => Ok(finish(p, memory, layout, options, Box::new(source))),
         Err(error) => Err(Refused { source, error }),
     }
+}
+
+/// Whether [`export`] would accept `source` with `layout` (the same
+/// checks; nothing is moved): for callers that must refuse before giving
+/// the source up.
+pub fn check<S: DlpackSource>(
+    source: &S,
+    layout: &TensorLayout,
+    options: &ExportOptions,
+) -> Result<(), ExportError> {
+    prepare(&source.memory(), layout, options).map(drop)
 }
 
 /// The checks of an export, before anything is owned.

@@ -108,12 +108,7 @@ impl SharedRegion {
         options: ExportOptions,
     ) -> Result<ManagedTensor, ExportError> {
         let r = lock(&self.inner.region);
-        let b = r.binding_inner();
-        let what = format!("region at {:#x}", r.addr());
-        let mut memory = Memory::of(b, r.addr(), r.len(), r.is_lost(), what);
-        if r.prefix_is_read_only() {
-            memory.read_only_prefix = r.len() - r.committed();
-        }
+        let memory = region_memory(&r);
         let p = prepare(&memory, layout, &options)?;
         // Counted under the lock, so a shrink that saw no view ran before
         // this view was made.
@@ -121,4 +116,25 @@ impl SharedRegion {
         drop(r);
         Ok(finish(p, memory, layout, options, Box::new(ViewHold(self.inner.clone()))))
     }
+}
+
+/// The usable bytes of `r` as an export sees them: the prefix, when mapped
+/// read-only, is the read-only part.
+fn region_memory(r: &Region) -> Memory {
+    let what = format!("region at {:#x}", r.addr());
+    let mut memory = Memory::of(r.binding_inner(), r.addr(), r.len(), r.is_lost(), what);
+    if r.prefix_is_read_only() {
+        memory.read_only_prefix = r.len() - r.committed();
+    }
+    memory
+}
+
+/// Whether [`SharedRegion::to_dlpack`] would accept a view of `region`'s
+/// usable bytes with `layout` now (the same checks).
+pub fn check_region(
+    region: &Region,
+    layout: &TensorLayout,
+    options: &ExportOptions,
+) -> Result<(), ExportError> {
+    prepare(&region_memory(region), layout, options).map(drop)
 }
