@@ -1,0 +1,3 @@
+def test_import():
+    import memplug
+    assert memplug.Manager
