@@ -1,3 +1,0 @@
-def test_import():
-    import memplug
-    assert memplug.Manager
