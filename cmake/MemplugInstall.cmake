@@ -19,6 +19,11 @@ install(FILES
     ${PROJECT_SOURCE_DIR}/include/memplug.hpp
     ${PROJECT_SOURCE_DIR}/include/memplug_cache.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+# memplug_host.h includes "dlpack/dlpack.h" (the DLPack export, API 1.3).
+install(FILES
+    ${PROJECT_SOURCE_DIR}/include/dlpack/dlpack.h
+    ${PROJECT_SOURCE_DIR}/include/dlpack/LICENSE
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/dlpack)
 install(PROGRAMS ${MEMPLUG_HOST_SHARED} DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # The two links are installed as links.
 install(FILES ${MEMPLUG_LIB_OUT}/${MEMPLUG_HOST_SONAME} ${MEMPLUG_LIB_OUT}/${MEMPLUG_HOST_LINK_NAME}

@@ -62,3 +62,12 @@ for cell in "gcc g++ -O3" "clang clang++ -O0" "clang clang++ -O2" "clang clang++
     cmake --build "target/cmake-$cc$opt" >/dev/null
     echo "C side builds warning-free: $cc $opt"
 done
+
+# The Python package (python/, a cargo workspace of its own): formatting
+# and lints, then the abi3 wheel built by maturin into a virtual
+# environment under the target directory (maturin, numpy and pytest from
+# the package registry) and pytest over it, the example included.
+cargo fmt --manifest-path python/Cargo.toml -- --check
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/python" \
+    cargo clippy --manifest-path python/Cargo.toml -- -D warnings
+scripts/python-test.sh

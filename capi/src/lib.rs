@@ -36,6 +36,7 @@ extern crate memplug_host as memplug_host_dep;
 pub mod binding;
 pub mod cache;
 mod callbacks;
+pub mod dlpack;
 pub mod error;
 pub mod fence;
 pub mod handle;
@@ -58,6 +59,7 @@ pub mod version;
 
 pub use binding::*;
 pub use cache::*;
+pub use dlpack::*;
 pub use error::{memplug_host_last_error_message, memplug_host_last_error_status};
 pub use fence::*;
 pub use lifecycle::*;

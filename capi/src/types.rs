@@ -11,7 +11,7 @@ use memplug_sdk::prefix::{self, PrefixError, Prefixed};
 pub const MEMPLUG_HOST_API_MAJOR: u32 = 1;
 /// Minor version of this C API: grows when functions or struct fields are
 /// appended.
-pub const MEMPLUG_HOST_API_MINOR: u32 = 2;
+pub const MEMPLUG_HOST_API_MINOR: u32 = 3;
 
 /// Longest name kept in a `MemplugHostMechanismInfo`, NUL included; longer
 /// names are truncated.

@@ -27,6 +27,7 @@ pub mod binding;
 pub mod cache;
 pub mod context;
 pub mod deferred;
+pub mod dlpack;
 pub mod error;
 pub mod fence;
 pub mod governor;

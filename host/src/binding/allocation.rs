@@ -50,6 +50,10 @@ impl fmt::Debug for OwnedAllocation {
 }
 
 impl OwnedAllocation {
+    /// The binding it was made through (the mechanism, the queue).
+    pub(crate) fn binding_inner(&self) -> &BindingInner {
+        &self.binding.as_ref().expect("present until drop").inner
+    }
     fn alloc(&self) -> &Allocation {
         self.alloc.as_ref().expect("present until drop")
     }

@@ -92,6 +92,10 @@ impl fmt::Debug for Region {
 }
 
 impl Region {
+    /// The binding it was made through (the mechanism, the queue).
+    pub(crate) fn binding_inner(&self) -> &BindingInner {
+        &self.binding
+    }
     fn res(&self) -> &Reservation {
         self.reservation.as_ref().expect("present until drop")
     }

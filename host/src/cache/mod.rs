@@ -387,7 +387,7 @@ impl fmt::Debug for CachedAllocation {
 }
 
 impl CachedAllocation {
-    fn block(&self) -> &OwnedAllocation {
+    pub(crate) fn block(&self) -> &OwnedAllocation {
         self.block.as_ref().expect("present until drop")
     }
     /// The address (aligned as requested).

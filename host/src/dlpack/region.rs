@@ -1,0 +1,140 @@
+//! [`SharedRegion`]: a region that array libraries can see while it keeps
+//! growing. The region sits behind a lock and a reference count; each
+//! exported view holds a count, so the region outlives every view, and
+//! it refuses to shrink (or be released) under a live view.
+
+use super::{finish, prepare, ExportError, ExportOptions, ManagedTensor, Memory, TensorLayout};
+use crate::binding::{BindingError, GrowError, Region, RegionView, SharedPrefix};
+use crate::fence::SharedFence;
+use crate::sync::{lock, Mutex};
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+struct Shared {
+    region: Mutex<Region>,
+    /// Live exported views. Decremented by deleters without the lock, so a
+    /// deleter never waits for a grow in progress.
+    views: AtomicUsize,
+}
+
+/// A [`Region`] shared between its owner and the DLPack views exported
+/// from it. Cheap to clone; thread-safe. Growing is allowed while views
+/// are alive (the base never moves and the bytes they see stay mapped);
+/// shrinking is refused until they are gone. The region is released when
+/// the last clone and the last view are.
+#[derive(Clone)]
+pub struct SharedRegion {
+    inner: Arc<Shared>,
+}
+
+impl fmt::Debug for SharedRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SharedRegion({:?}, {} views)", *lock(&self.inner.region), self.views())
+    }
+}
+
+/// What an exported view holds.
+struct ViewHold(Arc<Shared>);
+
+impl Drop for ViewHold {
+    fn drop(&mut self) {
+        self.0.views.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl SharedRegion {
+    /// Shares `region`.
+    pub fn new(region: Region) -> Self {
+        SharedRegion { inner: Arc::new(Shared { region: Mutex::new(region), views: AtomicUsize::new(0) }) }
+    }
+
+    /// Reads the region under its lock.
+    pub fn with<R>(&self, f: impl FnOnce(&Region) -> R) -> R {
+        f(&lock(&self.inner.region))
+    }
+
+    /// The base address and usable length now.
+    pub fn view(&self) -> RegionView {
+        self.with(Region::view)
+    }
+
+    /// Exported views still alive.
+    pub fn views(&self) -> usize {
+        self.inner.views.load(Ordering::Acquire)
+    }
+
+    /// [`Region::grow_to`] under the lock: `update` runs while it is held
+    /// (it must not call back into this region).
+    pub fn grow_to<E>(
+        &self,
+        len: u64,
+        update: impl FnOnce(&RegionView) -> Result<(), E>,
+    ) -> Result<(), GrowError<E>> {
+        lock(&self.inner.region).grow_to(len, update)
+    }
+
+    /// [`Region::shrink_to`], refused while an exported view is alive: a
+    /// consumer may still read any byte of the region's old length.
+    pub fn shrink_to(&self, len: u64, fences: Vec<SharedFence>) -> Result<(), BindingError> {
+        let mut r = lock(&self.inner.region);
+        let views = self.views();
+        if views != 0 && len < r.len() {
+            return Err(BindingError::State(format!(
+                "region at {:#x}: {views} exported DLPack view(s) alive; it cannot shrink under them",
+                r.addr()
+            )));
+        }
+        r.shrink_to(len, fences)
+    }
+
+    /// [`Region::map_prefix`] under the lock.
+    pub fn map_prefix(&self, prefix: &Arc<SharedPrefix>) -> Result<(), BindingError> {
+        lock(&self.inner.region).map_prefix(prefix)
+    }
+
+    /// [`Region::used_by`] under the lock.
+    pub fn used_by(&self, fence: SharedFence) {
+        lock(&self.inner.region).used_by(fence)
+    }
+
+    /// Exports a view of the usable bytes as they are now (`layout` must fit
+    /// in them). Read-only when asked, and whenever it touches a prefix
+    /// mapped read-only. The view keeps the region alive and unshrinkable
+    /// until its deleter runs.
+    pub fn to_dlpack(
+        &self,
+        layout: &TensorLayout,
+        options: ExportOptions,
+    ) -> Result<ManagedTensor, ExportError> {
+        let r = lock(&self.inner.region);
+        let memory = region_memory(&r);
+        let p = prepare(&memory, layout, &options)?;
+        // Counted under the lock, so a shrink that saw no view ran before
+        // this view was made.
+        self.inner.views.fetch_add(1, Ordering::AcqRel);
+        drop(r);
+        Ok(finish(p, memory, layout, options, Box::new(ViewHold(self.inner.clone()))))
+    }
+}
+
+/// The usable bytes of `r` as an export sees them: the prefix, when mapped
+/// read-only, is the read-only part.
+fn region_memory(r: &Region) -> Memory {
+    let what = format!("region at {:#x}", r.addr());
+    let mut memory = Memory::of(r.binding_inner(), r.addr(), r.len(), r.is_lost(), what);
+    if r.prefix_is_read_only() {
+        memory.read_only_prefix = r.len() - r.committed();
+    }
+    memory
+}
+
+/// Whether [`SharedRegion::to_dlpack`] would accept a view of `region`'s
+/// usable bytes with `layout` now (the same checks).
+pub fn check_region(
+    region: &Region,
+    layout: &TensorLayout,
+    options: &ExportOptions,
+) -> Result<(), ExportError> {
+    prepare(&region_memory(region), layout, options).map(drop)
+}

@@ -1,0 +1,42 @@
+//! `memplug` for Python: the memplug host as a Python module (PyO3), with
+//! DLPack export so NumPy, PyTorch and JAX see memplug memory without a
+//! copy.
+//!
+//! * `manager.rs` — `Manager`, `Context`, `Pool`, `Holder` (Python
+//!   pressure callbacks);
+//! * `memory.rs` — `Binding`, `CachingBinding`, `Allocation`,
+//!   `CachedAllocation`, `SharedPrefix`;
+//! * `region.rs` — `Region` (grow with a Python update callback, rolled
+//!   back if it raises);
+//! * `tensor.rs` — dtypes, `Tensor` views, `__dlpack__`;
+//! * `errors.rs` — the exception hierarchy.
+
+mod errors;
+mod manager;
+mod memory;
+mod region;
+mod tensor;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn memplug(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<manager::Manager>()?;
+    m.add_class::<manager::Context>()?;
+    m.add_class::<manager::Pool>()?;
+    m.add_class::<manager::Holder>()?;
+    m.add_class::<memory::Binding>()?;
+    m.add_class::<memory::CachingBinding>()?;
+    m.add_class::<memory::Allocation>()?;
+    m.add_class::<memory::CachedAllocation>()?;
+    m.add_class::<memory::SharedPrefix>()?;
+    m.add_class::<region::Region>()?;
+    m.add_class::<tensor::Tensor>()?;
+    errors::register(m)?;
+    m.add(
+        "DLPACK_VERSION",
+        (memplug_host::dlpack::DLPACK_MAJOR_VERSION, memplug_host::dlpack::DLPACK_MINOR_VERSION),
+    )?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

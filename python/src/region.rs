@@ -1,0 +1,116 @@
+//! Regions: address space that grows in place (a KV cache), optionally
+//! after a shared prefix mapped read-only. NumPy views of it stay valid as
+//! it grows; it refuses to shrink under a live view.
+
+use crate::errors;
+use crate::memory::{dlpack_methods, SharedPrefix};
+use crate::tensor::{dlpack_capsule, layout_of, Source, Tensor};
+use memplug_host::dlpack::{SharedRegion, TensorLayout};
+use memplug_host::GrowError;
+use pyo3::prelude::*;
+use std::sync::Mutex;
+
+/// A region: `grow_to` commits (and charges) more bytes at the same base;
+/// an update callback that raises undoes the grow.
+#[pyclass(frozen, module = "memplug")]
+pub struct Region {
+    inner: Mutex<Option<SharedRegion>>,
+    addr: u64,
+    device: (i32, i32),
+}
+
+impl Region {
+    pub(crate) fn new(r: memplug_host::Region, device: (i32, i32)) -> Self {
+        let addr = r.addr();
+        Region { inner: Mutex::new(Some(SharedRegion::new(r))), addr, device }
+    }
+    fn shared(&self) -> PyResult<SharedRegion> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.clone().ok_or_else(|| errors::released("region"))
+    }
+    fn source(&self) -> PyResult<Source> {
+        self.shared().map(Source::Region)
+    }
+    fn len_now(&self) -> u64 {
+        self.shared().map_or(0, |r| r.view().len)
+    }
+    fn release(&self, py: Python<'_>) {
+        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if taken.is_some() {
+            py.allow_threads(move || drop(taken));
+        }
+    }
+}
+
+#[pymethods]
+impl Region {
+    /// The base address; the same for the region's whole life.
+    #[getter]
+    fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Usable bytes: the prefix and the committed part.
+    #[getter]
+    fn len(&self) -> PyResult<u64> {
+        Ok(self.shared()?.view().len)
+    }
+    /// Address space reserved.
+    #[getter]
+    fn capacity(&self) -> PyResult<u64> {
+        Ok(self.shared()?.with(|r| r.capacity()))
+    }
+    /// Private bytes committed (and charged).
+    #[getter]
+    fn committed(&self) -> PyResult<u64> {
+        Ok(self.shared()?.with(|r| r.committed()))
+    }
+    /// Whether a prefix is mapped read-only at the start.
+    #[getter]
+    fn prefix_is_read_only(&self) -> PyResult<bool> {
+        Ok(self.shared()?.with(|r| r.prefix_is_read_only()))
+    }
+    /// Exported views still alive.
+    #[getter]
+    fn views(&self) -> PyResult<usize> {
+        Ok(self.shared()?.views())
+    }
+    /// Grows to at least `len` usable bytes: grant → commit → `update(addr,
+    /// len)` → charge. If `update` raises, the new bytes are decommitted,
+    /// the grant returned, and its exception raised here. Waits for
+    /// pressure with the GIL released (the callback takes it back).
+    #[pyo3(signature = (len, update=None))]
+    fn grow_to(&self, py: Python<'_>, len: u64, update: Option<PyObject>) -> PyResult<()> {
+        let r = self.shared()?;
+        let result = py.allow_threads(move || {
+            r.grow_to(len, |view| match &update {
+                None => Ok(()),
+                Some(f) => Python::with_gil(|py| f.call1(py, (view.addr, view.len)).map(drop)),
+            })
+        });
+        match result {
+            Ok(()) => Ok(()),
+            Err(GrowError::Update(e)) => Err(e),
+            Err(GrowError::Binding(e)) => Err(errors::binding(e)),
+        }
+    }
+    /// Shrinks the private part to `len` usable bytes; refused
+    /// (`InvalidState`) while a view exported from the region is alive.
+    fn shrink_to(&self, py: Python<'_>, len: u64) -> PyResult<()> {
+        let r = self.shared()?;
+        py.allow_threads(move || r.shrink_to(len, Vec::new())).map_err(errors::binding)
+    }
+    /// Maps `prefix` read-only at the start of this empty region.
+    fn map_prefix(&self, py: Python<'_>, prefix: &SharedPrefix) -> PyResult<()> {
+        let (r, p) = (self.shared()?, prefix.inner.clone());
+        py.allow_threads(move || r.map_prefix(&p)).map_err(errors::binding)
+    }
+    /// Releases this handle (idempotent); the region is freed once no view
+    /// uses it.
+    fn close(&self, py: Python<'_>) {
+        self.release(py);
+    }
+    fn __repr__(&self) -> String {
+        format!("memplug.Region(addr={:#x}, len={})", self.addr, self.len_now())
+    }
+}
+dlpack_methods!(Region);
