@@ -34,7 +34,9 @@ pub struct PoolReport {
     /// The pool's figures (in JSON, the pool object's own fields).
     #[cfg_attr(feature = "serde", serde(flatten))]
     pub snapshot: PoolSnapshot,
-    /// In registration order, registered or not.
+    /// In registration order, registered or not. In JSON `holder_stats`
+    /// (the snapshot's `holders` is the count registered now).
+    #[cfg_attr(feature = "serde", serde(rename = "holder_stats"))]
     pub holders: Vec<HolderStats>,
 }
 
