@@ -77,8 +77,12 @@
 //! operation is in flight, and approximate (each clamped at zero) while
 //! other threads operate; `used`, `free`, `capacity` and `peak` are always
 //! exact (`peak` but for a charge racing a capacity change, see
-//! [`PoolSnapshot::peak`]). The peak is kept per pool only: a per-class
-//! peak would need a shared counter per class on the fast path.
+//! [`PoolSnapshot::peak`]). The exact peak is kept per pool only: a
+//! per-class peak kept exactly would need a shared counter per class on the
+//! fast path, so per-class peaks are sampled (see [`stats`]). Cumulative
+//! bytes granted are one more counter of the shard's line; bytes released
+//! are derived from it. Events (`crate::observe`) cost a grant one relaxed
+//! load of a process-wide word while nobody listens.
 //!
 //! # Thread-safety
 //!

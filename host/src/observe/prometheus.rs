@@ -4,6 +4,7 @@
 //! is the one place they are made.
 
 use super::report::{PoolReport, StatsReport};
+use crate::deferred::QueueStats;
 use crate::governor::{AllocationClass, ClassStats};
 use std::fmt::Write;
 
@@ -15,6 +16,12 @@ enum Type {
 
 /// One sample: its labels (name, value) and its value.
 type Sample = (Vec<(&'static str, String)>, u64);
+
+/// A family of per-class figures: name, type, help, the figure.
+type ClassFamily = (&'static str, Type, &'static str, fn(&ClassStats) -> u64);
+
+/// A family of the queue's counters: name, help, the figure.
+type QueueFamily = (&'static str, &'static str, fn(&QueueStats) -> u64);
 
 /// Writes one family: help, type, then every sample (none: the family is
 /// left out, as the format allows).
@@ -91,7 +98,7 @@ fn per_holder_class(r: &StatsReport, f: impl Fn(&ClassStats) -> u64) -> Vec<Samp
     v
 }
 
-fn queue(r: &StatsReport, f: impl Fn(&crate::deferred::QueueStats) -> u64) -> Vec<Sample> {
+fn queue(r: &StatsReport, f: impl Fn(&QueueStats) -> u64) -> Vec<Sample> {
     r.queue.iter().map(|q| (Vec::new(), f(q))).collect()
 }
 
@@ -160,7 +167,7 @@ pub fn to_prometheus(r: &StatsReport) -> String {
     );
 
     // Pools per class (the pool's own accounts).
-    let classes: [(&str, Type, &str, fn(&ClassStats) -> u64); 16] = [
+    let classes: [ClassFamily; 16] = [
         ("memplug_pool_used_bytes", Gauge, "Bytes charged: reserved, leased and quarantined.", |c| {
             c.charged()
         }),
@@ -189,7 +196,7 @@ pub fn to_prometheus(r: &StatsReport) -> String {
     }
 
     // Holders per class.
-    let holders: [(&str, Type, &str, fn(&ClassStats) -> u64); 5] = [
+    let holders: [ClassFamily; 5] = [
         ("memplug_holder_used_bytes", Gauge, "Bytes charged to the holder.", |c| c.charged()),
         ("memplug_holder_granted_bytes_total", Counter, "Bytes ever charged to the holder.", |c| {
             c.granted_bytes
@@ -214,7 +221,7 @@ pub fn to_prometheus(r: &StatsReport) -> String {
         "Frees waiting for their fences.",
         queue(r, |q| q.pending as u64),
     );
-    let q: [(&str, &str, fn(&crate::deferred::QueueStats) -> u64); 7] = [
+    let q: [QueueFamily; 7] = [
         ("memplug_deferred_enqueued_total", "Frees that waited in the queue.", |q| q.enqueued),
         ("memplug_deferred_immediate_total", "Frees whose fences were complete at once.", |q| q.immediate),
         ("memplug_deferred_retired_total", "Frees retired.", |q| q.retired),
