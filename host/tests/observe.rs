@@ -258,27 +258,55 @@ fn plugin_messages_reach_the_log_hook() {
 #[test]
 fn cumulative_figures_and_sampled_peaks_per_class() {
     let (manager, ctx, pool) = rig(64 * 1024);
-    let kv = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv)).unwrap();
+    // A holder that gives back its kv blocks when asked.
+    let kept: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
+    let k = kept.clone();
+    let reg = pool.register_holder("kv", Priority(0), move |t| {
+        let mut v = k.lock().unwrap();
+        let mut freed = 0;
+        while freed < t.bytes_wanted {
+            let Some(a) = v.pop() else { break };
+            freed += a.size();
+        }
+        freed
+    });
+    let kv = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv).holder(reg.id())).unwrap();
     let w = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Weights)).unwrap();
+    let ws = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Workspace)).unwrap();
     let weights = w.allocate(16 * 1024, 16).unwrap();
-    let held: Vec<_> = (0..5).map(|_| kv.allocate(8 * 1024, 16).unwrap()).collect();
-    // No snapshot was taken: a request that does not fit goes to the slow
-    // path, which samples the peaks (40 KiB of kv now).
-    assert!(kv.allocate(32 * 1024, 16).is_err());
-    drop(held);
+    for _ in 0..5 {
+        kept.lock().unwrap().push(kv.allocate(8 * 1024, 16).unwrap());
+    }
+    // 56 KiB of 64 charged and no snapshot taken. 32 KiB of workspace go
+    // to the slow path, which samples the peaks (40 KiB of kv) before the
+    // ticket evicts three kv blocks; the request then succeeds.
+    let scratch = ws.allocate(32 * 1024, 16).unwrap();
     let s = pool.snapshot();
     let c = s.class(AllocationClass::Kv);
-    assert_eq!(c.charged(), 0);
-    assert_eq!(c.peak, 40 * 1024, "sampled on the slow path, kept after the frees");
-    assert_eq!(c.granted_bytes, 40 * 1024);
-    assert_eq!(c.released_bytes, 40 * 1024);
-    assert_eq!((c.grants, c.failures), (5, 1));
+    assert_eq!(c.charged(), 16 * 1024);
+    assert_eq!(c.peak, 40 * 1024, "sampled on the slow path, before the eviction");
+    assert_eq!((c.granted_bytes, c.released_bytes), (40 * 1024, 24 * 1024));
+    assert_eq!((c.grants, c.failures), (5, 0));
+    assert_eq!((c.tickets, c.evictions, c.evicted_bytes), (0, 0, 0), "kv received, it did not ask");
+    let wsc = s.class(AllocationClass::Workspace);
+    assert_eq!((wsc.tickets, wsc.evictions, wsc.evicted_bytes), (1, 1, 24 * 1024));
+    let hc = *pool.holder_stats(reg.id()).unwrap().class(AllocationClass::Kv);
+    assert_eq!((hc.peak, hc.tickets, hc.evictions), (40 * 1024, 0, 0), "the ticket's class is the request's");
+    let hw = *pool.holder_stats(reg.id()).unwrap().class(AllocationClass::Workspace);
+    assert_eq!((hw.tickets, hw.evictions, hw.evicted_bytes), (1, 1, 24 * 1024));
     let wc = s.class(AllocationClass::Weights);
     assert_eq!((wc.peak, wc.granted_bytes, wc.released_bytes), (16 * 1024, 16 * 1024, 0));
-    assert_eq!(s.peak, 56 * 1024, "the pool-wide peak is exact");
-    drop(weights);
-    let wc = *pool.snapshot().class(AllocationClass::Weights);
-    assert_eq!((wc.peak, wc.released_bytes), (16 * 1024, 16 * 1024));
+    assert_eq!(s.peak, 64 * 1024, "the pool-wide peak is exact");
+    // A refusal counts as a failure; releases show as released bytes.
+    assert!(w.allocate(128 * 1024, 16).is_err());
+    drop((weights, scratch));
+    kept.lock().unwrap().clear();
+    let s = pool.snapshot();
+    let wc = s.class(AllocationClass::Weights);
+    assert_eq!((wc.peak, wc.released_bytes, wc.failures), (16 * 1024, 16 * 1024, 1));
+    for c in &s.classes {
+        assert_eq!(c.released_bytes, c.granted_bytes, "everything came back: {c:?}");
+    }
 }
 
 /// One parsed sample line: name, labels, value.
