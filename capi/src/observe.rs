@@ -274,6 +274,25 @@ unsafe fn write_text(text: &str, buf: *mut c_char, cap: usize, written: *mut usi
     Ok(())
 }
 
+/// The body of a text function: `make` the text, then copy it out.
+///
+/// # Safety
+/// As [`write_text`]; `written` is checked here.
+unsafe fn text_call(
+    name: &'static str,
+    buf: *mut c_char,
+    cap: usize,
+    written: *mut usize,
+    make: impl FnOnce() -> Result<String>,
+) -> MemplugHostStatus {
+    boundary(name, || {
+        require_non_null(written, "written")?;
+        let text = make()?;
+        // SAFETY: the caller's contract.
+        unsafe { write_text(&text, buf, cap, written) }
+    })
+}
+
 /// The report of a manager handle.
 fn manager_report(manager: MemplugHostManager) -> Result<StatsReport> {
     let (m, _) = pin_manager(manager.id)?;
@@ -303,12 +322,10 @@ pub unsafe extern "C" fn memplug_host_stats_json(
     cap: usize,
     written: *mut usize,
 ) -> MemplugHostStatus {
-    boundary("memplug_host_stats_json", || {
-        require_non_null(written, "written")?;
-        let text = to_json(&manager_report(manager)?);
-        // SAFETY: the caller's contract.
-        unsafe { write_text(&text, buf, cap, written) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        text_call("memplug_host_stats_json", buf, cap, written, || Ok(to_json(&manager_report(manager)?)))
+    }
 }
 
 /// One pool's figures as JSON (the same layout, one pool, no queue or
@@ -323,12 +340,10 @@ pub unsafe extern "C" fn memplug_host_pool_stats_json(
     cap: usize,
     written: *mut usize,
 ) -> MemplugHostStatus {
-    boundary("memplug_host_pool_stats_json", || {
-        require_non_null(written, "written")?;
-        let text = to_json(&pool_report(pool)?);
-        // SAFETY: the caller's contract.
-        unsafe { write_text(&text, buf, cap, written) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        text_call("memplug_host_pool_stats_json", buf, cap, written, || Ok(to_json(&pool_report(pool)?)))
+    }
 }
 
 /// Every figure of `manager` as Prometheus text exposition
@@ -345,12 +360,12 @@ pub unsafe extern "C" fn memplug_host_stats_prometheus(
     cap: usize,
     written: *mut usize,
 ) -> MemplugHostStatus {
-    boundary("memplug_host_stats_prometheus", || {
-        require_non_null(written, "written")?;
-        let text = to_prometheus(&manager_report(manager)?);
-        // SAFETY: the caller's contract.
-        unsafe { write_text(&text, buf, cap, written) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        text_call("memplug_host_stats_prometheus", buf, cap, written, || {
+            Ok(to_prometheus(&manager_report(manager)?))
+        })
+    }
 }
 
 /// One pool's figures as Prometheus text. As
@@ -365,10 +380,10 @@ pub unsafe extern "C" fn memplug_host_pool_stats_prometheus(
     cap: usize,
     written: *mut usize,
 ) -> MemplugHostStatus {
-    boundary("memplug_host_pool_stats_prometheus", || {
-        require_non_null(written, "written")?;
-        let text = to_prometheus(&pool_report(pool)?);
-        // SAFETY: the caller's contract.
-        unsafe { write_text(&text, buf, cap, written) }
-    })
+    // SAFETY: the caller's contract.
+    unsafe {
+        text_call("memplug_host_pool_stats_prometheus", buf, cap, written, || {
+            Ok(to_prometheus(&pool_report(pool)?))
+        })
+    }
 }

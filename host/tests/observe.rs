@@ -12,7 +12,7 @@
 mod common;
 
 use common::CPU0;
-use memplug_host::governor::{AllocationClass, Priority};
+use memplug_host::governor::{AllocationClass, HolderRegistration, Priority};
 use memplug_host::observe::{to_prometheus, EventKind, Level, StatsReport};
 use memplug_host::{
     BindingSpec, FnFence, LoadOptions, OwnedAllocation, Plugin, ProcessMemoryManager, Requirements,
@@ -123,24 +123,31 @@ fn of(log: &Log, kind: EventKind) -> Vec<Seen> {
     log.lock().unwrap().iter().filter(|e| e.kind == kind).cloned().collect()
 }
 
-#[test]
-fn every_event_kind_arrives_with_its_fields() {
-    let (manager, ctx, pool) = rig(64 * 1024);
-    let events = listen(&manager);
+type Kept = Arc<Mutex<Vec<OwnedAllocation>>>;
 
-    // A holder whose evictable allocations go back when it is asked.
-    let kept: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
+/// A holder whose kept allocations go back, newest first, when it is asked
+/// (it answers the bytes it freed).
+fn evicting_holder(pool: &Arc<memplug_host::governor::Pool>, name: &str) -> (HolderRegistration, Kept) {
+    let kept: Kept = Arc::default();
     let k = kept.clone();
-    let reg = pool.register_holder("kv-cache", Priority(1), move |t| {
+    let reg = pool.register_holder(name, Priority(1), move |t| {
         let mut v = k.lock().unwrap();
         let mut freed = 0;
         while freed < t.bytes_wanted {
             let Some(a) = v.pop() else { break };
             freed += a.size();
-            drop(a);
         }
         freed
     });
+    (reg, kept)
+}
+
+#[test]
+fn every_event_kind_arrives_with_its_fields() {
+    let (manager, ctx, pool) = rig(64 * 1024);
+    let events = listen(&manager);
+
+    let (reg, kept) = evicting_holder(&pool, "kv-cache");
     let holder = reg.id();
     let kv = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv).holder(holder)).unwrap();
     let anon = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Workspace)).unwrap();
@@ -258,18 +265,7 @@ fn plugin_messages_reach_the_log_hook() {
 #[test]
 fn cumulative_figures_and_sampled_peaks_per_class() {
     let (manager, ctx, pool) = rig(64 * 1024);
-    // A holder that gives back its kv blocks when asked.
-    let kept: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
-    let k = kept.clone();
-    let reg = pool.register_holder("kv", Priority(0), move |t| {
-        let mut v = k.lock().unwrap();
-        let mut freed = 0;
-        while freed < t.bytes_wanted {
-            let Some(a) = v.pop() else { break };
-            freed += a.size();
-        }
-        freed
-    });
+    let (reg, kept) = evicting_holder(&pool, "kv");
     let kv = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv).holder(reg.id())).unwrap();
     let w = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Weights)).unwrap();
     let ws = manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Workspace)).unwrap();

@@ -5,7 +5,7 @@
 
 use super::report::{PoolReport, StatsReport};
 use crate::deferred::QueueStats;
-use crate::governor::{AllocationClass, ClassStats};
+use crate::governor::{AllocationClass, ClassStats, PoolSnapshot};
 use std::fmt::Write;
 
 #[derive(Clone, Copy)]
@@ -16,6 +16,9 @@ enum Type {
 
 /// One sample: its labels (name, value) and its value.
 type Sample = (Vec<(&'static str, String)>, u64);
+
+/// A family of whole-pool figures: name, type, help, the figure.
+type PoolFamily = (&'static str, Type, &'static str, fn(&PoolSnapshot) -> u64);
 
 /// A family of per-class figures: name, type, help, the figure.
 type ClassFamily = (&'static str, Type, &'static str, fn(&ClassStats) -> u64);
@@ -116,55 +119,27 @@ pub fn to_prometheus(r: &StatsReport) -> String {
     );
 
     // Pools as a whole (exact figures of the capacity word).
-    family(
-        o,
-        "memplug_pool_capacity_bytes",
-        Gauge,
-        "Bytes the pool may charge.",
-        per_pool(r, |p| p.snapshot.capacity),
-    );
-    family(
-        o,
-        "memplug_pool_level_used_bytes",
-        Gauge,
-        "Bytes charged at the pool, pools below it included. Exact.",
-        per_pool(r, |p| p.snapshot.used),
-    );
-    family(
-        o,
-        "memplug_pool_level_peak_bytes",
-        Gauge,
-        "Highest level_used_bytes ever reached. Exact.",
-        per_pool(r, |p| p.snapshot.peak),
-    );
-    family(
-        o,
-        "memplug_pool_children_used_bytes",
-        Gauge,
-        "Bytes charged through the pools directly below.",
-        per_pool(r, |p| p.snapshot.children_used),
-    );
-    family(
-        o,
-        "memplug_pool_holders",
-        Gauge,
-        "Holders registered now.",
-        per_pool(r, |p| p.snapshot.holders as u64),
-    );
-    family(
-        o,
-        "memplug_pool_waits_total",
-        Counter,
-        "Requests that waited for room.",
-        per_pool(r, |p| p.snapshot.waits),
-    );
-    family(
-        o,
-        "memplug_pool_wait_timeouts_total",
-        Counter,
-        "Requests whose wait for room timed out.",
-        per_pool(r, |p| p.snapshot.wait_timeouts),
-    );
+    let pools: [PoolFamily; 7] = [
+        ("memplug_pool_capacity_bytes", Gauge, "Bytes the pool may charge.", |p| p.capacity),
+        (
+            "memplug_pool_level_used_bytes",
+            Gauge,
+            "Bytes charged at the pool, pools below it included. Exact.",
+            |p| p.used,
+        ),
+        ("memplug_pool_level_peak_bytes", Gauge, "Highest level_used_bytes ever reached. Exact.", |p| p.peak),
+        ("memplug_pool_children_used_bytes", Gauge, "Bytes charged through the pools directly below.", |p| {
+            p.children_used
+        }),
+        ("memplug_pool_holders", Gauge, "Holders registered now.", |p| p.holders as u64),
+        ("memplug_pool_waits_total", Counter, "Requests that waited for room.", |p| p.waits),
+        ("memplug_pool_wait_timeouts_total", Counter, "Requests whose wait for room timed out.", |p| {
+            p.wait_timeouts
+        }),
+    ];
+    for (name, ty, help, f) in &pools {
+        family(o, name, *ty, help, per_pool(r, |p| f(&p.snapshot)));
+    }
 
     // Pools per class (the pool's own accounts).
     let classes: [ClassFamily; 16] = [
