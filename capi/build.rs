@@ -1,5 +1,8 @@
-//! Gives the shared library a SONAME (`libmemplug_host.so`), so programs
-//! linked against it record that name rather than the build path, and
+//! Gives the shared library a versioned SONAME (`libmemplug_host.so.<major>`,
+//! the crate's major version), so programs linked against it record the
+//! name of the installed library (CMake installs `libmemplug_host.so.<version>`
+//! with the `.so.<major>` and `.so` links; cargo's own file is
+//! `libmemplug_host_capi.so`) rather than the build path, and
 //! derives the status code tables from the one list of codes (see
 //! [`status_tables`]).
 
@@ -9,7 +12,8 @@ use std::path::Path;
 fn main() {
     let os = std::env::var("CARGO_CFG_TARGET_OS").unwrap_or_default();
     if os == "linux" || os == "android" || os.ends_with("bsd") {
-        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmemplug_host.so");
+        let major = std::env::var("CARGO_PKG_VERSION_MAJOR").expect("CARGO_PKG_VERSION_MAJOR");
+        println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libmemplug_host.so.{major}");
     }
     println!("cargo:rerun-if-changed=build.rs");
 

@@ -3,6 +3,6 @@
 # scenario on the reference CPU plugin under a hard budget (see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
+scripts/setup.sh run
 cargo build --release -p memplug-plugin-cpu -p memplug-cli
-exec target/release/memplug demo "$@"
+exec "${CARGO_TARGET_DIR:-target}/release/memplug" demo "$@"

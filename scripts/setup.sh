@@ -1,21 +1,44 @@
 #!/usr/bin/env bash
-# Installs the system packages memplug's build and tests need and a fresh
-# machine lacks (cmake, ninja, clang/libclang for bindgen, abigail-tools,
-# valgrind, pkg-config).
-# Idempotent: does nothing when everything is present.
+# Installs the Debian packages a fresh machine lacks for one job:
+#
+#   scripts/setup.sh run    the main job (scripts/run.sh): a C toolchain for
+#                           cargo to link with (gcc, libc6-dev); nothing else
+#   scripts/setup.sh test   every test (scripts/test.sh): the above, g++,
+#                           cmake, ninja, clang and libclang (bindgen),
+#                           abigail-tools (abidiff), valgrind, pkg-config
+#
+# Idempotent: installs only what is missing (apt-get, as root or via sudo).
+# The Rust toolchain itself (cargo) is not installed here.
 set -euo pipefail
 
+job="${1:-}"
+case "$job" in
+    run | test) ;;
+    *)
+        echo "usage: scripts/setup.sh run|test" >&2
+        exit 2
+        ;;
+esac
+
 need=()
-command -v cmake >/dev/null || need+=(cmake)
-command -v ninja >/dev/null || need+=(ninja-build)
-command -v clang >/dev/null || need+=(clang)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
-command -v abidiff >/dev/null || need+=(abigail-tools)
-command -v valgrind >/dev/null || need+=(valgrind)
-command -v pkg-config >/dev/null || need+=(pkg-config)
+# want COMMAND PACKAGE: PACKAGE when COMMAND is missing.
+want() { command -v "$1" >/dev/null || need+=("$2"); }
+
+want cc gcc
+[ -e /usr/include/stdio.h ] || need+=(libc6-dev)
+if [ "$job" = test ]; then
+    want c++ g++
+    want cmake cmake
+    want ninja ninja-build
+    want clang clang
+    ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+    want abidiff abigail-tools
+    want valgrind valgrind
+    want pkg-config pkg-config
+fi
 
 if ((${#need[@]})); then
-    echo "setup: installing ${need[*]}"
+    echo "setup ($job): installing ${need[*]}"
     SUDO=""
     [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -qq

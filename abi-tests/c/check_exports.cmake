@@ -1,7 +1,7 @@
 # cmake -DNM=<nm> -DLIBRARY=<lib.so> -DEXPECTED=<sym;sym...> -P check_exports.cmake
 #
 # Fails unless the dynamic symbols LIBRARY defines are exactly EXPECTED
-# (DESIGN.md section 3, Symbols: a plugin exports only its entry symbols).
+# (ARCHITECTURE.md section 3, Symbols: a plugin exports only its entry symbols).
 foreach(var NM LIBRARY EXPECTED)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "check_exports.cmake: -D${var}=... is required")

@@ -4,7 +4,7 @@
  *
  * It exports memplug_plugin_v1 (the C example plugin, c-examples/plugin/
  * example_plugin.c, included below) and memplug_plugin_v2, the entry of a
- * hypothetical major 2 (DESIGN.md section 3: the major is part of the entry
+ * hypothetical major 2 (ARCHITECTURE.md section 3: the major is part of the entry
  * symbol, so one library can serve two). A host of major 1 must find and use
  * memplug_plugin_v1, the newest major it knows; it must never call the v2
  * entry, whose contract it cannot know. This v2 entry refuses anything that

@@ -15,7 +15,7 @@
 //! What fails: `abidiff`'s "incompatible" bit (exit status bit 3: a function
 //! or variable removed, ...), a tool error (bits 0 and 1), and — because
 //! libabigail reports layout changes only as "ABI changed" (bit 2) — any
-//! change the ABI rules of DESIGN.md section 3 forbid: a field moved
+//! change the ABI rules of ARCHITECTURE.md section 3 forbid: a field moved
 //! ("offset changed"), removed ("deletion"), or retyped ("type name
 //! changed"), a struct shrunk, or a field inserted before the end. Fields
 //! appended at the end of a struct and new functions are reported and
@@ -37,7 +37,8 @@
 //! and test profiles have it (`debug = true` is cargo's default there).
 
 use memplug_test_support::{
-    cdylib_file_name, find_cdylib, include_dir, repo_root, run_tool, target_dir, test_tmp_dir, C_PLUGIN_FLAGS,
+    c_compiler, cdylib_file_name, find_cdylib, include_dir, repo_root, run_tool, target_dir, test_tmp_dir,
+    C_PLUGIN_FLAGS,
 };
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -66,7 +67,8 @@ fn c_example_plugin() -> PathBuf {
 /// The C example plugin compiled with `-g` against the header in `include`.
 fn c_example_plugin_against(include: &Path, dir: &str) -> PathBuf {
     let out = test_tmp_dir(dir).join(cdylib_file_name("memplug_example_plugin"));
-    let mut cmd = Command::new("gcc");
+    // gcc, whatever CC says: the baseline's debug info is gcc's.
+    let mut cmd = c_compiler(Some("gcc"));
     cmd.args(C_PLUGIN_FLAGS)
         .arg("-g")
         .arg("-I")
@@ -79,14 +81,15 @@ fn c_example_plugin_against(include: &Path, dir: &str) -> PathBuf {
     out
 }
 
-/// `libmemplug_host.so`, if the host C API has been built.
+/// The host C API's shared library (cargo names it `libmemplug_host_capi.so`;
+/// installed, it is `libmemplug_host.so.X.Y.Z`), if it has been built.
 fn host_capi_lib() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("MEMPLUG_HOST_CAPI_LIB") {
         return Some(PathBuf::from(p));
     }
     let exe = std::env::current_exe().ok()?;
     let deps = exe.parent()?;
-    let file = cdylib_file_name("memplug_host");
+    let file = cdylib_file_name("memplug_host_capi");
     [deps.join(&file), deps.parent()?.join(&file)].into_iter().find(|p| p.is_file())
 }
 

@@ -6,7 +6,7 @@
 //! runs the same host against the CMake build.)
 
 use memplug_test_support::{
-    compile_c_plugin_with, include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS,
+    c_compiler, compile_c_plugin_with, include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS,
 };
 use std::process::Command;
 
@@ -16,7 +16,7 @@ fn contract_holds_with(compiler: &str) {
         compile_c_plugin_with(compiler, &dir.join("example_plugin.c"), &[], "memplug_example_plugin");
 
     let exe = test_tmp_dir(&format!("test_example_plugin-{compiler}")).join("test_example_plugin");
-    let mut cmd = Command::new(compiler);
+    let mut cmd = c_compiler(Some(compiler));
     cmd.arg("-std=c99")
         .args(STRICT_WARNINGS)
         .arg("-I")

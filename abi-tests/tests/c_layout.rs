@@ -8,10 +8,9 @@
 //! also run by ctest) is compiled here too.
 
 use memplug_abi_tests::layout::sdk;
-use memplug_test_support::{include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
+use memplug_test_support::{c_compiler, include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
 use std::fmt::Write as _;
 use std::path::Path;
-use std::process::Command;
 
 /// `_Static_assert`s for every layout fact of the Rust ABI types.
 fn generated_asserts() -> String {
@@ -45,7 +44,7 @@ fn generated_asserts() -> String {
 fn compile_c11(src: &Path) {
     let stem = src.file_stem().and_then(|s| s.to_str()).unwrap_or("unit");
     let obj = test_tmp_dir(stem).join(format!("{stem}.o"));
-    let mut cmd = Command::new("cc");
+    let mut cmd = c_compiler(None);
     cmd.arg("-std=c11")
         .args(STRICT_WARNINGS)
         .arg("-I")
@@ -78,7 +77,7 @@ fn a_wrong_layout_fails_to_compile() {
     let dir = test_tmp_dir("c_layout_wrong");
     let src = dir.join("wrong.c");
     std::fs::write(&src, asserts).unwrap();
-    let out = Command::new("cc")
+    let out = c_compiler(None)
         .arg("-std=c11")
         .args(STRICT_WARNINGS)
         .arg("-I")

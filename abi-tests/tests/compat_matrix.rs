@@ -73,8 +73,8 @@ use memplug_plugin_cpu::live_physical_objects;
 use memplug_sdk::abi::*;
 use memplug_sdk::RequestClass;
 use memplug_test_support::{
-    compile_c_plugin, exported_symbols, find_cdylib, include_dir, repo_root, run_tool, target_dir,
-    test_tmp_dir, C_PLUGIN_FLAGS, STRICT_WARNINGS,
+    c_compiler, compile_c_plugin, exported_symbols, find_cdylib, include_dir, repo_root, run_tool,
+    target_dir, test_tmp_dir, C_PLUGIN_FLAGS, STRICT_WARNINGS,
 };
 use std::io::Write as _;
 use std::os::fd::AsFd;
@@ -99,7 +99,7 @@ fn c_dir() -> PathBuf {
 /// `include` (plus `-g`, so the library could be inspected).
 fn compile_plugin_against(src: &Path, include: &Path, defines: &[&str], out_name: &str) -> PathBuf {
     let out = test_tmp_dir(out_name).join(memplug_test_support::cdylib_file_name(out_name));
-    let mut cmd = Command::new("gcc");
+    let mut cmd = c_compiler(None);
     cmd.args(C_PLUGIN_FLAGS)
         .arg("-I")
         .arg(include)
@@ -296,7 +296,7 @@ impl Cell {
 /// `matrix_host.c` compiled against the frozen header of 1.`minor`.
 fn build_matrix_host(minor: u32) -> PathBuf {
     let exe = test_tmp_dir(&format!("matrix_host_1_{minor}")).join("matrix_host");
-    let mut cmd = Command::new("gcc");
+    let mut cmd = c_compiler(None);
     cmd.arg("-std=c99")
         .args(STRICT_WARNINGS)
         .arg("-I")

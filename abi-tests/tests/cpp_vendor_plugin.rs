@@ -6,15 +6,14 @@
 
 use memplug_host::{LoadError, Plugin};
 use memplug_test_support::{
-    cdylib_file_name, exported_symbols, include_dir, repo_root, run_tool, test_tmp_dir,
+    cdylib_file_name, cxx_compiler, exported_symbols, include_dir, repo_root, run_tool, test_tmp_dir,
 };
-use std::process::Command;
 
 #[test]
 fn a_cpp_plugin_exports_the_unmangled_entry_and_the_host_finds_it() {
     let src = repo_root().join("abi-tests/c/cpp_vendor_plugin.cpp");
     let out = test_tmp_dir("cpp-vendor-plugin").join(cdylib_file_name("cpp_vendor_plugin"));
-    let mut cmd = Command::new("g++");
+    let mut cmd = cxx_compiler(None);
     cmd.args([
         "-std=c++11",
         "-shared",

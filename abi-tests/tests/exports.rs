@@ -1,4 +1,4 @@
-//! A plugin exports only its versioned entry symbols (DESIGN.md section 3,
+//! A plugin exports only its versioned entry symbols (ARCHITECTURE.md section 3,
 //! Symbols): the dynamic symbol table of each plugin library, read as the
 //! conformance kit reads it (`memplug_conformance::elf::exported_symbols`:
 //! defined, global or weak, default or protected visibility, version
@@ -19,8 +19,8 @@ mod contained;
 
 use contained::{contained_plugin, CONTAINMENT_VARIANTS};
 use memplug_test_support::{
-    bad_plugin, compile_c_plugin, compile_c_plugin_with, find_cdylib, include_dir, repo_root, run_tool,
-    test_tmp_dir, BAD_PLUGIN_VARIANTS, C_PLUGIN_FLAGS,
+    bad_plugin, c_compiler, compile_c_plugin, compile_c_plugin_with, find_cdylib, include_dir, repo_root,
+    run_tool, test_tmp_dir, BAD_PLUGIN_VARIANTS, C_PLUGIN_FLAGS,
 };
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -97,7 +97,7 @@ fn a_version_script_exports_only_the_entry_symbol() {
     let dir = test_tmp_dir("versioned_plugin");
     let lib = dir.join("libversioned_plugin.so");
     let map = repo_root().join("abi-tests/c/versioned_plugin.map");
-    let mut cmd = std::process::Command::new("gcc");
+    let mut cmd = c_compiler(None);
     cmd.args(C_PLUGIN_FLAGS)
         .arg("-I")
         .arg(include_dir())

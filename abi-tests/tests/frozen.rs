@@ -1,4 +1,4 @@
-//! Released minors are frozen (DESIGN.md section 3, Versioning).
+//! Released minors are frozen (ARCHITECTURE.md section 3, Versioning).
 //!
 //! * `abi-tests/frozen/<major>.<minor>/memplug.h` is the header exactly as it
 //!   was released; its SHA-256 is recorded here, so the file cannot be
@@ -15,7 +15,7 @@
 //!   so hosts and plugins built against it (the 1.0 columns of
 //!   `compat_matrix.rs`) are built from what was released.
 
-use memplug_test_support::{include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
+use memplug_test_support::{c_compiler, include_dir, repo_root, run_tool, test_tmp_dir, STRICT_WARNINGS};
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -147,7 +147,7 @@ fn fact_printer(d: &Declared) -> String {
 /// Compiles `src` against the header in `include` and runs it.
 fn facts(src: &Path, include: &Path, name: &str) -> BTreeMap<String, String> {
     let exe = test_tmp_dir(name).join(name);
-    let mut cmd = Command::new("cc");
+    let mut cmd = c_compiler(None);
     cmd.arg("-std=c99").args(STRICT_WARNINGS).arg("-I").arg(include).arg(src).arg("-o").arg(&exe);
     run_tool(cmd);
     let out = Command::new(&exe).output().expect("run the fact printer");
@@ -210,7 +210,7 @@ fn frozen_headers_compile_alone_and_twice_in_c99() {
         let src = dir.join("twice.c");
         std::fs::write(&src, "#include \"memplug.h\"\n#include \"memplug.h\"\nint frozen_header_unit;\n")
             .unwrap();
-        let mut cmd = Command::new("cc");
+        let mut cmd = c_compiler(None);
         cmd.arg("-std=c99")
             .args(STRICT_WARNINGS)
             .arg("-I")

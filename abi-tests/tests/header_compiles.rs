@@ -6,11 +6,11 @@
 //! The translation units are `abi-tests/c/header_twice.c` and
 //! `abi-tests/c/header_twice.cpp` (ctest compiles them too).
 
-use memplug_test_support::{include_dir, repo_root, run_tool, STRICT_WARNINGS};
-use std::process::Command;
+use memplug_test_support::{c_compiler, cxx_compiler, include_dir, repo_root, run_tool, STRICT_WARNINGS};
 
 fn syntax_check(compiler: &str, std: &str, lang: Option<&str>, src: &std::path::Path) {
-    let mut cmd = Command::new(compiler);
+    let mut cmd =
+        if compiler.ends_with("++") { cxx_compiler(Some(compiler)) } else { c_compiler(Some(compiler)) };
     cmd.arg(format!("-std={std}")).args(STRICT_WARNINGS).arg("-I").arg(include_dir()).arg("-fsyntax-only");
     if let Some(lang) = lang {
         cmd.args(["-x", lang]);
@@ -72,7 +72,7 @@ fn header_twice_as_cxx_clangxx() {
 
 /// What the preprocessor defines `MEMPLUG_ENTRY_SYMBOL_V1` to, as a string.
 fn entry_symbol_in_header() -> String {
-    let out = Command::new("gcc")
+    let out = c_compiler(Some("gcc"))
         .args(["-std=c99", "-E", "-dM", "-x", "c"])
         .arg(include_dir().join("memplug.h"))
         .output()
@@ -97,7 +97,7 @@ fn entry_symbol_in_header() -> String {
 #[test]
 fn entry_symbol_matches_the_sdk() {
     assert_eq!(entry_symbol_in_header(), memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1);
-    // The major is part of the name (DESIGN.md section 3, Versioning).
+    // The major is part of the name (ARCHITECTURE.md section 3, Versioning).
     assert!(memplug_sdk::abi::MEMPLUG_ENTRY_SYMBOL_V1
         .ends_with(&format!("_v{}", memplug_sdk::abi::MEMPLUG_ABI_MAJOR)));
 }

@@ -2,18 +2,21 @@
 //! `memplug_host_allocate` / `memplug_host_allocation_free` against the
 //! same pair through the Rust `MemoryBinding` it wraps, on the reference
 //! CPU plugin, in one run (target: at most 1.1x). Also the pair with a
-//! completed runtime fence (`memplug_host_allocation_free_after`).
+//! completed runtime fence (`memplug_host_allocation_free_after`), and a
+//! caching binding's pair (`memplug_host_cache_allocate` +
+//! `memplug_host_cached_free`, a hit every time) against the Rust cache's.
 //!
 //! `cargo bench -p memplug-host-capi --bench capi`
 //!
 //! Instruction counts (exact, immune to machine noise): run one loop under
 //! callgrind at two iteration counts and divide the difference, e.g.
 //! `valgrind --tool=callgrind BENCH --loop c 11000` minus `--loop c 1000`,
-//! over 10000 (loops: `rust`, `c`, `rust-fenced`, `c-fenced`).
+//! over 10000 (loops: `rust`, `c`, `rust-fenced`, `c-fenced`, `rust-cached`,
+//! `c-cached`).
 
-use memplug_host::*;
-use memplug_host_dep::governor::AllocationClass;
-use memplug_host_dep::{BindingSpec, LoadOptions, ProcessMemoryManager};
+use memplug_host::governor::AllocationClass;
+use memplug_host::{BindingSpec, CacheConfig, LoadOptions, ProcessMemoryManager};
+use memplug_host_capi::*;
 use std::ffi::{c_void, CString};
 use std::hint::black_box;
 use std::ptr::{null, null_mut};
@@ -59,12 +62,20 @@ fn main() {
     let mut cpool = MemplugHostPool::default();
     let mut cb = MemplugHostBinding::default();
     let mut fence = MemplugHostFence::default();
+    let mut cc = MemplugHostCache::default();
+    let rc = pm
+        .bind_caching(&ctx, &pool, BindingSpec::new(AllocationClass::Workspace), CacheConfig::default())
+        .unwrap();
     unsafe {
         assert_eq!(memplug_host_manager_create(&mut m), MemplugHostStatus::Ok);
         assert_eq!(memplug_host_manager_load_plugin(m, cpath.as_ptr()), MemplugHostStatus::Ok);
         assert_eq!(memplug_host_manager_find_mechanism(m, c"cpu".as_ptr(), &mut mech), MemplugHostStatus::Ok);
         assert_eq!(memplug_host_pool_create(m, c"c".as_ptr(), 1 << 30, &mut cpool), MemplugHostStatus::Ok);
         assert_eq!(memplug_host_binding_create(m, mech, cpool, null(), &mut cb), MemplugHostStatus::Ok);
+        assert_eq!(
+            memplug_host_cache_create(m, mech, cpool, null(), null(), null(), &mut cc),
+            MemplugHostStatus::Ok
+        );
         assert_eq!(
             memplug_host_fence_from_callbacks(
                 m,
@@ -113,6 +124,24 @@ fn main() {
         addr
     };
 
+    let rust_cached = || {
+        let a = rc.allocate(black_box(64), 16).unwrap();
+        let addr = a.addr();
+        drop(black_box(a));
+        addr
+    };
+    let c_cached = || {
+        let mut a = MemplugHostCachedAllocation::default();
+        let mut addr = 0u64;
+        unsafe {
+            let s = memplug_host_cache_allocate(black_box(cc), black_box(64), 16, 0, &mut a, &mut addr);
+            debug_assert_eq!(s, MemplugHostStatus::Ok);
+            let s = memplug_host_cached_free(black_box(a));
+            debug_assert_eq!(s, MemplugHostStatus::Ok);
+        }
+        addr
+    };
+
     // `capi PATH N`: run one loop N times and stop (for instruction counts
     // with callgrind; see the module docs).
     let args: Vec<String> = std::env::args().collect();
@@ -131,6 +160,12 @@ fn main() {
             Some("c-fenced") => (0..n).for_each(|_| {
                 black_box(c_fenced());
             }),
+            Some("rust-cached") => (0..n).for_each(|_| {
+                black_box(rust_cached());
+            }),
+            Some("c-cached") => (0..n).for_each(|_| {
+                black_box(c_cached());
+            }),
             other => panic!("unknown loop {other:?}"),
         }
         memplug_host_fence_release(fence);
@@ -140,7 +175,10 @@ fn main() {
 
     // Interleave the measurements so drift on a shared machine hits both.
     let (mut r, mut c, mut rf, mut cf) = (f64::MAX, f64::MAX, f64::MAX, f64::MAX);
+    let (mut rcached, mut ccached) = (f64::MAX, f64::MAX);
     for _ in 0..3 {
+        rcached = rcached.min(ns_per_op(rust_cached));
+        ccached = ccached.min(ns_per_op(c_cached));
         r = r.min(ns_per_op(rust_pair));
         c = c.min(ns_per_op(c_pair));
         rf = rf.min(ns_per_op(rust_fenced));
@@ -148,6 +186,7 @@ fn main() {
     }
     ratio("allocate+free 64 B", c, r, Some(1.1));
     ratio("allocate+free_after(done fence)", cf, rf, Some(1.1));
+    ratio("cached allocate+free 64 B", ccached, rcached, None);
 
     assert_eq!(memplug_host_fence_release(fence), MemplugHostStatus::Ok);
     assert_eq!(memplug_host_manager_destroy(m), MemplugHostStatus::Ok);
@@ -168,10 +207,10 @@ fn ratio(name: &str, c: f64, rust: f64, budget: Option<f64>) {
 struct FnFenceShim;
 
 impl FnFenceShim {
-    fn fence() -> memplug_host_dep::SharedFence {
+    fn fence() -> memplug_host::SharedFence {
         thread_local! {
-            static F: memplug_host_dep::SharedFence =
-                memplug_host_dep::FnFence::new("done", || true, |_| true);
+            static F: memplug_host::SharedFence =
+                memplug_host::FnFence::new("done", || true, |_| true);
         }
         F.with(|f| f.clone())
     }

@@ -115,7 +115,7 @@ pub unsafe extern "C" fn memplug_host_binding_create(
 
 /// The placement of a caller's options (zero when its struct is 1.0-sized:
 /// the fields read as zero).
-fn placement(opts: &MemplugHostBindingOptions) -> Result<Placement> {
+pub(crate) fn placement(opts: &MemplugHostBindingOptions) -> Result<Placement> {
     const WHAT: &str = "MemplugHostBindingOptions";
     let known_hints = MEMPLUG_HINT_UNINITIALIZED_OK;
     if opts.hints & !known_hints != 0 {

@@ -117,7 +117,9 @@ impl From<ManagerError> for Error {
                 RegistryError::UnloadRefused { .. } => S::Busy,
             },
             ManagerError::Governor(g) => return Error::from(g.clone()),
-            ManagerError::HolderNotInPool { .. } => S::InvalidArgument,
+            ManagerError::HolderNotInPool { .. }
+            | ManagerError::CacheHolder { .. }
+            | ManagerError::Cache(_) => S::InvalidArgument,
             // Neither the context nor a successor makes new bindings: gone
             // with its device, or ended in order.
             ManagerError::ContextEnded { state, .. } => match state {

@@ -35,7 +35,7 @@ const KIND_SHIFT: u32 = MANAGER_SHIFT + MANAGER_BITS;
 pub(crate) const MAX_MANAGERS: u32 = 1 << MANAGER_BITS;
 
 // kind (4 bits) + manager + generation + index fill the 64 bits exactly.
-const _: () = assert!(KIND_SHIFT == 60 && Kind::Subscription as u32 <= 0xf);
+const _: () = assert!(KIND_SHIFT == 60 && Kind::CachedAllocation as u32 <= 0xf);
 
 /// What a handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,10 +52,12 @@ pub(crate) enum Kind {
     Stream = 9,
     Fence = 10,
     Subscription = 11,
+    Cache = 12,
+    CachedAllocation = 13,
 }
 
 impl Kind {
-    const ALL: [Kind; 11] = [
+    const ALL: [Kind; 13] = [
         Kind::Manager,
         Kind::Mechanism,
         Kind::Pool,
@@ -67,6 +69,8 @@ impl Kind {
         Kind::Stream,
         Kind::Fence,
         Kind::Subscription,
+        Kind::Cache,
+        Kind::CachedAllocation,
     ];
 
     /// The kind whose number is `bits` (the kind field of a handle).
@@ -87,6 +91,8 @@ impl Kind {
             Kind::Stream => "stream",
             Kind::Fence => "fence",
             Kind::Subscription => "subscription",
+            Kind::Cache => "cache",
+            Kind::CachedAllocation => "cached allocation",
         }
     }
 
@@ -104,6 +110,8 @@ impl Kind {
             Kind::Stream => "a stream",
             Kind::Fence => "a fence",
             Kind::Subscription => "a subscription",
+            Kind::Cache => "a cache",
+            Kind::CachedAllocation => "a cached allocation",
         }
     }
 }
@@ -187,6 +195,6 @@ mod tests {
             assert!(k.with_article().ends_with(k.name()));
         }
         assert_eq!(Kind::from_bits(0), None);
-        assert_eq!(Kind::from_bits(12), None);
+        assert_eq!(Kind::from_bits(14), None);
     }
 }

@@ -2,13 +2,14 @@
 //!
 //! The header is `include/memplug_host.h`, generated from this crate by
 //! cbindgen (`capi/cbindgen.toml`) and checked for drift by
-//! `tests/header_drift.rs`. The library builds as `libmemplug_host.so`,
-//! `libmemplug_host.a` and an rlib (for Rust tests and benches).
+//! `tests/header_drift.rs`. Cargo builds it as `libmemplug_host_capi.so`,
+//! `libmemplug_host_capi.a` and an rlib (for Rust tests and benches);
+//! CMake installs the C libraries as `libmemplug_host.so` / `.a`.
 //!
 //! Conventions (modelled on rustls-ffi and wasmtime's C API):
 //!
 //! * Every exported function runs its body behind one panic boundary
-//!   ([`error::boundary`]): a panic becomes `MEMPLUG_HOST_STATUS_PANIC` with
+//!   (`error::boundary`): a panic becomes `MEMPLUG_HOST_STATUS_PANIC` with
 //!   its message, never an unwind into C (invariant 8).
 //! * Fallible functions return a [`MemplugHostStatus`] (`uint32_t`); the
 //!   reason is this thread's last error message
@@ -24,13 +25,16 @@
 //! * Whoever allocates a thing frees it: no heap object changes sides;
 //!   strings are copied into caller buffers or fixed fields.
 
+#![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
 #![deny(unsafe_op_in_unsafe_fn)]
 
-// The host crate under another name: this crate's own library is
-// `memplug_host` (libmemplug_host.so / .a).
-extern crate memplug_host_dep;
+// The host crate under another name, so that its paths stand apart from
+// the C API's `memplug_host_*` items at a glance.
+extern crate memplug_host as memplug_host_dep;
 
 pub mod binding;
+pub mod cache;
 mod callbacks;
 pub mod error;
 pub mod fence;
@@ -54,6 +58,7 @@ pub mod types;
 pub mod version;
 
 pub use binding::*;
+pub use cache::*;
 pub use error::{memplug_host_last_error_message, memplug_host_last_error_status};
 pub use fence::*;
 pub use lifecycle::*;

@@ -1,11 +1,11 @@
-//! Mechanism lives through the C API (DESIGN.md §5): the state of a
+//! Mechanism lives through the C API (ARCHITECTURE.md §5): the state of a
 //! mechanism's context, retiring it, declaring it lost, replacing it,
 //! terminating it and reading its settlement, lifecycle callbacks, and
 //! whether an owning object went with a lost device.
 //!
 //! A mechanism handle names a context (`Arc<Context>`); every call here is
 //! about that context. Events are delivered by the host's `dispatch` on the
-//! thread that drives the context; a [`Subscriber`] turns each into a C
+//! thread that drives the context; a `Subscriber` turns each into a C
 //! `MemplugHostLifecycleEvent` valid for the call, marks the thread as
 //! inside a lifecycle callback, and lets `unsubscribe` wait for deliveries
 //! running on other threads.

@@ -8,6 +8,7 @@
 //! reuses them, generations included, so a handle of a destroyed manager
 //! stays stale forever.
 
+use crate::cache::CacheEntry;
 use crate::error::{Error, Result};
 use crate::handle::{self, Kind, Raw, MAX_INDEX, MAX_MANAGERS};
 use crate::slot_table::{LazyTable, Miss, Pinned, Removed, SlotTable, Vacant};
@@ -15,8 +16,8 @@ use crate::status::MemplugHostStatus as S;
 use memplug_host_dep::governor::{HolderRegistration, Pool};
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::{
-    Mechanism, MemoryBinding, OwnedAllocation, ProcessMemoryManager, Region, SharedFence, SharedPrefix,
-    Stream,
+    CachedAllocation, Mechanism, MemoryBinding, OwnedAllocation, ProcessMemoryManager, Region, SharedFence,
+    SharedPrefix, Stream,
 };
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -111,6 +112,8 @@ pub(crate) struct Tables {
     pub streams: SlotTable<StreamEntry>,
     pub fences: SlotTable<FenceEntry>,
     pub subscriptions: SlotTable<SubscriptionEntry>,
+    pub caches: SlotTable<CacheEntry>,
+    pub cached: SlotTable<CachedAllocation>,
 }
 
 impl Tables {
@@ -126,6 +129,8 @@ impl Tables {
             streams: SlotTable::new(MAX_INDEX),
             fences: SlotTable::new(MAX_INDEX),
             subscriptions: SlotTable::new(MAX_INDEX),
+            caches: SlotTable::new(MAX_INDEX),
+            cached: SlotTable::new(MAX_INDEX),
         }
     }
 
@@ -134,6 +139,8 @@ impl Tables {
         // Subscriptions first: no lifecycle callback runs once the objects
         // below start going.
         self.subscriptions.sweep(drop);
+        self.cached.sweep(drop);
+        self.caches.sweep(drop);
         self.allocations.sweep(drop);
         self.regions.sweep(drop);
         self.prefixes.sweep(drop);
@@ -193,6 +200,8 @@ object!(Arc<SharedPrefix>, Prefix, prefixes);
 object!(StreamEntry, Stream, streams);
 object!(FenceEntry, Fence, fences);
 object!(SubscriptionEntry, Subscription, subscriptions);
+object!(CacheEntry, Cache, caches);
+object!(CachedAllocation, CachedAllocation, cached);
 
 #[inline]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {

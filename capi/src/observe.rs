@@ -1,5 +1,5 @@
 //! Statistics as text tools read (JSON and Prometheus) and the manager's
-//! event and log callbacks.
+//! event and log callbacks (API 1.2).
 //!
 //! Text goes into the caller's buffer with one protocol for all four text
 //! functions: on success the text and a NUL are written and `*written` is
@@ -64,21 +64,25 @@ pub struct MemplugHostEvent {
     pub kind: u32,
     /// `MEMPLUG_HOST_CLASS_*`, or `MEMPLUG_HOST_EVENT_NO_CLASS`.
     pub alloc_class: u32,
+    /// Zero.
     pub reserved0: u32,
     /// The pool's governor id (`MemplugHostPoolInfo::pool_id`); 0: none.
     pub pool_id: u64,
     /// The holder's id (`memplug_host_holder_id`); 0: no holder.
     pub holder_id: u64,
+    /// The bytes the event is about (see `MEMPLUG_HOST_EVENT_*`).
     pub bytes: u64,
     /// Objects involved (1 but for a context loss).
     pub count: u64,
     /// The pool's name, NUL-terminated, or NULL; `pool_name_len` bytes
     /// before the NUL.
     pub pool_name: *const c_char,
+    /// Bytes of `pool_name` before its NUL (0 when NULL).
     pub pool_name_len: usize,
     /// The short pool (OUT_OF_BUDGET) or the context (CONTEXT_LOST),
     /// NUL-terminated, or NULL.
     pub detail: *const c_char,
+    /// Bytes of `detail` before its NUL (0 when NULL).
     pub detail_len: usize,
 }
 

@@ -1,5 +1,5 @@
 //! Types the C API shares with C: handles, option and information structs,
-//! callbacks, constants. Layout rules as in the plugin ABI (DESIGN.md §3):
+//! callbacks, constants. Layout rules as in the plugin ABI (ARCHITECTURE.md §3):
 //! every struct that can grow starts with `uint32_t struct_size`; later
 //! minors only append.
 
@@ -11,7 +11,7 @@ use memplug_sdk::prefix::{self, PrefixError, Prefixed};
 pub const MEMPLUG_HOST_API_MAJOR: u32 = 1;
 /// Minor version of this C API: grows when functions or struct fields are
 /// appended.
-pub const MEMPLUG_HOST_API_MINOR: u32 = 1;
+pub const MEMPLUG_HOST_API_MINOR: u32 = 2;
 
 /// Longest name kept in a `MemplugHostMechanismInfo`, NUL included; longer
 /// names are truncated.
@@ -188,17 +188,23 @@ pub struct MemplugHostVersion {
     pub struct_size: u32,
     /// Library version (semantic versioning).
     pub major: u32,
+    /// Library minor version.
     pub minor: u32,
+    /// Library patch version.
     pub patch: u32,
     /// C API version the library implements (compare with
     /// `MEMPLUG_HOST_API_MAJOR` / `MEMPLUG_HOST_API_MINOR` of the header).
     pub api_major: u32,
+    /// C API minor version the library implements (a library serves every
+    /// header of its major with a minor up to this).
     pub api_minor: u32,
     /// Plugin ABI major the host loads (`MEMPLUG_ABI_MAJOR`).
     pub abi_major: u32,
-    /// Range of plugin ABI minors the host negotiates.
+    /// Oldest plugin ABI minor the host negotiates.
     pub abi_min_minor: u32,
+    /// Newest plugin ABI minor the host negotiates (see `abi_min_minor`).
     pub abi_max_minor: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
 }
 
@@ -229,7 +235,10 @@ pub struct MemplugHostMechanismInfo {
     pub device: MemplugDevice,
     /// The plugin's id of the mechanism.
     pub mechanism_id: u64,
+    /// Alignment every allocation has at least, in bytes (a power of two).
     pub min_alignment: u64,
+    /// Largest alignment an allocation may ask for, in bytes (a power of
+    /// two); more is refused.
     pub max_alignment: u64,
     /// Granule of virtual regions and shared prefixes (0: none).
     pub granularity: u64,
@@ -284,6 +293,8 @@ pub struct MemplugHostBindingOptions {
     /// names no node or tier, is refused). A plugin that cannot place it
     /// there refuses.
     pub location_kind: u32,
+    /// The NUMA node or tier `location_kind` names; 0 for a kind that names
+    /// none.
     pub location_id: u32,
 }
 
@@ -295,6 +306,7 @@ pub struct MemplugHostBindingOptions {
 pub struct MemplugHostDescriptor {
     /// `sizeof(MemplugHostDescriptor)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// The granularity the device works best at: 0 (same as the
     /// granularity) or a power-of-two multiple of it.
@@ -310,10 +322,13 @@ pub struct MemplugHostDescriptor {
     /// Where its memory lives: `MEMPLUG_LOCATION_*` (0: not said), and the
     /// NUMA node or tier that kind names (else 0).
     pub location_kind: u32,
+    /// The NUMA node or tier `location_kind` names; 0 for a kind that names
+    /// none.
     pub location_id: u32,
     /// 1 when its physical objects map at any granularity-aligned offset
     /// (`MEMPLUG_PROP_MAPS_AT_OFFSETS`), else 0.
     pub maps_at_offsets: u32,
+    /// Padding, always written as 0.
     pub reserved1: u32,
 }
 
@@ -332,8 +347,11 @@ pub struct MemplugHostDeviceIdentity {
     pub uuid: [u8; 16],
     /// PCI domain, bus, device and function (`MEMPLUG_IDENTITY_PCI`).
     pub pci_domain: u32,
+    /// PCI bus (`MEMPLUG_IDENTITY_PCI`).
     pub pci_bus: u32,
+    /// PCI device (`MEMPLUG_IDENTITY_PCI`).
     pub pci_device: u32,
+    /// PCI function (`MEMPLUG_IDENTITY_PCI`).
     pub pci_function: u32,
     /// Index of the sub-device (tile, partition, MIG instance) within the
     /// device (`MEMPLUG_IDENTITY_SUB_DEVICE`).
@@ -413,6 +431,8 @@ pub struct MemplugHostMemoryNeeds {
     /// `MEMPLUG_LOCATION_ANY` (0): anywhere. An unknown kind, or an id with
     /// a kind that names no node or tier, is refused.
     pub location_kind: u32,
+    /// The NUMA node or tier `location_kind` names; 0 for a kind that names
+    /// none.
     pub location_id: u32,
     /// A page size (a power of two) the mechanism must publish; 0: any.
     pub page_size: u64,
@@ -424,6 +444,7 @@ pub struct MemplugHostMemoryNeeds {
 pub struct MemplugHostAllocationInfo {
     /// `sizeof(MemplugHostAllocationInfo)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// Device address (a host pointer for CPU mechanisms).
     pub addr: u64,
@@ -437,6 +458,7 @@ pub struct MemplugHostAllocationInfo {
 pub struct MemplugHostRegionInfo {
     /// `sizeof(MemplugHostRegionInfo)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// Base address; never changes for the region's life.
     pub addr: u64,
@@ -456,6 +478,7 @@ pub struct MemplugHostRegionInfo {
 pub struct MemplugHostPrefixInfo {
     /// `sizeof(MemplugHostPrefixInfo)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// Bytes (a multiple of the granularity).
     pub len: u64,
@@ -494,6 +517,7 @@ pub struct MemplugHostPressureTicket {
 pub struct MemplugHostClassStats {
     /// `sizeof(MemplugHostClassStats)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// Bytes held by reservations (granted, not yet committed).
     pub reserved: u64,
@@ -511,6 +535,7 @@ pub struct MemplugHostClassStats {
     pub quarantines: u64,
     /// Leases dropped without release (a bug somewhere), cumulative.
     pub leaked_leases: u64,
+    /// Bytes of those leaked leases, cumulative (they stay charged).
     pub leaked_bytes: u64,
 }
 
@@ -524,22 +549,32 @@ pub struct MemplugHostPoolStats {
     pub struct_size: u32,
     /// Holders registered now.
     pub holders: u32,
+    /// Bytes the pool may charge in all.
     pub capacity: u64,
     /// Bytes charged: reservations, leases and quarantine.
     pub used: u64,
+    /// `capacity - used`.
     pub free: u64,
     /// Highest `used` ever.
     pub peak: u64,
+    /// Of `used`, bytes held by reservations (granted, not committed), in
+    /// the pool's own accounts (summed over classes).
     pub reserved: u64,
+    /// Bytes charged to live leases, in the pool's own accounts.
     pub leased: u64,
+    /// Bytes quarantined, in the pool's own accounts.
     pub quarantined: u64,
     /// Pressure tickets this pool issued, and their sums.
     pub tickets: u64,
+    /// Bytes the tickets asked for, summed.
     pub bytes_wanted: u64,
+    /// Bytes the holders said they released in answer, summed (clamped).
     pub bytes_answered: u64,
+    /// Tickets answered with 0 bytes.
     pub zero_answers: u64,
     /// Requests that waited for room, and those whose deadline passed.
     pub waits: u64,
+    /// Requests whose wait for room ended at their deadline, refused.
     pub wait_timeouts: u64,
 }
 
@@ -577,6 +612,7 @@ pub struct MemplugHostPoolInfo {
     pub children_used: u64,
     /// Pools created directly under this one, alive now.
     pub children: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// The pool's name, NUL-terminated (truncated to fit).
     pub name: [c_char; MEMPLUG_HOST_NAME_MAX],
@@ -590,20 +626,28 @@ pub struct MemplugHostPoolInfo {
 pub struct MemplugHostHolderStats {
     /// `sizeof(MemplugHostHolderStats)`; set to the bytes written.
     pub struct_size: u32,
+    /// The priority given at registration: the holder is asked only by
+    /// requests of at least this priority.
     pub priority: u32,
     /// 1 while registered.
     pub registered: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// Sums over every class of what is charged to the holder.
     pub reserved: u64,
+    /// Bytes charged to its live leases.
     pub leased: u64,
+    /// Bytes of its quarantined charges.
     pub quarantined: u64,
+    /// Its live leases (charged objects).
     pub leases: u64,
     /// Tickets received, and their sums.
     pub tickets: u64,
+    /// Bytes those tickets asked for, summed.
     pub bytes_wanted: u64,
     /// Sum of the (clamped) answers.
     pub bytes_answered: u64,
+    /// Tickets it answered with 0 bytes.
     pub zero_answers: u64,
     /// Answers larger than the pool's whole use when the ticket was issued:
     /// nonsense, clamped to that figure and counted here.
@@ -616,6 +660,7 @@ pub struct MemplugHostHolderStats {
 pub struct MemplugHostPollReport {
     /// `sizeof(MemplugHostPollReport)`; set to the bytes written.
     pub struct_size: u32,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// Frees retired by this poll.
     pub retired: u64,
@@ -678,6 +723,7 @@ pub struct MemplugHostLossNotice {
     /// `pool_name_len` bytes of UTF-8, then a NUL. Valid only during the
     /// callback.
     pub pool_name: *const c_char,
+    /// Length of `pool_name` in bytes, without the NUL.
     pub pool_name_len: usize,
 }
 
@@ -693,25 +739,34 @@ pub struct MemplugHostLifecycleEvent {
     pub struct_size: u32,
     /// The state before and after the transition.
     pub from: MemplugHostLifeState,
+    /// The state entered; `MEMPLUG_HOST_LIFE_STATE_TERMINATED` is the last event
+    /// of a context.
     pub to: MemplugHostLifeState,
+    /// Padding, always written as 0.
     pub reserved0: u32,
     /// The subscription this call is for.
     pub subscription: MemplugHostSubscription,
     /// `"plugin/mechanism"` of the context: `context_len` bytes, then a
     /// NUL.
     pub context: *const c_char,
+    /// Length of `context` in bytes, without the NUL.
     pub context_len: usize,
     /// Why the context left `ACTIVE` (the runtime's reason, the plugin's
     /// sanitised report, or the host's), `reason_len` bytes, then a NUL;
     /// NULL (and 0) when none was given.
     pub reason: *const c_char,
+    /// Length of `reason` in bytes, without the NUL; 0 when `reason` is
+    /// NULL.
     pub reason_len: usize,
     /// On entering `LOST`: one notice per binding that held something,
     /// `notice_count` of them, `notice_size` bytes apart (step by
     /// `notice_size`, not by your `sizeof`, so that a later library with a
     /// longer notice still works). NULL when `notice_count` is 0.
     pub notices: *const MemplugHostLossNotice,
+    /// How many notices `notices` points to.
     pub notice_count: usize,
+    /// Distance between two notices, in bytes (at least the 1.0
+    /// `sizeof(MemplugHostLossNotice)`).
     pub notice_size: usize,
     /// On entering `TERMINATED`: what was settled; NULL otherwise.
     pub settlement: *const MemplugHostSettlement,

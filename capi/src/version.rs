@@ -108,9 +108,12 @@ mod tests {
         // API 1.1: what plugin ABI 1.2 adds — the descriptor, identity, needs
         // and placement; typed prefix export; stream waits and typed
         // adoption; peer access; a region's grow queued on a stream.
-        assert_eq!((v.api_minor, MEMPLUG_HOST_API_MINOR), (1, 1));
+        // API 1.2: caching bindings; statistics as JSON and Prometheus text,
+        // event and log callbacks.
+        assert_eq!((v.api_minor, MEMPLUG_HOST_API_MINOR), (2, 2));
         assert_eq!(memplug_host_check_api(1, 1), MemplugHostStatus::Ok);
-        assert_eq!(memplug_host_check_api(1, 2), MemplugHostStatus::VersionMismatch);
+        assert_eq!(memplug_host_check_api(1, 2), MemplugHostStatus::Ok);
+        assert_eq!(memplug_host_check_api(1, 3), MemplugHostStatus::VersionMismatch);
         assert_eq!(memplug_host_check_api(1, 99), MemplugHostStatus::VersionMismatch);
         assert_eq!(memplug_host_check_api(2, 0), MemplugHostStatus::VersionMismatch);
     }

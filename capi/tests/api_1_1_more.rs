@@ -9,7 +9,7 @@
 mod common;
 
 use common::{last_error, ok, plugin_path};
-use memplug_host::*;
+use memplug_host_capi::*;
 use memplug_sdk::abi::*;
 use std::ffi::c_void;
 use std::mem::size_of;

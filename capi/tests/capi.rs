@@ -2,7 +2,7 @@
 //! the real CPU plugin library: every object kind, the status and
 //! out-parameter rules, generational handles, callbacks and re-entry.
 
-use memplug_host::*;
+use memplug_host_capi::*;
 use memplug_sdk::abi::{
     MemplugDevice, MEMPLUG_CAP_SHARED_MAPPING, MEMPLUG_CAP_SYNC, MEMPLUG_CAP_VIRTUAL_BACKING,
 };

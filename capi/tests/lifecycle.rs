@@ -13,7 +13,7 @@
 //! successor is a small SDK plugin linked into this test and registered
 //! with `memplug_host_manager_register_entry`.
 
-use memplug_host::*;
+use memplug_host_capi::*;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
 use memplug_sdk::{Allocator, Block, ExportedPlugin, MechanismBuilder, ObjectRef, PluginBuilder};
 use memplug_sdk::{PluginResult, Properties, Request};

@@ -4,7 +4,7 @@
 //! live bytes in the message), `memplug_host_pool_info` and
 //! `memplug_host_pool_parent`, pressure under the short pool.
 
-use memplug_host::*;
+use memplug_host_capi::*;
 use memplug_sdk::abi::MemplugDevice;
 use std::ffi::{c_void, CStr};
 use std::ptr::{null, null_mut};

@@ -5,7 +5,7 @@
 //! The plugin is linked in and registered with
 //! `memplug_host_manager_register_entry`, the C API's in-process entry.
 
-use memplug_host::*;
+use memplug_host_capi::*;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
 use memplug_sdk::{Allocator, Block, ExportedPlugin, MechanismBuilder, ObjectRef, PluginBuilder};
 use memplug_sdk::{PluginResult, Properties, Request};

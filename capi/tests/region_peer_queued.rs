@@ -15,7 +15,7 @@
 mod common;
 
 use common::{last_error, ok, plugin_path};
-use memplug_host::*;
+use memplug_host_capi::*;
 use memplug_sdk::abi::*;
 use memplug_sdk::*;
 use std::collections::HashSet;

@@ -20,7 +20,7 @@
 
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use loom::thread;
-use memplug_host::slot_table::{leak, Key, Miss, Removed, SlotTable};
+use memplug_host_capi::slot_table::{leak, Key, Miss, Removed, SlotTable};
 use std::sync::Arc;
 
 /// A value that counts its drops.

@@ -2,25 +2,18 @@
 //! (`memplug-conformance`) on a plugin library, each check in its own
 //! process, and prints its report: a table streamed as checks end, or one
 //! JSON document (`docs/conformance-json.md`); `--junit FILE` also writes
-//! a JUnit XML report. The exit status says how it went ([`EXIT_CODES`]).
+//! a JUnit XML report. The exit status says how it went ([`EXIT_CODES`],
+//! [`crate::exit`]).
 
+use crate::exit::{COULD_NOT_RUN, FAILED, OK, USAGE};
 use crate::locate;
-use memplug_conformance::{printable, printable_text, CheckResult, Options, Outcome, Report, CHECKS};
+use crate::output::{complain, Stdout};
+use crate::schema;
+use memplug_conformance::{printable, printable_text, CheckResult, Counts, Options, Outcome, Report, CHECKS};
 use std::fs::File;
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Duration;
-
-/// Every check passed (skips allowed).
-pub const EXIT_PASSED: u8 = 0;
-/// A check failed, crashed or timed out.
-pub const EXIT_FAILED: u8 = 1;
-/// Bad usage.
-pub const EXIT_USAGE: u8 = 2;
-/// The kit could not run on the plugin at all.
-pub const EXIT_COULD_NOT_RUN: u8 = 3;
 
 /// What `memplug conformance --help` says about exit statuses.
 pub const EXIT_CODES: &str = "\
@@ -56,44 +49,8 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(secs))
 }
 
-/// Standard output that stops being written once its reader is gone (a
-/// closed pipe is not an error of the run).
-struct Out {
-    broken: bool,
-}
-
-impl Out {
-    fn write(&mut self, s: &str) {
-        if self.broken {
-            return;
-        }
-        let mut out = std::io::stdout().lock();
-        if out.write_all(s.as_bytes()).and_then(|()| out.flush()).is_err() {
-            self.broken = true;
-        }
-    }
-}
-
-/// A line on stderr; a closed stderr is ignored.
-fn complain(s: &str) {
-    let _ = writeln!(std::io::stderr(), "memplug: {s}");
-}
-
-/// Makes sure descriptors 0, 1 and 2 are open (on `/dev/null` if they were
-/// closed), so nothing the kit opens later lands on them.
-fn ensure_std_fds() {
-    while let Ok(f) = File::options().read(true).write(true).open("/dev/null") {
-        if f.as_raw_fd() > 2 {
-            break;
-        }
-        // It took the place of a closed 0, 1 or 2: keep it there.
-        std::mem::forget(f);
-    }
-}
-
-pub fn run(args: Args) -> ExitCode {
-    ensure_std_fds();
-    let mut out = Out { broken: false };
+pub fn run(args: Args) -> u8 {
+    let mut out = Stdout::default();
     let opts = Options { mechanism: args.mechanism.clone(), timeout: args.timeout, ..Options::default() };
     // Create the JUnit file first: a path that cannot be written is a
     // usage error, found before the run rather than after it.
@@ -102,7 +59,7 @@ pub fn run(args: Args) -> ExitCode {
             Ok(f) => Some((p.clone(), f)),
             Err(e) => {
                 complain(&format!("cannot create the JUnit report {}: {e}", p.display()));
-                return ExitCode::from(EXIT_USAGE);
+                return USAGE;
             }
         },
         None => None,
@@ -137,7 +94,7 @@ pub fn run(args: Args) -> ExitCode {
         Ok(r) => r,
         Err(e @ memplug_conformance::Error::NoSuchMechanism { .. }) => {
             complain(&e.to_string());
-            return ExitCode::from(EXIT_USAGE);
+            return USAGE;
         }
         Err(e) => Report::could_not_run(&path, &opts, e.to_string()),
     };
@@ -146,10 +103,10 @@ pub fn run(args: Args) -> ExitCode {
 
 /// Prints the rest of the report, writes the JUnit file, says what failed,
 /// and gives the exit status.
-fn finish(report: &Report, args: &Args, junit: Option<(PathBuf, File)>, out: &mut Out) -> ExitCode {
+fn finish(report: &Report, args: &Args, junit: Option<(PathBuf, File)>, out: &mut Stdout) -> u8 {
     if args.json {
-        match serde_json::to_string_pretty(report) {
-            Ok(s) => out.write(&(s + "\n")),
+        match schema::to_json(report) {
+            Ok(s) => out.write(&s),
             Err(e) => complain(&format!("cannot write the JSON report: {e}")),
         }
     } else {
@@ -168,13 +125,9 @@ fn finish(report: &Report, args: &Args, junit: Option<(PathBuf, File)>, out: &mu
     }
     if let Some(why) = &report.could_not_run {
         complain(&format!("the conformance kit could not run on {}: {why}", report.plugin_path.display()));
-        return ExitCode::from(EXIT_COULD_NOT_RUN);
+        return COULD_NOT_RUN;
     }
-    if report.ok {
-        ExitCode::from(EXIT_PASSED)
-    } else {
-        ExitCode::from(EXIT_FAILED)
-    }
+    out.status(if report.ok { OK } else { FAILED })
 }
 
 // ---------------------------------------------------------------------------
@@ -270,11 +223,24 @@ fn render_end(r: &Report) -> String {
     if let Some(why) = &r.could_not_run {
         s += &format!("could not run: {}\n", printable(why));
     }
-    let c = &r.counts;
-    s += &format!(
-        "\n{} passed, {} failed, {} skipped, {} crashed, {} timed out\n",
-        c.pass, c.fail, c.skip, c.crash, c.timeout
-    );
+    s += "\n";
+    let tally = |c: &Counts| {
+        format!(
+            "{} passed, {} failed, {} skipped, {} crashed, {} timed out",
+            c.pass, c.fail, c.skip, c.crash, c.timeout
+        )
+    };
+    // Per mechanism only when there is one to tell apart from the total.
+    if r.counts_by_mechanism.iter().any(|m| m.mechanism.is_some()) {
+        for m in &r.counts_by_mechanism {
+            let who = m
+                .mechanism
+                .as_deref()
+                .map_or("plugin-wide".into(), |n| format!("mechanism {}", printable(n)));
+            s += &format!("{who}: {}\n", tally(&m.counts));
+        }
+    }
+    s += &format!("{} ({} checks)\n", tally(&r.counts), r.counts.total);
     s
 }
 
@@ -332,7 +298,7 @@ pub fn junit_xml(r: &Report) -> String {
     s += &format!("  <testsuite name=\"{}\" {counts}>\n", xml(&suite, true));
     s += "    <properties>\n";
     let mut props = vec![
-        ("schema_version", memplug_conformance::SCHEMA_VERSION.to_string()),
+        ("schema_version", schema::CONFORMANCE.to_string()),
         ("kit_version", r.kit_version.to_string()),
         ("plugin_path", r.plugin_path.display().to_string()),
         ("timeout_s", r.timeout.as_secs_f64().to_string()),

@@ -1,20 +1,36 @@
 //! `memplug inspect`.
 
+use crate::exit::{COULD_NOT_RUN, OK};
 use crate::locate;
+use crate::output::{complain, Stdout};
+use crate::schema::{self, CouldNotRun};
 use memplug_host::{Descriptor, DeviceIdentity, Mechanism, Plugin};
 use memplug_sdk::abi::*;
 use serde::Serialize;
 use std::io::Write;
 use std::path::Path;
 
+/// `memplug inspect --json` (`docs/cli.md`).
 #[derive(Serialize)]
 struct PluginView {
+    /// [`schema::INSPECT`].
+    schema_version: u32,
+    /// True: the plugin loaded and was read (a plugin that cannot be
+    /// loaded gets [`CouldNotRun`] instead).
+    ok: bool,
+    counts: Counts,
     name: String,
     version: String,
     origin: String,
     abi: String,
     plugin_abi_range: String,
     mechanisms: Vec<MechanismView>,
+}
+
+#[derive(Serialize, Default)]
+struct Counts {
+    /// The mechanisms the plugin publishes (the length of `mechanisms`).
+    mechanisms: usize,
 }
 
 #[derive(Serialize)]
@@ -159,6 +175,9 @@ fn view(p: &Plugin) -> PluginView {
     let (lo, hi) = p.plugin_minor_range();
     let (major, minor) = p.abi_version();
     PluginView {
+        schema_version: schema::INSPECT,
+        ok: true,
+        counts: Counts { mechanisms: p.mechanisms().len() },
         name: p.name().into(),
         version: p.version().into(),
         origin: p.origin().into(),
@@ -280,15 +299,37 @@ fn print_descriptor(out: &mut impl Write, d: &DescriptorView) -> std::io::Result
     Ok(())
 }
 
-pub fn run(plugin: Option<&Path>, json: bool) -> Result<(), Box<dyn std::error::Error>> {
-    let p = locate::load(plugin)?;
+/// `memplug inspect [PLUGIN] [--json]`; returns the exit status.
+pub fn run(plugin: Option<&Path>, json: bool) -> u8 {
+    let mut out = Stdout::default();
+    let p = match locate::load(plugin) {
+        Ok(p) => p,
+        Err(e) => {
+            let why = e.to_string();
+            if json {
+                // Serialising a string and a number cannot fail.
+                if let Ok(s) = schema::to_json(&CouldNotRun::new(schema::INSPECT, &why, Counts::default())) {
+                    out.write(&s);
+                }
+            }
+            complain(&why);
+            return COULD_NOT_RUN;
+        }
+    };
     let v = view(&p);
-    let mut out = std::io::stdout().lock();
-    let written =
-        if json { writeln!(out, "{}", serde_json::to_string_pretty(&v)?) } else { print_table(&mut out, &v) };
-    match written {
-        // A reader that stops early (`| head`) is not an error.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
+    if json {
+        match schema::to_json(&v) {
+            Ok(s) => out.write(&s),
+            Err(e) => {
+                complain(&format!("cannot write the JSON document: {e}"));
+                return COULD_NOT_RUN;
+            }
+        }
+    } else {
+        let mut text = Vec::new();
+        // Writing into a Vec cannot fail.
+        let _ = print_table(&mut text, &v);
+        out.write(&String::from_utf8_lossy(&text));
     }
+    out.status(OK)
 }

@@ -1,22 +1,31 @@
-//! `memplug`: the front door. `demo [--json]` runs a scripted LLM-serving
-//! scenario on the reference CPU plugin under a hard budget and checks it
-//! against the kernel; `inspect [PLUGIN] [--json]` shows what a plugin
-//! publishes (without PLUGIN, the reference CPU plugin);
-//! `conformance [PLUGIN] [--mechanism NAME] [--json] [--junit FILE]
-//! [--timeout SECONDS]` runs the vendor conformance kit on it, each check in
-//! its own process (exit statuses: `conformance::EXIT_CODES`).
+//! `memplug`: the front door. `demo [--json] [--plot FILE.svg] [--trace
+//! FILE]` runs a scripted LLM-serving scenario on the reference CPU plugin
+//! under a hard budget and checks it against the kernel; `inspect [PLUGIN]
+//! [--json]` shows what a plugin publishes (without PLUGIN, the reference
+//! CPU plugin); `conformance [PLUGIN] [--mechanism NAME] [--json] [--junit
+//! FILE] [--timeout SECONDS]` runs the vendor conformance kit on it, each
+//! check in its own process. Exit statuses: [`exit`]; the `--json`
+//! schemas: [`schema`] and `docs/cli.md`.
 
 mod conformance;
 mod demo;
+mod exit;
 mod inspect;
 mod locate;
+mod output;
+mod schema;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "memplug", version, about = "memplug: a C-ABI plugin SDK for device-memory mechanisms")]
+#[command(
+    name = "memplug",
+    version,
+    about = "memplug: a C-ABI plugin SDK for device-memory mechanisms",
+    after_help = exit::HELP
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -29,12 +38,22 @@ enum Command {
     /// prefix, KV regions growing at stable addresses, an OutOfBudget that
     /// rolls back, a free ordered behind a fence; print the timeline and a
     /// ledger that ends at zero, checked against /proc/self/{pagemap,smaps}.
-    /// Exits non-zero if any check fails.
+    /// Exits 1 if any check fails.
     Demo {
-        /// Print one JSON document (scenario, timeline, measurements,
-        /// ledger, checks) instead of text.
+        /// Print one JSON document (scenario, scenes, timeline,
+        /// measurements, ledger, checks, counts) instead of text.
         #[arg(long)]
         json: bool,
+        /// Also draw the pool's use per allocation class over time, with
+        /// pressure tickets, evictions and the kernel's resident figures,
+        /// as an SVG chart in FILE.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+        /// Also write the timeline as a Chrome/Perfetto trace (Trace Event
+        /// Format JSON) to FILE: open it in ui.perfetto.dev or
+        /// chrome://tracing.
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
     },
     /// Run the vendor conformance kit on a plugin: negotiation, descriptor,
     /// identity, alignment, ranges, residency, sharing, fences, threads,
@@ -66,7 +85,8 @@ enum Command {
     Inspect {
         /// Path of the plugin library; the reference CPU plugin if omitted.
         plugin: Option<PathBuf>,
-        /// Print JSON instead of a table.
+        /// Print one JSON document (schema: docs/cli.md) instead of a
+        /// table.
         #[arg(long)]
         json: bool,
     },
@@ -74,18 +94,11 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
-        Command::Demo { json } => demo::run(json),
+    ExitCode::from(match cli.command {
+        Command::Demo { json, plot, trace } => demo::run(demo::Args { json, plot, trace }),
         Command::Conformance { plugin, mechanism, json, junit, timeout } => {
-            return conformance::run(conformance::Args { plugin, mechanism, json, junit, timeout });
+            conformance::run(conformance::Args { plugin, mechanism, json, junit, timeout })
         }
         Command::Inspect { plugin, json } => inspect::run(plugin.as_deref(), json),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("memplug: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    })
 }

@@ -5,6 +5,9 @@
 //! the JSON names them) — the same checks `abi-tests/MISBEHAVIOURS.md`
 //! lists for it.
 
+mod common;
+
+use common::xml::{attr, parse_xml};
 use memplug_test_support::{bad_plugin, compile_c_plugin, repo_root, test_tmp_dir, BAD_PLUGIN_VARIANTS};
 use serde_json::Value;
 use std::collections::BTreeSet;
@@ -605,7 +608,7 @@ fn versioned_example_plugin(name: &str) -> std::path::PathBuf {
     let dir = test_tmp_dir(name);
     let so = dir.join(format!("lib{name}.so"));
     let map = repo_root().join("abi-tests/c/versioned_plugin.map");
-    let mut cmd = Command::new("gcc");
+    let mut cmd = memplug_test_support::c_compiler(None);
     cmd.args(memplug_test_support::C_PLUGIN_FLAGS)
         .arg("-I")
         .arg(memplug_test_support::include_dir())
@@ -616,111 +619,6 @@ fn versioned_example_plugin(name: &str) -> std::path::PathBuf {
         .arg("-lpthread");
     memplug_test_support::run_tool(cmd);
     so
-}
-
-/// An XML element: its name and attributes.
-type Element = (String, Vec<(String, String)>);
-
-/// A strict small XML reader, enough to say a report is well-formed: an
-/// optional declaration, one root element, elements with quoted
-/// attributes, character data with the predefined entities and character
-/// references, nothing XML 1.0 forbids. Returns each element's name and
-/// attributes in document order.
-fn parse_xml(s: &str) -> Result<Vec<Element>, String> {
-    fn entities(t: &str) -> Result<(), String> {
-        let mut rest = t;
-        while let Some(i) = rest.find('&') {
-            let after = &rest[i + 1..];
-            let end = after.find(';').ok_or_else(|| format!("unterminated entity in {t:?}"))?;
-            let e = &after[..end];
-            let ok = matches!(e, "amp" | "lt" | "gt" | "quot" | "apos")
-                || e.strip_prefix("#x")
-                    .is_some_and(|h| !h.is_empty() && h.chars().all(|c| c.is_ascii_hexdigit()))
-                || e.strip_prefix('#')
-                    .is_some_and(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_digit()));
-            if !ok {
-                return Err(format!("bad entity &{e}; in {t:?}"));
-            }
-            rest = &after[end + 1..];
-        }
-        if let Some(c) = t.chars().find(|c| c.is_control() && !matches!(c, '\n' | '\t' | '\r')) {
-            return Err(format!("control character {c:?} in {t:?}"));
-        }
-        Ok(())
-    }
-    fn name(s: &str) -> (&str, &str) {
-        let end = s.find(|c: char| !(c.is_alphanumeric() || "_-.:".contains(c))).unwrap_or(s.len());
-        (&s[..end], &s[end..])
-    }
-    let mut rest = s.trim_start();
-    if let Some(r) = rest.strip_prefix("<?xml") {
-        rest = &r[r.find("?>").ok_or("unterminated declaration")? + 2..];
-    }
-    let mut stack: Vec<String> = Vec::new();
-    let mut elements = Vec::new();
-    let mut roots = 0;
-    loop {
-        let lt = rest.find('<');
-        let text = &rest[..lt.unwrap_or(rest.len())];
-        if stack.is_empty() && !text.trim().is_empty() {
-            return Err(format!("text outside the root: {text:?}"));
-        }
-        entities(text)?;
-        let Some(lt) = lt else { break };
-        rest = &rest[lt + 1..];
-        if let Some(r) = rest.strip_prefix('/') {
-            let (n, r) = name(r);
-            let r = r.trim_start().strip_prefix('>').ok_or_else(|| format!("bad end tag {n}"))?;
-            if stack.pop().as_deref() != Some(n) {
-                return Err(format!("end tag {n} does not close the open element"));
-            }
-            rest = r;
-            continue;
-        }
-        let (n, mut r) = name(rest);
-        if n.is_empty() {
-            return Err(format!("bad tag at {:?}", &rest[..rest.len().min(20)]));
-        }
-        if stack.is_empty() {
-            roots += 1;
-        }
-        let mut attrs = Vec::new();
-        loop {
-            r = r.trim_start();
-            if let Some(x) = r.strip_prefix("/>") {
-                rest = x;
-                break;
-            }
-            if let Some(x) = r.strip_prefix('>') {
-                stack.push(n.to_string());
-                rest = x;
-                break;
-            }
-            let (a, x) = name(r);
-            let x = x.strip_prefix('=').ok_or_else(|| format!("attribute {a} of {n} has no value"))?;
-            let q = x.chars().next().filter(|c| *c == '"' || *c == '\'').ok_or("unquoted attribute")?;
-            let end = x[1..].find(q).ok_or("unterminated attribute")?;
-            let value = &x[1..1 + end];
-            if value.contains('<') {
-                return Err(format!("'<' in attribute {a}"));
-            }
-            entities(value)?;
-            if attrs.iter().any(|(k, _): &(String, String)| k == a) {
-                return Err(format!("attribute {a} twice on {n}"));
-            }
-            attrs.push((a.to_string(), value.to_string()));
-            r = &x[end + 2..];
-        }
-        elements.push((n.to_string(), attrs));
-    }
-    if !stack.is_empty() || roots != 1 {
-        return Err(format!("unclosed elements {stack:?} or {roots} roots"));
-    }
-    Ok(elements)
-}
-
-fn attr<'a>(e: &'a Element, k: &str) -> &'a str {
-    e.1.iter().find(|(a, _)| a == k).map(|(_, v)| v.as_str()).unwrap_or_else(|| panic!("{} has no {k}", e.0))
 }
 
 #[test]
@@ -734,21 +632,21 @@ fn the_junit_report_parses_and_its_counts_match() {
         assert_eq!(got, code, "{stderr}");
         let xml = std::fs::read_to_string(&junit).unwrap();
         let elements = parse_xml(&xml).unwrap_or_else(|e| panic!("{e}\n{xml}"));
-        let cases: Vec<_> = elements.iter().filter(|e| e.0 == "testcase").collect();
+        let cases: Vec<_> = elements.iter().filter(|e| e.name == "testcase").collect();
         assert_eq!(cases.len(), checks(&v).len(), "one testcase per check");
-        let count = |tag: &str| elements.iter().filter(|e| e.0 == tag).count();
+        let count = |tag: &str| elements.iter().filter(|e| e.name == tag).count();
         let n = |k: &str| v["counts"][k].as_u64().unwrap() as usize;
         assert_eq!(count("failure"), n("fail"));
         assert_eq!(count("error"), n("crash") + n("timeout"));
         assert_eq!(count("skipped"), n("skip"));
-        for root in elements.iter().filter(|e| e.0 == "testsuites" || e.0 == "testsuite") {
+        for root in elements.iter().filter(|e| e.name == "testsuites" || e.name == "testsuite") {
             assert_eq!(attr(root, "tests"), cases.len().to_string());
             assert_eq!(attr(root, "failures"), n("fail").to_string());
             assert_eq!(attr(root, "errors"), (n("crash") + n("timeout")).to_string());
             assert_eq!(attr(root, "skipped"), n("skip").to_string());
         }
         assert!(
-            elements.iter().any(|e| e.0 == "error" && attr(e, "type") == "crash"),
+            elements.iter().any(|e| e.name == "error" && attr(e, "type") == "crash"),
             "a crash is an error element"
         );
     }
@@ -759,7 +657,7 @@ fn the_junit_report_parses_and_its_counts_match() {
         memplug_code(&["conformance", "--junit", junit.to_str().unwrap(), "/nonexistent/libx.so"]);
     assert_eq!(code, 3);
     let elements = parse_xml(&std::fs::read_to_string(&junit).unwrap()).unwrap();
-    assert!(elements.iter().any(|e| e.0 == "testcase" && attr(e, "name") == "could_not_run"));
+    assert!(elements.iter().any(|e| e.name == "testcase" && attr(e, "name") == "could_not_run"));
 }
 
 #[test]

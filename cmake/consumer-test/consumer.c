@@ -1,17 +1,18 @@
-/* Consumer of an installed memplug: loads a plugin, allocates, frees. */
+/* Consumer of an installed memplug: loads the installed CPU plugin
+ * (MEMPLUG_CONSUMER_PLUGIN, defined by the build from the package's plugin
+ * directory), allocates, frees. */
 #include <memplug_host.h>
 #include <stdio.h>
 
-int main(int argc, char **argv) {
+int main(void) {
     MemplugHostManager m = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostMechanism mech = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostPool pool = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostBinding b = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostAllocation a = MEMPLUG_HOST_NULL_HANDLE_INIT;
     uint64_t addr = 0;
-    if (argc != 2) return 2;
     if (MEMPLUG_HOST_CHECK_API() != MEMPLUG_HOST_STATUS_OK || memplug_host_manager_create(&m) != MEMPLUG_HOST_STATUS_OK ||
-        memplug_host_manager_load_plugin(m, argv[1]) != MEMPLUG_HOST_STATUS_OK ||
+        memplug_host_manager_load_plugin(m, MEMPLUG_CONSUMER_PLUGIN) != MEMPLUG_HOST_STATUS_OK ||
         memplug_host_manager_mechanism(m, 0, &mech) != MEMPLUG_HOST_STATUS_OK ||
         memplug_host_pool_create(m, "p", 1 << 20, &pool) != MEMPLUG_HOST_STATUS_OK ||
         memplug_host_binding_create(m, mech, pool, NULL, &b) != MEMPLUG_HOST_STATUS_OK ||

@@ -1,12 +1,13 @@
-// Consumer of an installed memplug through memplug.hpp, linked statically.
+// Consumer of an installed memplug through memplug.hpp, linked statically;
+// loads the installed CPU plugin (MEMPLUG_CONSUMER_PLUGIN, from the
+// package's plugin directory).
 #include <memplug.hpp>
 #include <cstdio>
 
-int main(int argc, char **argv) {
-    if (argc != 2) return 2;
+int main() {
     try {
         auto m = memplug::Manager::create();
-        m.load_plugin(argv[1]);
+        m.load_plugin(MEMPLUG_CONSUMER_PLUGIN);
         auto mech = m.find_mechanism("cpu");
         auto pool = m.create_pool("p", 1 << 20);
         auto b = m.bind(mech, pool);

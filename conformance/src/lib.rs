@@ -179,6 +179,35 @@ pub struct Counts {
     pub skip: usize,
     pub crash: usize,
     pub timeout: usize,
+    /// The sum of the five above.
+    pub total: usize,
+}
+
+impl Counts {
+    /// The counts of `checks`.
+    pub fn of<'a>(checks: impl IntoIterator<Item = &'a CheckResult>) -> Counts {
+        let mut c = Counts::default();
+        for check in checks {
+            *match check.outcome {
+                Outcome::Pass => &mut c.pass,
+                Outcome::Fail => &mut c.fail,
+                Outcome::Skip => &mut c.skip,
+                Outcome::Crash => &mut c.crash,
+                Outcome::Timeout => &mut c.timeout,
+            } += 1;
+            c.total += 1;
+        }
+        c
+    }
+}
+
+/// The counts of one mechanism's checks (`mechanism` null: the
+/// plugin-wide checks).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MechanismCounts {
+    pub mechanism: Option<String>,
+    #[serde(flatten)]
+    pub counts: Counts,
 }
 
 /// Everything one run found. Serialised, it is the JSON report of
@@ -204,6 +233,10 @@ pub struct Report {
     pub checks: Vec<CheckResult>,
     /// Kept equal to the counts of `checks` by the kit.
     pub counts: Counts,
+    /// The same split by mechanism: the plugin-wide checks first (a null
+    /// mechanism), then each mechanism checked, in the order its checks
+    /// first ran. Their sums are `counts`.
+    pub counts_by_mechanism: Vec<MechanismCounts>,
     /// Why the kit could not check the plugin at all (the file is missing,
     /// does not load, has no entry symbol, does not negotiate, or its
     /// descriptor cannot be read), or `None` when it got that far.
@@ -236,6 +269,7 @@ impl Report {
             mechanisms: Vec::new(),
             checks: Vec::new(),
             counts: Counts::default(),
+            counts_by_mechanism: Vec::new(),
             could_not_run: None,
             ok: false,
         }
@@ -243,14 +277,20 @@ impl Report {
 
     /// Recomputes `counts` and `ok` from `checks` and `could_not_run`.
     pub(crate) fn settle(&mut self) {
-        let n = |o| self.checks.iter().filter(|c| c.outcome == o).count();
-        self.counts = Counts {
-            pass: n(Outcome::Pass),
-            fail: n(Outcome::Fail),
-            skip: n(Outcome::Skip),
-            crash: n(Outcome::Crash),
-            timeout: n(Outcome::Timeout),
-        };
+        self.counts = Counts::of(&self.checks);
+        let mut names: Vec<Option<&str>> = vec![None];
+        for c in &self.checks {
+            if !names.contains(&c.mechanism.as_deref()) {
+                names.push(c.mechanism.as_deref());
+            }
+        }
+        self.counts_by_mechanism = names
+            .into_iter()
+            .map(|m| MechanismCounts {
+                mechanism: m.map(str::to_string),
+                counts: Counts::of(self.checks.iter().filter(|c| c.mechanism.as_deref() == m)),
+            })
+            .collect();
         self.ok = self.could_not_run.is_none() && !self.checks.iter().any(|c| c.outcome.is_failure());
     }
 

@@ -1,4 +1,4 @@
-//! Issue-3 budgets (DESIGN.md §6): an allocate+free pair through a binding
+//! Issue-3 budgets (ARCHITECTURE.md §6): an allocate+free pair through a binding
 //! (governor charge, allocation id, pinning, and a free that needs no
 //! fence) against the plugin's allocator called directly, target ≤ 1.5×;
 //! and the deferred-free path — a release after an already completed fence,

@@ -1,4 +1,4 @@
-//! Governor budget (DESIGN §6): reserve + commit + release must cost at most
+//! Governor budget (ARCHITECTURE.md §6): reserve + commit + release must cost at most
 //! 3x a bare atomic `fetch_add` + `fetch_sub` pair.
 //!
 //! One run measures both, single-threaded and with two threads contending

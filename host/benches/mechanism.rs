@@ -1,4 +1,4 @@
-//! Issue-2 budgets (DESIGN.md §6): allocate+free through the host
+//! Issue-2 budgets (ARCHITECTURE.md §6): allocate+free through the host
 //! `Mechanism` wrapper vs the plugin's vtable called directly vs libc
 //! malloc/free; commit+decommit of 2 MiB through the host vs raw
 //! mprotect/madvise. Run: `cargo bench -p memplug-host --bench mechanism`.

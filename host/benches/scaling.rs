@@ -19,7 +19,9 @@ mod common;
 
 use common::direct::DirectAllocator;
 use memplug_host::governor::AllocationClass;
-use memplug_host::{BindingSpec, MemoryBinding, ProcessMemoryManager, Requirements};
+use memplug_host::{
+    BindingSpec, CacheConfig, CachingBinding, MemoryBinding, ProcessMemoryManager, Requirements,
+};
 use memplug_sdk::abi::{MemplugDevice, MemplugEntryV1, MEMPLUG_DEVICE_CPU};
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,6 +44,7 @@ enum Subject<'a> {
     Libc,
     Direct(&'a SyncDirect, &'a AtomicU64),
     Binding(&'a MemoryBinding),
+    Cached(&'a CachingBinding),
 }
 
 impl Subject<'_> {
@@ -50,6 +53,7 @@ impl Subject<'_> {
             Subject::Libc => "libc malloc+free",
             Subject::Direct(..) => "direct vtable pair",
             Subject::Binding(_) => "binding pair",
+            Subject::Cached(_) => "cached pair",
         }
     }
 
@@ -72,6 +76,13 @@ impl Subject<'_> {
             Subject::Binding(b) => {
                 for _ in 0..n {
                     let a = b.allocate(black_box(SIZE), 16).unwrap();
+                    black_box(a.addr());
+                    drop(a);
+                }
+            }
+            Subject::Cached(c) => {
+                for _ in 0..n {
+                    let a = c.allocate(black_box(SIZE), 16).unwrap();
                     black_box(a.addr());
                     drop(a);
                 }
@@ -140,19 +151,26 @@ fn main() {
     let pool = manager.create_pool("bench", 1 << 40).unwrap();
     let binding = manager.bind(&context, &pool, BindingSpec::new(AllocationClass::Activations)).unwrap();
     let ids = AtomicU64::new(1 << 62);
-    let subjects = [Subject::Libc, Subject::Direct(&direct, &ids), Subject::Binding(&binding)];
+    let cache = manager
+        .bind_caching(&context, &pool, BindingSpec::new(AllocationClass::Workspace), CacheConfig::default())
+        .unwrap();
+    let subjects =
+        [Subject::Libc, Subject::Direct(&direct, &ids), Subject::Binding(&binding), Subject::Cached(&cache)];
     let n = 200_000;
     println!("one binding, {SIZE} B pairs; throughput of 2 threads vs 1 (2.00x = perfect scaling)");
     for s in &subjects {
         let one = single(s, n, 15);
         let (two, qualified) = contended(s, n, 15);
         let scaling = 2.0 * one / two;
-        let budget = matches!(s, Subject::Binding(_)).then_some(" [target >= 1.5x]").unwrap_or("");
+        let budget = matches!(s, Subject::Binding(_) | Subject::Cached(_))
+            .then_some(" [target >= 1.5x]")
+            .unwrap_or("");
         println!(
             "scaling {:<20} 1 thread {one:>7.1} ns, 2 threads {two:>7.1} ns per pair per thread ({qualified} of 15 \
              rounds overlapped): {scaling:.2}x{budget}",
             s.name()
         );
     }
+    cache.trim(u64::MAX);
     assert_eq!(pool.used(), 0, "every pair gave its bytes back");
 }

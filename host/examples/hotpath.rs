@@ -9,7 +9,9 @@
 //! distinct fences of a stream that never finishes: the per-op figure is
 //! one poll with that many pending); shrink-0, shrink-100, shrink-10k (a
 //! region grow + shrink naming a completed fence, after 0 / 100 / 10 000
-//! earlier fenced shrinks whose fences completed).
+//! earlier fenced shrinks whose fences completed); cached (a caching
+//! binding's allocate + drop of a 64 B block, a hit every time) and
+//! cached-stream (allocate on a stream + free on it behind a fence).
 //!
 //! `hotpath PATH N [PLUGIN.so]`
 
@@ -33,6 +35,8 @@ enum Path {
     Governor,
     Binding,
     BindingFenced,
+    Cached,
+    CachedStream,
     /// n frees pending on fences that never complete.
     Poll(usize),
     /// n earlier fenced shrinks of the region.
@@ -47,6 +51,8 @@ const PATHS: &[(&str, Path)] = &[
     ("governor", Path::Governor),
     ("binding", Path::Binding),
     ("binding-fenced", Path::BindingFenced),
+    ("cached", Path::Cached),
+    ("cached-stream", Path::CachedStream),
     ("poll-1", Path::Poll(1)),
     ("poll-1k", Path::Poll(1000)),
     ("poll-100k", Path::Poll(100_000)),
@@ -61,6 +67,7 @@ struct Rig {
     direct: DirectAllocator,
     pool: std::sync::Arc<memplug_host::governor::Pool>,
     binding: memplug_host::MemoryBinding,
+    cache: memplug_host::CachingBinding,
     done: memplug_host::SharedFence,
     poll: Option<PollRig>,
     shrink: Option<std::cell::RefCell<memplug_host::Region>>,
@@ -133,6 +140,14 @@ fn main() {
     let binding = manager
         .bind(&ctx, &pool, memplug_host::BindingSpec::new(memplug_host::governor::AllocationClass::Other))
         .unwrap();
+    let cache = manager
+        .bind_caching(
+            &ctx,
+            &pool,
+            memplug_host::BindingSpec::new(memplug_host::governor::AllocationClass::Activations),
+            memplug_host::CacheConfig::default(),
+        )
+        .unwrap();
     let lib = unsafe { libloading::Library::new(&so) }.unwrap();
     let direct = unsafe {
         let e: libloading::Symbol<MemplugEntryV1> = lib.get(b"memplug_plugin_v1").unwrap();
@@ -156,7 +171,7 @@ fn main() {
         }
         _ => None,
     };
-    let rig = Rig { mech, direct, pool, binding, done, poll, shrink };
+    let rig = Rig { mech, direct, pool, binding, cache, done, poll, shrink };
     // Warm every path once so first-use costs (TLS, lazy init) fall
     // outside the difference.
     run(path, 16, &rig);
@@ -195,6 +210,18 @@ fn run(path: Path, n: u64, rig: &Rig) {
             for _ in 0..n {
                 let a = rig.binding.allocate(black_box(64), 16).unwrap();
                 a.release_after([rig.done.clone()]);
+            }
+        }
+        Path::Cached => {
+            for _ in 0..n {
+                drop(black_box(rig.cache.allocate(black_box(64), 16).unwrap()));
+            }
+        }
+        Path::CachedStream => {
+            let s = memplug_host::StreamKey::runtime(7);
+            for _ in 0..n {
+                let a = rig.cache.allocate_on(black_box(64), 16, s).unwrap();
+                a.free_on(s, rig.done.clone());
             }
         }
         Path::Poll(_) => {

@@ -1,4 +1,4 @@
-//! The deferred-free queue: one design, owned by the host (DESIGN.md §4).
+//! The deferred-free queue: one design, owned by the host (ARCHITECTURE.md §4).
 //!
 //! An owning object released while the device may still use it is enqueued
 //! with the fences of its last use. Entries retire — the creating
@@ -22,21 +22,43 @@ use std::time::{Duration, Instant};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RetireOutcome {
     /// The mechanism freed it and the charge was refunded.
-    Freed { bytes: u64 },
+    Freed {
+        /// Bytes refunded to the pool (0 for an object that carried no
+        /// charge, such as a temporary reservation).
+        bytes: u64,
+    },
     /// The mechanism could not free it: the charge stays, quarantined
     /// (invariant 7), with the plugin's explanation.
-    Quarantined { bytes: u64, reason: String },
+    Quarantined {
+        /// Bytes that stay charged, counted as quarantined.
+        bytes: u64,
+        /// The refused call, as text (slot, status and the plugin's
+        /// message).
+        reason: String,
+    },
     /// Its context is lost: the object went with the device, the plugin
     /// was not asked to free it, and its charge is settled when the
     /// context terminates (once, with the binding's other charges).
-    Lost { bytes: u64 },
+    Lost {
+        /// Bytes left charged until the termination settles them.
+        bytes: u64,
+    },
 }
 
 /// The work of freeing one object once its fences completed: deallocate
 /// through the creating mechanism, then refund (or quarantine) the charge.
+///
+/// The queue calls each job's `retire` exactly once, on whichever thread
+/// polls (a caller of `poll` or `drain`, or the reaper), with no queue lock
+/// held; it may call into a plugin. The host implements it for its owning
+/// types; an embedder implements it to order its own frees after fences.
 pub trait Retire: Send {
+    /// Frees the object (every fence it waited on has completed, or was of
+    /// a lost device) and says what happened to its charge. Must not panic:
+    /// a panic unwinds through the poller.
     fn retire(self: Box<Self>) -> RetireOutcome;
-    /// For teardown reports.
+    /// One line naming the object, for the entries a [`DrainReport`] lists
+    /// as left.
     fn describe(&self) -> String;
     /// Whom the object's charge belongs to, for the `Retired` event
     /// (`crate::observe`); asked only while someone listens.
@@ -48,8 +70,11 @@ pub trait Retire: Send {
 /// Whom a freed object was charged to.
 #[derive(Clone, Debug)]
 pub struct ChargedTo {
+    /// The pool charged.
     pub pool: Arc<Pool>,
+    /// The holder charged (`None`: the pool's anonymous account).
     pub holder: Option<HolderId>,
+    /// The class charged.
     pub class: AllocationClass,
 }
 
@@ -180,11 +205,17 @@ impl Waiting {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct QueueStats {
+    /// Entries that went into the queue to wait for their fences.
     pub enqueued: u64,
     /// Freed without ever waiting in the queue (fences already complete).
+    /// Counted in `retired` too.
     pub immediate: u64,
+    /// Jobs that ended freed or lost, immediate ones included.
     pub retired: u64,
+    /// Jobs whose free the plugin refused: their charge stays, quarantined.
     pub quarantined: u64,
+    /// Fence queries that failed (other than DEVICE_LOST). The entry kept
+    /// waiting: a fence that cannot be read is never taken as complete.
     pub fence_errors: u64,
     /// Entries whose context was lost: left to its termination to settle
     /// (counted in `retired` too: they left the queue).
@@ -192,27 +223,35 @@ pub struct QueueStats {
     /// Fences that answered DEVICE_LOST: they will never complete, and the
     /// work they guarded went with the device, so they count as complete.
     pub lost_fences: u64,
+    /// Entries enqueued and not yet retired, at the time of the snapshot.
     pub pending: usize,
 }
 
 /// What one `poll` did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PollReport {
+    /// Entries this poll retired (freed, or left to a lost context's
+    /// settlement).
     pub retired: usize,
+    /// Entries this poll tried to free and the plugin refused.
     pub quarantined: usize,
+    /// Entries still waiting when the poll ended (all pollers' together).
     pub still_pending: usize,
 }
 
 /// What `drain` could not retire before its timeout.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrainReport {
+    /// Entries retired during the drain.
     pub retired: usize,
+    /// Entries whose free the plugin refused during the drain.
     pub quarantined: usize,
     /// One line per entry left, naming the object and its fences.
     pub left: Vec<String>,
 }
 
 impl DrainReport {
+    /// Whether the queue was empty when the drain ended (nothing `left`).
     pub fn is_complete(&self) -> bool {
         self.left.is_empty()
     }
@@ -239,6 +278,8 @@ pub struct DeferredFreeQueue {
 }
 
 impl DeferredFreeQueue {
+    /// An empty queue, shared. No thread runs until
+    /// [`spawn_reaper`](Self::spawn_reaper).
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
     }
@@ -433,6 +474,8 @@ impl DeferredFreeQueue {
         self.outstanding.load(Ordering::Acquire)
     }
 
+    /// The counters now. Each is read on its own (relaxed), so figures
+    /// taken while others poll may be a few entries apart.
     pub fn stats(&self) -> QueueStats {
         QueueStats {
             enqueued: self.enqueued.load(Ordering::Relaxed),

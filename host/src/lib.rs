@@ -16,12 +16,15 @@
 //!   allocate: governor charge, fence-ordered deferred free, rollback on any
 //!   failure.
 
+#![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
 // Errors carry the plugin's message and the mechanism's name; they are the
 // cold path, and returning them by value keeps the success path free of
 // allocation.
 #![allow(clippy::result_large_err)]
 
 pub mod binding;
+pub mod cache;
 pub mod context;
 pub mod deferred;
 pub mod error;
@@ -48,6 +51,7 @@ pub mod tokens;
 pub use binding::{
     BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,
 };
+pub use cache::{CacheConfig, CacheStats, CachedAllocation, CachingBinding, StreamKey};
 pub use context::{
     Context, LifecycleError, LifecycleEvent, LossNotice, SettledBinding, Settlement, SubscriptionId,
     TerminateError,

@@ -5,8 +5,11 @@
 
 use memplug_sdk::abi::MEMPLUG_ABI_MINOR;
 
-/// The minor range this host build understands for major 1.
+/// The oldest minor of major 1 this host build still speaks: 0, since every
+/// released minor stays served.
 pub const HOST_MIN_MINOR: u32 = 0;
+/// The newest minor of major 1 this host build speaks: the minor of the
+/// `memplug.h` it was built from. A plugin agreeing on more is refused.
 pub const HOST_MAX_MINOR: u32 = MEMPLUG_ABI_MINOR;
 
 /// How to load. The defaults accept any minor this host understands and

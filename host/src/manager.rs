@@ -1,11 +1,12 @@
 //! The process memory manager: registers plugins and devices, selects
 //! mechanisms, pins contexts, creates pools, and issues bindings — the only
-//! way to allocate (DESIGN.md §1).
+//! way to allocate (ARCHITECTURE.md §1).
 
 use crate::binding::MemoryBinding;
+use crate::cache::{CacheConfig, CachingBinding};
 use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
-use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool};
+use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool, PressureCallback};
 use crate::mechanism::{Location, Mechanism, Placement};
 use crate::observe::{Event, Hub, Level, StatsReport};
 use crate::plugin::{LoadOptions, Plugin};
@@ -15,34 +16,70 @@ use crate::LifeState;
 use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Why the manager refused.
 #[derive(Debug, thiserror::Error)]
+///
+/// Every refusal leaves the manager as it was: nothing half-registered,
+/// half-created or half-bound.
 pub enum ManagerError {
+    /// [`load_plugin`](ProcessMemoryManager::load_plugin): the plugin could
+    /// not be loaded.
     #[error(transparent)]
     Load(#[from] LoadError),
+    /// Registering, selecting, naming or unloading was refused.
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// Creating a pool was refused (a taken name, a capacity too large, a
+    /// parent of another manager).
     #[error(transparent)]
     Governor(#[from] GovernorError),
+    /// [`bind`](ProcessMemoryManager::bind): the spec names a holder that
+    /// was never registered with the pool being bound.
     #[error("holder {holder} is not registered with pool '{pool}'")]
-    HolderNotInPool { holder: HolderId, pool: String },
+    HolderNotInPool {
+        /// The holder in the spec.
+        holder: HolderId,
+        /// The pool's name.
+        pool: String,
+    },
     /// The context (and every successor) is not active: it makes no new
     /// bindings.
     #[error("context {context} is {state} and has no active successor: it makes no new bindings")]
-    ContextEnded { context: String, state: crate::lifecycle::LifeState },
+    ContextEnded {
+        /// The context asked, as `plugin/mechanism`.
+        context: String,
+        /// Its state.
+        state: crate::lifecycle::LifeState,
+    },
+    /// Retiring or replacing a context was refused.
     #[error(transparent)]
     Lifecycle(#[from] LifecycleError),
+    /// [`terminate`](ProcessMemoryManager::terminate) did not terminate.
     #[error(transparent)]
     Terminate(#[from] TerminateError),
+    /// A caching binding was asked for with a holder of the caller's: the
+    /// cache registers its own.
+    #[error("a caching binding registers its own holder; the spec names {holder}")]
+    CacheHolder {
+        /// The holder the spec named.
+        holder: HolderId,
+    },
+    /// The cache's configuration is refused.
+    #[error("cache configuration: {0}")]
+    Cache(String),
 }
 
 /// What a binding is for.
 #[derive(Clone, Debug)]
 pub struct BindingSpec {
+    /// What the memory is for: its charges are counted under this class,
+    /// and the plugin sees its tag in each request.
     pub class: AllocationClass,
+    /// The pressure holder its charges belong to (registered with the pool
+    /// being bound); `None` charges the pool's anonymous account.
     pub holder: Option<HolderId>,
     /// How long an allocation may wait for pressure to free room; `None`
     /// fails at once after the pressure tickets.
@@ -53,13 +90,17 @@ pub struct BindingSpec {
 }
 
 impl BindingSpec {
+    /// A spec of `class` with no holder, no waiting and no placement.
     pub fn new(class: AllocationClass) -> Self {
         BindingSpec { class, holder: None, wait: None, placement: Placement::default() }
     }
+    /// Charges belong to holder `h` (see the `holder` field).
     pub fn holder(mut self, h: HolderId) -> Self {
         self.holder = Some(h);
         self
     }
+    /// An allocation that does not fit after the pressure tickets waits up
+    /// to `d` for room (a refund, a capacity raise) before it fails.
     pub fn wait(mut self, d: Duration) -> Self {
         self.wait = Some(d);
         self
@@ -91,6 +132,44 @@ impl BindingSpec {
 }
 
 /// One per process (or per embedding). Thread-safe.
+///
+/// Load (or register) plugins, select a mechanism's context by device and
+/// capabilities, create pools with hard capacities, and bind: a
+/// [`MemoryBinding`] is the only way to memory. Dropping the manager drains
+/// its deferred-free queue for up to a second.
+///
+/// ```
+/// use memplug_host::governor::AllocationClass;
+/// use memplug_host::{BindingSpec, LoadOptions, Plugin, ProcessMemoryManager, Requirements};
+/// use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+///
+/// let mgr = ProcessMemoryManager::new();
+/// // A plugin library loads by path: `mgr.load_plugin("./libmemplug_plugin_cpu.so", &opts)`.
+/// // Here the reference CPU plugin is linked in, and goes through the same checks.
+/// // SAFETY: its entry is built against this ABI.
+/// let cpu = unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }?;
+/// let plugin = cpu.name().to_string();
+/// mgr.register_plugin(cpu)?;
+///
+/// let cpu0 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+/// let ctx = mgr.select(cpu0, Requirements::ALLOCATOR_ONLY)?;
+/// let pool = mgr.create_pool("cpu0", 64 << 20)?;
+/// let scratch = mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Workspace))?;
+///
+/// let buf = scratch.allocate(4096, 64)?; // grant → allocate → charge
+/// assert_eq!(buf.addr() % 64, 0);
+/// assert_eq!(pool.used(), buf.charged());
+/// drop(buf); // no fence recorded: freed through its mechanism and refunded now
+/// assert_eq!(pool.used(), 0);
+///
+/// // Over budget is an error, never a silent overcommit.
+/// assert!(scratch.allocate(128 << 20, 64).is_err());
+///
+/// // A plugin unloads once nothing it made is alive.
+/// drop((scratch, ctx));
+/// mgr.unload_plugin(&plugin)?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct ProcessMemoryManager {
     registry: Arc<Registry>,
     governor: Arc<Governor>,
@@ -108,6 +187,9 @@ impl Default for ProcessMemoryManager {
 }
 
 impl ProcessMemoryManager {
+    /// An empty manager: no plugin, no pool, no reaper thread (see
+    /// [`start_reaper`](Self::start_reaper); without one, call
+    /// [`poll`](Self::poll)).
     pub fn new() -> Self {
         let hub = Hub::new();
         ProcessMemoryManager {
@@ -119,12 +201,16 @@ impl ProcessMemoryManager {
         }
     }
 
+    /// Its plugins, mechanisms and contexts.
     pub fn registry(&self) -> &Registry {
         &self.registry
     }
+    /// Its pools (every pool of [`create_pool`](Self::create_pool)).
     pub fn governor(&self) -> &Arc<Governor> {
         &self.governor
     }
+    /// The deferred-free queue every binding of this manager releases
+    /// through.
     pub fn queue(&self) -> &Arc<DeferredFreeQueue> {
         &self.queue
     }
@@ -243,6 +329,34 @@ impl ProcessMemoryManager {
             spec.wait,
             spec.placement,
         ))
+    }
+
+    /// Issues a [`CachingBinding`]: a binding whose freed blocks are kept,
+    /// charged, for reuse by later requests of the same size class (see
+    /// [`crate::cache`]). The cache registers its own holder in `pool`
+    /// (named and prioritised by `config`), so `spec.holder` must be
+    /// `None`: its bytes are the cache's, and it answers that holder's
+    /// pressure tickets with idle blocks.
+    pub fn bind_caching(
+        &self,
+        context: &Arc<Context>,
+        pool: &Arc<Pool>,
+        spec: BindingSpec,
+        config: CacheConfig,
+    ) -> Result<CachingBinding, ManagerError> {
+        if let Some(holder) = spec.holder {
+            return Err(ManagerError::CacheHolder { holder });
+        }
+        config.validate().map_err(ManagerError::Cache)?;
+        // The cache's answer is installed once the cache exists; until then
+        // (only this call knows the holder) a ticket finds nothing to give.
+        let answer: Arc<OnceLock<Box<PressureCallback>>> = Arc::default();
+        let installed = answer.clone();
+        let registration = pool.register_holder(&config.holder_name, config.priority, move |t| {
+            installed.get().map_or(0, |f| f(t))
+        });
+        let binding = self.bind(context, pool, spec.holder(registration.id()))?;
+        Ok(CachingBinding::new(binding, config, registration, &answer))
     }
 
     /// Starts the background reaper (idempotent): every `interval` it

@@ -65,6 +65,8 @@ pub struct LiveReport {
 }
 
 impl LiveReport {
+    /// Whether nothing holds the plugin: no object counted by the host, no
+    /// mechanism handle outside it, and the plugin reports none of its own.
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty() && self.handles.is_empty() && self.plugin_reported == 0
     }
@@ -86,7 +88,9 @@ impl fmt::Display for LiveReport {
 #[derive(thiserror::Error)]
 #[error("plugin {} cannot unload: still live: {report}", plugin.shared.name)]
 pub struct UnloadRefused {
+    /// The plugin, loaded and usable as before.
     pub plugin: Plugin,
+    /// What was live when the unload was refused.
     pub report: LiveReport,
 }
 
@@ -106,6 +110,18 @@ impl Plugin {
     /// (`./libx.so`); a bare file name is refused, never searched for. The
     /// file is opened once, the loading policy runs on that descriptor,
     /// and that descriptor is what gets loaded ([`crate::policy`]).
+    ///
+    /// ```
+    /// use memplug_host::{LoadError, LoadOptions, Plugin};
+    ///
+    /// // A bare name would be looked up in LD_LIBRARY_PATH and the loader's
+    /// // cache: refused before anything is opened.
+    /// let bare = Plugin::load_with("libmemplug_plugin_cpu.so", &LoadOptions::default());
+    /// assert!(matches!(bare, Err(LoadError::Policy { .. })));
+    ///
+    /// let missing = Plugin::load_with("./no-such-plugin.so", &LoadOptions::default());
+    /// assert!(matches!(missing, Err(LoadError::NotFound(_))));
+    /// ```
     pub fn load_with(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Plugin, LoadError> {
         let path = path.as_ref();
         let checked = crate::policy::open_checked(path, opts)?;
@@ -131,6 +147,21 @@ impl Plugin {
 
     /// Takes a plugin linked into this process, through the same checks as
     /// a library.
+    ///
+    /// ```
+    /// use memplug_host::{LoadOptions, Plugin};
+    ///
+    /// // SAFETY: the reference CPU plugin's entry, built against this ABI.
+    /// let cpu = unsafe {
+    ///     Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default())
+    /// }?;
+    /// assert_eq!(cpu.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
+    /// assert!(cpu.origin().ends_with("(in-process)"));
+    /// let m = cpu.mechanism("cpu").expect("the CPU plugin's first mechanism");
+    /// assert!(m.capabilities().virtual_backing());
+    /// cpu.unload().expect("nothing of it is alive");
+    /// # Ok::<(), memplug_host::LoadError>(())
+    /// ```
     ///
     /// # Safety
     /// `entry` must follow the `memplug_plugin_v1` contract as far as memory
@@ -279,9 +310,13 @@ impl Plugin {
         })
     }
 
+    /// The plugin's name as it published it (escaped: safe to print); a
+    /// [`Registry`](crate::Registry) holds one plugin per name.
     pub fn name(&self) -> &str {
         &self.shared.name
     }
+    /// The plugin's version string, as it published it (escaped). Free
+    /// text: the host compares nothing by it.
     pub fn version(&self) -> &str {
         &self.shared.version
     }
@@ -297,9 +332,11 @@ impl Plugin {
     pub fn plugin_minor_range(&self) -> (u32, u32) {
         self.plugin_minors
     }
+    /// Its mechanisms, in the order the plugin published them.
     pub fn mechanisms(&self) -> &[Mechanism] {
         &self.mechanisms
     }
+    /// The mechanism of this name, if the plugin published one.
     pub fn mechanism(&self, name: &str) -> Option<&Mechanism> {
         self.mechanisms.iter().find(|m| m.name() == name)
     }

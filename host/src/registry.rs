@@ -21,12 +21,20 @@ use std::sync::Arc;
 /// mechanism lacks is an error, never a silent fallback (invariant 3).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Requirements {
+    /// Reserve/commit/decommit (`MEMPLUG_CAP_VIRTUAL_BACKING`): needed for
+    /// [`MemoryBinding::reserve_virtual`](crate::MemoryBinding::reserve_virtual).
     pub virtual_backing: bool,
+    /// Physical objects mapped into reservations
+    /// (`MEMPLUG_CAP_SHARED_MAPPING`): needed, with virtual backing, for
+    /// shared prefixes.
     pub shared_mapping: bool,
+    /// Streams and fences (`MEMPLUG_CAP_SYNC`).
     pub sync: bool,
 }
 
 impl Requirements {
+    /// Nothing beyond the allocator every mechanism has: any mechanism on
+    /// the device qualifies.
     pub const ALLOCATOR_ONLY: Requirements =
         Requirements { virtual_backing: false, shared_mapping: false, sync: false };
 
@@ -111,18 +119,44 @@ impl MemoryNeeds {
 /// Why a registry operation was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
+    /// A plugin of this name is registered already (a second copy of one
+    /// plugin, or two plugins that chose one name); the new one was not
+    /// registered and is dropped (unloaded) with the error's caller.
     #[error("a plugin named '{0}' is already registered")]
     DuplicatePlugin(String),
+    /// No registered plugin has this name.
     #[error("no plugin named '{0}' is registered")]
     UnknownPlugin(String),
+    /// No active mechanism serves the device asked for (none registered,
+    /// or every one retiring, lost or terminated).
     #[error("no mechanism serves device {device}")]
-    NoDevice { device: String },
+    NoDevice {
+        /// The device, as the host names devices (e.g. `cpu:0`).
+        device: String,
+    },
+    /// Mechanisms serve the device, but none has everything required.
     #[error("no mechanism on device {device} has {wanted}; candidates: {candidates}")]
-    MissingCapability { device: String, wanted: String, candidates: String },
+    MissingCapability {
+        /// The device, as the host names devices.
+        device: String,
+        /// Everything that was required, joined with `+`.
+        wanted: String,
+        /// Each candidate and what it lacks, joined with `; `.
+        candidates: String,
+    },
+    /// No mechanism has this `plugin/mechanism` or mechanism name.
     #[error("no mechanism named '{0}'")]
     UnknownMechanism(String),
+    /// The plugin is still in use; it stays registered and loaded, as it
+    /// was.
     #[error("plugin '{name}' cannot unload: {detail}")]
-    UnloadRefused { name: String, detail: String },
+    UnloadRefused {
+        /// The plugin's name.
+        name: String,
+        /// What holds it: pinned mechanisms with their object and handle
+        /// counts, or the plugin's own live-object report.
+        detail: String,
+    },
 }
 
 struct Entry {

@@ -16,12 +16,17 @@ pub struct RawObject {
     pub mechanism_key: u64,
     /// The plugin's id of that mechanism.
     pub mechanism_id: u64,
+    /// The device the object is on (the mechanism's).
     pub device: MemplugDevice,
     /// Host-assigned id, unique in this process, never derived from an
     /// address.
     pub object_id: u64,
+    /// Address of the first byte in the mechanism's address space; zero
+    /// for a physical object, which has no address until mapped.
     pub addr: u64,
+    /// Bytes the plugin provided (at least the size asked).
     pub size: u64,
+    /// The plugin's own handle of the object, opaque to the host.
     pub handle: u64,
 }
 
@@ -64,6 +69,8 @@ macro_rules! token {
             pub fn object_id(&self) -> u64 {
                 self.0.object_id
             }
+            /// Everything that names the object, as the host sends it to
+            /// the plugin.
             #[inline]
             pub fn raw(&self) -> &RawObject {
                 &self.0
@@ -108,6 +115,8 @@ pub struct Stream {
 }
 
 impl Stream {
+    /// The plugin's handle of the stream (opaque; what the C API and
+    /// `sync.fence_record` pass back).
     pub fn handle(&self) -> u64 {
         self.handle
     }
@@ -122,6 +131,7 @@ pub struct Fence {
 }
 
 impl Fence {
+    /// The plugin's handle of the fence (opaque).
     pub fn handle(&self) -> u64 {
         self.handle
     }

@@ -1,5 +1,5 @@
 //! Pressure tickets, holders, waiting, and the invariants they serve
-//! (DESIGN §2: 2, 5, 7).
+//! (ARCHITECTURE.md §2: 2, 5, 7).
 
 use memplug_host::governor::{
     AllocationClass, Governor, GovernorError, HolderId, Lease, Pool, PressureTicket, Priority,

@@ -12,7 +12,7 @@ use std::time::Duration;
 const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
 /// Panics in every slot: the SDK must turn each into `INTERNAL` with the
-/// panic message, and the host must stay up (DESIGN.md §2, invariant 8).
+/// panic message, and the host must stay up (ARCHITECTURE.md §2, invariant 8).
 struct Panicky;
 
 impl Allocator for Panicky {

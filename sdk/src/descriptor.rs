@@ -53,6 +53,7 @@ pub struct Descriptor {
     pub attributes: u32,
     /// `MEMPLUG_HANDLE_*` kinds physical objects can be exported as.
     pub export_types: u32,
+    /// Where the memory lives ([`Location::ANY`]: not said).
     pub location: Location,
     /// Physical objects map at any granularity-aligned offset
     /// (`MEMPLUG_PROP_MAPS_AT_OFFSETS`).
@@ -101,7 +102,12 @@ pub type DeviceIdentity = abi::MemplugDeviceIdentity;
 pub enum Handle {
     /// A descriptor of kind `kind` (`MEMPLUG_HANDLE_OPAQUE_FD`,
     /// `DMABUF_FD` or `MEMFD`), new and owned by the caller.
-    Fd { kind: u32, fd: std::os::fd::OwnedFd },
+    Fd {
+        /// The `MEMPLUG_HANDLE_*` kind (one of [`FD_KINDS`]).
+        kind: u32,
+        /// The descriptor; closing it is the owner's.
+        fd: std::os::fd::OwnedFd,
+    },
     /// A Windows NT handle (`MEMPLUG_HANDLE_WIN32`), owned by the caller.
     Win32(u64),
     /// A vendor's opaque bytes (`MEMPLUG_HANDLE_VENDOR_BLOB`), at most
@@ -127,10 +133,15 @@ impl Handle {
 pub enum HandleRef<'a> {
     /// A descriptor of kind `kind`; duplicate it to keep it.
     Fd {
+        /// The `MEMPLUG_HANDLE_*` kind (one of [`FD_KINDS`]).
         kind: u32,
+        /// The descriptor, valid for the call only.
         fd: std::os::fd::BorrowedFd<'a>,
     },
+    /// A Windows NT handle (`MEMPLUG_HANDLE_WIN32`), borrowed.
     Win32(u64),
+    /// A vendor's opaque bytes (`MEMPLUG_HANDLE_VENDOR_BLOB`), borrowed, at
+    /// most `MEMPLUG_HANDLE_BLOB_MAX`.
     Blob(&'a [u8]),
 }
 

@@ -20,6 +20,9 @@
 //! A vendor writes no `unsafe extern "C"` function: every slot is generated,
 //! every panic is caught into `MEMPLUG_STATUS_INTERNAL` with its message.
 
+#![deny(missing_docs)]
+#![warn(rustdoc::broken_intra_doc_links)]
+
 pub mod abi;
 pub mod author;
 pub mod descriptor;

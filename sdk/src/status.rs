@@ -5,8 +5,8 @@
 use crate::abi;
 
 /// Defines [`Status`] from one list of `Variant = CONSTANT` lines: the enum
-/// (each discriminant the `abi` constant, each variant documented by its
-/// constant's name), [`Status::ALL`] in list order and [`Status::c_name`]
+/// (each discriminant the `abi` constant, each variant's docs a link to
+/// that constant's), [`Status::ALL`] in list order and [`Status::c_name`]
 /// (the constant's name, from the same token). Adding a code is one line
 /// here (after its constant in `abi.rs`, which cbindgen reads).
 macro_rules! statuses {
@@ -16,7 +16,7 @@ macro_rules! statuses {
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Status {
             $(
-                #[doc = concat!("`", stringify!($constant), "`.")]
+                #[doc = concat!("[`", stringify!($constant), "`](abi::", stringify!($constant), "): see the constant for what it means and who returns it.")]
                 $variant = abi::$constant,
             )+
         }
@@ -69,6 +69,7 @@ impl Status {
         Status::from_raw(raw).unwrap_or(Status::Internal)
     }
 
+    /// The code as it crosses the ABI (the `MEMPLUG_STATUS_*` value).
     #[inline]
     pub fn raw(self) -> abi::MemplugStatus {
         self as abi::MemplugStatus

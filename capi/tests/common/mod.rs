@@ -1,7 +1,7 @@
 //! What the C API tests share: the CPU plugin's path, this thread's last
 //! error message, and an assertion that a call succeeded that prints it.
 
-use memplug_host::*;
+use memplug_host_capi::*;
 use std::ffi::CString;
 use std::ptr::null_mut;
 

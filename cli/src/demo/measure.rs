@@ -45,6 +45,8 @@ pub(super) struct Stranded {
 /// The governor's figures next to the kernel's, at one moment.
 #[derive(Serialize)]
 pub(super) struct Measurement {
+    /// When it was taken (ms since the start): its `measure` event's time.
+    pub(super) t_ms: f64,
     pub(super) label: String,
     pub(super) governor_used: u64,
     pub(super) governor_weights: u64,
@@ -152,7 +154,8 @@ impl Kernel {
         });
         let held = snap.used + stranded.bytes;
         let process_ok = delta.is_none_or(|d| d.abs_diff(held as i64) <= PROCESS_TOLERANCE);
-        let m = Measurement {
+        let mut m = Measurement {
+            t_ms: 0.0,
             label: label.into(),
             governor_used: snap.used,
             governor_weights: gw,
@@ -188,7 +191,7 @@ impl Kernel {
         } else {
             format!(" + stranded {} (lost, no longer charged)", mib(stranded.bytes))
         };
-        rec.log(
+        m.t_ms = rec.log(
             "measure",
             "kernel",
             format!(

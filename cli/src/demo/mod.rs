@@ -45,22 +45,30 @@
 //! the checks they make) and [`loss`] its step 7, [`serving`] the parts it moves (the weights
 //! holder, requests and their KV regions, decoding), [`measure`] the
 //! kernel's view (`/proc/self/pagemap`, `/proc/self/smaps`) next to the
-//! governor's, and [`report`] the timeline, the ledger, the checks and the
-//! text and `--json` output.
+//! governor's, [`timeline`] the scenes and events they record, and
+//! [`report`] the ledger, the checks and the text and `--json` output;
+//! [`plot`] draws the timeline (`--plot`), [`trace`] writes it as a trace
+//! (`--trace`).
 
 mod loss;
 mod loss_report;
 mod measure;
+mod plot;
 mod report;
 mod serving;
 mod session;
 mod story;
 mod timeline;
+mod trace;
 
+use crate::exit::{COULD_NOT_RUN, FAILED, OK, USAGE};
+use crate::output::{complain, Stdout};
+use crate::schema::{self, CouldNotRun};
 use memplug_host::governor::Priority;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
-use std::error::Error;
+use std::fs::File;
 use std::io::Write as _;
+use std::path::PathBuf;
 use std::sync::{Mutex, MutexGuard};
 
 const KIB: u64 = 1 << 10;
@@ -118,20 +126,97 @@ fn mib(b: u64) -> String {
     }
 }
 
-/// `memplug demo [--json]`.
-pub fn run(json: bool) -> Result<(), Box<dyn Error>> {
-    let report = story::scenario()?;
-    let text = if json { report::render_json(&report)? } else { report::render_text(&report) };
-    let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        // A reader that stopped early (`| head`) is not a failure.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => return Err(e.into()),
-        _ => {}
+/// The arguments of `memplug demo`.
+pub struct Args {
+    pub json: bool,
+    /// `--plot FILE.svg`.
+    pub plot: Option<PathBuf>,
+    /// `--trace FILE`.
+    pub trace: Option<PathBuf>,
+}
+
+/// An output file, created before the run: a path that cannot be written
+/// is a usage error, found before the demo rather than after it.
+struct OutFile {
+    path: PathBuf,
+    file: File,
+}
+
+impl OutFile {
+    fn create(path: &Option<PathBuf>, what: &str) -> Result<Option<OutFile>, String> {
+        let Some(path) = path else { return Ok(None) };
+        match File::create(path) {
+            Ok(file) => Ok(Some(OutFile { path: path.clone(), file })),
+            Err(e) => Err(format!("cannot create the {what} {}: {e}", path.display())),
+        }
+    }
+
+    /// Writes `content`; false (said on stderr) when it could not.
+    fn write(mut self, what: &str, content: Result<String, String>) -> bool {
+        let written = content.and_then(|c| {
+            self.file.write_all(c.as_bytes()).and_then(|()| self.file.flush()).map_err(|e| e.to_string())
+        });
+        match written {
+            Ok(()) => true,
+            Err(e) => {
+                complain(&format!("cannot write the {what} {}: {e}", self.path.display()));
+                false
+            }
+        }
+    }
+}
+
+/// `memplug demo [--json] [--plot FILE.svg] [--trace FILE]`; returns the
+/// exit status.
+pub fn run(args: Args) -> u8 {
+    let mut out = Stdout::default();
+    let files = OutFile::create(&args.plot, "chart")
+        .and_then(|p| OutFile::create(&args.trace, "trace").map(|t| (p, t)));
+    let (plot, trace) = match files {
+        Ok(f) => f,
+        Err(why) => {
+            complain(&why);
+            return USAGE;
+        }
+    };
+    let report = match story::scenario() {
+        Ok(r) => r,
+        Err(e) => {
+            let why = format!("demo: {e}");
+            if args.json {
+                if let Ok(s) =
+                    schema::to_json(&CouldNotRun::new(schema::DEMO, &why, report::Counts::default()))
+                {
+                    out.write(&s);
+                }
+            }
+            complain(&why);
+            // Nothing to draw: leave no empty chart or trace behind.
+            for f in [plot, trace].into_iter().flatten() {
+                let _ = std::fs::remove_file(&f.path);
+            }
+            return COULD_NOT_RUN;
+        }
+    };
+    if args.json {
+        match schema::to_json(&report) {
+            Ok(s) => out.write(&s),
+            Err(e) => complain(&format!("cannot write the JSON document: {e}")),
+        }
+    } else {
+        out.write(&report::render_text(&report));
+    }
+    let mut written = true;
+    if let Some(f) = plot {
+        written &= f.write("chart", plot::svg(&report));
+    }
+    if let Some(f) = trace {
+        written &= f.write("trace", schema::to_json(&trace::trace(&report)).map_err(|e| e.to_string()));
     }
     let failed: Vec<&str> = report.checks.iter().filter(|c| !c.ok).map(|c| c.name).collect();
-    if failed.is_empty() {
-        Ok(())
-    } else {
-        Err(format!("demo: {} check(s) failed: {}", failed.len(), failed.join(", ")).into())
+    if !failed.is_empty() {
+        complain(&format!("demo: {} check(s) failed: {}", failed.len(), failed.join(", ")));
+        return FAILED;
     }
+    out.status(if written { OK } else { FAILED })
 }

@@ -4,7 +4,7 @@
 
 use super::loss_report::LossReport;
 use super::measure::{Measurement, Stranded};
-use super::timeline::{Check, Event};
+use super::timeline::{Check, Event, Scene};
 use super::{mib, signed_mib, KIB};
 use memplug_host::governor::{AllocationClass, Pool, PoolSnapshot};
 use memplug_host::QueueStats;
@@ -12,16 +12,38 @@ use serde::Serialize;
 
 // ----- the report --------------------------------------------------------------
 
+/// `memplug demo --json` (`docs/cli.md`).
 #[derive(Serialize)]
 pub(super) struct Report {
+    /// [`crate::schema::DEMO`].
+    pub(super) schema_version: u32,
     pub(super) scenario: Scenario,
+    /// The story's steps as they ran; each event names its scene.
+    pub(super) scenes: Vec<Scene>,
     pub(super) timeline: Vec<Event>,
     pub(super) measurements: Vec<Measurement>,
     pub(super) ledger: Ledger,
     /// Step 7, the device lost mid-decode.
     pub(super) loss: LossReport,
     pub(super) checks: Vec<Check>,
+    pub(super) counts: Counts,
+    /// Every check passed.
     pub(super) ok: bool,
+}
+
+/// How the checks ended.
+#[derive(Serialize, Default, Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Counts {
+    pub(super) checks: usize,
+    pub(super) passed: usize,
+    pub(super) failed: usize,
+}
+
+impl Counts {
+    pub(super) fn of(checks: &[Check]) -> Counts {
+        let passed = checks.iter().filter(|c| c.ok).count();
+        Counts { checks: checks.len(), passed, failed: checks.len() - passed }
+    }
 }
 
 #[derive(Serialize)]
@@ -206,7 +228,14 @@ pub(super) fn render_text(r: &Report) -> String {
     );
     p!();
     p!("timeline  (ms since start, event, who, what — pool used after)");
+    let mut scene = "";
     for e in &r.timeline {
+        if e.scene != scene {
+            scene = e.scene;
+            if let Some(s) = r.scenes.iter().find(|s| s.id == scene) {
+                p!("  -- {}. {}", s.step, s.title);
+            }
+        }
         p!("  {:>7.1}  {:<13} {:<8} {}  [used {}]", e.t_ms, e.kind, e.subject, e.detail, mib(e.pool_used));
     }
     p!();
@@ -333,19 +362,14 @@ pub(super) fn render_text(r: &Report) -> String {
     for c in &r.checks {
         p!("  [{}] {:<42} {}", if c.ok { "ok" } else { "FAIL" }, c.name, c.detail);
     }
-    let failed = r.checks.iter().filter(|c| !c.ok).count();
+    let c = &r.counts;
     p!();
-    if failed == 0 {
-        p!("all {} checks passed", r.checks.len());
+    if c.failed == 0 {
+        p!("all {} checks passed", c.checks);
     } else {
-        p!("{failed} of {} checks FAILED", r.checks.len());
+        p!("{} of {} checks FAILED", c.failed, c.checks);
     }
     o
-}
-
-/// The report as one pretty-printed JSON document, newline-terminated.
-pub(super) fn render_json(r: &Report) -> serde_json::Result<String> {
-    Ok(serde_json::to_string_pretty(r)? + "\n")
 }
 
 /// The device-loss section of the text report.

@@ -6,7 +6,7 @@
 
 use super::loss;
 use super::measure::{self, Kernel, Stranded, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD};
-use super::report::{Ledger, PluginLine, Report, Scenario};
+use super::report::{Counts, Ledger, PluginLine, Report, Scenario};
 use super::serving::{
     admit, decode, filled_with, grow, kv_intact, prefix_intact, system_prompt, Tally, Weights,
 };
@@ -18,6 +18,7 @@ use super::{
     WEIGHTS_PRIORITY,
 };
 use crate::locate;
+use crate::schema;
 use memplug_host::governor::{AllocationClass, GovernorError};
 use memplug_host::{BindingError, BindingSpec, GrowError, PluginFence, ProcessMemoryManager, SharedPrefix};
 use std::error::Error;
@@ -43,6 +44,7 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
     let kernel = Kernel::open(granularity);
     let pool = manager.create_pool("cpu0", CAPACITY)?;
     let rec = Arc::new(Recorder::new(start, pool.clone()));
+    rec.scene("setup");
     let mut st = State {
         rec: rec.clone(),
         kernel: &kernel,
@@ -55,7 +57,9 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
 
     let session = serve(&manager, &ctx, &mut st)?;
     // ----- 7. the device is lost mid-decode (loss.rs) ------------------------------
+    rec.scene("device_loss");
     let (session, loss) = loss::scene(&manager, ctx, session, library.as_deref(), &mut st)?;
+    rec.scene("teardown");
     teardown(session, &mut st, loss.regions_admitted());
 
     // ----- 8. drain, ledger, unload ---------------------------------------------
@@ -149,8 +153,9 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
 
     let State { checks, measurements, .. } = st;
     let timeline = rec.timeline();
-    let ok = checks.0.iter().all(|c| c.ok);
+    let counts = Counts::of(&checks.0);
     Ok(Report {
+        schema_version: schema::DEMO,
         scenario: Scenario {
             plugin: plugin_label,
             mechanism,
@@ -167,12 +172,14 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
             process_method: PROCESS_METHOD,
             process_tolerance: PROCESS_TOLERANCE,
         },
+        scenes: rec.scenes(),
         timeline,
         measurements,
         ledger,
         loss,
         checks: checks.0,
-        ok,
+        ok: counts.failed == 0,
+        counts,
     })
 }
 
@@ -215,6 +222,7 @@ fn serve(
     let sched_b = manager.bind(ctx, &pool, BindingSpec::new(AllocationClass::Kv))?;
 
     // ----- 2. weights ----------------------------------------------------------------
+    rec.scene("weights");
     let names = PINNED
         .iter()
         .map(|n| (n.to_string(), true))
@@ -233,6 +241,7 @@ fn serve(
     st.measure("weights loaded", &weights.ranges(), &[]);
 
     // ----- 3. prefix and requests -------------------------------------------------------
+    rec.scene("requests");
     let prefix: Arc<SharedPrefix> = system_prompt(&kv_b)?;
     rec.log(
         "prefix",
@@ -261,6 +270,7 @@ fn serve(
 
     // Decode round-robin, 16 tokens per turn, token by token; growth runs
     // into the budget and sends tickets.
+    rec.scene("decode");
     for step in 1..=DECODE_STEPS as u64 {
         for (i, r) in reqs.iter_mut().enumerate() {
             let blocks = decode(r, TOKENS_PER_STEP, &weights, i, &mut st.tally)
@@ -282,6 +292,7 @@ fn serve(
     st.measure("peak: 4 requests decoding", &weights.ranges(), &kv_ranges(&reqs, &[]));
 
     // ----- 5. a free that waits for its fence ---------------------------------------------
+    rec.scene("fence");
     let mech = ctx.mechanism().clone();
     let sync = mech.sync().ok_or("the cpu mechanism has no sync capability")?;
     let stream = sync.stream_create()?;
@@ -374,6 +385,7 @@ fn serve(
     drop(mech);
 
     // ----- 6. the scheduler's long request: pressure, then OutOfBudget ---------------------
+    rec.scene("out_of_budget");
     let mut r5 = admit("r5".into(), &sched_b, &prefix, 0xA5, &mut st.tally)?;
     rec.log(
         "admit",
@@ -416,7 +428,7 @@ fn serve(
             ),
         ),
         None => rec.log("out_of_budget", "r5", format!("expected OutOfBudget, got {refused:?}")),
-    }
+    };
     let rolled_back = r5.region.view() == before
         && r5.region.committed() == committed_before
         && snap.reserved == 0

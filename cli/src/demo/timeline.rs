@@ -1,12 +1,43 @@
-//! The demo's record of what happened: the timeline of events (with the
-//! pool's `used` after each) and the checks the story makes. Both the story
-//! and the measurements write here; the report reads it.
+//! The demo's record of what happened: the scenes of the story, the
+//! timeline of events (with the pool's use after each, in all and per
+//! allocation class) and the checks the story makes. Both the story and
+//! the measurements write here; the report, the chart and the trace read
+//! it.
 
 use super::{lock, mib};
-use memplug_host::governor::{HolderId, Pool, PressureTicket, Priority};
+use memplug_host::governor::{AllocationClass, HolderId, Pool, PressureTicket, Priority};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+/// The story's scenes, in order: `(id, title)`. The steps of the module
+/// comment of [`super`], one scene each.
+pub(super) const SCENES: [(&str, &str); 8] = [
+    ("setup", "pool, holders and bindings"),
+    ("weights", "weights load"),
+    ("requests", "shared prefix and requests admitted"),
+    ("decode", "decode under pressure: tickets and evictions"),
+    ("fence", "a free ordered behind a fence"),
+    ("out_of_budget", "OutOfBudget rolls back, a smaller retry"),
+    ("device_loss", "the device lost mid-decode, a replacement"),
+    ("teardown", "teardown, drain, ledger and unload"),
+];
+
+/// One scene as it ran.
+#[derive(Serialize, Clone)]
+pub(super) struct Scene {
+    /// Its place in the story, from 1.
+    pub(super) step: usize,
+    /// One of [`SCENES`]' ids.
+    pub(super) id: &'static str,
+    pub(super) title: &'static str,
+    pub(super) start_ms: f64,
+    /// The next scene's start; the last event's time for the last scene.
+    pub(super) end_ms: f64,
+    /// Events logged during it.
+    pub(super) events: usize,
+}
 
 /// One line of the timeline.
 #[derive(Serialize, Clone)]
@@ -21,8 +52,14 @@ pub(super) struct Event {
     /// Who: a request (`r1`..), a holder, the queue, the plugin.
     pub(super) subject: String,
     pub(super) detail: String,
+    /// The scene it belongs to (a [`SCENES`] id).
+    pub(super) scene: &'static str,
     /// The pool's `used` right after the event.
     pub(super) pool_used: u64,
+    /// What each allocation class is charged right after the event
+    /// (reserved + leased + quarantined), by class name: they add up to
+    /// `pool_used`.
+    pub(super) class_used: BTreeMap<&'static str, u64>,
 }
 
 #[derive(Serialize)]
@@ -37,13 +74,52 @@ pub(super) struct Recorder {
     pool: Arc<Pool>,
     events: Mutex<Vec<Event>>,
     holders: Mutex<Vec<(HolderId, &'static str)>>,
+    /// The scenes entered so far, with their start (ms).
+    scenes: Mutex<Vec<(&'static str, f64)>>,
 }
 
 impl Recorder {
     /// A timeline that starts at `start` and notes `pool`'s `used` after
     /// each event.
     pub(super) fn new(start: Instant, pool: Arc<Pool>) -> Recorder {
-        Recorder { start, pool, events: Mutex::default(), holders: Mutex::default() }
+        Recorder {
+            start,
+            pool,
+            events: Mutex::default(),
+            holders: Mutex::default(),
+            scenes: Mutex::default(),
+        }
+    }
+
+    fn now_ms(&self) -> f64 {
+        (self.start.elapsed().as_secs_f64() * 1e4).round() / 10.0
+    }
+
+    /// Enters scene `id` (one of [`SCENES`]): the events logged from now
+    /// on belong to it.
+    pub(super) fn scene(&self, id: &'static str) {
+        debug_assert!(SCENES.iter().any(|(s, _)| *s == id), "unknown scene {id}");
+        let t = self.now_ms();
+        lock(&self.scenes).push((id, t));
+    }
+
+    /// The scenes entered, in order, each ending where the next starts.
+    pub(super) fn scenes(&self) -> Vec<Scene> {
+        let entered = lock(&self.scenes).clone();
+        let events = lock(&self.events);
+        let last = events.last().map_or(0.0, |e| e.t_ms);
+        entered
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, start_ms))| Scene {
+                step: SCENES.iter().position(|(s, _)| *s == id).map_or(0, |p| p + 1),
+                id,
+                title: SCENES.iter().find(|(s, _)| *s == id).map_or("", |(_, t)| t),
+                start_ms,
+                end_ms: entered.get(i + 1).map_or(last.max(start_ms), |n| n.1),
+                events: events.iter().filter(|e| e.scene == id).count(),
+            })
+            .collect()
     }
 
     /// Names the holders tickets mention.
@@ -56,15 +132,26 @@ impl Recorder {
         lock(&self.events).clone()
     }
 
-    pub(super) fn log(&self, kind: &'static str, subject: impl Into<String>, detail: impl Into<String>) {
+    /// Logs an event; returns its time (ms since the start).
+    pub(super) fn log(
+        &self,
+        kind: &'static str,
+        subject: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> f64 {
+        let snap = self.pool.snapshot();
+        let t_ms = self.now_ms();
         let e = Event {
-            t_ms: (self.start.elapsed().as_secs_f64() * 1e4).round() / 10.0,
+            t_ms,
             kind,
             subject: subject.into(),
             detail: detail.into(),
-            pool_used: self.pool.used(),
+            scene: lock(&self.scenes).last().map_or("", |s| s.0),
+            pool_used: snap.used,
+            class_used: AllocationClass::ALL.iter().map(|&c| (c.name(), snap.class(c).charged())).collect(),
         };
         lock(&self.events).push(e);
+        t_ms
     }
 
     pub(super) fn holder_name(&self, h: Option<HolderId>) -> String {

@@ -1,6 +1,6 @@
 //! Shared by the host's benchmarks: loading the real CPU plugin `.so`, the
 //! direct-call baseline ([`direct`]), and a same-run ratio printer
-//! (criterion prints absolute figures; the budgets of DESIGN.md §6 are
+//! (criterion prints absolute figures; the budgets of ARCHITECTURE.md §6 are
 //! ratios measured in one run).
 
 pub mod direct;

@@ -53,9 +53,15 @@ impl OwnedAllocation {
     fn alloc(&self) -> &Allocation {
         self.alloc.as_ref().expect("present until drop")
     }
+    /// The block's first byte, as the mechanism returned it: an address in
+    /// the mechanism's address space (device memory for a device
+    /// mechanism, host memory for the CPU plugin), at least as aligned as
+    /// asked. Stable for the allocation's life.
     pub fn addr(&self) -> u64 {
         self.alloc().addr()
     }
+    /// Usable bytes, as the mechanism returned them (at least the size
+    /// asked; a mechanism may return more).
     pub fn size(&self) -> u64 {
         self.alloc().size()
     }
@@ -73,7 +79,55 @@ impl OwnedAllocation {
     pub fn used_by(&mut self, fence: SharedFence) {
         self.fences.push(fence);
     }
-    /// Releases after `fences` (and any recorded with `used_by`).
+    /// Whether every fence recorded with [`used_by`](Self::used_by) has
+    /// completed (true with none): freeing it now would wait for nothing.
+    pub fn fences_complete(&self) -> bool {
+        self.fences.all_complete()
+    }
+    /// Whether any fence was recorded (complete or not).
+    pub(crate) fn has_fences(&self) -> bool {
+        self.fences.first.is_some()
+    }
+    /// Forgets the recorded fences: for the cache, once the work they
+    /// guarded is known to come before any new use (completed, or queued
+    /// earlier on the stream the new use runs on).
+    pub(crate) fn clear_fences(&mut self) {
+        self.fences = FenceSet::default();
+    }
+    /// Releases after `fences` (and any recorded with `used_by`): the
+    /// memory stays allocated and charged until every fence completed and
+    /// the deferred-free queue was polled (`ProcessMemoryManager::poll`, the
+    /// reaper, or a drain). Never blocks.
+    ///
+    /// ```
+    /// # use memplug_host::{governor::AllocationClass, *};
+    /// # use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+    /// # let mgr = ProcessMemoryManager::new();
+    /// # // SAFETY: the reference CPU plugin's entry, built against this ABI.
+    /// # let cpu = unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }?;
+    /// # mgr.register_plugin(cpu)?;
+    /// # let cpu0 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+    /// # let ctx = mgr.select(cpu0, Requirements::ALLOCATOR_ONLY)?;
+    /// # let pool = mgr.create_pool("cpu0", 64 << 20)?;
+    /// use std::sync::atomic::{AtomicBool, Ordering};
+    /// use std::sync::Arc;
+    ///
+    /// let b = mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Activations))?;
+    /// let buf = b.allocate(1 << 20, 64)?;
+    /// // The runtime's own "is the device done?" (a CUDA event, a queue's
+    /// // timeline value...), as a query and a wait.
+    /// let done = Arc::new(AtomicBool::new(false));
+    /// let (q, w) = (done.clone(), done.clone());
+    /// let fence = FnFence::new("step 42", move || q.load(Ordering::Acquire), move |_| w.load(Ordering::Acquire));
+    ///
+    /// buf.release_after([fence]);
+    /// mgr.poll();
+    /// assert_eq!(pool.used(), 1 << 20); // the device may still read it
+    /// done.store(true, Ordering::Release);
+    /// mgr.poll();
+    /// assert_eq!(pool.used(), 0); // freed by its mechanism, then refunded
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn release_after(mut self, fences: impl IntoIterator<Item = SharedFence>) {
         for f in fences {
             self.fences.push(f);

@@ -1,5 +1,5 @@
 //! Bindings: mechanism + context + pool + holder + class, the only way to
-//! allocate (DESIGN.md §1). Every path is a transaction — reserve a grant,
+//! allocate (ARCHITECTURE.md §1). Every path is a transaction — reserve a grant,
 //! make the memory, commit the charge with the bytes actually obtained — and
 //! any failure rolls back what was done. Owning objects free through the
 //! deferred-free queue after their fences (invariant 4), through the
@@ -54,7 +54,12 @@ pub enum BindingError {
     Plugin(#[from] CallError),
     /// The mechanism lacks a capability the operation needs.
     #[error("mechanism {mechanism} has no {capability}")]
-    Unsupported { mechanism: String, capability: &'static str },
+    Unsupported {
+        /// The mechanism, as `plugin/mechanism`.
+        mechanism: String,
+        /// The capability missing, e.g. `virtual_backing`.
+        capability: &'static str,
+    },
     /// The request is malformed (overflowing size, beyond the region...).
     #[error("{0}")]
     Invalid(String),
@@ -67,6 +72,8 @@ pub enum BindingError {
 /// A grow whose commit or update failed; the region is as it was.
 #[derive(Debug, thiserror::Error)]
 pub enum GrowError<E> {
+    /// The grant, the commit or the charge failed (see [`BindingError`]);
+    /// the update was not called.
     #[error(transparent)]
     Binding(#[from] BindingError),
     /// The caller's update refused; the new range was decommitted and the
@@ -238,21 +245,39 @@ impl MemoryBinding {
         MemoryBinding { inner, anchors }
     }
 
+    /// The mechanism that makes (and frees) this binding's memory: the
+    /// mechanism of its context.
     pub fn mechanism(&self) -> &Mechanism {
         self.inner.mechanism()
     }
+    /// The pool every allocation of this binding is charged to.
     pub fn pool(&self) -> &Arc<Pool> {
         &self.inner.pool
     }
+    /// The class its charges are counted under (pool statistics per class,
+    /// and the class tag the plugin sees in each request).
     pub fn class(&self) -> AllocationClass {
         self.inner.class
     }
+    /// The pressure holder its charges are attributed to, if it was bound
+    /// with one: they count as that holder's in
+    /// [`Pool::holder_stats`](crate::governor::Pool::holder_stats), and
+    /// when a grant does not fit, the other holders of no higher priority
+    /// are asked for room at this holder's priority (a binding without a
+    /// holder asks at the highest). The holder is never asked on its own
+    /// behalf.
     pub fn holder(&self) -> Option<HolderId> {
         self.inner.holder
     }
     /// How its memory is asked for (ABI 1.2 request fields).
     pub fn placement(&self) -> Placement {
         self.inner.placement
+    }
+    /// Whether the binding's context is `Active`, the only state in which
+    /// it makes new objects. One atomic load.
+    #[inline]
+    pub fn is_active(&self) -> bool {
+        self.inner.mechanism().inner.life.state() == LifeState::Active
     }
     /// Objects whose release the plugin refused (quarantined).
     pub fn quarantined(&self) -> Vec<String> {

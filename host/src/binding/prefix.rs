@@ -15,6 +15,41 @@ impl MemoryBinding {
     /// Creates a shared prefix of `size` bytes (rounded up to the
     /// granularity), filled by `init` through a temporary writable view.
     /// Its physical bytes are charged once, however many regions map it.
+    ///
+    /// ```
+    /// # use memplug_host::{governor::AllocationClass, *};
+    /// # use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+    /// # let mgr = ProcessMemoryManager::new();
+    /// # // SAFETY: the reference CPU plugin's entry, built against this ABI.
+    /// # let cpu = unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }?;
+    /// # mgr.register_plugin(cpu)?;
+    /// # let cpu0 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+    /// # let needs = Requirements { virtual_backing: true, shared_mapping: true, sync: false };
+    /// # let ctx = mgr.select(cpu0, needs)?;
+    /// # let pool = mgr.create_pool("kv", 64 << 20)?;
+    /// let kv = mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv))?;
+    /// let prompt = b"You are a helpful assistant.";
+    /// let prefix = kv.create_shared(1 << 20, |view| {
+    ///     // SAFETY: CPU memory, writable through this temporary view only.
+    ///     unsafe { view.as_mut_slice()[..prompt.len()].copy_from_slice(prompt) }
+    /// })?;
+    ///
+    /// let (mut a, mut b) = (kv.reserve_virtual(16 << 20)?, kv.reserve_virtual(16 << 20)?);
+    /// for r in [&mut a, &mut b] {
+    ///     r.map_prefix(&prefix)?; // read-only, at the region's base
+    ///     assert!(r.prefix_is_read_only());
+    ///     // SAFETY: the prefix is mapped readable at the base.
+    ///     let start = unsafe { std::slice::from_raw_parts(r.addr() as *const u8, prompt.len()) };
+    ///     assert_eq!(start, prompt);
+    ///     r.grow_to(prefix.len() + (1 << 20), |_| Ok::<(), String>(()))?; // private tokens after it
+    /// }
+    /// // One prefix charge, plus each region's own part.
+    /// assert_eq!(pool.used(), prefix.charged() + 2 * (1 << 20));
+    ///
+    /// // A region that already has bytes of its own takes no prefix.
+    /// assert!(matches!(a.map_prefix(&prefix), Err(BindingError::State(_))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn create_shared(
         &self,
         size: u64,
@@ -119,12 +154,19 @@ pub struct SharedPrefix {
 }
 
 impl SharedPrefix {
+    /// Its length in bytes: the size asked, rounded up to the mechanism's
+    /// granularity. A region that maps it starts with these bytes.
     pub fn len(&self) -> u64 {
         self.len
     }
+    /// Whether the prefix has no bytes (only if the mechanism accepted a
+    /// size of 0; SDK-built mechanisms refuse one).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Bytes charged to the pool for it, once, however many regions map
+    /// it. After a device loss the pool's books settle this charge at
+    /// termination; the figure here stays what was charged.
     pub fn charged(&self) -> u64 {
         self.lease.as_ref().map_or(0, Lease::bytes)
     }

@@ -107,6 +107,7 @@ impl Region {
     pub fn len(&self) -> u64 {
         self.base + self.committed
     }
+    /// Whether no byte is usable yet (no prefix, nothing committed).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -128,6 +129,8 @@ impl Region {
     pub fn prefix_is_read_only(&self) -> bool {
         self.prefix_access() == Some(Access::ReadOnly)
     }
+    /// The region's base address and usable length now, as a grow update
+    /// sees them. The base never changes over the region's life.
     pub fn view(&self) -> RegionView {
         RegionView { addr: self.addr(), len: self.len(), lost: self.is_lost() }
     }
@@ -216,6 +219,39 @@ impl Region {
     /// granularity), as a transaction: grant → commit the new range →
     /// `update(view)` → charge. If the commit or the update fails, the
     /// range is decommitted, the grant returned and the old view stays.
+    ///
+    /// ```
+    /// # use memplug_host::{governor::AllocationClass, *};
+    /// # use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+    /// # let mgr = ProcessMemoryManager::new();
+    /// # // SAFETY: the reference CPU plugin's entry, built against this ABI.
+    /// # let cpu = unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }?;
+    /// # mgr.register_plugin(cpu)?;
+    /// # let cpu0 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+    /// # let needs = Requirements { virtual_backing: true, shared_mapping: true, sync: false };
+    /// # let ctx = mgr.select(cpu0, needs)?;
+    /// # let pool = mgr.create_pool("kv", 64 << 20)?;
+    /// let kv = mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv))?;
+    /// let mut region = kv.reserve_virtual(1 << 30)?; // 1 GiB of address space, nothing charged
+    /// let base = region.addr();
+    /// assert_eq!(pool.used(), 0);
+    ///
+    /// region.grow_to(4 << 20, |view| {
+    ///     assert_eq!(view.addr, base); // the runtime updates its block table here
+    ///     Ok::<(), String>(())
+    /// })?;
+    /// assert_eq!((region.addr(), region.len(), pool.used()), (base, 4 << 20, 4 << 20));
+    ///
+    /// // An update that refuses undoes the grow: the old view, the old charge.
+    /// let refused = region.grow_to(8 << 20, |_| Err("block table full"));
+    /// assert!(matches!(refused, Err(GrowError::Update("block table full"))));
+    /// assert_eq!((region.len(), pool.used()), (4 << 20, 4 << 20));
+    ///
+    /// // Past the reservation is refused; so is past the pool's budget.
+    /// assert!(region.grow_to(2 << 30, |_| Ok::<(), String>(())).is_err());
+    /// assert!(region.grow_to(128 << 20, |_| Ok::<(), String>(())).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn grow_to<E>(
         &mut self,
         len: u64,

@@ -5,7 +5,11 @@
 /// initialisers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RegionView {
+    /// The region's base address (its reservation's first byte); the same
+    /// in every view of one region.
     pub addr: u64,
+    /// Usable bytes from `addr`: the mapped prefix plus the committed
+    /// private part.
     pub len: u64,
     /// The region's context was lost when the view was taken: its memory
     /// is gone and must not be touched.

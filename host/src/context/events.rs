@@ -26,6 +26,7 @@ pub struct LossNotice {
     /// The holder the binding charges (`None`: the pool's anonymous
     /// account).
     pub holder: Option<HolderId>,
+    /// The binding's allocation class.
     pub class: AllocationClass,
     /// Charged objects (leases) the binding held when the notice was made.
     pub objects: u64,
@@ -40,7 +41,11 @@ pub struct LossNotice {
 pub struct LifecycleEvent {
     /// `plugin/mechanism`.
     pub context: String,
+    /// The state left. Events of one context chain: each `from` is the
+    /// previous event's `to`.
     pub from: LifeState,
+    /// The state entered; an event with `to` [`LifeState::Terminated`] is
+    /// the context's last.
     pub to: LifeState,
     /// Why the context left `Active`.
     pub reason: Option<String>,

@@ -1,4 +1,4 @@
-//! A [`Context`]: a mechanism pinned for use, and its life (DESIGN.md §5).
+//! A [`Context`]: a mechanism pinned for use, and its life (ARCHITECTURE.md §5).
 //!
 //! Bindings, allocations and queued frees hold a context; a plugin whose
 //! contexts are pinned cannot be unloaded. A context is `Active` until it
@@ -41,10 +41,24 @@ pub(crate) struct LedgerEntry {
 pub enum LifecycleError {
     /// Only an `Active` context can be retired or replaced.
     #[error("context {context} is {state}, not active")]
-    NotActive { context: String, state: LifeState },
+    NotActive {
+        /// The context asked, as `plugin/mechanism`.
+        context: String,
+        /// The state it is in instead.
+        state: LifeState,
+    },
     /// A replacement must serve the same device.
     #[error("context {new} serves device {new_device}, not {old_device} as {old} does")]
-    WrongDevice { old: String, old_device: String, new: String, new_device: String },
+    WrongDevice {
+        /// The context being replaced, as `plugin/mechanism`.
+        old: String,
+        /// The device it serves, as the host names devices (e.g. `cpu:0`).
+        old_device: String,
+        /// The proposed successor, as `plugin/mechanism`.
+        new: String,
+        /// The device the successor serves.
+        new_device: String,
+    },
     /// A context cannot replace itself.
     #[error("context {0} cannot replace itself")]
     SameContext(String),
@@ -73,6 +87,9 @@ impl Context {
         }
     }
 
+    /// The mechanism this context pins. Its identity and properties stay
+    /// readable in every state; calls into it are refused once the context
+    /// is lost or terminated.
     pub fn mechanism(&self) -> &Mechanism {
         &self.mechanism
     }

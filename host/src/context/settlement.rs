@@ -20,11 +20,15 @@ use std::time::{Duration, Instant};
 /// What one binding's ledger settled.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SettledBinding {
+    /// The name of the pool the binding charged.
     pub pool: String,
+    /// The holder it charged (`None`: the pool's anonymous account).
     pub holder: Option<HolderId>,
+    /// The binding's allocation class.
     pub class: AllocationClass,
-    /// Live charge discharged: bytes and the leases (objects) holding them.
+    /// Live charge discharged, in bytes.
     pub bytes: u64,
+    /// The leases (charged objects) that held those bytes.
     pub leases: u64,
     /// Quarantined charge discharged.
     pub quarantined_bytes: u64,
@@ -33,6 +37,7 @@ pub struct SettledBinding {
 /// What a context's termination settled, once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Settlement {
+    /// The terminated context, as `plugin/mechanism`.
     pub context: String,
     /// Whether the context was lost (its objects went with the device)
     /// rather than retired in order.
@@ -48,15 +53,43 @@ pub struct Settlement {
 
 /// Why [`Context::terminate`] did not terminate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+///
+/// Every variant names the context as `plugin/mechanism`. None of them
+/// changed anything: the context is in the state it was, and terminating
+/// it again later is allowed (except after `AlreadyTerminated`).
 pub enum TerminateError {
+    /// The context is active; only a lost or retiring one terminates.
     #[error("context {context} is active: retire it or report its loss first")]
-    Active { context: String },
+    Active {
+        /// The context.
+        context: String,
+    },
+    /// Someone terminated it first (its settlement is
+    /// [`Context::settlement`]).
     #[error("context {context} is already terminated")]
-    AlreadyTerminated { context: String },
+    AlreadyTerminated {
+        /// The context.
+        context: String,
+    },
+    /// A thread was still inside one of its plugin's slots when the timeout
+    /// ran out.
     #[error("context {context} still has {calls} call(s) in flight after the timeout")]
-    InFlight { context: String, calls: u64 },
+    InFlight {
+        /// The context.
+        context: String,
+        /// Calls in flight at the timeout.
+        calls: u64,
+    },
+    /// Retiring, and objects it made were still alive when the timeout ran
+    /// out: a retiring context terminates only after its last object is
+    /// freed.
     #[error("context {context} is retiring and still has {objects} live object(s) after the timeout")]
-    StillLive { context: String, objects: u64 },
+    StillLive {
+        /// The context.
+        context: String,
+        /// Objects still alive at the timeout.
+        objects: u64,
+    },
 }
 
 impl Context {

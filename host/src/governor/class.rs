@@ -8,7 +8,7 @@ use std::fmt;
 /// `#[repr(u8)]` with fixed discriminants so the C API can pass it as a
 /// byte; a byte this version does not know maps to [`AllocationClass::Other`]
 /// through [`AllocationClass::from_u8_lossy`] (the conservative meaning, as
-/// DESIGN §3 asks of unknown enum values).
+/// ARCHITECTURE.md §3 asks of unknown enum values).
 ///
 /// Thread-safety: a plain `Copy` value.
 #[repr(u8)]

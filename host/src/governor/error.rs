@@ -81,29 +81,66 @@ pub enum GovernorError {
     /// The holder is not registered with this pool (never was, belongs to
     /// another pool, or its registration was dropped).
     #[error("{holder} is not registered with {pool}")]
-    UnknownHolder { pool: PoolId, holder: HolderId },
+    UnknownHolder {
+        /// The pool asked.
+        pool: PoolId,
+        /// The holder named.
+        holder: HolderId,
+    },
     /// A lease given to a pool other than the one that granted it.
     #[error("the lease belongs to {lease_pool}, not to {pool}")]
-    WrongPool { pool: PoolId, lease_pool: PoolId },
+    WrongPool {
+        /// The pool the lease was given to.
+        pool: PoolId,
+        /// The pool that granted it (the only one that can end it).
+        lease_pool: PoolId,
+    },
     /// Releasing or quarantining more bytes than the lease holds: a bug in
     /// the caller, reported instead of letting a counter go negative.
     #[error("cannot take {requested} B from a lease of {held} B")]
-    OverRelease { requested: u64, held: u64 },
+    OverRelease {
+        /// Bytes asked to be taken from the lease.
+        requested: u64,
+        /// Bytes the lease holds.
+        held: u64,
+    },
     /// Growing a lease with a grant of another class.
     #[error("cannot grow a {lease} lease with a {grant} grant")]
-    ClassMismatch { lease: AllocationClass, grant: AllocationClass },
+    ClassMismatch {
+        /// The lease's class.
+        lease: AllocationClass,
+        /// The grant's class.
+        grant: AllocationClass,
+    },
     /// Growing a lease with a grant made for another holder.
     #[error("cannot grow a lease of {lease:?} with a grant of {grant:?}")]
-    HolderMismatch { lease: Option<HolderId>, grant: Option<HolderId> },
+    HolderMismatch {
+        /// The lease's holder (`None`: the pool's anonymous account).
+        lease: Option<HolderId>,
+        /// The grant's holder.
+        grant: Option<HolderId>,
+    },
     /// A capacity the governor cannot represent.
     #[error("capacity {capacity} B exceeds the maximum of {max} B")]
-    CapacityTooLarge { capacity: u64, max: u64 },
+    CapacityTooLarge {
+        /// The capacity asked, in bytes.
+        capacity: u64,
+        /// The largest capacity a pool can have, in bytes
+        /// ([`MAX_CAPACITY`](super::MAX_CAPACITY)).
+        max: u64,
+    },
     /// A pool name already taken in this governor.
     #[error("a pool named '{name}' already exists")]
-    DuplicatePool { name: String },
+    DuplicatePool {
+        /// The name asked.
+        name: String,
+    },
     /// A parent pool this governor does not have.
     #[error("{pool} is not a pool of this governor")]
-    UnknownPool { pool: PoolId },
+    UnknownPool {
+        /// The parent named.
+        pool: PoolId,
+    },
     /// A capacity lowered below the bytes live in the pool (its
     /// descendants' included), still too many after pressure tickets: the
     /// capacity stays as it was.
@@ -111,7 +148,16 @@ pub enum GovernorError {
         "cannot lower the capacity of pool '{pool}' to {requested} B: {live} B are live \
          (the capacity stays {capacity} B)"
     )]
-    CapacityBelowLive { pool: Arc<str>, requested: u64, live: u64, capacity: u64 },
+    CapacityBelowLive {
+        /// The pool's name.
+        pool: Arc<str>,
+        /// The capacity asked, in bytes.
+        requested: u64,
+        /// Bytes still charged at the pool's level when it gave up.
+        live: u64,
+        /// The capacity it keeps, in bytes.
+        capacity: u64,
+    },
 }
 
 impl GovernorError {

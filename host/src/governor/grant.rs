@@ -124,7 +124,7 @@ impl<'p> Grant<'p> {
     }
 
     /// Commits `actual` bytes into an existing lease: a virtual region that
-    /// grew (DESIGN §4, grow transaction). Same rules as
+    /// grew (ARCHITECTURE.md §4, grow transaction). Same rules as
     /// [`commit`](Self::commit); additionally the lease must come from the
     /// same pool and have the same class and holder, else the grant
     /// comes back with [`GovernorError::WrongPool`],

@@ -1,4 +1,4 @@
-//! The governor: "is there capacity, and whose is it?" (DESIGN §1, §4).
+//! The governor: "is there capacity, and whose is it?" (ARCHITECTURE.md §1, §4).
 //!
 //! The governor charges bytes against the capacity of *pools* (one per
 //! physical memory domain). It never allocates, never frees, and never
@@ -54,7 +54,7 @@
 //! under the short pool (that pool and its descendants). Capacities change
 //! at run time ([`Pool::set_capacity`]); a child's may exceed its parent's.
 //!
-//! # Fast path and cost (DESIGN §6)
+//! # Fast path and cost (ARCHITECTURE.md §6)
 //!
 //! Capacity is one 64-bit word per pool (`used` plus the capacity's
 //! offset from the maximum, so a capacity change is one update of the same

@@ -6,7 +6,7 @@
 //! *shards*: each thread that touches the account owns one shard and is its
 //! only writer, so updating a figure is a plain load and store — no locked
 //! read-modify-write instruction, which is what keeps the governor's fast
-//! path within its budget (DESIGN §6). A figure's value is the wrapping sum
+//! path within its budget (ARCHITECTURE.md §6). A figure's value is the wrapping sum
 //! of its shards: one shard may go "negative" (a lease committed on thread A
 //! and released on thread B), the sum never does.
 //!

@@ -172,7 +172,9 @@ pub struct PressureStats {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PoolSnapshot {
+    /// The pool's id.
     pub pool: PoolId,
+    /// The pool's name, unique within its governor.
     pub name: Arc<str>,
     /// The pool above this one, if any.
     pub parent: Option<PoolId>,
@@ -191,9 +193,12 @@ pub struct PoolSnapshot {
     /// very moment the capacity changes may record its peak with the
     /// capacity before or after the change (off by at most the change).
     pub peak: u64,
-    /// Sums over `classes` (this pool's own accounts).
+    /// Bytes held by live grants not yet committed: the sum of
+    /// [`ClassStats::reserved`] over `classes` (this pool's own accounts).
     pub reserved: u64,
+    /// Bytes charged to live leases, the sum over `classes`.
     pub leased: u64,
+    /// Bytes quarantined, the sum over `classes`.
     pub quarantined: u64,
     /// Pools directly below this one, alive now.
     pub children: usize,
@@ -262,9 +267,14 @@ impl fmt::Display for PoolSnapshot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HolderStats {
+    /// The holder's id.
     pub holder: HolderId,
+    /// The pool it was registered with.
     pub pool: PoolId,
+    /// The name given at registration (for reports; not unique).
     pub name: Arc<str>,
+    /// The priority given at registration: it is asked only by requests of
+    /// at least this priority.
     pub priority: Priority,
     /// False once the registration was dropped.
     pub registered: bool,

@@ -36,6 +36,9 @@ const CLOSED: u64 = 1 << 63;
 #[derive(Default)]
 struct Stripe(AtomicU64);
 
+/// One context's gate: its life state and the striped count of calls in
+/// flight (see the module documentation for why admission is sound).
+/// Starts `Active` and open.
 #[derive(Default)]
 pub struct Gate {
     state: AtomicU64,
@@ -77,6 +80,7 @@ impl Gate {
         Err(self.state().max(LifeState::Lost))
     }
 
+    /// The life state now (for reporting; admission reads the stripes).
     #[inline(always)]
     pub fn state(&self) -> LifeState {
         LifeState::from_word(self.state.load(Acquire))

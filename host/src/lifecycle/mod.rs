@@ -1,4 +1,4 @@
-//! A context's life (DESIGN.md §5): `Active` → `Retiring` | `Lost` →
+//! A context's life (ARCHITECTURE.md §5): `Active` → `Retiring` | `Lost` →
 //! `Terminated`, the operation gate every plugin call passes, and the
 //! ledger of what each binding has charged — the three facts termination
 //! needs to settle a context's books exactly once.

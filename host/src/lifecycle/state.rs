@@ -43,6 +43,8 @@ impl LifeState {
         self == LifeState::Active
     }
 
+    /// The state's lower-case name, as events, reports and the C API
+    /// print it (`active`, `retiring`, `lost`, `terminated`).
     pub fn name(self) -> &'static str {
         match self {
             LifeState::Active => "active",

@@ -58,15 +58,25 @@ use std::sync::Arc;
 pub struct Capabilities(pub u32);
 
 impl Capabilities {
+    /// `allocate`/`deallocate` (`MEMPLUG_CAP_ALLOCATOR`). Always set on a
+    /// loaded mechanism: the loader refuses one without it.
     pub fn allocator(self) -> bool {
         self.0 & MEMPLUG_CAP_ALLOCATOR != 0
     }
+    /// Address space reserved, then committed and decommitted in granules
+    /// (`MEMPLUG_CAP_VIRTUAL_BACKING`): what a [`Region`](crate::Region)
+    /// needs.
     pub fn virtual_backing(self) -> bool {
         self.0 & MEMPLUG_CAP_VIRTUAL_BACKING != 0
     }
+    /// Physical objects mapped into reservations, possibly into several at
+    /// once (`MEMPLUG_CAP_SHARED_MAPPING`): what a
+    /// [`SharedPrefix`](crate::SharedPrefix) needs.
     pub fn shared_mapping(self) -> bool {
         self.0 & MEMPLUG_CAP_SHARED_MAPPING != 0
     }
+    /// Streams and fences (`MEMPLUG_CAP_SYNC`): [`Mechanism::sync`] is
+    /// `Some`.
     pub fn sync(self) -> bool {
         self.0 & MEMPLUG_CAP_SYNC != 0
     }
@@ -179,8 +189,15 @@ impl fmt::Display for Device {
 /// Static properties reported by the mechanism at load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Properties {
+    /// Alignment every allocation has at least, in bytes (a power of two).
     pub min_alignment: u64,
+    /// Largest alignment `allocate` honours, in bytes (a power of two, at
+    /// least `min_alignment`); asking for more is refused.
     pub max_alignment: u64,
+    /// Bytes per granule of virtual ranges and physical objects (a power of
+    /// two): regions grow, shrink and map in multiples of it, and shared
+    /// prefixes are rounded up to it. Zero when the mechanism has neither
+    /// virtual backing nor shared mapping.
     pub granularity: u64,
     /// The memory descriptor (ABI 1.2); all "not said" for a plugin that
     /// agreed on an older minor.
@@ -197,6 +214,8 @@ pub struct Placement {
     pub hints: u32,
     /// Zero (the mechanism's choice) or a page size it publishes.
     pub page_size: u64,
+    /// Where the memory should live; [`Location::ANY`] (the default) leaves
+    /// it to the mechanism.
     pub location: Location,
     /// `MEMPLUG_HANDLE_*` kinds the memory will be exported as.
     pub export_types: u32,
@@ -218,7 +237,11 @@ pub const fn class_tag(class: AllocationClass) -> u32 {
 /// Free and total bytes of the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct MemoryInfo {
+    /// Bytes the device could still give out, as the plugin reads them
+    /// (the driver's or kernel's figure, shared with every other user of
+    /// the device; not this host's budget).
     pub free_bytes: u64,
+    /// The device's total memory, in bytes.
     pub total_bytes: u64,
 }
 
@@ -265,7 +288,7 @@ impl crate::lifecycle::LossReceiver for MechanismInner {
 }
 
 // SAFETY: `ctx` and the vtables are the plugin's; the ABI requires every
-// slot to be callable from any thread concurrently (DESIGN.md §3, Threads).
+// slot to be callable from any thread concurrently (ARCHITECTURE.md §3, Threads).
 unsafe impl Send for MechanismInner {}
 unsafe impl Sync for MechanismInner {}
 
@@ -497,6 +520,8 @@ impl Mechanism {
         self.allocator().memory_info()
     }
 
+    /// The mechanism's name as its plugin published it (escaped: safe to
+    /// print), unique within the plugin.
     pub fn name(&self) -> &str {
         &self.inner.name
     }
@@ -518,12 +543,17 @@ impl Mechanism {
     pub fn key(&self) -> u64 {
         self.inner.key
     }
+    /// The device its memory is on.
     pub fn device(&self) -> Device {
         Device(self.inner.device)
     }
+    /// What it can do, as checked at load (a capability whose slots were
+    /// missing would have refused the load).
     pub fn capabilities(&self) -> Capabilities {
         self.inner.caps
     }
+    /// Its alignments, granularity and (ABI 1.2) memory descriptor, read
+    /// once at load.
     pub fn properties(&self) -> Properties {
         self.inner.props
     }
@@ -614,7 +644,7 @@ impl Mechanism {
     ///
     /// # Safety
     /// Not a memory-safety contract (the host still checks every object and
-    /// range): it is DESIGN's rule that nobody gets a raw allocator. Memory
+    /// range): nobody gets a raw allocator (ARCHITECTURE.md §1). Memory
     /// made here is charged to no pool, so a runtime that uses it defeats
     /// every budget. The caller gives every object back to this mechanism
     /// and never hands this door to code that serves requests.

@@ -103,6 +103,10 @@ impl<'m> SyncApi<'m> {
         })
     }
 
+    /// Creates a stream of the plugin's own (`sync.stream_create`). The
+    /// caller owns it and gives it back with `stream_destroy`; until then it
+    /// counts as a live object of the mechanism and holds its plugin
+    /// loaded.
     pub fn stream_create(&self) -> Result<Stream, CallError> {
         let mut out = 0u64;
         self.m.call("sync.stream_create", slot!(self.vt.stream_create), (&mut out,))?;
@@ -188,6 +192,8 @@ impl<'m> SyncApi<'m> {
         self.m.call_answer(SLOT, slot!(self.vt.fence_wait), (f.handle, ns), MEMPLUG_STATUS_TIMEOUT)
     }
 
+    /// Destroys a fence made by this mechanism (`sync.fence_destroy`). A
+    /// refusal hands the fence back, still counted live.
     pub fn fence_destroy(&self, f: Fence) -> Result<(), ReleaseError<Fence>> {
         self.destroy("sync.fence_destroy", f, ObjectKind::Fence, slot!(self.vt.fence_destroy), |f| {
             (f.mechanism_key, f.handle, "fence")

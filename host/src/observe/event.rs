@@ -74,12 +74,17 @@ impl fmt::Display for EventKind {
 /// Fields a kind does not have are `None` or zero; see [`EventKind`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Event<'a> {
+    /// What happened.
     pub kind: EventKind,
+    /// The pool it happened in, if any.
     pub pool: Option<PoolId>,
+    /// That pool's name.
     pub pool_name: Option<&'a str>,
     /// `None`: the pool's anonymous account (or no holder involved).
     pub holder: Option<HolderId>,
+    /// The class charged (of the request, for tickets and evictions).
     pub class: Option<AllocationClass>,
+    /// The bytes the event is about (see [`EventKind`]).
     pub bytes: u64,
     /// Objects involved (1 but for a context loss: the binding's objects).
     pub count: u64,
@@ -129,6 +134,7 @@ pub enum Level {
 }
 
 impl Level {
+    /// Stable lower-case name: `error`, `warn`, `info`.
     pub const fn name(self) -> &'static str {
         match self {
             Level::Error => "error",

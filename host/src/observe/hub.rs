@@ -135,6 +135,7 @@ pub struct Hub {
 }
 
 impl Hub {
+    /// A hub with no listener and no hook.
     pub fn new() -> Arc<Hub> {
         Arc::new(Hub { events: Slot::new(), log: Slot::new(), dropped: AtomicU64::new(0) })
     }

@@ -57,6 +57,7 @@ pub struct ContextReport {
 }
 
 impl PoolReport {
+    /// `pool`'s snapshot and holders now.
     pub fn of(pool: &Pool) -> PoolReport {
         PoolReport { snapshot: pool.snapshot(), holders: pool.holders() }
     }

@@ -2,7 +2,7 @@
 //! allocator, one slot each in a sharded handle table; the placed and
 //! huge-page mechanisms map each allocation (`mapped_allocations.rs`).
 //!
-//! This is the path benchmarked against malloc/free (DESIGN.md §6), so the
+//! This is the path benchmarked against malloc/free (ARCHITECTURE.md §6), so the
 //! success path formats nothing and allocates nothing but the block, and is
 //! inlined whole into the SDK's slot thunk: one slot insert or remove under
 //! a short per-shard lock, and the memory call made outside it.

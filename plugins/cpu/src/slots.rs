@@ -1,5 +1,5 @@
 //! The handle table of plain allocations, the one table on the path
-//! benchmarked against malloc/free (DESIGN.md §6: per-allocation
+//! benchmarked against malloc/free (ARCHITECTURE.md §6: per-allocation
 //! bookkeeping is a slab slot, not a global map).
 //!
 //! [`Table`](crate::handles::Table) (a `slab::Slab` behind a

@@ -1,4 +1,4 @@
-//! Every slot may be called from any thread concurrently (DESIGN.md §3,
+//! Every slot may be called from any thread concurrently (ARCHITECTURE.md §3,
 //! Threads): allocations made and freed on four threads at once, some freed
 //! on a thread other than the one that made them, balance exactly.
 

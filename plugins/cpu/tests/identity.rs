@@ -1,4 +1,4 @@
-//! Identity (DESIGN.md §2, invariant 1; §3, Identity): every slot that takes
+//! Identity (ARCHITECTURE.md §2, invariant 1; §3, Identity): every slot that takes
 //! a `MemplugObjectRef` checks mechanism, then device, then that the handle
 //! names a live object of the right kind exactly as it was issued — and a
 //! refused call changes nothing.

@@ -37,7 +37,7 @@
 use memplug_host::{Access, PhysicalObject, Reservation, SharedMappingApi, Status};
 use memplug_host::{LoadOptions, Mechanism, Plugin};
 use memplug_plugin_cuda_vmm::driver::{self, CUcontext, CUdevice, Driver, CUDA_SUCCESS};
-use memplug_test_support::{find_cdylib, run_tool, test_tmp_dir};
+use memplug_test_support::{c_compiler, find_cdylib, run_tool, test_tmp_dir};
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -72,8 +72,7 @@ pub fn build_fake(variant: &str, defines: &[&str]) -> PathBuf {
 pub fn build_fake_into(dir: &Path, file: &str, defines: &[&str]) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fake-driver/fake_cuda.c");
     let out = dir.join(file);
-    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let mut cmd = Command::new(cc);
+    let mut cmd = c_compiler(None);
     cmd.args([
         "-std=gnu11",
         "-O1",

@@ -1,0 +1,460 @@
+//! A caching binding: size-classed reuse of freed blocks over a plain
+//! [`MemoryBinding`], so a runtime that allocates and frees activations and
+//! workspaces per step pays for the mechanism (on a GPU, a `cuMemCreate` and
+//! a map: tens of microseconds) only when the cache has no block of the
+//! size. Opt-in: [`ProcessMemoryManager::bind_caching`](crate::ProcessMemoryManager::bind_caching).
+//!
+//! What it keeps and promises:
+//!
+//! * **Charged, and reported as cached.** A block stays charged to the pool,
+//!   under the holder the cache registers for itself, while it is idle;
+//!   [`CacheStats`] says which bytes are idle and which are handed out. The
+//!   pool never counts an idle block as free.
+//! * **Stream-ordered reuse.** A block freed on a stream behind a fence
+//!   ([`CachedAllocation::free_on`]) is reused at once by a request on the
+//!   same stream (the stream runs the new work after the old) and by any
+//!   other request only after the fence completes. A block whose last use
+//!   is recorded with [`CachedAllocation::used_by`] is reused by nobody
+//!   before its fences complete. Fences still gate every free (invariant 4):
+//!   a block given back to the mechanism waits for them in the deferred-free
+//!   queue.
+//! * **Cached bytes go first under pressure.** The cache answers pressure
+//!   tickets with its idle blocks (ready ones first, then pending ones, which
+//!   free after their fences) and answers with the bytes it gave back; it
+//!   never frees a block that is handed out. A miss that finds the pool too
+//!   full gives back the cache's own idle blocks before asking other holders.
+//! * **Device loss and retirement.** When the context leaves `Active` the
+//!   idle blocks are dropped (a lost device's without calling its plugin:
+//!   the context's settlement covers them) and nothing is kept any more.
+//!
+//! Blocks are never split or merged: a block serves requests of its size
+//! class, which is at most 25 % larger than the request (`classes.rs`).
+//! Requests above [`CacheConfig::max_block`] bypass the cache.
+
+mod classes;
+mod shard;
+mod stats;
+
+pub use stats::CacheStats;
+
+use crate::binding::{BindingError, MemoryBinding, OwnedAllocation};
+use crate::context::SubscriptionId;
+use crate::fence::SharedFence;
+use crate::governor::{GovernorError, HolderRegistration, PressureCallback, PressureTicket, Priority};
+use crate::lifecycle::STRIPES;
+use crate::reentry::thread_stripe;
+use crate::sync::{lock, Mutex};
+use crate::tokens::Stream;
+use crate::LifeState;
+use shard::{Block, Shard};
+use std::fmt;
+use std::sync::{Arc, OnceLock, Weak};
+
+/// How a caching binding is set up.
+#[derive(Clone, Debug)]
+pub struct CacheConfig {
+    /// The name of the holder the cache registers (in pool statistics and
+    /// pressure reports).
+    pub holder_name: String,
+    /// The holder's priority. Lower priorities are asked first under
+    /// pressure, and a request may only ask holders of its own priority or
+    /// lower: so the default, [`Priority::LOWEST`], gives cached bytes back
+    /// before any other holder's, and a miss can make room only from idle
+    /// caches of the same priority. Raise it to let misses press on others.
+    pub priority: Priority,
+    /// Requests larger than this are served and freed by the binding
+    /// directly, never kept.
+    pub max_block: u64,
+    /// New blocks are aligned to at least this (a power of two), so a block
+    /// can serve requests of any alignment up to it.
+    pub min_alignment: u64,
+}
+
+impl CacheConfig {
+    /// Why this configuration cannot make a cache, if it cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if !self.min_alignment.is_power_of_two() {
+            return Err(format!("min_alignment {} is not a power of two", self.min_alignment));
+        }
+        if classes::class_of(self.max_block).is_none() {
+            return Err(format!("max_block {} has no size class", self.max_block));
+        }
+        Ok(())
+    }
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig {
+            holder_name: "cache".into(),
+            priority: Priority::LOWEST,
+            max_block: 1 << 30,
+            min_alignment: 256,
+        }
+    }
+}
+
+/// The stream a block is freed on or requested for: reuse on the same key
+/// is ordered by the stream itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct StreamKey(Key);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Key {
+    /// A runtime's own stream (its handle: a `cudaStream_t`, a queue id).
+    Runtime(u64),
+    /// A stream of a mechanism's sync capability.
+    Mechanism { mechanism: u64, handle: u64 },
+    /// Fences of no known stream: matches no request.
+    Unordered,
+}
+
+impl StreamKey {
+    /// A stream of the runtime's, named by its handle. Two requests with
+    /// the same handle must be on the same stream.
+    pub const fn runtime(handle: u64) -> Self {
+        StreamKey(Key::Runtime(handle))
+    }
+    /// A stream of a mechanism's sync capability (created or adopted).
+    pub fn of(stream: &Stream) -> Self {
+        StreamKey(Key::Mechanism { mechanism: stream.mechanism_key, handle: stream.handle })
+    }
+    pub(crate) const NONE: StreamKey = StreamKey(Key::Unordered);
+}
+
+/// A shard on a cache line of its own, so two threads' shards do not share
+/// one.
+#[repr(align(64))]
+struct PaddedShard(Mutex<Shard>);
+
+struct CacheInner {
+    /// First field: dropped first, so idle blocks free while the binding
+    /// and the holder are still there.
+    shards: Box<[PaddedShard]>,
+    binding: MemoryBinding,
+    config: CacheConfig,
+    /// The number of size classes (up to `max_block`'s).
+    classes: usize,
+    holder: HolderRegistration,
+    subscription: OnceLock<SubscriptionId>,
+}
+
+impl Drop for CacheInner {
+    fn drop(&mut self) {
+        if let Some(id) = self.subscription.get() {
+            self.binding.inner.context.unsubscribe(*id);
+        }
+    }
+}
+
+/// A stripe's reference to a cache (as a binding's anchors: each on a line
+/// of its own, so handing out blocks on two threads does not share one
+/// reference count).
+#[repr(align(64))]
+struct CacheAnchor {
+    cache: Arc<CacheInner>,
+}
+
+/// A caching binding. Cheap to clone; thread-safe. Dropping the last clone
+/// (and the last block it handed out) gives every idle block back.
+#[derive(Clone)]
+pub struct CachingBinding {
+    anchors: Arc<[Arc<CacheAnchor>]>,
+}
+
+impl fmt::Debug for CachingBinding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CachingBinding")
+            .field("binding", &self.inner().binding)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl CachingBinding {
+    /// Wraps `binding`, whose holder is `holder` (registered for this
+    /// cache), and installs the cache's answer to that holder's tickets in
+    /// `answer` (what the registration's callback calls).
+    pub(crate) fn new(
+        binding: MemoryBinding,
+        config: CacheConfig,
+        holder: HolderRegistration,
+        answer: &OnceLock<Box<PressureCallback>>,
+    ) -> Self {
+        let classes = classes::classes_up_to(config.max_block);
+        let shards = (0..STRIPES).map(|_| PaddedShard(Mutex::new(Shard::new(classes)))).collect();
+        let inner =
+            Arc::new(CacheInner { shards, binding, config, classes, holder, subscription: OnceLock::new() });
+        let weak = Arc::downgrade(&inner);
+        let _ = answer.set(Box::new(move |t: &PressureTicket| {
+            weak.upgrade().map_or(0, |c| c.give_back(t.bytes_wanted, true, |s, b| s.pressure_bytes += b))
+        }));
+        // Leaving `Active` (retired, lost): nothing idle is kept any more.
+        let weak: Weak<CacheInner> = Arc::downgrade(&inner);
+        let id = inner.binding.inner.context.subscribe(move |e| {
+            if e.to != LifeState::Active {
+                if let Some(c) = weak.upgrade() {
+                    c.give_back(u64::MAX, true, |s, b| s.trimmed_bytes += b);
+                }
+            }
+        });
+        let _ = inner.subscription.set(id);
+        let anchors = (0..STRIPES).map(|_| Arc::new(CacheAnchor { cache: inner.clone() })).collect();
+        CachingBinding { anchors }
+    }
+
+    fn inner(&self) -> &CacheInner {
+        &self.anchors[0].cache
+    }
+
+    /// The plain binding under the cache (its pool, class, mechanism).
+    pub fn binding(&self) -> &MemoryBinding {
+        &self.inner().binding
+    }
+
+    /// The holder the cache registered; its bytes are the cache's.
+    pub fn holder(&self) -> &HolderRegistration {
+        &self.inner().holder
+    }
+
+    /// `size` bytes aligned to `alignment`, for use by the host (ordered on
+    /// no stream): an idle block of the size class no device work may
+    /// still use, else a new one.
+    #[inline]
+    pub fn allocate(&self, size: u64, alignment: u64) -> Result<CachedAllocation, BindingError> {
+        self.get(size, alignment, None)
+    }
+
+    /// As [`allocate`](Self::allocate), for work on `stream`: may also reuse
+    /// a block freed on `stream` whose fences have not completed.
+    #[inline]
+    pub fn allocate_on(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: StreamKey,
+    ) -> Result<CachedAllocation, BindingError> {
+        self.get(size, alignment, Some(stream))
+    }
+
+    #[inline]
+    fn get(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Option<StreamKey>,
+    ) -> Result<CachedAllocation, BindingError> {
+        let stripe = thread_stripe() % STRIPES;
+        let anchor = &self.anchors[stripe];
+        let c = &*anchor.cache;
+        let class = match classes::class_of(size) {
+            Some(k) if k.index < c.classes && alignment.is_power_of_two() && c.binding.is_active() => k,
+            _ => return c.bypass(anchor, size, alignment, stripe),
+        };
+        let hit = lock(&c.shards[stripe].0).take(class.index, alignment, stream);
+        let block = match hit {
+            Some(b) => b,
+            None => c.miss(class, alignment, stream, stripe)?,
+        };
+        Ok(CachedAllocation {
+            block: Some(block),
+            size,
+            class: class.index as u32,
+            cache: Some(anchor.clone()),
+        })
+    }
+
+    /// Gives idle blocks back to the mechanism until `bytes` of charge are
+    /// refunded or queued for refund (`u64::MAX`: every idle block);
+    /// returns the bytes given back. Pending blocks go last, and free after
+    /// their fences through the deferred-free queue.
+    pub fn trim(&self, bytes: u64) -> u64 {
+        self.inner().give_back(bytes, true, |s, b| s.trimmed_bytes += b)
+    }
+
+    /// The cache's figures now.
+    pub fn stats(&self) -> CacheStats {
+        let mut s = stats::Sums::default();
+        for shard in self.inner().shards.iter() {
+            s.add(&lock(&shard.0).counters);
+        }
+        s.stats()
+    }
+}
+
+impl CacheInner {
+    /// A request the size classes do not serve (too large, an alignment
+    /// that is not a power of two, a context that makes nothing new): the
+    /// binding serves it or says why not; nothing is kept.
+    #[cold]
+    fn bypass(
+        &self,
+        anchor: &Arc<CacheAnchor>,
+        size: u64,
+        alignment: u64,
+        stripe: usize,
+    ) -> Result<CachedAllocation, BindingError> {
+        if !self.binding.is_active() {
+            self.give_back(u64::MAX, true, |s, b| s.trimmed_bytes += b);
+        }
+        let block = Box::new(self.binding.allocate(size, alignment)?);
+        lock(&self.shards[stripe].0).counters.bypasses += 1;
+        Ok(CachedAllocation { block: Some(block), size, class: BYPASS, cache: Some(anchor.clone()) })
+    }
+
+    /// No idle block in the thread's shard: another shard's, else a new
+    /// block (after giving back this cache's own idle blocks when the pool
+    /// has no room for it).
+    #[cold]
+    fn miss(
+        &self,
+        class: classes::SizeClass,
+        alignment: u64,
+        stream: Option<StreamKey>,
+        stripe: usize,
+    ) -> Result<Block, BindingError> {
+        for other in (1..STRIPES).map(|i| (stripe + i) % STRIPES) {
+            let Ok(mut shard) = self.shards[other].0.try_lock() else { continue };
+            if let Some(b) = shard.take(class.index, alignment, stream) {
+                return Ok(b);
+            }
+        }
+        let align = alignment.max(self.config.min_alignment);
+        if self.binding.pool().free() < class.bytes {
+            self.give_back(class.bytes - self.binding.pool().free().min(class.bytes), false, |s, b| {
+                s.pressure_bytes += b
+            });
+        }
+        let block = Box::new(match self.binding.allocate(class.bytes, align) {
+            Err(BindingError::Budget(GovernorError::OutOfBudget(_))) if self.idle_bytes() > 0 => {
+                self.give_back(u64::MAX, true, |s, b| s.pressure_bytes += b);
+                self.binding.allocate(class.bytes, align)?
+            }
+            r => r?,
+        });
+        lock(&self.shards[stripe].0).made(block.charged());
+        Ok(block)
+    }
+
+    fn idle_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| lock(&s.0).counters.idle_bytes).sum()
+    }
+
+    /// Takes idle blocks out of every shard until `wanted` bytes, drops
+    /// them outside the locks (each frees through the binding), and records
+    /// the bytes with `count`. Returns the bytes given back.
+    fn give_back(&self, wanted: u64, pending_too: bool, count: fn(&mut shard::Counters, u64)) -> u64 {
+        let mut out = Vec::new();
+        let mut total = 0u64;
+        for pass_pending in [false, true] {
+            if pass_pending && !pending_too {
+                break;
+            }
+            for shard in self.shards.iter() {
+                if total >= wanted {
+                    break;
+                }
+                let mut s = lock(&shard.0);
+                let got = s.take_idle(wanted - total, pass_pending, &mut out);
+                count(&mut s.counters, got);
+                total += got;
+            }
+        }
+        drop(out);
+        total
+    }
+}
+
+const BYPASS: u32 = u32::MAX;
+
+/// A block handed out by a [`CachingBinding`]. Dropping it gives it back
+/// to the cache (reusable by anyone at once, or once the fences recorded
+/// with [`used_by`](Self::used_by) complete); [`free_on`](Self::free_on)
+/// gives it back behind work on a stream.
+pub struct CachedAllocation {
+    block: Option<Block>,
+    /// Bytes requested.
+    size: u64,
+    /// The size class, or `BYPASS`.
+    class: u32,
+    cache: Option<Arc<CacheAnchor>>,
+}
+
+impl fmt::Debug for CachedAllocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CachedAllocation({:#x}, {} B of a {} B block)", self.addr(), self.size, self.block_size())
+    }
+}
+
+impl CachedAllocation {
+    fn block(&self) -> &OwnedAllocation {
+        self.block.as_ref().expect("present until drop")
+    }
+    /// The address (aligned as requested).
+    pub fn addr(&self) -> u64 {
+        self.block().addr()
+    }
+    /// Bytes requested.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    /// Bytes of the block serving it (its size class; at least `size`).
+    pub fn block_size(&self) -> u64 {
+        self.block().size()
+    }
+    /// Bytes charged to the pool for the block.
+    pub fn charged(&self) -> u64 {
+        self.block().charged()
+    }
+    /// Whether the cache keeps the block when it is freed (false for a
+    /// request above the largest class).
+    pub fn is_cached(&self) -> bool {
+        self.class != BYPASS
+    }
+    /// Whether the block went with a lost device.
+    pub fn is_lost(&self) -> bool {
+        self.block().is_lost()
+    }
+    /// Records device work that uses the block: nobody reuses it (and it is
+    /// not freed) before the fence completes.
+    pub fn used_by(&mut self, fence: SharedFence) {
+        self.block.as_mut().expect("present until drop").used_by(fence);
+    }
+    /// Gives the block back behind `fence`, the last work using it on
+    /// `stream`: a request on `stream` may reuse it at once, any other only
+    /// once `fence` (and any fence recorded with `used_by`) completes.
+    pub fn free_on(mut self, stream: StreamKey, fence: SharedFence) {
+        let mut block = self.block.take().expect("present until drop");
+        block.used_by(fence);
+        self.give_back(block, Some(stream));
+    }
+
+    #[inline]
+    fn give_back(&mut self, block: Block, stream: Option<StreamKey>) {
+        let Some(anchor) = self.cache.take() else { return };
+        if self.class == BYPASS {
+            return drop(block);
+        }
+        let c = &anchor.cache;
+        let stripe = thread_stripe() % STRIPES;
+        // The block's context is the binding's: not active covers lost.
+        if !c.binding.is_active() {
+            lock(&c.shards[stripe].0).forget_in_use(block.charged());
+            return drop(block);
+        }
+        lock(&c.shards[stripe].0).put(self.class as usize, block, stream);
+    }
+}
+
+impl Drop for CachedAllocation {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(mut block) = self.block.take() {
+            // Fences recorded and already complete: ready for anyone.
+            if block.has_fences() && block.fences_complete() {
+                block.clear_fences();
+            }
+            self.give_back(block, None);
+        }
+    }
+}
