@@ -7,7 +7,8 @@
  * Link with libmemplug_host (.so or .a). Conventions:
  *  - Fallible functions return a MemplugHostStatus; MEMPLUG_HOST_STATUS_OK is
  *    0. On failure, memplug_host_last_error_message() says why (per thread).
- *  - Out-parameters are written only on success.
+ *  - Out-parameters are written only on success (but for the size a text
+ *    function reports with MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL).
  *  - Handles are 64-bit values in structs, passed by value. The zero handle
  *    names nothing; destroying or freeing it is a no-op. Stale, forged and
  *    other-manager handles are refused with a status, never undefined.
@@ -48,6 +49,44 @@
 
 // Size of `MemplugHostTensorSpec` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_TENSOR_SPEC_SIZE_1_3 40
+
+// `MemplugHostEvent::kind`: a grant was made (`bytes` charged to the
+// pool for the holder and class). Sent only while a callback is set.
+#define MEMPLUG_HOST_EVENT_GRANT 1
+
+// A request of `bytes` was refused; `detail` names the pool that was
+// short (the pool asked, or an ancestor).
+#define MEMPLUG_HOST_EVENT_OUT_OF_BUDGET 2
+
+// A pressure ticket is about to go to `holder_id`: `pool` is the short
+// pool, `bytes` the bytes wanted, `alloc_class` the request's class.
+#define MEMPLUG_HOST_EVENT_PRESSURE_TICKET 3
+
+// A ticket was answered with `bytes` released (the holder's answer).
+#define MEMPLUG_HOST_EVENT_EVICTION 4
+
+// `bytes` of a lease were quarantined: charged for good.
+#define MEMPLUG_HOST_EVENT_QUARANTINE 5
+
+// A free through the deferred-free queue was retired: `bytes` freed.
+#define MEMPLUG_HOST_EVENT_RETIRED 6
+
+// A context was lost: one event per binding that held something (`count`
+// objects of `bytes`), or one without a pool; `detail` is the context.
+#define MEMPLUG_HOST_EVENT_CONTEXT_LOST 7
+
+// `MemplugHostEvent::alloc_class` of an event about no class.
+#define MEMPLUG_HOST_EVENT_NO_CLASS 4294967295
+
+// Log level of a plugin message: the context was lost (the message is why).
+#define MEMPLUG_HOST_LOG_ERROR 1
+
+// A call failed; the message is the plugin's explanation (the failing
+// call's last error message carries it too).
+#define MEMPLUG_HOST_LOG_WARN 2
+
+// The plugin wrote a message during a call that succeeded.
+#define MEMPLUG_HOST_LOG_INFO 3
 
 // Major version of this C API: changes only with an incompatible change.
 #define MEMPLUG_HOST_API_MAJOR 1
@@ -233,6 +272,9 @@ enum MemplugHostStatus
   // A table is full: this manager has too many live objects of one
   // kind, or the process too many managers.
   MEMPLUG_HOST_STATUS_LIMIT_REACHED = 267,
+  // The caller's buffer is too small for the text asked for; nothing was
+  // written to it, and the size out-parameter says the capacity needed.
+  MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL = 268,
 };
 #ifndef __cplusplus
 typedef uint32_t MemplugHostStatus;
@@ -775,6 +817,55 @@ typedef struct MemplugHostPollReport {
   // Frees still waiting for fences.
   uint64_t pending;
 } MemplugHostPollReport;
+
+// One event (`memplug_host_set_event_callback`). Valid for the callback's
+// call only, strings included; fields a kind does not have are 0, NULL or
+// `MEMPLUG_HOST_EVENT_NO_CLASS`.
+typedef struct MemplugHostEvent {
+  // `sizeof(MemplugHostEvent)` as this library knows it; later versions
+  // only append fields.
+  uint32_t struct_size;
+  // One of `MEMPLUG_HOST_EVENT_*` (a number this header does not know:
+  // ignore the event).
+  uint32_t kind;
+  // `MEMPLUG_HOST_CLASS_*`, or `MEMPLUG_HOST_EVENT_NO_CLASS`.
+  uint32_t alloc_class;
+  // Zero.
+  uint32_t reserved0;
+  // The pool's governor id (`MemplugHostPoolInfo::pool_id`); 0: none.
+  uint64_t pool_id;
+  // The holder's id (`memplug_host_holder_id`); 0: no holder.
+  uint64_t holder_id;
+  // The bytes the event is about (see `MEMPLUG_HOST_EVENT_*`).
+  uint64_t bytes;
+  // Objects involved (1 but for a context loss).
+  uint64_t count;
+  // The pool's name, NUL-terminated, or NULL; `pool_name_len` bytes
+  // before the NUL.
+  const char *pool_name;
+  // Bytes of `pool_name` before its NUL (0 when NULL).
+  size_t pool_name_len;
+  // The short pool (OUT_OF_BUDGET) or the context (CONTEXT_LOST),
+  // NUL-terminated, or NULL.
+  const char *detail;
+  // Bytes of `detail` before its NUL (0 when NULL).
+  size_t detail_len;
+} MemplugHostEvent;
+
+// Receives each event of a manager (see `memplug_host_set_event_callback`;
+// NULL removes).
+typedef void (*MemplugHostEventCallback)(void *userdata, const struct MemplugHostEvent *event);
+
+// Receives each plugin message of a manager: its `MEMPLUG_HOST_LOG_*`
+// level, its source (`plugin/mechanism`) and the message; both strings
+// NUL-terminated (their lengths without the NUL), valid for the call.
+// NULL removes.
+typedef void (*MemplugHostLogCallback)(void *userdata,
+                                       uint32_t level,
+                                       const char *source,
+                                       size_t source_len,
+                                       const char *message,
+                                       size_t message_len);
 
 // A pool's place in a tree of pools (`memplug_host_pool_info`): its
 // identity, its parent, its capacity and the share of its use that comes
@@ -1931,6 +2022,96 @@ MemplugHostStatus memplug_host_manager_start_reaper(struct MemplugHostManager ma
 MemplugHostStatus memplug_host_manager_drain(struct MemplugHostManager manager,
                                              uint64_t timeout_ns,
                                              uint64_t *out_left);
+
+// Calls `callback(userdata, event)` with every later event of `manager`:
+// grants, OutOfBudget refusals, pressure tickets, evictions,
+// quarantines, retired frees, context losses (`MEMPLUG_HOST_EVENT_*`).
+// A NULL `callback` removes the one set before. Setting replaces the
+// previous callback, and returns once no call of the old one runs on
+// another thread, so its userdata may be freed right after.
+//
+// The callback runs synchronously, on the thread where the event
+// happened (inside the call that caused it: an allocation, a poll, a
+// declared loss), after the host's books were updated, with no host lock
+// held. It must not call this API: the host drops (does not deliver)
+// events the callback itself causes, and calls refused inside callbacks
+// (`MEMPLUG_HOST_STATUS_REENTRANT`) are refused there too. While no
+// callback is set, grants build no event at all (the allocation path
+// reads one word); while one is set, every grant calls it.
+//
+// Thread-safety: any thread; the callback may run on several threads at
+// once.
+//
+// # Safety
+// `callback`, when not NULL, must be callable with `userdata` from any
+// thread until it is replaced, removed, or the manager destroyed.
+MemplugHostStatus memplug_host_set_event_callback(struct MemplugHostManager manager,
+                                                  MemplugHostEventCallback callback,
+                                                  void *userdata);
+
+// Calls `callback(userdata, level, source, ..., message, ...)` with
+// every later message of `manager`'s plugins (`MEMPLUG_HOST_LOG_*`):
+// what a plugin wrote into a call's message sink, and why a context was
+// lost. A NULL `callback` removes the one set before; setting and
+// removing wait for calls on other threads as
+// `memplug_host_set_event_callback` does, and the same rules hold
+// inside the callback.
+//
+// Thread-safety: any thread.
+//
+// # Safety
+// `callback`, when not NULL, must be callable with `userdata` from any
+// thread until it is replaced, removed, or the manager destroyed.
+MemplugHostStatus memplug_host_set_log_callback(struct MemplugHostManager manager,
+                                                MemplugHostLogCallback callback,
+                                                void *userdata);
+
+// Every figure of `manager` as one line of JSON: `schema_version`, every
+// pool (its figures, `classes` keyed by class name, `holder_stats`), the
+// deferred-free queue, the contexts. Names: docs/statistics.md. Buffer
+// protocol: see the top of this section (`*written` is the length, or
+// with `MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL` the capacity needed).
+//
+// Thread-safety: any thread; never blocks an allocation.
+//
+// # Safety
+// `buf` must be NULL or writable for `cap` bytes; `written` writable.
+MemplugHostStatus memplug_host_stats_json(struct MemplugHostManager manager,
+                                          char *buf,
+                                          size_t cap,
+                                          size_t *written);
+
+// One pool's figures as JSON (the same layout, one pool, no queue or
+// contexts). As `memplug_host_stats_json` otherwise.
+//
+// # Safety
+// `buf` must be NULL or writable for `cap` bytes; `written` writable.
+MemplugHostStatus memplug_host_pool_stats_json(struct MemplugHostPool pool,
+                                               char *buf,
+                                               size_t cap,
+                                               size_t *written);
+
+// Every figure of `manager` as Prometheus text exposition
+// (`memplug_pool_used_bytes{pool="..",class=".."} 123`, with `# HELP` and
+// `# TYPE`; counters end in `_total`). Names: docs/statistics.md. Buffer
+// protocol as `memplug_host_stats_json`.
+//
+// # Safety
+// `buf` must be NULL or writable for `cap` bytes; `written` writable.
+MemplugHostStatus memplug_host_stats_prometheus(struct MemplugHostManager manager,
+                                                char *buf,
+                                                size_t cap,
+                                                size_t *written);
+
+// One pool's figures as Prometheus text. As
+// `memplug_host_stats_prometheus` otherwise.
+//
+// # Safety
+// `buf` must be NULL or writable for `cap` bytes; `written` writable.
+MemplugHostStatus memplug_host_pool_stats_prometheus(struct MemplugHostPool pool,
+                                                     char *buf,
+                                                     size_t cap,
+                                                     size_t *written);
 
 // Asks a mechanism what access device `peer` can be given to its memory:
 // `out_access` receives `MEMPLUG_ACCESS_*` bits (memplug.h;

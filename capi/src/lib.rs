@@ -43,6 +43,7 @@ pub mod handle;
 pub mod lifecycle;
 pub mod manager;
 mod manager_tables;
+pub mod observe;
 pub mod peer;
 pub mod pool;
 pub mod prefix_export;
@@ -64,6 +65,7 @@ pub use error::{memplug_host_last_error_message, memplug_host_last_error_status}
 pub use fence::*;
 pub use lifecycle::*;
 pub use manager::*;
+pub use observe::*;
 pub use peer::*;
 pub use pool::*;
 pub use prefix_export::*;

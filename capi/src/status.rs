@@ -96,6 +96,9 @@ pub enum MemplugHostStatus {
     /// A table is full: this manager has too many live objects of one
     /// kind, or the process too many managers.
     LimitReached = 267,
+    /// The caller's buffer is too small for the text asked for; nothing was
+    /// written to it, and the size out-parameter says the capacity needed.
+    BufferTooSmall = 268,
 }
 
 use MemplugHostStatus as S;
@@ -182,5 +185,6 @@ mod tests {
         assert_eq!(S::AlreadyExists as u32, 265);
         assert_eq!(S::CallbackRefused as u32, 266);
         assert_eq!(S::LimitReached as u32, 267);
+        assert_eq!(S::BufferTooSmall as u32, 268);
     }
 }

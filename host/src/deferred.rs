@@ -8,6 +8,8 @@
 //! not retire. No lock is held while a fence is queried or a plugin called.
 
 use crate::fence::{Completion, SharedFence};
+use crate::governor::{AllocationClass, HolderId, Pool};
+use crate::observe::{events_wanted, Event, EventKind, Hub};
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
 use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -58,6 +60,29 @@ pub trait Retire: Send {
     /// One line naming the object, for the entries a [`DrainReport`] lists
     /// as left.
     fn describe(&self) -> String;
+    /// Whom the object's charge belongs to, for the `Retired` event
+    /// (`crate::observe`); asked only while someone listens.
+    fn charged_to(&self) -> Option<ChargedTo> {
+        None
+    }
+}
+
+/// Whom a freed object was charged to.
+#[derive(Clone, Debug)]
+pub struct ChargedTo {
+    /// The pool charged.
+    pub pool: Arc<Pool>,
+    /// The holder charged (`None`: the pool's anonymous account).
+    pub holder: Option<HolderId>,
+    /// The class charged.
+    pub class: AllocationClass,
+}
+
+impl ChargedTo {
+    /// Whom `binding` charges.
+    pub(crate) fn binding(binding: &crate::binding::BindingInner) -> Option<ChargedTo> {
+        Some(ChargedTo { pool: binding.pool.clone(), holder: binding.holder, class: binding.class })
+    }
 }
 
 /// One object waiting to be freed.
@@ -178,6 +203,7 @@ impl Waiting {
 
 /// Counters of a queue, all monotonic except `pending`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct QueueStats {
     /// Entries that went into the queue to wait for their fences.
     pub enqueued: u64,
@@ -247,6 +273,8 @@ pub struct DeferredFreeQueue {
     lost_fences: AtomicU64,
     wake: Condvar,
     wake_lock: Mutex<()>,
+    /// Where `Retired` events go (none for a queue made on its own).
+    hub: Option<Arc<Hub>>,
 }
 
 impl DeferredFreeQueue {
@@ -256,13 +284,18 @@ impl DeferredFreeQueue {
         Arc::new(Self::default())
     }
 
+    /// A queue whose `Retired` events go to `hub`.
+    pub fn with_hub(hub: Arc<Hub>) -> Arc<Self> {
+        Arc::new(DeferredFreeQueue { hub: Some(hub), ..Self::default() })
+    }
+
     /// Frees now when every fence has already completed (the common case
     /// for host-visible work), else enqueues. Never blocks on a fence.
     pub fn release(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
         let mut e = Entry { fences, job };
         if self.settle(&mut e) {
             self.immediate.fetch_add(1, Ordering::Relaxed);
-            self.count(e.job.retire());
+            self.run(e.job);
         } else {
             self.push(e);
         }
@@ -308,6 +341,33 @@ impl DeferredFreeQueue {
         true
     }
 
+    /// Retires `job` and counts what it did; `true` when it left the queue.
+    #[inline]
+    fn run(&self, job: Box<dyn Retire>) -> bool {
+        if events_wanted() && self.hub.is_some() {
+            return self.run_observed(job);
+        }
+        self.count(job.retire())
+    }
+
+    /// [`run`](Self::run), telling the hub of a freed object.
+    #[cold]
+    #[inline(never)]
+    fn run_observed(&self, job: Box<dyn Retire>) -> bool {
+        let who = job.charged_to();
+        let outcome = job.retire();
+        if let (RetireOutcome::Freed { bytes }, Some(hub)) = (&outcome, &self.hub) {
+            let e = match &who {
+                Some(c) => Event::new(EventKind::Retired, c.pool.id(), c.pool.name(), *bytes)
+                    .holder(c.holder)
+                    .class(c.class),
+                None => Event::new_bare(EventKind::Retired, *bytes),
+            };
+            hub.emit(&e);
+        }
+        self.count(outcome)
+    }
+
     fn count(&self, outcome: RetireOutcome) -> bool {
         match outcome {
             RetireOutcome::Freed { .. } => {
@@ -341,7 +401,7 @@ impl DeferredFreeQueue {
             again.push(e);
             return;
         }
-        let freed = self.count(e.job.retire());
+        let freed = self.run(e.job);
         self.outstanding.fetch_sub(1, Ordering::AcqRel);
         if freed {
             report.retired += 1;

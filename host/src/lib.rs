@@ -38,6 +38,7 @@ mod reentry;
 pub use reentry::inside_plugin_call;
 pub mod manager;
 pub mod mechanism;
+pub mod observe;
 pub mod plugin;
 pub mod policy;
 pub mod registry;

@@ -23,6 +23,8 @@ pub(crate) struct LoadedLibrary {
     unload: Option<unsafe extern "C" fn(*mut c_void)>,
     /// This load's services table (closed before `unload`).
     pub(crate) services: ServicesInbox,
+    /// The hub of the manager it is registered with: where its messages go.
+    pub(crate) hub: crate::observe::HubLink,
     library: ManuallyDrop<Option<OpenLibrary>>,
 }
 
@@ -55,6 +57,7 @@ impl LoadedLibrary {
             live_objects,
             unload,
             services,
+            hub: Default::default(),
             library: ManuallyDrop::new(library),
         }
     }

@@ -8,6 +8,7 @@ use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
 use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool, PressureCallback};
 use crate::mechanism::{Location, Mechanism, Placement};
+use crate::observe::{Event, Hub, Level, StatsReport};
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
 use crate::sync::{lock, Mutex};
@@ -190,10 +191,11 @@ impl ProcessMemoryManager {
     /// [`start_reaper`](Self::start_reaper); without one, call
     /// [`poll`](Self::poll)).
     pub fn new() -> Self {
+        let hub = Hub::new();
         ProcessMemoryManager {
-            registry: Arc::new(Registry::default()),
-            governor: Governor::new(),
-            queue: DeferredFreeQueue::new(),
+            registry: Arc::new(Registry::with_hub(hub.clone())),
+            queue: DeferredFreeQueue::with_hub(hub.clone()),
+            governor: Governor::with_hub(hub),
             reaper: Mutex::new(None),
             unload_when_settled: Arc::default(),
         }
@@ -211,6 +213,33 @@ impl ProcessMemoryManager {
     /// through.
     pub fn queue(&self) -> &Arc<DeferredFreeQueue> {
         &self.queue
+    }
+
+    /// Where this manager's events and its plugins' messages go
+    /// (`crate::observe`).
+    pub fn hub(&self) -> &Arc<Hub> {
+        self.governor.hub()
+    }
+
+    /// Calls `f` with every later event of this manager: grants, refusals,
+    /// tickets, evictions, quarantines, retired frees, context losses
+    /// (see [`Hub`] for when and on which thread). Replaces the listener
+    /// set before.
+    pub fn set_event_listener(&self, f: impl Fn(&Event<'_>) + Send + Sync + 'static) {
+        self.hub().set_event_listener(f);
+    }
+
+    /// Calls `f(level, source, message)` with every later message of this
+    /// manager's plugins; `source` is `plugin/mechanism`. Replaces the hook
+    /// set before.
+    pub fn set_log_hook(&self, f: impl Fn(Level, &str, &str) + Send + Sync + 'static) {
+        self.hub().set_log_hook(f);
+    }
+
+    /// Every figure of this manager now: pools and their holders, the
+    /// deferred-free queue, contexts (see [`StatsReport`]).
+    pub fn stats(&self) -> StatsReport {
+        StatsReport::gather(&self.governor, self.queue.stats(), &self.registry)
     }
 
     /// Loads and registers a plugin library; returns its name.

@@ -35,6 +35,13 @@ pub struct Plugin {
     mechanisms: Vec<Mechanism>,
 }
 
+impl Plugin {
+    /// Sends this plugin's messages to `hub` (the registry that took it).
+    pub(crate) fn attach_hub(&self, hub: &Arc<crate::observe::Hub>) {
+        self.shared.hub.attach(hub);
+    }
+}
+
 impl fmt::Debug for Plugin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Plugin")

@@ -11,6 +11,7 @@
 pub use crate::context::Context;
 use crate::lifecycle::LifeState;
 use crate::mechanism::{Device, Location, Mechanism};
+use crate::observe::Hub;
 use crate::plugin::{LiveReport, Plugin};
 use crate::sync::{lock, Mutex};
 use memplug_sdk::abi::MemplugDevice;
@@ -172,18 +173,32 @@ impl Entry {
 
 /// Plugins, mechanisms, contexts. Thread-safe; no lock is held while a
 /// plugin is called.
-#[derive(Default)]
 pub struct Registry {
     entries: Mutex<Vec<Entry>>,
+    /// Where its plugins' messages and its contexts' losses go.
+    hub: Arc<Hub>,
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self::with_hub(Hub::new())
+    }
 }
 
 impl Registry {
+    /// An empty registry whose plugins' messages and contexts' losses go
+    /// to `hub`.
+    pub fn with_hub(hub: Arc<Hub>) -> Self {
+        Registry { entries: Mutex::new(Vec::new()), hub }
+    }
+
     /// Registers a loaded plugin; names must be unique.
     pub fn register(&self, plugin: Plugin) -> Result<(), RegistryError> {
         let mut e = lock(&self.entries);
         if e.iter().any(|x| x.plugin.name() == plugin.name()) {
             return Err(RegistryError::DuplicatePlugin(plugin.name().into()));
         }
+        plugin.attach_hub(&self.hub);
         e.push(Entry::new(plugin));
         Ok(())
     }

@@ -11,6 +11,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 #[derive(Default)]
 pub(crate) struct Capture {
     message: Option<String>,
+    /// The message is the host's own (a call it refused), not the plugin's.
+    by_host: bool,
 }
 
 impl Capture {
@@ -24,10 +26,23 @@ impl Capture {
     /// A message the host writes itself (a call it refused).
     pub(crate) fn set(&mut self, message: String) {
         self.message = Some(message);
+        self.by_host = true;
     }
 
     pub(crate) fn take(&mut self) -> Option<String> {
         self.message.take()
+    }
+
+    /// Whether anything was written (the one test a successful call pays
+    /// for routing plugin messages to the log hook).
+    #[inline(always)]
+    pub(crate) fn has_message(&self) -> bool {
+        self.message.is_some()
+    }
+
+    /// The plugin's message, if it wrote one (not the host's).
+    pub(crate) fn plugin_message(&self) -> Option<&str> {
+        self.message.as_deref().filter(|_| !self.by_host)
     }
 }
 

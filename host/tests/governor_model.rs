@@ -122,6 +122,8 @@ struct MHolder {
     generous: bool,
     registered: bool,
     pressure: PressureStats,
+    /// Tickets received, per class of the request.
+    class_pressure: [PressureStats; AllocationClass::COUNT],
 }
 
 #[derive(Default)]
@@ -134,6 +136,8 @@ struct Model {
     leases: Vec<Tok>,
     holders: Vec<MHolder>,
     pressure: PressureStats,
+    /// Tickets issued, per class of the request.
+    class_pressure: [PressureStats; AllocationClass::COUNT],
 }
 
 impl Model {
@@ -160,6 +164,7 @@ impl Model {
         }
         let c = self.cs(t.holder, t.class);
         c.reserved += t.bytes;
+        c.granted_bytes += t.bytes;
         c.grants += 1;
         true
     }
@@ -184,6 +189,7 @@ impl Model {
                 o.quarantines += c.quarantines;
                 o.leaked_leases += c.leaked_leases;
                 o.leaked_bytes += c.leaked_bytes;
+                o.granted_bytes += c.granted_bytes;
             }
         }
         out
@@ -210,6 +216,33 @@ fn tok(l: &Lease) -> Tok {
     Tok { bytes: l.bytes(), class: l.class().index(), holder: l.holder() }
 }
 
+/// The model's class figures with what follows from the rest: released
+/// bytes (granted minus charged), the class's ticket figures, and the
+/// sampled peak — which is not modelled, only bounded: at least what is
+/// charged now, at most the pool's exact peak.
+fn derived(
+    model: &[ClassStats; AllocationClass::COUNT],
+    pressure: &[PressureStats; AllocationClass::COUNT],
+    got: &[ClassStats; AllocationClass::COUNT],
+    pool_peak: u64,
+) -> Result<[ClassStats; AllocationClass::COUNT], TestCaseError> {
+    let mut want = *model;
+    for ((w, p), g) in want.iter_mut().zip(pressure).zip(got) {
+        w.released_bytes = w.granted_bytes - w.charged();
+        w.tickets = p.tickets;
+        w.evictions = p.tickets - p.zero_answers;
+        w.evicted_bytes = p.bytes_answered;
+        prop_assert!(
+            g.peak >= w.charged() && g.peak <= pool_peak,
+            "peak {} outside [{}, {pool_peak}]",
+            g.peak,
+            w.charged()
+        );
+        w.peak = g.peak;
+    }
+    Ok(want)
+}
+
 fn check(pool: &Pool, m: &Model) -> Result<(), TestCaseError> {
     let s = pool.snapshot();
     prop_assert!(s.used <= s.capacity, "capacity exceeded: {} > {}", s.used, s.capacity);
@@ -218,7 +251,7 @@ fn check(pool: &Pool, m: &Model) -> Result<(), TestCaseError> {
     prop_assert_eq!(s.free, CAP - m.used);
     prop_assert_eq!(s.peak, m.peak);
     let classes = m.pool_classes();
-    prop_assert_eq!(s.classes, classes);
+    prop_assert_eq!(s.classes, derived(&classes, &m.class_pressure, &s.classes, s.peak)?);
     prop_assert_eq!(s.reserved, classes.iter().map(|c| c.reserved).sum::<u64>());
     prop_assert_eq!(s.leased, classes.iter().map(|c| c.leased).sum::<u64>());
     prop_assert_eq!(s.quarantined, classes.iter().map(|c| c.quarantined).sum::<u64>());
@@ -229,6 +262,7 @@ fn check(pool: &Pool, m: &Model) -> Result<(), TestCaseError> {
     for h in &m.holders {
         let hs = pool.holder_stats(h.id).expect("holder stats");
         let want = m.stats.get(&Some(h.id)).copied().unwrap_or_default();
+        let want = derived(&want, &h.class_pressure, &hs.classes, s.peak)?;
         prop_assert_eq!(hs.classes, want, "holder {}", h.id);
         prop_assert_eq!(hs.registered, h.registered);
         prop_assert_eq!(hs.priority, h.priority);
@@ -308,7 +342,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         } else {
                             0
                         };
-                        for p in [&mut m.pressure, &mut m.holders[i].pressure] {
+                        let h = &mut m.holders[i];
+                        let (hp, hcp) = (&mut h.pressure, &mut h.class_pressure[class]);
+                        for p in [&mut m.pressure, &mut m.class_pressure[class], hp, hcp] {
                             p.tickets += 1;
                             p.bytes_wanted += wanted;
                             if answer == 0 {
@@ -376,6 +412,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         let c = m.cs(t.holder, t.class);
                         c.reserved -= t.bytes;
                         c.leased += t.bytes + extra;
+                        c.granted_bytes += extra;
                         c.leases += 1;
                         leases.lock().unwrap().push(l);
                         m.leases.push(Tok { bytes: t.bytes + extra, ..t });
@@ -536,6 +573,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     generous,
                     registered: true,
                     pressure: PressureStats::default(),
+                    class_pressure: Default::default(),
                 });
                 regs.push(Some(reg));
             }

@@ -231,6 +231,9 @@ impl Retire for AllocationRetire {
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         self.run()
     }
+    fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
+        crate::deferred::ChargedTo::binding(&self.binding.inner)
+    }
     fn describe(&self) -> String {
         match &self.alloc {
             Some(a) => format!("allocation {} ({} B at {:#x})", a.object_id(), a.size(), a.addr()),

@@ -216,6 +216,9 @@ struct PrefixRetire {
 }
 
 impl Retire for PrefixRetire {
+    fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
+        crate::deferred::ChargedTo::binding(&self.binding)
+    }
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;
         let (Some(object), Some(lease)) = (self.object.take(), self.lease.take()) else {

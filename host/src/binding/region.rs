@@ -388,6 +388,9 @@ struct ShrinkRetire {
 }
 
 impl Retire for ShrinkRetire {
+    fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
+        crate::deferred::ChargedTo::binding(&self.binding)
+    }
     fn retire(self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
@@ -474,6 +477,9 @@ struct RegionRetire {
 }
 
 impl Retire for RegionRetire {
+    fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
+        crate::deferred::ChargedTo::binding(&self.binding)
+    }
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;
         let Some(res) = self.reservation.take() else {

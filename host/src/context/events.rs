@@ -6,8 +6,9 @@
 //! callback must not run.
 
 use super::{Context, Settlement};
-use crate::governor::{AllocationClass, HolderId};
+use crate::governor::{AllocationClass, HolderId, Pool};
 use crate::lifecycle::LifeState;
+use crate::observe::{events_wanted, Event, EventKind, Level};
 use crate::sync::{lock, AtomicU64, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
@@ -98,21 +99,61 @@ impl Context {
     /// What each binding holding something would be told if the context
     /// were lost now.
     pub fn loss_notices(&self) -> Vec<LossNotice> {
+        self.holdings()
+            .into_iter()
+            .map(|(pool, n)| LossNotice { context: self.label().into(), pool: pool.name().into(), ..n })
+            .collect()
+    }
+
+    /// What each binding holding something holds now, with its pool (the
+    /// notice's `context` and `pool` left empty).
+    fn holdings(&self) -> Vec<(Arc<Pool>, LossNotice)> {
         lock(&self.ledgers)
             .iter()
             .filter_map(|e| {
                 let t = e.ledger.totals();
-                (!t.is_zero()).then(|| LossNotice {
-                    context: self.label().into(),
-                    pool: e.pool.name().into(),
-                    holder: e.holder,
-                    class: e.class,
-                    objects: t.leases,
-                    bytes: t.bytes,
-                    quarantined_bytes: t.quarantined_bytes,
+                (!t.is_zero()).then(|| {
+                    (
+                        e.pool.clone(),
+                        LossNotice {
+                            context: String::new(),
+                            pool: String::new(),
+                            holder: e.holder,
+                            class: e.class,
+                            objects: t.leases,
+                            bytes: t.bytes,
+                            quarantined_bytes: t.quarantined_bytes,
+                        },
+                    )
                 })
             })
             .collect()
+    }
+
+    /// Tells the hub of a loss being delivered: the reason to the log hook,
+    /// and one `ContextLost` event per binding that held something (one
+    /// without a pool when none did).
+    #[cold]
+    fn observe_loss(&self, e: &LifecycleEvent) {
+        let inner = &self.mechanism.inner;
+        if let Some(reason) = &e.reason {
+            inner.log(Level::Error, reason);
+        }
+        let Some(hub) = inner.plugin.hub.get().filter(|_| events_wanted()) else { return };
+        let held = self.holdings();
+        if held.is_empty() {
+            hub.emit(&Event { count: 0, ..Event::new_bare(EventKind::ContextLost, 0).detail(&e.context) });
+        }
+        for (pool, n) in &held {
+            let ev = Event {
+                count: n.objects,
+                ..Event::new(EventKind::ContextLost, pool.id(), pool.name(), n.bytes)
+            }
+            .holder(n.holder)
+            .class(n.class)
+            .detail(&e.context);
+            hub.emit(&ev);
+        }
     }
 
     /// Delivers the transitions the listeners have not been told of yet.
@@ -149,6 +190,9 @@ impl Context {
         for e in &events {
             for l in &listeners {
                 let _ = catch_unwind(AssertUnwindSafe(|| l(e)));
+            }
+            if e.to == LifeState::Lost {
+                self.observe_loss(e);
             }
         }
     }

@@ -94,11 +94,15 @@ impl<'p> Grant<'p> {
     #[inline(never)]
     fn cover(self, actual: u64) -> Result<Self, Rejected<Self>> {
         let extra = actual - self.bytes;
+        let uid = self.pool.account_uid(self.holder);
         if let Err(short) = self.pool.charge_chain(extra) {
-            let uid = self.pool.account_uid(self.holder);
             self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
             let error = self.pool.out_of_budget(short, extra, self.class, self.holder);
             return Err(Rejected { value: self, error });
+        }
+        self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).granted, extra));
+        if crate::observe::events_wanted() {
+            self.pool.observe_grant(uid, extra, self.class);
         }
         Ok(self)
     }

@@ -4,7 +4,7 @@ use super::class::AllocationClass;
 use super::ids::{HolderId, PoolId, Priority};
 use super::pool::Pool;
 use super::shard::AccountCore;
-use super::stats::{HolderStats, PressureStats};
+use super::stats::{ClassStats, HolderStats, PressureStats};
 use crate::sync::{self, lock, thread_local, AtomicU64, Condvar, Mutex, ThreadId};
 use std::cell::RefCell;
 use std::fmt;
@@ -52,8 +52,11 @@ pub struct PressureTicket {
 /// caught and counts as a zero answer.
 pub type PressureCallback = dyn Fn(&PressureTicket) -> u64 + Send + Sync;
 
-/// Ticket counters (atomics: tickets are the slow path).
-pub(crate) struct PressureCounters {
+/// Ticket counters, per class of the request (atomics: tickets are the
+/// slow path).
+pub(crate) struct PressureCounters([ClassPressure; AllocationClass::COUNT]);
+
+struct ClassPressure {
     tickets: AtomicU64,
     bytes_wanted: AtomicU64,
     bytes_answered: AtomicU64,
@@ -63,38 +66,62 @@ pub(crate) struct PressureCounters {
 
 impl PressureCounters {
     pub fn new() -> Self {
-        PressureCounters {
+        PressureCounters(std::array::from_fn(|_| ClassPressure {
             tickets: AtomicU64::new(0),
             bytes_wanted: AtomicU64::new(0),
             bytes_answered: AtomicU64::new(0),
             zero_answers: AtomicU64::new(0),
             callback_panics: AtomicU64::new(0),
-        }
+        }))
     }
 
-    /// Records one delivered ticket and its answer (`None`: it panicked).
-    pub fn record(&self, wanted: u64, answer: Option<u64>) {
-        self.tickets.fetch_add(1, Relaxed);
-        saturating_add(&self.bytes_wanted, wanted);
+    /// Records one delivered ticket of `class` and its answer (`None`: it
+    /// panicked).
+    pub fn record(&self, class: AllocationClass, wanted: u64, answer: Option<u64>) {
+        let c = &self.0[class.index()];
+        c.tickets.fetch_add(1, Relaxed);
+        saturating_add(&c.bytes_wanted, wanted);
         match answer {
             Some(0) => {
-                self.zero_answers.fetch_add(1, Relaxed);
+                c.zero_answers.fetch_add(1, Relaxed);
             }
-            Some(n) => saturating_add(&self.bytes_answered, n),
+            Some(n) => saturating_add(&c.bytes_answered, n),
             None => {
-                self.zero_answers.fetch_add(1, Relaxed);
-                self.callback_panics.fetch_add(1, Relaxed);
+                c.zero_answers.fetch_add(1, Relaxed);
+                c.callback_panics.fetch_add(1, Relaxed);
             }
         }
     }
 
-    pub fn get(&self) -> PressureStats {
+    /// The figures of one class.
+    pub fn class(&self, class: AllocationClass) -> PressureStats {
+        let c = &self.0[class.index()];
         PressureStats {
-            tickets: self.tickets.load(Relaxed),
-            bytes_wanted: self.bytes_wanted.load(Relaxed),
-            bytes_answered: self.bytes_answered.load(Relaxed),
-            zero_answers: self.zero_answers.load(Relaxed),
-            callback_panics: self.callback_panics.load(Relaxed),
+            tickets: c.tickets.load(Relaxed),
+            bytes_wanted: c.bytes_wanted.load(Relaxed),
+            bytes_answered: c.bytes_answered.load(Relaxed),
+            zero_answers: c.zero_answers.load(Relaxed),
+            callback_panics: c.callback_panics.load(Relaxed),
+        }
+    }
+
+    /// The figures of every class together.
+    pub fn get(&self) -> PressureStats {
+        AllocationClass::ALL.iter().map(|&c| self.class(c)).fold(PressureStats::default(), |a, b| {
+            PressureStats {
+                tickets: a.tickets.saturating_add(b.tickets),
+                bytes_wanted: a.bytes_wanted.saturating_add(b.bytes_wanted),
+                bytes_answered: a.bytes_answered.saturating_add(b.bytes_answered),
+                zero_answers: a.zero_answers.saturating_add(b.zero_answers),
+                callback_panics: a.callback_panics.saturating_add(b.callback_panics),
+            }
+        })
+    }
+
+    /// Puts each class's ticket figures into `classes`.
+    pub fn fill(&self, classes: &mut [ClassStats; AllocationClass::COUNT]) {
+        for (c, &class) in classes.iter_mut().zip(AllocationClass::ALL.iter()) {
+            c.set_pressure(&self.class(class));
         }
     }
 }

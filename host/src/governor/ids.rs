@@ -18,6 +18,7 @@ pub(crate) fn next_uid() -> NonZeroU64 {
 /// Identity of a [`Pool`](super::Pool), unique in the process and never
 /// reused. Thread-safety: a plain `Copy` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
 pub struct PoolId(pub(crate) NonZeroU64);
 
 impl PoolId {
@@ -37,6 +38,7 @@ impl fmt::Display for PoolId {
 /// reused. A holder belongs to exactly one pool. Thread-safety: a plain
 /// `Copy` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
 pub struct HolderId(pub(crate) NonZeroU64);
 
 impl HolderId {
@@ -59,6 +61,7 @@ impl fmt::Display for HolderId {
 /// on behalf of no holder counts as [`Priority::HIGHEST`]. Thread-safety: a
 /// plain `Copy` value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
 pub struct Priority(pub u32);
 
 impl Priority {

@@ -77,8 +77,12 @@
 //! operation is in flight, and approximate (each clamped at zero) while
 //! other threads operate; `used`, `free`, `capacity` and `peak` are always
 //! exact (`peak` but for a charge racing a capacity change, see
-//! [`PoolSnapshot::peak`]). The peak is kept per pool only: a per-class
-//! peak would need a shared counter per class on the fast path.
+//! [`PoolSnapshot::peak`]). The exact peak is kept per pool only: a
+//! per-class peak kept exactly would need a shared counter per class on the
+//! fast path, so per-class peaks are sampled (see [`stats`]). Cumulative
+//! bytes granted are one more counter of the shard's line; bytes released
+//! are derived from it. Events (`crate::observe`) cost a grant one relaxed
+//! load of a process-wide word while nobody listens.
 //!
 //! # Thread-safety
 //!
@@ -88,6 +92,7 @@
 
 mod class;
 mod error;
+mod events;
 mod grant;
 mod holder;
 mod ids;
@@ -107,6 +112,7 @@ pub(crate) use pool::Discharge;
 pub use pool::Pool;
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 
+use crate::observe::Hub;
 use crate::sync::{lock, Mutex};
 use std::sync::Arc;
 
@@ -117,12 +123,24 @@ use std::sync::Arc;
 /// `Arc<Pool>`).
 pub struct Governor {
     pools: Mutex<Vec<Arc<Pool>>>,
+    /// Where its pools' events go.
+    hub: Arc<Hub>,
 }
 
 impl Governor {
-    /// An empty governor.
+    /// An empty governor, with a hub of its own.
     pub fn new() -> Arc<Governor> {
-        Arc::new(Governor { pools: Mutex::new(Vec::new()) })
+        Self::with_hub(Hub::new())
+    }
+
+    /// An empty governor whose pools' events go to `hub`.
+    pub fn with_hub(hub: Arc<Hub>) -> Arc<Governor> {
+        Arc::new(Governor { pools: Mutex::new(Vec::new()), hub })
+    }
+
+    /// Where its pools' events go.
+    pub fn hub(&self) -> &Arc<Hub> {
+        &self.hub
     }
 
     /// Creates a pool of `capacity_bytes` for one physical memory domain.
@@ -132,7 +150,7 @@ impl Governor {
         if pools.iter().any(|p| p.name() == name) {
             return Err(GovernorError::DuplicatePool { name: name.to_owned() });
         }
-        let pool = Pool::new(name, capacity_bytes)?;
+        let pool = Pool::new(name, capacity_bytes, self.hub.clone())?;
         let id = pool.id();
         pools.push(pool);
         Ok(id)

@@ -10,8 +10,9 @@ use super::holder::{HolderEntry, HolderRegistration, PressureCounters, PressureT
 use super::ids::{next_uid, HolderId, PoolId, Priority};
 use super::level::{Level, MAX_CAPACITY};
 use super::shard::{self, Account, AccountCore, HolderMeta, RawClass, Shard};
-use super::stats::{ClassStats, HolderStats, PoolSnapshot};
+use super::stats::{ClassPeaks, ClassStats, HolderStats, PoolSnapshot};
 use super::tree::{ask_holders, Request};
+use crate::observe::{events_wanted, Hub};
 use crate::sync::{lock, AtomicU64, Mutex};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -66,6 +67,10 @@ pub struct Pool {
     pub(super) wait_timeouts: AtomicU64,
     /// Bytes settled by [`Pool::discharge`].
     discharged: AtomicU64,
+    /// Where its events go (its governor's hub; a child's is its parent's).
+    pub(super) hub: Arc<Hub>,
+    /// Sampled per-class peaks of the pool's own accounts (`stats`).
+    class_peaks: ClassPeaks,
 }
 
 /// What [`Pool::discharge`] settles: one binding's ledger.
@@ -85,9 +90,9 @@ pub(super) enum Attempt<'p> {
 }
 
 impl Pool {
-    /// A pool without a parent.
-    pub(crate) fn new(name: &str, capacity: u64) -> Result<Arc<Pool>, GovernorError> {
-        Self::build(name, capacity, None)
+    /// A pool without a parent, whose events go to `hub`.
+    pub(crate) fn new(name: &str, capacity: u64, hub: Arc<Hub>) -> Result<Arc<Pool>, GovernorError> {
+        Self::build(name, capacity, None, hub)
     }
 
     /// A pool under `parent`.
@@ -96,10 +101,16 @@ impl Pool {
         capacity: u64,
         parent: Arc<Pool>,
     ) -> Result<Arc<Pool>, GovernorError> {
-        Self::build(name, capacity, Some(parent))
+        let hub = parent.hub.clone();
+        Self::build(name, capacity, Some(parent), hub)
     }
 
-    fn build(name: &str, capacity: u64, parent: Option<Arc<Pool>>) -> Result<Arc<Pool>, GovernorError> {
+    fn build(
+        name: &str,
+        capacity: u64,
+        parent: Option<Arc<Pool>>,
+        hub: Arc<Hub>,
+    ) -> Result<Arc<Pool>, GovernorError> {
         if capacity > MAX_CAPACITY {
             return Err(GovernorError::CapacityTooLarge { capacity, max: MAX_CAPACITY });
         }
@@ -122,6 +133,8 @@ impl Pool {
             waits: AtomicU64::new(0),
             wait_timeouts: AtomicU64::new(0),
             discharged: AtomicU64::new(0),
+            hub,
+            class_peaks: ClassPeaks::new(),
         });
         if let Some(p) = pool.level.parent() {
             let mut children = lock(&p.children);
@@ -248,37 +261,44 @@ impl Pool {
         class: AllocationClass,
         count_failure: bool,
     ) -> Attempt<'_> {
-        self.with_shard(uid, |s| {
-            if !s.core.registered.load(Relaxed) {
-                return Attempt::Unknown;
-            }
-            let c = s.cells(class);
-            match self.level.charge(s.hint.load(Relaxed), false, bytes) {
-                Some(word) => {
-                    s.hint.store(word, Relaxed);
-                    if let Some(parent) = self.level.parent() {
-                        if let Some(short) = self.charge_above(parent, bytes, s) {
-                            if count_failure {
-                                s.add(&c.failures, 1);
+        let attempt = self
+            .with_shard(uid, |s| {
+                if !s.core.registered.load(Relaxed) {
+                    return Attempt::Unknown;
+                }
+                let c = s.cells(class);
+                match self.level.charge(s.hint.load(Relaxed), false, bytes) {
+                    Some(word) => {
+                        s.hint.store(word, Relaxed);
+                        if let Some(parent) = self.level.parent() {
+                            if let Some(short) = self.charge_above(parent, bytes, s) {
+                                if count_failure {
+                                    s.add(&c.failures, 1);
+                                }
+                                return Attempt::NoRoom(short);
                             }
-                            return Attempt::NoRoom(short);
                         }
+                        // Only a charge that stands counts for the peak.
+                        self.level.note_peak(word);
+                        s.add(&c.reserved, bytes);
+                        s.add(&c.granted, bytes);
+                        s.add(&c.grants, 1);
+                        Attempt::Granted
                     }
-                    // Only a charge that stands counts for the peak.
-                    self.level.note_peak(word);
-                    s.add(&c.reserved, bytes);
-                    s.add(&c.grants, 1);
-                    Attempt::Granted
-                }
-                None => {
-                    if count_failure {
-                        s.add(&c.failures, 1);
+                    None => {
+                        if count_failure {
+                            s.add(&c.failures, 1);
+                        }
+                        Attempt::NoRoom(self)
                     }
-                    Attempt::NoRoom(self)
                 }
-            }
-        })
-        .unwrap_or(Attempt::Unknown)
+            })
+            .unwrap_or(Attempt::Unknown);
+        // After the shard's closure: a listener runs with no shard borrowed.
+        if matches!(attempt, Attempt::Granted) && events_wanted() {
+            self.observe_grant(uid, bytes, class);
+        }
+        attempt
     }
 
     /// Charges `bytes` at `parent` and its ancestors, after this pool
@@ -383,6 +403,8 @@ impl Pool {
         short: &'p Pool,
     ) -> Result<Grant<'p>, GovernorError> {
         let grant = || Grant { pool: self, bytes, class, holder };
+        // The pool was short: its use is at its highest.
+        self.sample_peaks();
         let priority = match holder {
             None => Priority::HIGHEST,
             Some(h) => match lock(&self.holders).iter().find(|e| e.id() == h) {
@@ -410,10 +432,14 @@ impl Pool {
                     .with_shard(uid, |s| {
                         let c = s.cells(class);
                         s.add(&c.reserved, bytes);
+                        s.add(&c.granted, bytes);
                         s.add(&c.grants, 1);
                         s.core.registered.load(Relaxed)
                     })
                     .unwrap_or(false);
+                if events_wanted() {
+                    self.observe_grant(uid, bytes, class);
+                }
                 let r = grant();
                 if !registered {
                     drop(r); // the holder left while we waited: give it back
@@ -486,6 +512,7 @@ impl Pool {
             s.add(&c.quarantined, bytes);
             s.add(&c.quarantines, 1);
         });
+        self.observe_quarantine(holder, class, bytes);
         Ok(())
     }
 
@@ -501,6 +528,7 @@ impl Pool {
             s.add(&c.quarantines, 1);
         });
         lease.bytes -= bytes;
+        self.observe_quarantine(lease.holder, lease.class, bytes);
         Ok(())
     }
 
@@ -653,6 +681,8 @@ impl Pool {
                 classes[class].leaked_bytes += bytes;
             }
         }
+        self.pressure.fill(&mut classes);
+        self.class_peaks.sample(&mut classes, self.level.peak());
         let totals = super::stats::total(&classes);
         let (used, capacity) = self.level.read();
         let children = self.children();
@@ -698,6 +728,22 @@ impl Pool {
         Some(self.stats_of(&account))
     }
 
+    /// Samples the per-class peaks of the pool and of each account (see
+    /// [`stats`](super::stats)), without building a snapshot.
+    fn sample_peaks(&self) {
+        let accounts: Vec<Arc<Account>> = lock(&self.accounts).values().cloned().collect();
+        let cap = self.level.peak();
+        let mut pool = self.anon.raw();
+        for a in &accounts {
+            let raw = a.raw();
+            for (r, o) in pool.iter_mut().zip(raw.iter()) {
+                r.add(o);
+            }
+            a.core.peaks.sample(&mut raw.map(RawClass::to_stats), cap);
+        }
+        self.class_peaks.sample(&mut pool.map(RawClass::to_stats), cap);
+    }
+
     fn stats_of(&self, account: &Account) -> HolderStats {
         let core = &account.core;
         let mut classes: [ClassStats; AllocationClass::COUNT] = account.raw().map(RawClass::to_stats);
@@ -709,6 +755,8 @@ impl Pool {
                 }
             }
         }
+        core.pressure.fill(&mut classes);
+        core.peaks.sample(&mut classes, self.level.peak());
         let meta = core.holder.as_ref().expect("holder account without metadata");
         HolderStats {
             holder: meta.id,
@@ -764,8 +812,12 @@ mod tests {
 
     #[test]
     fn oversized_capacity_is_refused() {
-        assert!(matches!(Pool::new("x", MAX_CAPACITY + 1), Err(GovernorError::CapacityTooLarge { .. })));
-        let p = Pool::new("max", MAX_CAPACITY).unwrap();
+        let hub = Hub::new();
+        assert!(matches!(
+            Pool::new("x", MAX_CAPACITY + 1, hub.clone()),
+            Err(GovernorError::CapacityTooLarge { .. })
+        ));
+        let p = Pool::new("max", MAX_CAPACITY, hub).unwrap();
         let r = p.try_reserve(MAX_CAPACITY, AllocationClass::Other, None).unwrap();
         assert_eq!(p.used(), MAX_CAPACITY);
         assert!(p.try_reserve(1, AllocationClass::Other, None).is_err());

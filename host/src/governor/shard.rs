@@ -23,7 +23,7 @@
 use super::class::AllocationClass;
 use super::holder::PressureCounters;
 use super::ids::{HolderId, PoolId, Priority};
-use super::stats::ClassStats;
+use super::stats::{ClassPeaks, ClassStats};
 use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
@@ -49,12 +49,18 @@ pub(crate) struct AccountCore {
     pub alive: AtomicBool,
     /// Tickets received (holder accounts only).
     pub pressure: PressureCounters,
+    /// Sampled per-class peaks (holder accounts; see `stats`).
+    pub peaks: ClassPeaks,
 }
 
-/// One class's counters in one shard. One cache line.
+/// One class's counters in one shard. One cache line: eight counters, so
+/// a ninth belongs elsewhere (or is derived, as released bytes are).
 #[repr(align(64))]
 pub(crate) struct ClassCells {
     pub reserved: AtomicU64,
+    /// Bytes ever charged (grants, and extra bytes a commit covered),
+    /// cumulative. What was given back is this minus what is charged now.
+    pub granted: AtomicU64,
     pub leased: AtomicU64,
     pub leases: AtomicU64,
     pub grants: AtomicU64,
@@ -67,6 +73,7 @@ impl ClassCells {
     fn new() -> Self {
         ClassCells {
             reserved: AtomicU64::new(0),
+            granted: AtomicU64::new(0),
             leased: AtomicU64::new(0),
             leases: AtomicU64::new(0),
             grants: AtomicU64::new(0),
@@ -81,6 +88,7 @@ impl ClassCells {
 #[derive(Clone, Copy, Default)]
 pub(crate) struct RawClass {
     pub reserved: u64,
+    pub granted: u64,
     pub leased: u64,
     pub leases: u64,
     pub grants: u64,
@@ -92,6 +100,7 @@ pub(crate) struct RawClass {
 impl RawClass {
     fn add_cells(&mut self, c: &ClassCells) {
         self.reserved = self.reserved.wrapping_add(c.reserved.load(Relaxed));
+        self.granted = self.granted.wrapping_add(c.granted.load(Relaxed));
         self.leased = self.leased.wrapping_add(c.leased.load(Relaxed));
         self.leases = self.leases.wrapping_add(c.leases.load(Relaxed));
         self.grants = self.grants.wrapping_add(c.grants.load(Relaxed));
@@ -102,6 +111,7 @@ impl RawClass {
 
     pub fn add(&mut self, o: &RawClass) {
         self.reserved = self.reserved.wrapping_add(o.reserved);
+        self.granted = self.granted.wrapping_add(o.granted);
         self.leased = self.leased.wrapping_add(o.leased);
         self.leases = self.leases.wrapping_add(o.leases);
         self.grants = self.grants.wrapping_add(o.grants);
@@ -120,6 +130,9 @@ impl RawClass {
                 v
             }
         }
+        // Every byte charged is still charged or was given back: the
+        // one place released bytes come from.
+        let charged = self.reserved.wrapping_add(self.leased).wrapping_add(self.quarantined);
         ClassStats {
             reserved: clamp(self.reserved),
             leased: clamp(self.leased),
@@ -128,8 +141,9 @@ impl RawClass {
             grants: clamp(self.grants),
             failures: clamp(self.failures),
             quarantines: clamp(self.quarantines),
-            leaked_leases: 0,
-            leaked_bytes: 0,
+            granted_bytes: clamp(self.granted),
+            released_bytes: clamp(self.granted.wrapping_sub(charged)),
+            ..ClassStats::default()
         }
     }
 }
@@ -200,6 +214,7 @@ impl Account {
             registered: AtomicBool::new(true),
             alive: AtomicBool::new(true),
             pressure: PressureCounters::new(),
+            peaks: ClassPeaks::new(),
         });
         Account {
             spare: Shard::new(core.clone(), false),

@@ -12,14 +12,36 @@
 //! other threads operate, each figure is a sum of values read one after the
 //! other, clamped at zero, so figures may disagree with each other and with
 //! `used` by the operations in flight.
+//!
+//! Cumulative figures (`grants`, `granted_bytes`, `released_bytes`,
+//! `failures`, `tickets`, `evictions`, `quarantines`) only grow. The bytes
+//! side lives in the same per-thread shards as the rest: `granted_bytes`
+//! is one more counter of the shard's cache line, and `released_bytes` is
+//! derived (`granted_bytes` minus what is charged now), so the fast path
+//! writes nothing shared for them.
+//!
+//! Per-class peaks ([`ClassStats::peak`]) are *sampled*: a per-class peak
+//! kept exactly would need a shared counter per class on the fast path.
+//! The peak is the highest per-class charge (`reserved + leased +
+//! quarantined`) any sample saw, capped by the pool's exact `peak`. A
+//! sample is taken by every snapshot (and so by every `OutOfBudget`, which
+//! carries one) and by every request that goes to the slow path (the pool
+//! was short: the moment its use is highest). It is therefore a lower
+//! bound of the true per-class peak, equal to it when a sample was taken
+//! at the peak with no operation in flight (for example a program that
+//! reads statistics after each step); while other threads operate a sample
+//! is as approximate as the other per-class figures.
 
 use super::class::AllocationClass;
 use super::ids::{HolderId, PoolId, Priority};
+use crate::sync::AtomicU64;
 use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 /// Figures of one allocation class, for a pool or for one holder.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct ClassStats {
     /// Bytes held by live grants (not yet committed).
     pub reserved: u64,
@@ -41,6 +63,25 @@ pub struct ClassStats {
     pub leaked_leases: u64,
     /// Bytes those leaked leases held when dropped.
     pub leaked_bytes: u64,
+    /// Bytes ever charged: grants, and what commits charged beyond their
+    /// grant. Cumulative.
+    pub granted_bytes: u64,
+    /// Bytes given back, cumulative: releases (whole or part), grants
+    /// dropped or committed for less, settlements of lost contexts.
+    /// Always `granted_bytes - charged()`.
+    pub released_bytes: u64,
+    /// Pressure tickets of requests of this class: for a pool, those it
+    /// issued; for a holder, those it received. Cumulative.
+    pub tickets: u64,
+    /// Of those tickets, the ones answered with bytes released (the
+    /// holder evicted something). Cumulative.
+    pub evictions: u64,
+    /// Bytes those answers said were released (untrusted: only actual
+    /// releases refund). Cumulative.
+    pub evicted_bytes: u64,
+    /// Highest [`charged`](Self::charged) seen by a sample (see the
+    /// module docs: a lower bound, capped by the pool's exact peak).
+    pub peak: u64,
 }
 
 impl ClassStats {
@@ -59,6 +100,38 @@ impl ClassStats {
         self.quarantines = self.quarantines.saturating_add(o.quarantines);
         self.leaked_leases = self.leaked_leases.saturating_add(o.leaked_leases);
         self.leaked_bytes = self.leaked_bytes.saturating_add(o.leaked_bytes);
+        self.granted_bytes = self.granted_bytes.saturating_add(o.granted_bytes);
+        self.released_bytes = self.released_bytes.saturating_add(o.released_bytes);
+        self.tickets = self.tickets.saturating_add(o.tickets);
+        self.evictions = self.evictions.saturating_add(o.evictions);
+        self.evicted_bytes = self.evicted_bytes.saturating_add(o.evicted_bytes);
+        // Classes peak at different moments: the sum bounds the total's peak.
+        self.peak = self.peak.saturating_add(o.peak);
+    }
+
+    /// Takes the ticket figures of this class.
+    pub(crate) fn set_pressure(&mut self, p: &PressureStats) {
+        self.tickets = p.tickets;
+        self.evictions = p.tickets.saturating_sub(p.zero_answers);
+        self.evicted_bytes = p.bytes_answered;
+    }
+}
+
+/// Sampled per-class peaks of a pool or an account (see the module docs).
+pub(crate) struct ClassPeaks([AtomicU64; AllocationClass::COUNT]);
+
+impl ClassPeaks {
+    pub fn new() -> Self {
+        ClassPeaks(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+
+    /// Raises each class's peak to its charge in `classes` (capped at
+    /// `cap`, the pool's exact peak) and writes the peaks back into them.
+    pub fn sample(&self, classes: &mut [ClassStats; AllocationClass::COUNT], cap: u64) {
+        for (peak, c) in self.0.iter().zip(classes.iter_mut()) {
+            let seen = c.charged().min(cap);
+            c.peak = peak.fetch_max(seen, Relaxed).max(seen);
+        }
     }
 }
 
@@ -74,6 +147,7 @@ pub(crate) fn total(classes: &[ClassStats; AllocationClass::COUNT]) -> ClassStat
 /// Pressure-ticket figures: for a pool, the tickets it issued; for a
 /// holder, the tickets it received. Cumulative.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PressureStats {
     /// Tickets delivered to a callback.
     pub tickets: u64,
@@ -96,6 +170,7 @@ pub struct PressureStats {
 /// pools below, so `used == own + children_used` with `own` =
 /// `reserved + leased + quarantined` ([`own_used`](Self::own_used)).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct PoolSnapshot {
     /// The pool's id.
     pub pool: PoolId,
@@ -131,7 +206,9 @@ pub struct PoolSnapshot {
     /// exact, read one after the other).
     pub children_used: u64,
     /// Per class, indexed by [`AllocationClass::index`]; all accounts of
-    /// the pool (not those of the pools below).
+    /// the pool (not those of the pools below). In JSON, an object keyed
+    /// by class name.
+    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::observe::json::classes"))]
     pub classes: [ClassStats; AllocationClass::COUNT],
     /// Tickets this pool issued.
     pub pressure: PressureStats,
@@ -188,6 +265,7 @@ impl fmt::Display for PoolSnapshot {
 /// One holder's figures: what is charged to it and the tickets it received.
 /// Kept after the holder unregisters, for as long as the pool lives.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct HolderStats {
     /// The holder's id.
     pub holder: HolderId,
@@ -201,6 +279,7 @@ pub struct HolderStats {
     /// False once the registration was dropped.
     pub registered: bool,
     /// Per class, indexed by [`AllocationClass::index`].
+    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::observe::json::classes"))]
     pub classes: [ClassStats; AllocationClass::COUNT],
     /// Tickets received.
     pub pressure: PressureStats,

@@ -110,6 +110,7 @@ impl Pool {
             pools.push((p.id, p.name.clone()));
             level = p.level.parent().map(|p| &**p);
         }
+        self.observe_refusal(short, requested, class, holder);
         GovernorError::OutOfBudget(OutOfBudget {
             requested,
             class,
@@ -243,9 +244,11 @@ pub(super) fn ask_holders<'p>(
                 requester: request.requester,
                 deadline: request.deadline.unwrap_or_else(Instant::now),
             };
+            short.observe_ticket(&ticket, h.id());
             if let Some(answer) = h.deliver(&ticket, &short.lineage) {
-                short.pressure.record(wanted, answer);
-                h.core.pressure.record(wanted, answer);
+                short.pressure.record(request.class, wanted, answer);
+                h.core.pressure.record(request.class, wanted, answer);
+                short.observe_answer(&ticket, h.id(), answer);
             }
         }
         match retry() {

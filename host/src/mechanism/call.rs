@@ -13,6 +13,7 @@
 use super::blocks::BlockIndex;
 use super::MechanismInner;
 use crate::error::{CallError, ReleaseError};
+use crate::observe::Level;
 use crate::reentry::InPluginCall;
 use crate::sink::Capture;
 use crate::tokens::RawObject;
@@ -154,8 +155,12 @@ impl MechanismInner {
         let mut cap = Capture::default();
         let raw = self.invoke(held, slot, args, &mut cap);
         if raw == MEMPLUG_STATUS_OK {
+            if cap.has_message() {
+                self.said(Level::Info, &cap);
+            }
             Ok(())
         } else {
+            self.said(Level::Warn, &cap);
             Err(self.failure(name, raw, cap.take()))
         }
     }
@@ -174,10 +179,14 @@ impl MechanismInner {
         let mut cap = Capture::default();
         let raw = self.invoke(Held::No, slot, args, &mut cap);
         if raw == MEMPLUG_STATUS_OK {
+            if cap.has_message() {
+                self.said(Level::Info, &cap);
+            }
             Ok(true)
         } else if raw == answer {
             Ok(false)
         } else {
+            self.said(Level::Warn, &cap);
             Err(self.failure(name, raw, cap.take()))
         }
     }
@@ -298,6 +307,23 @@ impl MechanismInner {
             ix.restore(raw(&e.object), b);
         }
         r
+    }
+
+    /// Sends what the plugin wrote during a call (if it wrote anything) to
+    /// the log hook of the manager its plugin is registered with.
+    #[cold]
+    #[inline(never)]
+    fn said(&self, level: Level, cap: &Capture) {
+        if let Some(m) = cap.plugin_message() {
+            self.log(level, m);
+        }
+    }
+
+    /// Logs `message` as this mechanism's (see `crate::observe`).
+    #[cold]
+    pub(crate) fn log(&self, level: Level, message: &str) {
+        let hub = self.plugin.hub.get();
+        crate::observe::plugin_message(hub.as_deref(), level, &self.label, message);
     }
 
     /// The plugin's failure as a [`CallError`]; an unknown code is mapped
