@@ -1,4 +1,4 @@
-//! What the demo reports: the timeline ([`Recorder`]), the checks, the
+//! What the demo reports: the timeline (`timeline::Recorder`), the checks, the
 //! final ledger, and the two renderings of the whole [`Report`] (text, and
 //! one JSON document for `--json`).
 

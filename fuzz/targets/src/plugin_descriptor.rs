@@ -28,7 +28,7 @@
 //!
 //! The plugin is handed to [`Plugin::from_entry`] through [`fuzz_entry`],
 //! which reads the prepared answer from a thread-local. An independent
-//! model of the ABI rules ([`expect`]) decides whether the plugin is
+//! model of the ABI rules (`expect`) decides whether the plugin is
 //! well-formed. The target fails (panics) when:
 //!
 //! * the host accepts a malformed plugin or refuses a well-formed one;
