@@ -398,7 +398,8 @@ pub const CHECKS: &[CheckInfo] = &[
     per_mechanism(
         "copy.kinds",
         "ABI 1.3: properties asked at the 1.3 size say copy_kinds non-zero exactly when the copy slot is \
-         published, with no bit a minor the kit knows does not define, written within struct_size",
+         published, with no bit a minor the kit knows does not define, written within struct_size; without \
+         HOST, a copy from host memory is UNSUPPORTED",
     ),
     per_mechanism(
         "copy.bytes_exact",

@@ -90,7 +90,7 @@ fn the_plain_shim_passes_and_each_planted_mistake_fails_its_checks_only() {
     for check in COPY_CHECKS {
         assert_eq!(one(&plain, check).0, Outcome::Pass, "{check}: {}", one(&plain, check).1);
     }
-    let cases: [(&str, &[&str], &str); 6] = [
+    let cases: [(&str, &[&str], &str); 7] = [
         (
             "COPY_SHORT",
             &["copy.bytes_exact", "copy.ordering_host_fns", "copy.ordering_fences"],
@@ -109,6 +109,7 @@ fn the_plain_shim_passes_and_each_planted_mistake_fails_its_checks_only() {
         ("COPY_LAX_BOUNDS", &["copy.bounds"], "was accepted; expected OUT_OF_RANGE"),
         ("COPY_LAX_OVERLAP", &["copy.overlap"], "was accepted; expected INVALID_ARGUMENT"),
         ("COPY_NO_KINDS", &["copy.kinds"], "copy_kinds is 0"),
+        ("COPY_DEVICE_ONLY", &["copy.kinds"], "copy from host memory (copy_kinds has no HOST)"),
     ];
     for (variant, want, says) in cases {
         let r = run(&shim(Some(variant)));

@@ -119,8 +119,21 @@ fn kinds(ctx: &Ctx, m: &Mech) -> Checked {
         (true, 0) => Err(Verdict::Fail("the copy slot is published but copy_kinds is 0".into())),
         (false, 0) => Ok("no copy slot, and copy_kinds 0".into()),
         (false, k) => Err(Verdict::Fail(format!("copy_kinds is {k:#x} but no copy slot is published"))),
+        (true, k) if k & MEMPLUG_COPY_HOST == 0 => host_refused(ctx, m, k),
         (true, k) => Ok(format!("copy slot published, copy_kinds {}", kind_names(k))),
     }
+}
+
+/// Without `MEMPLUG_COPY_HOST`, a copy from the kit's host memory into an
+/// allocation is `UNSUPPORTED` (the space is not published).
+fn host_refused(ctx: &Ctx, m: &Mech, k: u32) -> Checked {
+    let host = host_buf(64, 0x77);
+    let mut s = Scope::new(ctx, m);
+    let a = s.alloc_ok(SIZE, 64)?;
+    let h = s.stream_ok()?;
+    let what = "a copy from host memory (copy_kinds has no HOST)";
+    refused(ctx, m, h, (a.addr, addr_of(&host), 64), MEMPLUG_STATUS_UNSUPPORTED, what)?;
+    Ok(format!("copy slot published, copy_kinds {}; host memory refused", kind_names(k)))
 }
 
 fn kind_names(k: u32) -> String {
