@@ -5,6 +5,7 @@
 //! before anything is enqueued; this is the one place they are written.
 
 use crate::abi;
+use crate::author::{PluginError, PluginResult};
 use crate::status::Status;
 use core::fmt;
 
@@ -96,6 +97,38 @@ impl fmt::Display for CopyRangeError {
             ),
         }
     }
+}
+
+/// For a plugin judging a copy's range against one of its objects that
+/// the range meets: `Ok` when `[start, end)` lies wholly inside
+/// `[addr, addr + size)`, else `OUT_OF_RANGE` saying which range (`which`,
+/// `"dst"` or `"src"`) and which object (`what`).
+pub fn copy_range_inside(
+    which: &str,
+    start: u64,
+    end: u64,
+    what: &str,
+    addr: u64,
+    size: u64,
+) -> PluginResult<()> {
+    if start >= addr && end <= addr + size {
+        return Ok(());
+    }
+    Err(PluginError::out_of_range(format!(
+        "copy: the {which} range [{start:#x}, {end:#x}) is not wholly inside the {what} [{addr:#x}, {:#x}) it \
+         meets; nothing was enqueued",
+        addr + size
+    )))
+}
+
+/// For a plugin: the `OUT_OF_RANGE` of a copy's range inside a
+/// reservation (at `reservation`) that is not all committed or mapped.
+#[cold]
+pub fn copy_range_unbacked(which: &str, start: u64, end: u64, reservation: u64) -> PluginError {
+    PluginError::out_of_range(format!(
+        "copy: the {which} range [{start:#x}, {end:#x}) of the reservation at {reservation:#x} is not all \
+         committed or mapped; nothing was enqueued"
+    ))
 }
 
 /// Checks a copy of `len` bytes from `src` to `dst` as every side must

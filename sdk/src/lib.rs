@@ -32,7 +32,7 @@ pub mod prefix;
 pub mod status;
 
 pub use author::*;
-pub use copy::{check_copy_ranges, CopyKinds, CopyRangeError};
+pub use copy::{check_copy_ranges, copy_range_inside, copy_range_unbacked, CopyKinds, CopyRangeError};
 pub use descriptor::{Descriptor, DeviceIdentity, Handle, HandleRef, Location};
 pub use export::{
     BuiltMechanism, ExportedPlugin, HostLink, LossReport, MechanismBuilder, MechanismState, PluginBuilder,

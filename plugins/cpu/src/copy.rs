@@ -17,19 +17,10 @@
 use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
 use memplug_sdk::abi::{MEMPLUG_COPY_DEVICE, MEMPLUG_COPY_HOST};
-use memplug_sdk::{PluginError, PluginResult};
+use memplug_sdk::{copy_range_inside, copy_range_unbacked, PluginResult};
 
 /// The spaces this mechanism copies between.
 pub const COPY_KINDS: u32 = MEMPLUG_COPY_DEVICE | MEMPLUG_COPY_HOST;
-
-#[cold]
-fn outside(which: &str, start: u64, end: u64, what: &str, addr: u64, size: u64) -> PluginError {
-    PluginError::out_of_range(format!(
-        "copy: the {which} range [{start:#x}, {end:#x}) is not wholly inside the {what} [{addr:#x}, {:#x}) it \
-         meets; nothing was enqueued",
-        addr + size
-    ))
-}
 
 impl<F: Flavor> CpuMechanism<F> {
     /// Refuses a range that meets this mechanism's memory without lying
@@ -39,24 +30,15 @@ impl<F: Flavor> CpuMechanism<F> {
         let end = start + len;
         let allocation = self.allocations.meeting(start, end).or_else(|| self.mapped.meeting(start, end));
         if let Some((addr, size)) = allocation {
-            if start < addr || end > addr + size {
-                return Err(outside(which, start, end, "allocation", addr, size));
-            }
-            return Ok(());
+            return copy_range_inside(which, start, end, "allocation", addr, size);
         }
         let Some(r) = self.reservations.meeting(start, end) else {
             return Ok(()); // host memory: the caller's
         };
-        if start < r.addr || end > r.addr + r.size {
-            return Err(outside(which, start, end, "reservation", r.addr, r.size));
-        }
+        copy_range_inside(which, start, end, "reservation", r.addr, r.size)?;
         let state = r.lock_any();
         if state.is_released() || !state.usable(start - r.addr, end - r.addr) {
-            return Err(PluginError::out_of_range(format!(
-                "copy: the {which} range [{start:#x}, {end:#x}) of the reservation at {:#x} is not all committed \
-                 or mapped; nothing was enqueued",
-                r.addr
-            )));
+            return Err(copy_range_unbacked(which, start, end, r.addr));
         }
         Ok(())
     }

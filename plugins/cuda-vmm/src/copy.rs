@@ -20,19 +20,10 @@
 use crate::driver::Entered;
 use crate::mechanism::CudaMechanism;
 use memplug_sdk::abi::{MEMPLUG_COPY_DEVICE, MEMPLUG_COPY_HOST};
-use memplug_sdk::{PluginError, PluginResult};
+use memplug_sdk::{copy_range_inside, copy_range_unbacked, PluginResult};
 
 /// The spaces this mechanism copies between.
 pub const COPY_KINDS: u32 = MEMPLUG_COPY_DEVICE | MEMPLUG_COPY_HOST;
-
-#[cold]
-fn outside(which: &str, start: u64, end: u64, what: &str, addr: u64, size: u64) -> PluginError {
-    PluginError::out_of_range(format!(
-        "copy: the {which} range [{start:#x}, {end:#x}) is not wholly inside the {what} [{addr:#x}, {:#x}) it \
-         meets; nothing was enqueued",
-        addr + size
-    ))
-}
 
 impl CudaMechanism {
     /// Refuses a range that meets this mechanism's memory without lying in
@@ -40,10 +31,7 @@ impl CudaMechanism {
     fn judge_copy_range(&self, which: &str, start: u64, len: u64) -> PluginResult<()> {
         let end = start + len;
         if let Some((addr, size)) = self.allocations.find_map(|a| a.meeting(start, end)) {
-            if start < addr || end > addr + size {
-                return Err(outside(which, start, end, "allocation", addr, size));
-            }
-            return Ok(());
+            return copy_range_inside(which, start, end, "allocation", addr, size);
         }
         let meeting = |r: &std::sync::Arc<crate::virtual_backing::Reservation>| {
             (r.addr < end && start < r.addr + r.size).then(|| std::sync::Arc::clone(r))
@@ -51,15 +39,9 @@ impl CudaMechanism {
         let Some(r) = self.reservations.find_map(meeting) else {
             return Ok(()); // host memory: the caller's
         };
-        if start < r.addr || end > r.addr + r.size {
-            return Err(outside(which, start, end, "reservation", r.addr, r.size));
-        }
+        copy_range_inside(which, start, end, "reservation", r.addr, r.size)?;
         if !r.state().usable(start - r.addr, end - r.addr, self.granularity.max(1)) {
-            return Err(PluginError::out_of_range(format!(
-                "copy: the {which} range [{start:#x}, {end:#x}) of the reservation at {:#x} is not all committed \
-                 or mapped; nothing was enqueued",
-                r.addr
-            )));
+            return Err(copy_range_unbacked(which, start, end, r.addr));
         }
         Ok(())
     }
