@@ -57,8 +57,9 @@
 #define MEMPLUG_ABI_MAJOR 1
 
 // The newest minor version this header describes. Items added after 1.0
-// say "Since 1.1" or "Since 1.2" (docs/ABI-CHANGELOG.md lists them).
-#define MEMPLUG_ABI_MINOR 2
+// say "Since 1.1", "Since 1.2" or "Since 1.3" (docs/ABI-CHANGELOG.md lists
+// them).
+#define MEMPLUG_ABI_MINOR 3
 
 // Capability flag: the mechanism has an allocator (required of every
 // mechanism).
@@ -223,6 +224,27 @@
 // Since 1.2. See `MEMPLUG_IDENTITY_UUID`.
 #define MEMPLUG_IDENTITY_NUMA_NODE (1 << 3)
 
+// Since 1.3. Address spaces a mechanism's `MemplugSync::copy` can copy
+// between (`MemplugProperties::copy_kinds`): a copy is accepted only when
+// each of its two ranges lies in a space the mechanism publishes. This
+// one: memory of the mechanism itself (its allocations, the committed or
+// mapped parts of its reservations), on its own device.
+#define MEMPLUG_COPY_DEVICE (1 << 0)
+
+// Since 1.3. See `MEMPLUG_COPY_DEVICE`. Ordinary host memory that is not
+// the mechanism's (malloc'd, mapped, another host mechanism's), named by
+// its CPU address. The plugin cannot know every host mapping: that such a
+// range is readable (or writable) until the copy completes is the
+// caller's to ensure, as for `memcpy`.
+#define MEMPLUG_COPY_HOST (1 << 1)
+
+// Since 1.3. See `MEMPLUG_COPY_DEVICE`. Memory of another device that the
+// mechanism's device can reach (a peer GPU's memory mapped for it).
+#define MEMPLUG_COPY_PEER (1 << 2)
+
+// Since 1.3. Every `MEMPLUG_COPY_*` bit ABI 1.3 defines.
+#define MEMPLUG_COPY_ALL_1_3 ((MEMPLUG_COPY_DEVICE | MEMPLUG_COPY_HOST) | MEMPLUG_COPY_PEER)
+
 // Access flag for shared mappings: the mapping can be read.
 #define MEMPLUG_ACCESS_READ (1 << 0)
 
@@ -382,6 +404,60 @@
 // See `MEMPLUG_HOST_INFO_SIZE_1_2`.
 #define MEMPLUG_SYNC_SIZE_1_2 88
 
+// Sizes of each growable struct as ABI 1.3 defines it (the current
+// `sizeof`; 1.3 is still open, not frozen). Grown in 1.3:
+// `MemplugProperties` (`copy_kinds`) and `MemplugSync` (`copy`); every
+// other struct keeps its 1.2 size.
+#define MEMPLUG_HOST_INFO_SIZE_1_3 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_HOST_SERVICES_SIZE_1_3 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_DEVICE_IDENTITY_SIZE_1_3 48
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_HANDLE_SIZE_1_3 96
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_PEER_ACCESS_SIZE_1_3 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_NEGOTIATION_SIZE_1_3 16
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_PLUGIN_SIZE_1_3 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_MECHANISM_SIZE_1_3 88
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_PROPERTIES_SIZE_1_3 80
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_MEMORY_INFO_SIZE_1_3 24
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_REQUEST_SIZE_1_3 72
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_BLOCK_SIZE_1_3 32
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_OBJECT_REF_SIZE_1_3 56
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_ALLOCATOR_SIZE_1_3 40
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_VIRTUAL_BACKING_SIZE_1_3 64
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_SHARED_MAPPING_SIZE_1_3 96
+
+// See `MEMPLUG_HOST_INFO_SIZE_1_3`.
+#define MEMPLUG_SYNC_SIZE_1_3 96
+
 // Result of every fallible slot. `MEMPLUG_STATUS_OK` (zero) is success; every
 // other value is a failure, optionally explained through the call's
 // [`MemplugMessageSink`]. Values are never renumbered; a reader maps a value
@@ -511,6 +587,15 @@ typedef struct MemplugProperties {
   uint32_t flags;
   // Since 1.2. Explicit padding; zero.
   uint32_t reserved1;
+  // Since 1.3 (present when `struct_size` is at least
+  // `MEMPLUG_PROPERTIES_SIZE_1_3`; a host asks for it only when the agreed
+  // minor is at least 3). `MEMPLUG_COPY_*` bits: the address spaces
+  // `MemplugSync::copy` copies between. Zero exactly when the mechanism
+  // publishes no copy slot; non-zero requires it (a host refuses a
+  // mechanism that says one without the other).
+  uint32_t copy_kinds;
+  // Since 1.3. Explicit padding; zero.
+  uint32_t reserved2;
 } MemplugProperties;
 
 // What the host asks `allocate` (or `reserve`, or `create`) for.
@@ -941,6 +1026,33 @@ typedef struct MemplugSync {
                                       void *native,
                                       uint64_t *out_stream,
                                       const struct MemplugMessageSink *sink);
+  // Since 1.3. Optional (NULL when unsupported; a host then answers
+  // `MEMPLUG_STATUS_UNSUPPORTED` itself). Enqueues on `stream` a copy of
+  // `len` bytes from address `src` to address `dst`, and returns without
+  // waiting for it. Ordering: the copy starts after the work submitted
+  // to `stream` before it has run (host functions included) and
+  // completes before any work submitted after it (a fence recorded after
+  // it completes only once the bytes are at `dst`). Each range lies in a
+  // space `MemplugProperties::copy_kinds` publishes; a range in the
+  // mechanism's own memory lies wholly inside one allocation or one
+  // committed or mapped part of a reservation. Checked before anything is
+  // enqueued, each refusal changing nothing: `len` 0 is `OK` and does
+  // nothing; ranges that overlap are `MEMPLUG_STATUS_INVALID_ARGUMENT`
+  // (there are no `memmove` semantics); a range that wraps around the
+  // address space, or that starts or ends outside the mechanism's memory
+  // it partly lies in (past the end of an allocation, into an
+  // uncommitted part of a reservation, in unmapped device memory), is
+  // `MEMPLUG_STATUS_OUT_OF_RANGE`; a range in a space the mechanism does
+  // not publish is `MEMPLUG_STATUS_UNSUPPORTED`; an unknown `stream`
+  // is `MEMPLUG_STATUS_UNKNOWN_ALLOCATION`. Like device work, a copy
+  // must finish before its memory is decommitted, unmapped or freed
+  // (the host orders that behind a fence recorded after it).
+  MemplugStatus (*copy)(void *ctx,
+                        uint64_t stream,
+                        uint64_t dst,
+                        uint64_t src,
+                        uint64_t len,
+                        const struct MemplugMessageSink *sink);
 } MemplugSync;
 
 // Since 1.2. A device's identity: what lets a runtime match a mechanism's

@@ -2,15 +2,15 @@
  * future_plugin.c: a plugin from the future, for the compatibility matrix
  * (abi-tests/tests/compat_matrix.rs).
  *
- * It speaks ABI 1.0..=1.3, where "1.3" is a minor no host here knows: every
+ * It speaks ABI 1.0..=1.4, where "1.4" is a minor no host here knows: every
  * struct it publishes is longer than any header describes (fields and slots
- * appended after the 1.2 layout, struct_size set to the longer size), its
+ * appended after the current layout, struct_size set to the longer size), its
  * mechanism sets capability bits no minor defines (in the views of 1.2 and
  * newer only: a plugin answers a 1.0 or 1.1 host, which knows every bit of
- * its minor, with that minor's descriptor; 1.2 is not frozen, so a 1.2 host
- * cannot tell them from bits 1.2 may still add), and it knows a longer
+ * its minor, with that minor's descriptor; a host of 1.2 or newer ignores
+ * bits it does not know), and it knows a longer
  * MemplugBlock than hosts do (so it must write host out-structs only up to
- * the host's struct_size). A correct host of 1.0, 1.1 or 1.2 reads each
+ * the host's struct_size). A correct host of 1.0, 1.1, 1.2 or 1.3 reads each
  * struct as the prefix it knows, ignores the unknown bits, never calls a
  * slot it does not know, and agrees on its own newest minor. It also does
  * what 1.2 asks of a plugin that loses its device, through a test trigger
@@ -72,11 +72,11 @@
 #endif
 
 #define FUTURE_MIN_MINOR 0u
-#define FUTURE_MAX_MINOR 3u
-#if MEMPLUG_ABI_MINOR >= 3
+#define FUTURE_MAX_MINOR 4u
+#if MEMPLUG_ABI_MINOR >= 4
 #error "FUTURE_MAX_MINOR must stay above the newest minor the header describes: bump it"
 #endif
-/* Capability bits of "1.3" and of a vendor extension: no header defines
+/* Capability bits of "1.4" and of a vendor extension: no header defines
  * them. */
 #define FUTURE_CAP_BITS ((uint32_t)1 << 9 | (uint32_t)1 << 20)
 
@@ -98,67 +98,67 @@
 #define FUTURE_RECOMMENDED_PAGES 16u
 /* The 16 bytes of its UUID: "memplug-future!!" */
 #define FUTURE_UUID {'m', 'e', 'm', 'p', 'l', 'u', 'g', '-', 'f', 'u', 't', 'u', 'r', 'e', '!', '!'}
-/* An identity bit of "1.3": a 1.2 host drops it. */
-#define FUTURE_IDENTITY_BIT_1_3 ((uint32_t)1 << 9)
+/* An identity bit of "1.4": a 1.2 host drops it. */
+#define FUTURE_IDENTITY_BIT_1_4 ((uint32_t)1 << 9)
 
-/* ---- the longer structs of "1.3" ---- */
+/* ---- the longer structs of "1.4" ---- */
 
 typedef MemplugStatus (*future_slot_fn)(void *ctx, uint64_t arg, const MemplugMessageSink *sink);
 
 typedef struct {
     MemplugPlugin base;
-    uint64_t plugin_flags_1_3;
-    const void *extension_1_3;
+    uint64_t plugin_flags_1_4;
+    const void *extension_1_4;
 } FuturePlugin;
 
 typedef struct {
     MemplugMechanism base;
-    const void *future_table_1_3; /* the sub-vtable of a capability 1.3 adds */
-    uint64_t numa_node_1_3;
+    const void *future_table_1_4; /* the sub-vtable of a capability 1.4 adds */
+    uint64_t numa_node_1_4;
 } FutureMechanism;
 
 typedef struct {
     MemplugAllocator base;
-    future_slot_fn allocate_hinted_1_3;
-    future_slot_fn trim_1_3;
+    future_slot_fn allocate_hinted_1_4;
+    future_slot_fn trim_1_4;
 } FutureAllocator;
 
 typedef struct {
     MemplugVirtualBacking base;
-    future_slot_fn commit_huge_1_3;
+    future_slot_fn commit_huge_1_4;
 } FutureVirtualBacking;
 
 typedef struct {
     MemplugSharedMapping base; /* 1.1 layout, export/import included */
-    future_slot_fn export_handle_1_3;
+    future_slot_fn export_handle_1_4;
 } FutureSharedMapping;
 
 /* What this plugin thinks properties and an identity are. */
 typedef struct {
     MemplugProperties base;
-    uint64_t numa_mask_1_3;
+    uint64_t numa_mask_1_4;
 } FutureProperties;
 
 typedef struct {
     MemplugDeviceIdentity base;
-    uint64_t pci_segment_1_3;
+    uint64_t pci_segment_1_4;
 } FutureIdentity;
 
 static const FutureIdentity g_future_identity = {
     .base =
         {
             .struct_size = sizeof(FutureIdentity),
-            .valid = MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_NUMA_NODE | FUTURE_IDENTITY_BIT_1_3,
+            .valid = MEMPLUG_IDENTITY_UUID | MEMPLUG_IDENTITY_NUMA_NODE | FUTURE_IDENTITY_BIT_1_4,
             .uuid = FUTURE_UUID,
             .numa_node = 0,
         },
-    .pci_segment_1_3 = 0x13,
+    .pci_segment_1_4 = 0x14,
 };
 
 /* What this plugin thinks a block is. */
 typedef struct {
     MemplugBlock base;
-    uint64_t numa_node_1_3;
+    uint64_t numa_node_1_4;
 } FutureBlock;
 
 /* A slot no host knows: it must never be called. */
@@ -166,7 +166,7 @@ static MemplugStatus future_slot(void *ctx, uint64_t arg, const MemplugMessageSi
 {
     (void)ctx;
     (void)arg;
-    fprintf(stderr, "future_plugin: a host called a 1.3 slot it cannot know\n");
+    fprintf(stderr, "future_plugin: a host called a 1.4 slot it cannot know\n");
     abort();
     return say(sink, MEMPLUG_STATUS_INTERNAL, "unreachable");
 }
@@ -291,7 +291,7 @@ MEMPLUG_EXPORT MemplugStatus memplug_test_trigger_device_lost(uint64_t mechanism
 }
 
 /* Every slot of the mechanism fails once it is lost. The properties carry
- * the memory descriptor (and a "1.3" field after it), written only as far
+ * the memory descriptor (and a "1.4" field after it), written only as far
  * as the host's struct reaches, whatever the view: a host that agreed
  * below 1.2 passes a struct too short for it, or does not read it. */
 static MemplugStatus future_properties(void *ctx, MemplugProperties *out, const MemplugMessageSink *sink)
@@ -317,7 +317,7 @@ static MemplugStatus future_properties(void *ctx, MemplugProperties *out, const 
     p.base.location_kind = MEMPLUG_LOCATION_HOST;
     p.base.location_id = 0;
     p.base.flags = 0;
-    p.numa_mask_1_3 = 1;
+    p.numa_mask_1_4 = 1;
     write_prefix(out, &p, sizeof p);
     return MEMPLUG_STATUS_OK;
 }
@@ -420,7 +420,7 @@ static MemplugStatus future_make(MemplugStatus (*inner)(void *, const MemplugReq
     if (st != MEMPLUG_STATUS_OK) {
         return st;
     }
-    local.numa_node_1_3 = 0;
+    local.numa_node_1_4 = 0;
     write_prefix(out, &local, sizeof local);
     return MEMPLUG_STATUS_OK;
 }
@@ -525,7 +525,7 @@ static const FutureSharedMapping g_future_shared = {
             .import_handle = nope_import_handle,
 #endif
         },
-    .export_handle_1_3 = future_slot,
+    .export_handle_1_4 = future_slot,
 };
 #endif
 
@@ -540,8 +540,8 @@ static const FutureAllocator g_future_allocator = {
             .deallocate = future_deallocate,
             .memory_info = future_memory_info,
         },
-    .allocate_hinted_1_3 = future_slot,
-    .trim_1_3 = future_slot,
+    .allocate_hinted_1_4 = future_slot,
+    .trim_1_4 = future_slot,
 };
 
 static const FutureVirtualBacking g_future_virtual_backing = {
@@ -554,7 +554,7 @@ static const FutureVirtualBacking g_future_virtual_backing = {
             .committed_bytes = future_committed_bytes,
             .release = future_release,
         },
-    .commit_huge_1_3 = future_slot,
+    .commit_huge_1_4 = future_slot,
 };
 
 static const uint64_t g_future_table[4] = {0x1202, 0, 0, 0};
@@ -634,8 +634,8 @@ static void future_build(void)
         m->base.sync = NULL;
         /* In every view: a host that agreed below 1.2 must not read it. */
         m->base.identity = &g_future_identity.base;
-        m->future_table_1_3 = g_future_table;
-        m->numa_node_1_3 = 0;
+        m->future_table_1_4 = g_future_table;
+        m->numa_node_1_4 = 0;
         g_future_mechanism_lists[minor][0] = &m->base;
 
         p->base.struct_size = sizeof *p;
@@ -643,26 +643,26 @@ static void future_build(void)
         p->base.min_minor = FUTURE_MIN_MINOR;
         p->base.max_minor = FUTURE_MAX_MINOR;
         p->base.name = "memplug-future";
-        p->base.version = "1.3.0-simulated";
+        p->base.version = "1.4.0-simulated";
         p->base.ctx = NULL;
         p->base.mechanism_count = 1;
         p->base.mechanisms = g_future_mechanism_lists[minor];
         p->base.live_objects = ex_live_objects;
         p->base.unload = future_unload;
-        p->plugin_flags_1_3 = 0x13;
-        p->extension_1_3 = g_future_table;
+        p->plugin_flags_1_4 = 0x14;
+        p->extension_1_4 = g_future_table;
     }
 }
 
-/* "1.3" hosts send a longer host info: read the prefix this plugin knows. */
+/* "1.4" hosts send a longer host info: read the prefix this plugin knows. */
 typedef struct {
     MemplugHostInfo base;
-    uint64_t host_flags_1_3;
+    uint64_t host_flags_1_4;
 } FutureHostInfo;
 
 typedef struct {
     MemplugNegotiation base;
-    uint64_t negotiation_flags_1_3;
+    uint64_t negotiation_flags_1_4;
 } FutureNegotiation;
 
 MEMPLUG_EXPORT MemplugStatus memplug_plugin_v1(const MemplugHostInfo *host, MemplugNegotiation *out,
@@ -708,7 +708,7 @@ MEMPLUG_EXPORT MemplugStatus memplug_plugin_v1(const MemplugHostInfo *host, Memp
     memset(&answer, 0, sizeof answer);
     answer.base.agreed_minor = hi;
     answer.base.plugin = &g_future_plugins[hi].base;
-    answer.negotiation_flags_1_3 = 0x13;
+    answer.negotiation_flags_1_4 = 0x14;
     write_prefix(out, &answer, sizeof answer);
     return MEMPLUG_STATUS_OK;
 }

@@ -13,17 +13,26 @@
 //!   `LoadOptions { max_minor: 1, .. }` (it still passes its 1.2 host info,
 //!   services included; a plugin that agreed on 1.1 must not use them, and
 //!   the host refuses them if it does).
-//! * **Rust host 1.2**: the current `memplug-host` (`Plugin::load`), with
+//! * **Rust host pinned to 1.2**: the current `memplug-host` with
+//!   `max_minor: 2`, the 1.2-speaking negotiation a 1.3 plugin must still
+//!   serve (no copy slot read, no copy spaces asked for).
+//! * **Rust host 1.3**: the current `memplug-host` (`Plugin::load`), with
 //!   host-level checks (allocate, virtual backing, export/import through
 //!   `SharedMappingApi`, what the plugin did with the services, the 1.2
-//!   memory descriptor, device identity and typed export, unload) and the
-//!   vendor conformance kit (`memplug-conformance`) on the same library.
+//!   memory descriptor, device identity and typed export, 1.3's
+//!   stream-ordered copy, unload) and the vendor conformance kit
+//!   (`memplug-conformance`) on the same library.
 //!
-//! Plugins: the Rust CPU plugin (SDK, 1.0..=1.2), the C example (it speaks
+//! (No C host is frozen at 1.2 yet: `matrix_host.c` speaks the 24-byte host
+//! info of 1.0 and 1.1; the 1.2-speaking host is the pinned Rust one.)
+//!
+//! Plugins: the Rust CPU plugin (SDK, 1.0..=1.3), the C example (it speaks
 //! 1.0) built against the 1.0 header and against the current header, a C
 //! plugin released with 1.1 (`abi-tests/c/plugin_1_1.c`, built against the
-//! frozen 1.1 header, 1.0..=1.1), a simulated future plugin
-//! (`abi-tests/c/future_plugin.c`: 1.0..=1.3, every struct longer than any
+//! frozen 1.1 header, 1.0..=1.1), one released with 1.2
+//! (`abi-tests/c/plugin_1_2.c`, built against the frozen 1.2 header,
+//! 1.0..=1.2: a 1.3 host agrees on 1.2 with it), a simulated future plugin
+//! (`abi-tests/c/future_plugin.c`: 1.0..=1.4, every struct longer than any
 //! header, unknown capability bits from its 1.2 view on, the 1.2 memory
 //! descriptor and device identity in every view, the kit's device-loss
 //! test trigger),
@@ -84,6 +93,9 @@ use std::process::{Child, Command, Stdio};
 #[path = "compat_matrix/checks_1_2.rs"]
 mod checks_1_2;
 use checks_1_2::{abi_1_2_checks, cross_stream_wait, ordering_checks, refused_wait};
+#[path = "compat_matrix/checks_1_3.rs"]
+mod checks_1_3;
+use checks_1_3::copy_checks;
 
 const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 
@@ -135,6 +147,9 @@ struct Subject {
     /// What it publishes when 1.2 (or newer) is agreed; `None`: nothing
     /// (it never agrees on 1.2).
     at_1_2: Option<Published>,
+    /// The `MEMPLUG_COPY_*` spaces of its copy slot when 1.3 (or newer)
+    /// is agreed; `None`: no copy slot.
+    copy_kinds_1_3: Option<u32>,
 }
 
 /// What a plugin says of its memory and device at ABI 1.2.
@@ -226,18 +241,29 @@ fn subjects() -> Vec<Subject> {
     let example = repo_root().join("c-examples/plugin/example_plugin.c");
     let cpu = find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
     // Compile the C plugins side by side (each is one gcc run).
-    let (ex10, ex_now, p11, future, two) = std::thread::scope(|s| {
+    let (ex10, ex_now, p11, p12, future, two) = std::thread::scope(|s| {
         let a = s.spawn(|| compile_plugin_against(&example, &frozen(0), &[], "memplug_example_h10"));
         let b = s.spawn(|| compile_plugin_against(&example, &include_dir(), &[], "memplug_example_h_now"));
         let c = s.spawn(|| {
             compile_plugin_against(&c_dir().join("plugin_1_1.c"), &frozen(1), &[], "memplug_c_1_1")
         });
+        let c2 = s.spawn(|| {
+            compile_plugin_against(&c_dir().join("plugin_1_2.c"), &frozen(2), &[], "memplug_c_1_2")
+        });
         let d = s.spawn(|| future_plugin(None));
         let e = s.spawn(|| compile_c_plugin(&c_dir().join("two_majors.c"), &[], "memplug_two_majors"));
-        (a.join().unwrap(), b.join().unwrap(), c.join().unwrap(), d.join().unwrap(), e.join().unwrap())
+        let j = |h: std::thread::ScopedJoinHandle<PathBuf>| h.join().unwrap();
+        (j(a), j(b), j(c), j(c2), j(d), j(e))
     });
-    let s =
-        |label, path, range, exports, trigger| Subject { label, path, range, exports, trigger, at_1_2: None };
+    let s = |label, path, range, exports, trigger| Subject {
+        label,
+        path,
+        range,
+        exports,
+        trigger,
+        at_1_2: None,
+        copy_kinds_1_3: None,
+    };
     let cpu_1_2 = Published {
         descriptor: cpu_plugin_descriptor,
         identity: cpu_plugin_identity,
@@ -259,11 +285,16 @@ fn subjects() -> Vec<Subject> {
         queued_binding: false,
     };
     vec![
-        Subject { at_1_2: Some(cpu_1_2), ..s("Rust CPU plugin (1.0..=1.2)", cpu, (0, 2), true, false) },
+        Subject {
+            at_1_2: Some(cpu_1_2),
+            copy_kinds_1_3: Some(MEMPLUG_COPY_DEVICE | MEMPLUG_COPY_HOST),
+            ..s("Rust CPU plugin (1.0..=1.3)", cpu, (0, 3), true, false)
+        },
         s("C example, 1.0 header", ex10, (0, 0), false, false),
         s("C example, current header", ex_now, (0, 0), false, false),
         s("C plugin 1.1 (frozen 1.1 header)", p11, (0, 1), false, false),
-        Subject { at_1_2: Some(future_1_2), ..s("future plugin (1.0..=1.3)", future, (0, 3), false, true) },
+        s("C plugin 1.2 (frozen 1.2 header)", p12, (0, 2), false, false),
+        Subject { at_1_2: Some(future_1_2), ..s("future plugin (1.0..=1.4)", future, (0, 4), false, true) },
         s("two majors (v1 + v2)", two, (0, 0), false, false),
     ]
 }
@@ -609,6 +640,7 @@ fn rust_host_cell(s: &Subject, host_max: u32, kit: bool) -> Cell {
         cell.degraded.extend(host_checks(m, agreed, &mut cell.problems));
         cell.degraded.extend(abi_1_2_checks(s, m, agreed, &mut cell.problems));
         cell.degraded.extend(ordering_checks(s, m, agreed, &mut cell.problems));
+        cell.degraded.extend(copy_checks(s, m, agreed, &mut cell.problems));
     }
     let used = services_used(s, &plugin, agreed, &mut cell.problems);
     cell.degraded.push(used);
@@ -685,7 +717,10 @@ fn table(cells: &[Cell]) -> String {
 
 #[test]
 fn compatibility_matrix() {
-    assert_eq!(HOST_MAX_MINOR, 2, "a new minor: add its frozen C host and its column");
+    assert_eq!(
+        HOST_MAX_MINOR, 3,
+        "a new minor: add its row (a host pinned to the minor before) and its cells"
+    );
     let (hosts, subjects) = std::thread::scope(|s| {
         let h0 = s.spawn(|| build_matrix_host(0));
         let h1 = s.spawn(|| build_matrix_host(1));
@@ -699,6 +734,7 @@ fn compatibility_matrix() {
         .flat_map(|(minor, exe)| subjects.iter().map(move |s| (*minor, s, spawn_c_host(exe, &s.path))))
         .collect();
     let mut cells: Vec<Cell> = subjects.iter().map(|s| rust_host_cell(s, HOST_MAX_MINOR, true)).collect();
+    cells.extend(subjects.iter().map(|s| rust_host_cell(s, 2, false)));
     cells.extend(subjects.iter().map(|s| rust_host_cell(s, 1, false)));
     cells.extend(children.into_iter().map(|(minor, s, c)| c_host_cell(minor, s, c)));
 
@@ -714,7 +750,7 @@ fn compatibility_matrix() {
         .flat_map(|c| c.problems.iter().map(move |p| format!("[{} × {}] {p}", c.host, c.plugin)))
         .collect();
     assert!(problems.is_empty(), "{text}\n{}", problems.join("\n"));
-    assert_eq!(cells.len(), 24, "4 hosts × 6 plugins");
+    assert_eq!(cells.len(), 35, "5 hosts × 7 plugins");
 }
 
 /// The C hosts' fence is real: a plugin that reads the 1.2 `services` field
@@ -744,7 +780,7 @@ fn a_plugin_reading_services_past_a_frozen_host_info_crashes_the_c_host() {
     // In process, with the current host's 32-byte host info, the same peek
     // reads a valid field: the plugin loads and works.
     let p = Plugin::load(&peek).unwrap();
-    assert_eq!(p.abi_version(), (1, 2));
+    assert_eq!(p.abi_version(), (1, HOST_MAX_MINOR));
     p.unload().unwrap();
 }
 
@@ -802,9 +838,10 @@ fn the_host_refuses_typed_export_claimed_against_the_rules() {
     let pinned_1_1 = LoadOptions { max_minor: 1, ..Default::default() };
     let msg = load_error(&at_1_1, &pinned_1_1);
     assert!(msg.contains("above the agreed minor") && msg.contains("MEMPLUG_CAP_TYPED_EXPORT"), "{msg}");
-    // The same library at 1.2 is within the rules.
+    // The same library at 1.2 (and the current host's newer minor) is
+    // within the rules.
     let p = Plugin::load(&at_1_1).unwrap();
-    assert_eq!(p.abi_version(), (1, 2));
+    assert_eq!(p.abi_version(), (1, HOST_MAX_MINOR));
     let c = p.mechanisms()[0].capabilities();
     assert!(c.typed_export() && c.shared_export(), "{c:?}");
     p.unload().unwrap();

@@ -147,6 +147,10 @@ fn the_c_example_plugin_passes_what_it_implements_and_skips_the_rest() {
             n if n.starts_with("ordering.") => {
                 assert!(why.contains("agreed minor is 1.0") && why.contains("ABI 1.2"), "{c}")
             }
+            // The stream-ordered copy is 1.3's.
+            n if n.starts_with("copy.") => {
+                assert!(why.contains("agreed minor is 1.0") && why.contains("ABI 1.3"), "{c}")
+            }
             // Device loss and the host services are 1.2's (the one loss
             // check that needs no loss, loss.negotiation_reports, passes).
             "loss.reported_through_services" | "loss.every_slot_device_lost" | "loss.unknown_mechanism" => {

@@ -18,7 +18,7 @@ fn inspect_without_a_plugin_shows_the_cpu_plugin() {
     let page = page_size();
     for want in [
         "memplug-cpu",
-        "abi         1.2",
+        "abi         1.3",
         "cpu:0",
         "allocator, virtual_backing, shared_mapping, sync, shared_export, typed_export",
         &format!("page sizes    {} KiB", page >> 10),
@@ -37,7 +37,7 @@ fn inspect_json_is_machine_readable() {
     let out = memplug(&["inspect", "--json"]);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
-    assert_eq!(v["abi"], "1.2");
+    assert_eq!(v["abi"], "1.3");
     let m = &v["mechanisms"][0];
     assert_eq!(m["name"], "cpu");
     let caps: Vec<&str> = m["capabilities"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();

@@ -396,6 +396,45 @@ pub const CHECKS: &[CheckInfo] = &[
          and unknown access bits",
     ),
     per_mechanism(
+        "copy.kinds",
+        "ABI 1.3: properties asked at the 1.3 size say copy_kinds non-zero exactly when the copy slot is \
+         published, with no bit a minor the kit knows does not define, written within struct_size; without \
+         HOST, a copy from host memory is UNSUPPORTED",
+    ),
+    per_mechanism(
+        "copy.bytes_exact",
+        "ABI 1.3, when copy is published with DEVICE: a copy between two allocations at an odd offset and \
+         length moves exactly those bytes and no byte around them (seen directly in CPU memory, else through \
+         host memory with copies from and to it: MEMPLUG_COPY_HOST)",
+    ),
+    per_mechanism(
+        "copy.ordering_host_fns",
+        "ABI 1.3, when copy is published: on a stream held by a host function, a host function enqueued before \
+         the copy writes its source and one after it reads its destination: nothing is copied while the \
+         stream is held, and the reader sees the bytes the writer wrote",
+    ),
+    per_mechanism(
+        "copy.ordering_fences",
+        "ABI 1.3, when copy is published: a fence recorded after a copy on a held stream is not complete while \
+         it is held, and once it completes the destination holds the copied bytes",
+    ),
+    per_mechanism(
+        "copy.bounds",
+        "ABI 1.3, when copy is published: ranges running past the end of an allocation (dst, src, both) and \
+         into an uncommitted granule of a reservation are OUT_OF_RANGE, answered while the stream is held; the \
+         committed granule is copied",
+    ),
+    per_mechanism(
+        "copy.overlap",
+        "ABI 1.3, when copy is published: ranges sharing a byte (either order, one byte, equal) are \
+         INVALID_ARGUMENT; adjacent ranges are copied",
+    ),
+    per_mechanism(
+        "copy.len_zero",
+        "ABI 1.3, when copy is published: copies of 0 bytes (equal addresses, the end of an allocation) are OK \
+         and change nothing; a copy on a destroyed stream is UNKNOWN_ALLOCATION",
+    ),
+    per_mechanism(
         "concurrency.allocator",
         "several threads allocating and freeing at once: every call succeeds, no two live blocks overlap, \
          live_objects balances",

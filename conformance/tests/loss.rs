@@ -52,7 +52,7 @@ fn fixture(variant: Option<&str>) -> PathBuf {
 fn the_cpu_plugin_passes_the_loss_checks_through_its_test_switch() {
     let r = run(&find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN"));
     assert!(r.passed(), "failed: {:?}\n{}", failed(&r), table(&r));
-    assert_eq!(r.abi.as_deref(), Some("1.2"), "{}", table(&r));
+    assert_eq!(r.abi.as_deref(), Some("1.3"), "{}", table(&r));
     for check in LOSS_CHECKS.iter().chain(&["negotiation.host_size_respected", "negotiation.accepts_host"]) {
         let (o, detail) = one(&r, check);
         assert_eq!(o, Outcome::Pass, "{check}: {detail}\n{}", table(&r));
@@ -79,14 +79,15 @@ fn the_cpu_plugin_passes_the_loss_checks_through_its_test_switch() {
         "sync.enqueue_host_fn",
         "sync.fence_wait",
         "sync.stream_wait_fence",
+        "sync.copy",
         "sync.stream_destroy",
         "virtual_backing.commit_on",
         "shared_mapping.unmap_on",
     ] {
         assert!(d.contains(slot), "{slot} was not called after the loss: {d}");
     }
-    // Every slot "cpu" publishes at 1.2 but stream_adopt (not published).
-    assert!(d.contains("all 30 slots"), "{d}");
+    // Every slot "cpu" publishes at 1.3 but stream_adopt (not published).
+    assert!(d.contains("all 31 slots"), "{d}");
     let (_, d) = one(&r, "exports.only_entry_symbols");
     assert!(d.contains("memplug_cpu_test_report_loss"), "{d}");
     // The JSON report names the new checks.

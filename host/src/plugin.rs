@@ -23,6 +23,7 @@ pub const ENTRY_SYMBOLS: &[&str] = &[MEMPLUG_ENTRY_SYMBOL_V1];
 pub use crate::load_options::{LoadOptions, HOST_MAX_MINOR, HOST_MIN_MINOR};
 
 mod v1_2;
+mod v1_3;
 
 use crate::library::LoadedLibrary as PluginShared;
 
@@ -646,11 +647,13 @@ impl Reader<'_> {
             return Err(bad(format!("granularity {} is not a power of two", out.granularity)));
         }
         let descriptor = self.descriptor(&out, m.minor).map_err(bad)?;
+        let copy_kinds = self.copy_kinds(&out, m).map_err(bad)?;
         Ok(Properties {
             min_alignment: out.min_alignment,
             max_alignment: out.max_alignment,
             granularity: out.granularity,
             descriptor,
+            copy_kinds,
         })
     }
 }

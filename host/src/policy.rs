@@ -145,7 +145,7 @@ impl CheckedFile {
         match unsafe { libloading::os::unix::Library::open(Some(&path), flags) } {
             Ok(l) => Ok(OpenLibrary {
                 library: Some(libloading::Library::from(l)),
-                _name: name,
+                name: Some(name),
                 loaded_as,
                 pin: Some(pin),
             }),
@@ -175,7 +175,8 @@ pub struct OpenLibrary {
     // Dropped in this order (see `Drop`): the library first, then, if the
     // loader let it go, the pin; then its name.
     library: Option<libloading::Library>,
-    _name: LoaderName,
+    /// Given up (kept reserved for good) when the library stays mapped.
+    name: Option<LoaderName>,
     /// The name the loader was given (how it lists the object), as the
     /// numbers it is made of: no heap, since a library kept mapped for good
     /// is never dropped (and must leave nothing a leak checker would see as
@@ -194,9 +195,14 @@ impl OpenLibrary {
 impl Drop for OpenLibrary {
     fn drop(&mut self) {
         drop(self.library.take());
-        if loaded_object_names().contains(&self.loaded_as.name()) {
-            // Still mapped after the close: keep the inode pinned.
+        let object = self.name.as_ref().map(|n| n.object);
+        if loaded_object_names().contains(&self.loaded_as.name()) || object.is_some_and(still_mapped) {
+            // Still mapped after the close: keep the inode pinned, and
+            // every name the loader was given for it reserved, since it
+            // answers each of them with this object (the name it lists,
+            // the one asked for, may be an older alias).
             std::mem::forget(self.pin.take());
+            std::mem::forget(self.name.take());
         }
     }
 }
@@ -408,6 +414,21 @@ fn writable_mode(md: &Metadata) -> Option<u32> {
 }
 
 /// The names of every object the dynamic loader has loaded.
+/// Whether a file of `(device, inode)` is still mapped into this process
+/// (`/proc/self/maps`; a library the loader kept after its last close).
+/// Unreadable maps count as mapped: the cautious answer keeps a name.
+fn still_mapped((dev, ino): (u64, u64)) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return true;
+    };
+    let want = format!("{:02x}:{:02x}", libc::major(dev), libc::minor(dev));
+    maps.lines().any(|l| {
+        let mut f = l.split_whitespace().skip(3);
+        let (d, i) = (f.next(), f.next());
+        d == Some(want.as_str()) && i.and_then(|i| i.parse::<u64>().ok()) == Some(ino)
+    })
+}
+
 fn loaded_object_names() -> std::collections::HashSet<Vec<u8>> {
     unsafe extern "C" fn each(info: *mut libc::dl_phdr_info, _size: usize, data: *mut c_void) -> c_int {
         // SAFETY: `data` is the set passed below; `info` is the loader's,

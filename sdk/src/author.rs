@@ -814,4 +814,25 @@ pub trait StreamSync: Send + Sync + 'static {
     fn stream_adopt_typed(&self, _native_kind: u32, _native: *mut c_void) -> PluginResult<u64> {
         Err(PluginError::unsupported("stream_adopt_typed is not published"))
     }
+
+    /// Whether `copy` is published (ABI 1.3). [`copy_kinds`](Self::copy_kinds)
+    /// must then name at least one address space.
+    const CAN_COPY: bool = false;
+    /// The `MEMPLUG_COPY_*` spaces `copy` copies between, published in the
+    /// properties to hosts of 1.3 (called once, when the sync capability is
+    /// added to the mechanism; ignored without `CAN_COPY`).
+    fn copy_kinds(&self) -> u32 {
+        0
+    }
+    /// Enqueues on `stream` a copy of `len` bytes from `src` to `dst`, after
+    /// the work before it and before the work after it; returns without
+    /// waiting. The SDK has answered `len` 0 with `OK` and refused ranges
+    /// that wrap or overlap ([`crate::check_copy_ranges`]), so `len > 0`
+    /// and the ranges are disjoint; whether each lies in memory you can
+    /// copy (inside one of your allocations or committed or mapped ranges:
+    /// `OUT_OF_RANGE` past one; `UNSUPPORTED` in a space you do not
+    /// publish) and the stream are yours to check, before enqueuing.
+    fn copy(&self, _stream: u64, _dst: u64, _src: u64, _len: u64) -> PluginResult<()> {
+        Err(PluginError::unsupported("copy is not published"))
+    }
 }

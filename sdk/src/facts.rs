@@ -25,6 +25,8 @@ pub struct SizeFact {
     pub size_1_1: u32,
     /// `MEMPLUG_*_SIZE_1_2`: the struct as ABI 1.2 defines it.
     pub size_1_2: u32,
+    /// `MEMPLUG_*_SIZE_1_3`: the struct as ABI 1.3 defines it.
+    pub size_1_3: u32,
     /// The minor that added the struct (its sizes at older minors are 0).
     pub since_minor: u32,
 }
@@ -36,7 +38,8 @@ impl SizeFact {
         match minor {
             0 => self.size_1_0,
             1 => self.size_1_1,
-            _ => self.size_1_2,
+            2 => self.size_1_2,
+            _ => self.size_1_3,
         }
     }
 
@@ -54,11 +57,19 @@ macro_rules! size_fact {
             size_1_0: abi::size_1_0::$short,
             size_1_1: abi::size_1_1::$short,
             size_1_2: abi::size_1_2::$short,
+            size_1_3: abi::size_1_3::$short,
             since_minor: 0,
         }
     };
     ($name:literal, $short:ident, since 2) => {
-        SizeFact { name: $name, size_1_0: 0, size_1_1: 0, size_1_2: abi::size_1_2::$short, since_minor: 2 }
+        SizeFact {
+            name: $name,
+            size_1_0: 0,
+            size_1_1: 0,
+            size_1_2: abi::size_1_2::$short,
+            size_1_3: abi::size_1_3::$short,
+            since_minor: 2,
+        }
     };
 }
 
@@ -235,6 +246,7 @@ slots!(MemplugSync, "sync":
     fence_destroy: Required, 0;
     stream_wait_fence: Optional, 2;
     stream_adopt_typed: Optional, 2;
+    copy: Optional, 3;
 );
 
 slots!(MemplugPeerAccess, "peer_access":
@@ -264,9 +276,9 @@ mod tests {
         assert_eq!(listed, fields, "{}: every slot once, in order, at its offset", T::NAME);
         for s in T::SLOTS {
             let end = (s.offset + size_of::<usize>()) as u32;
-            assert!(end <= sizes.size_1_2, "{}.{} lies inside the 1.2 struct", T::NAME, s.name);
+            assert!(end <= sizes.size_1_3, "{}.{} lies inside the 1.3 struct", T::NAME, s.name);
             // The minor that added a slot is the first whose size holds it.
-            let first = (0..=2).find(|m| end <= sizes.at_minor(*m)).expect("inside the 1.2 struct");
+            let first = (0..=3).find(|m| end <= sizes.at_minor(*m)).expect("inside the 1.3 struct");
             assert_eq!(first, s.since_minor, "{}.{}: since_minor agrees with the sizes", T::NAME, s.name);
         }
         // Zeroed: nothing published. One slot set: that one only.
@@ -314,7 +326,7 @@ mod tests {
             fields!(MemplugSync {
                 struct_size, reserved0;
                 stream_create, stream_adopt, stream_destroy, enqueue_host_fn, fence_record, fence_query,
-                fence_wait, fence_destroy, stream_wait_fence, stream_adopt_typed
+                fence_wait, fence_destroy, stream_wait_fence, stream_adopt_typed, copy
             }),
             sizes_of("MemplugSync"),
         );
@@ -359,7 +371,7 @@ mod tests {
         );
         assert_eq!(
             unpublished(&s, Optional).collect::<Vec<_>>(),
-            ["stream_adopt", "stream_wait_fence", "stream_adopt_typed"]
+            ["stream_adopt", "stream_wait_fence", "stream_adopt_typed", "copy"]
         );
     }
 
@@ -392,9 +404,9 @@ mod tests {
         for (fact, (name, (min, now))) in SIZES.iter().zip(structs) {
             assert_eq!(fact.name, name);
             assert_eq!(fact.min_size(), min, "{name}: Prefixed::SIZE_1_0 is the smallest size");
-            assert_eq!(fact.size_1_2 as usize, now, "{name}: the 1.2 size is the current sizeof");
+            assert_eq!(fact.size_1_3 as usize, now, "{name}: the 1.3 size is the current sizeof");
             assert!(min >= 4, "{name}: at least struct_size");
-            let grown = [fact.size_1_0, fact.size_1_1, fact.size_1_2];
+            let grown = [fact.size_1_0, fact.size_1_1, fact.size_1_2, fact.size_1_3];
             for (minor, pair) in grown.windows(2).enumerate() {
                 let before_added = (minor as u32) < fact.since_minor;
                 assert!(

@@ -4,6 +4,8 @@
 //!   generated from it.
 //! * [`Status`] — status codes as a Rust enum.
 //! * [`descriptor`] — the ABI 1.2 memory descriptor and device identity.
+//! * [`copy`] — the ABI 1.3 stream-ordered copy: its address spaces and
+//!   the range checks every side makes.
 //! * [`author`] — the traits a vendor implements ([`Allocator`] required;
 //!   [`VirtualBacking`], [`SharedMapping`], [`StreamSync`] optional).
 //! * [`export`] — builders that turn those traits into vtables, checking
@@ -25,6 +27,7 @@
 
 pub mod abi;
 pub mod author;
+pub mod copy;
 pub mod descriptor;
 pub mod export;
 pub mod facts;
@@ -32,6 +35,7 @@ pub mod prefix;
 pub mod status;
 
 pub use author::*;
+pub use copy::{check_copy_ranges, copy_range_inside, copy_range_unbacked, CopyKinds, CopyRangeError};
 pub use descriptor::{Descriptor, DeviceIdentity, Handle, HandleRef, Location};
 pub use export::{
     BuiltMechanism, ExportedPlugin, HostLink, LossReport, MechanismBuilder, MechanismState, PluginBuilder,

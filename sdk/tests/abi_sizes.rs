@@ -91,3 +91,20 @@ fn capability_and_class_numbers() {
     ];
     assert_eq!(classes, [0, 1, 2, 3, 4]);
 }
+
+#[test]
+fn the_1_3_fields_start_where_1_2_ended() {
+    // 1.3 is open (not frozen): its sizes may still grow, but what it has
+    // appended starts at the 1.2 end, and every other struct keeps its 1.2
+    // size.
+    assert_eq!(offset_of!(MemplugProperties, copy_kinds), size_1_2::PROPERTIES as usize);
+    assert_eq!(offset_of!(MemplugSync, copy), size_1_2::SYNC as usize);
+    for f in memplug_sdk::facts::SIZES {
+        if !matches!(f.name, "MemplugProperties" | "MemplugSync") {
+            assert_eq!(f.size_1_3, f.size_1_2, "{}: 1.3 did not grow it", f.name);
+        }
+    }
+    let copy = [MEMPLUG_COPY_DEVICE, MEMPLUG_COPY_HOST, MEMPLUG_COPY_PEER];
+    assert_eq!(copy, [1, 2, 4], "the copy spaces are bits 0-2");
+    assert_eq!(MEMPLUG_COPY_ALL_1_3, 7);
+}

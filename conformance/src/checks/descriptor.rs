@@ -571,6 +571,9 @@ pub(crate) fn read_tables(desc: &MemplugMechanism, agreed_minor: u32) -> Result<
             // The 1.2 slots are past what the agreed minor defines.
             (v.stream_wait_fence, v.stream_adopt_typed) = (None, None);
         }
+        if agreed_minor < 3 {
+            v.copy = None; // 1.3's
+        }
         Some(v)
     } else {
         None

@@ -53,6 +53,7 @@
 
 mod allocator;
 mod concurrency;
+mod copy;
 mod descriptor;
 mod descriptor_claims;
 pub(crate) mod fresh;
@@ -928,6 +929,7 @@ fn per_mechanism(res: &mut Results, ctx: &Ctx, m: &Mech) {
     sync::run_all(res, ctx, m, &mut st);
     res.share(&m.name, &mut st);
     ordering::run_all(res, ctx, m, &st);
+    copy::run_all(res, ctx, m, &st);
     concurrency::run_all(res, ctx, m, &st);
     res.share(&m.name, &mut st);
     loss::run_mech(res, ctx, m);

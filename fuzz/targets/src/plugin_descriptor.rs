@@ -48,7 +48,8 @@ use crate::arena::{GuardedArena, Placement};
 use crate::input::{bytes, interesting_u64, rare, status};
 use arbitrary::{Result, Unstructured};
 use memplug_host::{
-    Descriptor, LoadError, LoadOptions, Location, Plugin, Properties, Status, HOST_MAX_MINOR, HOST_MIN_MINOR,
+    CopyKinds, Descriptor, LoadError, LoadOptions, Location, Plugin, Properties, Status, HOST_MAX_MINOR,
+    HOST_MIN_MINOR,
 };
 use memplug_sdk::abi::*;
 use memplug_sdk::facts::{Need, Vtable};
@@ -526,6 +527,15 @@ impl Mech {
             t.set("map_on", queued ^ rare(u, 16)?);
             t.set("unmap_on", queued ^ rare(u, 16)?);
         }
+        // ABI 1.3 copy spaces (decoded last, so older seeds decode alike):
+        // usually non-zero exactly when the sync table publishes `copy`,
+        // rarely the other way round or bits of a later minor.
+        let says = sync.as_ref().is_some_and(|t| t.published("copy")) ^ rare(u, 16)?;
+        props.descriptor.copy_kinds = match (says, rare(u, 8)?) {
+            (false, _) => 0,
+            (true, false) => u.int_in_range(1..=MEMPLUG_COPY_ALL_1_3)?,
+            (true, true) => u.arbitrary()?,
+        };
         Ok(Mech {
             shape,
             capabilities,
@@ -824,6 +834,9 @@ unsafe extern "C" fn properties(
         write_within(out, offset_of!(MemplugProperties, location_id), d.location_id);
         write_within(out, offset_of!(MemplugProperties, flags), d.flags);
         write_within(out, offset_of!(MemplugProperties, reserved1), d.reserved1);
+        // 1.3's copy spaces, only into an 80-byte (1.3) struct.
+        write_within(out, offset_of!(MemplugProperties, copy_kinds), d.copy_kinds);
+        write_within(out, offset_of!(MemplugProperties, reserved2), d.reserved2);
     }
     a.status
 }
@@ -944,6 +957,9 @@ mod stubs {
         called()
     }
     pub unsafe extern "C" fn wait(_: *mut c_void, _: u64, _: u64, _: Sink) -> u32 {
+        called()
+    }
+    pub unsafe extern "C" fn copy(_: *mut c_void, _: u64, _: u64, _: u64, _: u64, _: Sink) -> u32 {
         called()
     }
     pub unsafe extern "C" fn range_on(
@@ -1153,6 +1169,7 @@ fn build(input: &Input) -> Built {
                     v.fence_destroy = t.slot("fence_destroy", stubs::handle as _);
                     v.stream_wait_fence = t.slot("stream_wait_fence", stubs::wait as _);
                     v.stream_adopt_typed = t.slot("stream_adopt_typed", stubs::adopt_typed as _);
+                    v.copy = t.slot("copy", stubs::copy as _);
                     v
                 });
                 let peer_access = place_table(&mut arena, &m.peer_access, |t| {
@@ -1638,6 +1655,19 @@ fn expect_mechanism(
     } else {
         Descriptor::default()
     };
+    // ABI 1.3: the copy spaces (asked for in 80-byte properties only at an
+    // agreed minor of 3 or more) and the `copy` slot (read only then, from
+    // a sync table long enough to hold it) agree, or the load is refused.
+    let copy_slot = minor >= 3
+        && caps & MEMPLUG_CAP_SYNC != 0
+        && m.sync.as_ref().is_some_and(|t| t.shape.declared >= MEMPLUG_SYNC_SIZE_1_3 && t.published("copy"));
+    let copy_kinds = if minor >= 3 && a.write { a.descriptor.copy_kinds } else { 0 };
+    if copy_slot != (copy_kinds != 0) {
+        bad(
+            Kind::Malformed,
+            format!("mechanism #{i}: copy slot {copy_slot} with copy_kinds {copy_kinds:#x}"),
+        );
+    }
     if !ok {
         return None;
     }
@@ -1647,7 +1677,13 @@ fn expect_mechanism(
         id: m.id,
         device: m.device,
         capabilities: caps,
-        properties: Properties { min_alignment: min, max_alignment: max, granularity: gran, descriptor },
+        properties: Properties {
+            min_alignment: min,
+            max_alignment: max,
+            granularity: gran,
+            descriptor,
+            copy_kinds: CopyKinds(copy_kinds),
+        },
         virtual_backing: m.virtual_backing.is_some(),
         shared_mapping: m.shared_mapping.as_ref().map(|_| export),
         sync: m.sync.as_ref().map(|t| t.published("stream_adopt")),

@@ -173,7 +173,7 @@ fn load_with_identity(mech_size: u32) -> Plugin {
     p.array = [&p.mechanism];
     p.plugin.struct_size = std::mem::size_of::<MemplugPlugin>() as u32;
     p.plugin.abi_major = MEMPLUG_ABI_MAJOR;
-    p.plugin.max_minor = 2;
+    p.plugin.max_minor = MEMPLUG_ABI_MINOR;
     p.plugin.name = c"identity-plugin".as_ptr();
     p.plugin.version = c"1".as_ptr();
     p.plugin.live_objects = Some(live_zero);

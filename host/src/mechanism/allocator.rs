@@ -116,8 +116,13 @@ impl<'m> AllocatorApi<'m> {
 
     /// The properties as the plugin writes them (the loader judges them).
     pub(crate) fn read_properties(&self) -> Result<MemplugProperties, CallError> {
-        // The 1.2 descriptor only from a plugin that agreed on 1.2.
-        let size = if self.m.minor >= 2 { MEMPLUG_PROPERTIES_SIZE_1_2 } else { MEMPLUG_PROPERTIES_SIZE_1_0 };
+        // The 1.2 descriptor only from a plugin that agreed on 1.2, the 1.3
+        // copy spaces only from one that agreed on 1.3.
+        let size = match self.m.minor {
+            0 | 1 => MEMPLUG_PROPERTIES_SIZE_1_0,
+            2 => MEMPLUG_PROPERTIES_SIZE_1_2,
+            _ => MEMPLUG_PROPERTIES_SIZE_1_3,
+        };
         let mut out = MemplugProperties { struct_size: size, ..Default::default() };
         self.m.call("allocator.properties", slot!(self.m.allocator.properties), (&mut out,))?;
         Ok(out)

@@ -25,6 +25,7 @@ macro_rules! slot {
 mod allocator;
 mod blocks;
 mod call;
+mod copy;
 mod live;
 mod queued;
 mod shared_mapping;
@@ -47,7 +48,7 @@ use blocks::{BlockIndex, Conflict};
 use memplug_sdk::abi::*;
 pub use memplug_sdk::Access;
 use memplug_sdk::Status;
-pub use memplug_sdk::{Descriptor, DeviceIdentity, Handle, HandleRef, Location};
+pub use memplug_sdk::{CopyKinds, Descriptor, DeviceIdentity, Handle, HandleRef, Location};
 use std::ffi::c_void;
 use std::fmt;
 use std::sync::Arc;
@@ -202,6 +203,9 @@ pub struct Properties {
     /// The memory descriptor (ABI 1.2); all "not said" for a plugin that
     /// agreed on an older minor.
     pub descriptor: Descriptor,
+    /// The address spaces [`SyncApi::copy`] copies between (ABI 1.3); none
+    /// for a plugin that agreed on an older minor or publishes no copy.
+    pub copy_kinds: CopyKinds,
 }
 
 /// How a binding wants its memory made (ABI 1.2 request fields): hints,

@@ -189,10 +189,13 @@ impl Reader<'_> {
 
     /// The 1.2 sync slots (`stream_wait_fence`, `stream_adopt_typed`),
     /// optional: kept at 1.2, cleared below (a plugin of 1.1 that fills
-    /// them is used as 1.1).
+    /// them is used as 1.1); 1.3's `copy` likewise only at 1.3.
     pub(super) fn sync_tail(&self, y: &mut MemplugSync) {
         if self.minor < 2 {
             (y.stream_wait_fence, y.stream_adopt_typed) = (None, None);
+        }
+        if self.minor < 3 {
+            y.copy = None;
         }
     }
 }

@@ -56,6 +56,13 @@ impl Allocations {
         self.table.len()
     }
 
+    /// `(addr, size)` of a live allocation that shares a byte with
+    /// `[start, end)`, if any (a scan of every shard: for copies, not for
+    /// the allocate/free path).
+    pub fn meeting(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        self.table.find_map(|i| (i.addr < end && start < i.addr + i.size).then_some((i.addr, i.size)))
+    }
+
     /// The SDK has refused unknown flags, a zero size, another device and an
     /// alignment that is not a power of two up to [`MAX_ALIGNMENT`] (this
     /// mechanism's `max_alignment`), and raised it to [`MIN_ALIGNMENT`].

@@ -54,6 +54,7 @@
 mod allocator;
 mod checks;
 mod classes;
+mod copy;
 mod dma_heap;
 mod fd_sharing;
 mod flavor;

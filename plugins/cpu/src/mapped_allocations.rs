@@ -43,6 +43,17 @@ impl MappedAllocations {
         Ok(Block { addr, size: r.size, handle })
     }
 
+    /// `(addr, size)` of a live allocation that shares a byte with
+    /// `[start, end)`, if any (a scan).
+    pub fn meeting(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        self.table
+            .lock()
+            .iter()
+            .map(|(_, i)| i)
+            .find(|i| i.addr < end && start < i.addr + i.size)
+            .map(|i| (i.addr, i.size))
+    }
+
     /// Unmaps the allocation `obj` names.
     pub fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
         let issued = self

@@ -36,6 +36,11 @@ impl RangeSet {
         start < end && self.ranges.range(..=start).next_back().is_some_and(|(_, &e)| e >= end)
     }
 
+    /// The end of the range that holds `point`, if one does.
+    pub fn end_of_run(&self, point: u64) -> Option<u64> {
+        self.ranges.range(..=point).next_back().and_then(|(_, &e)| (e > point).then_some(e))
+    }
+
     /// Adds `[start, end)`, which must be non-empty and disjoint from the
     /// set; returns false and changes nothing otherwise.
     pub fn insert(&mut self, start: u64, end: u64) -> bool {

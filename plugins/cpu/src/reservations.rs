@@ -49,6 +49,21 @@ impl State {
         self.mappings.range(..end).next_back().is_some_and(|(&s, m)| s + m.len > start)
     }
 
+    /// Whether every byte of the non-empty `[start, end)` is committed or
+    /// mapped, the ranges a copy may touch (a range a queued change is
+    /// giving up is neither).
+    pub fn usable(&self, start: u64, end: u64) -> bool {
+        let mut at = start;
+        while at < end {
+            let mapping_end = self.mappings.range(..=at).next_back().map(|(&s, m)| s + m.len);
+            match self.committed.end_of_run(at).or(mapping_end.filter(|&e| e > at)) {
+                Some(e) => at = e,
+                None => return false,
+            }
+        }
+        true
+    }
+
     /// Marks the reservation released: nothing may be done with it again.
     pub fn mark_released(&mut self) {
         self.released = true;
@@ -160,6 +175,12 @@ impl Reservations {
         self.table
             .with(obj.handle, |r| r.is(obj), |r| Arc::clone(r))
             .ok_or_else(|| unknown(obj, "reservation"))
+    }
+
+    /// The first live reservation that shares a byte with `[start, end)`
+    /// (a scan: reservations are few, and a copy is not a hot path).
+    pub fn meeting(&self, start: u64, end: u64) -> Option<Arc<Reservation>> {
+        self.table.lock().iter().map(|(_, r)| r).find(|r| r.addr < end && start < r.addr + r.size).cloned()
     }
 
     /// Drops the table's entry for `r` (already marked released).

@@ -145,6 +145,16 @@ impl<T: Copy> Slots<T> {
     pub fn len(&self) -> usize {
         self.shards.iter().map(|s| s.0.lock().live).sum()
     }
+
+    /// The first live value `f` maps to `Some`, shard by shard (each
+    /// shard's lock held while it is scanned): for the rare lookups by
+    /// something other than the handle.
+    pub fn find_map<R>(&self, mut f: impl FnMut(&T) -> Option<R>) -> Option<R> {
+        self.shards.iter().find_map(|s| {
+            let guard = s.0.lock();
+            guard.slots.iter().filter(|slot| slot.next == LIVE).find_map(|slot| f(&slot.value))
+        })
+    }
 }
 
 /// A lock for critical sections of a few instructions; see the module

@@ -253,6 +253,17 @@ impl<F: crate::flavor::Flavor> StreamSync for CpuMechanism<F> {
         self.streams.submit(stream, Work::Wait(f), "stream_wait_fence")
     }
 
+    // ABI 1.3: a copy is a job of the stream's worker (copy.rs).
+    const CAN_COPY: bool = true;
+
+    fn copy_kinds(&self) -> u32 {
+        crate::copy::COPY_KINDS
+    }
+
+    fn copy(&self, stream: u64, dst: u64, src: u64, len: u64) -> PluginResult<()> {
+        self.copy_on(stream, dst, src, len)
+    }
+
     fn fence_destroy(&self, fence: u64) -> PluginResult<()> {
         let (key, serial) = split(fence);
         self.streams

@@ -28,10 +28,10 @@ fn descriptor_publishes_the_cpu_mechanism_first_with_every_capability() {
     assert_eq!(text(mech.name), "cpu");
     assert_eq!(mech.mechanism_id, 1);
     assert_eq!(mech.device, CPU0);
-    // Negotiated at 1.2 (the newest minor): every capability 1.2 defines,
-    // typed export and queue-ordered binding included, but peer access (no
-    // other device to grant it to), in a 1.2-sized mechanism (88 bytes)
-    // with its identity.
+    // Negotiated at 1.3 (the newest minor; 1.3 adds no capability bit):
+    // every capability 1.2 defines, typed export and queue-ordered binding
+    // included, but peer access (no other device to grant it to), in a
+    // 1.2-sized mechanism (88 bytes) with its identity.
     assert_eq!(mech.struct_size, MEMPLUG_MECHANISM_SIZE_1_2);
     assert_eq!(mech.capabilities, MEMPLUG_CAP_ALL_1_2 & !MEMPLUG_CAP_PEER_ACCESS);
     assert!(mech.peer_access.is_null(), "no peer access without MEMPLUG_CAP_PEER_ACCESS");
@@ -53,7 +53,8 @@ fn descriptor_publishes_the_cpu_mechanism_first_with_every_capability() {
     let alloc = unsafe { &*mech.allocator };
     assert!(alloc.memory_info.is_some(), "HAS_MEMORY_INFO publishes the slot");
     let sync = unsafe { &*mech.sync };
-    assert_eq!(sync.struct_size, MEMPLUG_SYNC_SIZE_1_2);
+    assert_eq!(sync.struct_size, MEMPLUG_SYNC_SIZE_1_3);
+    assert!(sync.copy.is_some(), "the stream worker copies (ABI 1.3)");
     assert!(sync.stream_adopt.is_none(), "CPU streams have no native handle to adopt");
     assert!(sync.stream_wait_fence.is_some(), "the stream worker waits for another stream's fence (ABI 1.2)");
     assert!(sync.stream_adopt_typed.is_none(), "no native stream of any API to adopt");

@@ -75,13 +75,13 @@ impl Same {
         unsafe { f(mechanism_id) }
     }
 
-    /// A second host that agrees on 1.2 without services, calling the
-    /// slots of the same instance directly.
+    /// A second host that agrees on the newest minor (1.2 or later) without
+    /// services, calling the slots of the same instance directly.
     fn raw_host(&self) -> Api {
         // SAFETY: the entry symbol's ABI type.
         let entry: Symbol<MemplugEntryV1> = unsafe { self.lib.get(b"memplug_plugin_v1") }.unwrap();
         let n = negotiate(*entry, &host_info(MEMPLUG_ABI_MAJOR, 0, MEMPLUG_ABI_MINOR)).expect("negotiation");
-        assert_eq!(n.agreed_minor, 2, "the CPU plugin speaks ABI 1.2");
+        assert_eq!(n.agreed_minor, MEMPLUG_ABI_MINOR, "the CPU plugin speaks the newest minor");
         Api::from_descriptor(unsafe { &*n.plugin })
     }
 }
@@ -118,7 +118,7 @@ fn child_switch_off() {
     assert_eq!(memplug_plugin_cpu::memplug_cpu_test_report_loss(1), MEMPLUG_STATUS_INVALID_STATE);
 
     let p = Plugin::load(plugin_path()).expect("load the CPU plugin");
-    assert_eq!(p.abi_version(), (1, 2));
+    assert_eq!(p.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
     let m = p.mechanism("cpu").unwrap().clone();
     let same = Same::open();
     assert_eq!(same.switch(1), MEMPLUG_STATUS_INVALID_STATE, "built without switches: refused");
@@ -150,7 +150,7 @@ fn child_switch_on() {
     }
     assert_eq!(std::env::var(SWITCHES_ENV).as_deref(), Ok("1"));
     let p = Plugin::load(plugin_path()).expect("load the CPU plugin");
-    assert_eq!(p.abi_version(), (1, 2));
+    assert_eq!(p.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
     let m = p.mechanism("cpu").unwrap().clone();
     let same = Same::open();
     let raw = same.raw_host();

@@ -262,6 +262,7 @@ enum counted {
     N_MEM_GET_INFO,
     N_MEM_EXPORT,
     N_MEM_IMPORT,
+    N_MEMCPY_ASYNC,
     N_COUNTED
 };
 static const char *const g_counted_names[N_COUNTED] = {
@@ -271,7 +272,7 @@ static const char *const g_counted_names[N_COUNTED] = {
     "cuEventSynchronize", "cuStreamCreate",  "cuStreamCreateWithPriority",
     "cuStreamDestroy", "cuStreamSynchronize", "cuLaunchHostFunc",
     "cuMemsetD8Async", "cuCtxGetStreamPriorityRange", "cuMemGetInfo",
-    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle",
+    "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemcpyAsync",
 };
 static long g_counts[N_COUNTED];
 
@@ -829,7 +830,7 @@ API CUresult cuCtxSynchronize(void);
 
 /* ---- streams and events ---- */
 
-enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET, OP_WAIT, OP_EVENT_WAIT, OP_NOP };
+enum op_kind { OP_HOST_FN, OP_EVENT, OP_MEMSET, OP_COPY, OP_WAIT, OP_EVENT_WAIT, OP_NOP };
 
 struct fake_stream;
 
@@ -848,6 +849,7 @@ struct op {
     CUevent event;
     unsigned long long gen;
     CUdeviceptr ptr;
+    CUdeviceptr src; /* OP_COPY: from `src` to `ptr` */
     size_t n;
     unsigned char value;
     struct wait_target *waits; /* OP_WAIT */
@@ -989,6 +991,22 @@ static void run_host_fn(struct op *o) {
     pthread_mutex_unlock(&g_cb_lock);
 }
 
+static int copyable_locked(CUdeviceptr p, size_t n, int need_write);
+
+/* A copy whose memory was unmapped or freed after it was submitted faults
+ * the way a GPU does: a sticky illegal address, nothing copied. */
+static void run_copy(struct op *o) {
+    int ok;
+    pthread_mutex_lock(&g_lock);
+    ok = copyable_locked(o->ptr, o->n, 1) && copyable_locked(o->src, o->n, 0);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok) {
+        (void)fault();
+        return;
+    }
+    memcpy((void *)(uintptr_t)o->ptr, (const void *)(uintptr_t)o->src, o->n);
+}
+
 static void run_op(struct op *o) {
     switch (o->kind) {
     case OP_HOST_FN: run_host_fn(o); break;
@@ -997,6 +1015,7 @@ static void run_op(struct op *o) {
         event_unref(o->event);
         break;
     case OP_MEMSET: memset((void *)(uintptr_t)o->ptr, o->value, o->n); break;
+    case OP_COPY: run_copy(o); break;
     case OP_WAIT:
         /* The implicit synchronisation of the legacy default stream: wait
          * until each named stream has finished the work it had when this
@@ -1385,6 +1404,58 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUs
     o->ptr = dst;
     o->n = n;
     o->value = value;
+    return submit(s, o);
+}
+
+/* Whether [p, p+n) shares a byte with the fake's device address space: an
+ * allocation, a mapping or a reservation (mapped or not). g_lock held. */
+static int device_space_locked(CUdeviceptr p, size_t n) {
+    CUdeviceptr end = p + n;
+    for (struct alloc *a = g_allocs; a; a = a->next)
+        if (p < a->ptr + a->len && a->ptr < end)
+            return 1;
+    for (struct reservation *r = g_reservations; r; r = r->next)
+        if (p < r->base + r->size && r->base < end)
+            return 1;
+    for (struct mapping *m = g_mappings; m; m = m->next)
+        if (p < m->addr + m->size && m->addr < end)
+            return 1;
+    return 0;
+}
+
+/* A range cuMemcpyAsync may touch, as the driver judges it under unified
+ * addressing: host memory (no byte of it in the device address space; the
+ * caller vouches for it, as for pageable memory on a GPU), or device memory
+ * wholly inside one allocation or mapped (read, or written for the
+ * destination) with no gap. A range meeting device memory any other way
+ * (past an allocation, into an unmapped part of a reservation) is
+ * CUDA_ERROR_INVALID_VALUE, checked when the copy is submitted. */
+static int copyable_locked(CUdeviceptr p, size_t n, int need_write) {
+    return !device_space_locked(p, n) || accessible_locked(p, n, need_write);
+}
+
+API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
+    struct op *o;
+    int ok;
+    CHECK_INIT_COUNTED(N_MEMCPY_ASYNC);
+    if (current_device() < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (n == 0)
+        return CUDA_SUCCESS;
+    if (dst + n < dst || src + n < src)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    ok = copyable_locked(dst, n, 1) && copyable_locked(src, n, 0);
+    pthread_mutex_unlock(&g_lock);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    o = calloc(1, sizeof *o);
+    if (o == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    o->kind = OP_COPY;
+    o->ptr = dst;
+    o->src = src;
+    o->n = n;
     return submit(s, o);
 }
 

@@ -24,6 +24,12 @@ impl Allocation {
     fn is(&self, obj: &ObjectRef) -> bool {
         self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
     }
+
+    /// `(addr, size)` when the allocation shares a byte with `[start, end)`
+    /// and is not being freed.
+    pub(crate) fn meeting(&self, start: u64, end: u64) -> Option<(u64, u64)> {
+        (!self.freeing && self.addr < end && start < self.addr + self.size).then_some((self.addr, self.size))
+    }
 }
 
 impl Allocator for CudaMechanism {

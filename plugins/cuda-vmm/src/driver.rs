@@ -125,6 +125,7 @@ entry_points! {
         memcpy_dtoh = "cuMemcpyDtoH_v2"(*mut c_void, CUdeviceptr, usize);
         memcpy_dtod = "cuMemcpyDtoD_v2"(CUdeviceptr, CUdeviceptr, usize);
         memset_d8_async = "cuMemsetD8Async"(CUdeviceptr, u8, usize, CUstream);
+        memcpy_async = "cuMemcpyAsync"(CUdeviceptr, CUdeviceptr, usize, CUstream);
         stream_create = "cuStreamCreate"(*mut CUstream, c_uint);
         stream_create_with_priority = "cuStreamCreateWithPriority"(*mut CUstream, c_uint, c_int);
         ctx_get_stream_priority_range = "cuCtxGetStreamPriorityRange"(*mut c_int, *mut c_int);

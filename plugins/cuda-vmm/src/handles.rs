@@ -73,6 +73,12 @@ impl<T> Table<T> {
         Some((remove.then(|| slab.remove(key)), r))
     }
 
+    /// The first live entry `f` maps to `Some` (the lock held while it
+    /// scans): for the rare lookups by something other than the handle.
+    pub fn find_map<R>(&self, f: impl FnMut(&T) -> Option<R>) -> Option<R> {
+        self.lock().iter().map(|(_, v)| v).find_map(f)
+    }
+
     /// Number of live entries.
     pub fn len(&self) -> usize {
         self.lock().len()

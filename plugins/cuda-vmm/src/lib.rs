@@ -44,6 +44,7 @@
 
 mod allocator;
 mod context;
+mod copy;
 mod device_facts;
 #[doc(hidden)]
 pub mod driver;

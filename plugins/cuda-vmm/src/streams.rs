@@ -50,10 +50,10 @@ pub const MAX_WAITERS: usize = 16;
 /// One stream.
 pub struct StreamEntry {
     serial: u32,
-    raw: CUstream,
+    pub(crate) raw: CUstream,
     /// The stream's context: the primary context, or for an adopted stream
     /// whatever context it was created in.
-    ctx: CUcontext,
+    pub(crate) ctx: CUcontext,
     /// Made by `stream_create` (destroyed with it) rather than adopted.
     owned: bool,
     gate: Mutex<Gate>,
@@ -104,7 +104,7 @@ impl StreamEntry {
 /// pool (an event of the primary context), or to the driver.
 pub(crate) struct Event {
     raw: CUevent,
-    ctx: CUcontext,
+    pub(crate) ctx: CUcontext,
     /// From the primary context's pool (and going back to it).
     pooled: bool,
     /// Declared last: keeps the context while the event lives.
@@ -345,7 +345,7 @@ impl CudaMechanism {
 
     /// Runs `f` on an open stream, admitted through its gate (no lock held
     /// while `f` calls the driver).
-    fn with_open_stream<R>(
+    pub(crate) fn with_open_stream<R>(
         &self,
         stream: u64,
         call: &str,
@@ -430,6 +430,16 @@ impl StreamSync for CudaMechanism {
     // (`cuStreamWaitEvent`: the device orders the work, no thread waits).
     const CAN_ADOPT_TYPED: bool = true;
     const CAN_WAIT_FENCE: bool = true;
+    // ABI 1.3: `cuMemcpyAsync` on the stream (copy.rs).
+    const CAN_COPY: bool = true;
+
+    fn copy_kinds(&self) -> u32 {
+        crate::copy::COPY_KINDS
+    }
+
+    fn copy(&self, stream: u64, dst: u64, src: u64, len: u64) -> PluginResult<()> {
+        self.copy_on(stream, dst, src, len)
+    }
 
     fn stream_adopt_typed(&self, native_kind: u32, native: *mut c_void) -> PluginResult<u64> {
         if native_kind != memplug_sdk::abi::MEMPLUG_DEVICE_CUDA {

@@ -81,6 +81,22 @@ impl State {
         self.mappings.range(..end).next_back().is_some_and(|(&s, m)| s + m.len > start)
     }
 
+    /// Whether every byte of `[start, end)` (offsets, not necessarily
+    /// aligned) lies in a committed granule no call is changing, or in a
+    /// shared mapping: the ranges a copy may touch (`g` the granularity).
+    pub fn usable(&self, start: u64, end: u64, g: u64) -> bool {
+        let mut at = start - start % g;
+        while at < end {
+            let mapping_end = self.mappings.range(..=at).next_back().map(|(&s, m)| s + m.len);
+            match mapping_end.filter(|&e| e > at) {
+                Some(e) => at = e,
+                None if self.committed.contains_key(&at) && !self.busy_in(at, at + g) => at += g,
+                None => return false,
+            }
+        }
+        true
+    }
+
     /// Whether a call in the driver is changing part of `[start, end)`.
     pub fn busy_in(&self, start: u64, end: u64) -> bool {
         self.busy.range(..end).next_back().is_some_and(|(&s, &len)| s + len > start)

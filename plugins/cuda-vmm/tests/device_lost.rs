@@ -68,7 +68,7 @@ impl RawHost {
         };
         let (st, msg) = call(|sink| unsafe { entry(&host, &mut out, sink) });
         assert_eq!(st, MEMPLUG_STATUS_OK, "raw negotiation: {msg}");
-        assert_eq!(out.agreed_minor, 2);
+        assert_eq!(out.agreed_minor, MEMPLUG_ABI_MINOR);
         let plugin = unsafe { &*out.plugin };
         let mechs = unsafe { std::slice::from_raw_parts(plugin.mechanisms, plugin.mechanism_count as usize) };
         let mech = mechs
@@ -181,7 +181,7 @@ fn child_slot_meets_the_fault() {
         return;
     }
     let (p, same) = load_with_same(&LoadOptions::default());
-    assert_eq!(p.abi_version(), (1, 2));
+    assert_eq!(p.abi_version(), (1, memplug_host::HOST_MAX_MINOR));
     let (m0, m1) = (cuda0(&p), cuda1(&p));
     let raw = RawHost::new(&same, m0.id());
     let a = unsafe { m0.ungoverned() }.allocator();

@@ -2,7 +2,9 @@
 //! with two devices (or a real GPU with MEMPLUG_CUDA_TEST_REAL=1): every
 //! check passes or says why it was skipped, and the 1.2 checks the plugin
 //! now answers (peer access between the two devices, `stream_wait_fence`,
-//! typed adoption, the descriptor and identity) pass.
+//! typed adoption, the descriptor and identity) pass, and so do the 1.3
+//! copy checks (`cuMemcpyAsync`; the kit sees device bytes through host
+//! memory).
 
 mod common;
 
@@ -38,10 +40,19 @@ fn the_cuda_plugin_passes_the_kit() {
         "ordering.stream_adopt_typed",
         "descriptor.identity",
         "sync.stream_adopt",
+        // ABI 1.3: cuMemcpyAsync, the bytes seen through host memory.
+        "copy.kinds",
+        "copy.bytes_exact",
+        "copy.ordering_host_fns",
+        "copy.ordering_fences",
+        "copy.bounds",
+        "copy.overlap",
+        "copy.len_zero",
     ] {
         let c = on_cuda0(check);
         assert_eq!(c.outcome, Outcome::Pass, "{check}: {}", c.detail);
     }
+    assert!(on_cuda0("copy.bytes_exact").detail.contains("through host memory"));
     if drv().devices.len() > 1 {
         let c = on_cuda0("ordering.peer_access");
         assert_eq!(c.outcome, Outcome::Pass, "{}", c.detail);

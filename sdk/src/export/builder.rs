@@ -12,6 +12,7 @@ use super::host_link::{HostLink, LostFlag};
 use super::owned::Owned;
 use super::thunks::*;
 use super::thunks_1_2::*;
+use super::thunks_1_3::*;
 use crate::abi::{self, *};
 use crate::author::*;
 use crate::descriptor::DeviceIdentity;
@@ -163,8 +164,14 @@ impl<M: Allocator> MechanismBuilder<M> {
     where
         M: StreamSync,
     {
+        let copy_kinds = if M::CAN_COPY { self.ctx.imp.copy_kinds() } else { 0 };
+        assert!(
+            !M::CAN_COPY || copy_kinds != 0,
+            "StreamSync::CAN_COPY is set but copy_kinds() names no MEMPLUG_COPY_* space"
+        );
+        self.ctx.facts.set_copy_kinds(copy_kinds);
         self.sync = Some(MemplugSync {
-            struct_size: abi::size_1_2::SYNC,
+            struct_size: abi::size_1_3::SYNC,
             reserved0: 0,
             stream_create: Some(y_stream_create::<M>),
             stream_adopt: if M::CAN_ADOPT { Some(y_stream_adopt::<M>) } else { None },
@@ -176,6 +183,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             fence_destroy: Some(y_fence_destroy::<M>),
             stream_wait_fence: if M::CAN_WAIT_FENCE { Some(y_stream_wait_fence::<M>) } else { None },
             stream_adopt_typed: if M::CAN_ADOPT_TYPED { Some(y_stream_adopt_typed::<M>) } else { None },
+            copy: if M::CAN_COPY { Some(y_copy::<M>) } else { None },
         });
         self
     }
@@ -277,7 +285,9 @@ impl<M: Allocator> MechanismBuilder<M> {
             ..v
         }));
         let virtual_backing_1_2 = own(self.virtual_backing);
-        let sync_1_2 = own(self.sync);
+        let sync_1_2 =
+            own(self.sync.map(|y| MemplugSync { struct_size: abi::size_1_2::SYNC, copy: None, ..y }));
+        let sync_1_3 = own(self.sync);
         let peer_access = own(self.peer_access);
         let shared_1_2 = own(self
             .shared_mapping
@@ -286,6 +296,7 @@ impl<M: Allocator> MechanismBuilder<M> {
             struct_size: abi::size_1_0::SYNC,
             stream_wait_fence: None,
             stream_adopt_typed: None,
+            copy: None,
             ..y
         }));
         let name = OwnedCStr::new(self.name);
@@ -329,8 +340,15 @@ impl<M: Allocator> MechanismBuilder<M> {
             peer_access: ptr(&peer_access),
             ..mech_1_1
         };
+        // The 1.3 view: the 1.2 one with the whole sync table (`copy`).
+        let mech_1_3 = MemplugMechanism { sync: ptr(&sync_1_3), ..mech_1_2 };
         BuiltMechanism {
-            views: [Owned::new(mech_1_0), Owned::new(mech_1_1_view), Owned::new(mech_1_2)],
+            views: [
+                Owned::new(mech_1_0),
+                Owned::new(mech_1_1_view),
+                Owned::new(mech_1_2),
+                Owned::new(mech_1_3),
+            ],
             _tables: Tables {
                 _allocator: allocator,
                 _virtual_backing: virtual_backing,
@@ -339,6 +357,7 @@ impl<M: Allocator> MechanismBuilder<M> {
                 _shared_1_2: shared_1_2,
                 _virtual_backing_1_2: virtual_backing_1_2,
                 _sync_1_2: sync_1_2,
+                _sync_1_3: sync_1_3,
                 _peer_access: peer_access,
                 _sync: sync,
                 _identity: identity,
@@ -372,6 +391,7 @@ struct Tables {
     _shared_1_2: Option<Owned<MemplugSharedMapping>>,
     _virtual_backing_1_2: Option<Owned<MemplugVirtualBacking>>,
     _sync_1_2: Option<Owned<MemplugSync>>,
+    _sync_1_3: Option<Owned<MemplugSync>>,
     _peer_access: Option<Owned<MemplugPeerAccess>>,
     _sync: Option<Owned<MemplugSync>>,
     _identity: Option<Owned<DeviceIdentity>>,
@@ -405,7 +425,7 @@ unsafe impl Sync for BuiltMechanism {}
 unsafe impl Send for OwnedCStr {}
 unsafe impl Sync for OwnedCStr {}
 
-/// Number of minors this SDK writes descriptors for (1.0 to 1.2).
+/// Number of minors this SDK writes descriptors for (1.0 to 1.3).
 const VIEWS: usize = abi::MEMPLUG_ABI_MINOR as usize + 1;
 
 /// The whole plugin under construction.

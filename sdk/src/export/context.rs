@@ -36,6 +36,10 @@ pub(super) struct Facts {
     granule_mask: u64,
     pub(super) properties: Properties,
     pub(super) descriptor: crate::Descriptor,
+    /// The `MEMPLUG_COPY_*` spaces of the copy slot (ABI 1.3), set once
+    /// when the sync capability is added (after the context is shared,
+    /// hence an atomic; zero without a copy slot).
+    copy_kinds: core::sync::atomic::AtomicU32,
     name: Box<str>,
 }
 
@@ -86,8 +90,17 @@ impl Facts {
             granule_mask: if g.is_power_of_two() { g - 1 } else { u64::MAX },
             properties,
             descriptor,
+            copy_kinds: Default::default(),
             name: name.into(),
         }
+    }
+
+    pub(super) fn set_copy_kinds(&self, kinds: u32) {
+        self.copy_kinds.store(kinds, core::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(super) fn copy_kinds(&self) -> u32 {
+        self.copy_kinds.load(core::sync::atomic::Ordering::Relaxed)
     }
 
     #[cold]

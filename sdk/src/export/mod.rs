@@ -47,6 +47,7 @@ mod host_link;
 mod owned;
 mod thunks;
 mod thunks_1_2;
+mod thunks_1_3;
 
 pub use builder::{BuiltMechanism, ExportedPlugin, MechanismBuilder, MechanismState, PluginBuilder};
 pub use entry::{negotiate, PluginCell};

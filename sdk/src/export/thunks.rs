@@ -126,6 +126,8 @@ pub(super) unsafe extern "C" fn a_properties<M: Allocator>(
         // The 1.2 descriptor: written only as far as the host's struct
         // reaches (a 1.0/1.1 host's ends before it).
         f.descriptor.write_into(&mut v);
+        // The 1.3 copy spaces, likewise only within a 1.3 host's struct.
+        v.copy_kinds = f.copy_kinds();
         write_out(out, &v, "out properties")
     })
 }
