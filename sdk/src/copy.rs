@@ -64,11 +64,20 @@ pub enum CopyRangeError {
     Wraps {
         /// `"dst"` or `"src"`.
         which: &'static str,
+        /// The range's first byte.
         addr: u64,
+        /// Its length in bytes.
         len: u64,
     },
     /// The two ranges share at least one byte.
-    Overlap { dst: u64, src: u64, len: u64 },
+    Overlap {
+        /// The destination's first byte.
+        dst: u64,
+        /// The source's first byte.
+        src: u64,
+        /// The length of both, in bytes.
+        len: u64,
+    },
 }
 
 impl CopyRangeError {
