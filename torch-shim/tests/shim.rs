@@ -293,3 +293,20 @@ fn a_missing_plugin_refuses_and_says_why() {
     let stderr = run_scenario("scenario_bad_config", &[("MEMPLUG_TORCH_PLUGIN", "./no-such-plugin.so")]);
     assert!(stderr.contains("no-such-plugin.so"), "said why: {stderr}");
 }
+
+#[test]
+fn the_readme_lists_every_variable() {
+    let readme =
+        std::fs::read_to_string(memplug_test_support::repo_root().join("README.md")).expect("README");
+    let start = readme.find("### PyTorch").expect("a PyTorch section");
+    let section = &readme[start..readme[start..].find("\n## ").map_or(readme.len(), |e| start + e)];
+    for (name, _) in memplug_torch::config::VARIABLES {
+        assert!(section.contains(&format!("| `{name}` |")), "README's PyTorch table lacks {name}");
+    }
+    let listed = section.matches("| `MEMPLUG_TORCH_").count();
+    assert_eq!(
+        listed,
+        memplug_torch::config::VARIABLES.len(),
+        "README lists a variable the shim does not read"
+    );
+}
