@@ -1,0 +1,135 @@
+//! `libmemplug_torch.so`: the two functions
+//! `torch.cuda.memory.CUDAPluggableAllocator(path, "memplug_torch_alloc",
+//! "memplug_torch_free")` loads, over a process-wide memplug manager, and
+//! `memplug_torch_stats_json` for the figures.
+//!
+//! * **Lazily started**: the first call reads the configuration (the
+//!   environment, [`config::VARIABLES`]), loads the plugin (by default the
+//!   CUDA VMM plugin beside this file) and starts the reaper; each device
+//!   gets its context, pool (its budget) and binding at its first use.
+//! * **Frees ordered behind torch's stream**: the `cudaStream_t` of a free
+//!   is adopted by the mechanism (once per stream) and a fence recorded on
+//!   it; the memory goes back (to the mechanism through the deferred-free
+//!   queue, or to the cache for reuse by other streams) only after that
+//!   fence. With the cache (`MEMPLUG_TORCH_CACHE=1`, the default) a block
+//!   freed on a stream is reused at once by the next request on the same
+//!   stream, as torch's own allocator does.
+//! * **Never unwinds or aborts into torch**: each export is one panic
+//!   boundary; a refused allocation is NULL (torch raises its
+//!   out-of-memory error), a free of a pointer this shim did not hand out
+//!   is counted, logged and ignored, a free that cannot be ordered keeps
+//!   the block rather than free it on a guess.
+
+pub mod config;
+mod device;
+mod log;
+mod shim;
+mod table;
+
+use std::ffi::{c_char, c_int, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+/// Statuses of [`memplug_torch_stats_json`] (the numbers of
+/// `memplug_host.h`'s `MEMPLUG_HOST_STATUS_*` for the same meanings).
+pub const STATS_OK: c_int = 0;
+/// `written` is NULL, or `buf` is NULL with a capacity.
+pub const STATS_INVALID_ARGUMENT: c_int = 2;
+/// The text does not fit: nothing written, `*written` = the capacity
+/// needed (NUL included).
+pub const STATS_BUFFER_TOO_SMALL: c_int = 268;
+/// The statistics could not be gathered (a panic, reported on stderr).
+pub const STATS_INTERNAL: c_int = 10;
+
+/// Allocates `size` bytes on CUDA device `device` for work on `stream`
+/// (torch's `cudaStream_t`); NULL when refused (over budget, a device the
+/// plugin does not serve, a size of 0 or less, a shim that did not start).
+///
+/// # Safety
+/// `stream` is a live CUDA stream of `device`, or NULL (the legacy default
+/// stream), as torch passes it.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+    let r = catch_unwind(AssertUnwindSafe(|| match shim::get() {
+        Ok(s) => s.alloc(size, device, stream as usize),
+        Err(_) => 0,
+    }));
+    r.unwrap_or_else(|_| {
+        log::warn(format_args!("alloc({size}, device {device}) panicked; returning NULL"));
+        0
+    }) as usize as *mut c_void
+}
+
+/// Frees `ptr` (from [`memplug_torch_alloc`]) after the work queued on
+/// `stream` so far. NULL does nothing; a pointer not handed out by this
+/// shim (or freed already) is counted and ignored.
+///
+/// # Safety
+/// `stream` is a live CUDA stream of `device`, or NULL, as torch passes it.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_torch_free(
+    ptr: *mut c_void,
+    size: usize,
+    device: c_int,
+    stream: *mut c_void,
+) {
+    if ptr.is_null() {
+        return;
+    }
+    let r = catch_unwind(AssertUnwindSafe(|| match shim::get() {
+        Ok(s) => s.free(ptr as usize as u64, size, device, stream as usize),
+        Err(_) => log::warn(format_args!("free({ptr:p}): the shim did not start; ignored")),
+    }));
+    if r.is_err() {
+        log::warn(format_args!("free({ptr:p}, {size}, device {device}) panicked; the block is not freed"));
+    }
+}
+
+/// The figures as one line of JSON: `{"schema_version":1, "shim": {...},
+/// "host": <the host's statistics report, or null before the first
+/// call>}` (README, "PyTorch"). Buffer protocol of `memplug_host.h`: on
+/// success the text and a NUL, `*written` = the text's length; a buffer too
+/// small (or `buf = NULL, cap = 0`) gets nothing, `*written` = the capacity
+/// needed. Does not start the shim.
+///
+/// # Safety
+/// `buf` has room for `cap` bytes (or is NULL with `cap = 0`); `written`
+/// is writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_torch_stats_json(
+    buf: *mut c_char,
+    cap: usize,
+    written: *mut usize,
+) -> c_int {
+    if written.is_null() || (buf.is_null() && cap != 0) {
+        return STATS_INVALID_ARGUMENT;
+    }
+    let Ok(text) = catch_unwind(stats_text) else {
+        log::warn(format_args!("gathering statistics panicked"));
+        return STATS_INTERNAL;
+    };
+    let needed = text.len() + 1;
+    if buf.is_null() || cap < needed {
+        // SAFETY: checked non-NULL above; the caller's out-parameter.
+        unsafe { *written = needed };
+        return STATS_BUFFER_TOO_SMALL;
+    }
+    // SAFETY: `buf` has `cap >= needed` bytes; the text is ours.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), text.len());
+        *buf.add(text.len()) = 0;
+        *written = text.len();
+    }
+    STATS_OK
+}
+
+fn stats_text() -> String {
+    let (shim, host) = match shim::started() {
+        None => (serde_json::json!({ "started": false, "error": null }), serde_json::Value::Null),
+        Some(Err(e)) => (serde_json::json!({ "started": false, "error": e }), serde_json::Value::Null),
+        Some(Ok(s)) => {
+            let host = memplug_host::observe::to_json(&s.host_stats());
+            (s.stats_json(), serde_json::from_str(&host).expect("the host's report is JSON"))
+        }
+    };
+    serde_json::json!({ "schema_version": 1, "shim": shim, "host": host }).to_string()
+}
