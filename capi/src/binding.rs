@@ -238,18 +238,30 @@ pub unsafe extern "C" fn memplug_host_allocation_info(
     allocation: MemplugHostAllocation,
     out: *mut MemplugHostAllocationInfo,
 ) -> MemplugHostStatus {
-    boundary("memplug_host_allocation_info", || {
-        require_non_null(out, "out")?;
-        let [addr, size] = manager_tables::meta::<OwnedAllocation>(allocation.id)?;
-        let info = MemplugHostAllocationInfo {
-            struct_size: MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
-            reserved0: 0,
-            addr,
-            size,
-        };
-        // SAFETY: non-NULL; the caller's contract covers the size.
-        unsafe { write_sized(out, info, "MemplugHostAllocationInfo") }
-    })
+    // SAFETY: the caller's contract.
+    boundary("memplug_host_allocation_info", || unsafe { write_info::<OwnedAllocation>(allocation.id, out) })
+}
+
+/// Writes the address and size kept beside an object's table entry (an
+/// allocation's or a cached block's) into a caller's
+/// `MemplugHostAllocationInfo`.
+///
+/// # Safety
+/// `out` must be NULL or writable for its `struct_size` bytes.
+pub(crate) unsafe fn write_info<T: manager_tables::Object>(
+    handle: u64,
+    out: *mut MemplugHostAllocationInfo,
+) -> Result<()> {
+    require_non_null(out, "out")?;
+    let [addr, size] = manager_tables::meta::<T>(handle)?;
+    let info = MemplugHostAllocationInfo {
+        struct_size: MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
+        reserved0: 0,
+        addr,
+        size,
+    };
+    // SAFETY: non-NULL; the caller's contract covers the size.
+    unsafe { write_sized(out, info, "MemplugHostAllocationInfo") }
 }
 
 /// The allocation, out of its table (its handle stale from now). Only

@@ -10,7 +10,7 @@ use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
     read_sized, write_sized, MemplugHostAllocationInfo, MemplugHostBindingOptions, MemplugHostFence,
-    MemplugHostManager, MemplugHostMechanism, MemplugHostPool, MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
+    MemplugHostManager, MemplugHostMechanism, MemplugHostPool,
 };
 use memplug_host_dep::governor::Priority;
 use memplug_host_dep::registry::Context;
@@ -265,17 +265,9 @@ pub unsafe extern "C" fn memplug_host_cached_allocation_info(
     allocation: MemplugHostCachedAllocation,
     out: *mut MemplugHostAllocationInfo,
 ) -> MemplugHostStatus {
-    boundary("memplug_host_cached_allocation_info", || {
-        require_non_null(out, "out")?;
-        let [addr, size] = manager_tables::meta::<CachedAllocation>(allocation.id)?;
-        let info = MemplugHostAllocationInfo {
-            struct_size: MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0,
-            reserved0: 0,
-            addr,
-            size,
-        };
-        // SAFETY: non-NULL; the caller's contract covers the size.
-        unsafe { write_sized(out, info, "MemplugHostAllocationInfo") }
+    // SAFETY: the caller's contract.
+    boundary("memplug_host_cached_allocation_info", || unsafe {
+        crate::binding::write_info::<CachedAllocation>(allocation.id, out)
     })
 }
 
