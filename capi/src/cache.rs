@@ -5,7 +5,7 @@ use crate::binding::class_of;
 use crate::error::{boundary, c_str, require_non_null, write_out, Error};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
-use crate::manager_tables::{self, pin, pin_manager, same_manager, PoolEntry};
+use crate::manager_tables::{self, pin, pin_manager, same_manager, CacheEntry, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use crate::types::{
@@ -14,7 +14,7 @@ use crate::types::{
 };
 use memplug_host_dep::governor::Priority;
 use memplug_host_dep::registry::Context;
-use memplug_host_dep::{BindingSpec, CacheConfig, CachedAllocation, CachingBinding, StreamKey};
+use memplug_host_dep::{BindingSpec, CacheConfig, CachedAllocation, StreamKey};
 use memplug_sdk::prefix::Prefixed;
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -105,12 +105,6 @@ unsafe impl Prefixed for MemplugHostCacheOptions {
 // SAFETY: as above.
 unsafe impl Prefixed for MemplugHostCacheStats {
     const SIZE_1_0: u32 = MEMPLUG_HOST_CACHE_STATS_SIZE_1_2;
-}
-
-/// The cache of a caching binding handle: the binding and the cache in one
-/// table entry.
-pub(crate) struct CacheEntry {
-    pub cache: CachingBinding,
 }
 
 /// Creates a caching binding: a binding (as `memplug_host_binding_create`

@@ -8,7 +8,6 @@
 //! reuses them, generations included, so a handle of a destroyed manager
 //! stays stale forever.
 
-use crate::cache::CacheEntry;
 use crate::error::{Error, Result};
 use crate::handle::{self, Kind, Raw, MAX_INDEX, MAX_MANAGERS};
 use crate::slot_table::{LazyTable, Miss, Pinned, Removed, SlotTable, Vacant};
@@ -87,6 +86,11 @@ pub(crate) struct FenceEntry {
 /// subscriber); a trait, so the tables need not know the subscriber's type.
 pub(crate) trait Closes: Send + Sync {
     fn close(&self);
+}
+
+/// A caching binding handle's object (`capi/src/cache.rs`).
+pub(crate) struct CacheEntry {
+    pub cache: memplug_host_dep::CachingBinding,
 }
 
 pub(crate) struct SubscriptionEntry {

@@ -78,13 +78,6 @@ pub struct ChargedTo {
     pub class: AllocationClass,
 }
 
-impl ChargedTo {
-    /// Whom `binding` charges.
-    pub(crate) fn binding(binding: &crate::binding::BindingInner) -> Option<ChargedTo> {
-        Some(ChargedTo { pool: binding.pool.clone(), holder: binding.holder, class: binding.class })
-    }
-}
-
 /// One object waiting to be freed.
 struct Entry {
     /// The fences not yet known complete. The entry waits on the last one;

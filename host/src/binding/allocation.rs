@@ -232,7 +232,7 @@ impl Retire for AllocationRetire {
         self.run()
     }
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
-        crate::deferred::ChargedTo::binding(&self.binding.inner)
+        self.binding.inner.charged_to()
     }
     fn describe(&self) -> String {
         match &self.alloc {

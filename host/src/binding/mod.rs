@@ -162,6 +162,12 @@ impl BindingInner {
         ))
     }
 
+    /// Whom this binding's objects are charged to (for the `Retired` event;
+    /// the queue knows nothing of bindings).
+    pub(crate) fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
+        Some(crate::deferred::ChargedTo { pool: self.pool.clone(), holder: self.holder, class: self.class })
+    }
+
     /// Whether the objects of this binding went with a lost device.
     pub(crate) fn is_lost(&self) -> bool {
         !self.mechanism().inner.life.state().admits_calls()

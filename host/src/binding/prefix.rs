@@ -217,7 +217,7 @@ struct PrefixRetire {
 
 impl Retire for PrefixRetire {
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
-        crate::deferred::ChargedTo::binding(&self.binding)
+        self.binding.charged_to()
     }
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;

@@ -389,7 +389,7 @@ struct ShrinkRetire {
 
 impl Retire for ShrinkRetire {
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
-        crate::deferred::ChargedTo::binding(&self.binding)
+        self.binding.charged_to()
     }
     fn retire(self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;
@@ -478,7 +478,7 @@ struct RegionRetire {
 
 impl Retire for RegionRetire {
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
-        crate::deferred::ChargedTo::binding(&self.binding)
+        self.binding.charged_to()
     }
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;
