@@ -16,6 +16,9 @@ else
 fi
 # Doc tests (nextest does not run them).
 cargo test --workspace --doc
+# The host's optional tracing events (feature `tracing`; `serde` is on
+# through the C API crate already).
+cargo test -p memplug-host --features tracing --test observe_tracing
 # API docs for the whole workspace (no two libraries of one name);
 # memplug-host, memplug-sdk and memplug-host-capi deny missing docs, and a
 # warning (a broken intra-doc link) fails here.
