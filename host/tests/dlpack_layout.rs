@@ -30,6 +30,7 @@ fn asserts() -> String {
     layout!(&mut c, DLDataType { code, bits, lanes });
     layout!(&mut c, DLTensor { data, device, ndim, dtype, shape, strides, byte_offset });
     layout!(&mut c, DLManagedTensorVersioned { version, manager_ctx, deleter, flags, dl_tensor });
+    layout!(&mut c, DLManagedTensor { dl_tensor, manager_ctx, deleter });
     writeln!(c, "CHECK(sizeof(DLDeviceType) == {});", size_of::<i32>()).unwrap();
     let ints: [(&str, u64); 14] = [
         ("DLPACK_MAJOR_VERSION", DLPACK_MAJOR_VERSION.into()),

@@ -5,7 +5,7 @@
 
 use memplug_host::dlpack::ExportError;
 use memplug_host::governor::GovernorError;
-use memplug_host::{BindingError, ManagerError, Status};
+use memplug_host::{BindingError, CallError, ManagerError, Status};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -74,6 +74,16 @@ pub fn released(what: &str) -> PyErr {
     raise::<InvalidState>("INVALID_STATE", format!("the {what} was released"), &[])
 }
 
+/// `InvalidState` with a message.
+pub fn state(message: String) -> PyErr {
+    raise::<InvalidState>("INVALID_STATE", message, &[])
+}
+
+/// `Unsupported` with a message.
+pub fn unsupported(message: String) -> PyErr {
+    raise::<Unsupported>("UNSUPPORTED", message, &[])
+}
+
 /// `InvalidArgument` with a message.
 pub fn invalid(message: String) -> PyErr {
     raise::<InvalidArgument>("INVALID_ARGUMENT", message, &[])
@@ -99,19 +109,22 @@ pub fn governor(e: GovernorError) -> PyErr {
     }
 }
 
+/// A refused plugin call (or a host check before one), by its status.
+pub fn call(c: CallError) -> PyErr {
+    let name = status_name(c.status);
+    match c.status {
+        Status::DeviceLost => raise::<DeviceLost>(&name, c.to_string(), &[]),
+        Status::Unsupported => raise::<Unsupported>(&name, c.to_string(), &[]),
+        Status::InvalidArgument => raise::<InvalidArgument>(&name, c.to_string(), &[]),
+        Status::InvalidState => raise::<InvalidState>(&name, c.to_string(), &[]),
+        _ => raise::<MemplugError>(&name, c.to_string(), &[]),
+    }
+}
+
 pub fn binding(e: BindingError) -> PyErr {
     match e {
         BindingError::Budget(g) => governor(g),
-        BindingError::Plugin(c) => {
-            let name = status_name(c.status);
-            match c.status {
-                Status::DeviceLost => raise::<DeviceLost>(&name, c.to_string(), &[]),
-                Status::Unsupported => raise::<Unsupported>(&name, c.to_string(), &[]),
-                Status::InvalidArgument => raise::<InvalidArgument>(&name, c.to_string(), &[]),
-                Status::InvalidState => raise::<InvalidState>(&name, c.to_string(), &[]),
-                _ => raise::<MemplugError>(&name, c.to_string(), &[]),
-            }
-        }
+        BindingError::Plugin(c) => call(c),
         e @ BindingError::Unsupported { .. } => raise::<Unsupported>("UNSUPPORTED", e.to_string(), &[]),
         BindingError::Invalid(m) => raise::<InvalidArgument>("INVALID_ARGUMENT", m, &[]),
         BindingError::State(m) => raise::<InvalidState>("INVALID_STATE", m, &[]),

@@ -8,13 +8,19 @@
 //!   `CachedAllocation`, `SharedPrefix`;
 //! * `region.rs` — `Region` (grow with a Python update callback, rolled
 //!   back if it raises);
-//! * `tensor.rs` — dtypes, `Tensor` views, `__dlpack__`;
+//! * `streams.rs` — `Stream` (Python host functions), `Fence` (recorded,
+//!   or a runtime's own query);
+//! * `tensor.rs` — dtypes, `Tensor` views, `__dlpack__` (versioned and
+//!   legacy capsules, stream synchronisation);
+//! * `interp.rs` — calling Python from host threads, safely up to exit;
 //! * `errors.rs` — the exception hierarchy.
 
 mod errors;
+mod interp;
 mod manager;
 mod memory;
 mod region;
+mod streams;
 mod tensor;
 
 use pyo3::prelude::*;
@@ -32,7 +38,10 @@ fn memplug(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<memory::SharedPrefix>()?;
     m.add_class::<region::Region>()?;
     m.add_class::<tensor::Tensor>()?;
+    m.add_class::<streams::Stream>()?;
+    m.add_class::<streams::Fence>()?;
     errors::register(m)?;
+    interp::register(m)?;
     m.add(
         "DLPACK_VERSION",
         (memplug_host::dlpack::DLPACK_MAJOR_VERSION, memplug_host::dlpack::DLPACK_MINOR_VERSION),

@@ -3,13 +3,16 @@
 //! callbacks are Python callables.
 
 use crate::errors;
+use crate::interp::with_python;
 use crate::memory::{Binding, CachingBinding};
+use crate::streams::{Fence, Stream};
 use memplug_host::governor::{
     AllocationClass, HolderRegistration, Pool as HostPool, PressureTicket, Priority,
 };
 use memplug_host::{dlpack, Requirements};
 use memplug_host::{
-    BindingSpec, CacheConfig, Context as HostContext, LoadOptions, Plugin, ProcessMemoryManager,
+    BindingSpec, CacheConfig, Context as HostContext, LoadOptions, Mechanism, Plugin, ProcessMemoryManager,
+    SyncApi,
 };
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU, MEMPLUG_DEVICE_CUDA};
 use pyo3::prelude::*;
@@ -100,6 +103,23 @@ impl Manager {
     fn create_pool(&self, name: &str, capacity: u64) -> PyResult<Pool> {
         Ok(Pool { inner: self.inner.create_pool(name, capacity).map_err(errors::manager)? })
     }
+    /// A pool of `capacity` bytes nested under `parent` (a pool of this
+    /// manager): every charge in it must fit in it and in each ancestor,
+    /// and counts at each.
+    fn create_child_pool(&self, parent: &Pool, name: &str, capacity: u64) -> PyResult<Pool> {
+        let p = self.inner.create_child_pool(name, &parent.inner, capacity).map_err(errors::manager)?;
+        Ok(Pool { inner: p })
+    }
+    /// A runtime fence (the host's `FnFence`): `query()` says, truthy,
+    /// whether the runtime's work is done; `wait(seconds)`, if given,
+    /// blocks up to that long (else `query` is polled). Both are called
+    /// with the GIL on whatever thread asks (a poll, a drain, the
+    /// reaper); an exception counts as not done and is reported through
+    /// `sys.unraisablehook`.
+    #[pyo3(signature = (query, wait=None, *, name="python fence"))]
+    fn fence_from(&self, query: PyObject, wait: Option<PyObject>, name: &str) -> Fence {
+        crate::streams::fence_from(name.to_string(), query, wait)
+    }
     /// A binding of `context` charged to `pool` under `alloc_class`
     /// (`weights`, `kv`, `activations`, `workspace`, `other`), attributed
     /// to `holder` if given; `wait` seconds for room after pressure.
@@ -121,7 +141,7 @@ impl Manager {
                 spec.wait(Duration::try_from_secs_f64(w).map_err(|e| errors::invalid(format!("wait: {e}")))?);
         }
         let b = self.inner.bind(&context.inner, &pool.inner, spec).map_err(errors::manager)?;
-        Ok(Binding { inner: b, device: device_of(&context.inner) })
+        Ok(Binding { inner: b, device: device_of(&context.inner), queue: self.inner.queue().clone() })
     }
     /// A caching binding (it registers its own holder, `holder_name`).
     #[pyo3(signature = (context, pool, alloc_class="other", *, holder_name="cache", max_block=None))]
@@ -140,7 +160,7 @@ impl Manager {
         let spec = BindingSpec::new(class_of(alloc_class)?);
         let c =
             self.inner.bind_caching(&context.inner, &pool.inner, spec, config).map_err(errors::manager)?;
-        Ok(CachingBinding { inner: c, device: device_of(&context.inner) })
+        Ok(CachingBinding { inner: c, device: device_of(&context.inner), queue: self.inner.queue().clone() })
     }
     /// Retires frees whose fences completed: `{"retired", "quarantined",
     /// "still_pending"}`.
@@ -204,6 +224,33 @@ impl Context {
     fn dlpack_device(&self) -> (i32, i32) {
         device_of(&self.inner)
     }
+    /// A new stream of the mechanism's sync capability (`Unsupported`
+    /// without one).
+    fn create_stream(&self) -> PyResult<Stream> {
+        let m = self.inner.mechanism();
+        let s = sync_of(m)?.stream_create().map_err(errors::call)?;
+        Ok(Stream::new(m.clone(), s))
+    }
+    /// Wraps a runtime's own stream: `handle` is its native value (a
+    /// `CUstream` as an int; 0 is CUDA's default stream), `kind` the API
+    /// that made it (`"cuda"`, `"cpu"` or a `MEMPLUG_DEVICE_*` number).
+    /// The stream stays the runtime's and must outlive the returned
+    /// `Stream`. `Unsupported` where the plugin adopts no stream of that
+    /// kind (the CPU plugin adopts none).
+    fn adopt_stream(&self, handle: u64, kind: &Bound<'_, PyAny>) -> PyResult<Stream> {
+        let m = self.inner.mechanism();
+        let native = usize::try_from(handle)
+            .map_err(|_| errors::invalid(format!("stream handle {handle:#x} is not a pointer here")))?;
+        // SAFETY: the caller's contract (documented): a live native stream
+        // of `kind` that outlives the wrapper.
+        let s = unsafe { sync_of(m)?.stream_adopt_typed(kind_of(kind)?, native as *mut std::ffi::c_void) }
+            .map_err(errors::call)?;
+        Ok(Stream::new(m.clone(), s))
+    }
+}
+
+fn sync_of(m: &Mechanism) -> PyResult<SyncApi<'_>> {
+    m.sync().ok_or_else(|| errors::unsupported(format!("mechanism {} has no sync capability", m.label())))
 }
 
 /// A pool: a hard budget in bytes.
@@ -263,7 +310,7 @@ impl Pool {
     #[pyo3(signature = (name, callback, priority=0))]
     fn register_holder(&self, name: &str, callback: PyObject, priority: u32) -> Holder {
         let reg = self.inner.register_holder(name, Priority(priority), move |t: &PressureTicket| {
-            Python::with_gil(|py| answer(py, &callback, t))
+            with_python(0, |py| answer(py, &callback, t))
         });
         let id = reg.id();
         Holder { inner: Mutex::new(Some(reg)), id, pool: self.inner.clone() }
@@ -288,6 +335,10 @@ impl Pool {
             d.set_item(k, v)?;
         }
         d.set_item("holders", s.holders)?;
+        d.set_item("parent", self.inner.parent().map(|p| p.name().to_string()))?;
+        let children: Vec<String> = self.inner.children().iter().map(|c| c.name().to_string()).collect();
+        d.set_item("children", children)?;
+        d.set_item("depth", self.inner.depth())?;
         let classes = PyDict::new(py);
         for c in AllocationClass::ALL {
             classes.set_item(c.name(), s.class(c).charged())?;

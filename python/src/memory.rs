@@ -5,9 +5,11 @@
 
 use crate::errors;
 use crate::region::Region;
-use crate::tensor::{dlpack_capsule, layout_of, Source, Tensor};
+use crate::streams::{Fence, Stream};
+use crate::tensor::{dlpack_capsule, layout_of, Request, Source, Tensor, Uses};
 use memplug_host::dlpack::TensorLayout;
-use memplug_host::{CachedAllocation as HostCached, CachingBinding as HostCaching};
+use memplug_host::{CachedAllocation as HostCached, CachingBinding as HostCaching, StreamKey};
+use memplug_host::{DeferredFreeQueue, Retire, RetireOutcome, SharedFence};
 use memplug_host::{MemoryBinding, OwnedAllocation, SharedPrefix as HostPrefix};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -19,6 +21,10 @@ use std::sync::{Arc, Mutex};
 pub struct Binding {
     pub(crate) inner: MemoryBinding,
     pub(crate) device: (i32, i32),
+    /// The manager's deferred-free queue, for frees behind fences that
+    /// cannot go through the host object itself (it is shared with live
+    /// exports).
+    pub(crate) queue: Arc<DeferredFreeQueue>,
 }
 
 #[pymethods]
@@ -29,7 +35,7 @@ impl Binding {
     fn allocate(&self, py: Python<'_>, size: u64, alignment: u64) -> PyResult<Allocation> {
         let b = self.inner.clone();
         let a = py.allow_threads(move || b.allocate(size, alignment)).map_err(errors::binding)?;
-        Ok(Allocation::new(a, self.device))
+        Ok(Allocation::new(a, self.device, self.queue.clone()))
     }
     /// Reserves `max_bytes` of address space for a region that grows at a
     /// stable base; nothing is charged until it grows.
@@ -71,6 +77,37 @@ impl Binding {
 pub struct CachingBinding {
     pub(crate) inner: HostCaching,
     pub(crate) device: (i32, i32),
+    pub(crate) queue: Arc<DeferredFreeQueue>,
+}
+
+/// A stream as the cache keys it: a memplug `Stream`, or an int (a
+/// runtime's own stream handle, e.g. a `cudaStream_t`; equal ints must be
+/// the same stream).
+fn stream_key(stream: &Bound<'_, PyAny>) -> PyResult<StreamKey> {
+    if let Ok(s) = stream.downcast::<Stream>() {
+        return s.get().key();
+    }
+    match stream.extract::<u64>() {
+        Ok(h) => Ok(StreamKey::runtime(h)),
+        Err(_) => Err(errors::invalid(format!(
+            "a stream is a memplug.Stream or an int runtime handle, not {}",
+            stream.get_type().name()?
+        ))),
+    }
+}
+
+impl CachingBinding {
+    fn wrap(&self, a: HostCached, uses: Uses) -> CachedAllocation {
+        let (addr, size) = (a.addr(), a.size());
+        CachedAllocation {
+            inner: Mutex::new(Some(Arc::new(a))),
+            addr,
+            size,
+            device: self.device,
+            uses: Arc::new(uses),
+            queue: self.queue.clone(),
+        }
+    }
 }
 
 #[pymethods]
@@ -79,8 +116,30 @@ impl CachingBinding {
     fn allocate(&self, py: Python<'_>, size: u64, alignment: u64) -> PyResult<CachedAllocation> {
         let c = self.inner.clone();
         let a = py.allow_threads(move || c.allocate(size, alignment)).map_err(errors::binding)?;
-        let (addr, size) = (a.addr(), a.size());
-        Ok(CachedAllocation { inner: Mutex::new(Some(Arc::new(a))), addr, size, device: self.device })
+        Ok(self.wrap(a, Uses::default()))
+    }
+    /// A block for work on `stream` (a memplug `Stream` or an int runtime
+    /// handle): it may reuse a block freed on that stream whose work has
+    /// not completed, since the stream runs in order. On a memplug stream
+    /// a fence is recorded after the allocation, so host access (an
+    /// export to the CPU) first waits for the earlier work; on a runtime
+    /// stream that ordering is the runtime's.
+    #[pyo3(signature = (size, stream, alignment=256))]
+    fn allocate_on(
+        &self,
+        py: Python<'_>,
+        size: u64,
+        stream: &Bound<'_, PyAny>,
+        alignment: u64,
+    ) -> PyResult<CachedAllocation> {
+        let key = stream_key(stream)?;
+        let c = self.inner.clone();
+        let a = py.allow_threads(move || c.allocate_on(size, alignment, key)).map_err(errors::binding)?;
+        let uses = Uses::default();
+        if let Ok(s) = stream.downcast::<Stream>() {
+            uses.add(s.get().record()?.shared.clone());
+        }
+        Ok(self.wrap(a, uses))
     }
     /// Gives up to `bytes` idle bytes back; returns the bytes given back.
     fn trim(&self, py: Python<'_>, bytes: u64) -> u64 {
@@ -109,12 +168,42 @@ impl CachingBinding {
     }
 }
 
-/// Drops a host object with the GIL released (its free may call the
-/// plugin and the governor).
-fn release_outside_gil<T: Send>(py: Python<'_>, v: Option<T>) {
-    if v.is_some() {
-        py.allow_threads(move || drop(v));
+/// A deferred-free job that drops a shared handle once its fences have
+/// completed: the memory is freed when that was the last reference, or
+/// when the last export lets go after it.
+struct DropLater<T: Send> {
+    owner: Option<T>,
+    what: String,
+}
+
+impl<T: Send> Retire for DropLater<T> {
+    fn retire(mut self: Box<Self>) -> RetireOutcome {
+        drop(self.owner.take());
+        // The charge is refunded by the handle's own release.
+        RetireOutcome::Freed { bytes: 0 }
     }
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+}
+
+/// Releases `owner` behind `fences` through `queue` (none: at once).
+fn drop_behind<T: Send + 'static>(
+    queue: &DeferredFreeQueue,
+    owner: T,
+    fences: Vec<SharedFence>,
+    what: String,
+) {
+    if fences.is_empty() {
+        drop(owner);
+    } else {
+        queue.release(fences, Box::new(DropLater { owner: Some(owner), what }));
+    }
+}
+
+/// Fences from Python `Fence` objects.
+fn fences_of(fences: Vec<PyRef<'_, Fence>>) -> Vec<SharedFence> {
+    fences.iter().map(|f| f.shared.clone()).collect()
 }
 
 /// The DLPack methods every memory object shares: the whole of it as bytes
@@ -135,7 +224,8 @@ macro_rules! dlpack_methods {
                 strides: Option<Vec<i64>>,
                 read_only: bool,
             ) -> PyResult<Tensor> {
-                Tensor::new(self.source()?, layout_of(shape, dtype, offset, strides)?, read_only, self.device)
+                let layout = layout_of(shape, dtype, offset, strides)?;
+                Tensor::new(self.source()?, layout, read_only, self.device, self.uses.clone())
             }
             #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
             fn __dlpack__(
@@ -148,10 +238,17 @@ macro_rules! dlpack_methods {
             ) -> PyResult<PyObject> {
                 let (source, len) = (self.source()?, self.len_now());
                 let layout = TensorLayout::bytes(len);
-                dlpack_capsule(py, &source, &layout, false, self.device, stream, max_version, dl_device, copy)
+                let req = Request { stream, max_version, dl_device, copy };
+                dlpack_capsule(py, &source, &layout, false, self.device, &self.uses, req)
             }
             fn __dlpack_device__(&self) -> (i32, i32) {
                 self.device
+            }
+            /// Records stream work that uses this memory until `fence`
+            /// completes: exports to the host wait for it, frees go
+            /// behind it.
+            fn used_by(&self, fence: &Fence) {
+                self.uses.add(fence.shared.clone());
             }
             fn __enter__(slf: Py<Self>) -> Py<Self> {
                 slf
@@ -174,12 +271,27 @@ pub struct Allocation {
     addr: u64,
     size: u64,
     device: (i32, i32),
+    uses: Arc<Uses>,
+    queue: Arc<DeferredFreeQueue>,
 }
 
 impl Allocation {
-    fn new(a: OwnedAllocation, device: (i32, i32)) -> Self {
+    fn new(a: OwnedAllocation, device: (i32, i32), queue: Arc<DeferredFreeQueue>) -> Self {
         let (addr, size) = (a.addr(), a.size());
-        Allocation { inner: Mutex::new(Some(Arc::new(a))), addr, size, device }
+        let uses = Arc::default();
+        Allocation { inner: Mutex::new(Some(Arc::new(a))), addr, size, device, uses, queue }
+    }
+    /// Releases this handle behind `fences` and the recorded uses: through
+    /// the host allocation's own `release_after` when no export shares
+    /// it, else by dropping the shared handle behind them.
+    fn release_after(&self, mut fences: Vec<SharedFence>) -> Option<impl FnOnce() + Send> {
+        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        fences.extend(self.uses.pending());
+        let (queue, what) = (self.queue.clone(), format!("{self:?}"));
+        Some(move || match Arc::try_unwrap(taken) {
+            Ok(a) => a.release_after(fences),
+            Err(shared) => drop_behind(&queue, shared, fences, what),
+        })
     }
     fn source(&self) -> PyResult<Source> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -189,8 +301,24 @@ impl Allocation {
         self.size
     }
     fn release(&self, py: Python<'_>) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        release_outside_gil(py, taken);
+        if let Some(free) = self.release_after(Vec::new()) {
+            py.allow_threads(free);
+        }
+    }
+}
+
+impl std::fmt::Debug for Allocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "memplug.Allocation(addr={:#x}, size={})", self.addr, self.size)
+    }
+}
+
+impl Drop for Allocation {
+    /// Garbage collected without `free()`: still behind its recorded uses.
+    fn drop(&mut self) {
+        if let Some(free) = self.release_after(Vec::new()) {
+            free();
+        }
     }
 }
 
@@ -211,12 +339,21 @@ impl Allocation {
     fn freed(&self) -> bool {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).is_none()
     }
-    /// Releases this handle (idempotent).
+    /// Releases this handle (idempotent), behind any use recorded with
+    /// `used_by`.
     fn free(&self, py: Python<'_>) {
         self.release(py);
     }
+    /// Releases this handle behind `fences` (and any recorded use): the
+    /// memory stays allocated and charged until they complete and the
+    /// manager polls (`poll`, `drain`); never blocks.
+    fn free_after(&self, py: Python<'_>, fences: Vec<PyRef<'_, Fence>>) -> PyResult<()> {
+        let free = self.release_after(fences_of(fences)).ok_or_else(|| errors::released("allocation"))?;
+        py.allow_threads(free);
+        Ok(())
+    }
     fn __repr__(&self) -> String {
-        format!("memplug.Allocation(addr={:#x}, size={})", self.addr, self.size)
+        format!("{self:?}")
     }
 }
 dlpack_methods!(Allocation);
@@ -229,6 +366,8 @@ pub struct CachedAllocation {
     addr: u64,
     size: u64,
     device: (i32, i32),
+    uses: Arc<Uses>,
+    queue: Arc<DeferredFreeQueue>,
 }
 
 impl CachedAllocation {
@@ -239,9 +378,47 @@ impl CachedAllocation {
     fn len_now(&self) -> u64 {
         self.size
     }
+    /// Gives the block back: on `stream` behind `fence` (the cache's
+    /// stream-ordered reuse) when no export shares it, else by dropping
+    /// the shared handle behind the fences; the recorded uses go with it.
+    fn give_back(&self, on: Option<(StreamKey, SharedFence)>) -> Option<impl FnOnce() + Send> {
+        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        let uses = self.uses.pending();
+        let (queue, what) = (self.queue.clone(), format!("{self:?}"));
+        Some(move || match Arc::try_unwrap(taken) {
+            Ok(mut a) => {
+                for f in uses {
+                    a.used_by(f);
+                }
+                match on {
+                    Some((key, fence)) => a.free_on(key, fence),
+                    None => drop(a),
+                }
+            }
+            Err(shared) => {
+                let fences = uses.into_iter().chain(on.map(|(_, f)| f)).collect();
+                drop_behind(&queue, shared, fences, what)
+            }
+        })
+    }
     fn release(&self, py: Python<'_>) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        release_outside_gil(py, taken);
+        if let Some(back) = self.give_back(None) {
+            py.allow_threads(back);
+        }
+    }
+}
+
+impl std::fmt::Debug for CachedAllocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "memplug.CachedAllocation(addr={:#x}, size={})", self.addr, self.size)
+    }
+}
+
+impl Drop for CachedAllocation {
+    fn drop(&mut self) {
+        if let Some(back) = self.give_back(None) {
+            back();
+        }
     }
 }
 
@@ -259,8 +436,20 @@ impl CachedAllocation {
     fn free(&self, py: Python<'_>) {
         self.release(py);
     }
+    /// Gives the block back behind `fence`, the last work using it on
+    /// `stream` (a memplug `Stream` or an int runtime handle): a request
+    /// on the same stream (`allocate_on`) may reuse it at once, any other
+    /// only once `fence` completes.
+    fn free_on(&self, py: Python<'_>, stream: &Bound<'_, PyAny>, fence: &Fence) -> PyResult<()> {
+        let key = stream_key(stream)?;
+        let back = self
+            .give_back(Some((key, fence.shared.clone())))
+            .ok_or_else(|| errors::released("cached allocation"))?;
+        py.allow_threads(back);
+        Ok(())
+    }
     fn __repr__(&self) -> String {
-        format!("memplug.CachedAllocation(addr={:#x}, size={})", self.addr, self.size)
+        format!("{self:?}")
     }
 }
 dlpack_methods!(CachedAllocation);

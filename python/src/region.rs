@@ -4,11 +4,12 @@
 
 use crate::errors;
 use crate::memory::{dlpack_methods, SharedPrefix};
-use crate::tensor::{dlpack_capsule, layout_of, Source, Tensor};
+use crate::streams::{Fence, Stream};
+use crate::tensor::{dlpack_capsule, layout_of, Request, Source, Tensor, Uses};
 use memplug_host::dlpack::{SharedRegion, TensorLayout};
 use memplug_host::GrowError;
 use pyo3::prelude::*;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A region: `grow_to` commits (and charges) more bytes at the same base;
 /// an update callback that raises undoes the grow.
@@ -17,12 +18,13 @@ pub struct Region {
     inner: Mutex<Option<SharedRegion>>,
     addr: u64,
     device: (i32, i32),
+    uses: Arc<Uses>,
 }
 
 impl Region {
     pub(crate) fn new(r: memplug_host::Region, device: (i32, i32)) -> Self {
         let addr = r.addr();
-        Region { inner: Mutex::new(Some(SharedRegion::new(r))), addr, device }
+        Region { inner: Mutex::new(Some(SharedRegion::new(r))), addr, device, uses: Arc::default() }
     }
     fn shared(&self) -> PyResult<SharedRegion> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
@@ -34,10 +36,18 @@ impl Region {
     fn len_now(&self) -> u64 {
         self.shared().map_or(0, |r| r.view().len)
     }
+    /// Takes the region out, its recorded uses handed to it (its release
+    /// waits for them).
+    fn take(&self) -> Option<SharedRegion> {
+        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()?;
+        for f in self.uses.pending() {
+            taken.used_by(f);
+        }
+        Some(taken)
+    }
     fn release(&self, py: Python<'_>) {
-        let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if taken.is_some() {
-            py.allow_threads(move || drop(taken));
+        if let Some(r) = self.take() {
+            py.allow_threads(move || drop(r));
         }
     }
 }
@@ -93,11 +103,23 @@ impl Region {
             Err(GrowError::Binding(e)) => Err(errors::binding(e)),
         }
     }
+    /// Grows to at least `len` usable bytes as a queued operation on
+    /// `stream` (the mechanism's queued binding): the commit runs after the
+    /// work already on the stream; the returned `Fence` completes once the
+    /// new bytes are usable. Charged at once; exports to the host wait for
+    /// the fence. A mechanism without queued binding raises `Unsupported`.
+    fn grow_on(&self, py: Python<'_>, len: u64, stream: &Stream) -> PyResult<Fence> {
+        let r = self.shared()?;
+        let fence = stream.with(|s| py.allow_threads(|| r.grow_on(len, s)).map_err(errors::binding))?;
+        let fence = Fence::recorded(fence);
+        self.uses.add(fence.shared.clone());
+        Ok(fence)
+    }
     /// Shrinks the private part to `len` usable bytes; refused
     /// (`InvalidState`) while a view exported from the region is alive.
     fn shrink_to(&self, py: Python<'_>, len: u64) -> PyResult<()> {
-        let r = self.shared()?;
-        py.allow_threads(move || r.shrink_to(len, Vec::new())).map_err(errors::binding)
+        let (r, fences) = (self.shared()?, self.uses.pending());
+        py.allow_threads(move || r.shrink_to(len, fences)).map_err(errors::binding)
     }
     /// Maps `prefix` read-only at the start of this empty region.
     fn map_prefix(&self, py: Python<'_>, prefix: &SharedPrefix) -> PyResult<()> {
@@ -114,3 +136,10 @@ impl Region {
     }
 }
 dlpack_methods!(Region);
+
+impl Drop for Region {
+    /// Garbage collected without `close()`: still behind its recorded uses.
+    fn drop(&mut self) {
+        drop(self.take());
+    }
+}

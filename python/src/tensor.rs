@@ -1,16 +1,18 @@
 //! DLPack for Python: dtypes by name, the `Tensor` view object, and the
 //! `__dlpack__` / `__dlpack_device__` protocol of the Python array API
-//! (the capsule is a versioned `dltensor_versioned`; its destructor is
-//! native, so it is safe at interpreter shutdown).
+//! (a versioned `dltensor_versioned` capsule, or a legacy `dltensor` one
+//! for a consumer that asks for no version; destructors and deleters are
+//! native, so they are safe at interpreter shutdown).
 
 use crate::errors;
 use memplug_host::dlpack::{self, DLDataType, ExportOptions, ManagedTensor, SharedRegion, TensorLayout};
+use memplug_host::SharedFence;
 use memplug_host::{CachedAllocation, OwnedAllocation};
 use pyo3::exceptions::{PyBufferError, PyValueError};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::ffi::CStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// The capsule name of a versioned tensor; a consumer renames it to
 /// `used_dltensor_versioned` once it owns the tensor.
@@ -95,12 +97,19 @@ pub struct Tensor {
     layout: TensorLayout,
     read_only: bool,
     device: (i32, i32),
+    uses: Arc<Uses>,
 }
 
 impl Tensor {
-    pub fn new(source: Source, layout: TensorLayout, read_only: bool, device: (i32, i32)) -> PyResult<Self> {
+    pub fn new(
+        source: Source,
+        layout: TensorLayout,
+        read_only: bool,
+        device: (i32, i32),
+        uses: Arc<Uses>,
+    ) -> PyResult<Self> {
         // Checked now, so a bad view fails where it is made.
-        let t = Tensor { source, layout, read_only, device };
+        let t = Tensor { source, layout, read_only, device, uses };
         drop(t.source.export(&t.layout, ExportOptions { read_only, fences: Vec::new() })?);
         Ok(t)
     }
@@ -127,17 +136,8 @@ impl Tensor {
         dl_device: Option<(i32, i32)>,
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
-        dlpack_capsule(
-            py,
-            &self.source,
-            &self.layout,
-            self.read_only,
-            self.device,
-            stream,
-            max_version,
-            dl_device,
-            copy,
-        )
+        let req = Request { stream, max_version, dl_device, copy };
+        dlpack_capsule(py, &self.source, &self.layout, self.read_only, self.device, &self.uses, req)
     }
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.device
@@ -150,49 +150,128 @@ impl Tensor {
     }
 }
 
-/// `__dlpack__` per the Python array API: a versioned capsule (DLPack
-/// 1.x) for a consumer that asks for major 1 or later; refused with
-/// `BufferError` for a legacy consumer (no `max_version`), for another
-/// device, and for `copy=True` (memplug exports without copying).
-#[allow(clippy::too_many_arguments)]
+/// The fences of stream work that last used a piece of memory and may not
+/// have completed: an export to the host waits for them (the array API's
+/// "synchronise for kDLCPU"), a free goes behind them. Shared by the
+/// memory object and its `Tensor` views.
+#[derive(Default)]
+pub struct Uses(Mutex<Vec<SharedFence>>);
+
+impl Uses {
+    fn fences(&self) -> std::sync::MutexGuard<'_, Vec<SharedFence>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+    /// Records work on the memory that completes with `fence`.
+    pub fn add(&self, fence: SharedFence) {
+        let mut f = self.fences();
+        f.retain(|f| !matches!(f.query(), Ok(true)));
+        f.push(fence);
+    }
+    /// The fences not yet seen complete.
+    pub fn pending(&self) -> Vec<SharedFence> {
+        let mut f = self.fences();
+        f.retain(|f| !matches!(f.query(), Ok(true)));
+        f.clone()
+    }
+    /// Waits, the GIL released and Ctrl-C honoured, for every pending use.
+    /// A fence later on the stream whose host function is exporting is
+    /// skipped: the stream already orders it after this work.
+    fn wait_all(&self, py: Python<'_>) -> PyResult<()> {
+        for f in self.pending().into_iter().filter(|f| !crate::streams::after_running_work(f)) {
+            let mut failed = None;
+            crate::interp::wait_interruptibly(py, None, |slice| match f.wait(slice) {
+                Ok(done) => done,
+                Err(e) => {
+                    failed = Some(e);
+                    true
+                }
+            })?;
+            if let Some(e) = failed {
+                return Err(PyBufferError::new_err(format!(
+                    "waiting for {} before the export failed: {e}",
+                    f.describe()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What a `__dlpack__` call asked for.
+pub struct Request<'a, 'py> {
+    pub stream: Option<&'a Bound<'py, PyAny>>,
+    pub max_version: Option<(u32, u32)>,
+    pub dl_device: Option<(i32, i32)>,
+    pub copy: Option<bool>,
+}
+
+/// `__dlpack__` per the Python array API (2023.12):
+///
+/// * `max_version` of major 1 or later: a versioned capsule
+///   (`dltensor_versioned`); `None` (a consumer older than DLPack 1.0) or
+///   major 0: a legacy `dltensor` capsule (`DLManagedTensor`), refused
+///   (`BufferError`) for read-only memory, since it cannot carry the flag;
+/// * `stream`: on kDLCPU only `None` is accepted (`BufferError`
+///   otherwise), and the export first waits on the host for the stream
+///   work that last used the memory (`Uses`). On a device with streams,
+///   `-1` means "no synchronisation"; any other value also waits on the
+///   host, which orders every consumer stream after that work;
+/// * `dl_device` other than the memory's, and `copy=True` (memplug
+///   exports without copying): `BufferError`.
 pub fn dlpack_capsule(
     py: Python<'_>,
     source: &Source,
     layout: &TensorLayout,
     read_only: bool,
     device: (i32, i32),
-    stream: Option<&Bound<'_, PyAny>>,
-    max_version: Option<(u32, u32)>,
-    dl_device: Option<(i32, i32)>,
-    copy: Option<bool>,
+    uses: &Uses,
+    req: Request<'_, '_>,
 ) -> PyResult<PyObject> {
-    if copy == Some(true) {
+    if req.copy == Some(true) {
         return Err(PyBufferError::new_err("memplug exports its memory without copying (copy=True refused)"));
     }
-    if dl_device.is_some_and(|d| d != device) {
+    if req.dl_device.is_some_and(|d| d != device) {
         return Err(PyBufferError::new_err(format!(
-            "the memory is on DLPack device {device:?}, not {dl_device:?}"
+            "the memory is on DLPack device {device:?}, not {:?}",
+            req.dl_device
         )));
     }
-    match max_version {
-        Some((major, _)) if major >= dlpack::DLPACK_MAJOR_VERSION => {}
-        _ => {
-            return Err(PyBufferError::new_err(
-                "memplug exports versioned DLPack tensors (1.x) only: pass max_version=(1, 0) or later",
-            ))
+    let stream = req.stream.filter(|s| !s.is_none());
+    if device.0 == dlpack::K_DL_CPU {
+        if let Some(s) = stream {
+            return Err(PyBufferError::new_err(format!(
+                "the memory is on kDLCPU, which has no streams: only stream=None is accepted, not {s}"
+            )));
         }
+        uses.wait_all(py)?;
+    } else if stream.is_none_or(|s| s.extract::<i64>().ok() != Some(-1)) {
+        uses.wait_all(py)?;
     }
-    // A CPU consumer passes no stream; a device consumer's stream has
-    // nothing to wait for here: memplug queues no work of its own on the
-    // memory (callers order their own work with fences).
-    let _ = stream;
+    let versioned = req.max_version.is_some_and(|(major, _)| major >= dlpack::DLPACK_MAJOR_VERSION);
     let t = source.export(layout, ExportOptions { read_only, fences: Vec::new() })?;
+    if !versioned && t.is_read_only() {
+        return Err(PyBufferError::new_err(
+            "read-only memory cannot go to a legacy DLPack consumer (no max_version: DLPack 0.x has no \
+             read-only flag); pass max_version=(1, 0) or later",
+        ));
+    }
     let raw = t.into_raw();
-    // SAFETY: a valid name and pointer; the destructor is `destructor`.
-    let cap = unsafe { ffi::PyCapsule_New(raw.cast(), NAME.as_ptr(), Some(destructor)) };
+    let (ptr, name, destructor): (*mut std::ffi::c_void, &CStr, ffi::PyCapsule_Destructor) = if versioned {
+        (raw.cast(), NAME, destructor)
+    } else {
+        (legacy(raw).cast(), LEGACY_NAME, legacy_destructor)
+    };
+    // SAFETY: a valid name and pointer; the destructor matches the name.
+    let cap = unsafe { ffi::PyCapsule_New(ptr, name.as_ptr(), Some(destructor)) };
     if cap.is_null() {
-        // SAFETY: the tensor was not handed over.
-        drop(unsafe { ManagedTensor::from_raw(raw) });
+        // SAFETY: the tensor was not handed over: its own deleter frees it.
+        unsafe {
+            if versioned {
+                drop(ManagedTensor::from_raw(raw));
+            } else {
+                legacy_delete(ptr.cast());
+            }
+        }
         return Err(PyErr::fetch(py));
     }
     // SAFETY: a new reference.
@@ -210,6 +289,51 @@ unsafe extern "C" fn destructor(capsule: *mut ffi::PyObject) {
             if let Some(delete) = p.as_ref().and_then(|t| t.deleter) {
                 delete(p);
             }
+        }
+    }
+}
+
+/// The legacy capsule name; a consumer renames it `used_dltensor`.
+const LEGACY_NAME: &CStr = c"dltensor";
+
+/// A legacy tensor in front of a versioned one: the same `DLTensor` (its
+/// shape and strides point into the versioned block, which lives until
+/// the legacy deleter runs the versioned one).
+fn legacy(v: *mut dlpack::DLManagedTensorVersioned) -> *mut dlpack::DLManagedTensor {
+    // SAFETY: `v` is a live tensor we own; `DLTensor` is plain data, read
+    // bitwise (it owns nothing).
+    let dl_tensor = unsafe { std::ptr::read(&(*v).dl_tensor) };
+    Box::into_raw(Box::new(dlpack::DLManagedTensor {
+        dl_tensor,
+        manager_ctx: v.cast(),
+        deleter: Some(legacy_delete),
+    }))
+}
+
+/// The legacy tensor's deleter: frees it, then runs the versioned one's.
+/// Native, never unwinding; safe on any thread at any time.
+unsafe extern "C" fn legacy_delete(p: *mut dlpack::DLManagedTensor) {
+    if p.is_null() {
+        return;
+    }
+    // SAFETY: made by `legacy` (the consumer's contract: called once).
+    let b = unsafe { Box::from_raw(p) };
+    let v = b.manager_ctx.cast::<dlpack::DLManagedTensorVersioned>();
+    drop(b);
+    // SAFETY: the versioned tensor `legacy` wrapped, still owned.
+    if let Some(delete) = unsafe { v.as_ref() }.and_then(|t| t.deleter) {
+        unsafe { delete(v) }
+    }
+}
+
+/// [`destructor`] for a legacy capsule.
+unsafe extern "C" fn legacy_destructor(capsule: *mut ffi::PyObject) {
+    // SAFETY: called by Python with a live capsule.
+    unsafe {
+        if ffi::PyCapsule_IsValid(capsule, LEGACY_NAME.as_ptr()) == 1 {
+            let p =
+                ffi::PyCapsule_GetPointer(capsule, LEGACY_NAME.as_ptr()).cast::<dlpack::DLManagedTensor>();
+            legacy_delete(p);
         }
     }
 }

@@ -42,8 +42,6 @@ def test_offsets_strides_and_refusals(mgr, ctx, pool):
     with pytest.raises(BufferError):
         a.__dlpack__(max_version=(1, 0), copy=True)
     with pytest.raises(BufferError):
-        a.__dlpack__()  # a legacy consumer: no versioned capsule asked for
-    with pytest.raises(BufferError):
         a.__dlpack__(max_version=(1, 0), dl_device=(2, 0))
     capsule = a.__dlpack__(max_version=(1, 1))
     assert "dltensor_versioned" in repr(capsule)
@@ -132,3 +130,51 @@ def test_context_managers_release(mgr, ctx, pool):
         r.grow_to(MIB)
         assert pool.used == r.committed
     assert pool.used == 0
+
+
+class LegacyConsumerView:
+    """What an array library older than DLPack 1.0 sees: `__dlpack__`
+    without `max_version` (NumPy retries that way on a TypeError)."""
+
+    def __init__(self, obj):
+        self.obj = obj
+
+    def __dlpack__(self, stream=None):
+        return self.obj.__dlpack__(stream=stream)
+
+    def __dlpack_device__(self):
+        return self.obj.__dlpack_device__()
+
+
+def test_legacy_and_versioned_capsules(mgr, ctx, pool):
+    a = mgr.bind(ctx, pool).allocate(MIB)
+    assert '"dltensor"' in repr(a.__dlpack__()), "no max_version: the legacy DLManagedTensor"
+    assert '"dltensor"' in repr(a.__dlpack__(max_version=(0, 8)))
+    assert '"dltensor_versioned"' in repr(a.__dlpack__(max_version=(1, 0)))
+    gc.collect()
+    assert pool.used == MIB, "unconsumed capsules gave their references back"
+    old = np.from_dlpack(LegacyConsumerView(a.view((512, 512), "float32")))
+    new = np.from_dlpack(a.view((512, 512), "float32"))
+    # Zero-copy both ways; NumPy itself marks a legacy import read-only
+    # (the unversioned struct cannot say whether writing is allowed).
+    assert old.ctypes.data == new.ctypes.data == a.addr
+    new[1, 2] = 4.5
+    assert old[1, 2] == 4.5
+    a.free()
+    del new
+    assert pool.used == MIB, "the legacy array keeps the memory"
+    del old
+    gc.collect()
+    assert pool.used == 0, "the legacy deleter freed through memplug"
+
+
+def test_read_only_memory_is_refused_to_a_legacy_consumer(mgr, ctx, pool):
+    kv = mgr.bind(ctx, pool, "kv")
+    prefix = kv.create_shared(MIB, b"system prompt")
+    r = kv.reserve(8 * MIB)
+    r.map_prefix(prefix)
+    with pytest.raises(BufferError, match="read-only"):
+        r.__dlpack__()
+    with pytest.raises(BufferError, match="read-only"):
+        np.from_dlpack(LegacyConsumerView(r.view(16)))
+    assert not np.from_dlpack(r.view(16)).flags.writeable

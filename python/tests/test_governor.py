@@ -176,3 +176,24 @@ def test_a_waiting_allocation_releases_the_gil(mgr, ctx):
     waiter.join(10)
     assert len(got) == 1 and got[0].size == MIB
     got[0].free()
+
+
+def test_nested_pools(mgr, ctx):
+    parent = mgr.create_pool("node", 8 * MIB)
+    a = mgr.create_child_pool(parent, "tenant-a", 6 * MIB)
+    b = mgr.create_child_pool(parent, "tenant-b", 6 * MIB)
+    s = parent.stats()
+    assert (s["parent"], s["children"], s["depth"]) == (None, ["tenant-a", "tenant-b"], 0)
+    assert (a.stats()["parent"], a.stats()["depth"], a.stats()["children"]) == ("node", 1, [])
+    x = mgr.bind(ctx, a).allocate(5 * MIB)
+    assert (a.used, parent.used) == (5 * MIB, 5 * MIB), "charged at the child and its parent"
+    with pytest.raises(memplug.OutOfBudget) as e:
+        mgr.bind(ctx, a).allocate(2 * MIB)  # the child's own cap
+    assert e.value.pool == "tenant-a"
+    with pytest.raises(memplug.OutOfBudget) as e:
+        mgr.bind(ctx, b).allocate(4 * MIB)  # fits b, not the parent's room
+    assert e.value.pool == "node"
+    x.free()
+    assert parent.used == 0
+    with pytest.raises(memplug.MemplugError, match="tenant-a"):
+        mgr.create_child_pool(parent, "tenant-a", MIB)  # names are unique

@@ -2,8 +2,8 @@
 //! the vendored `include/dlpack/dlpack.h` (`tests/dlpack_layout.rs` compiles
 //! static assertions of every size, alignment, offset and constant below
 //! against that header). Only what an exporter fills in is mirrored: the
-//! legacy unversioned `DLManagedTensor` and the exchange-API function
-//! tables are not.
+//! versioned tensor, and the legacy unversioned `DLManagedTensor` that
+//! older consumers ask for; the exchange-API function tables are not.
 
 use std::ffi::c_void;
 
@@ -105,4 +105,19 @@ pub struct DLManagedTensorVersioned {
     pub flags: u64,
     /// The tensor.
     pub dl_tensor: DLTensor,
+}
+
+/// `DLManagedTensor`: the legacy (DLPack 0.x) unversioned tensor, for a
+/// consumer that asks for no version (`__dlpack__()` without
+/// `max_version`). It has no flags: no read-only bit.
+#[repr(C)]
+#[derive(Debug)]
+pub struct DLManagedTensor {
+    /// The tensor.
+    pub dl_tensor: DLTensor,
+    /// The producer's context.
+    pub manager_ctx: *mut c_void,
+    /// Called once by the consumer when done; frees `self` and whatever
+    /// keeps the memory alive.
+    pub deleter: Option<unsafe extern "C" fn(*mut DLManagedTensor)>,
 }

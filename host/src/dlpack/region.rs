@@ -5,8 +5,9 @@
 
 use super::{finish, prepare, ExportError, ExportOptions, ManagedTensor, Memory, TensorLayout};
 use crate::binding::{BindingError, GrowError, Region, RegionView, SharedPrefix};
-use crate::fence::SharedFence;
+use crate::fence::{PluginFence, SharedFence};
 use crate::sync::{lock, Mutex};
+use crate::tokens::Stream;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -86,6 +87,12 @@ impl SharedRegion {
             )));
         }
         r.shrink_to(len, fences)
+    }
+
+    /// [`Region::grow_on`] under the lock: the commit is queued on
+    /// `stream`; the fence says when the new bytes are usable.
+    pub fn grow_on(&self, len: u64, stream: &Stream) -> Result<Arc<PluginFence>, BindingError> {
+        lock(&self.inner.region).grow_on(len, stream)
     }
 
     /// [`Region::map_prefix`] under the lock.
