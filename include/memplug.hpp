@@ -505,6 +505,11 @@ class Stream : public detail::Owned<MemplugHostStream, memplug_host_stream_destr
     /// stream of the same mechanism (memplug_host_stream_wait_fence); the
     /// caller does not wait.
     void wait_fence(const Fence &f) const { check(memplug_host_stream_wait_fence(h_, f.get())); }
+    /// Queues a copy of `len` bytes from `src` to `dst` after the work
+    /// before it (plugin ABI 1.3, memplug_host_stream_copy); record a fence
+    /// after it to know when it is done. The caller keeps both ranges
+    /// alive and untouched until then.
+    void copy(uint64_t dst, uint64_t src, uint64_t len) const { check(memplug_host_stream_copy(h_, dst, src, len)); }
 
   private:
     static void run_tramp(void *ud) noexcept {
@@ -664,6 +669,13 @@ class Mechanism : public detail::Owned<MemplugHostMechanism, memplug_host_mechan
     /// True when other devices can be given access to its memory
     /// (MEMPLUG_CAP_PEER_ACCESS).
     bool peer_access() const { return (info().capabilities & MEMPLUG_CAP_PEER_ACCESS) != 0; }
+    /// The MEMPLUG_COPY_* address spaces its stream copy copies between (0:
+    /// no copy; memplug_host_mechanism_copy_kinds).
+    uint32_t copy_kinds() const {
+        uint32_t k = 0;
+        check(memplug_host_mechanism_copy_kinds(h_, &k));
+        return k;
+    }
     /// The MEMPLUG_ACCESS_* bits `peer` can be given (0: none;
     /// memplug_host_mechanism_can_access_peer). Throws Error
     /// (MEMPLUG_HOST_STATUS_UNSUPPORTED) without peer access.

@@ -534,6 +534,13 @@ typedef struct MemplugHostCacheStats {
   uint64_t pressure_bytes;
 } MemplugHostCacheStats;
 
+// A stream made by a mechanism's sync capability. Destroy with
+// `memplug_host_stream_destroy`.
+typedef struct MemplugHostStream {
+  // Opaque; zero is the null handle.
+  uint64_t id;
+} MemplugHostStream;
+
 // How the exported bytes are seen: shape, element type, strides, offset.
 // The caller's choice; it must stay inside the memory (refused with
 // `MEMPLUG_HOST_STATUS_OUT_OF_RANGE` otherwise).
@@ -561,13 +568,6 @@ typedef struct MemplugHostRegion {
   // Opaque; zero is the null handle.
   uint64_t id;
 } MemplugHostRegion;
-
-// A stream made by a mechanism's sync capability. Destroy with
-// `memplug_host_stream_destroy`.
-typedef struct MemplugHostStream {
-  // Opaque; zero is the null handle.
-  uint64_t id;
-} MemplugHostStream;
 
 // A host function run on a stream after the work submitted before it
 // (`memplug_host_stream_enqueue`). Runs once, on the stream's thread. Must
@@ -1372,6 +1372,41 @@ MemplugHostStatus memplug_host_cache_trim(struct MemplugHostCache cache,
 // `out` must be NULL or writable for its `struct_size` bytes.
 MemplugHostStatus memplug_host_cache_stats(struct MemplugHostCache cache,
                                            struct MemplugHostCacheStats *out);
+
+// The address spaces `mechanism`'s copy copies between: `MEMPLUG_COPY_*`
+// bits of memplug.h (its own memory, host memory, a peer device's), 0 for
+// a mechanism without the copy (no sync capability, a plugin older than
+// ABI 1.3, or one that does not publish it). Thread-safety: any thread.
+//
+// # Safety
+// `out_kinds` must be NULL or writable.
+MemplugHostStatus memplug_host_mechanism_copy_kinds(struct MemplugHostMechanism mechanism,
+                                                    uint32_t *out_kinds);
+
+// Copies `len` bytes from `src` to `dst` on `stream`: after the work
+// enqueued on it before, and before the work (and the fences) enqueued
+// after. Returns once the copy is queued, not done: record a fence after
+// it to know when. `len` 0 is a no-op.
+//
+// Refused before the plugin is called: `MEMPLUG_HOST_STATUS_OUT_OF_RANGE`
+// for a range whose end does not fit in 64 bits,
+// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT` for overlapping ranges,
+// `MEMPLUG_HOST_STATUS_UNSUPPORTED` for a mechanism without the copy
+// (`memplug_host_mechanism_copy_kinds` says 0), `_INVALID_STATE` for a
+// destroyed stream. The plugin refuses ranges outside memory it can copy
+// (`_OUT_OF_RANGE`) and address spaces it does not publish (`_UNSUPPORTED`).
+// Thread-safety: any thread.
+//
+// # Safety
+// The plugin writes `len` bytes at `dst`: `[src, src + len)` must stay
+// readable and `[dst, dst + len)` writable, and nothing else may write
+// either (or read `dst`) until the copy is done; memory of the mechanism
+// must stay allocated until then (free it behind a fence recorded after the
+// copy).
+MemplugHostStatus memplug_host_stream_copy(struct MemplugHostStream stream,
+                                           uint64_t dst,
+                                           uint64_t src,
+                                           uint64_t len);
 
 // Exports an allocation as a DLPack tensor of `spec`'s layout over its
 // memory (device: the mechanism's, as DLPack numbers it), consuming the

@@ -8,8 +8,9 @@
 // (UNSUPPORTED on the CPU plugin, which has no peer access),
 // Region::grow_on (UNSUPPORTED without queued binding, the region and the
 // pool's charge unchanged; with it, charged at once and its fence completes) and Mechanism::adopt_stream (UNSUPPORTED: the
-// CPU plugin adopts no native stream) — every failure a memplug::Error
-// with its status.
+// CPU plugin adopts no native stream); Stream::copy (plugin ABI 1.3: ordered
+// after a host function that writes the source, overlap refused) and
+// Mechanism::copy_kinds — every failure a memplug::Error with its status.
 //
 //   export_sync_peer_cpp PATH/TO/libmemplug_plugin_cpu.so
 //
@@ -172,6 +173,24 @@ void peer(memplug::Manager &m, const memplug::Mechanism &mech) {
     EXPECT(pool.stats().used == 0);
 }
 
+/// Plugin ABI 1.3's copy through Stream::copy: ordered after a host
+/// function that writes the source; overlap refused.
+void stream_copy(memplug::Manager &m, const memplug::Mechanism &mech) {
+    EXPECT((mech.copy_kinds() & MEMPLUG_COPY_HOST) != 0);
+    memplug::Pool pool = m.create_pool("copy", 1 << 20);
+    memplug::Binding b = m.bind(mech, pool);
+    memplug::Allocation src = b.allocate(4096, 64), dst = b.allocate(4096, 64);
+    std::memset(src.data<char>(), 1, 4096);
+    std::memset(dst.data<char>(), 0, 4096);
+    memplug::Stream s = mech.create_stream();
+    char *from = src.data<char>();
+    s.enqueue([from] { std::memset(from, 7, 4096); });
+    s.copy(dst.addr(), src.addr(), 4096);
+    EXPECT(s.record().wait(std::chrono::seconds(10)));
+    EXPECT(dst.data<char>()[0] == 7 && dst.data<char>()[4095] == 7);
+    EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, s.copy(src.addr() + 8, src.addr(), 64));
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -186,6 +205,7 @@ int main(int argc, char **argv) {
         typed_export(m, mech);
         stream_wait(m, mech);
         peer(m, mech);
+        stream_copy(m, mech);
     } catch (const std::exception &e) {
         std::fprintf(stderr, "FAIL: uncaught %s\n", e.what());
         failed++;

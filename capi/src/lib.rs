@@ -36,6 +36,7 @@ extern crate memplug_host as memplug_host_dep;
 pub mod binding;
 pub mod cache;
 mod callbacks;
+pub mod copy;
 pub mod dlpack;
 pub mod error;
 pub mod fence;
@@ -60,6 +61,7 @@ pub mod version;
 
 pub use binding::*;
 pub use cache::*;
+pub use copy::*;
 pub use dlpack::*;
 pub use error::{memplug_host_last_error_message, memplug_host_last_error_status};
 pub use fence::*;
