@@ -45,14 +45,6 @@ static struct env env_new(const char *plugin, uint64_t capacity) {
     return e;
 }
 
-static uint64_t pool_used(MemplugHostPool p) {
-    MemplugHostPoolStats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    EXPECT_OK(memplug_host_pool_stats(p, &s));
-    return s.used;
-}
-
 /* ---- NULL arguments ------------------------------------------------------ */
 
 static void null_arguments(const struct env *e) {

@@ -30,34 +30,12 @@
 
 #define MIB (1024u * 1024u)
 
-/* A runtime fence the test completes by hand. */
-struct gate {
-    volatile int done;
-};
-
-static bool gate_query(void *userdata) {
-    return ((struct gate *)userdata)->done != 0;
-}
-
-static bool gate_wait(void *userdata, uint64_t timeout_ns) {
-    (void)timeout_ns;
-    return ((struct gate *)userdata)->done != 0;
-}
-
 static MemplugHostCacheStats stats_of(MemplugHostCache cache) {
     MemplugHostCacheStats s;
     memset(&s, 0, sizeof s);
     s.struct_size = sizeof s;
     EXPECT_OK(memplug_host_cache_stats(cache, &s));
     return s;
-}
-
-static uint64_t used_of(MemplugHostPool pool) {
-    MemplugHostPoolStats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    EXPECT_OK(memplug_host_pool_stats(pool, &s));
-    return s.used;
 }
 
 static void reuse(MemplugHostCache cache, MemplugHostPool pool) {
@@ -74,7 +52,7 @@ static void reuse(MemplugHostCache cache, MemplugHostPool pool) {
     EXPECT(info.addr == addr && info.size == 1000);
     EXPECT_OK(memplug_host_cached_free(a));
     /* Idle, still charged: the 1024 B class. */
-    EXPECT(used_of(pool) == 1024);
+    EXPECT(pool_used(pool) == 1024);
     s = stats_of(cache);
     EXPECT(s.idle_bytes == 1024 && s.idle_blocks == 1 && s.misses == 1 && s.hits == 0);
     EXPECT(s.holder_id != 0);
@@ -89,12 +67,12 @@ static void reuse(MemplugHostCache cache, MemplugHostPool pool) {
 }
 
 static void streams(MemplugHostManager m, MemplugHostCache cache) {
-    struct gate g = {0};
+    struct hand_fence g = {0};
     MemplugHostFence fence = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostCachedAllocation a = MEMPLUG_HOST_NULL_HANDLE_INIT, other = MEMPLUG_HOST_NULL_HANDLE_INIT,
                                 host = MEMPLUG_HOST_NULL_HANDLE_INIT, same = MEMPLUG_HOST_NULL_HANDLE_INIT;
     uint64_t addr = 0, other_addr = 0, host_addr = 0, same_addr = 0;
-    EXPECT_OK(memplug_host_fence_from_callbacks(m, "kernel on stream 1", gate_query, gate_wait, NULL, &g, &fence));
+    EXPECT_OK(memplug_host_fence_from_callbacks(m, "kernel on stream 1", hand_fence_query, hand_fence_wait, NULL, &g, &fence));
     EXPECT_OK(memplug_host_cache_allocate(cache, 4096, 256, 1, &a, &addr));
     EXPECT_OK(memplug_host_cached_free_on(a, 1, &fence, 1));
     EXPECT(stats_of(cache).pending_blocks == 1);
@@ -139,7 +117,7 @@ static void pressure(MemplugHostManager m, MemplugHostMechanism mech) {
     EXPECT_OK(memplug_host_cache_allocate(cache, MIB, 4096, 0, &idle[1], NULL));
     EXPECT_OK(memplug_host_cached_free(idle[0]));
     EXPECT_OK(memplug_host_cached_free(idle[1]));
-    EXPECT(used_of(pool) == 3 * MIB);
+    EXPECT(pool_used(pool) == 3 * MIB);
     /* 2 MiB for another binding: 1 MiB free, the cache's idle 2 MiB asked. */
     EXPECT_OK(memplug_host_allocate(other, 2 * MIB, 4096, &big, NULL));
     s = stats_of(cache);
@@ -149,7 +127,7 @@ static void pressure(MemplugHostManager m, MemplugHostMechanism mech) {
     EXPECT_OK(memplug_host_cached_free(kept));
     EXPECT_OK(memplug_host_cache_trim(cache, UINT64_MAX, &released));
     EXPECT(released >= MIB);
-    EXPECT(used_of(pool) == 0);
+    EXPECT(pool_used(pool) == 0);
     EXPECT(stats_of(cache).trimmed_bytes == released);
     EXPECT_OK(memplug_host_binding_destroy(other));
     EXPECT_OK(memplug_host_cache_destroy(cache));
@@ -215,7 +193,7 @@ int main(int argc, char **argv) {
         pressure(m, mech);
     }
     EXPECT_OK(memplug_host_cache_destroy(cache));
-    EXPECT(used_of(pool) == 0);
+    EXPECT(pool_used(pool) == 0);
     EXPECT_OK(memplug_host_pool_release(pool));
     EXPECT_OK(memplug_host_mechanism_release(mech));
     EXPECT_OK(memplug_host_manager_destroy(m));

@@ -81,14 +81,6 @@ static MemplugHostBindingOptions options(uint32_t alloc_class) {
     return o;
 }
 
-static uint64_t pool_used(MemplugHostPool pool) {
-    MemplugHostPoolStats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    EXPECT_OK(memplug_host_pool_stats(pool, &s));
-    return s.used;
-}
-
 static void descriptor_and_identity(MemplugHostMechanism mech) {
     MemplugHostDescriptor d;
     MemplugHostDeviceIdentity id;

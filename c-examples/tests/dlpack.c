@@ -31,27 +31,6 @@
 
 #define MIB (1024u * 1024u)
 
-struct gate {
-    volatile int done;
-};
-
-static bool gate_query(void *userdata) {
-    return ((struct gate *)userdata)->done != 0;
-}
-
-static bool gate_wait(void *userdata, uint64_t timeout_ns) {
-    (void)timeout_ns;
-    return ((struct gate *)userdata)->done != 0;
-}
-
-static uint64_t used_of(MemplugHostPool pool) {
-    MemplugHostPoolStats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    EXPECT_OK(memplug_host_pool_stats(pool, &s));
-    return s.used;
-}
-
 static MemplugHostTensorSpec spec_of(uint32_t ndim, const int64_t *shape, uint8_t code, uint8_t bits) {
     MemplugHostTensorSpec s;
     memset(&s, 0, sizeof s);
@@ -89,9 +68,9 @@ static void allocation(MemplugHostBinding b, MemplugHostPool pool) {
     EXPECT(((const float *)(uintptr_t)addr)[1000] == 7.5f);
     /* The handle went with the export. */
     EXPECT_STATUS(memplug_host_allocation_free(a), MEMPLUG_HOST_STATUS_STALE_HANDLE);
-    EXPECT(used_of(pool) == MIB);
+    EXPECT(pool_used(pool) == MIB);
     release(t);
-    EXPECT(used_of(pool) == 0);
+    EXPECT(pool_used(pool) == 0);
 }
 
 static void refusals(MemplugHostBinding b, MemplugHostPool pool) {
@@ -114,11 +93,11 @@ static void refusals(MemplugHostBinding b, MemplugHostPool pool) {
     EXPECT_STATUS(memplug_host_allocation_to_dlpack(a, NULL, NULL, 0, &t), MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
     EXPECT(t == NULL);
     /* Still the caller's: it frees, once. */
-    EXPECT(used_of(pool) == 4096);
+    EXPECT(pool_used(pool) == 4096);
     EXPECT_OK(memplug_host_allocation_free(a));
     spec = spec_of(1, fits, kDLFloat, 32);
     EXPECT_STATUS(memplug_host_allocation_to_dlpack(a, &spec, NULL, 0, &t), MEMPLUG_HOST_STATUS_STALE_HANDLE);
-    EXPECT(t == NULL && used_of(pool) == 0);
+    EXPECT(t == NULL && pool_used(pool) == 0);
 }
 
 static void fenced_after_the_manager(const char *plugin) {
@@ -131,14 +110,14 @@ static void fenced_after_the_manager(const char *plugin) {
     DLManagedTensorVersioned *t = NULL, *late = NULL;
     MemplugHostTensorSpec spec;
     static const int64_t shape[1] = {MIB};
-    struct gate g = {0};
+    struct hand_fence g = {0};
     EXPECT_OK(memplug_host_manager_create(&m));
     EXPECT_OK(memplug_host_manager_load_plugin(m, plugin));
     EXPECT_OK(memplug_host_manager_find_mechanism(m, "memplug-cpu/cpu", &mech));
     EXPECT_OK(memplug_host_pool_create(m, "fenced", 64 * MIB, &pool));
     EXPECT_OK(memplug_host_binding_create(m, mech, pool, NULL, &b));
     spec = spec_of(1, shape, kDLUInt, 8);
-    EXPECT_OK(memplug_host_fence_from_callbacks(m, "kernel", gate_query, gate_wait, NULL, &g, &fence));
+    EXPECT_OK(memplug_host_fence_from_callbacks(m, "kernel", hand_fence_query, hand_fence_wait, NULL, &g, &fence));
     EXPECT_OK(memplug_host_allocate(b, MIB, 256, &a, NULL));
     EXPECT_OK(memplug_host_allocation_to_dlpack(a, &spec, &fence, 1, &t));
     EXPECT_OK(memplug_host_allocate(b, MIB, 256, &a, NULL));
@@ -147,10 +126,10 @@ static void fenced_after_the_manager(const char *plugin) {
         release(t);
     }
     EXPECT_OK(memplug_host_manager_poll(m, NULL));
-    EXPECT(used_of(pool) == 2 * MIB); /* the kernel may still read it */
+    EXPECT(pool_used(pool) == 2 * MIB); /* the kernel may still read it */
     g.done = 1;
     EXPECT_OK(memplug_host_manager_poll(m, NULL));
-    EXPECT(used_of(pool) == MIB);
+    EXPECT(pool_used(pool) == MIB);
     EXPECT_OK(memplug_host_fence_release(fence));
     EXPECT_OK(memplug_host_binding_destroy(b));
     EXPECT_OK(memplug_host_pool_release(pool));
@@ -192,7 +171,7 @@ static void region(MemplugHostBinding b, MemplugHostPool pool) {
         release(shared);
         release(own);
     }
-    EXPECT(used_of(pool) == 0);
+    EXPECT(pool_used(pool) == 0);
 }
 
 static void cached(MemplugHostManager m, MemplugHostMechanism mech, MemplugHostPool pool) {
@@ -242,7 +221,7 @@ int main(int argc, char **argv) {
         cached(m, mech, pool);
     }
     EXPECT_OK(memplug_host_binding_destroy(b));
-    EXPECT(used_of(pool) == 0);
+    EXPECT(pool_used(pool) == 0);
     EXPECT_OK(memplug_host_pool_release(pool));
     EXPECT_OK(memplug_host_mechanism_release(mech));
     EXPECT_OK(memplug_host_manager_destroy(m));

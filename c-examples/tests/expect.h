@@ -8,6 +8,8 @@
 
 #include "memplug_host.h"
 
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -50,5 +52,30 @@ static inline void expect_message(const char *part, int line) {
 #define EXPECT_OK(call) expect_status((call), MEMPLUG_HOST_STATUS_OK, #call, __LINE__)
 #define EXPECT(cond) expect_true((cond) ? 1 : 0, #cond, __LINE__)
 #define EXPECT_MESSAGE(part) expect_message((part), __LINE__)
+
+/* A pool's use now (memplug_host_pool_stats). */
+static inline uint64_t pool_used(MemplugHostPool pool) {
+    MemplugHostPoolStats s;
+    memset(&s, 0, sizeof s);
+    s.struct_size = sizeof s;
+    expect_status(memplug_host_pool_stats(pool, &s), MEMPLUG_HOST_STATUS_OK, "memplug_host_pool_stats", __LINE__);
+    return s.used;
+}
+
+/* A runtime fence the test completes by hand: pass hand_fence_query,
+ * hand_fence_wait and a `struct hand_fence *` to
+ * memplug_host_fence_from_callbacks, then set `done`. */
+struct hand_fence {
+    volatile int done;
+};
+
+static inline bool hand_fence_query(void *userdata) {
+    return ((struct hand_fence *)userdata)->done != 0;
+}
+
+static inline bool hand_fence_wait(void *userdata, uint64_t timeout_ns) {
+    (void)timeout_ns;
+    return ((struct hand_fence *)userdata)->done != 0;
+}
 
 #endif

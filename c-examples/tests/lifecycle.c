@@ -99,14 +99,6 @@ static void on_event(void *userdata, const MemplugHostLifecycleEvent *e) {
 
 /* ---- helpers ----------------------------------------------------------- */
 
-static uint64_t pool_used(MemplugHostPool p) {
-    MemplugHostPoolStats s;
-    memset(&s, 0, sizeof s);
-    s.struct_size = sizeof s;
-    EXPECT_OK(memplug_host_pool_stats(p, &s));
-    return s.used;
-}
-
 static uint64_t allocation_size(MemplugHostAllocation a) {
     MemplugHostAllocationInfo i;
     memset(&i, 0, sizeof i);
