@@ -320,10 +320,9 @@ impl CacheInner {
             }
         }
         let align = alignment.max(self.config.min_alignment);
-        if self.binding.pool().free() < class.bytes {
-            self.give_back(class.bytes - self.binding.pool().free().min(class.bytes), false, |s, b| {
-                s.pressure_bytes += b
-            });
+        let free = self.binding.pool().free();
+        if free < class.bytes {
+            self.give_back(class.bytes - free, false, |s, b| s.pressure_bytes += b);
         }
         let block = Box::new(match self.binding.allocate(class.bytes, align) {
             Err(BindingError::Budget(GovernorError::OutOfBudget(_))) if self.idle_bytes() > 0 => {
