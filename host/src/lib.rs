@@ -50,7 +50,8 @@ pub(crate) mod sync;
 pub mod tokens;
 
 pub use binding::{
-    BindingError, GrowError, MemoryBinding, OwnedAllocation, Region, RegionView, SharedPrefix,
+    BindingError, GrowError, MemoryBinding, OffloadReport, OwnedAllocation, Region, RegionView, Residence,
+    SharedPrefix,
 };
 pub use cache::{CacheConfig, CacheStats, CachedAllocation, CachingBinding, StreamKey};
 pub use context::{

@@ -98,6 +98,26 @@ impl OwnedAllocation {
     pub(crate) fn clear_fences(&mut self) {
         self.fences = FenceSet::default();
     }
+    /// Offload to `target`, as [`Region::offload_to`](super::Region::offload_to)
+    /// does for a region: always refused, with `Unsupported`. Bringing the
+    /// bytes back at the same address needs memory placed at a chosen
+    /// address, and a plain allocation's address is the allocator's
+    /// choice: no slot of plugin ABI 1.3 re-places it. Memory that must
+    /// survive an offload at a stable address is made with
+    /// [`MemoryBinding::reserve_virtual`].
+    pub fn offload_to(
+        &self,
+        _target: &MemoryBinding,
+        _stream: &crate::tokens::Stream,
+    ) -> Result<(), BindingError> {
+        Err(BindingError::Unsupported {
+            mechanism: self.binding_inner().mechanism().label().to_string(),
+            capability:
+                "offload of a plain allocation (it cannot be re-placed at the same address: offload a \
+                         region made with reserve_virtual instead)",
+        })
+    }
+
     /// Releases after `fences` (and any recorded with `used_by`): the
     /// memory stays allocated and charged until every fence completed and
     /// the deferred-free queue was polled (`ProcessMemoryManager::poll`, the

@@ -26,7 +26,7 @@ mod view;
 
 pub use allocation::OwnedAllocation;
 pub use prefix::SharedPrefix;
-pub use region::Region;
+pub use region::{OffloadReport, Region, Residence};
 pub use view::RegionView;
 
 use crate::context::{Context, LedgerEntry};

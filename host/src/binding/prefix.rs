@@ -120,7 +120,7 @@ fn fill(
     let tmp = vb.reserve(len)?;
     let mut result = sm.map(object, 0, &tmp, 0, len, Access::ReadWrite).map_err(BindingError::from);
     if result.is_ok() {
-        init(&mut RegionView { addr: tmp.addr(), len, lost: false });
+        init(&mut RegionView { addr: tmp.addr(), len, lost: false, offloaded: false });
         result = sm.unmap(&tmp, 0, len).map_err(Into::into);
     }
     // Always give the temporary reservation back: releasing it also drops a

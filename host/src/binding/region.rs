@@ -2,9 +2,16 @@
 //! [`Region`] (prefix mapping, grow, shrink) and the
 //! retire jobs of a shrink and of the region itself. What plugin ABI 1.2
 //! adds (peer access to a range, a grow queued on a stream) is in
-//! `region/queued.rs`.
+//! `region/queued.rs`; what the 1.3 stream-ordered copy makes possible
+//! (offload to host memory and restore at the same address, a private copy
+//! of part of the shared prefix) is in `region/offload.rs` and
+//! `region/privatise.rs`.
 
+mod offload;
+mod privatise;
 mod queued;
+
+pub use offload::{OffloadReport, Residence};
 
 use super::prefix::SharedPrefix;
 use super::settle::{self, Charge};
@@ -13,7 +20,7 @@ use super::{round_up, BindingError, BindingInner, GrowError, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::error::CallError;
 use crate::fence::{FenceSource, SharedFence};
-use crate::governor::Lease;
+use crate::governor::{Grant, Lease};
 use crate::mechanism::Access;
 use crate::sync::{lock, Mutex};
 use crate::tokens::{RawObject, Reservation};
@@ -43,6 +50,9 @@ impl MemoryBinding {
             pending: Arc::new(Mutex::new(Vec::new())),
             fences: Vec::new(),
             queued_commits: Vec::new(),
+            pieces: Vec::new(),
+            privatised: Vec::new(),
+            offloaded: None,
         })
     }
 }
@@ -73,6 +83,15 @@ pub struct Region {
     /// says they are usable; dropped once it has completed. Until then no
     /// synchronous call (peer access) touches the range.
     queued_commits: Vec<(u64, u64, SharedFence)>,
+    /// The parts of the prefix still mapped shared, as `(offset, len)` at
+    /// the same offset of the prefix's object: one piece `(0, base)` until
+    /// [`privatise`](Self::privatise) replaces part of it.
+    pieces: Vec<(u64, u64)>,
+    /// Ranges inside the prefix replaced by private committed memory
+    /// (charged to the region's lease), sorted by offset.
+    privatised: Vec<(u64, u64)>,
+    /// Where the private bytes are while the region is offloaded.
+    offloaded: Option<offload::Offloaded>,
 }
 
 impl fmt::Debug for Region {
@@ -81,9 +100,10 @@ impl fmt::Debug for Region {
             Some(Access::ReadWrite) => " read-write",
             _ => "",
         };
+        let offloaded = if self.offloaded.is_some() { ", offloaded" } else { "" };
         write!(
             f,
-            "Region({:#x}, prefix {} B{access}, committed {} B)",
+            "Region({:#x}, prefix {} B{access}, committed {} B{offloaded})",
             self.addr(),
             self.base,
             self.committed
@@ -115,7 +135,10 @@ impl Region {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    /// Private bytes committed (and charged).
+    /// Private bytes after the prefix: committed and charged while the
+    /// region is resident; while it is offloaded
+    /// ([`residence`](Self::residence)) they are held in host memory and
+    /// neither committed nor charged on the device.
     pub fn committed(&self) -> u64 {
         self.committed
     }
@@ -136,7 +159,12 @@ impl Region {
     /// The region's base address and usable length now, as a grow update
     /// sees them. The base never changes over the region's life.
     pub fn view(&self) -> RegionView {
-        RegionView { addr: self.addr(), len: self.len(), lost: self.is_lost() }
+        RegionView {
+            addr: self.addr(),
+            len: self.len(),
+            lost: self.is_lost(),
+            offloaded: self.offloaded.is_some(),
+        }
     }
     /// Whether the region went with a lost device: its memory is gone, and
     /// dropping it calls no plugin (its charge is settled when the context
@@ -182,6 +210,7 @@ impl Region {
     /// bytes; callers that need the protection check and refuse. Any other
     /// refusal of the read-only map is returned as it is.
     pub fn map_prefix(&mut self, prefix: &Arc<SharedPrefix>) -> Result<(), BindingError> {
+        self.resident("map a prefix")?;
         if self.committed != 0 || self.prefix.is_some() {
             return Err(BindingError::State(format!(
                 "a prefix maps only into an empty region; this one has {} committed bytes{}",
@@ -216,6 +245,7 @@ impl Region {
         self.base = prefix.len;
         self.prefix = Some(prefix.clone());
         self.prefix_access = access;
+        self.pieces = vec![(0, prefix.len)];
         Ok(())
     }
 
@@ -261,6 +291,7 @@ impl Region {
         len: u64,
         update: impl FnOnce(&RegionView) -> Result<(), E>,
     ) -> Result<(), GrowError<E>> {
+        self.resident("grow")?;
         if len <= self.len() {
             return Ok(());
         }
@@ -273,7 +304,7 @@ impl Region {
         // made under one gate token.
         let (_token, stripe) = b.admit().map_err(|state| GrowError::Binding(b.ended(state)))?;
         vb.commit(self.res(), offset, delta).map_err(|e| GrowError::Binding(e.into()))?;
-        let view = RegionView { addr: self.addr(), len: self.base + want, lost: false };
+        let view = RegionView { addr: self.addr(), len: self.base + want, lost: false, offloaded: false };
         if let Err(e) = update(&view) {
             if let Err(d) = vb.decommit(self.res(), offset, delta) {
                 // The range stays mapped: keep it charged, as quarantined.
@@ -283,6 +314,19 @@ impl Region {
             }
             return Err(GrowError::Update(e));
         }
+        if let Err(e) = self.charge_grant(grant, delta, stripe) {
+            let _ = vb.decommit(self.res(), offset, delta);
+            return Err(GrowError::Binding(e));
+        }
+        self.committed = want;
+        Ok(())
+    }
+
+    /// Commits `grant` (of `delta` bytes) into the region's lease, making
+    /// the lease on the first charge, and records it in the ledger. Under
+    /// the caller's gate token.
+    fn charge_grant(&self, grant: Grant<'_>, delta: u64, stripe: usize) -> Result<(), BindingError> {
+        let b = &*self.binding;
         let mut slot = lock(&self.lease);
         let charged = match slot.as_mut() {
             Some(l) => grant.commit_into(l, delta).map(|()| None),
@@ -291,20 +335,15 @@ impl Region {
         match charged {
             Ok(Some(l)) => {
                 b.ledger.charged(stripe, delta, 1);
-                *slot = Some(l)
+                *slot = Some(l);
+                Ok(())
             }
-            Ok(None) => b.ledger.charged(stripe, delta, 0),
-            Err(r) => {
-                let error = r.error.clone();
-                drop(r);
-                drop(slot);
-                let _ = vb.decommit(self.res(), offset, delta);
-                return Err(GrowError::Binding(error.into()));
+            Ok(None) => {
+                b.ledger.charged(stripe, delta, 0);
+                Ok(())
             }
+            Err(r) => Err(r.error.clone().into()),
         }
-        drop(slot);
-        self.committed = want;
-        Ok(())
     }
 
     /// What growing to `len` (more than the usable length) commits: the
@@ -349,6 +388,7 @@ impl Region {
     /// and every fence recorded with [`used_by`](Self::used_by) (now, when
     /// there are none).
     pub fn shrink_to(&mut self, len: u64, fences: Vec<SharedFence>) -> Result<(), BindingError> {
+        self.resident("shrink")?;
         let keep = round_up(len.saturating_sub(self.base), self.granularity).unwrap_or(u64::MAX);
         if keep >= self.committed {
             return Ok(());
@@ -424,7 +464,7 @@ impl Drop for Region {
             reservation: self.reservation.take(),
             lease: self.lease.clone(),
             prefix: self.prefix.take(),
-            base: self.base,
+            pieces: std::mem::take(&mut self.pieces),
         };
         // Waits for every pending shrink of this region to have run (the
         // queue keeps no order between entries), so those decommit against
@@ -473,7 +513,9 @@ struct RegionRetire {
     reservation: Option<Reservation>,
     lease: Arc<Mutex<Option<Lease>>>,
     prefix: Option<Arc<SharedPrefix>>,
-    base: u64,
+    /// The parts of the prefix still mapped shared (the rest was
+    /// privatised: committed memory the release gives back).
+    pieces: Vec<(u64, u64)>,
 }
 
 impl Retire for RegionRetire {
@@ -488,7 +530,9 @@ impl Retire for RegionRetire {
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         if self.prefix.is_some() {
             if let Some(sm) = b.mechanism().shared_mapping() {
-                let _ = sm.unmap(&res, 0, self.base);
+                for &(offset, len) in &self.pieces {
+                    let _ = sm.unmap(&res, offset, len);
+                }
             }
         }
         let lease = lock(&self.lease).take();

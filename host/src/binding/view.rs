@@ -14,6 +14,9 @@ pub struct RegionView {
     /// The region's context was lost when the view was taken: its memory
     /// is gone and must not be touched.
     pub(crate) lost: bool,
+    /// The region's private bytes were in host memory when the view was
+    /// taken (`Region::offload_to`): only the prefix is on the device.
+    pub(crate) offloaded: bool,
 }
 
 impl RegionView {
@@ -21,6 +24,13 @@ impl RegionView {
     /// memory is gone).
     pub fn is_lost(&self) -> bool {
         self.lost
+    }
+
+    /// Whether the region's private bytes were offloaded to host memory
+    /// when the view was taken: the device range past the prefix is not
+    /// committed, and nothing may touch it until `Region::restore`.
+    pub fn is_offloaded(&self) -> bool {
+        self.offloaded
     }
 
     /// The bytes, for mechanisms whose addresses are host addresses (CPU).

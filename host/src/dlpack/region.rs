@@ -129,9 +129,11 @@ impl SharedRegion {
 /// read-only, is the read-only part.
 fn region_memory(r: &Region) -> Memory {
     let what = format!("region at {:#x}", r.addr());
-    let mut memory = Memory::of(r.binding_inner(), r.addr(), r.len(), r.is_lost(), what);
+    // While offloaded, only the prefix before its first private range is
+    // on the device: a layout past it does not fit.
+    let mut memory = Memory::of(r.binding_inner(), r.addr(), r.device_len(), r.is_lost(), what);
     if r.prefix_is_read_only() {
-        memory.read_only_prefix = r.len() - r.committed();
+        memory.read_only_prefix = (r.len() - r.committed()).min(r.device_len());
     }
     memory
 }

@@ -38,6 +38,7 @@ impl Region {
         peer: MemplugDevice,
         access: Option<Access>,
     ) -> Result<(), BindingError> {
+        self.resident("set peer access")?;
         let b = &*self.binding;
         let m = b.mechanism();
         let pa = m
@@ -115,6 +116,7 @@ impl Region {
     /// any refusal. There is no update callback: the view is not usable
     /// when this returns.
     pub fn grow_on(&mut self, len: u64, stream: &Stream) -> Result<Arc<PluginFence>, BindingError> {
+        self.resident("grow")?;
         let b = self.binding.clone();
         let m = b.mechanism();
         if !m.capabilities().queued_binding() || m.sync().is_none() {

@@ -1,0 +1,500 @@
+//! Offload and restore: a region's private bytes moved to host memory (or
+//! any memory another binding hands out) and brought back later at the
+//! same device address, so every pointer into the region, a tensor
+//! binding or a captured graph, stays valid.
+//!
+//! Both are made of steps the ABI already has, ordered by the 1.3
+//! stream-ordered copy: offload copies each private range out on a stream
+//! of the region's mechanism, waits for the copy's fence, then decommits
+//! the ranges and refunds their charge; restore recommits them, copies the
+//! bytes back and returns the fence after which they are there. Either
+//! fails with the old state kept: a refused step undoes the ones before it,
+//! nothing is charged twice, and host memory a copy may still write is
+//! freed only behind that copy's fence.
+//!
+//! What is private: the committed part after the prefix, and the parts of
+//! the prefix made private with [`Region::privatise`]. The shared prefix
+//! stays mapped (other regions read it; it is charged once, to its own
+//! lease).
+
+use super::super::{BindingError, MemoryBinding, OwnedAllocation};
+use super::{Region, ShrinkRetire};
+use crate::fence::{FnFence, PluginFence, SharedFence};
+use crate::mechanism::{Mechanism, SyncApi};
+use crate::sync::lock;
+use crate::tokens::Stream;
+use memplug_sdk::abi::{
+    MEMPLUG_DEVICE_CPU, MEMPLUG_DEVICE_CUDA_HOST, MEMPLUG_DEVICE_ROCM_HOST, MEMPLUG_LOCATION_HOST,
+    MEMPLUG_LOCATION_NUMA_NODE,
+};
+use memplug_sdk::Status;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Where a region's private bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residence {
+    /// Committed on the region's device (the normal state).
+    Device,
+    /// Held in host memory by [`Region::offload_to`]: `bytes` at `addr`,
+    /// an allocation of the target binding (charged to its pool). Nothing
+    /// may touch the device range until [`Region::restore`].
+    Host {
+        /// The first byte of the host copy.
+        addr: u64,
+        /// Private bytes held there.
+        bytes: u64,
+    },
+}
+
+/// What [`Region::offload_to`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OffloadReport {
+    /// Device bytes decommitted and refunded to the region's pool: the
+    /// answer a holder gives a pressure ticket.
+    pub released: u64,
+    /// Device bytes the mechanism refused to decommit: still committed
+    /// and charged (their bytes stay where they are; restore keeps them).
+    pub kept: u64,
+    /// The plugin's refusals, one per range kept.
+    pub refusals: Vec<String>,
+}
+
+/// The state of an offloaded region.
+pub(super) struct Offloaded {
+    /// The host copy (none when there was nothing private to copy).
+    host: Option<OwnedAllocation>,
+    /// Ranges decommitted, as `(offset in the region, len, offset in the
+    /// host copy)`.
+    moved: Vec<(u64, u64, u64)>,
+    bytes: u64,
+}
+
+impl Region {
+    /// Where the private bytes are now.
+    pub fn residence(&self) -> Residence {
+        match &self.offloaded {
+            None => Residence::Device,
+            Some(o) => {
+                Residence::Host { addr: o.host.as_ref().map_or(0, OwnedAllocation::addr), bytes: o.bytes }
+            }
+        }
+    }
+
+    /// Bytes from the base that are on the device now: all usable bytes,
+    /// or, while offloaded, the shared prefix up to its first private
+    /// range (what a DLPack export may view).
+    pub(crate) fn device_len(&self) -> u64 {
+        match &self.offloaded {
+            None => self.len(),
+            Some(_) => self.privatised.first().map_or(self.base, |r| r.0),
+        }
+    }
+
+    /// Refuses `what` while the private bytes are offloaded.
+    pub(super) fn resident(&self, what: &str) -> Result<(), BindingError> {
+        match &self.offloaded {
+            None => Ok(()),
+            Some(o) => Err(BindingError::State(format!(
+                "cannot {what}: the region's {} private bytes are offloaded to host memory; restore it \
+                 first",
+                o.bytes
+            ))),
+        }
+    }
+
+    /// The private ranges, as `(offset, len)`: the privatised parts of the
+    /// prefix, then the committed part after it.
+    pub(super) fn private_ranges(&self) -> Vec<(u64, u64)> {
+        let mut ranges = self.privatised.clone();
+        if self.committed > 0 {
+            ranges.push((self.base, self.committed));
+        }
+        ranges
+    }
+
+    /// Moves the private bytes to memory of `target` (a host-memory
+    /// binding, possibly of another mechanism: on CUDA the device's pinned
+    /// host mechanism), at the same device address later
+    /// ([`restore`](Self::restore)).
+    ///
+    /// Steps: wait (up to `timeout`) for the work recorded on the region
+    /// ([`used_by`](Self::used_by), queued grows) → allocate the host copy
+    /// from `target` (charged to its pool) → copy each private range out on
+    /// `stream` (a stream of the region's mechanism) → wait for the copy's
+    /// fence (the rest of `timeout`) → decommit the ranges and refund them
+    /// to the region's pool. Returns what was released: the device bytes
+    /// actually decommitted.
+    ///
+    /// Any failure before the decommit leaves the region as it was: the
+    /// host copy is freed (behind the copy's fence when a copy may still be
+    /// writing it), nothing stays charged twice. A range whose decommit the
+    /// plugin refuses stays committed and charged, with its bytes in
+    /// place, and is reported in [`OffloadReport::kept`]; when no range
+    /// could be decommitted, the offload is undone and the refusal
+    /// returned.
+    ///
+    /// Refused, with nothing changed: an offloaded region (`State`); a
+    /// mechanism without the copy, or whose copy does not reach `target`'s
+    /// memory (`Unsupported`); work on the region not complete within
+    /// `timeout`, and the copy not complete within it (`Busy`).
+    pub fn offload_to(
+        &mut self,
+        target: &MemoryBinding,
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Result<OffloadReport, BindingError> {
+        if self.offloaded.is_some() {
+            return Err(BindingError::State("the region is already offloaded".into()));
+        }
+        let deadline = Instant::now() + timeout;
+        let b = self.binding.clone();
+        let m = b.mechanism();
+        let sync = copier(&b, m, target.mechanism(), "offload")?;
+        self.settle_work(deadline, timeout)?;
+        let ranges = self.private_ranges();
+        let bytes: u64 = ranges.iter().map(|r| r.1).sum();
+        if bytes == 0 {
+            self.offloaded = Some(Offloaded { host: None, moved: Vec::new(), bytes: 0 });
+            return Ok(OffloadReport { released: 0, kept: 0, refusals: Vec::new() });
+        }
+        let align = target.mechanism().properties().min_alignment.max(1);
+        let host = target.allocate(bytes, align)?;
+        let mut layout = Vec::with_capacity(ranges.len());
+        let mut at = 0;
+        for &(offset, len) in &ranges {
+            // SAFETY: the source is committed memory of the region (its
+            // private ranges), idle since `settle_work`; the destination is
+            // the host copy, which nothing else reaches and which is freed
+            // only behind a fence recorded after this copy.
+            if let Err(e) = unsafe { sync.copy(stream, host.addr() + at, self.addr() + offset, len) } {
+                abandon(&b, &sync, stream, host, !layout.is_empty());
+                return Err(e.into());
+            }
+            layout.push((offset, len, at));
+            at += len;
+        }
+        let fence = match after_copies(m, &sync, stream) {
+            Ok(f) => f,
+            Err(e) => {
+                forget_host(&b, host, &e.to_string());
+                return Err(e.into());
+            }
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        match fence.wait(left) {
+            Ok(true) => {}
+            Ok(false) => {
+                host.release_after([fence.clone()]);
+                return Err(busy(
+                    m,
+                    format!(
+                        "the copy of {bytes} B to host memory ({}) did not complete within {timeout:?}: the \
+                         region stays on the device",
+                        fence.describe()
+                    ),
+                ));
+            }
+            Err(e) => {
+                host.release_after([fence]);
+                return Err(e.into());
+            }
+        }
+        let (token, stripe) = b.admit().map_err(|state| b.ended(state))?;
+        let vb = m.virtual_backing().expect("checked at reserve");
+        // A range whose decommit is refused stays committed and charged,
+        // with its bytes in place: restore leaves it as it is.
+        let (mut moved, mut kept_bytes, mut refusals) = (Vec::new(), 0, Vec::new());
+        for (offset, len, at) in layout {
+            match vb.decommit(self.res(), offset, len) {
+                Ok(()) => moved.push((offset, len, at)),
+                Err(e) => {
+                    refusals.push(format!("range +{offset:#x} ({len} B) kept on the device: {e}"));
+                    kept_bytes += len;
+                }
+            }
+        }
+        let released: u64 = moved.iter().map(|r| r.1).sum();
+        if released == 0 {
+            drop(token);
+            drop(host); // the copy has completed: nothing writes it now
+            return Err(BindingError::State(format!(
+                "offload undone, the region stays on the device: {}",
+                refusals.join("; ")
+            )));
+        }
+        self.refund_part(released, stripe);
+        drop(token);
+        self.offloaded = Some(Offloaded { host: Some(host), moved, bytes });
+        Ok(OffloadReport { released, kept: kept_bytes, refusals })
+    }
+
+    /// Brings offloaded bytes back at the same addresses: grant → recommit
+    /// the decommitted ranges → copy each back on `stream` → charge.
+    /// Returns the fence after which the bytes are in place: order device
+    /// work behind it (work later on `stream` already is). The host copy is
+    /// freed behind that fence; the region's release, later shrinks and
+    /// peer-access changes wait for it too.
+    ///
+    /// Any failure leaves the region offloaded, its host copy intact, and
+    /// the charge as it was (ranges already recommitted are decommitted
+    /// again, behind the fence of any copy already enqueued into them).
+    /// Refused: a region that is not offloaded (`State`); the pool's
+    /// budget (`Budget`), as for a grow.
+    pub fn restore(&mut self, stream: &Stream) -> Result<SharedFence, BindingError> {
+        let Some(off) = self.offloaded.take() else {
+            return Err(BindingError::State("the region is not offloaded".into()));
+        };
+        match self.restore_from(&off, stream) {
+            Ok(fence) => {
+                if let Some(host) = off.host {
+                    host.release_after([fence.clone()]);
+                }
+                Ok(fence)
+            }
+            Err(e) => {
+                self.offloaded = Some(off);
+                Err(e)
+            }
+        }
+    }
+
+    fn restore_from(&mut self, off: &Offloaded, stream: &Stream) -> Result<SharedFence, BindingError> {
+        let b = self.binding.clone();
+        let m = b.mechanism();
+        let Some(host) = &off.host else {
+            // Nothing was private: nothing to bring back.
+            return Ok(FnFence::new("nothing to restore", || true, |_| true));
+        };
+        let sync = copier(&b, m, host.binding_inner().mechanism(), "restore")?;
+        for &(offset, len, _) in &off.moved {
+            self.wait_out_pending(offset, len)?;
+        }
+        let bytes: u64 = off.moved.iter().map(|r| r.1).sum();
+        let vb = m.virtual_backing().expect("checked at reserve");
+        let grant = b.grant(bytes)?;
+        let (token, stripe) = b.admit().map_err(|state| b.ended(state))?;
+        for (k, &(offset, len, _)) in off.moved.iter().enumerate() {
+            if let Err(e) = vb.commit(self.res(), offset, len) {
+                for &(o, l, _) in &off.moved[..k] {
+                    let _ = vb.decommit(self.res(), o, l);
+                }
+                return Err(e.into());
+            }
+        }
+        self.charge_grant(grant, bytes, stripe)?;
+        drop(token);
+        for (k, &(offset, len, at)) in off.moved.iter().enumerate() {
+            // SAFETY: the destination was committed above and nothing uses
+            // it yet; the source is the host copy, kept until a fence
+            // recorded after this copy.
+            if let Err(e) = unsafe { sync.copy(stream, self.addr() + offset, host.addr() + at, len) } {
+                self.undo_restore(&off.moved, k, &sync, stream);
+                return Err(e.into());
+            }
+        }
+        let fence = match after_copies(m, &sync, stream) {
+            Ok(f) => f,
+            Err(e) => {
+                self.undo_restore(&off.moved, off.moved.len(), &sync, stream);
+                return Err(e.into());
+            }
+        };
+        for &(offset, len, _) in &off.moved {
+            self.queued_commits.push((offset, len, fence.clone()));
+        }
+        self.add_fences([fence.clone()]);
+        Ok(fence)
+    }
+
+    /// Undoes a restore whose `copied` first copies were enqueued: the
+    /// recommitted ranges are decommitted again and refunded, behind the
+    /// fence of those copies (they may still be writing them) — now when
+    /// none was enqueued.
+    fn undo_restore(
+        &mut self,
+        moved: &[(u64, u64, u64)],
+        copied: usize,
+        sync: &SyncApi<'_>,
+        stream: &Stream,
+    ) {
+        let m = self.binding.mechanism();
+        let fences = if copied == 0 {
+            Vec::new()
+        } else {
+            match after_copies(m, sync, stream) {
+                Ok(f) => vec![f],
+                // No way to know when the copies are done: wait for the
+                // stream's work as the region's release does, behind the
+                // region's own fences (never free on a guess).
+                Err(_) => vec![never_known(m)],
+            }
+        };
+        for &(offset, len, _) in moved {
+            let job = ShrinkRetire {
+                binding: self.binding.clone(),
+                reservation: *self.res().raw(),
+                offset,
+                len,
+                lease: self.lease.clone(),
+                pending: self.pending.clone(),
+            };
+            lock(&self.pending).push((offset, len));
+            self.binding.queue.release(fences.clone(), Box::new(job));
+        }
+    }
+
+    /// Waits, up to `deadline`, for the work recorded on the region (fences
+    /// of `used_by`, queued grows) to complete: a copy on one stream is not
+    /// ordered after work on another.
+    pub(super) fn settle_work(&mut self, deadline: Instant, timeout: Duration) -> Result<(), BindingError> {
+        let m = self.binding.mechanism();
+        for f in self.fences.iter().chain(self.queued_commits.iter().map(|q| &q.2)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if !f.wait(left)? {
+                return Err(busy(
+                    m,
+                    format!("work on the region ({}) did not complete within {timeout:?}", f.describe()),
+                ));
+            }
+        }
+        self.fences.clear();
+        self.queued_commits.clear();
+        Ok(())
+    }
+
+    /// Refunds `bytes` of the region's lease (a decommit that ran).
+    pub(super) fn refund_part(&self, bytes: u64, stripe: usize) {
+        let b = &*self.binding;
+        if let Some(lease) = lock(&self.lease).as_mut() {
+            if b.pool.release_part(lease, bytes).is_ok() {
+                b.ledger.refunded(stripe, bytes, 0);
+            }
+        }
+    }
+}
+
+/// The sync capability of the region's mechanism `m`, checked to copy
+/// between its own memory and `other`'s.
+pub(super) fn copier<'m>(
+    b: &super::super::BindingInner,
+    m: &'m Mechanism,
+    other: &Mechanism,
+    what: &str,
+) -> Result<SyncApi<'m>, BindingError> {
+    let sync = m.sync().ok_or_else(|| b.unsupported("sync (a stream-ordered copy)"))?;
+    if !sync.can_copy() {
+        return Err(b.unsupported("copy (the stream-ordered copy of plugin ABI 1.3)"));
+    }
+    let kinds = sync.copy_kinds();
+    let (reaches, space) = if m.key() == other.key() {
+        (kinds.device(), "its own memory (MEMPLUG_COPY_DEVICE)")
+    } else if is_host_memory(other) {
+        (kinds.host(), "host memory (MEMPLUG_COPY_HOST)")
+    } else {
+        (kinds.peer(), "another device's memory (MEMPLUG_COPY_PEER)")
+    };
+    if !reaches {
+        return Err(BindingError::Plugin(m.refusal(
+            "binding",
+            Status::Unsupported,
+            format!(
+                "cannot {what}: {} copies between {}, not {space} of {}",
+                m.label(),
+                kinds.names().join(" | "),
+                other.label()
+            ),
+        )));
+    }
+    Ok(sync)
+}
+
+/// Whether `m` hands out host memory: its descriptor says so, or its
+/// device is a host kind.
+fn is_host_memory(m: &Mechanism) -> bool {
+    let location = m.properties().descriptor.location.kind;
+    location == MEMPLUG_LOCATION_HOST
+        || location == MEMPLUG_LOCATION_NUMA_NODE
+        || matches!(
+            m.device().0.kind,
+            MEMPLUG_DEVICE_CPU | MEMPLUG_DEVICE_CUDA_HOST | MEMPLUG_DEVICE_ROCM_HOST
+        )
+}
+
+/// A fence that completes once the copies enqueued on `stream` so far have
+/// run: one the mechanism records, or, when it refuses to record one, a
+/// host function enqueued behind them that sets a flag.
+pub(super) fn after_copies(
+    m: &Mechanism,
+    sync: &SyncApi<'_>,
+    stream: &Stream,
+) -> Result<SharedFence, crate::error::CallError> {
+    let recorded = PluginFence::record(m, stream);
+    let Err(refused) = recorded else { return recorded };
+    let done = Arc::new(AtomicBool::new(false));
+    let flag = done.clone();
+    if sync.enqueue(stream, move || flag.store(true, Ordering::Release)).is_err() {
+        return Err(refused);
+    }
+    let (q, w) = (done.clone(), done);
+    Ok(FnFence::new(
+        "host function after a copy",
+        move || q.load(Ordering::Acquire),
+        move |timeout| {
+            let deadline = Instant::now() + timeout;
+            while !w.load(Ordering::Acquire) {
+                if Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            true
+        },
+    ))
+}
+
+/// A fence no query ever reports complete (for memory a copy may still
+/// write when no fence could be placed behind it): what waits on it stays
+/// allocated and charged, and the queue's statistics show it pending.
+fn never_known(m: &Mechanism) -> SharedFence {
+    let label = m.label().to_string();
+    FnFence::new(format!("unfenced copy on {label}"), || false, |_| false)
+}
+
+/// Gives up a host copy after a failed offload copy: freed now when no
+/// copy into it was enqueued, else behind a fence placed after the copies
+/// that were.
+fn abandon(
+    b: &super::super::BindingInner,
+    sync: &SyncApi<'_>,
+    stream: &Stream,
+    host: OwnedAllocation,
+    enqueued: bool,
+) {
+    if !enqueued {
+        return drop(host);
+    }
+    match after_copies(b.mechanism(), sync, stream) {
+        Ok(f) => host.release_after([f]),
+        Err(e) => forget_host(b, host, &e.to_string()),
+    }
+}
+
+/// Host memory a copy may still be writing, with no fence to free it
+/// behind: it stays allocated and charged, behind a fence that never
+/// completes (the queue shows it pending), and the binding's quarantine
+/// list says why.
+fn forget_host(b: &super::super::BindingInner, host: OwnedAllocation, why: &str) {
+    lock(&b.quarantine).push(format!(
+        "host copy of {} B at {:#x} kept: a copy into it may still run and no fence could be placed \
+         behind it ({why})",
+        host.size(),
+        host.addr()
+    ));
+    host.release_after([never_known(b.mechanism())]);
+}
+
+fn busy(m: &Mechanism, message: String) -> BindingError {
+    BindingError::Plugin(m.refusal("binding", Status::Busy, message))
+}
