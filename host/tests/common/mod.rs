@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod faulty;
 pub mod lossy;
 
 use memplug_host::governor::{AllocationClass, Pool, PoolSnapshot};
