@@ -235,6 +235,22 @@ fn demo_json_is_one_document_with_a_zero_ledger() {
     assert_eq!(t[release]["pool_used"], t[fence]["pool_used"], "charge kept until the fence");
     assert!(t[retired]["pool_used"].as_u64() < t[fence]["pool_used"].as_u64());
 
+    // A shard offloaded under pressure, then restored at its address; a
+    // request diverging inside the prompt's last block.
+    let offload = pos(&|e| e["kind"] == "offload").expect("offload under pressure");
+    let prefill = pos(&|e| e["kind"] == "prefill").expect("the prefill that needed the room");
+    let restore = pos(&|e| e["kind"] == "restore").expect("restore");
+    let privatise = pos(&|e| e["kind"] == "privatise").expect("copy-on-write");
+    assert!(offload < prefill && prefill < restore && restore < privatise);
+    assert!(t[offload]["pool_used"].as_u64() < t[offload - 1]["pool_used"].as_u64(), "the offload refunds");
+    let restored = t[restore]["detail"].as_str().unwrap();
+    assert!(restored.contains("same address: true") && restored.contains("bytes intact: true"), "{restored}");
+    for name in ["offload answers pressure", "restore at the same address", "copy-on-write of the last block"]
+    {
+        let c = v["checks"].as_array().unwrap().iter().find(|c| c["name"] == name).expect(name);
+        assert_eq!(c["ok"], true, "{c}");
+    }
+
     // Governor and kernel agree at every measurement, and end at zero.
     let m = v["measurements"].as_array().unwrap();
     assert!(m.len() >= 4);

@@ -90,13 +90,24 @@ fn demo_json_counts_its_checks_and_names_its_scenes() {
     );
     assert_eq!(u(&c["failed"]), 0);
 
-    // The scenes: the story's eight steps in order, back to back; every
+    // The scenes: the story's ten steps in order, back to back; every
     // event belongs to one of them, and each counts its own.
     let scenes = v["scenes"].as_array().unwrap();
     let ids: Vec<&str> = scenes.iter().map(|s| s["id"].as_str().unwrap()).collect();
     assert_eq!(
         ids,
-        ["setup", "weights", "requests", "decode", "fence", "out_of_budget", "device_loss", "teardown"]
+        [
+            "setup",
+            "weights",
+            "requests",
+            "decode",
+            "fence",
+            "out_of_budget",
+            "offload",
+            "copy_on_write",
+            "device_loss",
+            "teardown"
+        ]
     );
     for (i, s) in scenes.iter().enumerate() {
         assert_eq!(u(&s["step"]), i + 1);

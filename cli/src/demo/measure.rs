@@ -10,6 +10,7 @@ use memplug_host::governor::{AllocationClass, Pool};
 use serde::Serialize;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::Arc;
 
 /// Tolerance between the governor's figure and the process's resident
 /// delta from smaps. The delta also holds what memplug does not govern:
@@ -42,6 +43,16 @@ pub(super) struct Stranded {
     pub(super) bytes: u64,
 }
 
+/// Host copies of offloaded objects: charged to a pool of their own (the
+/// host pool), resident in this process like the rest.
+#[derive(Default)]
+pub(super) struct HostCopies {
+    /// The host pool, once the offload scene made it.
+    pub(super) pool: Option<Arc<Pool>>,
+    /// The live host copies' address ranges.
+    pub(super) ranges: Vec<(u64, u64)>,
+}
+
 /// The governor's figures next to the kernel's, at one moment.
 #[derive(Serialize)]
 pub(super) struct Measurement {
@@ -51,11 +62,15 @@ pub(super) struct Measurement {
     pub(super) governor_used: u64,
     pub(super) governor_weights: u64,
     pub(super) governor_kv: u64,
+    /// Bytes charged to the host pool (offloaded objects' host copies).
+    pub(super) governor_host: u64,
     /// Pages present (pagemap) over the live weight shards.
     pub(super) resident_weights: Option<u64>,
     /// Pages present over the live KV: the prefix once, and every region's
     /// private part (including one whose free waits for a fence).
     pub(super) resident_kv: Option<u64>,
+    /// Pages present over the live host copies.
+    pub(super) resident_host: Option<u64>,
     /// Pages swapped out in those ranges (counted as backed, reported).
     pub(super) swapped: Option<u64>,
     /// Bytes of the lost context's objects, no longer charged ([`Stranded`]).
@@ -127,7 +142,9 @@ impl Kernel {
 
     /// Governor vs kernel now, logged on `rec`'s timeline. `weights` and
     /// `kv` list the live address ranges (the prefix once); `stranded`,
-    /// what a lost context left behind.
+    /// what a lost context left behind; `host`, the host copies of
+    /// offloaded objects and the pool they are charged to.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn measure(
         &self,
         pool: &Pool,
@@ -136,23 +153,27 @@ impl Kernel {
         weights: &[(u64, u64)],
         kv: &[(u64, u64)],
         stranded: &Stranded,
+        host: &HostCopies,
     ) -> Measurement {
         let snap = pool.snapshot();
         let gw = snap.class(AllocationClass::Weights).charged();
         let gk = snap.class(AllocationClass::Kv).charged();
+        let gh = host.pool.as_ref().map_or(0, |p| p.used());
         let (rw, rk, rs) = (self.pages(weights), self.pages(kv), self.pages(&stranded.ranges));
-        let exact = match (&rw, &rk, &rs) {
-            (Ok(w), Ok(k), Ok(s)) => Some((*w, *k, *s)),
+        let rh = self.pages(&host.ranges);
+        let exact = match (&rw, &rk, &rs, &rh) {
+            (Ok(w), Ok(k), Ok(s), Ok(h)) => Some((*w, *k, *s, *h)),
             _ => None,
         };
         let delta = self.process_delta();
-        let exact_ok = exact.is_none_or(|(w, k, s)| {
+        let exact_ok = exact.is_none_or(|(w, k, s, h)| {
             w.present + w.swapped == gw
                 && k.present + k.swapped == gk
                 && gw + gk == snap.used
                 && s.present + s.swapped == stranded.bytes
+                && h.present + h.swapped == gh
         });
-        let held = snap.used + stranded.bytes;
+        let held = snap.used + stranded.bytes + gh;
         let process_ok = delta.is_none_or(|d| d.abs_diff(held as i64) <= PROCESS_TOLERANCE);
         let mut m = Measurement {
             t_ms: 0.0,
@@ -160,37 +181,48 @@ impl Kernel {
             governor_used: snap.used,
             governor_weights: gw,
             governor_kv: gk,
-            resident_weights: exact.map(|(w, _, _)| w.present),
-            resident_kv: exact.map(|(_, k, _)| k.present),
-            swapped: exact.map(|(w, k, _)| w.swapped + k.swapped),
+            governor_host: gh,
+            resident_weights: exact.map(|(w, _, _, _)| w.present),
+            resident_kv: exact.map(|(_, k, _, _)| k.present),
+            resident_host: exact.map(|(_, _, _, h)| h.present),
+            swapped: exact.map(|(w, k, _, h)| w.swapped + k.swapped + h.swapped),
             stranded: stranded.bytes,
-            resident_stranded: exact.map(|(_, _, s)| s.present + s.swapped),
+            resident_stranded: exact.map(|(_, _, s, _)| s.present + s.swapped),
             process_delta: delta,
             process_excess: delta.map(|d| d - held as i64),
             exact_ok,
             process_ok,
         };
         let resident = match exact {
-            Some((w, k, s)) => format!(
-                "pagemap {} (weights {}, kv {}){}",
+            Some((w, k, s, h)) => format!(
+                "pagemap {} (weights {}, kv {}){}{}",
                 mib(w.present + k.present),
                 mib(w.present),
                 mib(k.present),
-                if stranded.bytes == 0 { String::new() } else { format!(" + stranded {}", mib(s.present)) }
+                if stranded.bytes == 0 { String::new() } else { format!(" + stranded {}", mib(s.present)) },
+                if host.pool.is_none() {
+                    String::new()
+                } else {
+                    format!(" + host copies {}", mib(h.present))
+                }
             ),
-            None => {
-                format!("pagemap unavailable ({})", rw.err().or(rk.err()).or(rs.err()).unwrap_or_default())
-            }
+            None => format!(
+                "pagemap unavailable ({})",
+                rw.err().or(rk.err()).or(rs.err()).or(rh.err()).unwrap_or_default()
+            ),
         };
         let process = match delta {
             Some(d) => format!("smaps Δ {} ({:+} KiB)", signed_mib(d), (d - held as i64) / KIB as i64),
             None => "smaps unavailable".into(),
         };
-        let stranded_text = if stranded.bytes == 0 {
+        let mut stranded_text = if stranded.bytes == 0 {
             String::new()
         } else {
             format!(" + stranded {} (lost, no longer charged)", mib(stranded.bytes))
         };
+        if host.pool.is_some() {
+            stranded_text += &format!(" + host pool {}", mib(gh));
+        }
         m.t_ms = rec.log(
             "measure",
             "kernel",

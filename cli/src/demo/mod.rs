@@ -53,6 +53,7 @@
 mod loss;
 mod loss_report;
 mod measure;
+mod offload;
 mod plot;
 mod report;
 mod serving;
@@ -166,6 +167,22 @@ impl OutFile {
     }
 }
 
+/// The CPU plugin's allocations come from the C allocator. glibc raises
+/// its mmap threshold each time an mmapped block is freed, so after the
+/// weights holder evicts a 4 MiB shard the next blocks of that size come
+/// from the heap, and freeing them keeps their pages in the process: the
+/// governor refunds bytes the kernel still counts. A fixed threshold turns
+/// that adjustment off: blocks of 1 MiB and more are mapped, and unmapped
+/// when freed.
+fn fix_malloc_threshold() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's tuning; called before
+    // the demo allocates anything it measures.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, (MIB as i32).max(1));
+    }
+}
+
 /// `memplug demo [--json] [--plot FILE.svg] [--trace FILE]`; returns the
 /// exit status.
 pub fn run(args: Args) -> u8 {
@@ -179,6 +196,7 @@ pub fn run(args: Args) -> u8 {
             return USAGE;
         }
     };
+    fix_malloc_threshold();
     let report = match story::scenario() {
         Ok(r) => r,
         Err(e) => {

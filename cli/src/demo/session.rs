@@ -3,7 +3,7 @@
 //! steps leave to the device loss and the teardown. Apart from the story so
 //! that the steps it calls (the loss scene) need not import it.
 
-use super::measure::{Kernel, Measurement, Stranded};
+use super::measure::{HostCopies, Kernel, Measurement, Stranded};
 use super::serving::{Request, Tally, Weights};
 use super::timeline::{Checks, Recorder};
 use memplug_host::governor::{HolderRegistration, Pool};
@@ -20,12 +20,14 @@ pub(super) struct State<'a> {
     pub(super) tally: Tally,
     /// What the lost context left behind (nothing until the loss).
     pub(super) stranded: Stranded,
+    /// Host copies of offloaded objects (the offload scene).
+    pub(super) host: HostCopies,
 }
 
 impl State<'_> {
     /// Governor vs kernel now ([`Kernel::measure`]), kept for the report.
     pub(super) fn measure(&mut self, label: &str, weights: &[(u64, u64)], kv: &[(u64, u64)]) {
-        let m = self.kernel.measure(&self.pool, &self.rec, label, weights, kv, &self.stranded);
+        let m = self.kernel.measure(&self.pool, &self.rec, label, weights, kv, &self.stranded, &self.host);
         self.measurements.push(m);
     }
 }

@@ -5,7 +5,10 @@
 //! makes; and the report at the end.
 
 use super::loss;
-use super::measure::{self, Kernel, Stranded, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD};
+use super::measure::{
+    self, HostCopies, Kernel, Stranded, PROCESS_METHOD, PROCESS_TOLERANCE, RESIDENT_METHOD,
+};
+use super::offload;
 use super::report::{Counts, Ledger, PluginLine, Report, Scenario};
 use super::serving::{
     admit, decode, filled_with, grow, kv_intact, prefix_intact, system_prompt, Tally, Weights,
@@ -53,9 +56,15 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
         measurements: Vec::new(),
         tally: Tally::default(),
         stranded: Stranded::default(),
+        host: HostCopies::default(),
     };
 
     let session = serve(&manager, &ctx, &mut st)?;
+    // ----- offload and restore, copy-on-write (offload.rs) --------------------------
+    rec.scene("offload");
+    offload::offload_scene(&manager, &ctx, &session, &mut st)?;
+    rec.scene("copy_on_write");
+    offload::copy_on_write_scene(&manager, &ctx, &session, &mut st)?;
     // ----- 7. the device is lost mid-decode (loss.rs) ------------------------------
     rec.scene("device_loss");
     let (session, loss) = loss::scene(&manager, ctx, session, library.as_deref(), &mut st)?;

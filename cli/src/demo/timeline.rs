@@ -13,13 +13,15 @@ use std::time::Instant;
 
 /// The story's scenes, in order: `(id, title)`. The steps of the module
 /// comment of [`super`], one scene each.
-pub(super) const SCENES: [(&str, &str); 8] = [
+pub(super) const SCENES: [(&str, &str); 10] = [
     ("setup", "pool, holders and bindings"),
     ("weights", "weights load"),
     ("requests", "shared prefix and requests admitted"),
     ("decode", "decode under pressure: tickets and evictions"),
     ("fence", "a free ordered behind a fence"),
     ("out_of_budget", "OutOfBudget rolls back, a smaller retry"),
+    ("offload", "a shard offloaded under pressure, restored at its address"),
+    ("copy_on_write", "a request diverges inside the last block of the prompt"),
     ("device_loss", "the device lost mid-decode, a replacement"),
     ("teardown", "teardown, drain, ledger and unload"),
 ];

@@ -159,7 +159,10 @@ impl Region {
             self.offloaded = Some(Offloaded { host: None, moved: Vec::new(), bytes: 0 });
             return Ok(OffloadReport { released: 0, kept: 0, refusals: Vec::new() });
         }
-        let align = target.mechanism().properties().min_alignment.max(1);
+        // Aligned to the target's granule where it has one (a page of host
+        // memory: what DMA engines and page accounting work in).
+        let props = target.mechanism().properties();
+        let align = props.granularity.max(props.min_alignment).min(props.max_alignment).max(1);
         let host = target.allocate(bytes, align)?;
         let mut layout = Vec::with_capacity(ranges.len());
         let mut at = 0;
