@@ -32,11 +32,13 @@ fn sysinfo_total() -> u64 {
     si.totalram as u64 * u64::from(si.mem_unit)
 }
 
-/// The bytes of a block, seen directly by the CPU.
+/// The bytes of a block, seen directly by the CPU (the memory is the
+/// driver's, not the token's: its lifetime is the caller's to keep).
 ///
 /// # Safety
-/// `b` is a live pinned block (host memory) nothing else writes meanwhile.
-unsafe fn bytes(b: &Allocation) -> &mut [u8] {
+/// `b` is a live pinned block (host memory), not freed while the slice
+/// lives, and nothing else writes it meanwhile.
+unsafe fn bytes<'a>(b: &Allocation) -> &'a mut [u8] {
     std::slice::from_raw_parts_mut(b.addr() as *mut u8, b.size() as usize)
 }
 
@@ -249,7 +251,7 @@ fn copy_ranges_leaving_a_pinned_block_or_device_memory_are_refused() {
     // The other side of each copy: the caller's host memory (the blocks
     // may lie next to each other, and overlapping ranges are refused
     // first).
-    let heap = vec![0u8; 16];
+    let heap = [0u8; 16];
     let other = heap.as_ptr() as u64;
     let pinned = "not wholly inside the pinned block";
     refused(&dev, pin_end, other, &["the dst range", pinned]);
