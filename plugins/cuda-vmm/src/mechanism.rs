@@ -384,3 +384,34 @@ impl CudaMechanism {
 pub(crate) fn wrong_state(msg: String) -> PluginError {
     PluginError::invalid_state(format!("{msg}; nothing was changed"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mechanism_ids_are_never_zero_and_never_shared() {
+        use MechanismKind::{Device, PinnedHost};
+        let ordinals = [0, 1, 2, 7, 1 << 16, u32::MAX - 1, u32::MAX];
+        let mut ids: Vec<u64> = Vec::new();
+        for &n in &ordinals {
+            for kind in [Device, PinnedHost] {
+                let id = mechanism_id_of(kind, n);
+                assert_ne!(id, 0, "{kind:?} {n}");
+                ids.push(id);
+            }
+            // The ranges are apart: every device id below every pinned id.
+            assert!(mechanism_id_of(Device, n) <= PINNED_ID_BASE, "{n}");
+            assert!(mechanism_id_of(PinnedHost, n) > PINNED_ID_BASE, "{n}");
+        }
+        let all = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), all, "two mechanisms share an id");
+        assert_eq!((mechanism_id(0), pinned_mechanism_id(0)), (1, (1 << 32) + 1));
+        assert_eq!(
+            (mechanism_name(3), pinned_mechanism_name(3)),
+            ("cuda3-vmm".to_string(), "cuda3-host".to_string())
+        );
+    }
+}
