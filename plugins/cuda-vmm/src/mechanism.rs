@@ -144,26 +144,12 @@ impl CudaMechanism {
             // One context, one loss: both mechanisms are reported.
             lost_ids.push(pinned_mechanism_id(info.ordinal));
         }
-        CudaMechanism {
-            waiters: Waiters::default(),
-            kind: MechanismKind::Device,
-            id: mechanism_id(info.ordinal),
-            name: mechanism_name(info.ordinal),
-            device: MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: info.ordinal },
-            driver,
-            vmm,
-            granularity: if vmm.is_some() { info.vmm_granularity.unwrap_or(0) } else { 0 },
-            ctx: DeviceContext::new(driver, info.device, info.ordinal, lost_ids, loss),
-            allocations: Arc::default(),
-            host_alloc: None,
-            sibling: pinned_blocks.map_or(Sibling::None, Sibling::PinnedBlocks),
-            reservations: Table::default(),
-            physical: Table::default(),
-            streams: Table::default(),
-            fences: Table::default(),
-            serial: AtomicU32::new(1),
-            batch_unmap: AtomicBool::new(true),
-        }
+        let ctx = DeviceContext::new(driver, info.device, info.ordinal, lost_ids, loss);
+        let granularity = if vmm.is_some() { info.vmm_granularity.unwrap_or(0) } else { 0 };
+        let sibling = pinned_blocks.map_or(Sibling::None, Sibling::PinnedBlocks);
+        let mut m = Self::empty(MechanismKind::Device, info.ordinal, driver, ctx, Arc::default(), sibling);
+        (m.vmm, m.granularity) = (vmm, granularity);
+        m
     }
 
     /// The pinned-host mechanism of `device`'s device: the same primary
@@ -174,27 +160,47 @@ impl CudaMechanism {
         blocks: Arc<Table<Allocation>>,
     ) -> Option<Self> {
         let host_alloc = device.driver.host_alloc?;
-        let ordinal = device.device.ordinal;
-        Some(CudaMechanism {
+        let (ordinal, driver, ctx) = (device.device.ordinal, device.driver, Arc::clone(&device.ctx));
+        let mut m =
+            Self::empty(MechanismKind::PinnedHost, ordinal, driver, ctx, blocks, Sibling::Device(device));
+        m.host_alloc = Some(host_alloc);
+        Some(m)
+    }
+
+    /// A mechanism of `kind` for device `ordinal` with nothing alive, no
+    /// VMM and no pinned-memory entry points (the constructors add theirs).
+    fn empty(
+        kind: MechanismKind,
+        ordinal: u32,
+        driver: &'static Driver,
+        ctx: Arc<DeviceContext>,
+        allocations: Arc<Table<Allocation>>,
+        sibling: Sibling,
+    ) -> Self {
+        let device_kind = match kind {
+            MechanismKind::Device => MEMPLUG_DEVICE_CUDA,
+            MechanismKind::PinnedHost => MEMPLUG_DEVICE_CUDA_HOST,
+        };
+        CudaMechanism {
             waiters: Waiters::default(),
-            kind: MechanismKind::PinnedHost,
-            id: pinned_mechanism_id(ordinal),
-            name: pinned_mechanism_name(ordinal),
-            device: MemplugDevice { kind: MEMPLUG_DEVICE_CUDA_HOST, ordinal },
-            driver: device.driver,
+            kind,
+            id: mechanism_id_of(kind, ordinal),
+            name: mechanism_name_of(kind, ordinal),
+            device: MemplugDevice { kind: device_kind, ordinal },
+            driver,
             vmm: None,
             granularity: 0,
-            ctx: Arc::clone(&device.ctx),
-            allocations: blocks,
-            host_alloc: Some(host_alloc),
+            ctx,
+            allocations,
+            host_alloc: None,
+            sibling,
             reservations: Table::default(),
             physical: Table::default(),
             streams: Table::default(),
             fences: Table::default(),
             serial: AtomicU32::new(1),
             batch_unmap: AtomicBool::new(true),
-            sibling: Sibling::Device(device),
-        })
+        }
     }
 
     /// Whether virtual backing and shared mapping are published.

@@ -11,6 +11,17 @@ mod common;
 use common::*;
 use memplug_conformance::{Options, Outcome};
 
+/// The kit's checks of the ABI 1.3 copy.
+const COPY_CHECKS: [&str; 7] = [
+    "copy.kinds",
+    "copy.bytes_exact",
+    "copy.ordering_host_fns",
+    "copy.ordering_fences",
+    "copy.bounds",
+    "copy.overlap",
+    "copy.len_zero",
+];
+
 #[test]
 fn the_cuda_plugin_passes_the_kit() {
     let _s = serial();
@@ -40,15 +51,11 @@ fn the_cuda_plugin_passes_the_kit() {
         "ordering.stream_adopt_typed",
         "descriptor.identity",
         "sync.stream_adopt",
-        // ABI 1.3: cuMemcpyAsync, the bytes seen through host memory.
-        "copy.kinds",
-        "copy.bytes_exact",
-        "copy.ordering_host_fns",
-        "copy.ordering_fences",
-        "copy.bounds",
-        "copy.overlap",
-        "copy.len_zero",
-    ] {
+    ]
+    .into_iter()
+    // ABI 1.3: cuMemcpyAsync, the bytes seen through host memory.
+    .chain(COPY_CHECKS)
+    {
         let c = on_cuda0(check);
         assert_eq!(c.outcome, Outcome::Pass, "{check}: {}", c.detail);
     }
@@ -70,16 +77,12 @@ fn the_cuda_plugin_passes_the_kit() {
         "sync.streams",
         "sync.in_order",
         "ordering.stream_wait_fence",
-        "copy.kinds",
-        "copy.bytes_exact",
-        "copy.ordering_host_fns",
-        "copy.ordering_fences",
-        "copy.bounds",
-        "copy.overlap",
-        "copy.len_zero",
         "concurrency.allocator",
         "lifecycle.live_objects",
-    ] {
+    ]
+    .into_iter()
+    .chain(COPY_CHECKS)
+    {
         let c = r
             .results(check)
             .find(|c| c.mechanism.as_deref() == Some("cuda0-host"))
