@@ -7,7 +7,7 @@
 #
 #     libmemplug_plugin_cuda_vmm.so    the plugin (debug info stripped)
 #     vmm, bench, driver_loading,      the plugin's test binaries (stripped)
-#     sharing, abi_1_2
+#     sharing, abi_1_2, pinned
 #     fake_cuda.c                      the fake driver's source (--fake only)
 #     PACKED_SIZE                      the folder's size in bytes, as packed
 #
@@ -83,7 +83,7 @@ json() {
     printf '"%s"' "$s"
 }
 
-for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2; do
+for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2 pinned; do
     if [ ! -e "$here/$f" ]; then
         echo "missing $here/$f: see the top of this script for how to prepare the folder" >&2
         exit 2
@@ -191,6 +191,9 @@ case "$last_rc" in
 "") export_note="not run: the budget ran out" ;;
 *) export_note="FAILED (exit $last_rc): see the sharing step in the log" ;;
 esac
+# Pinned host memory (cuda<N>-host): cuMemHostAlloc blocks written by the
+# CPU, copied to device memory and back on both mechanisms' streams.
+step "pinned host memory" 60 "$here/pinned" --test-threads=1
 # The benchmarks, full size on a GPU.
 step "benchmarks" 240 "$here/bench" "${benches[@]}"
 

@@ -42,7 +42,15 @@
  *     handle of the same memory, counted once in cuMemGetInfo;
  *     cuMemGetAllocationPropertiesFromHandle answers; the device attribute
  *     HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED (103) is 1; cuMemMap of
- *     any handle only at offset 0 (see "shareable handles" below).
+ *     any handle only at offset 0 (see "shareable handles" below);
+ *   - pinned host memory: cuMemHostAlloc (a current context needed, flags
+ *     PORTABLE|DEVICEMAP|WRITECOMBINED only, size 0 refused) is real host
+ *     memory the caller reads and writes directly, filled with the pattern,
+ *     within MEMPLUG_FAKE_CUDA_HOST_MIB MiB (default 1024) in all, mapped
+ *     for every device at its host address (unified addressing) and
+ *     tracked; cuMemFreeHost of anything else (never allocated, already
+ *     freed, inside a block) is CUDA_ERROR_INVALID_VALUE. A copy range that
+ *     meets a pinned block must lie inside it (see copyable_locked).
  *
  * Switches for tests: MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1 (read at the first
  * cuInit) or fake_cuda_set_no_read_only(1) make cuMemSetAccess refuse
@@ -58,7 +66,8 @@
  * exporting or importing them is CUDA_ERROR_NOT_SUPPORTED.
  *
  * Variants for tests: -DFAKE_CUDA_OMIT_VMM leaves out the VMM entry points
- * (an old driver); -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
+ * (an old driver); -DFAKE_CUDA_OMIT_HOST_ALLOC leaves out cuMemHostAlloc and
+ * cuMemFreeHost; -DFAKE_CUDA_OMIT_EVENT_QUERY leaves out cuEventQuery (a
  * broken one); -DFAKE_STUB makes cuInit answer CUDA_ERROR_STUB_LIBRARY (34),
  * as the CUDA toolkit's stub libcuda.so does. fake_cuda_* functions let tests look inside.
  */
@@ -167,6 +176,19 @@ struct alloc {
 };
 static struct alloc *g_allocs;
 
+/* A cuMemHostAlloc block. Not tied to its context's life here: the plugin
+ * keeps its primary context retained while any block lives. */
+struct host_alloc {
+    struct host_alloc *next;
+    CUdeviceptr ptr;
+    size_t len;
+    unsigned int flags;
+};
+static struct host_alloc *g_host_allocs;
+static unsigned long long g_host_capacity = 1024ull << 20;
+/* Unused with FAKE_CUDA_OMIT_HOST_ALLOC. */
+static unsigned long long g_host_used __attribute__((unused));
+
 struct reservation {
     struct reservation *next;
     CUdeviceptr base;
@@ -263,6 +285,8 @@ enum counted {
     N_MEM_EXPORT,
     N_MEM_IMPORT,
     N_MEMCPY_ASYNC,
+    N_MEM_HOST_ALLOC,
+    N_MEM_FREE_HOST,
     N_COUNTED
 };
 static const char *const g_counted_names[N_COUNTED] = {
@@ -273,6 +297,7 @@ static const char *const g_counted_names[N_COUNTED] = {
     "cuStreamDestroy", "cuStreamSynchronize", "cuLaunchHostFunc",
     "cuMemsetD8Async", "cuCtxGetStreamPriorityRange", "cuMemGetInfo",
     "cuMemExportToShareableHandle", "cuMemImportFromShareableHandle", "cuMemcpyAsync",
+    "cuMemHostAlloc",  "cuMemFreeHost",
 };
 static long g_counts[N_COUNTED];
 
@@ -389,6 +414,7 @@ API CUresult cuInit(unsigned int flags) {
         g_device_count = n > MAX_DEVICES ? MAX_DEVICES : (int)n;
         g_capacity = env_ull("MEMPLUG_FAKE_CUDA_MEM_MIB", 1024) << 20;
         g_ctx_overhead = env_ull("MEMPLUG_FAKE_CUDA_CTX_MIB", 16) << 20;
+        g_host_capacity = env_ull("MEMPLUG_FAKE_CUDA_HOST_MIB", 1024) << 20;
         if (env_ull("MEMPLUG_FAKE_CUDA_NO_READ_ONLY", 0) != 0)
             __atomic_store_n(&g_no_read_only, 1, __ATOMIC_RELAXED);
         if (env_ull("MEMPLUG_FAKE_CUDA_NO_POSIX_FD", 0) != 0)
@@ -658,11 +684,15 @@ static int current_device(void) {
 /* ---- address checks (so a plugin bug is an error here, not a crash) ---- */
 
 /* Whether [p, p+n) lies in memory the device may touch: a cuMemAlloc block,
- * or mappings with the access asked for. Called with g_lock held. */
+ * a pinned host block (mapped for every device), or mappings with the access
+ * asked for. Called with g_lock held. */
 static int accessible_locked(CUdeviceptr p, size_t n, int need_write) {
     CUdeviceptr end = p + n;
     for (struct alloc *a = g_allocs; a; a = a->next)
         if (p >= a->ptr && end <= a->ptr + a->len)
+            return 1;
+    for (struct host_alloc *h = g_host_allocs; h; h = h->next)
+        if (p >= h->ptr && end <= h->ptr + h->len)
             return 1;
     while (p < end) {
         struct mapping *m;
@@ -767,6 +797,70 @@ API CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total_bytes) {
     pthread_mutex_unlock(&g_lock);
     return CUDA_SUCCESS;
 }
+
+/* ---- pinned host memory ---- */
+
+#define CU_MEMHOSTALLOC_KNOWN 7u /* PORTABLE 1 | DEVICEMAP 2 | WRITECOMBINED 4 */
+
+#ifndef FAKE_CUDA_OMIT_HOST_ALLOC
+/* The driver's documentation says nothing of a zero size; it is refused as
+ * cuMemAlloc documents for itself (the stricter reading). */
+API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
+    int dev = current_device();
+    size_t len;
+    void *p;
+    struct host_alloc *h;
+    CHECK_INIT_COUNTED(N_MEM_HOST_ALLOC);
+    if (dev < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (pp == NULL || bytesize == 0 || (flags & ~CU_MEMHOSTALLOC_KNOWN) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    len = (bytesize + 4095) & ~(size_t)4095;
+    if (len < bytesize)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&g_lock);
+    if (len > g_host_capacity - g_host_used) {
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    h = p == MAP_FAILED ? NULL : malloc(sizeof *h);
+    if (h == NULL) {
+        if (p != MAP_FAILED)
+            munmap(p, len);
+        pthread_mutex_unlock(&g_lock);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memset(p, FAKE_GARBAGE, len); /* the driver promises nothing of the bytes */
+    h->ptr = (CUdeviceptr)(uintptr_t)p;
+    h->len = len;
+    h->flags = flags;
+    h->next = g_host_allocs;
+    g_host_allocs = h;
+    g_host_used += len;
+    pthread_mutex_unlock(&g_lock);
+    *pp = p;
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuMemFreeHost(void *p) {
+    CHECK_INIT_COUNTED(N_MEM_FREE_HOST);
+    pthread_mutex_lock(&g_lock);
+    for (struct host_alloc **pp = &g_host_allocs; *pp; pp = &(*pp)->next) {
+        struct host_alloc *h = *pp;
+        if (h->ptr == (CUdeviceptr)(uintptr_t)p) {
+            *pp = h->next;
+            munmap(p, h->len);
+            g_host_used -= h->len;
+            pthread_mutex_unlock(&g_lock);
+            free(h);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+#endif /* FAKE_CUDA_OMIT_HOST_ALLOC */
 
 /* ---- copies and fills (synchronous) ---- */
 
@@ -1407,12 +1501,16 @@ API CUresult cuMemsetD8Async(CUdeviceptr dst, unsigned char value, size_t n, CUs
     return submit(s, o);
 }
 
-/* Whether [p, p+n) shares a byte with the fake's device address space: an
- * allocation, a mapping or a reservation (mapped or not). g_lock held. */
+/* Whether [p, p+n) shares a byte with memory the driver tracks: an
+ * allocation, a pinned host block, a mapping or a reservation (mapped or
+ * not). g_lock held. */
 static int device_space_locked(CUdeviceptr p, size_t n) {
     CUdeviceptr end = p + n;
     for (struct alloc *a = g_allocs; a; a = a->next)
         if (p < a->ptr + a->len && a->ptr < end)
+            return 1;
+    for (struct host_alloc *h = g_host_allocs; h; h = h->next)
+        if (p < h->ptr + h->len && h->ptr < end)
             return 1;
     for (struct reservation *r = g_reservations; r; r = r->next)
         if (p < r->base + r->size && r->base < end)
@@ -1424,12 +1522,14 @@ static int device_space_locked(CUdeviceptr p, size_t n) {
 }
 
 /* A range cuMemcpyAsync may touch, as the driver judges it under unified
- * addressing: host memory (no byte of it in the device address space; the
- * caller vouches for it, as for pageable memory on a GPU), or device memory
- * wholly inside one allocation or mapped (read, or written for the
- * destination) with no gap. A range meeting device memory any other way
- * (past an allocation, into an unmapped part of a reservation) is
- * CUDA_ERROR_INVALID_VALUE, checked when the copy is submitted. */
+ * addressing: pageable host memory (no byte of it tracked by the driver; the
+ * caller vouches for it, as on a GPU), or tracked memory wholly inside one
+ * allocation, one pinned host block, or mapped (read, or written for the
+ * destination) with no gap. A range meeting tracked memory any other way
+ * (past an allocation or a pinned block, into an unmapped part of a
+ * reservation) is CUDA_ERROR_INVALID_VALUE, checked when the copy is
+ * submitted (and again when it runs, on its stream's worker: memory freed
+ * meanwhile is a fault). */
 static int copyable_locked(CUdeviceptr p, size_t n, int need_write) {
     return !device_space_locked(p, n) || accessible_locked(p, n, need_write);
 }
@@ -2210,12 +2310,15 @@ API int fake_cuda_set_no_read_only(int on) {
 /* Driver calls made so far (every entry point that checks initialisation). */
 API long fake_cuda_calls(void) { return __atomic_load_n(&g_calls, __ATOMIC_RELAXED); }
 
-/* Live driver objects of every kind, summed: allocations, reservations,
+/* Live driver objects of every kind, summed: allocations, pinned host
+ * blocks, reservations,
  * physical objects whose pages are held, mappings, streams, events. */
 API long fake_cuda_live_objects(void) {
     long n = 0;
     pthread_mutex_lock(&g_lock);
     for (struct alloc *a = g_allocs; a; a = a->next)
+        n++;
+    for (struct host_alloc *h = g_host_allocs; h; h = h->next)
         n++;
     for (struct reservation *r = g_reservations; r; r = r->next)
         n++;
@@ -2367,3 +2470,25 @@ API int fake_cuda_access_of(unsigned long long ptr, int dev) {
 
 /* cuMemCreate calls made with gpuDirectRDMACapable set. */
 API long fake_cuda_rdma_creates(void) { return __atomic_load_n(&g_rdma_creates, __ATOMIC_RELAXED); }
+
+/* Live cuMemHostAlloc blocks. */
+API long fake_cuda_live_host_allocs(void) {
+    long n = 0;
+    pthread_mutex_lock(&g_lock);
+    for (struct host_alloc *h = g_host_allocs; h; h = h->next)
+        n++;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* The cuMemHostAlloc flags of the live pinned block holding `ptr`, or -1
+ * when none does. */
+API long fake_cuda_host_alloc_flags(unsigned long long ptr) {
+    long flags = -1;
+    pthread_mutex_lock(&g_lock);
+    for (struct host_alloc *h = g_host_allocs; h; h = h->next)
+        if (ptr >= h->ptr && ptr < h->ptr + h->len)
+            flags = (long)h->flags;
+    pthread_mutex_unlock(&g_lock);
+    return flags;
+}

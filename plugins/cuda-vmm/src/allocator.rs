@@ -1,10 +1,12 @@
 //! The allocator capability: plain `cuMemAlloc`/`cuMemFree` in the device's
-//! primary context. Alignments above the 256 bytes `cuMemAlloc` guarantees
-//! (up to 2 MiB) are met by over-allocating and keeping the base.
+//! primary context (on a pinned mechanism `cuMemHostAlloc`/`cuMemFreeHost`,
+//! see `pinned.rs`). Alignments above the 256 bytes the driver's allocation
+//! routines guarantee (up to 2 MiB) are met by over-allocating and keeping
+//! the base.
 
 use crate::context::Pin;
 use crate::driver::CUdeviceptr;
-use crate::mechanism::{CudaMechanism, MAX_ALIGNMENT, MIN_ALIGNMENT};
+use crate::mechanism::{CudaMechanism, MechanismKind, MAX_ALIGNMENT, MIN_ALIGNMENT};
 use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
 
 /// One live allocation.
@@ -12,7 +14,8 @@ pub struct Allocation {
     object_id: u64,
     addr: u64,
     size: u64,
-    /// What `cuMemAlloc` returned (below `addr` when over-aligned).
+    /// What `cuMemAlloc` (or `cuMemHostAlloc`) returned (below `addr` when
+    /// over-aligned).
     base: CUdeviceptr,
     /// Set while a `deallocate` is in the driver, so a second one is refused.
     freeing: bool,
@@ -36,6 +39,9 @@ impl Allocator for CudaMechanism {
     const HAS_MEMORY_INFO: bool = true;
 
     fn properties(&self) -> Properties {
+        if self.kind == MechanismKind::PinnedHost {
+            return crate::pinned::PROPERTIES;
+        }
         Properties {
             min_alignment: MIN_ALIGNMENT,
             max_alignment: MAX_ALIGNMENT.max(self.granularity),
@@ -54,6 +60,9 @@ impl Allocator for CudaMechanism {
     /// `MEMPLUG_HINT_UNINITIALIZED_OK`, but an attribute is a promise about
     /// every object).
     fn descriptor(&self) -> memplug_sdk::Descriptor {
+        if self.kind == MechanismKind::PinnedHost {
+            return crate::pinned::DESCRIPTOR;
+        }
         let facts = &self.driver.devices[self.device.ordinal as usize].facts;
         let g = self.granularity;
         let vmm = g != 0;
@@ -77,7 +86,7 @@ impl Allocator for CudaMechanism {
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         let _slot = self.slot("allocate")?;
         self.check_request(r, "allocate")?;
-        let max = MAX_ALIGNMENT.max(self.granularity);
+        let max = self.properties().max_alignment;
         if !r.alignment.is_power_of_two() || r.alignment > max {
             return Err(PluginError::invalid_argument(format!(
                 "allocate: alignment {} must be a power of two from 1 to {max}",
@@ -88,17 +97,18 @@ impl Allocator for CudaMechanism {
         let bytes = r.size.checked_add(pad).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| {
             PluginError::out_of_memory(format!("allocate: {} bytes cannot be allocated", r.size))
         })?;
-        let d = self.driver;
         let pin = self.ctx.pin()?;
         let base = {
             let _e = pin.enter()?;
-            let mut base: CUdeviceptr = 0;
-            // SAFETY: resolved entry point, out-pointer to a local, the
-            // device's context current.
-            d.check(unsafe { (d.api.mem_alloc)(&mut base, bytes) }, "cuMemAlloc")?;
-            base
+            self.driver_alloc(bytes)?
         };
         let addr = base.next_multiple_of(r.alignment.max(MIN_ALIGNMENT));
+        if addr - base > pad {
+            // The driver broke its 256-byte promise: the block cannot hold
+            // the size at the alignment.
+            let freed = pin.enter().and_then(|_e| self.driver_free(base));
+            return Err(misaligned(base, freed.err()));
+        }
         let handle = self.allocations.insert(Allocation {
             object_id: r.object_id,
             addr,
@@ -124,12 +134,9 @@ impl Allocator for CudaMechanism {
                 },
             )
             .ok_or_else(|| self.unknown(obj, "allocation"))?;
-        let d = self.driver;
-        let freed = crate::driver::Entered::new(d, ctx).and_then(|_e| {
-            // SAFETY: a block this mechanism allocated and nobody else frees
-            // (the `freeing` mark).
-            d.check(unsafe { (d.api.mem_free)(base) }, "cuMemFree")
-        });
+        // A block this mechanism allocated and nobody else frees (the
+        // `freeing` mark).
+        let freed = crate::driver::Entered::new(self.driver, ctx).and_then(|_e| self.driver_free(base));
         match freed {
             Ok(()) => {
                 // Dropped outside the table lock: the pin may release the
@@ -148,6 +155,9 @@ impl Allocator for CudaMechanism {
 
     fn memory_info(&self) -> PluginResult<MemoryInfo> {
         let _slot = self.slot("memory_info")?;
+        if self.kind == MechanismKind::PinnedHost {
+            return crate::pinned::host_memory_info();
+        }
         let d = self.driver;
         let pin = self.ctx.pin()?;
         let _e = pin.enter()?;
@@ -157,4 +167,47 @@ impl Allocator for CudaMechanism {
         d.check(unsafe { (d.api.mem_get_info)(&mut free, &mut total) }, "cuMemGetInfo")?;
         Ok(MemoryInfo { free_bytes: free as u64, total_bytes: total as u64 })
     }
+}
+
+impl CudaMechanism {
+    /// `bytes` of this mechanism's memory from the driver: `cuMemAlloc`, or
+    /// `cuMemHostAlloc` on a pinned mechanism. The context must be current.
+    fn driver_alloc(&self, bytes: usize) -> PluginResult<CUdeviceptr> {
+        if let Some(api) = self.host_alloc {
+            return crate::pinned::alloc(self.driver, api, bytes);
+        }
+        let d = self.driver;
+        let mut base: CUdeviceptr = 0;
+        // SAFETY: resolved entry point, out-pointer to a local, the device's
+        // context current.
+        d.check(unsafe { (d.api.mem_alloc)(&mut base, bytes) }, "cuMemAlloc")?;
+        Ok(base)
+    }
+
+    /// Gives back what [`Self::driver_alloc`] returned. The context must be
+    /// current.
+    fn driver_free(&self, base: CUdeviceptr) -> PluginResult<()> {
+        if let Some(api) = self.host_alloc {
+            return crate::pinned::free(self.driver, api, base);
+        }
+        let d = self.driver;
+        // SAFETY: a block `driver_alloc` returned, freed once (the caller's
+        // guarantee).
+        d.check(unsafe { (d.api.mem_free)(base) }, "cuMemFree")
+    }
+}
+
+/// The failure of a block the driver returned less aligned than the 256
+/// bytes its allocation routines promise (given back, or `freed` says why
+/// not).
+#[cold]
+fn misaligned(base: CUdeviceptr, freed: Option<PluginError>) -> PluginError {
+    let tail = match freed {
+        None => "it was given back".to_string(),
+        Some(e) => format!("giving it back failed too: {e}"),
+    };
+    PluginError::internal(format!(
+        "allocate: the driver returned {base:#x}, not aligned to the {MIN_ALIGNMENT} bytes its allocation \
+         routines promise, so the block cannot hold the size at the alignment asked for; {tail}"
+    ))
 }

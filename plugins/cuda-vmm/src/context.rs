@@ -71,13 +71,14 @@ pub struct DeviceContext {
     /// context is dead): why, for every later slot, which fails without
     /// calling the driver.
     dead: OnceLock<String>,
-    /// The mechanism this context serves, for the loss report.
-    mechanism_id: u64,
+    /// The mechanisms this context serves (the device's, and its pinned
+    /// one), each reported lost with it.
+    mechanism_ids: Vec<u64>,
     /// The device's ordinal, for messages.
     ordinal: u32,
     /// The plugin instance's line to its hosts.
     loss: Arc<LossLine>,
-    /// The loss was reported (once per mechanism).
+    /// The loss was reported (once per context, for each of its mechanisms).
     reported: AtomicBool,
 }
 
@@ -87,13 +88,13 @@ unsafe impl Send for DeviceContext {}
 unsafe impl Sync for DeviceContext {}
 
 impl DeviceContext {
-    /// The context of `device` (ordinal `ordinal`), serving mechanism
-    /// `mechanism_id`, not retained yet.
+    /// The context of `device` (ordinal `ordinal`), serving the mechanisms
+    /// `mechanism_ids`, not retained yet.
     pub fn new(
         driver: &'static Driver,
         device: CUdevice,
         ordinal: u32,
-        mechanism_id: u64,
+        mechanism_ids: Vec<u64>,
         loss: Arc<LossLine>,
     ) -> Arc<Self> {
         Arc::new(DeviceContext {
@@ -103,7 +104,7 @@ impl DeviceContext {
             zero_stream: Mutex::new(Raw(std::ptr::null_mut())),
             events: Mutex::new(Vec::new()),
             dead: OnceLock::new(),
-            mechanism_id,
+            mechanism_ids,
             ordinal,
             loss,
             reported: AtomicBool::new(false),
@@ -132,15 +133,18 @@ impl DeviceContext {
         self.notice_loss();
     }
 
-    /// Reports the loss of a dead context to the hosts, once, when a host
-    /// that agreed on 1.2 or newer holds the instance (until then the
-    /// context answers DEVICE_UNAVAILABLE and nothing is reported).
+    /// Reports the loss of a dead context to the hosts, once, for every
+    /// mechanism it serves, when a host that agreed on 1.2 or newer holds
+    /// the instance (until then the context answers DEVICE_UNAVAILABLE and
+    /// nothing is reported).
     pub(crate) fn notice_loss(&self) {
         let Some(why) = self.dead.get() else { return };
         if !self.loss.speaks_1_2() || self.reported.swap(true, Ordering::AcqRel) {
             return;
         }
-        self.loss.report(self.mechanism_id, why);
+        for &id in &self.mechanism_ids {
+            self.loss.report(id, why);
+        }
     }
 
     /// The watcher's question (see `loss.rs`): a retained context that is

@@ -171,6 +171,23 @@ entry_points! {
     }
 }
 
+entry_points! {
+    /// Page-locked host memory (present since CUDA 2.2). Optional: a driver
+    /// without them still loads, and only the pinned-host mechanisms are
+    /// absent (see `pinned.rs`).
+    HostAlloc {
+        alloc = "cuMemHostAlloc"(*mut *mut c_void, usize, c_uint);
+        free = "cuMemFreeHost"(*mut c_void);
+    }
+}
+
+/// `CU_MEMHOSTALLOC_PORTABLE`: pinned for every context, not only the one
+/// that allocated it.
+pub const MEMHOSTALLOC_PORTABLE: c_uint = 1;
+/// `CU_MEMHOSTALLOC_DEVICEMAP`: mapped into the device's address space
+/// (under unified addressing at the same address as on the host).
+pub const MEMHOSTALLOC_DEVICEMAP: c_uint = 2;
+
 /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED`.
 pub const ATTR_POSIX_FD_SUPPORTED: c_uint = 103;
 /// `CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED` (not used: fabric
@@ -206,6 +223,8 @@ pub struct Driver {
     pub vmm: Option<Vmm>,
     /// Shareable-handle entry points, when the library has them all.
     pub share: Option<Share>,
+    /// Pinned host memory entry points, when the library has them both.
+    pub host_alloc: Option<HostAlloc>,
     /// `cuDriverGetVersion`, e.g. 12080 for 12.8.
     pub version: i32,
     /// Every device, in ordinal order.
@@ -502,7 +521,9 @@ fn load() -> PluginResult<Driver> {
     let origin = format!("{origin}: {loaded_path}");
     let vmm = Vmm::resolve(&find).ok();
     let share = Share::resolve(&find).ok();
-    let mut driver = Driver { api, vmm, share, version: 0, devices: Vec::new(), origin, loaded_path, lib };
+    let host_alloc = HostAlloc::resolve(&find).ok();
+    let mut driver =
+        Driver { api, vmm, share, host_alloc, version: 0, devices: Vec::new(), origin, loaded_path, lib };
     driver.initialise()?;
     Ok(driver)
 }

@@ -1,7 +1,14 @@
 //! memplug CUDA VMM plugin: the reference implementation of ABI 1.0 on the
 //! CUDA driver API (through cudarc, loaded dynamically).
 //!
-//! One mechanism per CUDA device, `cuda<N>-vmm` (id N + 1, device `cuda:N`):
+//! Two mechanisms per CUDA device, sharing its primary context (ids from
+//! [`mechanism_id_of`], never colliding): `cuda<N>-vmm` (id N + 1, device
+//! `cuda:N`) for device memory, and `cuda<N>-host` (id 2^32 + N + 1,
+//! device `cuda_host:N`) for page-locked host memory (`cuMemHostAlloc`;
+//! allocator with `memory_info` of the machine's memory, and sync with the
+//! copy, so device ↔ pinned copies run on either mechanism's streams; see
+//! `pinned.rs`). A driver without `cuMemHostAlloc`/`cuMemFreeHost` gets
+//! the device mechanisms only. The device mechanism has:
 //!
 //! * allocator — `cuMemAlloc`/`cuMemFree`; free/total from `cuMemGetInfo`;
 //! * virtual backing — `cuMemAddressReserve`; commit creates one
@@ -17,8 +24,8 @@
 //! * sync — CUDA streams (created, or a runtime's `CUstream` adopted), host
 //!   functions through `cuLaunchHostFunc`, fences that are events.
 //!
-//! A device without VMM support gets a mechanism with only the allocator
-//! and sync. Each device's primary context is retained from the plugin's
+//! A device without VMM support gets a device mechanism with only the
+//! allocator and sync. Each device's primary context is retained from the plugin's
 //! first use of the device until the plugin is unloaded (as vLLM keeps it):
 //! `memory_info` with nothing alive, or the last object going, never
 //! creates or destroys a context.
@@ -33,8 +40,9 @@
 //! library instead of the system's (tests use a fake, `fake-driver/`).
 //!
 //! A sticky CUDA error (the context is dead) is `MEMPLUG_STATUS_DEVICE_LOST`
-//! once a host that agreed on ABI 1.2 holds the plugin, and the loss is
-//! reported to the hosts once per mechanism through the SDK's `HostLink`
+//! once a host that agreed on ABI 1.2 holds the plugin (for both mechanisms
+//! of the device), and the loss is reported to the hosts once per
+//! mechanism through the SDK's `HostLink`
 //! (the SDK then answers every slot of that mechanism itself); for 1.0/1.1
 //! hosts it stays `DEVICE_UNAVAILABLE`. `MEMPLUG_CUDA_LOSS_POLL_MS=N` adds a
 //! watcher that notices a dead context within `N` ms while no slot is
@@ -53,11 +61,16 @@ mod handles;
 mod loss;
 mod mechanism;
 mod peer;
+mod pinned;
 mod shared;
 mod streams;
 mod virtual_backing;
 
-pub use mechanism::{mechanism_id, mechanism_name, MAX_ALIGNMENT, MIN_ALIGNMENT};
+pub use mechanism::{
+    mechanism_id, mechanism_id_of, mechanism_name, mechanism_name_of, pinned_mechanism_id,
+    pinned_mechanism_name, MechanismKind, MAX_ALIGNMENT, MIN_ALIGNMENT,
+};
+pub use pinned::HOST_ALLOC_FLAGS;
 
 pub use context::{EVENT_FLAGS, EVENT_POOL_MAX};
 pub use streams::MAX_WAITERS;
@@ -145,9 +158,9 @@ fn plugin_in_process() -> ExportedPlugin {
     plugin(&IN_PROCESS_LINE)
 }
 
-/// Builds the descriptor: one mechanism per device, sharing one loss line
-/// (and, with `MEMPLUG_CUDA_LOSS_POLL_MS`, one watcher). Runs after the
-/// entry found the driver, inside its negotiation.
+/// Builds the descriptor: the mechanisms of every device, sharing one loss
+/// line (and, with `MEMPLUG_CUDA_LOSS_POLL_MS`, one watcher). Runs after
+/// the entry found the driver, inside its negotiation.
 fn plugin(current: &CurrentLine) -> ExportedPlugin {
     let driver = driver::driver().expect("the entry checked the driver before building the plugin");
     // The version names the driver file in use, so a check can print it
@@ -161,8 +174,11 @@ fn plugin(current: &CurrentLine) -> ExportedPlugin {
     current.set(&line);
     let mut builder = PluginBuilder::new("memplug-cuda-vmm", version).host_link(&link);
     let mut states: Vec<memplug_sdk::MechanismState<CudaMechanism>> = Vec::new();
+    // The device mechanisms: one context each, so the watcher asks these.
+    let mut contexts: Vec<memplug_sdk::MechanismState<CudaMechanism>> = Vec::new();
     for info in &driver.devices {
-        let m = CudaMechanism::new(driver, info, std::sync::Arc::clone(&line));
+        let pinned_blocks = driver.host_alloc.map(|_| std::sync::Arc::default());
+        let m = CudaMechanism::new(driver, info, std::sync::Arc::clone(&line), pinned_blocks.clone());
         let vmm = m.has_vmm();
         let device = m.device;
         let mut mb =
@@ -182,11 +198,18 @@ fn plugin(current: &CurrentLine) -> ExportedPlugin {
         mb = mb.sync();
         // Counted, not leaked: each mechanism (and the primary context it
         // keeps retained) is freed when the plugin is unloaded.
-        states.push(mb.state());
+        let state = mb.state();
+        states.push(state.clone());
+        contexts.push(state.clone());
         builder = builder.mechanism(mb.build());
+        if let Some(p) = pinned_blocks.and_then(|blocks| CudaMechanism::pinned(state, blocks)) {
+            let mb = MechanismBuilder::new(&p.name.clone(), p.id, p.device, p).sync();
+            states.push(mb.state());
+            builder = builder.mechanism(mb.build());
+        }
     }
     // Stopped and joined when the plugin is freed (with this closure).
-    let watcher = loss::poll_period().and_then(|period| Watcher::start(period, states.clone()));
+    let watcher = loss::poll_period().and_then(|period| Watcher::start(period, contexts));
     builder
         .live_objects(move || {
             let _watching = &watcher;

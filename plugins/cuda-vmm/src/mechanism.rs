@@ -1,40 +1,106 @@
-//! One mechanism per CUDA device (`cuda0-vmm`, `cuda1-vmm`, …): its identity,
-//! the tables of everything it has handed out, and the checks every call
-//! makes before it believes a reference (same discipline as the CPU
-//! plugin: mechanism, then device, then the handle against its table).
+//! Two mechanisms per CUDA device — `cuda<N>-vmm` (device memory) and
+//! `cuda<N>-host` (page-locked host memory, see `pinned.rs`) — sharing the
+//! device's primary context: their identity, the tables of everything each
+//! has handed out, and the checks every call makes before it believes a
+//! reference (same discipline as the CPU plugin: mechanism, then device,
+//! then the handle against its table).
 
 use crate::allocator::Allocation;
 use crate::context::DeviceContext;
-use crate::driver::{DeviceInfo, Driver, Vmm};
+use crate::driver::{DeviceInfo, Driver, HostAlloc, Vmm};
 use crate::handles::Table;
 use crate::loss::LossLine;
 use crate::shared::Physical;
 use crate::streams::{FenceEntry, StreamEntry, Waiters};
 use crate::virtual_backing::Reservation;
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CUDA};
-use memplug_sdk::{ObjectRef, PluginError, PluginResult, Request, Status};
+use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CUDA, MEMPLUG_DEVICE_CUDA_HOST};
+use memplug_sdk::{MechanismState, ObjectRef, PluginError, PluginResult, Request, Status};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 
-/// Alignment every allocation has: what `cuMemAlloc` guarantees.
+/// Alignment every allocation has: what `cuMemAlloc` guarantees (the CUDA
+/// programming guide: any address returned by the driver's or runtime's
+/// allocation routines is aligned to at least 256 bytes; the pinned
+/// mechanism checks each block it gets against it, see `pinned.rs`).
 pub const MIN_ALIGNMENT: u64 = 256;
-/// Largest alignment `allocate` honours (by over-allocating).
+/// Largest alignment `allocate` honours (by over-allocating), on both
+/// mechanisms of a device (the device mechanism: or its granularity, when
+/// larger).
 pub const MAX_ALIGNMENT: u64 = 2 << 20;
 
-/// The name of the mechanism of device `ordinal`.
+/// Which memory a mechanism hands out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MechanismKind {
+    /// Device memory: `cuda<N>-vmm`, device `MEMPLUG_DEVICE_CUDA` N.
+    Device,
+    /// Page-locked host memory: `cuda<N>-host`, device
+    /// `MEMPLUG_DEVICE_CUDA_HOST` N.
+    PinnedHost,
+}
+
+/// Where the ids of pinned-host mechanisms start: above every id a device
+/// mechanism can have (ordinals are `u32`, so those end at 2^32).
+const PINNED_ID_BASE: u64 = 1 << 32;
+
+/// The id of the mechanism of `kind` for device `ordinal`: the one place
+/// the scheme is written. Never zero; device mechanisms have 1..=2^32,
+/// pinned-host ones 2^32+1..=2^33, so no two mechanisms of a plugin share
+/// one.
+pub fn mechanism_id_of(kind: MechanismKind, ordinal: u32) -> u64 {
+    let base = match kind {
+        MechanismKind::Device => 0,
+        MechanismKind::PinnedHost => PINNED_ID_BASE,
+    };
+    base + u64::from(ordinal) + 1
+}
+
+/// The name of the mechanism of `kind` for device `ordinal`.
+pub fn mechanism_name_of(kind: MechanismKind, ordinal: u32) -> String {
+    match kind {
+        MechanismKind::Device => format!("cuda{ordinal}-vmm"),
+        MechanismKind::PinnedHost => format!("cuda{ordinal}-host"),
+    }
+}
+
+/// The name of the device mechanism of device `ordinal`.
 pub fn mechanism_name(ordinal: u32) -> String {
-    format!("cuda{ordinal}-vmm")
+    mechanism_name_of(MechanismKind::Device, ordinal)
 }
 
-/// The id of the mechanism of device `ordinal` (never zero).
+/// The id of the device mechanism of device `ordinal` (never zero).
 pub fn mechanism_id(ordinal: u32) -> u64 {
-    u64::from(ordinal) + 1
+    mechanism_id_of(MechanismKind::Device, ordinal)
 }
 
-/// State of one device's mechanism.
+/// The name of the pinned-host mechanism of device `ordinal`.
+pub fn pinned_mechanism_name(ordinal: u32) -> String {
+    mechanism_name_of(MechanismKind::PinnedHost, ordinal)
+}
+
+/// The id of the pinned-host mechanism of device `ordinal` (never zero,
+/// never a device mechanism's).
+pub fn pinned_mechanism_id(ordinal: u32) -> u64 {
+    mechanism_id_of(MechanismKind::PinnedHost, ordinal)
+}
+
+/// What a mechanism knows of the other mechanism of its device, to judge
+/// copy ranges in the other's memory (`copy.rs`).
+pub(crate) enum Sibling {
+    /// A device mechanism without a pinned one (the driver lacks
+    /// `cuMemHostAlloc`).
+    None,
+    /// On a device mechanism: its pinned sibling's blocks (a table, not the
+    /// mechanism, so the two hold no cycle and both are freed at unload).
+    PinnedBlocks(Arc<Table<Allocation>>),
+    /// On a pinned mechanism: the device mechanism.
+    Device(MechanismState<CudaMechanism>),
+}
+
+/// State of one mechanism of a device.
 pub struct CudaMechanism {
     /// Declared first, so dropped (its threads joined) first, at unload.
     pub(crate) waiters: Waiters,
+    pub(crate) kind: MechanismKind,
     pub(crate) id: u64,
     pub(crate) name: String,
     pub(crate) device: MemplugDevice,
@@ -44,7 +110,12 @@ pub struct CudaMechanism {
     /// VMM granularity (zero without VMM).
     pub(crate) granularity: u64,
     pub(crate) ctx: Arc<DeviceContext>,
-    pub(crate) allocations: Table<Allocation>,
+    /// `cuMemAlloc` blocks, or on a pinned mechanism `cuMemHostAlloc`
+    /// blocks (shared with the device mechanism's [`Sibling`]).
+    pub(crate) allocations: Arc<Table<Allocation>>,
+    /// The pinned-memory entry points (a pinned mechanism only).
+    pub(crate) host_alloc: Option<HostAlloc>,
+    pub(crate) sibling: Sibling,
     pub(crate) reservations: Table<Arc<Reservation>>,
     pub(crate) physical: Table<Physical>,
     pub(crate) streams: Table<Arc<StreamEntry>>,
@@ -57,20 +128,72 @@ pub struct CudaMechanism {
 }
 
 impl CudaMechanism {
-    /// The mechanism of one device, nothing alive; `loss` is the plugin
-    /// instance's line to its hosts.
-    pub fn new(driver: &'static Driver, info: &DeviceInfo, loss: Arc<LossLine>) -> Self {
+    /// The device mechanism of one device, nothing alive; `loss` is the
+    /// plugin instance's line to its hosts. `pinned_blocks`: the table of
+    /// the device's pinned mechanism, when it has one (made next, with
+    /// [`CudaMechanism::pinned`]).
+    pub fn new(
+        driver: &'static Driver,
+        info: &DeviceInfo,
+        loss: Arc<LossLine>,
+        pinned_blocks: Option<Arc<Table<Allocation>>>,
+    ) -> Self {
         let vmm = info.vmm_granularity.and(driver.vmm);
+        let mut lost_ids = vec![mechanism_id(info.ordinal)];
+        if pinned_blocks.is_some() {
+            // One context, one loss: both mechanisms are reported.
+            lost_ids.push(pinned_mechanism_id(info.ordinal));
+        }
+        let ctx = DeviceContext::new(driver, info.device, info.ordinal, lost_ids, loss);
+        let granularity = if vmm.is_some() { info.vmm_granularity.unwrap_or(0) } else { 0 };
+        let sibling = pinned_blocks.map_or(Sibling::None, Sibling::PinnedBlocks);
+        let mut m = Self::empty(MechanismKind::Device, info.ordinal, driver, ctx, Arc::default(), sibling);
+        (m.vmm, m.granularity) = (vmm, granularity);
+        m
+    }
+
+    /// The pinned-host mechanism of `device`'s device: the same primary
+    /// context (and so the same loss), `blocks` the table `device` was
+    /// given. `None` when the driver lacks the pinned-memory entry points.
+    pub(crate) fn pinned(
+        device: MechanismState<CudaMechanism>,
+        blocks: Arc<Table<Allocation>>,
+    ) -> Option<Self> {
+        let host_alloc = device.driver.host_alloc?;
+        let (ordinal, driver, ctx) = (device.device.ordinal, device.driver, Arc::clone(&device.ctx));
+        let mut m =
+            Self::empty(MechanismKind::PinnedHost, ordinal, driver, ctx, blocks, Sibling::Device(device));
+        m.host_alloc = Some(host_alloc);
+        Some(m)
+    }
+
+    /// A mechanism of `kind` for device `ordinal` with nothing alive, no
+    /// VMM and no pinned-memory entry points (the constructors add theirs).
+    fn empty(
+        kind: MechanismKind,
+        ordinal: u32,
+        driver: &'static Driver,
+        ctx: Arc<DeviceContext>,
+        allocations: Arc<Table<Allocation>>,
+        sibling: Sibling,
+    ) -> Self {
+        let device_kind = match kind {
+            MechanismKind::Device => MEMPLUG_DEVICE_CUDA,
+            MechanismKind::PinnedHost => MEMPLUG_DEVICE_CUDA_HOST,
+        };
         CudaMechanism {
             waiters: Waiters::default(),
-            id: mechanism_id(info.ordinal),
-            name: mechanism_name(info.ordinal),
-            device: MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: info.ordinal },
+            kind,
+            id: mechanism_id_of(kind, ordinal),
+            name: mechanism_name_of(kind, ordinal),
+            device: MemplugDevice { kind: device_kind, ordinal },
             driver,
-            vmm,
-            granularity: if vmm.is_some() { info.vmm_granularity.unwrap_or(0) } else { 0 },
-            ctx: DeviceContext::new(driver, info.device, info.ordinal, mechanism_id(info.ordinal), loss),
-            allocations: Table::default(),
+            vmm: None,
+            granularity: 0,
+            ctx,
+            allocations,
+            host_alloc: None,
+            sibling,
             reservations: Table::default(),
             physical: Table::default(),
             streams: Table::default(),
@@ -138,8 +261,9 @@ impl CudaMechanism {
         PluginError::new(
             Status::WrongDevice,
             format!(
-                "{what} names device (kind {}, ordinal {}); mechanism \"{}\" serves only CUDA device {}",
-                d.kind, d.ordinal, self.name, self.device.ordinal
+                "{what} names device (kind {}, ordinal {}); mechanism \"{}\" serves only device (kind {}, \
+                 ordinal {})",
+                d.kind, d.ordinal, self.name, self.device.kind, self.device.ordinal
             ),
         )
     }
@@ -265,4 +389,35 @@ impl CudaMechanism {
 #[cold]
 pub(crate) fn wrong_state(msg: String) -> PluginError {
     PluginError::invalid_state(format!("{msg}; nothing was changed"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mechanism_ids_are_never_zero_and_never_shared() {
+        use MechanismKind::{Device, PinnedHost};
+        let ordinals = [0, 1, 2, 7, 1 << 16, u32::MAX - 1, u32::MAX];
+        let mut ids: Vec<u64> = Vec::new();
+        for &n in &ordinals {
+            for kind in [Device, PinnedHost] {
+                let id = mechanism_id_of(kind, n);
+                assert_ne!(id, 0, "{kind:?} {n}");
+                ids.push(id);
+            }
+            // The ranges are apart: every device id below every pinned id.
+            assert!(mechanism_id_of(Device, n) <= PINNED_ID_BASE, "{n}");
+            assert!(mechanism_id_of(PinnedHost, n) > PINNED_ID_BASE, "{n}");
+        }
+        let all = ids.len();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), all, "two mechanisms share an id");
+        assert_eq!((mechanism_id(0), pinned_mechanism_id(0)), (1, (1 << 32) + 1));
+        assert_eq!(
+            (mechanism_name(3), pinned_mechanism_name(3)),
+            ("cuda3-vmm".to_string(), "cuda3-host".to_string())
+        );
+    }
 }

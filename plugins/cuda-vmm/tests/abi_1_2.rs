@@ -23,7 +23,7 @@ fn cuda(n: u32) -> MemplugDevice {
 fn the_descriptor_and_identity_are_what_the_driver_says() {
     let _s = serial();
     let p = load();
-    for (i, m) in p.mechanisms().iter().enumerate() {
+    for (i, m) in device_mechanisms(&p).iter().enumerate() {
         let props = m.properties();
         let d = props.descriptor;
         let g = props.granularity;

@@ -53,11 +53,11 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     if real() || is_child() {
         return;
     }
-    let bins: Vec<(&str, PathBuf)> = ["vmm", "bench", "driver_loading", "sharing", "abi_1_2"]
+    let bins: Vec<(&str, PathBuf)> = ["vmm", "bench", "driver_loading", "sharing", "abi_1_2", "pinned"]
         .into_iter()
         .filter_map(|n| sibling(n).map(|p| (n, p)))
         .collect();
-    if bins.len() < 5 {
+    if bins.len() < 6 {
         eprintln!(
             "skipped: the other test binaries of this crate are not built (run the crate's whole suite)"
         );
@@ -122,6 +122,7 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
         "== driver discovery",
         "== abi 1.2",
         "== sharing",
+        "== pinned host memory",
         "== benchmarks",
     ] {
         assert!(screen.contains(step), "no {step:?} on the screen:\n{screen}");
@@ -163,7 +164,7 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     assert_eq!(driver.get("fake"), Some(&json::J::Bool(true)));
     assert_eq!(driver.get("libcuda").and_then(json::J::str), Some(libcuda));
     let steps = v.get("steps").and_then(json::J::arr).unwrap();
-    assert_eq!(steps.len(), 6, "driver, functional, discovery, abi 1.2, sharing, benchmarks");
+    assert_eq!(steps.len(), 7, "driver, functional, discovery, abi 1.2, sharing, pinned, benchmarks");
     assert!(steps.iter().all(|s| s.get("exit").and_then(json::J::num) == Some(0.0)), "{text}");
     let figures = v.get("figures").and_then(json::J::arr).unwrap();
     assert!(figures.iter().all(|f| f.get("driver").and_then(json::J::str) == Some("FAKE")), "{text}");

@@ -109,7 +109,8 @@ fn cudarc_finds_a_driver_on_the_library_path() {
     assert_eq!(
         r,
         format!(
-            "loaded cuda0-vmm=allocator|virtual_backing|shared_mapping|sync|typed_export total={}",
+            "loaded cuda0-vmm=allocator|virtual_backing|shared_mapping|sync|typed_export,cuda0-host=allocator|sync \
+             total={}",
             96u64 << 20
         )
     );
@@ -202,7 +203,31 @@ fn a_driver_without_vmm_publishes_allocator_and_sync_only() {
         ("MEMPLUG_CUDA_DRIVER", Some(lib.as_os_str())),
         ("MEMPLUG_FAKE_CUDA_DEVICES", Some(OsStr::new("1"))),
     ]);
-    assert_eq!(r, format!("loaded cuda0-vmm=allocator|sync total={}", 1024u64 << 20));
+    assert_eq!(
+        r,
+        format!("loaded cuda0-vmm=allocator|sync,cuda0-host=allocator|sync total={}", 1024u64 << 20)
+    );
+}
+
+/// A driver without `cuMemHostAlloc`/`cuMemFreeHost`: the plugin loads, the
+/// device mechanism is whole, and only the pinned mechanism is absent.
+#[test]
+fn a_driver_without_host_alloc_loads_without_the_pinned_mechanism() {
+    if real() {
+        return;
+    }
+    let lib = build_fake("no-host-alloc", &["-DFAKE_CUDA_OMIT_HOST_ALLOC"]).join("libcuda.so.1");
+    let r = load_in_child(&[
+        ("MEMPLUG_CUDA_DRIVER", Some(lib.as_os_str())),
+        ("MEMPLUG_FAKE_CUDA_DEVICES", Some(OsStr::new("1"))),
+    ]);
+    assert_eq!(
+        r,
+        format!(
+            "loaded cuda0-vmm=allocator|virtual_backing|shared_mapping|sync|typed_export total={}",
+            1024u64 << 20
+        )
+    );
 }
 
 #[test]

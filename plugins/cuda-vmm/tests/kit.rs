@@ -4,12 +4,23 @@
 //! now answers (peer access between the two devices, `stream_wait_fence`,
 //! typed adoption, the descriptor and identity) pass, and so do the 1.3
 //! copy checks (`cuMemcpyAsync`; the kit sees device bytes through host
-//! memory).
+//! memory), on the device mechanism and on the pinned host one.
 
 mod common;
 
 use common::*;
 use memplug_conformance::{Options, Outcome};
+
+/// The kit's checks of the ABI 1.3 copy.
+const COPY_CHECKS: [&str; 7] = [
+    "copy.kinds",
+    "copy.bytes_exact",
+    "copy.ordering_host_fns",
+    "copy.ordering_fences",
+    "copy.bounds",
+    "copy.overlap",
+    "copy.len_zero",
+];
 
 #[test]
 fn the_cuda_plugin_passes_the_kit() {
@@ -40,15 +51,11 @@ fn the_cuda_plugin_passes_the_kit() {
         "ordering.stream_adopt_typed",
         "descriptor.identity",
         "sync.stream_adopt",
-        // ABI 1.3: cuMemcpyAsync, the bytes seen through host memory.
-        "copy.kinds",
-        "copy.bytes_exact",
-        "copy.ordering_host_fns",
-        "copy.ordering_fences",
-        "copy.bounds",
-        "copy.overlap",
-        "copy.len_zero",
-    ] {
+    ]
+    .into_iter()
+    // ABI 1.3: cuMemcpyAsync, the bytes seen through host memory.
+    .chain(COPY_CHECKS)
+    {
         let c = on_cuda0(check);
         assert_eq!(c.outcome, Outcome::Pass, "{check}: {}", c.detail);
     }
@@ -56,6 +63,31 @@ fn the_cuda_plugin_passes_the_kit() {
     if drv().devices.len() > 1 {
         let c = on_cuda0("ordering.peer_access");
         assert_eq!(c.outcome, Outcome::Pass, "{}", c.detail);
+    }
+    // The pinned host memory mechanism (tests/pinned.rs): its allocator,
+    // streams and copy pass what they publish.
+    for check in [
+        "descriptor.memory_descriptor",
+        "allocator.usable",
+        "allocator.alignment",
+        "allocator.bad_alignment",
+        "allocator.memory_info",
+        "identity.double_free",
+        "identity.wrong_device",
+        "sync.streams",
+        "sync.in_order",
+        "ordering.stream_wait_fence",
+        "concurrency.allocator",
+        "lifecycle.live_objects",
+    ]
+    .into_iter()
+    .chain(COPY_CHECKS)
+    {
+        let c = r
+            .results(check)
+            .find(|c| c.mechanism.as_deref() == Some("cuda0-host"))
+            .unwrap_or_else(|| panic!("{check} not run on cuda0-host:\n{table}"));
+        assert_eq!(c.outcome, Outcome::Pass, "{check} on cuda0-host: {}", c.detail);
     }
     for c in r.checks.iter().filter(|c| c.outcome == Outcome::Skip) {
         assert!(!c.detail.is_empty(), "{} skipped without a reason", c.name);

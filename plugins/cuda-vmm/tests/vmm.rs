@@ -29,11 +29,13 @@ fn one_mechanism_per_device_with_every_capability() {
     let p = load();
     assert_eq!(p.name(), "memplug-cuda-vmm");
     let devices = drv().devices.len();
-    assert_eq!(p.mechanisms().len(), devices);
+    // Each device also has its pinned host memory mechanism (tests/pinned.rs).
+    assert_eq!(p.mechanisms().len(), 2 * devices);
+    assert_eq!(device_mechanisms(&p).len(), devices);
     if !real() {
         assert_eq!(devices, 2, "the tests run the fake with two devices");
     }
-    for (i, m) in p.mechanisms().iter().enumerate() {
+    for (i, m) in device_mechanisms(&p).iter().enumerate() {
         assert_eq!(m.name(), format!("cuda{i}-vmm"));
         assert_eq!(m.id(), i as u64 + 1);
         assert_eq!(m.device().0.kind, MEMPLUG_DEVICE_CUDA);
@@ -58,7 +60,7 @@ fn one_mechanism_per_device_with_every_capability() {
         }
     }
     // Each mechanism allocates on its own device.
-    for (i, m) in p.mechanisms().iter().enumerate() {
+    for (i, m) in device_mechanisms(&p).iter().enumerate() {
         let before = fake_used(i as i32);
         let b = unsafe { m.ungoverned() }.allocator().allocate(MIB, 256).unwrap();
         if let (Some(u0), Some(u1)) = (before, fake_used(i as i32)) {

@@ -409,6 +409,32 @@ pub fn cuda1(p: &Plugin) -> Mechanism {
     p.mechanism("cuda1-vmm").unwrap_or_else(|| panic!("no cuda1-vmm in {:?}", p.mechanisms())).clone()
 }
 
+/// The pinned host memory mechanism of device `ordinal`.
+pub fn cuda_host(p: &Plugin, ordinal: u32) -> Mechanism {
+    let name = format!("cuda{ordinal}-host");
+    p.mechanism(&name).unwrap_or_else(|| panic!("no {name} in {:?}", p.mechanisms())).clone()
+}
+
+/// The device mechanisms (`cuda<N>-vmm`), in ordinal order.
+pub fn device_mechanisms(p: &Plugin) -> Vec<Mechanism> {
+    p.mechanisms()
+        .iter()
+        .filter(|m| m.device().0.kind == memplug_sdk::abi::MEMPLUG_DEVICE_CUDA)
+        .cloned()
+        .collect()
+}
+
+/// Live pinned host blocks in the fake (`cuMemHostAlloc` not yet freed).
+pub fn fake_live_host_allocs() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_live_host_allocs").map(|f| unsafe { f() })
+}
+
+/// The `cuMemHostAlloc` flags of the live pinned block holding `ptr` in
+/// the fake (-1: none holds it).
+pub fn fake_host_alloc_flags(ptr: u64) -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn(u64) -> i64>("fake_cuda_host_alloc_flags").map(|f| unsafe { f(ptr) })
+}
+
 /// Asserts that `probe`, a deliberate bad access made straight through the
 /// driver, fails; in fake mode it must fail with the sticky
 /// CUDA_ERROR_ILLEGAL_ADDRESS, which is then cleared (a real process would
