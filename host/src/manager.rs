@@ -276,6 +276,32 @@ impl ProcessMemoryManager {
         Ok(self.registry.select_needing(device, req, needs)?)
     }
 
+    /// Where [`Region::offload_to`](crate::Region::offload_to) sends `from`'s
+    /// bytes by default: the page-locked host memory of the same device
+    /// where a plugin publishes it (`MEMPLUG_DEVICE_CUDA_HOST` or
+    /// `MEMPLUG_DEVICE_ROCM_HOST` with the device's ordinal: the memory
+    /// DMA copies want), else CPU 0's memory. Selected with an allocator
+    /// only; bind it to a host pool to offload into.
+    pub fn offload_context(&self, from: &Context) -> Result<Arc<Context>, ManagerError> {
+        use memplug_sdk::abi::{
+            MEMPLUG_DEVICE_CPU, MEMPLUG_DEVICE_CUDA, MEMPLUG_DEVICE_CUDA_HOST, MEMPLUG_DEVICE_ROCM,
+            MEMPLUG_DEVICE_ROCM_HOST,
+        };
+        let device = from.mechanism().device().0;
+        let pinned = match device.kind {
+            MEMPLUG_DEVICE_CUDA => Some(MEMPLUG_DEVICE_CUDA_HOST),
+            MEMPLUG_DEVICE_ROCM => Some(MEMPLUG_DEVICE_ROCM_HOST),
+            _ => None,
+        };
+        if let Some(kind) = pinned {
+            let companion = MemplugDevice { kind, ordinal: device.ordinal };
+            if let Ok(ctx) = self.select(companion, Requirements::ALLOCATOR_ONLY) {
+                return Ok(ctx);
+            }
+        }
+        self.select(MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 }, Requirements::ALLOCATOR_ONLY)
+    }
+
     /// A mechanism's context by `plugin/mechanism` or mechanism name.
     pub fn context(&self, name: &str) -> Result<Arc<Context>, ManagerError> {
         Ok(self.registry.context_named(name)?)

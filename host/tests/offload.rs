@@ -307,3 +307,10 @@ fn privatise_without_a_prefix_is_refused() {
     assert!(matches!(e, BindingError::State(_)) && e.to_string().contains("no shared prefix"), "{e}");
     assert_eq!(rig.pool.used(), 0);
 }
+
+#[test]
+fn the_default_offload_target_of_cpu_memory_is_cpu_memory() {
+    let rig = Rig::cpu("offload-target", 64 * MIB);
+    let target = rig.manager.offload_context(&rig.context).unwrap();
+    assert_eq!(target.mechanism().device().0, CPU0);
+}

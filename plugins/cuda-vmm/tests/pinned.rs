@@ -325,3 +325,46 @@ fn child_pinned_loss() {
     let _ = block.into_raw();
     std::mem::forget(p);
 }
+
+/// A device region offloaded to its device's pinned host memory (the
+/// manager's default offload target on CUDA) and restored at the same
+/// address, through the host crate, on the fake driver's VMM.
+#[test]
+fn a_device_region_offloads_to_pinned_memory_and_restores_at_its_address() {
+    use memplug_host::governor::AllocationClass;
+    use memplug_host::{BindingSpec, ProcessMemoryManager, Requirements, Residence};
+    let _s = serial();
+    let mgr = ProcessMemoryManager::new();
+    mgr.register_plugin(load()).unwrap();
+    let cuda0 = MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 };
+    let needs = Requirements { virtual_backing: true, shared_mapping: false, sync: true };
+    let ctx = mgr.select(cuda0, needs).unwrap();
+    let target = mgr.offload_context(&ctx).unwrap();
+    assert_eq!(target.mechanism().name(), "cuda0-host", "the default target is the device's pinned memory");
+    let (dev_pool, host_pool) =
+        (mgr.create_pool("hbm", 1 << 30).unwrap(), mgr.create_pool("pinned", 1 << 30).unwrap());
+    let kv = mgr.bind(&ctx, &dev_pool, BindingSpec::new(AllocationClass::Kv)).unwrap();
+    let host = mgr.bind(&target, &host_pool, BindingSpec::new(AllocationClass::Kv)).unwrap();
+    let sync = ctx.mechanism().sync().unwrap();
+    let stream = sync.stream_create().unwrap();
+    let g = ctx.mechanism().properties().granularity;
+    let mut region = kv.reserve_virtual(8 * g).unwrap();
+    region.grow_to(2 * g, |_| Ok::<(), ()>(())).unwrap();
+    let (base, want) = (region.addr(), pattern(3, 2 * g));
+    write(base, &want).unwrap();
+    let report = region.offload_to(&host, &stream, LONG).unwrap();
+    assert_eq!((report.released, dev_pool.used(), host_pool.used()), (2 * g, 0, 2 * g));
+    let Residence::Host { addr, .. } = region.residence() else { panic!("not offloaded") };
+    assert_eq!(read(addr, 64), want[..64], "the pinned copy holds the bytes");
+    let fence = region.restore(&stream).unwrap();
+    assert!(fence.wait(LONG).unwrap());
+    drop(fence);
+    assert_eq!(region.addr(), base);
+    assert_eq!(read(base, 2 * g as usize), want, "the bytes came back at the same address");
+    mgr.poll();
+    assert_eq!((dev_pool.used(), host_pool.used()), (2 * g, 0));
+    drop(region);
+    mgr.poll();
+    sync.stream_destroy(stream).unwrap();
+    assert_eq!(dev_pool.used(), 0);
+}
