@@ -23,8 +23,8 @@
 #include "memplug_host.h"
 
 #include "expect.h"
+#include "gate.h"
 
-#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -179,29 +179,6 @@ static void free_offloaded(const struct env *e) {
 
 /* ---- the restore's fence ---------------------------------------------------- */
 
-/* A gate a stream's worker waits at. */
-struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int entered, open, ran;
-};
-
-static void hold(void *userdata) {
-    struct gate *gt = (struct gate *)userdata;
-    pthread_mutex_lock(&gt->mu);
-    gt->entered = 1;
-    pthread_cond_broadcast(&gt->cv);
-    while (!gt->open) pthread_cond_wait(&gt->cv, &gt->mu);
-    pthread_mutex_unlock(&gt->mu);
-}
-
-static void mark(void *userdata) {
-    struct gate *gt = (struct gate *)userdata;
-    pthread_mutex_lock(&gt->mu);
-    gt->ran = 1;
-    pthread_mutex_unlock(&gt->mu);
-}
-
 static void restore_fence(const struct env *e) {
     const uint64_t g = e->g;
     MemplugHostRegion r = MEMPLUG_HOST_NULL_HANDLE_INIT;
@@ -212,11 +189,8 @@ static void restore_fence(const struct env *e) {
     struct gate gt;
     bool done = true;
     uint64_t base;
-    int ran;
 
-    memset(&gt, 0, sizeof gt);
-    pthread_mutex_init(&gt.mu, NULL);
-    pthread_cond_init(&gt.cv, NULL);
+    gate_init(&gt);
     EXPECT_OK(memplug_host_stream_create(e->mech, &other));
     EXPECT_OK(memplug_host_region_reserve(e->dev, 8 * g, &r));
     EXPECT_OK(memplug_host_region_grow(r, 2 * g, NULL, NULL));
@@ -225,14 +199,12 @@ static void restore_fence(const struct env *e) {
     EXPECT_OK(memplug_host_region_offload(r, e->host, e->s, WAIT_NS, &rep));
 
     /* The copies back queue behind a host function that holds the stream. */
-    EXPECT_OK(memplug_host_stream_enqueue(e->s, hold, &gt));
+    EXPECT_OK(memplug_host_stream_enqueue(e->s, gate_hold, &gt));
     EXPECT_OK(memplug_host_region_restore(r, e->s, &f));
     EXPECT_OK(memplug_host_stream_wait_fence(other, f));
-    EXPECT_OK(memplug_host_stream_enqueue(other, mark, &gt));
+    EXPECT_OK(memplug_host_stream_enqueue(other, gate_mark, &gt));
     EXPECT_OK(memplug_host_fence_record(other, &after));
-    pthread_mutex_lock(&gt.mu);
-    while (!gt.entered) pthread_cond_wait(&gt.cv, &gt.mu);
-    pthread_mutex_unlock(&gt.mu);
+    gate_wait_entered(&gt);
     nanosleep(&pause, NULL);
     EXPECT_OK(memplug_host_fence_query(f, &done));
     EXPECT(!done);
@@ -241,19 +213,12 @@ static void restore_fence(const struct env *e) {
     EXPECT(pool_used(e->dev_pool) == 2 * g);
     poll_frees(e);
     EXPECT(pool_used(e->host_pool) == 2 * g);
-    pthread_mutex_lock(&gt.mu);
-    ran = gt.ran;
-    gt.open = 1;
-    pthread_cond_broadcast(&gt.cv);
-    pthread_mutex_unlock(&gt.mu);
-    EXPECT(!ran);
+    EXPECT(!gate_open(&gt));
 
     EXPECT(waited(f));
     EXPECT(holds(base, 2 * g, 3));
     EXPECT(waited(after));
-    pthread_mutex_lock(&gt.mu);
-    EXPECT(gt.ran);
-    pthread_mutex_unlock(&gt.mu);
+    EXPECT(gate_ran(&gt));
     poll_frees(e);
     EXPECT(pool_used(e->host_pool) == 0);
 
@@ -263,8 +228,7 @@ static void restore_fence(const struct env *e) {
     EXPECT_OK(memplug_host_region_free(r));
     poll_frees(e);
     EXPECT(pool_used(e->dev_pool) == 0);
-    pthread_cond_destroy(&gt.cv);
-    pthread_mutex_destroy(&gt.mu);
+    gate_destroy(&gt);
 }
 
 /* ---- copy-on-write ---------------------------------------------------------- */
