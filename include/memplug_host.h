@@ -88,6 +88,20 @@
 // The plugin wrote a message during a call that succeeded.
 #define MEMPLUG_HOST_LOG_INFO 3
 
+// Size of `MemplugHostOffloadReport` in API 1.3, where it first appeared.
+#define MEMPLUG_HOST_OFFLOAD_REPORT_SIZE_1_3 24
+
+// Size of `MemplugHostResidence` in API 1.3, where it first appeared.
+#define MEMPLUG_HOST_RESIDENCE_SIZE_1_3 24
+
+// `MemplugHostResidence::kind`: the private bytes are committed on the
+// region's device (the normal state).
+#define MEMPLUG_HOST_RESIDENCE_DEVICE 0
+
+// `MemplugHostResidence::kind`: the private bytes are held in memory of
+// the offload's target binding (`memplug_host_region_offload`).
+#define MEMPLUG_HOST_RESIDENCE_HOST 1
+
 // Major version of this C API: changes only with an incompatible change.
 #define MEMPLUG_HOST_API_MAJOR 1
 
@@ -866,6 +880,36 @@ typedef void (*MemplugHostLogCallback)(void *userdata,
                                        size_t source_len,
                                        const char *message,
                                        size_t message_len);
+
+// What `memplug_host_region_offload` did.
+typedef struct MemplugHostOffloadReport {
+  // `sizeof(MemplugHostOffloadReport)`; set to the bytes written.
+  uint32_t struct_size;
+  // Private ranges the plugin refused to decommit (each kept, with its
+  // bytes in place; the plugin's refusal reached the log callback as
+  // `MEMPLUG_HOST_LOG_WARN`).
+  uint32_t ranges_kept;
+  // Device bytes decommitted and refunded to the region's pool: the
+  // answer a holder gives a pressure ticket.
+  uint64_t released;
+  // Device bytes still committed and charged (the ranges kept).
+  uint64_t kept;
+} MemplugHostOffloadReport;
+
+// Where a region's private bytes are (`memplug_host_region_residence`).
+typedef struct MemplugHostResidence {
+  // `sizeof(MemplugHostResidence)`; set to the bytes written.
+  uint32_t struct_size;
+  // `MEMPLUG_HOST_RESIDENCE_DEVICE` or `MEMPLUG_HOST_RESIDENCE_HOST`.
+  uint32_t kind;
+  // While offloaded: the first byte of the host copy, an allocation of
+  // the target binding (0 when there was nothing private to copy); 0
+  // on the device.
+  uint64_t host_addr;
+  // While offloaded: the private bytes the host copy holds; 0 on the
+  // device.
+  uint64_t host_bytes;
+} MemplugHostResidence;
 
 // A pool's place in a tree of pools (`memplug_host_pool_info`): its
 // identity, its parent, its capacity and the share of its use that comes
@@ -2147,6 +2191,137 @@ MemplugHostStatus memplug_host_pool_stats_prometheus(struct MemplugHostPool pool
                                                      char *buf,
                                                      size_t cap,
                                                      size_t *written);
+
+// Moves the region's private bytes — the committed part after its prefix
+// and the prefix ranges made private (`memplug_host_region_privatise`) —
+// to memory of `target` (a binding of host memory, possibly of another
+// mechanism), to be brought back at the same addresses by
+// `memplug_host_region_restore`. The shared prefix stays mapped.
+//
+// Steps: wait up to `timeout_ns` for the work recorded on the region
+// (fences of its shrinks and queued grows) → allocate the host copy from
+// `target` (charged to its pool) → copy each private range out on
+// `stream` (a stream of the region's mechanism) → wait for the copies
+// (the rest of `timeout_ns`) → decommit the ranges and refund them to the
+// region's pool. Until the restore nothing may touch the device range
+// past the prefix: growing, shrinking, privatising and a second offload
+// are refused (`MEMPLUG_HOST_STATUS_INVALID_STATE`), a DLPack export
+// views the prefix only, and `memplug_host_region_info` still reports
+// the `len` and `committed` the bytes come back to. Freeing the region
+// frees its host copy too. A region with no private bytes is marked
+// offloaded with nothing moved.
+//
+// On success `out_report` (set its `struct_size` first) says what was
+// released: the device bytes actually decommitted. A range whose
+// decommit the plugin refuses stays committed and charged with its bytes
+// in place (`kept`, `ranges_kept`; the refusal reaches the log callback);
+// when no range could be decommitted the offload is undone and refused
+// with `_INVALID_STATE`, every refusal in the message.
+//
+// Refusals, each leaving the region, its bytes and both pools as they
+// were: `MEMPLUG_HOST_STATUS_INVALID_STATE` when already offloaded;
+// `_UNSUPPORTED` for a mechanism without the copy, or whose copy does not
+// reach `target`'s memory (`memplug_host_mechanism_copy_kinds`);
+// `_OUT_OF_BUDGET` when `target`'s pool has no room; `_BUSY` when the
+// region's work or the copy did not complete within `timeout_ns` (a host
+// copy a copy may still write is freed behind that copy's fence);
+// `_WRONG_MANAGER` for a target or stream of another manager; a stream
+// of another mechanism is refused with the host's code
+// (`_WRONG_MECHANISM`); `_INVALID_STATE` for a destroyed stream.
+//
+// Ownership: `out_report` is the caller's, written only on success; the
+// target binding and the stream stay the caller's (the host copy keeps
+// what it needs of the binding alive). Thread-safety: any thread; calls
+// on one region are serialised, and this one holds the region for up to
+// `timeout_ns`.
+//
+// # Safety
+// `out_report` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_region_offload(struct MemplugHostRegion region,
+                                              struct MemplugHostBinding target,
+                                              struct MemplugHostStream stream,
+                                              uint64_t timeout_ns,
+                                              struct MemplugHostOffloadReport *out_report);
+
+// Brings an offloaded region's bytes back at the same addresses: budget
+// granted → the decommitted ranges recommitted → each copied back on
+// `stream` → charged to the region's pool again. `out_fence` receives the
+// fence after which the bytes are in place: wait for it
+// (`memplug_host_fence_wait`) before the host reads them, or order other
+// streams behind it (`memplug_host_stream_wait_fence`, when the plugin
+// records fences); work enqueued later on `stream` is already after it.
+// The host copy is freed (its pool refunded) behind that fence, through
+// the deferred-free queue; the region's free and later shrinks wait for
+// it on their own.
+//
+// Refusals, each leaving the region offloaded with its host copy intact
+// and both pools as they were: `MEMPLUG_HOST_STATUS_INVALID_STATE` for a
+// region that is not offloaded or a destroyed stream; `_OUT_OF_BUDGET`
+// when the region's pool has no room for the bytes (as for a grow);
+// `_WRONG_MANAGER` for a stream of another manager; a stream of another
+// mechanism is refused with the host's code (`_WRONG_MECHANISM`).
+//
+// Ownership: the caller owns the fence handle
+// (`memplug_host_fence_release`), written only on success; the stream
+// stays the caller's. Thread-safety: any thread; calls on one region are
+// serialised.
+//
+// # Safety
+// `out_fence` must be NULL or writable.
+MemplugHostStatus memplug_host_region_restore(struct MemplugHostRegion region,
+                                              struct MemplugHostStream stream,
+                                              struct MemplugHostFence *out_fence);
+
+// Where the region's private bytes are now: `out->kind` is
+// `MEMPLUG_HOST_RESIDENCE_DEVICE`, or `MEMPLUG_HOST_RESIDENCE_HOST` with
+// the host copy's address and size while offloaded. Set
+// `out->struct_size` first. Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable for its `struct_size` bytes.
+MemplugHostStatus memplug_host_region_residence(struct MemplugHostRegion region,
+                                                struct MemplugHostResidence *out);
+
+// Gives this region a private copy of `[offset, offset + len)` of its
+// shared prefix (offsets from the region's base, multiples of the
+// mechanism's granularity) — copy-on-write, e.g. of the prefix's last
+// block when a request's prompt diverges inside it. Private memory is
+// committed there, charged to the region's pool, and filled on `stream`
+// with the prefix's bytes; every other region mapping the prefix keeps
+// reading the shared ones, and the prefix stays charged once. Writes
+// through this region then change only its own copy (the range is
+// writable once `out_fence` completes).
+//
+// Waits up to `timeout_ns` for the work recorded on the region first
+// (the range is briefly unmapped). `out_fence` receives the fence after
+// which the private bytes are in place, as for
+// `memplug_host_region_restore`. The whole change is a transaction: on
+// any refusal the mappings, the charge and the bytes are as they were.
+//
+// Refusals: `MEMPLUG_HOST_STATUS_INVALID_STATE` for a region without a
+// prefix, an offloaded one, or a destroyed stream;
+// `_INVALID_ARGUMENT` for a range that is empty, unaligned, past the
+// prefix, or already private in part; `_UNSUPPORTED` for a mechanism
+// without the copy, or one that maps objects only whole
+// (`MEMPLUG_PROP_MAPS_AT_OFFSETS` unset) when the range is not the whole
+// prefix; `_OUT_OF_BUDGET`; `_BUSY` when the region's work did not
+// complete within `timeout_ns`; `_WRONG_MANAGER` for a stream of another
+// manager; a stream of another mechanism is refused with the host's code
+// (`_WRONG_MECHANISM`).
+//
+// Ownership: the caller owns the fence handle
+// (`memplug_host_fence_release`), written only on success; the stream
+// stays the caller's. Thread-safety: any thread; calls on one region are
+// serialised.
+//
+// # Safety
+// `out_fence` must be NULL or writable.
+MemplugHostStatus memplug_host_region_privatise(struct MemplugHostRegion region,
+                                                uint64_t offset,
+                                                uint64_t len,
+                                                struct MemplugHostStream stream,
+                                                uint64_t timeout_ns,
+                                                struct MemplugHostFence *out_fence);
 
 // Asks a mechanism what access device `peer` can be given to its memory:
 // `out_access` receives `MEMPLUG_ACCESS_*` bits (memplug.h;

@@ -33,8 +33,8 @@
 #include "memplug_host.h"
 
 #include "expect.h"
+#include "gate.h"
 
-#include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -171,29 +171,6 @@ static void typed_export(MemplugHostManager m, MemplugHostMechanism mech) {
     EXPECT_OK(memplug_host_pool_release(pb));
 }
 
-/* A gate the first stream's work waits at. */
-struct gate {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int entered, open, ran;
-};
-
-static void hold(void *userdata) {
-    struct gate *g = (struct gate *)userdata;
-    pthread_mutex_lock(&g->mu);
-    g->entered = 1;
-    pthread_cond_broadcast(&g->cv);
-    while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
-    pthread_mutex_unlock(&g->mu);
-}
-
-static void mark(void *userdata) {
-    struct gate *g = (struct gate *)userdata;
-    pthread_mutex_lock(&g->mu);
-    g->ran = 1;
-    pthread_mutex_unlock(&g->mu);
-}
-
 static bool always(void *userdata) {
     (void)userdata;
     return true;
@@ -206,37 +183,25 @@ static void stream_wait(MemplugHostManager m, MemplugHostMechanism mech) {
     struct gate g;
     struct timespec pause = {0, 20 * 1000 * 1000};
     bool done = true;
-    int ran;
 
-    memset(&g, 0, sizeof g);
-    pthread_mutex_init(&g.mu, NULL);
-    pthread_cond_init(&g.cv, NULL);
+    gate_init(&g);
     EXPECT_OK(memplug_host_stream_create(mech, &a));
     EXPECT_OK(memplug_host_stream_create(mech, &b));
-    EXPECT_OK(memplug_host_stream_enqueue(a, hold, &g));
+    EXPECT_OK(memplug_host_stream_enqueue(a, gate_hold, &g));
     EXPECT_OK(memplug_host_fence_record(a, &fa));
     EXPECT_OK(memplug_host_stream_wait_fence(b, fa));
     EXPECT_OK(memplug_host_fence_release(fa)); /* the wait keeps its own */
-    EXPECT_OK(memplug_host_stream_enqueue(b, mark, &g));
+    EXPECT_OK(memplug_host_stream_enqueue(b, gate_mark, &g));
     EXPECT_OK(memplug_host_fence_record(b, &fb));
 
-    pthread_mutex_lock(&g.mu);
-    while (!g.entered) pthread_cond_wait(&g.cv, &g.mu);
-    pthread_mutex_unlock(&g.mu);
+    gate_wait_entered(&g);
     nanosleep(&pause, NULL);
     EXPECT_OK(memplug_host_fence_query(fb, &done));
     EXPECT(!done);
-    pthread_mutex_lock(&g.mu);
-    ran = g.ran;
-    g.open = 1;
-    pthread_cond_broadcast(&g.cv);
-    pthread_mutex_unlock(&g.mu);
-    EXPECT(!ran);
+    EXPECT(!gate_open(&g));
     EXPECT_OK(memplug_host_fence_wait(fb, 10ull * 1000 * 1000 * 1000, &done));
     EXPECT(done);
-    pthread_mutex_lock(&g.mu);
-    EXPECT(g.ran);
-    pthread_mutex_unlock(&g.mu);
+    EXPECT(gate_ran(&g));
 
     EXPECT_OK(memplug_host_fence_from_callbacks(m, "runtime", always, NULL, NULL, NULL, &rf));
     EXPECT_STATUS(memplug_host_stream_wait_fence(b, rf), MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
@@ -248,8 +213,7 @@ static void stream_wait(MemplugHostManager m, MemplugHostMechanism mech) {
     EXPECT_OK(memplug_host_fence_release(rf));
     EXPECT_OK(memplug_host_stream_destroy(a));
     EXPECT_OK(memplug_host_stream_destroy(b));
-    pthread_cond_destroy(&g.cv);
-    pthread_mutex_destroy(&g.mu);
+    gate_destroy(&g);
 }
 
 static void peer(MemplugHostManager m, MemplugHostMechanism mech) {

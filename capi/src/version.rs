@@ -109,7 +109,8 @@ mod tests {
         // and placement; typed prefix export; stream waits and typed
         // adoption; peer access; a region's grow queued on a stream.
         // API 1.2: caching bindings; statistics as JSON and Prometheus text,
-        // event and log callbacks. API 1.3: DLPack export.
+        // event and log callbacks. API 1.3: DLPack export, the stream-ordered
+        // copy, offload/restore and copy-on-write of regions.
         assert_eq!((v.api_minor, MEMPLUG_HOST_API_MINOR), (3, 3));
         assert_eq!(memplug_host_check_api(1, 1), MemplugHostStatus::Ok);
         assert_eq!(memplug_host_check_api(1, 2), MemplugHostStatus::Ok);
