@@ -90,8 +90,9 @@ pub struct Region {
     /// Ranges inside the prefix replaced by private committed memory
     /// (charged to the region's lease), sorted by offset.
     privatised: Vec<(u64, u64)>,
-    /// Where the private bytes are while the region is offloaded.
-    offloaded: Option<offload::Offloaded>,
+    /// Where the private bytes are while the region is offloaded (boxed:
+    /// a resident region, the common case, carries one pointer for it).
+    offloaded: Option<Box<offload::Offloaded>>,
 }
 
 impl fmt::Debug for Region {

@@ -156,7 +156,7 @@ impl Region {
         let ranges = self.private_ranges();
         let bytes: u64 = ranges.iter().map(|r| r.1).sum();
         if bytes == 0 {
-            self.offloaded = Some(Offloaded { host: None, moved: Vec::new(), bytes: 0 });
+            self.offloaded = Some(Box::new(Offloaded { host: None, moved: Vec::new(), bytes: 0 }));
             return Ok(OffloadReport { released: 0, kept: 0, refusals: Vec::new() });
         }
         // Aligned to the target's granule where it has one (a page of host
@@ -229,7 +229,7 @@ impl Region {
         }
         self.refund_part(released, stripe);
         drop(token);
-        self.offloaded = Some(Offloaded { host: Some(host), moved, bytes });
+        self.offloaded = Some(Box::new(Offloaded { host: Some(host), moved, bytes }));
         Ok(OffloadReport { released, kept: kept_bytes, refusals })
     }
 
