@@ -21,12 +21,21 @@ echo "package-check: publishable: ${published[*]}"
 # names of the workspace's own build (same name and version), built
 # against the packaged dependencies; later builds then mix the two.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/package-check"
+version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
+# Cargo unpacks the temporary registry's packages under CARGO_HOME, in a
+# folder named after the registry's path (`registry/src/-<hash>`), and
+# reuses a folder that is already there: a second run from the same path
+# (a checkout made again in the same place) would verify against the
+# sources of the first. Those folders hold only our own packages.
+cargo_home="${CARGO_HOME:-$HOME/.cargo}"
+for p in "${published[@]}"; do
+    rm -rf "$cargo_home"/registry/src/-*/"$p-$version"
+done
 args=()
 for p in "${published[@]}"; do args+=(-p "$p"); done
 # --allow-dirty: what is checked is the manifests and files, not git state.
 cargo package --offline --allow-dirty "${args[@]}"
 
-version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 out="${CARGO_TARGET_DIR:-target}/package"
 fail=0
 for p in "${published[@]}"; do

@@ -36,6 +36,26 @@ fn holds(addr: u64, len: u64, seed: u8) -> bool {
     bytes.iter().enumerate().all(|(i, b)| *b == (i as u8).wrapping_mul(31).wrapping_add(seed))
 }
 
+/// A region of `granules` granules with `committed` of them committed.
+fn committed_region(rig: &Rig, granules: u64, committed: u64) -> Region {
+    let g = granule(rig);
+    let mut r = rig.binding.reserve_virtual(granules * g).unwrap();
+    r.grow_to(committed * g, |_| Ok::<(), ()>(())).unwrap();
+    r
+}
+
+/// After everything was dropped: the queue drained, every pool at zero,
+/// and (with the stream gone) nothing alive in the plugin.
+fn ends_exact(rig: &Rig, others: &[&Arc<memplug_host::governor::Pool>], stream: CpuStream) {
+    rig.manager.poll();
+    assert_eq!(rig.pool.used(), 0);
+    for p in others {
+        assert_eq!(p.used(), 0, "pool {}", p.name());
+    }
+    drop(stream);
+    assert_eq!(live(rig.mechanism()), [0; 5]);
+}
+
 fn wait(f: &SharedFence) {
     assert!(f.wait(WAIT).unwrap(), "fence {} did not complete", f.describe());
 }
@@ -46,8 +66,7 @@ fn offload_and_restore_keep_the_address_and_the_bytes_and_move_the_charge() {
     let host = host_binding(&rig, 64 * MIB);
     let stream = CpuStream::new(rig.mechanism());
     let g = granule(&rig);
-    let mut region = rig.binding.reserve_virtual(64 * g).unwrap();
-    region.grow_to(5 * g, |_| Ok::<(), ()>(())).unwrap();
+    let mut region = committed_region(&rig, 64, 5);
     let base = region.addr();
     fill(base, 5 * g, 7);
 
@@ -90,10 +109,7 @@ fn offload_and_restore_keep_the_address_and_the_bytes_and_move_the_charge() {
     // The region works as before, and goes away exactly.
     region.grow_to(6 * g, |_| Ok::<(), ()>(())).unwrap();
     drop(region);
-    rig.manager.poll();
-    assert_eq!((rig.pool.used(), host.pool().used()), (0, 0));
-    drop(stream);
-    assert_eq!(live(rig.mechanism()), [0; 5]);
+    ends_exact(&rig, &[host.pool()], stream);
 }
 
 #[test]
@@ -101,15 +117,10 @@ fn an_offloaded_region_dropped_frees_its_host_copy() {
     let rig = Rig::cpu("offload-drop", 64 * MIB);
     let host = host_binding(&rig, 64 * MIB);
     let stream = CpuStream::new(rig.mechanism());
-    let g = granule(&rig);
-    let mut region = rig.binding.reserve_virtual(8 * g).unwrap();
-    region.grow_to(3 * g, |_| Ok::<(), ()>(())).unwrap();
+    let mut region = committed_region(&rig, 8, 3);
     region.offload_to(&host, stream.stream(), WAIT).unwrap();
     drop(region);
-    rig.manager.poll();
-    assert_eq!((rig.pool.used(), host.pool().used()), (0, 0));
-    drop(stream);
-    assert_eq!(live(rig.mechanism()), [0; 5]);
+    ends_exact(&rig, &[host.pool()], stream);
 }
 
 #[test]
@@ -118,8 +129,7 @@ fn a_host_pool_without_room_refuses_the_offload_with_nothing_changed() {
     let g = granule(&rig);
     let host = host_binding(&rig, g);
     let stream = CpuStream::new(rig.mechanism());
-    let mut region = rig.binding.reserve_virtual(8 * g).unwrap();
-    region.grow_to(3 * g, |_| Ok::<(), ()>(())).unwrap();
+    let mut region = committed_region(&rig, 8, 3);
     fill(region.addr(), 3 * g, 1);
     let e = region.offload_to(&host, stream.stream(), WAIT).unwrap_err();
     assert!(matches!(e, BindingError::Budget(_)), "{e}");
@@ -134,8 +144,7 @@ fn offload_waits_for_work_on_the_region_and_refuses_when_it_does_not_finish() {
     let host = host_binding(&rig, 64 * MIB);
     let stream = CpuStream::new(rig.mechanism());
     let g = granule(&rig);
-    let mut region = rig.binding.reserve_virtual(8 * g).unwrap();
-    region.grow_to(2 * g, |_| Ok::<(), ()>(())).unwrap();
+    let mut region = committed_region(&rig, 8, 2);
     let gate = Gate::new("step");
     region.used_by(gate.fence.clone());
     let e = region.offload_to(&host, stream.stream(), Duration::from_millis(50)).unwrap_err();
@@ -238,10 +247,7 @@ fn privatising_the_last_block_gives_one_region_its_own_copy() {
         assert!(matches!(a.privatise(o, l, stream.stream(), WAIT), Err(BindingError::Invalid(_))), "{o} {l}");
     }
     drop((a, b, prefix));
-    rig.manager.poll();
-    assert_eq!(rig.pool.used(), 0);
-    drop(stream);
-    assert_eq!(live(rig.mechanism()), [0; 5]);
+    ends_exact(&rig, &[], stream);
 }
 
 #[test]
@@ -266,10 +272,7 @@ fn privatising_a_middle_block_keeps_both_sides_shared() {
     assert_ne!(shared(&a, 2 * g), shared(&b, 2 * g));
     assert!(holds(b.addr(), 5 * g, 9));
     drop((a, b, prefix));
-    rig.manager.poll();
-    assert_eq!(rig.pool.used(), 0);
-    drop(stream);
-    assert_eq!(live(rig.mechanism()), [0; 5]);
+    ends_exact(&rig, &[], stream);
 }
 
 #[test]
@@ -291,10 +294,7 @@ fn a_privatised_prefix_block_offloads_and_restores_with_the_private_part() {
     assert!(holds(a.addr(), 2 * g, 9));
     assert_eq!(rig.pool.used(), 6 * g);
     drop((a, b, prefix));
-    rig.manager.poll();
-    assert_eq!((rig.pool.used(), host.pool().used()), (0, 0));
-    drop(stream);
-    assert_eq!(live(rig.mechanism()), [0; 5]);
+    ends_exact(&rig, &[host.pool()], stream);
 }
 
 #[test]
