@@ -3,12 +3,13 @@
 //! it grows; it refuses to shrink under a live view.
 
 use crate::errors;
-use crate::memory::{dlpack_methods, SharedPrefix};
-use crate::streams::{Fence, Stream};
+use crate::memory::{dlpack_methods, Binding, SharedPrefix};
+use crate::streams::{secs, Fence, Stream};
 use crate::tensor::{dlpack_capsule, layout_of, Request, Source, Tensor, Uses};
 use memplug_host::dlpack::{SharedRegion, TensorLayout};
-use memplug_host::GrowError;
+use memplug_host::{GrowError, Residence};
 use pyo3::prelude::*;
+use pyo3::types::PyDict;
 use std::sync::{Arc, Mutex};
 
 /// A region: `grow_to` commits (and charges) more bytes at the same base;
@@ -120,6 +121,63 @@ impl Region {
     fn shrink_to(&self, py: Python<'_>, len: u64) -> PyResult<()> {
         let (r, fences) = (self.shared()?, self.uses.pending());
         py.allow_threads(move || r.shrink_to(len, fences)).map_err(errors::binding)
+    }
+    /// Moves the private bytes to memory of `target` (a host binding) and
+    /// gives the device range back; `restore` brings them back at the same
+    /// address. Returns `{"released": bytes decommitted, "kept": bytes the
+    /// mechanism would not decommit}`. A transaction: on any error the
+    /// region is as it was. Refused while a view exported from it is alive.
+    #[pyo3(signature = (target, stream, timeout=10.0))]
+    fn offload_to<'py>(
+        &self,
+        py: Python<'py>,
+        target: &Binding,
+        stream: &Stream,
+        timeout: f64,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let (r, t, timeout) = (self.shared()?, target.inner.clone(), secs("timeout", timeout)?);
+        let report =
+            stream.with(|s| py.allow_threads(|| r.offload_to(&t, s, timeout)).map_err(errors::binding))?;
+        let d = PyDict::new(py);
+        d.set_item("released", report.released)?;
+        d.set_item("kept", report.kept)?;
+        Ok(d)
+    }
+    /// Recommits the offloaded bytes at the same address and copies them
+    /// back on `stream`; the returned `Fence` completes once they are there
+    /// (work later on `stream` is already ordered after it).
+    fn restore(&self, py: Python<'_>, stream: &Stream) -> PyResult<Fence> {
+        let r = self.shared()?;
+        let fence = stream.with(|s| py.allow_threads(|| r.restore(s)).map_err(errors::binding))?;
+        self.uses.add(fence.clone());
+        Ok(Fence { shared: fence, recorded: None })
+    }
+    /// Gives this region a private copy of `[offset, offset + len)` of its
+    /// shared prefix (granule-aligned); the other regions keep the shared
+    /// bytes. The `Fence` completes once the copy is in place.
+    #[pyo3(signature = (offset, len, stream, timeout=10.0))]
+    fn privatise(
+        &self,
+        py: Python<'_>,
+        offset: u64,
+        len: u64,
+        stream: &Stream,
+        timeout: f64,
+    ) -> PyResult<Fence> {
+        let (r, timeout) = (self.shared()?, secs("timeout", timeout)?);
+        let fence = stream
+            .with(|s| py.allow_threads(|| r.privatise(offset, len, s, timeout)).map_err(errors::binding))?;
+        self.uses.add(fence.clone());
+        Ok(Fence { shared: fence, recorded: None })
+    }
+    /// Where the private bytes are: `("device", 0, 0)`, or `("host", addr,
+    /// bytes)` while offloaded.
+    #[getter]
+    fn residence(&self) -> PyResult<(&'static str, u64, u64)> {
+        Ok(match self.shared()?.residence() {
+            Residence::Device => ("device", 0, 0),
+            Residence::Host { addr, bytes } => ("host", addr, bytes),
+        })
     }
     /// Maps `prefix` read-only at the start of this empty region.
     fn map_prefix(&self, py: Python<'_>, prefix: &SharedPrefix) -> PyResult<()> {

@@ -4,13 +4,16 @@
 //! it refuses to shrink (or be released) under a live view.
 
 use super::{finish, prepare, ExportError, ExportOptions, ManagedTensor, Memory, TensorLayout};
-use crate::binding::{BindingError, GrowError, Region, RegionView, SharedPrefix};
+use crate::binding::{
+    BindingError, GrowError, MemoryBinding, OffloadReport, Region, RegionView, Residence, SharedPrefix,
+};
 use crate::fence::{PluginFence, SharedFence};
 use crate::sync::{lock, Mutex};
 use crate::tokens::Stream;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 struct Shared {
     region: Mutex<Region>,
@@ -93,6 +96,54 @@ impl SharedRegion {
     /// `stream`; the fence says when the new bytes are usable.
     pub fn grow_on(&self, len: u64, stream: &Stream) -> Result<Arc<PluginFence>, BindingError> {
         lock(&self.inner.region).grow_on(len, stream)
+    }
+
+    /// Refuses `what` while an exported view is alive: a consumer may read
+    /// any byte of the region, and offload and privatise take bytes away
+    /// (for an instant, for a privatise).
+    fn no_views(&self, r: &Region, what: &str) -> Result<(), BindingError> {
+        match self.views() {
+            0 => Ok(()),
+            views => Err(BindingError::State(format!(
+                "region at {:#x}: {views} exported DLPack view(s) alive; it cannot {what} under them",
+                r.addr()
+            ))),
+        }
+    }
+
+    /// [`Region::offload_to`] under the lock, refused while a view is alive.
+    pub fn offload_to(
+        &self,
+        target: &MemoryBinding,
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Result<OffloadReport, BindingError> {
+        let mut r = lock(&self.inner.region);
+        self.no_views(&r, "be offloaded")?;
+        r.offload_to(target, stream, timeout)
+    }
+
+    /// [`Region::restore`] under the lock.
+    pub fn restore(&self, stream: &Stream) -> Result<SharedFence, BindingError> {
+        lock(&self.inner.region).restore(stream)
+    }
+
+    /// [`Region::privatise`] under the lock, refused while a view is alive.
+    pub fn privatise(
+        &self,
+        offset: u64,
+        len: u64,
+        stream: &Stream,
+        timeout: Duration,
+    ) -> Result<SharedFence, BindingError> {
+        let mut r = lock(&self.inner.region);
+        self.no_views(&r, "privatise part of its prefix")?;
+        r.privatise(offset, len, stream, timeout)
+    }
+
+    /// [`Region::residence`].
+    pub fn residence(&self) -> Residence {
+        self.with(Region::residence)
     }
 
     /// [`Region::map_prefix`] under the lock.
