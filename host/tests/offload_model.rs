@@ -419,3 +419,27 @@ fn a_restore_whose_second_commit_fails_gives_the_first_back() {
     assert!(a.restore(s).unwrap().wait(Duration::from_secs(5)).unwrap());
     assert!(granule_holds(a.addr() + g, g, 77) && granule_holds(a.addr() + PREFIX * g, g, 78));
 }
+
+/// A double fault: the copies are enqueued and the plugin refuses both a
+/// fence and a host function behind them. Nothing a copy may still touch
+/// is freed on a guess: the host copy and the region both stay (charged,
+/// pending in the queue), and the quarantine list says why.
+#[test]
+fn memory_an_unfenced_copy_may_still_touch_is_never_freed() {
+    let w = &world();
+    let g = w.granule;
+    let stream = CpuStream::new(w.device.mechanism());
+    let mut r = w.device.reserve_virtual(8 * g).unwrap();
+    r.grow_to(3 * g, |_| Ok::<(), ()>(())).unwrap();
+    faults().arm(Slot::FenceRecord, 0);
+    faults().arm(Slot::EnqueueHostFn, 0);
+    assert!(r.offload_to(&w.host, stream.stream(), Duration::from_secs(5)).is_err());
+    faults().disarm();
+    assert_eq!(r.residence(), Residence::Device);
+    drop(r);
+    w.manager.poll();
+    assert_eq!(w.device.pool().used(), 3 * g, "the region a copy reads is not released");
+    assert_eq!(w.host.pool().used(), 3 * g, "the host copy a copy writes is not freed");
+    assert_eq!(w.manager.queue().stats().pending, 2);
+    assert!(w.device.quarantined().iter().any(|q| q.contains("no fence could be placed")));
+}

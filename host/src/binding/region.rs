@@ -467,6 +467,7 @@ impl Drop for Region {
             prefix: self.prefix.take(),
             pieces: std::mem::take(&mut self.pieces),
         };
+        self.release_host_copy();
         // Waits for every pending shrink of this region to have run (the
         // queue keeps no order between entries), so those decommit against
         // a live reservation. First in the list: the entry waits on the

@@ -172,7 +172,8 @@ impl Region {
             // the host copy, which nothing else reaches and which is freed
             // only behind a fence recorded after this copy.
             if let Err(e) = unsafe { sync.copy(stream, host.addr() + at, self.addr() + offset, len) } {
-                abandon(&b, &sync, stream, host, !layout.is_empty());
+                let behind = if layout.is_empty() { None } else { Some(after_copies(m, &sync, stream)) };
+                self.give_up_copy(host, behind);
                 return Err(e.into());
             }
             layout.push((offset, len, at));
@@ -181,15 +182,16 @@ impl Region {
         let fence = match after_copies(m, &sync, stream) {
             Ok(f) => f,
             Err(e) => {
-                forget_host(&b, host, &e.to_string());
-                return Err(e.into());
+                let why = e.to_string();
+                self.give_up_copy(host, Some(Err(e)));
+                return Err(BindingError::Plugin(m.refusal("binding", Status::Internal, why)));
             }
         };
         let left = deadline.saturating_duration_since(Instant::now());
         match fence.wait(left) {
             Ok(true) => {}
             Ok(false) => {
-                host.release_after([fence.clone()]);
+                self.give_up_copy(host, Some(Ok(fence.clone())));
                 return Err(busy(
                     m,
                     format!(
@@ -200,7 +202,7 @@ impl Region {
                 ));
             }
             Err(e) => {
-                host.release_after([fence]);
+                self.give_up_copy(host, Some(Ok(fence)));
                 return Err(e.into());
             }
         }
@@ -251,8 +253,10 @@ impl Region {
         };
         match self.restore_from(&off, stream) {
             Ok(fence) => {
+                // Behind this restore's copies, and behind those of an
+                // earlier, undone restore (in the region's fences).
                 if let Some(host) = off.host {
-                    host.release_after([fence.clone()]);
+                    host.release_after(self.fences.iter().cloned().chain([fence.clone()]));
                 }
                 Ok(fence)
             }
@@ -314,7 +318,8 @@ impl Region {
     /// Undoes a restore whose `copied` first copies were enqueued: the
     /// recommitted ranges are decommitted again and refunded, behind the
     /// fence of those copies (they may still be writing them) — now when
-    /// none was enqueued.
+    /// none was enqueued. The region's own fences take that fence too, so
+    /// the host copy those copies read outlives them (see `Drop`).
     fn undo_restore(
         &mut self,
         moved: &[(u64, u64, u64)],
@@ -334,6 +339,7 @@ impl Region {
                 Err(_) => vec![never_known(m)],
             }
         };
+        self.add_fences(fences.iter().cloned());
         for &(offset, len, _) in moved {
             let job = ShrinkRetire {
                 binding: self.binding.clone(),
@@ -460,42 +466,50 @@ pub(super) fn after_copies(
 /// A fence no query ever reports complete (for memory a copy may still
 /// write when no fence could be placed behind it): what waits on it stays
 /// allocated and charged, and the queue's statistics show it pending.
-fn never_known(m: &Mechanism) -> SharedFence {
+pub(super) fn never_known(m: &Mechanism) -> SharedFence {
     let label = m.label().to_string();
     FnFence::new(format!("unfenced copy on {label}"), || false, |_| false)
 }
 
-/// Gives up a host copy after a failed offload copy: freed now when no
-/// copy into it was enqueued, else behind a fence placed after the copies
-/// that were.
-fn abandon(
-    b: &super::super::BindingInner,
-    sync: &SyncApi<'_>,
-    stream: &Stream,
-    host: OwnedAllocation,
-    enqueued: bool,
-) {
-    if !enqueued {
-        return drop(host);
+impl Region {
+    /// At the region's release: its host copy, if offloaded, is freed
+    /// behind the region's fences (copies of an undone restore may still
+    /// read it).
+    pub(super) fn release_host_copy(&mut self) {
+        if let Some(host) = self.offloaded.take().and_then(|o| o.host) {
+            host.release_after(self.fences.iter().cloned());
+        }
     }
-    match after_copies(b.mechanism(), sync, stream) {
-        Ok(f) => host.release_after([f]),
-        Err(e) => forget_host(b, host, &e.to_string()),
-    }
-}
 
-/// Host memory a copy may still be writing, with no fence to free it
-/// behind: it stays allocated and charged, behind a fence that never
-/// completes (the queue shows it pending), and the binding's quarantine
-/// list says why.
-fn forget_host(b: &super::super::BindingInner, host: OwnedAllocation, why: &str) {
-    lock(&b.quarantine).push(format!(
-        "host copy of {} B at {:#x} kept: a copy into it may still run and no fence could be placed \
-         behind it ({why})",
-        host.size(),
-        host.addr()
-    ));
-    host.release_after([never_known(b.mechanism())]);
+    /// Gives up the host copy of a failed offload. `behind` is the fence
+    /// after the copies already enqueued between it and the region (`None`:
+    /// none was enqueued, so it is freed now). Both the host copy and the
+    /// region wait for that fence: the copies read one and write the other.
+    /// Without a fence (the plugin refused to place one), neither is ever
+    /// freed: both wait behind a fence that never completes (the queue
+    /// shows it pending), and the binding's quarantine list says why.
+    fn give_up_copy(
+        &mut self,
+        host: OwnedAllocation,
+        behind: Option<Result<SharedFence, crate::error::CallError>>,
+    ) {
+        let fence = match behind {
+            None => return drop(host),
+            Some(Ok(f)) => f,
+            Some(Err(e)) => {
+                lock(&self.binding.quarantine).push(format!(
+                    "host copy of {} B at {:#x} and region {:#x} kept: a copy between them may still run and no \
+                     fence could be placed behind it ({e})",
+                    host.size(),
+                    host.addr(),
+                    self.addr()
+                ));
+                never_known(self.binding.mechanism())
+            }
+        };
+        host.release_after([fence.clone()]);
+        self.add_fences([fence]);
+    }
 }
 
 fn busy(m: &Mechanism, message: String) -> BindingError {

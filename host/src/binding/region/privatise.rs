@@ -11,7 +11,7 @@
 //! is undone, in reverse, when a later one fails.
 
 use super::super::{BindingError, BindingInner};
-use super::offload::{after_copies, copier};
+use super::offload::{after_copies, copier, never_known};
 use super::Region;
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::SharedFence;
@@ -152,8 +152,10 @@ impl Region {
     }
 
     /// The copy was enqueued and no fence could follow it: the range
-    /// stays private (and charged), and the staging view stays mapped,
-    /// with a quarantine note, as the copy may still read it.
+    /// stays private (and charged), the staging view stays mapped, with a
+    /// quarantine note, as the copy may still read it, and the region's
+    /// release waits behind a fence that never completes (the copy may
+    /// still write it).
     fn keep_unfenced(
         &mut self,
         piece: (u64, u64),
@@ -163,6 +165,7 @@ impl Region {
         e: crate::error::CallError,
     ) -> Result<SharedFence, BindingError> {
         self.split_piece(piece, offset, len);
+        self.add_fences([never_known(self.binding.mechanism())]);
         lock(&self.binding.quarantine).push(format!(
             "staging view {} of a privatised prefix range kept: no fence could follow its copy ({e})",
             staging.reservation.object_id()
