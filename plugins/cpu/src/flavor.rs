@@ -358,16 +358,34 @@ fn huge_unavailable() -> Option<String> {
     if os::page_size() >= HUGE_PAGE || HUGE_PAGE % os::page_size() != 0 {
         return Some(format!("the base page ({} bytes) is not smaller than 2 MiB", os::page_size()));
     }
-    let probe = os::map_fresh(HUGE_PAGE, HUGE_PAGE, "probe");
-    let addr = match probe {
-        Ok(a) => a,
-        Err(e) => return Some(format!("no 2 MiB range could be mapped: {}", e.message)),
-    };
-    // SAFETY: the probe range was just mapped read-write and is ours.
-    let backed = unsafe { Huge.prepare(addr, HUGE_PAGE, "probe") };
-    // SAFETY: as above; nothing refers to it after this.
-    let _ = unsafe { os::unreserve(addr, HUGE_PAGE, "probe") };
-    backed.err().map(|e| format!("the kernel did not back a 2 MiB probe with a huge page: {}", e.message))
+    // MADV_COLLAPSE answers EAGAIN (out of memory here) when no huge page
+    // can be had at that moment (fragmentation, other work compacting):
+    // a few tries, so that one busy instant does not decide what this
+    // process publishes (each process probes afresh, and a conformance
+    // check runs in a process of its own).
+    let mut last = None;
+    for attempt in 0..5 {
+        let addr = match os::map_fresh(HUGE_PAGE, HUGE_PAGE, "probe") {
+            Ok(a) => a,
+            Err(e) => return Some(format!("no 2 MiB range could be mapped: {}", e.message)),
+        };
+        // SAFETY: the probe range was just mapped read-write and is ours.
+        let backed = unsafe { Huge.prepare(addr, HUGE_PAGE, "probe") };
+        // SAFETY: as above; nothing refers to it after this.
+        let _ = unsafe { os::unreserve(addr, HUGE_PAGE, "probe") };
+        match backed {
+            Ok(()) => return None,
+            Err(e) if e.status == memplug_sdk::Status::OutOfMemory => {
+                last = Some(e);
+                std::thread::sleep(std::time::Duration::from_millis(2 << attempt));
+            }
+            Err(e) => {
+                last = Some(e);
+                break;
+            }
+        }
+    }
+    last.map(|e| format!("the kernel did not back a 2 MiB probe with a huge page: {}", e.message))
 }
 
 /// The mechanism of each NUMA node with memory, where binding to a node
