@@ -7,7 +7,7 @@ use crate::mechanism::Mechanism;
 use crate::tokens::{Fence, Stream};
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Something that completes when the work before it has run.
 /// Implementations must be callable from any thread.
@@ -202,5 +202,25 @@ impl FenceSource for FnFence {
     }
     fn describe(&self) -> String {
         format!("runtime fence '{}'", self.name)
+    }
+}
+
+/// Polls `done` until it reports completion or `timeout` passes, sleeping
+/// at most a millisecond between polls: the wait of a fence that has only a
+/// query (a flag, a list that empties). A failed poll ends the wait.
+pub(crate) fn poll_until(
+    timeout: Duration,
+    mut done: impl FnMut() -> Result<bool, CallError>,
+) -> Result<bool, CallError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if done()? {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(1)));
     }
 }

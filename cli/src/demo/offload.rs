@@ -13,7 +13,7 @@
 //! memory is host memory); the copies are its stream worker's. Every
 //! measurement counts the host copies' pages against the host pool.
 
-use super::serving::{filled_with, system_prompt};
+use super::serving::{filled_with, repeats, system_prompt};
 use super::session::{Session, State};
 use super::{lock, mib, CAPACITY, KIB, PREFIX, REGION_MAX, SHARD, SYSTEM_PROMPT, WEIGHTS_PRIORITY};
 use memplug_host::governor::{AllocationClass, PressureTicket};
@@ -239,7 +239,7 @@ pub(super) fn copy_on_write_scene(
     let r8 = regions[2].addr();
     // SAFETY: r8's private copy of the block, committed writable, read
     // after the privatise's fence.
-    let copied = unsafe { repeats_prompt(r8 + offset, block) };
+    let copied = unsafe { repeats(r8 + offset, block, SYSTEM_PROMPT) };
     // SAFETY: the second half of that private block, r8's alone.
     unsafe { std::slice::from_raw_parts_mut((r8 + offset + block / 2) as *mut u8, (block / 2) as usize) }
         .fill(DIVERGED);
@@ -258,8 +258,8 @@ pub(super) fn copy_on_write_scene(
     // the block (still shared) and its private block.
     let (others, r8_shared, r8_own) = unsafe {
         (
-            regions[..2].iter().all(|r| repeats_prompt(r.addr(), PREFIX)),
-            repeats_prompt(r8, offset + block / 2),
+            regions[..2].iter().all(|r| repeats(r.addr(), PREFIX, SYSTEM_PROMPT)),
+            repeats(r8, offset + block / 2, SYSTEM_PROMPT),
             filled_with(r8 + offset + block / 2, block / 2, DIVERGED),
         )
     };
@@ -283,14 +283,4 @@ pub(super) fn copy_on_write_scene(
     sync.stream_destroy(stream).map_err(|e| e.error)?;
     rec.log("finish", "kv", "r6, r7, r8 done; the private block and the shared prompt are freed");
     Ok(())
-}
-
-/// Whether `len` bytes at `addr` are the system prompt's lines from its
-/// start.
-///
-/// # Safety
-/// The range must be mapped readable.
-unsafe fn repeats_prompt(addr: u64, len: u64) -> bool {
-    let s = std::slice::from_raw_parts(addr as *const u8, len as usize);
-    s.chunks(SYSTEM_PROMPT.len()).all(|c| c == &SYSTEM_PROMPT[..c.len()])
 }

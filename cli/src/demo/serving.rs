@@ -245,7 +245,7 @@ const CHUNK: usize = 4096;
 ///
 /// # Safety
 /// The range must be mapped readable.
-unsafe fn repeats(addr: u64, len: u64, line: &[u8]) -> bool {
+pub(super) unsafe fn repeats(addr: u64, len: u64, line: &[u8]) -> bool {
     let mut pattern = [0u8; CHUNK];
     for c in pattern.chunks_mut(line.len()) {
         c.copy_from_slice(line);

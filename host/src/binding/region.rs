@@ -21,13 +21,13 @@ use crate::deferred::{Retire, RetireOutcome};
 use crate::error::CallError;
 use crate::fence::{FenceSource, SharedFence};
 use crate::governor::{Grant, Lease};
-use crate::mechanism::Access;
+use crate::mechanism::{Access, SharedMappingApi};
 use crate::sync::{lock, Mutex};
-use crate::tokens::{RawObject, Reservation};
+use crate::tokens::{PhysicalObject, RawObject, Reservation};
 use memplug_sdk::Status;
 use std::fmt;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 impl MemoryBinding {
     /// Reserves `max` bytes of address space whose base never moves;
@@ -235,14 +235,7 @@ impl Region {
         }
         let b = &*self.binding;
         let sm = b.mechanism().shared_mapping().ok_or_else(|| b.unsupported("shared_mapping"))?;
-        let access = match sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadOnly) {
-            Ok(()) => Access::ReadOnly,
-            Err(e) if e.status == Status::Unsupported => {
-                sm.map(prefix.object(), 0, self.res(), 0, prefix.len, Access::ReadWrite)?;
-                Access::ReadWrite
-            }
-            Err(e) => return Err(e.into()),
-        };
+        let access = map_read_only_or_writable(&sm, prefix.object(), 0, self.res(), 0, prefix.len)?;
         self.base = prefix.len;
         self.prefix = Some(prefix.clone());
         self.prefix_access = access;
@@ -484,6 +477,26 @@ impl Drop for Region {
     }
 }
 
+/// Maps `[object_offset, +len)` of `object` at `offset` of `res` read-only,
+/// or read-write where the mechanism refuses read-only views with
+/// `UNSUPPORTED` (see [`Region::map_prefix`]); returns the access it got.
+fn map_read_only_or_writable(
+    sm: &SharedMappingApi<'_>,
+    object: &PhysicalObject,
+    object_offset: u64,
+    res: &Reservation,
+    offset: u64,
+    len: u64,
+) -> Result<Access, CallError> {
+    match sm.map(object, object_offset, res, offset, len, Access::ReadOnly) {
+        Ok(()) => Ok(Access::ReadOnly),
+        Err(e) if e.status == Status::Unsupported => {
+            sm.map(object, object_offset, res, offset, len, Access::ReadWrite).map(|()| Access::ReadWrite)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Complete once every queued shrink of a region has run: the fence its
 /// release waits on besides the device's.
 struct ShrinksDone(Arc<Mutex<Vec<(u64, u64)>>>);
@@ -493,17 +506,7 @@ impl FenceSource for ShrinksDone {
         Ok(lock(&self.0).is_empty())
     }
     fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if self.query()? {
-                return Ok(true);
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(false);
-            }
-            std::thread::sleep((deadline - now).min(Duration::from_millis(1)));
-        }
+        crate::fence::poll_until(timeout, || self.query())
     }
     fn describe(&self) -> String {
         format!("{} queued decommit(s) of the region", lock(&self.0).len())

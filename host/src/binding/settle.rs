@@ -67,7 +67,7 @@ pub(super) fn release_or_quarantine<E: fmt::Display + LostCheck>(
 
 /// The released object's charge goes back to the pool.
 #[inline(always)]
-fn refund(binding: &BindingInner, charge: Charge<'_>, stripe: usize) -> RetireOutcome {
+pub(super) fn refund(binding: &BindingInner, charge: Charge<'_>, stripe: usize) -> RetireOutcome {
     let pool = &binding.pool;
     match charge {
         Charge::Whole(lease) => {

@@ -17,9 +17,10 @@
 //! stays mapped (other regions read it; it is charged once, to its own
 //! lease).
 
+use super::super::settle::{self, Charge};
 use super::super::{BindingError, MemoryBinding, OwnedAllocation};
 use super::{Region, ShrinkRetire};
-use crate::fence::{FnFence, PluginFence, SharedFence};
+use crate::fence::{poll_until, FnFence, PluginFence, SharedFence};
 use crate::mechanism::{Mechanism, SyncApi};
 use crate::sync::lock;
 use crate::tokens::Stream;
@@ -375,12 +376,7 @@ impl Region {
 
     /// Refunds `bytes` of the region's lease (a decommit that ran).
     pub(super) fn refund_part(&self, bytes: u64, stripe: usize) {
-        let b = &*self.binding;
-        if let Some(lease) = lock(&self.lease).as_mut() {
-            if b.pool.release_part(lease, bytes).is_ok() {
-                b.ledger.refunded(stripe, bytes, 0);
-            }
-        }
+        settle::refund(&self.binding, Charge::Part { slot: &self.lease, bytes }, stripe);
     }
 }
 
@@ -450,16 +446,7 @@ pub(super) fn after_copies(
     Ok(FnFence::new(
         "host function after a copy",
         move || q.load(Ordering::Acquire),
-        move |timeout| {
-            let deadline = Instant::now() + timeout;
-            while !w.load(Ordering::Acquire) {
-                if Instant::now() >= deadline {
-                    return false;
-                }
-                std::thread::sleep(Duration::from_micros(200));
-            }
-            true
-        },
+        move |timeout| poll_until(timeout, || Ok(w.load(Ordering::Acquire))).unwrap_or(false),
     ))
 }
 

@@ -15,10 +15,9 @@ use super::offload::{after_copies, copier, never_known};
 use super::Region;
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::SharedFence;
-use crate::mechanism::{Access, SharedMappingApi, VirtualBackingApi};
+use crate::mechanism::{SharedMappingApi, VirtualBackingApi};
 use crate::sync::lock;
 use crate::tokens::{PhysicalObject, Reservation, Stream};
-use memplug_sdk::Status;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -257,13 +256,7 @@ impl Staging {
         len: u64,
     ) -> Result<Staging, BindingError> {
         let reservation = vb.reserve(len)?;
-        let mapped = match sm.map(object, offset, &reservation, 0, len, Access::ReadOnly) {
-            Err(e) if e.status == Status::Unsupported => {
-                sm.map(object, offset, &reservation, 0, len, Access::ReadWrite)
-            }
-            other => other,
-        };
-        if let Err(e) = mapped {
+        if let Err(e) = super::map_read_only_or_writable(sm, object, offset, &reservation, 0, len) {
             let _ = vb.release(reservation);
             return Err(e.into());
         }
