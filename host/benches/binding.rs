@@ -3,7 +3,8 @@
 //! fence) against the plugin's allocator called directly, target ≤ 1.5×;
 //! and the deferred-free path — a release after an already completed fence,
 //! and `enqueue` + `poll` retiring batches of 1000 — against direct frees.
-//! Run: `cargo bench -p memplug-host --bench binding`.
+//! Run: `cargo bench -p memplug-host --bench binding`
+//! (`BINDING_RATIOS_ONLY=1` skips criterion and prints only the ratios).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -102,18 +103,24 @@ fn bench(c: &mut Criterion) {
         addr
     };
 
+    // `BINDING_RATIOS_ONLY=1`: only the same-run ratios below.
+    let criterion = std::env::var_os("BINDING_RATIOS_ONLY").is_none();
     let mut g = c.benchmark_group("binding/alloc_free/64B");
-    g.bench_function("direct", |b| b.iter(|| direct.pair(black_box(SIZE), 16, next_id())));
-    g.bench_function("mechanism", |b| b.iter(|| mechanism_pair(black_box(SIZE))));
-    g.bench_function("binding", |b| b.iter(|| binding_pair(&binding)));
-    g.bench_function("binding+completed_fence", |b| b.iter(|| completed_fence_pair(&binding, &done)));
+    if criterion {
+        g.bench_function("direct", |b| b.iter(|| direct.pair(black_box(SIZE), 16, next_id())));
+        g.bench_function("mechanism", |b| b.iter(|| mechanism_pair(black_box(SIZE))));
+        g.bench_function("binding", |b| b.iter(|| binding_pair(&binding)));
+        g.bench_function("binding+completed_fence", |b| b.iter(|| completed_fence_pair(&binding, &done)));
+    }
     g.finish();
 
     let mut g = c.benchmark_group("binding/deferred_free/64Bx1000");
-    g.bench_function("direct", |b| {
-        b.iter(|| (0..BATCH).map(|_| direct.pair(black_box(SIZE), 16, next_id())).sum::<u64>())
-    });
-    g.bench_function("enqueue+poll", |b| b.iter(|| deferred_batch(&binding, &manager, &gate)));
+    if criterion {
+        g.bench_function("direct", |b| {
+            b.iter(|| (0..BATCH).map(|_| direct.pair(black_box(SIZE), 16, next_id())).sum::<u64>())
+        });
+        g.bench_function("enqueue+poll", |b| b.iter(|| deferred_batch(&binding, &manager, &gate)));
+    }
     g.finish();
 
     println!();
