@@ -901,6 +901,18 @@ class Manager : public detail::Owned<MemplugHostManager, memplug_host_manager_de
         return Manager(m);
     }
     void load_plugin(const std::string &path) { check(memplug_host_manager_load_plugin(h_, path.c_str())); }
+    /// Loads with options: `check_overlaps` is one `MEMPLUG_HOST_OVERLAPS_*`
+    /// value (which blocks are checked against the live ones), `sha256` an
+    /// expected digest ("" for none).
+    void load_plugin(const std::string &path, uint32_t check_overlaps, bool allow_writable_by_others = false,
+                     const std::string &sha256 = "") {
+        MemplugHostLoadOptions o{};
+        o.struct_size = sizeof o;
+        o.check_overlaps = check_overlaps;
+        o.allow_writable_by_others = allow_writable_by_others ? 1u : 0u;
+        o.expected_sha256 = sha256.empty() ? nullptr : sha256.c_str();
+        check(memplug_host_manager_load_plugin_with(h_, path.c_str(), &o));
+    }
     void unload_plugin(const std::string &name) { check(memplug_host_manager_unload_plugin(h_, name.c_str())); }
     Mechanism select(MemplugDevice device, uint32_t required_caps) const {
         MemplugHostMechanism m{};

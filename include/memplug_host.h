@@ -50,6 +50,29 @@
 // Size of `MemplugHostTensorSpec` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_TENSOR_SPEC_SIZE_1_3 40
 
+// `MemplugHostLoadOptions::check_overlaps`: this library's default
+// (`MEMPLUG_HOST_OVERLAPS_ALL` when it was built for debugging,
+// `MEMPLUG_HOST_OVERLAPS_AUTO` otherwise).
+#define MEMPLUG_HOST_OVERLAPS_DEFAULT 0
+
+// No block is checked for overlaps.
+#define MEMPLUG_HOST_OVERLAPS_OFF 1
+
+// Reservations are checked; allocations are not.
+#define MEMPLUG_HOST_OVERLAPS_RESERVATIONS 2
+
+// Reservations, and the allocations of every mechanism whose device is
+// not the CPU (where an allocation is a driver call and the check is
+// small beside it).
+#define MEMPLUG_HOST_OVERLAPS_AUTO 3
+
+// Every allocation and reservation (about 660 instructions per block made
+// and given back: +60 % on a CPU allocation pair).
+#define MEMPLUG_HOST_OVERLAPS_ALL 4
+
+// Size of `MemplugHostLoadOptions` in API 1.3, where it first appeared.
+#define MEMPLUG_HOST_LOAD_OPTIONS_SIZE_1_3 24
+
 // `MemplugHostEvent::kind`: a grant was made (`bytes` charged to the
 // pool for the holder and class). Sent only while a callback is set.
 #define MEMPLUG_HOST_EVENT_GRANT 1
@@ -735,6 +758,28 @@ typedef struct MemplugHostPrefix {
   // Opaque; zero is the null handle.
   uint64_t id;
 } MemplugHostPrefix;
+
+// Options of a plugin load. Zeroed (with `struct_size` set), it asks for
+// the defaults: the library's overlap check, files writable by others
+// refused, no pin.
+typedef struct MemplugHostLoadOptions {
+  // `sizeof(MemplugHostLoadOptions)`.
+  uint32_t struct_size;
+  // Which blocks a mechanism returns are checked against its live ones
+  // (a block overlapping one is refused as the plugin's failure, naming
+  // both): one `MEMPLUG_HOST_OVERLAPS_*` value.
+  uint32_t check_overlaps;
+  // Non-zero: load even when the file, or a directory on its path, is
+  // writable by others than its owner.
+  uint32_t allow_writable_by_others;
+  // Zero.
+  uint32_t reserved0;
+  // NULL, or the file's expected SHA-256 as 64 hex digits (NUL
+  // terminated): any other file is refused. Read during the call only.
+  // Ignored by `memplug_host_manager_register_entry_with`, which loads
+  // no file.
+  const char *expected_sha256;
+} MemplugHostLoadOptions;
 
 // What a caller needs of a mechanism's memory, beyond capabilities
 // (`memplug_host_manager_select_needing`), judged against each
@@ -1870,6 +1915,40 @@ MemplugHostStatus memplug_host_region_is_lost(struct MemplugHostRegion region, b
 // `out` must be NULL or writable.
 MemplugHostStatus memplug_host_prefix_is_lost(struct MemplugHostPrefix prefix, bool *out);
 
+// `memplug_host_manager_load_plugin` with `options` (NULL: the defaults):
+// which blocks are checked for overlaps, whether a file writable by others
+// is loaded, and a SHA-256 the file must have. A `check_overlaps` that is
+// no `MEMPLUG_HOST_OVERLAPS_*` value, a non-zero `reserved0` or a short
+// `struct_size` is `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`, and nothing is
+// loaded.
+//
+// Thread-safety: any thread.
+//
+// # Safety
+// `path` must be NULL or a NUL-terminated string; `options` NULL or
+// readable for its `struct_size`, with `expected_sha256` NULL or
+// NUL-terminated.
+MemplugHostStatus memplug_host_manager_load_plugin_with(struct MemplugHostManager manager,
+                                                        const char *path,
+                                                        const struct MemplugHostLoadOptions *options);
+
+// `memplug_host_manager_register_entry` with `options` (NULL: the
+// defaults; `expected_sha256` and `allow_writable_by_others` do not apply
+// to an entry function, which has no file). Fails as
+// `memplug_host_manager_load_plugin_with` does.
+//
+// Thread-safety: any thread.
+//
+// # Safety
+// As `memplug_host_manager_register_entry`; `options` NULL or readable for
+// its `struct_size`.
+MemplugHostStatus memplug_host_manager_register_entry_with(struct MemplugHostManager manager,
+                                                           MemplugStatus (*entry)(const MemplugHostInfo*,
+                                                                                  MemplugNegotiation*,
+                                                                                  const MemplugMessageSink*),
+                                                           const char *label,
+                                                           const struct MemplugHostLoadOptions *options);
+
 // Creates a process memory manager: an empty registry of plugins, an
 // empty governor, a deferred-free queue (polled by the frees themselves,
 // by `memplug_host_manager_poll`, or by a reaper thread started with
@@ -2147,9 +2226,15 @@ MemplugHostStatus memplug_host_set_log_callback(struct MemplugHostManager manage
 
 // Every figure of `manager` as one line of JSON: `schema_version`, every
 // pool (its figures, `classes` keyed by class name, `holder_stats`), the
-// deferred-free queue, the contexts. Names: docs/statistics.md. Buffer
-// protocol: see the top of this section (`*written` is the length, or
-// with `MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL` the capacity needed).
+// deferred-free queue, the contexts. Names: docs/statistics.md.
+//
+// Buffer protocol (shared by every statistics text function): on success
+// the text and a NUL are written to `buf` and `*written` is the text's
+// length (NUL not counted). A buffer too small for text and NUL gets
+// nothing, the status is `MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL`, and
+// `*written` is the capacity needed, NUL included. `buf = NULL, cap = 0`
+// asks for that capacity the same way. The text is made anew on each
+// call, so a second call may need more room than the first said.
 //
 // Thread-safety: any thread; never blocks an allocation.
 //

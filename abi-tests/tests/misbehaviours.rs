@@ -21,10 +21,13 @@ use memplug_host::governor::AllocationClass;
 use memplug_host::mechanism::stray_host_fn_calls;
 use memplug_host::{
     inside_plugin_call, Access, BindingError, BindingSpec, DeferredFreeQueue, FnFence, LoadError,
-    LoadOptions, ObjectKind, Plugin, PluginFence, ProcessMemoryManager, Requirements, Retire, RetireOutcome,
-    Status,
+    LoadOptions, ObjectKind, OverlapCheck, Plugin, PluginFence, ProcessMemoryManager, Requirements, Retire,
+    RetireOutcome, Status,
 };
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU, MEMPLUG_MESSAGE_MAX};
+use memplug_sdk::abi::{
+    MemplugDevice, MEMPLUG_DEVICE_CPU, MEMPLUG_DEVICE_CUDA, MEMPLUG_DEVICE_CUDA_HOST, MEMPLUG_DEVICE_ROCM,
+    MEMPLUG_MESSAGE_MAX,
+};
 use memplug_test_support::{bad_plugin, repo_root, BAD_PLUGIN_VARIANTS};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -699,7 +702,7 @@ fn host_function_misuse_is_clean_under_valgrind() {
 fn a_block_overlapping_a_live_one_is_refused_naming_both_never_used_or_freed() {
     let p = load_contained("BAD_OVERLAPPING_BLOCKS");
     let m = p.mechanisms()[0].clone();
-    assert!(m.checks_overlaps());
+    assert!(m.checks_overlaps(ObjectKind::Allocation) && m.checks_overlaps(ObjectKind::Reservation));
     let raw = unsafe { m.ungoverned() }.allocator();
     let first = raw.allocate(64, 16).unwrap();
     // The plugin reports the second allocation at the first one's address.
@@ -752,7 +755,7 @@ fn a_correct_plugin_reusing_a_freed_address_at_once_is_not_refused() {
     )
     .unwrap();
     let m = p.mechanism("cpu").unwrap().clone();
-    assert!(m.checks_overlaps());
+    assert!(m.checks_overlaps(ObjectKind::Allocation));
     let raw = unsafe { m.ungoverned() }.allocator();
     let mut seen = std::collections::HashSet::new();
     for _ in 0..64 {
@@ -794,12 +797,12 @@ fn an_overlapping_block_is_not_charged_to_the_pool() {
 
 #[test]
 fn without_the_check_an_overlapping_block_is_not_caught() {
-    // What `check_overlaps: false` (the release default) gives up: the
-    // alias is taken. Shows the refusals above come from the check.
-    let opts = LoadOptions { check_overlaps: false, ..LoadOptions::default() };
+    // What `OverlapCheck::Off` gives up: the alias is taken. Shows the
+    // refusals above come from the check.
+    let opts = LoadOptions { check_overlaps: OverlapCheck::Off, ..LoadOptions::default() };
     let p = Plugin::load_with(contained_plugin_copy("BAD_OVERLAPPING_BLOCKS", "unchecked"), &opts).unwrap();
     let m = p.mechanisms()[0].clone();
-    assert!(!m.checks_overlaps());
+    assert!(!m.checks_overlaps(ObjectKind::Allocation) && !m.checks_overlaps(ObjectKind::Reservation));
     let raw = unsafe { m.ungoverned() }.allocator();
     let first = raw.allocate(64, 16).unwrap();
     let alias = raw.allocate(64, 16).unwrap();
@@ -810,8 +813,33 @@ fn without_the_check_an_overlapping_block_is_not_caught() {
 }
 
 #[test]
-fn the_overlap_check_is_on_by_default_in_debug_builds() {
-    assert_eq!(LoadOptions::default().check_overlaps, cfg!(debug_assertions));
+fn the_release_default_checks_reservations_and_device_allocations() {
+    // `Auto` (the release builds' default): a reservation overlapping a
+    // live one is refused; an allocation of a CPU mechanism is not checked
+    // (the check would cost more than half of its pair).
+    let opts = LoadOptions { check_overlaps: OverlapCheck::Auto, ..LoadOptions::default() };
+    let p = Plugin::load_with(contained_plugin_copy("BAD_OVERLAPPING_BLOCKS", "auto"), &opts).unwrap();
+    let m = p.mechanisms()[0].clone();
+    assert_eq!(m.device().0.kind, MEMPLUG_DEVICE_CPU);
+    assert!(m.checks_overlaps(ObjectKind::Reservation) && !m.checks_overlaps(ObjectKind::Allocation));
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let r = vb.reserve(2 * m.properties().granularity).unwrap();
+    let e = vb.reserve(m.properties().granularity).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    mentions(&e, &[&format!("overlaps live reservation object {} at {:#x}", r.object_id(), r.addr())]);
+    vb.release(r).unwrap();
+    // Allocations of any other device kind are checked under `Auto`.
+    for kind in [MEMPLUG_DEVICE_CUDA, MEMPLUG_DEVICE_CUDA_HOST, MEMPLUG_DEVICE_ROCM] {
+        assert!(OverlapCheck::Auto.allocations(kind), "{kind}");
+    }
+    assert!(!OverlapCheck::Auto.allocations(MEMPLUG_DEVICE_CPU));
+}
+
+#[test]
+fn the_overlap_check_defaults_to_all_in_debug_builds_and_auto_in_release() {
+    let expected = if cfg!(debug_assertions) { OverlapCheck::All } else { OverlapCheck::Auto };
+    assert_eq!(LoadOptions::default().check_overlaps, expected);
+    assert_eq!(OverlapCheck::build_default(), expected);
 }
 
 // ---------------------------------------------------------------------------

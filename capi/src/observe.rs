@@ -311,9 +311,15 @@ fn pool_report(pool: MemplugHostPool) -> Result<StatsReport> {
 
 /// Every figure of `manager` as one line of JSON: `schema_version`, every
 /// pool (its figures, `classes` keyed by class name, `holder_stats`), the
-/// deferred-free queue, the contexts. Names: docs/statistics.md. Buffer
-/// protocol: see the top of this section (`*written` is the length, or
-/// with `MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL` the capacity needed).
+/// deferred-free queue, the contexts. Names: docs/statistics.md.
+///
+/// Buffer protocol (shared by every statistics text function): on success
+/// the text and a NUL are written to `buf` and `*written` is the text's
+/// length (NUL not counted). A buffer too small for text and NUL gets
+/// nothing, the status is `MEMPLUG_HOST_STATUS_BUFFER_TOO_SMALL`, and
+/// `*written` is the capacity needed, NUL included. `buf = NULL, cap = 0`
+/// asks for that capacity the same way. The text is made anew on each
+/// call, so a second call may need more room than the first said.
 ///
 /// Thread-safety: any thread; never blocks an allocation.
 ///

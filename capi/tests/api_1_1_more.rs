@@ -165,6 +165,19 @@ fn a_prefix_exported_as_a_memfd_imports_into_another_pool_charged_once_each() {
         unsafe { memplug_host_binding_import_prefix(bb, &neg, len, &mut out) },
         MemplugHostStatus::InvalidArgument
     );
+    // A descriptor that is closed is the caller's mistake, not a shortage
+    // of memory: INVALID_ARGUMENT, naming the fd.
+    // (A number far above any open one: a descriptor closed here could be
+    // reused at once by another test's thread.)
+    let closed_fd = 900_001;
+    let closed = MemplugHostHandle { kind: MEMPLUG_HANDLE_MEMFD, fd: closed_fd, ..Default::default() };
+    assert_eq!(
+        unsafe { memplug_host_binding_import_prefix(bb, &closed, len, &mut out) },
+        MemplugHostStatus::InvalidArgument,
+        "{}",
+        last_error()
+    );
+    assert!(last_error().contains(&format!("fd {closed_fd}")), "{}", last_error());
     let blob = MemplugHostHandle { kind: MEMPLUG_HANDLE_VENDOR_BLOB, blob_len: 65, ..Default::default() };
     assert_eq!(
         unsafe { memplug_host_binding_import_prefix(bb, &blob, len, &mut out) },

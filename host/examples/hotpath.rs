@@ -37,6 +37,8 @@ enum Path {
     BindingFenced,
     Cached,
     CachedStream,
+    /// Reserve 2 MiB of a region and release it (no commit).
+    Reserve,
     /// n frees pending on fences that never complete.
     Poll(usize),
     /// n earlier fenced shrinks of the region.
@@ -53,6 +55,7 @@ const PATHS: &[(&str, Path)] = &[
     ("binding-fenced", Path::BindingFenced),
     ("cached", Path::Cached),
     ("cached-stream", Path::CachedStream),
+    ("reserve", Path::Reserve),
     ("poll-1", Path::Poll(1)),
     ("poll-1k", Path::Poll(1000)),
     ("poll-100k", Path::Poll(100_000)),
@@ -134,7 +137,14 @@ fn main() {
     let n: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(1000);
     let so = args.get(3).cloned().or_else(|| std::env::var("MEMPLUG_CPU_PLUGIN").ok()).expect("plugin path");
     let manager = memplug_host::ProcessMemoryManager::new();
-    manager.load_plugin(&so, &Default::default()).expect("load plugin");
+    // HOTPATH_CHECK_OVERLAPS=1 (every block) or 0 (none) overrides the
+    // default overlap check (LoadOptions::check_overlaps), to price it.
+    let mut opts = memplug_host::LoadOptions::default();
+    if let Ok(v) = std::env::var("HOTPATH_CHECK_OVERLAPS") {
+        use memplug_host::OverlapCheck;
+        opts.check_overlaps = if v == "1" { OverlapCheck::All } else { OverlapCheck::Off };
+    }
+    manager.load_plugin(&so, &opts).expect("load plugin");
     let ctx = manager.context("cpu").expect("cpu mechanism");
     let pool = manager.create_pool("cpu0", 1 << 30).unwrap();
     let binding = manager
@@ -222,6 +232,11 @@ fn run(path: Path, n: u64, rig: &Rig) {
             for _ in 0..n {
                 let a = rig.cache.allocate_on(black_box(64), 16, s).unwrap();
                 a.free_on(s, rig.done.clone());
+            }
+        }
+        Path::Reserve => {
+            for _ in 0..n {
+                drop(black_box(rig.binding.reserve_virtual(black_box(2 << 20)).unwrap()));
             }
         }
         Path::Poll(_) => {

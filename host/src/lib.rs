@@ -62,6 +62,7 @@ pub use deferred::{DeferredFreeQueue, DrainReport, PollReport, QueueStats, Retir
 pub use error::{CallError, LoadError, ObjectKind, ReleaseError};
 pub use fence::{FenceSource, FnFence, PluginFence, SharedFence};
 pub use lifecycle::LifeState;
+pub use load_options::OverlapCheck;
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
     Access, AllocatorApi, Capabilities, CopyKinds, Descriptor, Device, DeviceIdentity, Handle, HandleRef,

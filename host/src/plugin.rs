@@ -398,7 +398,7 @@ struct Reader<'a> {
     /// is read).
     minor: u32,
     /// `LoadOptions::check_overlaps`, for each mechanism.
-    check_overlaps: bool,
+    check_overlaps: crate::load_options::OverlapCheck,
 }
 
 impl Reader<'_> {

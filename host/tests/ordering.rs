@@ -14,6 +14,10 @@ use std::time::Duration;
 
 const CPU2: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 2 };
 const PEER: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 };
+/// A peer the plugin answers write-without-read for (the SDK masks bits
+/// no minor defines, so this is the undefined answer an SDK plugin can
+/// give).
+const WRITE_ONLY: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 8 };
 const G: u64 = 4096;
 
 /// A bookkeeping-only device: addresses from a counter, every queued
@@ -153,7 +157,11 @@ impl StreamSync for Orderly {
 
 impl PeerAccess for Orderly {
     fn can_access_peer(&self, peer: MemplugDevice) -> PluginResult<u32> {
-        Ok(if peer == PEER { MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE } else { 0 })
+        Ok(match peer {
+            PEER => MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE,
+            WRITE_ONLY => MEMPLUG_ACCESS_WRITE,
+            _ => 0,
+        })
     }
     fn set_peer_access(
         &self,
@@ -222,6 +230,9 @@ fn queued_binding_waits_adoption_and_peer_access_reach_a_1_2_plugin() {
     let peer = m.peer_access().unwrap();
     assert_eq!(peer.can_access_peer(PEER).unwrap(), Some(Access::ReadWrite));
     assert_eq!(peer.can_access_peer(CPU2).unwrap(), None);
+    let e = peer.can_access_peer(WRITE_ONLY).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "an undefined answer is the plugin's fault, not 'none': {e}");
+    assert!(e.message.contains("neither 0 (none), READ nor READ|WRITE"), "{e}");
     peer.set_peer_access(&res, 0, 4 * G, PEER, Some(Access::ReadOnly)).unwrap();
     peer.set_peer_access(&res, 0, 4 * G, PEER, None).unwrap();
     let e = peer.set_peer_access(&res, 0, 17 * G, PEER, None).unwrap_err();

@@ -11,7 +11,7 @@ use memplug_host::governor::{
 };
 use memplug_host::{dlpack, Requirements};
 use memplug_host::{
-    BindingSpec, CacheConfig, Context as HostContext, LoadOptions, Mechanism, Plugin, ProcessMemoryManager,
+    BindingSpec, CacheConfig, Context as HostContext, LoadOptions, Mechanism, OverlapCheck, Plugin, ProcessMemoryManager,
     SyncApi,
 };
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU, MEMPLUG_DEVICE_CUDA};
@@ -75,10 +75,34 @@ impl Manager {
         Ok(name)
     }
     /// Loads a plugin library by path (`./libx.so`, never a bare name);
-    /// returns its name.
-    fn load_plugin(&self, py: Python<'_>, path: std::path::PathBuf) -> PyResult<String> {
+    /// returns its name. `check_overlaps`: which blocks the host checks
+    /// against the live ones (`"off"`, `"reservations"`, `"auto"`, `"all"`;
+    /// default: this build's, `"auto"` in a release build);
+    /// `expected_sha256`: refuse any other file.
+    #[pyo3(signature = (path, *, check_overlaps=None, expected_sha256=None))]
+    fn load_plugin(
+        &self,
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        check_overlaps: Option<&str>,
+        expected_sha256: Option<String>,
+    ) -> PyResult<String> {
+        let mut opts = LoadOptions { expected_sha256, ..LoadOptions::default() };
+        if let Some(c) = check_overlaps {
+            opts.check_overlaps = match c {
+                "off" => OverlapCheck::Off,
+                "reservations" => OverlapCheck::Reservations,
+                "auto" => OverlapCheck::Auto,
+                "all" => OverlapCheck::All,
+                other => {
+                    return Err(errors::invalid(format!(
+                        "check_overlaps {other:?} is none of 'off', 'reservations', 'auto', 'all'"
+                    )))
+                }
+            };
+        }
         let m = self.inner.clone();
-        py.allow_threads(move || m.load_plugin(path, &LoadOptions::default())).map_err(errors::manager)
+        py.allow_threads(move || m.load_plugin(path, &opts)).map_err(errors::manager)
     }
     /// Picks a mechanism for `device` (`"cpu"`, `"cuda"` or a
     /// `MEMPLUG_DEVICE_*` number) with the capabilities asked.

@@ -69,7 +69,7 @@ pub fn contained_plugin_copy(variant: &str, copy: &str) -> PathBuf {
 /// The options the containment tests load with: the overlap check on
 /// explicitly (its default depends on the build profile).
 pub fn checked() -> LoadOptions {
-    LoadOptions { check_overlaps: true, ..LoadOptions::default() }
+    LoadOptions { check_overlaps: memplug_host::OverlapCheck::All, ..LoadOptions::default() }
 }
 
 /// Loads a containment variant with [`checked`] options.

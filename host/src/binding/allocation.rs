@@ -17,6 +17,9 @@ impl MemoryBinding {
     pub fn allocate(&self, size: u64, alignment: u64) -> Result<OwnedAllocation, BindingError> {
         let b = &*self.inner;
         let m = b.mechanism();
+        if size == 0 {
+            return Err(zero_size(m));
+        }
         let (alloc, lease) = settle::commit_or_undo(
             b,
             size,
@@ -260,4 +263,19 @@ impl Retire for AllocationRetire {
             None => "allocation (already retired)".into(),
         }
     }
+}
+
+/// Size 0 is refused by the binding itself, the same way on every governed
+/// path (a binding, a caching binding, the C API, Python): a plugin must
+/// refuse it too (the kit's `allocator.zero_size`), but a lenient plugin
+/// must not make the answer depend on which plugin is loaded. (The raw
+/// `Mechanism::ungoverned` door still sends it, for plugin test harnesses.)
+#[cold]
+#[inline(never)]
+fn zero_size(m: &crate::mechanism::Mechanism) -> BindingError {
+    BindingError::Plugin(m.refusal(
+        "allocator.allocate",
+        memplug_sdk::Status::InvalidArgument,
+        "size 0 asked for: an allocation has at least one byte (nothing was allocated or charged)".into(),
+    ))
 }

@@ -37,7 +37,6 @@ use crate::lifecycle::{Ledger, LifeState, Token, STRIPES};
 use crate::mechanism::{Mechanism, Placement};
 use crate::reentry::thread_stripe;
 use crate::sync::{lock, Mutex};
-use memplug_sdk::Status;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -154,7 +153,9 @@ impl BindingInner {
     fn ended(&self, state: LifeState) -> BindingError {
         let m = self.mechanism();
         let why = m.inner.life.reason().unwrap_or_else(|| "no reason was given".into());
-        let status = if state.admits_calls() { Status::InvalidState } else { Status::DeviceLost };
+        // DEVICE_LOST only where a device was lost: a context that retired
+        // and terminated in order refuses new work as a state, not a loss.
+        let status = m.inner.life.refusal_status(state);
         BindingError::Plugin(m.refusal(
             "binding",
             status,

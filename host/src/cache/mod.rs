@@ -248,7 +248,15 @@ impl CachingBinding {
         let anchor = &self.anchors[stripe];
         let c = &*anchor.cache;
         let class = match classes::class_of(size) {
-            Some(k) if k.index < c.classes && alignment.is_power_of_two() && c.binding.is_active() => k,
+            // Size 0 goes to the binding, which refuses it as every path does.
+            Some(k)
+                if k.index < c.classes
+                    && size != 0
+                    && alignment.is_power_of_two()
+                    && c.binding.is_active() =>
+            {
+                k
+            }
             _ => return c.bypass(anchor, size, alignment, stripe),
         };
         let hit = lock(&c.shards[stripe].0).take(class.index, alignment, stream);

@@ -78,6 +78,18 @@ impl Lifecycle {
         self.lost.load(std::sync::atomic::Ordering::Acquire)
     }
 
+    /// The status that refuses work on a context in `state`: `DEVICE_LOST`
+    /// when it is or was lost, `INVALID_STATE` when it only retired (and
+    /// perhaps terminated in order): nothing was lost there, and a caller
+    /// that reads `DEVICE_LOST` would start recovering from a loss.
+    pub(crate) fn refusal_status(&self, state: LifeState) -> memplug_sdk::Status {
+        if state == LifeState::Lost || self.was_lost() {
+            memplug_sdk::Status::DeviceLost
+        } else {
+            memplug_sdk::Status::InvalidState
+        }
+    }
+
     /// `Active` → `Retiring`; the state found otherwise.
     pub(crate) fn retire(&self, reason: String) -> Result<(), LifeState> {
         self.gate.transition(&[LifeState::Active], LifeState::Retiring)?;

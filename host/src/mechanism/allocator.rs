@@ -128,3 +128,4 @@ impl<'m> AllocatorApi<'m> {
         Ok(out)
     }
 }
+

@@ -223,16 +223,19 @@ impl MechanismInner {
     }
 
     /// The door of a lost or terminated context: the plugin is not called;
-    /// the caller gets DEVICE_LOST with the recorded reason.
+    /// the caller gets DEVICE_LOST with the recorded reason, or
+    /// INVALID_STATE where the context retired and terminated in order.
     #[cold]
     #[inline(never)]
     fn closed_door(&self, state: crate::lifecycle::LifeState, cap: &mut Capture) -> MemplugStatus {
         let why = self.life.reason().unwrap_or_else(|| "no reason was given".into());
+        let status = self.life.refusal_status(state);
+        let went = if status == Status::DeviceLost { "its objects went with it" } else { "it was retired" };
         cap.set(format!(
-            "the host no longer calls mechanism {}: its context is {state} ({why}); its objects went with it",
+            "the host no longer calls mechanism {}: its context is {state} ({why}); {went}",
             self.label
         ));
-        memplug_sdk::abi::MEMPLUG_STATUS_DEVICE_LOST
+        status.raw()
     }
 
     /// Gives an object back to its mechanism through `slot`: on success the
@@ -278,8 +281,10 @@ impl MechanismInner {
         args: impl FnOnce(&T) -> Result<A, CallError>,
     ) -> Result<(), ReleaseError<T>> {
         match &self.blocks {
-            None => self.release_object(held, name, object, kind, slot, args),
-            Some(ix) => self.release_indexed(held, ix, name, object, raw, kind, slot, args),
+            Some(ix) if self.indexes(kind) => {
+                self.release_indexed(held, ix, name, object, raw, kind, slot, args)
+            }
+            _ => self.release_object(held, name, object, kind, slot, args),
         }
     }
 
@@ -353,6 +358,23 @@ impl MechanismInner {
             mechanism: self.label.clone(),
             message: message.unwrap_or_else(|| "the plugin gave no message".into()),
         }
+    }
+
+    /// Refuses a call that would make a new object (a stream) unless the
+    /// context is `Active`: `INVALID_STATE` while it retires, `DEVICE_LOST`
+    /// once it is lost (see [`Lifecycle::refusal_status`](crate::lifecycle::Lifecycle::refusal_status)).
+    #[inline]
+    pub(crate) fn refuse_unless_active(&self, slot: &'static str) -> Result<(), CallError> {
+        let state = self.life.state();
+        if state == crate::lifecycle::LifeState::Active {
+            return Ok(());
+        }
+        let why = self.life.reason().unwrap_or_else(|| "no reason was given".into());
+        Err(self.refuse(
+            slot,
+            self.life.refusal_status(state),
+            format!("the context of {} is {state} ({why}): it makes no new objects", self.label),
+        ))
     }
 
     /// A call the host refused on the plugin's behalf (the plugin was not

@@ -274,9 +274,12 @@ pub(crate) struct MechanismInner {
     pub(crate) identity: Option<DeviceIdentity>,
     /// Objects alive per kind, striped (`live.rs`).
     pub(crate) live: live::LiveCounts,
-    /// Live allocations and reservations by address, when
-    /// `LoadOptions::check_overlaps` is on (`blocks.rs`).
+    /// Live blocks by address, when `LoadOptions::check_overlaps` checks
+    /// any kind for this mechanism (`blocks.rs`).
     pub(crate) blocks: Option<Box<BlockIndex>>,
+    /// Whether allocations go into `blocks` too (reservations always do
+    /// when it exists).
+    pub(crate) blocks_allocations: bool,
     /// The context's life: its state and the operation gate every call
     /// passes (`crate::lifecycle`).
     pub(crate) life: crate::lifecycle::Lifecycle,
@@ -322,8 +325,8 @@ impl MechanismInner {
     /// plugin whose library is `plugin`; every required slot of each table
     /// present is non-NULL, and 1.1 slots are set only when the agreed
     /// `minor` is at least 1 and the capability is claimed.
-    /// `check_overlaps` keeps an index of live blocks by address
-    /// (`LoadOptions::check_overlaps`).
+    /// `check_overlaps` says which blocks an index of live blocks by
+    /// address checks (`LoadOptions::check_overlaps`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) unsafe fn new(
         id: u64,
@@ -337,7 +340,7 @@ impl MechanismInner {
         shared_mapping: Option<MemplugSharedMapping>,
         sync: Option<MemplugSync>,
         peer_access: Option<MemplugPeerAccess>,
-        check_overlaps: bool,
+        check_overlaps: crate::load_options::OverlapCheck,
         plugin: Arc<LoadedLibrary>,
     ) -> MechanismInner {
         MechanismInner {
@@ -362,10 +365,18 @@ impl MechanismInner {
             peer_access,
             identity: None,
             live: Default::default(),
-            blocks: check_overlaps.then(Box::default),
+            blocks: check_overlaps.reservations().then(Box::default),
+            blocks_allocations: check_overlaps.allocations(device.kind),
             life: Default::default(),
             plugin,
         }
+    }
+
+    /// Whether blocks of `kind` go into the index of live blocks (when
+    /// there is one).
+    #[inline(always)]
+    pub(crate) fn indexes(&self, kind: ObjectKind) -> bool {
+        kind != ObjectKind::Allocation || self.blocks_allocations
     }
 
     #[inline]
@@ -449,8 +460,10 @@ impl MechanismInner {
         b: &MemplugBlock,
     ) -> Result<(), CallError> {
         match &self.blocks {
-            None => Ok(()),
-            Some(ix) => self.admit_indexed(ix, slot, kind, req.object_id, b.addr, b.size),
+            Some(ix) if self.indexes(kind) => {
+                self.admit_indexed(ix, slot, kind, req.object_id, b.addr, b.size)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -574,10 +587,11 @@ impl Mechanism {
     pub fn live(&self, kind: ObjectKind) -> u64 {
         self.inner.live.of(kind)
     }
-    /// Whether the host checks every new allocation and reservation of
-    /// this mechanism against its live ones (`LoadOptions::check_overlaps`).
-    pub fn checks_overlaps(&self) -> bool {
-        self.inner.blocks.is_some()
+    /// Whether the host checks new blocks of `kind` (an allocation or a
+    /// reservation) of this mechanism against its live ones
+    /// (`LoadOptions::check_overlaps`).
+    pub fn checks_overlaps(&self, kind: ObjectKind) -> bool {
+        self.inner.blocks.is_some() && self.inner.indexes(kind)
     }
     /// Where the mechanism's context is in its life (`Active` until it is
     /// retired or lost; see [`crate::lifecycle`]).

@@ -194,7 +194,23 @@ impl PeerAccessApi<'_> {
         const SLOT: &str = "peer_access.can_access_peer";
         let mut out = 0u32;
         self.m.call(SLOT, slot!(self.vt.can_access_peer), (&peer, &mut out))?;
-        Ok(Access::from_bits(out))
+        match out {
+            0 => Ok(None),
+            bits => Access::from_bits(bits).map(Some).ok_or_else(|| {
+                // Write without read, or bits no minor defines: an answer
+                // the host cannot act on is the plugin's fault, never read
+                // as "no access" (a caller would then skip a peer that has
+                // some access, or grant what was never said).
+                self.m.refuse(
+                    SLOT,
+                    Status::Internal,
+                    format!(
+                        "the plugin answered access bits {bits:#x} for {peer:?}: neither 0 (none), READ nor \
+                         READ|WRITE"
+                    ),
+                )
+            }),
+        }
     }
 
     /// Sets what `peer` may do with `[offset, offset + len)` of `r`

@@ -191,7 +191,17 @@ impl<'m> SharedMappingApi<'m> {
     ) -> Result<(), CallError> {
         let m = self.m;
         let lent = fd.try_clone_to_owned().map_err(|e| {
-            m.refuse(slot, Status::OutOfMemory, format!("cannot duplicate the descriptor to lend it: {e}"))
+            // A closed or invalid descriptor is the caller's argument, not
+            // a shortage; only running out of descriptors is one.
+            let status = match e.raw_os_error() {
+                Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM) => Status::OutOfMemory,
+                _ => Status::InvalidArgument,
+            };
+            m.refuse(
+                slot,
+                status,
+                format!("cannot duplicate fd {} to lend it to the plugin: {e}", fd.as_raw_fd()),
+            )
         })?;
         let lent_fd = lent.as_raw_fd();
         let before = file_identity(lent_fd);

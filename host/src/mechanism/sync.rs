@@ -107,7 +107,11 @@ impl<'m> SyncApi<'m> {
     /// caller owns it and gives it back with `stream_destroy`; until then it
     /// counts as a live object of the mechanism and holds its plugin
     /// loaded.
+    ///
+    /// Only an `Active` context makes streams: a stream is a live object,
+    /// and one made on a retiring context would hold back its termination.
     pub fn stream_create(&self) -> Result<Stream, CallError> {
+        self.m.refuse_unless_active("sync.stream_create")?;
         let mut out = 0u64;
         self.m.call("sync.stream_create", slot!(self.vt.stream_create), (&mut out,))?;
         self.m.born(ObjectKind::Stream);
@@ -133,6 +137,7 @@ impl<'m> SyncApi<'m> {
                 "the plugin does not publish stream_adopt".into(),
             ));
         };
+        self.m.refuse_unless_active("sync.stream_adopt")?;
         let mut out = 0u64;
         self.m.call("sync.stream_adopt", f, (Opaque(native), &mut out))?;
         self.m.born(ObjectKind::Stream);
