@@ -104,7 +104,9 @@ fn header_clauses() -> Vec<String> {
 /// `(clause, checks)` for every row of the table.
 fn table_rows() -> Vec<(String, Vec<String>)> {
     let doc = std::fs::read_to_string(repo_root().join("docs/CONTRACT.md")).unwrap();
-    doc.lines()
+    let (clauses, _) = doc.split_once(HOST_STATUSES).expect("docs/CONTRACT.md has its host statuses section");
+    clauses
+        .lines()
         .filter(|l| l.starts_with("| ") && !l.starts_with("| clause") && !l.starts_with("| ---"))
         .map(|l| {
             let inner = l.trim().trim_start_matches('|').trim_end_matches('|');
@@ -188,4 +190,68 @@ fn the_clause_finder_sees_sentences_and_bullets() {
     let found: Vec<String> =
         comment_paragraphs(header).iter().flat_map(|p| sentences(p)).filter(|s| is_clause(s)).collect();
     assert_eq!(found, ["A slot must not unwind.", "Threads: never twice."]);
+}
+
+/// The heading of the second table of docs/CONTRACT.md: host statuses by
+/// kind of refusal (the clause table ends there).
+const HOST_STATUSES: &str = "\n## Host statuses\n";
+
+/// `(refusal, [rust, c, python, proven by])` for every row of the host
+/// status table.
+fn status_rows() -> Vec<(String, Vec<String>)> {
+    let doc = std::fs::read_to_string(repo_root().join("docs/CONTRACT.md")).unwrap();
+    let (_, table) = doc.split_once(HOST_STATUSES).expect("docs/CONTRACT.md has its host statuses section");
+    table
+        .lines()
+        .filter(|l| l.starts_with("| ") && !l.starts_with("| refusal") && !l.starts_with("| ---"))
+        .map(|l| {
+            let cells: Vec<String> =
+                l.trim().trim_matches('|').split(" | ").map(|c| c.trim().to_string()).collect();
+            assert_eq!(cells.len(), 5, "a host status row has five columns: {l}");
+            (cells[0].clone(), cells[1..].to_vec())
+        })
+        .collect()
+}
+
+#[test]
+fn every_host_status_has_a_row_naming_classes_and_tests_that_exist() {
+    let rows = status_rows();
+    let header = std::fs::read_to_string(repo_root().join("include/memplug_host.h")).unwrap();
+    // Every status the C API defines (but success) is the answer of some row.
+    let statuses: Vec<&str> = header
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("MEMPLUG_HOST_STATUS_"))
+        .filter_map(|l| l.split_once(" = ").map(|(name, _)| name))
+        .filter(|name| *name != "OK")
+        .collect();
+    assert!(statuses.len() > 20, "found only {statuses:?}");
+    let c_column: String = rows.iter().map(|(_, c)| c[1].as_str()).collect::<Vec<_>>().join(" ");
+    let missing: Vec<&&str> = statuses.iter().filter(|s| !c_column.contains(&format!("`{s}`"))).collect();
+    assert!(missing.is_empty(), "C statuses no row of docs/CONTRACT.md gives: {missing:?}");
+    // Every Python class named is one the module defines.
+    let py: String = std::fs::read_to_string(repo_root().join("python/src/errors.rs"))
+        .unwrap()
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    let mut kit = String::new();
+    sources_under(&repo_root().join("conformance/src"), &mut kit);
+    let mut problems = Vec::new();
+    for (refusal, cols) in &rows {
+        for class in cols[2].split('`').skip(1).step_by(2) {
+            if !py.contains(&format!("create_exception!(memplug,{class},")) {
+                problems.push(format!("no Python class {class} (row: {refusal})"));
+            }
+        }
+        let checks: Vec<&str> = cols[3].split(", ").map(str::trim).filter(|c| !c.is_empty()).collect();
+        if checks.is_empty() {
+            problems.push(format!("no test for: {refusal}"));
+        }
+        for c in checks {
+            if let Err(e) = check_exists(c, &kit) {
+                problems.push(format!("{e} (row: {refusal})"));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "docs/CONTRACT.md, host statuses:\n{}", problems.join("\n"));
 }

@@ -574,3 +574,32 @@ fn many_threads_share_one_binding() {
     });
     assert_eq!(e.used(), 0);
 }
+
+#[test]
+fn stats_text_follows_the_buffer_protocol() {
+    let mut m = MemplugHostManager::default();
+    ok(unsafe { memplug_host_manager_create(&mut m) });
+    // Asking for the size: NULL and 0.
+    let mut need = 0usize;
+    let s = unsafe { memplug_host_stats_json(m, null_mut(), 0, &mut need) };
+    assert_eq!(s, MemplugHostStatus::BufferTooSmall, "{}", last_error());
+    assert!(need > 1);
+    // One byte short (no room for the NUL): nothing written.
+    let mut buf = vec![0x55u8; need];
+    let mut written = 0usize;
+    let s = unsafe { memplug_host_stats_json(m, buf.as_mut_ptr().cast(), need - 1, &mut written) };
+    assert_eq!(s, MemplugHostStatus::BufferTooSmall);
+    assert_eq!(written, need, "the capacity needed, NUL included");
+    assert!(buf.iter().all(|&b| b == 0x55), "nothing written to a short buffer");
+    // Enough: the text, a NUL, and its length without the NUL.
+    ok(unsafe { memplug_host_stats_json(m, buf.as_mut_ptr().cast(), need, &mut written) });
+    assert_eq!(written, need - 1);
+    assert_eq!(buf[written], 0);
+    assert!(std::str::from_utf8(&buf[..written]).unwrap().starts_with("{\"schema_version\":"));
+    // A non-zero capacity with a NULL buffer is a NULL argument.
+    assert_eq!(
+        unsafe { memplug_host_stats_json(m, null_mut(), 8, &mut written) },
+        MemplugHostStatus::NullArgument
+    );
+    ok(memplug_host_manager_destroy(m));
+}

@@ -5,7 +5,10 @@
 
 use memplug_host::dlpack::ExportError;
 use memplug_host::governor::GovernorError;
-use memplug_host::{BindingError, CallError, ManagerError, Status};
+use memplug_host::{
+    BindingError, CallError, LifeState, LifecycleError, LoadError as HostLoadError, ManagerError,
+    RegistryError, Status, TerminateError,
+};
 use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
@@ -131,15 +134,43 @@ pub fn binding(e: BindingError) -> PyErr {
     }
 }
 
+/// A manager's refusal, with the status the C API gives the same refusal
+/// (docs/CONTRACT.md, "Host statuses").
 pub fn manager(e: ManagerError) -> PyErr {
+    let text = e.to_string();
     match e {
         ManagerError::Governor(g) => governor(g),
-        e @ ManagerError::Load(_) => raise::<LoadError>("LOAD_FAILED", e.to_string(), &[]),
-        e @ ManagerError::ContextEnded { .. } => raise::<InvalidState>("INVALID_STATE", e.to_string(), &[]),
-        e @ (ManagerError::HolderNotInPool { .. }
-        | ManagerError::CacheHolder { .. }
-        | ManagerError::Cache(_)) => raise::<InvalidArgument>("INVALID_ARGUMENT", e.to_string(), &[]),
-        e => raise::<MemplugError>("REFUSED", e.to_string(), &[]),
+        ManagerError::Load(HostLoadError::VersionMismatch { .. }) => {
+            raise::<LoadError>("VERSION_MISMATCH", text, &[])
+        }
+        ManagerError::Load(_) => raise::<LoadError>("LOAD_FAILED", text, &[]),
+        ManagerError::ContextEnded { state: LifeState::Lost, .. } => {
+            raise::<DeviceLost>("DEVICE_LOST", text, &[])
+        }
+        ManagerError::ContextEnded { .. } => raise::<InvalidState>("INVALID_STATE", text, &[]),
+        ManagerError::HolderNotInPool { .. } | ManagerError::CacheHolder { .. } | ManagerError::Cache(_) => {
+            raise::<InvalidArgument>("INVALID_ARGUMENT", text, &[])
+        }
+        ManagerError::Registry(r) => match r {
+            RegistryError::DuplicatePlugin(_) => raise::<MemplugError>("ALREADY_EXISTS", text, &[]),
+            RegistryError::UnknownPlugin(_)
+            | RegistryError::UnknownMechanism(_)
+            | RegistryError::NoDevice { .. } => raise::<MemplugError>("NOT_FOUND", text, &[]),
+            RegistryError::MissingCapability { .. } => raise::<Unsupported>("UNSUPPORTED", text, &[]),
+            RegistryError::UnloadRefused { .. } => raise::<MemplugError>("BUSY", text, &[]),
+        },
+        ManagerError::Lifecycle(l) => match l {
+            LifecycleError::NotActive { .. } => raise::<InvalidState>("INVALID_STATE", text, &[]),
+            LifecycleError::WrongDevice { .. } => raise::<MemplugError>("WRONG_DEVICE", text, &[]),
+            LifecycleError::SameContext(_) => raise::<InvalidArgument>("INVALID_ARGUMENT", text, &[]),
+        },
+        ManagerError::Terminate(t) => match t {
+            TerminateError::Active { .. } | TerminateError::AlreadyTerminated { .. } => {
+                raise::<InvalidState>("INVALID_STATE", text, &[])
+            }
+            TerminateError::InFlight { .. } => raise::<MemplugError>("TIMEOUT", text, &[]),
+            TerminateError::StillLive { .. } => raise::<MemplugError>("BUSY", text, &[]),
+        },
     }
 }
 

@@ -11,8 +11,8 @@ use memplug_host::governor::{
 };
 use memplug_host::{dlpack, Requirements};
 use memplug_host::{
-    BindingSpec, CacheConfig, Context as HostContext, LoadOptions, Mechanism, OverlapCheck, Plugin, ProcessMemoryManager,
-    SyncApi,
+    BindingSpec, CacheConfig, Context as HostContext, LoadOptions, Mechanism, OverlapCheck, Plugin,
+    ProcessMemoryManager, SyncApi,
 };
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU, MEMPLUG_DEVICE_CUDA};
 use pyo3::prelude::*;

@@ -128,4 +128,3 @@ impl<'m> AllocatorApi<'m> {
         Ok(out)
     }
 }
-
