@@ -14,9 +14,12 @@
 //!   fence. With the cache (`MEMPLUG_TORCH_CACHE=1`, the default) a block
 //!   freed on a stream is reused at once by the next request on the same
 //!   stream, as torch's own allocator does.
-//! * **Never unwinds or aborts into torch**: each export is one panic
-//!   boundary; a refused allocation is NULL (torch raises its
-//!   out-of-memory error), a free of a pointer this shim did not hand out
+//! * **A refusal torch can catch**: torch uses the pointer its allocator
+//!   returns unchecked, so a refused allocation throws a C++ exception
+//!   (`cpp/refusal.cpp`) that torch turns into a Python `RuntimeError`;
+//!   `memplug_torch_try_alloc` is the same call returning NULL instead.
+//! * **No Rust panic unwinds or aborts into torch**: each export is one
+//!   panic boundary; a free of a pointer this shim did not hand out
 //!   is counted, logged and ignored, a free that cannot be ordered keeps
 //!   the block rather than free it on a guess.
 
@@ -41,22 +44,74 @@ pub const STATS_BUFFER_TOO_SMALL: c_int = 268;
 pub const STATS_INTERNAL: c_int = 10;
 
 /// Allocates `size` bytes on CUDA device `device` for work on `stream`
-/// (torch's `cudaStream_t`); NULL when refused (over budget, a device the
-/// plugin does not serve, a size of 0 or less, a shim that did not start).
+/// (torch's `cudaStream_t`), the function torch's
+/// `CUDAPluggableAllocator` calls. A refusal of a size above zero (over
+/// budget, a device the plugin does not serve, a shim that did not start)
+/// **throws a C++ exception** (`memplug_torch::AllocationRefused`, a
+/// `std::runtime_error` saying why): torch uses the pointer its allocator
+/// returns without checking it, and turns only an exception into a Python
+/// error (a `RuntimeError`). Size 0 is NULL. Callers that are not C++ use
+/// [`memplug_torch_try_alloc`].
 ///
 /// # Safety
 /// `stream` is a live CUDA stream of `device`, or NULL (the legacy default
-/// stream), as torch passes it.
+/// stream), as torch passes it. The caller is C++ code that can take an
+/// exception (torch is); nothing else may call it.
 #[no_mangle]
-pub unsafe extern "C" fn memplug_torch_alloc(size: isize, device: c_int, stream: *mut c_void) -> *mut c_void {
+pub unsafe extern "C-unwind" fn memplug_torch_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    match alloc(size, device, stream) {
+        Ok(p) => p,
+        Err(_) if size == 0 => std::ptr::null_mut(),
+        Err(why) => {
+            let text = format!("memplug: CUDA allocation of {size} bytes on cuda:{device} refused: {why}");
+            // Everything this frame owned is gone but `text`, dropped by the
+            // unwind; the exception goes on into torch.
+            // SAFETY: a C++ function that only throws; `text` outlives the
+            // call (it copies the bytes into the exception first).
+            unsafe { memplug_torch_throw_refusal(text.as_ptr().cast(), text.len()) }
+        }
+    }
+}
+
+/// [`memplug_torch_alloc`] without the exception: NULL when refused (the
+/// reason is in the log and `failed_allocs` counts it). For C callers and
+/// tests; torch needs the exception.
+///
+/// # Safety
+/// As [`memplug_torch_alloc`], but any caller may call it.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_torch_try_alloc(
+    size: isize,
+    device: c_int,
+    stream: *mut c_void,
+) -> *mut c_void {
+    alloc(size, device, stream).unwrap_or(std::ptr::null_mut())
+}
+
+/// One panic boundary for both allocation exports.
+fn alloc(size: isize, device: c_int, stream: *mut c_void) -> Result<*mut c_void, String> {
     let r = catch_unwind(AssertUnwindSafe(|| match shim::get() {
         Ok(s) => s.alloc(size, device, stream as usize),
-        Err(_) => 0,
+        Err(e) => Err(format!("the shim did not start: {e}")),
     }));
-    r.unwrap_or_else(|_| {
-        log::warn(format_args!("alloc({size}, device {device}) panicked; returning NULL"));
-        0
-    }) as usize as *mut c_void
+    match r {
+        Ok(Ok(addr)) => Ok(addr as usize as *mut c_void),
+        Ok(Err(why)) => Err(why),
+        Err(_) => {
+            log::warn(format_args!("alloc({size}, device {device}) panicked; refused"));
+            Err("the shim panicked (see its log)".into())
+        }
+    }
+}
+
+extern "C-unwind" {
+    /// `cpp/refusal.cpp`: throws `memplug_torch::AllocationRefused` with
+    /// the `len` bytes at `why` as its text.
+    fn memplug_torch_throw_refusal(why: *const c_char, len: usize) -> !;
 }
 
 /// Frees `ptr` (from [`memplug_torch_alloc`]) after the work queued on

@@ -111,16 +111,13 @@ impl Shim {
         .map_err(Clone::clone)
     }
 
-    /// torch's alloc: an address, or NULL (torch raises its OOM).
-    pub(crate) fn alloc(&self, size: isize, device: i32, stream: usize) -> u64 {
-        match self.try_alloc(size, device, stream) {
-            Ok(addr) => addr,
-            Err(why) => {
-                self.failed_allocs.fetch_add(1, Ordering::Relaxed);
-                log::info(format_args!("alloc({size}, device {device}, stream {stream:#x}) -> NULL: {why}"));
-                0
-            }
-        }
+    /// torch's alloc: an address, or why not (counted and logged; the
+    /// export turns it into NULL or a C++ exception).
+    pub(crate) fn alloc(&self, size: isize, device: i32, stream: usize) -> Result<u64, String> {
+        self.try_alloc(size, device, stream).inspect_err(|why| {
+            self.failed_allocs.fetch_add(1, Ordering::Relaxed);
+            log::info(format_args!("alloc({size}, device {device}, stream {stream:#x}) refused: {why}"));
+        })
     }
 
     fn try_alloc(&self, size: isize, device: i32, stream: usize) -> Result<u64, String> {

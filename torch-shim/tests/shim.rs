@@ -5,14 +5,15 @@
 mod common;
 
 use common::{eventually, run_scenario, Fake, Gate, Shim, LEGACY};
-use memplug_test_support::exported_symbols;
+use memplug_test_support::{cxx_compiler, exported_symbols, run_tool, test_tmp_dir};
 
 const MIB: usize = 1 << 20;
 
 #[test]
-fn exports_only_the_three_functions() {
+fn exports_only_its_four_functions() {
     let got = exported_symbols(&common::shim_path());
-    let want = ["memplug_torch_alloc", "memplug_torch_free", "memplug_torch_stats_json"];
+    let want =
+        ["memplug_torch_alloc", "memplug_torch_free", "memplug_torch_stats_json", "memplug_torch_try_alloc"];
     assert_eq!(got, want.iter().map(|s| s.to_string()).collect());
 }
 
@@ -309,4 +310,36 @@ fn the_readme_lists_every_variable() {
         memplug_torch::config::VARIABLES.len(),
         "README lists a variable the shim does not read"
     );
+}
+
+/// What torch does with a refusal: its allocator is a `std::function`
+/// over `memplug_torch_alloc`, and the pointer is used unchecked, so a
+/// refusal must be a C++ exception (never NULL for a size above zero).
+#[test]
+fn a_refusal_reaches_torchs_cpp_as_an_exception() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/torch_calls.cpp");
+    let exe = test_tmp_dir("torch-calls").join("torch_calls");
+    let mut cc = cxx_compiler(None);
+    cc.args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Wpedantic", "-Werror"])
+        .arg(&src)
+        .arg("-o")
+        .arg(&exe)
+        .arg("-ldl");
+    run_tool(cc);
+    let out = std::process::Command::new(&exe)
+        .arg(common::shim_path())
+        .env("MEMPLUG_CUDA_DRIVER", common::fake_driver())
+        .env("MEMPLUG_FAKE_CUDA_DEVICES", "1")
+        .env("MEMPLUG_FAKE_CUDA_MEM_MIB", "1024")
+        .env("MEMPLUG_TORCH_POOL_BYTES", (64 * MIB).to_string())
+        .env_remove("MEMPLUG_TORCH_PLUGIN")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.ends_with("ok\n"), "{}:\n{stdout}\n{stderr}", out.status);
+    assert!(
+        stdout.contains("refused: memplug: CUDA allocation of 1099511627776 bytes on cuda:0 refused: "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("on cuda:7 refused: "), "{stdout}");
 }

@@ -350,6 +350,12 @@ static CUresult check_call(int sticky_applies) {
     return sticky_applies ? __atomic_load_n(&g_sticky, __ATOMIC_RELAXED) : CUDA_SUCCESS;
 }
 
+/* What a call that still does its work after a sticky fault answers: the
+ * fault, if there was one (a real driver may; callers must cope). */
+static CUresult sticky_answer(void) {
+    return (CUresult)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED);
+}
+
 /* A bad device access: the context is dead from now on. */
 static CUresult fault(void) {
     __atomic_store_n(&g_sticky, CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
@@ -366,7 +372,8 @@ static CUresult fault(void) {
             return check_r_;                                                                       \
     } while (0)
 /* Every entry point; the thread's context stack (push, pop, get current)
- * and giving a primary context back still work after a sticky fault. */
+ * and giving a primary context back still work after a sticky fault (pop
+ * and release then answer the fault: sticky_answer). */
 #define CHECK_INIT() CHECK_INIT_STICKY(1)
 #define CHECK_INIT_CTX_STACK() CHECK_INIT_STICKY(0)
 /* CHECK_INIT, then counts the call (and maybe blocks it: the hook). */
@@ -603,6 +610,9 @@ API CUresult cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev) {
     return CUDA_SUCCESS;
 }
 
+/* After a sticky fault a real driver may answer the fault from here too
+ * (the release still happens): a caller must not take a failure to mean
+ * the context is still retained, nor treat it as fatal. */
 API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     CUresult r = CUDA_SUCCESS;
     CHECK_INIT_CTX_STACK();
@@ -615,7 +625,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     else
         g_ctx[dev].refs--;
     pthread_mutex_unlock(&g_lock);
-    return r;
+    return r == CUDA_SUCCESS ? sticky_answer() : r;
 }
 
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
@@ -628,6 +638,8 @@ API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
     return CUDA_SUCCESS;
 }
 
+/* Pops even after a sticky fault, but answers the fault then (as
+ * cuDevicePrimaryCtxRelease_v2 does). */
 API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
     CHECK_INIT_CTX_STACK();
     if (t_depth == 0)
@@ -635,7 +647,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
     t_depth--;
     if (ctx != NULL)
         *ctx = t_stack[t_depth];
-    return CUDA_SUCCESS;
+    return sticky_answer();
 }
 
 API CUresult cuCtxGetCurrent(CUcontext *ctx) {

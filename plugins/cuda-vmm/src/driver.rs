@@ -322,13 +322,34 @@ pub(crate) fn set_sticky_status(status: Status) -> Status {
     STICKY_STATUS.with(|s| s.replace(status))
 }
 
-/// Whether `code` is a *sticky* error: the context is unusable for the rest
-/// of the process and every later call in it fails (ILLEGAL_ADDRESS 700,
-/// LAUNCH_TIMEOUT 702, HARDWARE_STACK_ERROR 714, ILLEGAL_INSTRUCTION 715,
-/// MISALIGNED_ADDRESS 716, INVALID_ADDRESS_SPACE 717, INVALID_PC 718,
-/// LAUNCH_FAILED 719).
+/// The driver codes after which a context is unusable for the rest of the
+/// process: every code the driver API documents with "This leaves the
+/// process in an inconsistent state and any further CUDA work will return
+/// the same error" or "the device cannot be used again", with its name.
+/// One list: [`is_sticky`] reads it, and the fake driver's tests inject
+/// each code of it.
+pub const STICKY_CODES: &[(CuResult, &str)] = &[
+    (226, "CUDA_ERROR_CONTAINED"),
+    (700, "CUDA_ERROR_ILLEGAL_ADDRESS"),
+    (702, "CUDA_ERROR_LAUNCH_TIMEOUT"),
+    (710, "CUDA_ERROR_ASSERT"),
+    (714, "CUDA_ERROR_HARDWARE_STACK_ERROR"),
+    (715, "CUDA_ERROR_ILLEGAL_INSTRUCTION"),
+    (716, "CUDA_ERROR_MISALIGNED_ADDRESS"),
+    (717, "CUDA_ERROR_INVALID_ADDRESS_SPACE"),
+    (718, "CUDA_ERROR_INVALID_PC"),
+    (719, "CUDA_ERROR_LAUNCH_FAILED"),
+    (721, "CUDA_ERROR_TENSOR_MEMORY_LEAK"),
+    // "The MPS client has been terminated by the server. To continue using
+    // CUDA, the process must be terminated and relaunched."
+    (810, "CUDA_ERROR_MPS_CLIENT_TERMINATED"),
+    (911, "CUDA_ERROR_EXTERNAL_DEVICE"),
+];
+
+/// Whether `code` is a *sticky* error ([`STICKY_CODES`]): the context is
+/// unusable for the rest of the process and every later call in it fails.
 pub fn is_sticky(code: CuResult) -> bool {
-    matches!(code, 700 | 702 | 714..=719)
+    STICKY_CODES.iter().any(|&(c, _)| c == code)
 }
 
 /// The memplug status of a driver status code: exhaustion is
@@ -698,11 +719,13 @@ mod tests {
         for lost in [3, 4, 35, 100, 101, 700, 709, 999] {
             assert_eq!(status_of(lost), Status::DeviceUnavailable, "{lost}");
         }
-        for sticky in [700, 702, 714, 715, 716, 717, 718, 719] {
-            assert!(is_sticky(sticky));
-            assert_eq!(status_of(sticky), Status::DeviceUnavailable, "{sticky}");
+        for &(sticky, name) in STICKY_CODES {
+            assert!(is_sticky(sticky), "{name}");
+            assert_eq!(status_of(sticky), Status::DeviceUnavailable, "{name}");
         }
-        assert!(!is_sticky(701) && !is_sticky(713) && !is_sticky(720));
+        // A device-side assert and a contained error kill the context too.
+        assert!(is_sticky(710) && is_sticky(226));
+        assert!(!is_sticky(701) && !is_sticky(713) && !is_sticky(720) && !is_sticky(2));
         // Outside a slot, a sticky error keeps its 1.0/1.1 status.
         assert_eq!(sticky_status(), Status::DeviceUnavailable);
         assert_eq!(status_of(CUDA_ERROR_NOT_SUPPORTED), Status::Unsupported);

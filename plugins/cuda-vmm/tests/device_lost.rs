@@ -238,6 +238,50 @@ fn child_slot_meets_the_fault() {
     std::mem::forget(same);
 }
 
+/// Every code the driver documents as killing the context (a device-side
+/// assert, a contained error, ... : `driver::STICKY_CODES`) loses the
+/// mechanism when a slot meets it; one child process per code, since a
+/// fault is for the life of the process.
+#[test]
+fn every_context_killing_code_loses_the_mechanism() {
+    if real() || is_child() {
+        return;
+    }
+    for &(code, name) in memplug_plugin_cuda_vmm::driver::STICKY_CODES {
+        let c = code.to_string();
+        let out = run_child(
+            "child_one_sticky_code",
+            &[("MEMPLUG_TEST_STICKY_CODE", Some(std::ffi::OsStr::new(&c)))],
+        );
+        assert!(String::from_utf8_lossy(&out.stdout).contains("CODE LOST OK"), "{name} ({code})");
+    }
+}
+
+#[test]
+#[ignore = "run by every_context_killing_code_loses_the_mechanism in a child process"]
+fn child_one_sticky_code() {
+    if !is_child() {
+        return;
+    }
+    let code: i32 = std::env::var("MEMPLUG_TEST_STICKY_CODE").unwrap().parse().unwrap();
+    let p = load();
+    let m0 = cuda0(&p);
+    let a = unsafe { m0.ungoverned() }.allocator();
+    let block = a.allocate(4096, 256).unwrap();
+    assert_eq!(fake_inject_sticky_fault(code), 0);
+    let e = a.allocate(4096, 256).unwrap_err();
+    assert_eq!(e.status, Status::DeviceLost, "code {code}: {e}");
+    assert_eq!(m0.life_state(), LifeState::Lost, "code {code}");
+    // Released quietly: the lost block is refused without a driver call,
+    // and the plugin's context cleanup (whose pop and release the fake now
+    // answers with the fault) does not panic.
+    let e = a.deallocate(block).unwrap_err();
+    assert_eq!(e.error.status, Status::DeviceLost);
+    let _ = e.object.into_raw();
+    println!("CODE LOST OK");
+    std::mem::forget(p);
+}
+
 #[test]
 fn the_watcher_notices_a_dead_context_while_no_slot_is_called() {
     if real() || is_child() {

@@ -24,7 +24,7 @@ pub fn shim_path() -> PathBuf {
 }
 
 /// Compiles the fake driver once per parent process; returns its path.
-fn fake_driver() -> &'static Path {
+pub fn fake_driver() -> &'static Path {
     static LIB: OnceLock<PathBuf> = OnceLock::new();
     LIB.get_or_init(|| {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../plugins/cuda-vmm/fake-driver/fake_cuda.c");
@@ -87,7 +87,9 @@ impl Shim {
         let lib = unsafe { libloading::Library::new(&path) }.expect("dlopen the shim");
         // SAFETY: the exported functions' types (src/lib.rs).
         unsafe {
-            let alloc = *lib.get::<AllocFn>(b"memplug_torch_alloc").expect("alloc symbol");
+            // The non-throwing twin: torch's `memplug_torch_alloc` throws a
+            // C++ exception on refusal, which must not unwind into Rust.
+            let alloc = *lib.get::<AllocFn>(b"memplug_torch_try_alloc").expect("alloc symbol");
             let free = *lib.get::<FreeFn>(b"memplug_torch_free").expect("free symbol");
             let stats = *lib.get::<StatsFn>(b"memplug_torch_stats_json").expect("stats symbol");
             Shim { _lib: lib, alloc, free, stats }
