@@ -9,7 +9,7 @@
 
 use crate::fence::{Completion, SharedFence};
 use crate::governor::{AllocationClass, HolderId, Pool};
-use crate::observe::{events_wanted, Event, EventKind, Hub};
+use crate::observe::{events_wanted, Event, EventKind, Hub, Level};
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
 use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -65,6 +65,16 @@ pub trait Retire: Send {
     fn charged_to(&self) -> Option<ChargedTo> {
         None
     }
+    /// Whether the object's context is lost or terminated: retiring it
+    /// then calls no plugin and refunds nothing (the context's termination
+    /// settles its charge, once), so it need not wait for its fences —
+    /// which, on a device that is gone, may never answer.
+    /// [`DeferredFreeQueue::settle_lost`] retires such entries at once.
+    /// Asked under the queue's lock: must be cheap and take no lock. The
+    /// default, `false`, keeps an entry waiting for its fences.
+    fn settled_elsewhere(&self) -> bool {
+        false
+    }
 }
 
 /// Whom a freed object was charged to.
@@ -76,6 +86,23 @@ pub struct ChargedTo {
     pub holder: Option<HolderId>,
     /// The class charged.
     pub class: AllocationClass,
+}
+
+/// The first pause of a `drain` pass that made no progress, and the most
+/// it doubles to: short enough that a fence completing soon is seen soon,
+/// long enough that a fence failing at once costs a few hundred plugin
+/// calls a second, not millions.
+const MIN_PAUSE: Duration = Duration::from_micros(50);
+const MAX_PAUSE: Duration = Duration::from_millis(4);
+/// At most one log line about stuck entries per this interval.
+const STUCK_LOG_EVERY: Duration = Duration::from_secs(1);
+
+/// The rate limit of the stuck-entry log line.
+#[derive(Default)]
+struct StuckLog {
+    last: Option<Instant>,
+    /// Failed waits since the last line.
+    since: u64,
 }
 
 /// One object waiting to be freed.
@@ -188,6 +215,32 @@ impl Waiting {
         b
     }
 
+    /// Takes out every entry whose job is settled elsewhere (its context is
+    /// lost), dropping buckets and stream queues left empty. O(pending):
+    /// run at a termination or a stuck drain, never per poll.
+    fn take_settled_elsewhere(&mut self) -> Vec<Entry> {
+        let mut out = Vec::new();
+        let mut pick = |entries: &mut Vec<Entry>| {
+            let (gone, keep): (Vec<Entry>, Vec<Entry>) =
+                std::mem::take(entries).into_iter().partition(|e| e.job.settled_elsewhere());
+            *entries = keep;
+            out.extend(gone);
+        };
+        for q in self.streams.values_mut() {
+            for b in q.values_mut() {
+                pick(&mut b.entries);
+            }
+            q.retain(|_, b| !b.entries.is_empty());
+        }
+        self.streams.retain(|_, q| !q.is_empty());
+        for b in self.unordered.values_mut() {
+            pick(&mut b.entries);
+        }
+        self.unordered.retain(|_, b| !b.entries.is_empty());
+        pick(&mut self.ready);
+        out
+    }
+
     fn entries(&self) -> impl Iterator<Item = &Entry> {
         let ordered = self.streams.values().flat_map(|q| q.values());
         ordered.chain(self.unordered.values()).flat_map(|b| b.entries.iter()).chain(self.ready.iter())
@@ -216,6 +269,16 @@ pub struct QueueStats {
     /// Fences that answered DEVICE_LOST: they will never complete, and the
     /// work they guarded went with the device, so they count as complete.
     pub lost_fences: u64,
+    /// Waits of `drain` on a fence that failed (other than DEVICE_LOST):
+    /// the entry is stuck on a fence that cannot be read.
+    pub wait_errors: u64,
+    /// Pauses `drain` took because a pass retired nothing and its wait
+    /// returned at once (a failing or non-blocking fence): the bounded
+    /// exponential backoff that keeps a stuck entry from spinning.
+    pub backoffs: u64,
+    /// Entries of lost or terminated contexts retired without waiting for
+    /// their fences (`settle_lost`; counted in `retired` and `lost` too).
+    pub settled_lost: u64,
     /// Entries enqueued and not yet retired, at the time of the snapshot.
     pub pending: usize,
 }
@@ -241,6 +304,9 @@ pub struct DrainReport {
     pub quarantined: usize,
     /// One line per entry left, naming the object and its fences.
     pub left: Vec<String>,
+    /// The last entry whose fence's wait failed during the drain, with the
+    /// fence and the error (`None`: every wait answered).
+    pub stuck: Option<String>,
 }
 
 impl DrainReport {
@@ -264,6 +330,11 @@ pub struct DeferredFreeQueue {
     fence_errors: AtomicU64,
     lost: AtomicU64,
     lost_fences: AtomicU64,
+    wait_errors: AtomicU64,
+    backoffs: AtomicU64,
+    settled_lost: AtomicU64,
+    /// When the last line about a stuck entry was logged (rate limit).
+    stuck_log: Mutex<StuckLog>,
     wake: Condvar,
     wake_lock: Mutex<()>,
     /// Where `Retired` events go (none for a queue made on its own).
@@ -478,15 +549,49 @@ impl DeferredFreeQueue {
             fence_errors: self.fence_errors.load(Ordering::Relaxed),
             lost: self.lost.load(Ordering::Relaxed),
             lost_fences: self.lost_fences.load(Ordering::Relaxed),
+            wait_errors: self.wait_errors.load(Ordering::Relaxed),
+            backoffs: self.backoffs.load(Ordering::Relaxed),
+            settled_lost: self.settled_lost.load(Ordering::Relaxed),
             pending: self.pending(),
         }
     }
 
+    /// Retires every entry whose context is lost or terminated
+    /// ([`Retire::settled_elsewhere`]) now, without waiting for its fences:
+    /// its retire calls no plugin and refunds nothing, and the fences of a
+    /// device that is gone may never answer. Each entry leaves the queue
+    /// under the lock before it runs, so it is retired exactly once.
+    /// Returns how many it retired. O(pending): the manager runs it when a
+    /// context terminates, and `drain` when a pass made no progress.
+    pub fn settle_lost(&self) -> usize {
+        let gone = lock(&self.waiting).take_settled_elsewhere();
+        let n = gone.len();
+        for e in gone {
+            self.run(e.job);
+            self.outstanding.fetch_sub(1, Ordering::AcqRel);
+        }
+        self.settled_lost.fetch_add(n as u64, Ordering::Relaxed);
+        n
+    }
+
     /// Retires everything it can within `timeout`, waiting on fences, and
     /// reports what is left (teardown).
+    ///
+    /// Every wait here ends: each is a slice of at most 10 ms, and a pass
+    /// that retires nothing while its wait returns at once (a fence whose
+    /// wait fails, or a plugin that ignores the timeout) backs off,
+    /// doubling a pause from 50 µs up to 4 ms, instead of calling the
+    /// plugin again at once. Such a pass also retires the entries of lost
+    /// contexts ([`settle_lost`](Self::settle_lost)). A fence whose wait
+    /// keeps failing is reported — the entry, the fence and the error — in
+    /// the log (one line a second at most, with the count since the last)
+    /// and counted in [`QueueStats::wait_errors`] and
+    /// [`QueueStats::backoffs`].
     pub fn drain(&self, timeout: Duration) -> DrainReport {
         let deadline = Instant::now() + timeout;
         let mut report = DrainReport::default();
+        let mut pause = MIN_PAUSE;
+        let mut stuck: Option<String> = None;
         loop {
             let p = self.poll();
             report.retired += p.retired;
@@ -498,14 +603,37 @@ impl DeferredFreeQueue {
             if now >= deadline {
                 break;
             }
+            let progressed = p.retired + p.quarantined > 0;
+            if progressed {
+                pause = MIN_PAUSE;
+            }
             // Wait on one incomplete fence outside the lock, in short slices
             // so a fence that errors or another poller cannot stall us.
             let slice = (deadline - now).min(Duration::from_millis(10));
-            match self.first_pending_fence() {
-                Some(f) => {
-                    let _ = f.wait(slice);
-                }
+            let waited_at = Instant::now();
+            match self.first_pending() {
+                Some((f, entry)) => match f.wait(slice) {
+                    Ok(_) => {}
+                    Err(e) if e.status == memplug_sdk::Status::DeviceLost => {}
+                    Err(e) => {
+                        self.wait_errors.fetch_add(1, Ordering::Relaxed);
+                        let why = format!("{entry} is stuck: waiting on {} failed: {e}", f.describe());
+                        self.report_stuck(&why);
+                        stuck = Some(why);
+                    }
+                },
                 None => std::thread::sleep(slice.min(Duration::from_millis(1))),
+            }
+            if !progressed && waited_at.elapsed() < pause {
+                // Nothing retired and the wait did not wait: the entries of
+                // lost contexts go now (their fences may never answer), and
+                // the next pass comes after a pause, not at once.
+                if self.settle_lost() > 0 {
+                    continue;
+                }
+                self.backoffs.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
+                pause = (pause * 2).min(MAX_PAUSE);
             }
         }
         let waiting = lock(&self.waiting);
@@ -516,13 +644,46 @@ impl DeferredFreeQueue {
                 format!("{} waiting on [{}]", e.job.describe(), fences.join(", "))
             })
             .collect();
+        drop(waiting);
+        report.stuck = stuck;
         report
     }
 
-    fn first_pending_fence(&self) -> Option<SharedFence> {
+    /// Logs `why` (a stuck entry) at most once per [`STUCK_LOG_EVERY`],
+    /// with the number of failures since the last line: a fence that fails
+    /// a million times makes a handful of lines, not a million.
+    #[cold]
+    fn report_stuck(&self, why: &str) {
+        let line = {
+            let mut log = lock(&self.stuck_log);
+            log.since += 1;
+            let due = log.last.is_none_or(|t| t.elapsed() >= STUCK_LOG_EVERY);
+            if !due {
+                return;
+            }
+            let line = match log.since {
+                1 => why.to_string(),
+                n => format!("{why} ({n} failed waits since the last report)"),
+            };
+            log.last = Some(Instant::now());
+            log.since = 0;
+            line
+        };
+        crate::observe::plugin_message(
+            self.hub.as_deref(),
+            Level::Warn,
+            "memplug deferred-free queue",
+            &line,
+        );
+    }
+
+    /// The fence of one entry still waiting, with that entry described.
+    fn first_pending(&self) -> Option<(SharedFence, String)> {
         let w = lock(&self.waiting);
-        let ordered = w.streams.values().filter_map(|q| q.first_key_value()).map(|(_, b)| &b.fence);
-        ordered.chain(w.unordered.values().map(|b| &b.fence)).next().cloned()
+        let ordered = w.streams.values().filter_map(|q| q.first_key_value()).map(|(_, b)| b);
+        let b = ordered.chain(w.unordered.values()).next()?;
+        let entry = b.entries.first().map_or_else(|| "an entry".to_string(), |e| e.job.describe());
+        Some((b.fence.clone(), entry))
     }
 
     /// Starts a background thread that polls every `interval`. Stopped and

@@ -205,6 +205,58 @@ impl FenceSource for FnFence {
     }
 }
 
+/// A fence of a mechanism's work that the host cannot ask the plugin
+/// about: a host function enqueued behind a copy (`done` reads its flag),
+/// or no fence at all (`done` never says yes) when the plugin refused to
+/// place one behind work it accepted.
+///
+/// It answers `DEVICE_LOST` once the mechanism's context no longer admits
+/// calls (lost or terminated), unless `done` already said yes: the work it
+/// stands for went with the device, and nothing else would ever end a wait
+/// on it (ARCHITECTURE.md §4, Deferred free and fences: a fence of a lost
+/// mechanism counts as complete for freeing). Until then it is a fence
+/// like any other: never complete on a guess.
+pub(crate) struct MechanismFence {
+    mechanism: Mechanism,
+    name: String,
+    done: Box<QueryFn>,
+}
+
+impl MechanismFence {
+    /// Shared, as every fence is used.
+    pub(crate) fn shared(
+        mechanism: &Mechanism,
+        name: String,
+        done: impl Fn() -> bool + Send + Sync + 'static,
+    ) -> SharedFence {
+        Arc::new(MechanismFence { mechanism: mechanism.clone(), name, done: Box::new(done) })
+    }
+}
+
+impl FenceSource for MechanismFence {
+    fn query(&self) -> Result<bool, CallError> {
+        if (self.done)() {
+            return Ok(true);
+        }
+        let state = self.mechanism.life_state();
+        if state.admits_calls() {
+            return Ok(false);
+        }
+        let why = self.mechanism.life_reason().unwrap_or_else(|| "no reason was given".into());
+        Err(self.mechanism.refusal(
+            "fence",
+            memplug_sdk::Status::DeviceLost,
+            format!("{}: the context is {state} ({why}); the work it waited for went with it", self.name),
+        ))
+    }
+    fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
+        poll_until(timeout, || self.query())
+    }
+    fn describe(&self) -> String {
+        format!("{} on {}", self.name, self.mechanism.label())
+    }
+}
+
 /// Polls `done` until it reports completion or `timeout` passes, sleeping
 /// at most a millisecond between polls: the wait of a fence that has only a
 /// query (a flag, a list that empties). A failed poll ends the wait.

@@ -65,9 +65,9 @@ pub use lifecycle::LifeState;
 pub use load_options::OverlapCheck;
 pub use manager::{BindingSpec, ManagerError, ProcessMemoryManager};
 pub use mechanism::{
-    Access, AllocatorApi, Capabilities, CopyKinds, Descriptor, Device, DeviceIdentity, Handle, HandleRef,
-    Location, Mechanism, MemoryInfo, PeerAccessApi, Placement, Properties, SharedMappingApi, SyncApi,
-    Ungoverned, VirtualBackingApi,
+    accepted_unfenced, Access, AllocatorApi, Capabilities, CopyKinds, Descriptor, Device, DeviceIdentity,
+    Handle, HandleRef, Location, Mechanism, MemoryInfo, PeerAccessApi, Placement, Properties,
+    SharedMappingApi, SyncApi, Ungoverned, VirtualBackingApi,
 };
 pub use memplug_sdk::Status;
 pub use plugin::{LiveReport, LoadOptions, Plugin, UnloadRefused, HOST_MAX_MINOR, HOST_MIN_MINOR};

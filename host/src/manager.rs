@@ -454,9 +454,13 @@ impl ProcessMemoryManager {
     /// retiring queued frees while it waits so that a retiring context's
     /// last objects can go.
     pub fn terminate(&self, context: &Arc<Context>, timeout: Duration) -> Result<Settlement, ManagerError> {
-        Ok(context.terminate_polling(timeout, || {
+        let settlement = context.terminate_polling(timeout, || {
             self.queue.poll();
-        })?)
+        })?;
+        // What is still queued for it is settled now, once (see
+        // `drive_lives`).
+        self.queue.settle_lost();
+        Ok(settlement)
     }
 
     /// Unloads a plugin, or refuses and says what is live. Retires what it
@@ -480,9 +484,16 @@ fn drive_lives(registry: &Registry, queue: &DeferredFreeQueue, unload: &Mutex<Ve
     for c in registry.contexts() {
         c.dispatch();
         if c.ready_to_terminate() {
-            let _ = c.terminate_polling(Duration::ZERO, || {
+            let terminated = c.terminate_polling(Duration::ZERO, || {
                 queue.poll();
             });
+            if terminated.is_ok() {
+                // Termination settles whatever is still queued for the
+                // context, exactly once: its entries leave the queue now
+                // instead of waiting for fences a lost device may never
+                // answer (and pinning the plugin while they wait).
+                queue.settle_lost();
+            }
         }
     }
     let names: Vec<String> = lock(unload).clone();

@@ -254,6 +254,9 @@ impl Retire for AllocationRetire {
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         self.run()
     }
+    fn settled_elsewhere(&self) -> bool {
+        self.binding.inner.is_lost()
+    }
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
         self.binding.inner.charged_to()
     }

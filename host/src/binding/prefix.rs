@@ -216,6 +216,9 @@ struct PrefixRetire {
 }
 
 impl Retire for PrefixRetire {
+    fn settled_elsewhere(&self) -> bool {
+        self.binding.is_lost()
+    }
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
         self.binding.charged_to()
     }

@@ -429,7 +429,7 @@ impl Retire for ShrinkRetire {
         let b = &*self.binding;
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         let (offset, len) = (self.offset, self.len);
-        settle::release_or_quarantine(
+        let outcome = settle::release_or_quarantine(
             b,
             Charge::Part { slot: &self.lease, bytes: len },
             |_| {
@@ -440,11 +440,19 @@ impl Retire for ShrinkRetire {
                 let res = unsafe { Reservation::from_raw(self.reservation) };
                 let r = vb.decommit(&res, offset, len);
                 let _ = res.into_raw();
-                lock(&self.pending).retain(|&(o, l)| (o, l) != (offset, len));
                 r
             },
             |_, reason| format!("region range +{offset} ({len} B): {reason}"),
-        )
+        );
+        // Whatever happened (decommitted, quarantined, or lost without a
+        // call), this shrink is over: the region's release, which waits
+        // for its shrinks (`ShrinksDone`), must not wait for ever because
+        // a lost context skipped the call.
+        lock(&self.pending).retain(|&(o, l)| (o, l) != (offset, len));
+        outcome
+    }
+    fn settled_elsewhere(&self) -> bool {
+        self.binding.is_lost()
     }
     fn describe(&self) -> String {
         format!("decommit of +{} ({} B) in reservation {}", self.offset, self.len, self.reservation.object_id)
@@ -526,6 +534,9 @@ struct RegionRetire {
 impl Retire for RegionRetire {
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
         self.binding.charged_to()
+    }
+    fn settled_elsewhere(&self) -> bool {
+        self.binding.is_lost()
     }
     fn retire(mut self: Box<Self>) -> RetireOutcome {
         let b = &*self.binding;

@@ -34,7 +34,7 @@ mod typed_export;
 mod virtual_backing;
 
 pub use allocator::AllocatorApi;
-pub use queued::PeerAccessApi;
+pub use queued::{accepted_unfenced, PeerAccessApi};
 pub use shared_mapping::SharedMappingApi;
 pub use sync::stray_host_fn_calls;
 pub use sync::SyncApi;

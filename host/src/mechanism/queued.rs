@@ -25,10 +25,34 @@ impl MechanismInner {
         )
     }
 
-    /// A fence the plugin returned from a queued operation.
-    fn queued_fence(&self, handle: u64) -> Fence {
+    /// A fence the plugin returned from a queued operation `slot`, checked:
+    /// a handle it cannot have recorded (0: fences are non-zero handles) is
+    /// refused here, where the slot returns, naming the slot — nothing may
+    /// wait on it (it would never answer, or answer for something else).
+    ///
+    /// The plugin said OK, so the operation was accepted and may still run
+    /// on its stream: the refusal keeps the plugin's raw status (OK), which
+    /// [`accepted_unfenced`] reads, so a caller that charged for the
+    /// operation treats the range as possibly changed (orders its undo
+    /// behind a fence it records on the stream) instead of as untouched.
+    fn queued_fence(&self, slot: &'static str, handle: u64) -> Result<Fence, CallError> {
+        if handle == 0 {
+            let e = CallError {
+                status: Status::Internal,
+                raw: MEMPLUG_STATUS_OK,
+                slot,
+                mechanism: self.label.clone(),
+                message: "plugin misbehaviour: the slot returned OK with fence handle 0, which it cannot \
+                          have recorded (fences are non-zero handles); the fence is refused, and the \
+                          operation, which may still run on the stream, is ordered behind a fence the \
+                          host records there"
+                    .into(),
+            };
+            self.log(crate::observe::Level::Warn, &e.to_string());
+            return Err(e);
+        }
         self.born(ObjectKind::Fence);
-        Fence { mechanism_key: self.key, handle }
+        Ok(Fence { mechanism_key: self.key, handle })
     }
 }
 
@@ -83,7 +107,7 @@ impl VirtualBackingApi<'_> {
         m.check_handle_made_here(slot, stream.mechanism_key, "stream")?;
         let mut out = 0u64;
         m.call(slot, f, (o, offset, len, stream.handle, &mut out))?;
-        Ok(m.queued_fence(out))
+        m.queued_fence(slot, out)
     }
 }
 
@@ -111,7 +135,7 @@ impl SharedMappingApi<'_> {
         m.check_handle_made_here(SLOT, stream.mechanism_key, "stream")?;
         let mut out = 0u64;
         m.call(SLOT, f, (o, object_offset, res, offset, len, access.bits(), stream.handle, &mut out))?;
-        Ok(m.queued_fence(out))
+        m.queued_fence(SLOT, out)
     }
 
     /// [`unmap`](Self::unmap) enqueued on `stream`.
@@ -130,8 +154,16 @@ impl SharedMappingApi<'_> {
         m.check_handle_made_here(SLOT, stream.mechanism_key, "stream")?;
         let mut out = 0u64;
         m.call(SLOT, f, (res, offset, len, stream.handle, &mut out))?;
-        Ok(m.queued_fence(out))
+        m.queued_fence(SLOT, out)
     }
+}
+
+/// Whether `e` is the refusal of a queued operation's fence (see
+/// `queued_fence`): the plugin accepted the operation, which may still run
+/// on its stream, but returned no fence the host can wait on. Every other
+/// refusal of a queued slot means nothing was enqueued.
+pub fn accepted_unfenced(e: &CallError) -> bool {
+    e.raw == MEMPLUG_STATUS_OK
 }
 
 impl SyncApi<'_> {

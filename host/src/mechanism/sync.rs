@@ -178,6 +178,18 @@ impl<'m> SyncApi<'m> {
         self.m.check_handle_made_here(SLOT, s.mechanism_key, "stream")?;
         let mut out = 0u64;
         self.m.call(SLOT, slot!(self.vt.fence_record), (s.handle, &mut out))?;
+        if out == 0 {
+            // Fences are non-zero handles: a plugin cannot have recorded
+            // this one, so nothing may ever wait on it (it would never
+            // answer, or answer for another). Nothing was made: not counted.
+            return Err(self.m.refuse(
+                SLOT,
+                Status::Internal,
+                "plugin misbehaviour: the slot returned OK with fence handle 0 (fences are non-zero \
+                 handles); refused"
+                    .into(),
+            ));
+        }
         self.m.born(ObjectKind::Fence);
         Ok(Fence { mechanism_key: self.m.key, handle: out })
     }

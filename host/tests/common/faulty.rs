@@ -52,6 +52,16 @@ pub struct Faults {
     /// Fences recorded while set are held back.
     pub hold_fences: AtomicBool,
     held: Mutex<HashSet<u64>>,
+    /// Queued operations (`commit_on`, `decommit_on`, `map_on`,
+    /// `unmap_on`) run, then answer OK with fence handle 0 (a fence the
+    /// plugin cannot have recorded; the real one is destroyed).
+    pub queued_fence_zero: AtomicBool,
+    /// Fences returned by queued operations while set are held back.
+    pub hold_queued: AtomicBool,
+    /// Run on another thread after a copy was accepted and the stream has
+    /// run it (a loss reported there finds no copy still writing).
+    #[allow(clippy::type_complexity)]
+    after_copy: Mutex<Option<std::sync::Arc<dyn Fn() + Send + Sync>>>,
 }
 
 impl Faults {
@@ -64,6 +74,14 @@ impl Faults {
             c.store(-1, SeqCst);
         }
         self.lose_at_copy.store(false, SeqCst);
+        self.queued_fence_zero.store(false, SeqCst);
+        self.hold_queued.store(false, SeqCst);
+        *self.after_copy.lock().unwrap() = None;
+    }
+    /// Runs `f` once, on a thread of its own, right after the next copy
+    /// was accepted (and has run: the stream is drained first).
+    pub fn after_next_copy(&self, f: impl Fn() + Send + Sync + 'static) {
+        *self.after_copy.lock().unwrap() = Some(std::sync::Arc::new(f));
     }
     pub fn fired(&self, slot: Slot) -> u64 {
         self.fired[slot as usize].load(SeqCst)
@@ -209,10 +227,116 @@ unsafe extern "C" fn copy(
     sink: *const MemplugMessageSink,
 ) -> MemplugStatus {
     if faults().lose_at_copy.swap(false, SeqCst) {
+        // A lost device runs nothing more: the copies already accepted
+        // have finished (or, on a real device, stopped) when it says so.
+        drain_stream(ctx, stream, sink);
         return injected(sink, MEMPLUG_STATUS_DEVICE_LOST, "injected loss of the device during a copy");
     }
     guard!(Slot::Copy, sink);
-    inner(ctx).sync.unwrap().copy.unwrap()(ctx, stream, dst, src, len, sink)
+    let st = inner(ctx).sync.unwrap().copy.unwrap()(ctx, stream, dst, src, len, sink);
+    let hook = faults().after_copy.lock().unwrap().take();
+    if let (MEMPLUG_STATUS_OK, Some(f)) = (st, hook) {
+        drain_stream(ctx, stream, sink);
+        std::thread::spawn(move || f()).join().unwrap();
+    }
+    st
+}
+
+/// Waits, through the plugin itself, for the work on `stream` to run.
+unsafe fn drain_stream(ctx: *mut c_void, stream: u64, sink: *const MemplugMessageSink) {
+    let s = inner(ctx).sync.unwrap();
+    let mut f = 0u64;
+    if s.fence_record.unwrap()(ctx, stream, &mut f, sink) == MEMPLUG_STATUS_OK {
+        s.fence_wait.unwrap()(ctx, f, u64::MAX, sink);
+        s.fence_destroy.unwrap()(ctx, f, sink);
+    }
+}
+
+/// The fence a queued operation returned, as the test wants it: handed
+/// on, held back, or replaced by 0 (the real one destroyed).
+unsafe fn queued_answer(
+    ctx: *mut c_void,
+    st: MemplugStatus,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    if st != MEMPLUG_STATUS_OK {
+        return st;
+    }
+    if faults().queued_fence_zero.load(SeqCst) {
+        inner(ctx).sync.unwrap().fence_destroy.unwrap()(ctx, *out, sink);
+        *out = 0;
+    } else if faults().hold_queued.load(SeqCst) {
+        faults().held.lock().unwrap().insert(*out);
+    }
+    st
+}
+
+unsafe extern "C" fn commit_on(
+    ctx: *mut c_void,
+    r: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    stream: u64,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    let st = inner(ctx).vb.unwrap().commit_on.unwrap()(ctx, r, offset, len, stream, out, sink);
+    queued_answer(ctx, st, out, sink)
+}
+
+unsafe extern "C" fn decommit_on(
+    ctx: *mut c_void,
+    r: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    stream: u64,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    let st = inner(ctx).vb.unwrap().decommit_on.unwrap()(ctx, r, offset, len, stream, out, sink);
+    queued_answer(ctx, st, out, sink)
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe extern "C" fn map_on(
+    ctx: *mut c_void,
+    object: *const MemplugObjectRef,
+    object_offset: u64,
+    r: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    access: u32,
+    stream: u64,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    let st = inner(ctx).sm.unwrap().map_on.unwrap()(
+        ctx,
+        object,
+        object_offset,
+        r,
+        offset,
+        len,
+        access,
+        stream,
+        out,
+        sink,
+    );
+    queued_answer(ctx, st, out, sink)
+}
+
+unsafe extern "C" fn unmap_on(
+    ctx: *mut c_void,
+    r: *const MemplugObjectRef,
+    offset: u64,
+    len: u64,
+    stream: u64,
+    out: *mut u64,
+    sink: *const MemplugMessageSink,
+) -> MemplugStatus {
+    let st = inner(ctx).sm.unwrap().unmap_on.unwrap()(ctx, r, offset, len, stream, out, sink);
+    queued_answer(ctx, st, out, sink)
 }
 
 unsafe extern "C" fn fence_record(
@@ -285,11 +409,22 @@ unsafe fn wrap(m: &MemplugMechanism) -> *const MemplugMechanism {
     let mut w = *m;
     w.allocator = leak(MemplugAllocator { allocate: Some(allocate), ..t.alloc });
     if let Some(vb) = t.vb {
-        w.virtual_backing =
-            leak(MemplugVirtualBacking { commit: Some(commit), decommit: Some(decommit), ..vb });
+        w.virtual_backing = leak(MemplugVirtualBacking {
+            commit: Some(commit),
+            decommit: Some(decommit),
+            commit_on: vb.commit_on.map(|_| commit_on as _),
+            decommit_on: vb.decommit_on.map(|_| decommit_on as _),
+            ..vb
+        });
     }
     if let Some(sm) = t.sm {
-        w.shared_mapping = leak(MemplugSharedMapping { map: Some(map), unmap: Some(unmap), ..sm });
+        w.shared_mapping = leak(MemplugSharedMapping {
+            map: Some(map),
+            unmap: Some(unmap),
+            map_on: sm.map_on.map(|_| map_on as _),
+            unmap_on: sm.unmap_on.map(|_| unmap_on as _),
+            ..sm
+        });
     }
     if let Some(s) = t.sync {
         w.sync = leak(MemplugSync {

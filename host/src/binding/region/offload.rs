@@ -20,7 +20,7 @@
 use super::super::settle::{self, Charge};
 use super::super::{BindingError, MemoryBinding, OwnedAllocation};
 use super::{Region, ShrinkRetire};
-use crate::fence::{poll_until, FnFence, PluginFence, SharedFence};
+use crate::fence::{FnFence, MechanismFence, PluginFence, SharedFence};
 use crate::mechanism::{Mechanism, SyncApi};
 use crate::sync::lock;
 use crate::tokens::Stream;
@@ -183,9 +183,15 @@ impl Region {
         let fence = match after_copies(m, &sync, stream) {
             Ok(f) => f,
             Err(e) => {
-                let why = e.to_string();
+                // A loss met here is the answer (DEVICE_LOST), not the
+                // fence that could not be recorded because of it.
+                let answer = if is_loss(m, &e) {
+                    BindingError::Plugin(e.clone())
+                } else {
+                    BindingError::Plugin(m.refusal("binding", Status::Internal, e.to_string()))
+                };
                 self.give_up_copy(host, Some(Err(e)));
-                return Err(BindingError::Plugin(m.refusal("binding", Status::Internal, why)));
+                return Err(answer);
             }
         };
         let left = deadline.saturating_duration_since(Instant::now());
@@ -442,20 +448,26 @@ pub(super) fn after_copies(
     if sync.enqueue(stream, move || flag.store(true, Ordering::Release)).is_err() {
         return Err(refused);
     }
-    let (q, w) = (done.clone(), done);
-    Ok(FnFence::new(
-        "host function after a copy",
-        move || q.load(Ordering::Acquire),
-        move |timeout| poll_until(timeout, || Ok(w.load(Ordering::Acquire))).unwrap_or(false),
-    ))
+    // A host function on a lost device may never run: the fence then
+    // answers DEVICE_LOST instead of keeping what waits on it forever.
+    Ok(MechanismFence::shared(m, "host function after a copy".into(), move || done.load(Ordering::Acquire)))
 }
 
-/// A fence no query ever reports complete (for memory a copy may still
-/// write when no fence could be placed behind it): what waits on it stays
-/// allocated and charged, and the queue's statistics show it pending.
+/// A fence no query reports complete while the mechanism's context admits
+/// calls (for memory a copy may still write when no fence could be placed
+/// behind it): what waits on it stays allocated and charged, and the
+/// queue's statistics show it pending. Once the context is lost or
+/// terminated it answers DEVICE_LOST, which frees what waited on it: the
+/// copy went with the device (a healthy pool's host copy is not kept
+/// charged for ever by a device that is gone).
 pub(super) fn never_known(m: &Mechanism) -> SharedFence {
-    let label = m.label().to_string();
-    FnFence::new(format!("unfenced copy on {label}"), || false, |_| false)
+    MechanismFence::shared(m, "unfenced copy".into(), || false)
+}
+
+/// Whether `e` says the mechanism's context is gone (a loss the caller
+/// should hear as `DEVICE_LOST`, not as the step that met it).
+pub(super) fn is_loss(m: &Mechanism, e: &crate::error::CallError) -> bool {
+    e.status == Status::DeviceLost || !m.life_state().admits_calls()
 }
 
 impl Region {
@@ -483,6 +495,9 @@ impl Region {
         let fence = match behind {
             None => return drop(host),
             Some(Ok(f)) => f,
+            // The device is gone: the copies went with it, and the fence
+            // says so (DEVICE_LOST) at once; no note, nothing kept.
+            Some(Err(e)) if is_loss(self.binding.mechanism(), &e) => never_known(self.binding.mechanism()),
             Some(Err(e)) => {
                 lock(&self.binding.quarantine).push(format!(
                     "host copy of {} B at {:#x} and region {:#x} kept: a copy between them may still run and no \

@@ -11,7 +11,7 @@
 //! is undone, in reverse, when a later one fails.
 
 use super::super::{BindingError, BindingInner};
-use super::offload::{after_copies, copier, never_known};
+use super::offload::{after_copies, copier, is_loss, never_known};
 use super::Region;
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::SharedFence;
@@ -154,7 +154,8 @@ impl Region {
     /// stays private (and charged), the staging view stays mapped, with a
     /// quarantine note, as the copy may still read it, and the region's
     /// release waits behind a fence that never completes (the copy may
-    /// still write it).
+    /// still write it) — until the context is lost, when that fence
+    /// answers DEVICE_LOST and the loss is the error returned.
     fn keep_unfenced(
         &mut self,
         piece: (u64, u64),
@@ -164,7 +165,14 @@ impl Region {
         e: crate::error::CallError,
     ) -> Result<SharedFence, BindingError> {
         self.split_piece(piece, offset, len);
+        // Lost-aware: once the context is lost the fence answers
+        // DEVICE_LOST and the region's release goes ahead (the copy went
+        // with the device); until then it never completes.
         self.add_fences([never_known(self.binding.mechanism())]);
+        if is_loss(self.binding.mechanism(), &e) {
+            // The view went with the device too: nothing to note or keep.
+            return Err(e.into());
+        }
         lock(&self.binding.quarantine).push(format!(
             "staging view {} of a privatised prefix range kept: no fence could follow its copy ({e})",
             staging.reservation.object_id()
@@ -287,6 +295,9 @@ struct StagingRetire {
 }
 
 impl Retire for StagingRetire {
+    fn settled_elsewhere(&self) -> bool {
+        self.binding.is_lost()
+    }
     fn charged_to(&self) -> Option<crate::deferred::ChargedTo> {
         // Address space only: nothing of it is charged.
         None

@@ -6,9 +6,11 @@
 //! mechanism without the capability.
 
 use super::super::BindingError;
+use super::offload::never_known;
 use super::Region;
+use super::ShrinkRetire;
 use crate::fence::{PluginFence, SharedFence};
-use crate::mechanism::Access;
+use crate::mechanism::{accepted_unfenced, Access};
 use crate::sync::lock;
 use crate::tokens::Stream;
 use memplug_sdk::abi::MemplugDevice;
@@ -148,6 +150,11 @@ impl Region {
         b.ledger.charged(stripe, delta, u64::from(new_lease));
         let token = match vb.commit_on(self.res(), offset, delta, stream) {
             Ok(f) => f,
+            Err(e) if accepted_unfenced(&e) => {
+                drop(_token);
+                self.undo_unfenced_commit(offset, delta, stream, &e);
+                return Err(e.into());
+            }
             Err(e) => {
                 // Nothing was enqueued: the charge goes back.
                 let mut slot = lock(&self.lease);
@@ -174,5 +181,42 @@ impl Region {
         // and the region's release wait for the fence (invariant 4).
         self.add_fences([shared]);
         Ok(fence)
+    }
+
+    /// The plugin accepted a queued commit of `[offset, offset + len)` (it
+    /// may still run on `stream`) but returned a fence it cannot have
+    /// recorded, which was refused (`e`). The grow is refused; the range,
+    /// already charged, is given back as a shrink is: decommitted and
+    /// refunded by a deferred job behind a fence the host records on
+    /// `stream` after the commit (a queued operation is work on its
+    /// stream, so that fence completes after it), and not committable
+    /// again until then (`BUSY`). Nothing is freed on a guess: if no fence
+    /// can be recorded either, the job waits behind one that never
+    /// completes while the context lives (the range stays charged, the
+    /// quarantine list says why) and answers DEVICE_LOST once it is lost,
+    /// when the termination settles the charge.
+    fn undo_unfenced_commit(&mut self, offset: u64, len: u64, stream: &Stream, e: &crate::error::CallError) {
+        let m = self.binding.mechanism();
+        let fence = match PluginFence::record(m, stream) {
+            Ok(f) => f,
+            Err(r) => {
+                lock(&self.binding.quarantine).push(format!(
+                    "region range +{offset:#x} ({len} B) kept charged: {e}; and no fence could be recorded \
+                     behind it ({r})"
+                ));
+                never_known(m)
+            }
+        };
+        let job = ShrinkRetire {
+            binding: self.binding.clone(),
+            reservation: *self.res().raw(),
+            offset,
+            len,
+            lease: self.lease.clone(),
+            pending: self.pending.clone(),
+        };
+        lock(&self.pending).push((offset, len));
+        self.add_fences([fence.clone()]);
+        self.binding.queue.release(vec![fence], Box::new(job));
     }
 }
