@@ -36,6 +36,7 @@ pub mod lifecycle;
 mod load_options;
 mod reentry;
 pub use reentry::inside_plugin_call;
+pub use sink::{late_sink_writes, unreadable_plugin_messages};
 pub mod manager;
 pub mod mechanism;
 pub mod observe;

@@ -58,14 +58,21 @@ impl<'m> SharedMappingApi<'m> {
         out: &MemplugBlock,
         size: u64,
     ) -> Result<PhysicalObject, CallError> {
+        self.new_object_of(slot, req, out, size, 0)
+    }
+
+    /// [`new_object`](Self::new_object) for an import whose handle says
+    /// how large its memory is (`known` bytes; 0 when it does not).
+    pub(super) fn new_object_of(
+        &self,
+        slot: &'static str,
+        req: &MemplugRequest,
+        out: &MemplugBlock,
+        size: u64,
+        known: u64,
+    ) -> Result<PhysicalObject, CallError> {
         let m = self.m;
-        if out.size < size {
-            return Err(m.refuse(
-                slot,
-                Status::Internal,
-                format!("plugin reported success but returned {} bytes for {size}", out.size),
-            ));
-        }
+        m.check_block_size(slot, "a physical object", size, out.size, req.page_size, known)?;
         m.born(ObjectKind::PhysicalObject);
         Ok(PhysicalObject(m.object(req, out)))
     }
@@ -174,7 +181,7 @@ impl<'m> SharedMappingApi<'m> {
         let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
         let mut out = MechanismInner::empty_block();
         self.lend(SLOT, fd, |lent_fd| m.call(SLOT, f, (lent_fd, &req, &mut out)))?;
-        self.new_object(SLOT, &req, &out, size)
+        self.new_object_of(SLOT, &req, &out, size, file_length(fd.as_raw_fd()))
     }
 
     /// Runs `call` with a duplicate of `fd` lent to the plugin, closed here
@@ -267,6 +274,17 @@ pub(super) fn exported_fd_fault(fd: RawFd) -> Result<(), String> {
         libc::S_IFLNK => Err("a symbolic link, which cannot carry memory".into()),
         other => Err(format!("of unknown file type {other:#o}")),
     }
+}
+
+/// The length `fstat` gives for `fd` (a memfd's or a dma-buf's size), or 0.
+pub(super) fn file_length(fd: RawFd) -> u64 {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: as in `exported_fd_fault`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: fstat succeeded.
+    u64::try_from(unsafe { st.assume_init() }.st_size).unwrap_or(0)
 }
 
 /// The open file `fd` names (device and inode), or `None` when it is not

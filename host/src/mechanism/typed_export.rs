@@ -84,8 +84,10 @@ impl SharedMappingApi<'_> {
         let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
         let mut out = MechanismInner::empty_block();
         let mut h = MemplugHandle { struct_size: MEMPLUG_HANDLE_SIZE_1_2, ..Default::default() };
+        let mut known = 0;
         match handle {
             HandleRef::Fd { kind, fd } => {
+                known = super::shared_mapping::file_length(std::os::fd::AsRawFd::as_raw_fd(&fd));
                 h.handle_type = kind;
                 self.lend(SLOT, fd, |lent| {
                     h.fd = lent;
@@ -111,6 +113,6 @@ impl SharedMappingApi<'_> {
                 m.call(SLOT, f, (&h, &req, &mut out))?;
             }
         }
-        self.new_object(SLOT, &req, &out, size)
+        self.new_object_of(SLOT, &req, &out, size, known)
     }
 }
