@@ -151,6 +151,11 @@
  * BAD_OVERSIZED_BLOCK       [full] allocate, reserve and    refuses each block (INTERNAL, both
  *                           create report 2^62 bytes for    sizes in the message): not
  *                           any request                     counted, charged or freed
+ * BAD_EXPORT_NOT_MEMFD      [full, ABI 1.1] export_fd       refuses both (INTERNAL, naming the
+ *                           returns /proc/self/status       slot and what the fd is); closes
+ *                           opened anew, then (next call)   the new file, leaves the old
+ *                           a descriptor it made in the     number open
+ *                           call before
  *
  * None of the variants crashes the host when called the way the ABI says;
  * a host that crashes on one of them has a bug.
@@ -191,7 +196,8 @@
      defined(BAD_HOST_FN_REFUSED_RUNS) + defined(BAD_HOST_FN_LATE) + defined(BAD_OVERLAPPING_BLOCKS) + \
      defined(BAD_EXPORT_FD_STDIN) + defined(BAD_EXPORT_FD_CLOSED) + defined(BAD_EXPORT_FD_PIPE) +       \
      defined(BAD_IMPORT_CLOSES_FD) + defined(BAD_ESCAPES_IN_NAMES) + defined(BAD_DOUBLE_FREE_WITNESS) + \
-     defined(BAD_SINK_LATE) + defined(BAD_MESSAGE_LEN_LIES) + defined(BAD_OVERSIZED_BLOCK)) > 1
+     defined(BAD_SINK_LATE) + defined(BAD_MESSAGE_LEN_LIES) + defined(BAD_OVERSIZED_BLOCK) +           \
+     defined(BAD_EXPORT_NOT_MEMFD)) > 1
 #error "define at most one BAD_* variant"
 #endif
 
@@ -200,7 +206,7 @@
 /* The variants that speak ABI 1.1 (and only 1.1) and publish the shared
  * mapping's export_fd and import_fd. */
 #if defined(BAD_EXPORT_FD_STDIN) || defined(BAD_EXPORT_FD_CLOSED) || defined(BAD_EXPORT_FD_PIPE) ||        \
-    defined(BAD_IMPORT_CLOSES_FD)
+    defined(BAD_IMPORT_CLOSES_FD) || defined(BAD_EXPORT_NOT_MEMFD)
 #define BAD_EXPORTS 1
 #define BAD_MINOR 1u
 #else
@@ -1210,6 +1216,30 @@ static MemplugStatus bad_export_fd(void *ctx, const MemplugObjectRef *object, in
         }
         close(p[1]);
         *out_fd = p[0];
+    }
+#elif defined(BAD_EXPORT_NOT_MEMFD)
+    {
+        /* Odd calls: a regular file that is not memory, opened anew. Even
+         * calls: the duplicate made by the call before, which was open
+         * before this call (not a new descriptor). */
+        static int g_previous = -1;
+        static unsigned g_calls;
+        pthread_mutex_lock(&g_lock);
+        g_calls++;
+        if (g_calls % 2 == 1) {
+            g_previous = fd;
+            fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+        } else {
+            close(fd);
+            fd = g_previous;
+            g_previous = -1;
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (fd < 0) {
+            say(sink, "bad_plugin: export_fd: open failed");
+            return MEMPLUG_STATUS_INTERNAL;
+        }
+        *out_fd = fd;
     }
 #else
     *out_fd = fd;

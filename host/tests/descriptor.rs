@@ -318,3 +318,24 @@ fn a_prefix_exported_as_a_typed_memfd_is_imported_by_another_binding_with_the_sa
     mgr.poll();
     assert_eq!((pa.used(), pb.used()), (0, 0));
 }
+
+/// Issue 28, item 9: a descriptor to import must be of the kind it claims
+/// (a memfd is shared memory, a dma-buf a dma-buf), and a regular file
+/// that is not memory is refused before the plugin sees it.
+#[test]
+fn an_import_of_a_descriptor_that_is_not_what_it_claims_is_refused_first() {
+    use std::os::fd::AsFd;
+    let p = cpu_at("typed12-kinds", 2);
+    let m = p.mechanism("cpu").unwrap();
+    // SAFETY: test harness; nothing is made.
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let status = std::fs::File::open("/proc/self/status").unwrap();
+    let h = memplug_host::HandleRef::Fd { kind: MEMPLUG_HANDLE_MEMFD, fd: status.as_fd() };
+    let e = sm.import_handle(h, 8192).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    assert!(e.message.contains("not a memfd but /proc/"), "{e}");
+    let e = sm.import_fd(status.as_fd(), 8192).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    assert!(e.message.contains("not shared memory"), "{e}");
+    assert_eq!(m.live(memplug_host::ObjectKind::PhysicalObject), 0);
+}

@@ -34,6 +34,7 @@ pub const CONTAINMENT_VARIANTS: &[&str] = &[
     "BAD_SINK_LATE",
     "BAD_MESSAGE_LEN_LIES",
     "BAD_OVERSIZED_BLOCK",
+    "BAD_EXPORT_NOT_MEMFD",
 ];
 
 /// The shared library of one containment variant, compiled once per
