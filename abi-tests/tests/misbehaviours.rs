@@ -880,6 +880,9 @@ fn a_sink_kept_and_written_after_its_call_is_dropped_and_counted() {
     std::thread::sleep(Duration::from_millis(500));
     let late = memplug_host::late_sink_writes() - before;
     assert!(late >= 199, "every write through a copy of an earlier call's sink is dropped: {late}");
+    // In every manager's statistics too.
+    let faults = ProcessMemoryManager::new().stats().plugin_faults.expect("a manager's report has them");
+    assert!(faults.late_sink_writes >= before + late, "{faults:?}");
     drop(m);
     works_and_unloads(p);
 }
@@ -893,6 +896,7 @@ fn a_message_whose_length_runs_past_readable_memory_is_cut_and_counted() {
     assert!(e.message.starts_with("bad_plugin: unknown flags or zero size ["), "{:?}", e.message);
     assert!(e.message.contains("message cut by the host"), "{:?}", e.message);
     assert_eq!(memplug_host::unreadable_plugin_messages(), before + 1);
+    assert_eq!(memplug_host::plugin_faults().unreadable_messages, before + 1);
     works_and_unloads(p);
 }
 
@@ -920,6 +924,7 @@ fn a_block_far_larger_than_asked_is_refused_with_both_sizes_never_charged() {
     assert_eq!(e.status, Status::Internal, "{e}");
     mentions(&e, &["shared_mapping.create", CLAIM]);
     assert_eq!(m.live(ObjectKind::PhysicalObject), 0);
+    assert!(memplug_host::plugin_faults().refused_block_sizes >= 3);
     // Not freed on a guess: the plugin still holds all three.
     assert_eq!(p.plugin_live_objects(), 3);
     drop(m);

@@ -36,7 +36,7 @@
 use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::{MemplugMessageSink, MEMPLUG_MESSAGE_MAX};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// Collects what a plugin wrote during one call (the last message kept,
@@ -275,8 +275,7 @@ impl CallSink {
 // Writing
 // ---------------------------------------------------------------------------
 
-static LATE_WRITES: AtomicU64 = AtomicU64::new(0);
-static UNREADABLE_MESSAGES: AtomicU64 = AtomicU64::new(0);
+use crate::faults::{count, LATE_SINK_WRITES as LATE_WRITES, UNREADABLE_MESSAGES};
 
 /// Writes into a message sink that were dropped because the call the sink
 /// was given to had returned (or it was never a sink of this host's): a
@@ -294,7 +293,7 @@ pub fn unreadable_plugin_messages() -> u64 {
 
 #[cold]
 fn late_write(what: &str) {
-    let n = LATE_WRITES.fetch_add(1, Ordering::Relaxed) + 1;
+    let n = count(&LATE_WRITES);
     // One line at the 1st, 2nd, 4th, 8th... drop: a plugin writing late
     // in a loop does not flood the log.
     if n.is_power_of_two() {
@@ -335,7 +334,7 @@ fn write(ctx: usize, msg: *const u8, len: usize) {
     }
     if inbox.message.is_some() && inbox.ctx != ctx {
         // A stale message, replaced before anyone saw it.
-        LATE_WRITES.fetch_add(1, Ordering::Relaxed);
+        count(&LATE_WRITES);
     }
     inbox.ctx = ctx;
     inbox.message = Some(text);
@@ -352,7 +351,7 @@ pub(crate) fn read_message(msg: *const u8, len: usize) -> String {
     let got = read_plugin_bytes(msg, &mut buf[..n]);
     let mut text = bounded_message(&buf[..got]);
     if got < n {
-        UNREADABLE_MESSAGES.fetch_add(1, Ordering::Relaxed);
+        count(&UNREADABLE_MESSAGES);
         text.push_str(&format!(
             " [message cut by the host: the plugin said {len} bytes at {msg:p}, byte {got} is not readable]"
         ));

@@ -454,6 +454,7 @@ impl MechanismInner {
         room: u64,
         known: u64,
     ) -> CallError {
+        crate::faults::count(&crate::faults::REFUSED_BLOCK_SIZES);
         let rule = if got < asked {
             "fewer than asked".to_string()
         } else {

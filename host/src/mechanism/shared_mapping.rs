@@ -354,6 +354,7 @@ impl OpenFds {
 /// descriptor is closed (the plugin gave it away; keeping it would leak
 /// it), any other number is left as it is (it may be the host's own).
 pub(super) fn refused_fd(fd: RawFd, why: &str, before: &OpenFds) -> String {
+    crate::faults::count(&crate::faults::REFUSED_DESCRIPTORS);
     if before.made_by_the_call(fd) {
         // SAFETY: a descriptor opened during the call, handed to the host
         // by the plugin (whose it is no longer, by the contract), and used
