@@ -4,7 +4,7 @@
 //! reach on the same thread (the C API refuses them as re-entrant).
 
 use crate::sink::{CallSink, SinkSlot};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// What the host keeps per thread: one thread-local, so the door into a
@@ -23,8 +23,8 @@ struct ThreadState {
     sinks: [Cell<Option<&'static SinkSlot>>; SINK_DEPTHS],
 }
 
-/// Call depths whose sink slot a thread keeps; a deeper call uses the
-/// shared overflow slot (`crate::sink`).
+/// Call depths whose sink slot a thread keeps in [`THREAD`]; deeper ones
+/// are kept in [`SINKS_BACK`] (found on a slower path).
 const SINK_DEPTHS: usize = 8;
 
 const NO_STRIPE: u32 = u32::MAX;
@@ -34,12 +34,13 @@ std::thread_local! {
     static THREAD: ThreadState = const {
         ThreadState { depth: Cell::new(0), stripe: Cell::new(NO_STRIPE), sinks: [const { Cell::new(None) }; SINK_DEPTHS] }
     };
-    /// Gives the thread's sink slots back when it exits (touched only when
-    /// a slot is taken, so that its destructor is registered).
-    static SINKS_BACK: SinksBack = const { SinksBack };
+    /// The thread's sink slots of depths from [`SINK_DEPTHS`] on, and the
+    /// one that gives every slot of the thread back when it exits (touched
+    /// only when a slot is taken, so that its destructor is registered).
+    static SINKS_BACK: SinksBack = const { SinksBack(RefCell::new(Vec::new())) };
 }
 
-struct SinksBack;
+struct SinksBack(RefCell<Vec<&'static SinkSlot>>);
 
 impl Drop for SinksBack {
     fn drop(&mut self) {
@@ -51,6 +52,9 @@ impl Drop for SinksBack {
                 }
             }
         });
+        for slot in self.0.get_mut().drain(..) {
+            slot.give_back();
+        }
     }
 }
 
@@ -59,13 +63,21 @@ impl Drop for SinksBack {
 #[cold]
 #[inline(never)]
 fn sink_slot_cold(t: &ThreadState, depth: usize) -> &'static SinkSlot {
-    // Kept only where the thread can give it back when it exits.
-    if depth < SINK_DEPTHS && SINKS_BACK.try_with(|_| ()).is_ok() {
-        let slot = SinkSlot::acquire();
-        t.sinks[depth].set(Some(slot));
-        return slot;
-    }
-    SinkSlot::overflow()
+    // Kept only where the thread can give it back when it exits; from a
+    // thread's exit, after its slots went back, the shared overflow slot.
+    let kept = SINKS_BACK.try_with(|deep| {
+        if depth < SINK_DEPTHS {
+            let slot = SinkSlot::acquire();
+            t.sinks[depth].set(Some(slot));
+            return slot;
+        }
+        let mut deep = deep.0.borrow_mut();
+        while deep.len() <= depth - SINK_DEPTHS {
+            deep.push(SinkSlot::acquire());
+        }
+        deep[depth - SINK_DEPTHS]
+    });
+    kept.unwrap_or_else(|_| SinkSlot::overflow())
 }
 
 impl ThreadState {

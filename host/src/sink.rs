@@ -143,10 +143,9 @@ struct Alloc {
 static ALLOC: Mutex<Alloc> = Mutex::new(Alloc { made: 0, free: Vec::new() });
 
 /// The slot of every call the table cannot serve: a million threads
-/// calling plugins at once, a call nested deeper than a thread keeps slots
-/// for, a call from a thread's exit after its slots went back. Shared, so
-/// concurrent calls using it may see each other's messages (or lose one),
-/// but never unsafe.
+/// calling plugins at once, a call from a thread's exit after its slots
+/// went back. Shared, so calls using it at once may see each other's
+/// messages (or lose one), but never unsafe.
 static OVERFLOW: SinkSlot = SinkSlot::new(usize::MAX >> GEN_BITS);
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -208,9 +207,10 @@ impl SinkSlot {
     /// Starts a call in this slot: its sink, for this call only.
     #[inline(always)]
     pub(crate) fn begin(&'static self) -> CallSink {
-        // Idle (even) + 1: odd, the call's; masked so that the end's + 1
-        // never carries into the index.
-        let ctx = (self.sink.ctx.load(Ordering::Relaxed) as usize).wrapping_add(1) & self.keep;
+        // Idle (even) + 1: odd, the call's (`| 1` keeps it odd in the
+        // shared overflow slot, which may be busy); masked so that the
+        // end's + 1 never carries into the index.
+        let ctx = ((self.sink.ctx.load(Ordering::Relaxed) as usize).wrapping_add(1) | 1) & self.keep;
         self.sink.ctx.store(ctx as *mut c_void, Ordering::Relaxed);
         CallSink { slot: self, ctx }
     }
@@ -489,6 +489,60 @@ mod tests {
         call.finish(&mut cap);
         assert!(cap.take().is_none());
         slot.give_back();
+    }
+
+    /// The slot of a call entered the way the door enters it.
+    fn door_call(text: Option<&[u8]>, inner: impl FnOnce()) -> Option<String> {
+        let (_inside, _, sink) = crate::reentry::InPluginCall::enter_call();
+        let call = sink.begin();
+        let abi = call.abi();
+        inner();
+        if let Some(t) = text {
+            say(abi, t);
+        }
+        let mut cap = Capture::default();
+        call.finish(&mut cap);
+        cap.take()
+    }
+
+    #[test]
+    fn nested_calls_keep_their_own_messages() {
+        // A call whose plugin runs a host function inline, which calls
+        // another slot: each keeps what was written into its own sink.
+        let mut inner = None;
+        let outer = door_call(Some(b"outer"), || {
+            inner = door_call(Some(b"inner"), || {});
+        });
+        assert_eq!((outer.as_deref(), inner.as_deref()), (Some("outer"), Some("inner")));
+        // Deeper than a thread keeps slots for: still each call's own.
+        fn deep(n: usize) -> Option<String> {
+            if n == 0 {
+                return door_call(Some(b"deepest"), || {});
+            }
+            let mut below = None;
+            let mine = door_call(None, || below = deep(n - 1));
+            assert_eq!(mine, None, "a call that wrote nothing has no message");
+            below
+        }
+        assert_eq!(deep(12).as_deref(), Some("deepest"));
+        let mut inner = None;
+        let outer = door_call(Some(b"outer at depth 0"), || inner = deep(11));
+        assert_eq!((outer.as_deref(), inner.as_deref()), (Some("outer at depth 0"), Some("deepest")));
+    }
+
+    #[test]
+    fn an_exited_threads_slots_are_reused() {
+        let made = |()| lock(&ALLOC).made;
+        // Warm up: this thread and one worker.
+        std::thread::spawn(|| door_call(Some(b"x"), || {})).join().unwrap();
+        let before = made(());
+        for _ in 0..50 {
+            let m =
+                std::thread::spawn(|| door_call(Some(b"from a short-lived thread"), || {})).join().unwrap();
+            assert_eq!(m.as_deref(), Some("from a short-lived thread"));
+        }
+        // Other tests of this binary may take a few at the same time.
+        assert!(made(()) - before <= 8, "{} slots made for 50 threads one after another", made(()) - before);
     }
 
     #[test]
