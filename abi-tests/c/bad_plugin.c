@@ -126,7 +126,8 @@
  * BAD_EXPORT_FD_CLOSED      [full, ABI 1.1] export_fd       refuses a number that is not open
  *                           returns a number it has closed
  * BAD_EXPORT_FD_PIPE        [full, ABI 1.1] export_fd       refuses a pipe (cannot carry
- *                           returns the read end of a pipe  memory) and does not close it
+ *                           returns the read end of a pipe  memory) and, as the call opened
+ *                                                           it, closes it (no leak)
  * BAD_IMPORT_CLOSES_FD      [full, ABI 1.1] import_fd       lends a duplicate, so the caller's
  *                           closes the descriptor it was    descriptor stays open; refuses the
  *                           given                           import (INTERNAL)
