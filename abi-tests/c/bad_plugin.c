@@ -126,7 +126,8 @@
  * BAD_EXPORT_FD_CLOSED      [full, ABI 1.1] export_fd       refuses a number that is not open
  *                           returns a number it has closed
  * BAD_EXPORT_FD_PIPE        [full, ABI 1.1] export_fd       refuses a pipe (cannot carry
- *                           returns the read end of a pipe  memory) and does not close it
+ *                           returns the read end of a pipe  memory) and, as the call opened
+ *                                                           it, closes it (no leak)
  * BAD_IMPORT_CLOSES_FD      [full, ABI 1.1] import_fd       lends a duplicate, so the caller's
  *                           closes the descriptor it was    descriptor stays open; refuses the
  *                           given                           import (INTERNAL)
@@ -138,6 +139,24 @@
  *                           handle says OK and remembers:   plugin's count stays 0 and
  *                           live_objects counts it forever  allocate keeps working)
  *                           and allocate refuses after it
+ * BAD_SINK_LATE             keeps every sink it is given    drops every late write and counts
+ *                           (a copy and the pointer); the   it (late_sink_writes), keeps each
+ *                           next refusal first writes into  call's own message, survives
+ *                           the previous call's, and a
+ *                           detached thread writes into it
+ *                           again and again after the slot
+ *                           returned
+ * BAD_MESSAGE_LEN_LIES      messages claim 4096 bytes more  keeps what is readable, says the
+ *                           than there are, running into an message was cut, counts it
+ *                           unreadable page                 (unreadable_plugin_messages)
+ * BAD_OVERSIZED_BLOCK       [full] allocate, reserve and    refuses each block (INTERNAL, both
+ *                           create report 2^62 bytes for    sizes in the message): not
+ *                           any request                     counted, charged or freed
+ * BAD_EXPORT_NOT_MEMFD      [full, ABI 1.1] export_fd       refuses both (INTERNAL, naming the
+ *                           returns /proc/self/status       slot and what the fd is); closes
+ *                           opened anew, then (next call)   the new file, leaves the old
+ *                           a descriptor it made in the     number open
+ *                           call before
  *
  * None of the variants crashes the host when called the way the ABI says;
  * a host that crashes on one of them has a bug.
@@ -177,7 +196,9 @@
      defined(BAD_NEGOTIATE_LAX) + defined(BAD_READ_ONLY_WRITABLE) + defined(BAD_HOST_FN_TWICE) +    \
      defined(BAD_HOST_FN_REFUSED_RUNS) + defined(BAD_HOST_FN_LATE) + defined(BAD_OVERLAPPING_BLOCKS) + \
      defined(BAD_EXPORT_FD_STDIN) + defined(BAD_EXPORT_FD_CLOSED) + defined(BAD_EXPORT_FD_PIPE) +       \
-     defined(BAD_IMPORT_CLOSES_FD) + defined(BAD_ESCAPES_IN_NAMES) + defined(BAD_DOUBLE_FREE_WITNESS)) > 1
+     defined(BAD_IMPORT_CLOSES_FD) + defined(BAD_ESCAPES_IN_NAMES) + defined(BAD_DOUBLE_FREE_WITNESS) + \
+     defined(BAD_SINK_LATE) + defined(BAD_MESSAGE_LEN_LIES) + defined(BAD_OVERSIZED_BLOCK) +           \
+     defined(BAD_EXPORT_NOT_MEMFD)) > 1
 #error "define at most one BAD_* variant"
 #endif
 
@@ -186,7 +207,7 @@
 /* The variants that speak ABI 1.1 (and only 1.1) and publish the shared
  * mapping's export_fd and import_fd. */
 #if defined(BAD_EXPORT_FD_STDIN) || defined(BAD_EXPORT_FD_CLOSED) || defined(BAD_EXPORT_FD_PIPE) ||        \
-    defined(BAD_IMPORT_CLOSES_FD)
+    defined(BAD_IMPORT_CLOSES_FD) || defined(BAD_EXPORT_NOT_MEMFD)
 #define BAD_EXPORTS 1
 #define BAD_MINOR 1u
 #else
@@ -196,7 +217,7 @@
 #if defined(BAD_UNKNOWN_ACCESS) || defined(BAD_RANGE_UNCHECKED) || defined(BAD_COMMITTED_LIES) ||     \
     defined(BAD_FORGED_FENCE) || defined(BAD_FENCE_NEVER) || defined(BAD_READ_ONLY_WRITABLE) ||        \
     defined(BAD_HOST_FN_TWICE) || defined(BAD_HOST_FN_REFUSED_RUNS) || defined(BAD_HOST_FN_LATE) ||    \
-    defined(BAD_OVERLAPPING_BLOCKS) || defined(BAD_EXPORTS)
+    defined(BAD_OVERLAPPING_BLOCKS) || defined(BAD_EXPORTS) || defined(BAD_OVERSIZED_BLOCK)
 #define BAD_FULL 1
 #endif
 
@@ -228,6 +249,31 @@ static void *bad_say_thread(void *p)
 {
     struct bad_say *s = (struct bad_say *)p;
     s->sink->write(s->sink->ctx, s->msg, strlen(s->msg));
+    return NULL;
+}
+#endif
+
+#ifdef BAD_SINK_LATE
+/* The sink of the previous refusal, as a copy and as the pointer the host
+ * passed (both kept past the call, against the contract). */
+static pthread_mutex_t g_kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static MemplugMessageSink g_kept;
+static const MemplugMessageSink *g_kept_ptr;
+static int g_have_kept;
+
+static void *bad_late_thread(void *p)
+{
+    static const char late[] = "bad_plugin: written after the slot returned";
+    MemplugMessageSink copy = *(MemplugMessageSink *)p;
+    struct timespec first = {0, 50000000}; /* 50 ms: the slot has returned */
+    struct timespec ts = {0, 200000}; /* 0.2 ms */
+    int i;
+    free(p);
+    (void)nanosleep(&first, NULL);
+    for (i = 0; i < 20; i++) {
+        (void)nanosleep(&ts, NULL);
+        copy.write(copy.ctx, late, sizeof late - 1);
+    }
     return NULL;
 }
 #endif
@@ -277,6 +323,62 @@ static void say(const MemplugMessageSink *sink, const char *msg)
         }
         sink->write(sink->ctx, big, total);
         free(big);
+    }
+#elif defined(BAD_MESSAGE_LEN_LIES)
+    {
+        /* The message ends where readable memory ends, and its length says
+         * 4096 bytes more: a reader that believes it faults. */
+        long page = sysconf(_SC_PAGESIZE);
+        unsigned char *two;
+        unsigned char *start;
+        if (page <= 0 || n > (size_t)page) {
+            sink->write(sink->ctx, msg, n);
+            return;
+        }
+        two = (unsigned char *)mmap(NULL, 2 * (size_t)page, PROT_READ | PROT_WRITE,
+                                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (two == MAP_FAILED) {
+            sink->write(sink->ctx, msg, n);
+            return;
+        }
+        (void)mprotect(two + page, (size_t)page, PROT_NONE);
+        start = two + page - n;
+        memcpy(start, msg, n);
+        sink->write(sink->ctx, (const char *)start, n + 4096);
+        (void)munmap(two, 2 * (size_t)page);
+    }
+#elif defined(BAD_SINK_LATE)
+    {
+        static const char stale[] = "bad_plugin: written into the sink of an earlier call";
+        MemplugMessageSink *copy;
+        pthread_t t;
+        pthread_attr_t attr;
+        pthread_mutex_lock(&g_kept_lock);
+        if (g_have_kept) {
+            /* Both ways a kept sink can be reached: the copy, and the
+             * pointer (which a host must keep valid, or this reads a dead
+             * stack). */
+            g_kept.write(g_kept.ctx, stale, sizeof stale - 1);
+            g_kept_ptr->write(g_kept_ptr->ctx, stale, sizeof stale - 1);
+        }
+        pthread_mutex_unlock(&g_kept_lock);
+        sink->write(sink->ctx, msg, n);
+        pthread_mutex_lock(&g_kept_lock);
+        g_kept = *sink;
+        g_kept_ptr = sink;
+        g_have_kept = 1;
+        pthread_mutex_unlock(&g_kept_lock);
+        /* And a thread that keeps writing after the slot returned. */
+        copy = (MemplugMessageSink *)malloc(sizeof *copy);
+        if (copy != NULL) {
+            *copy = *sink;
+            (void)pthread_attr_init(&attr);
+            (void)pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+            if (pthread_create(&t, &attr, bad_late_thread, copy) != 0) {
+                free(copy);
+            }
+            (void)pthread_attr_destroy(&attr);
+        }
     }
 #elif defined(BAD_SINK_TWICE)
     {
@@ -376,6 +478,11 @@ BAD_MAYBE_UNUSED static void write_block(MemplugBlock *out, uint64_t addr, uint6
     MemplugBlock b;
     memset(&b, 0, sizeof b);
     b.addr = addr;
+#ifdef BAD_OVERSIZED_BLOCK
+    /* Every block claims 2^62 bytes, whatever was asked and made. */
+    (void)size;
+    size = (uint64_t)1 << 62;
+#endif
     b.size = size;
     b.handle = handle;
     memcpy((unsigned char *)out + 4, (unsigned char *)&b + 4, MEMPLUG_BLOCK_SIZE_1_0 - 4);
@@ -1110,6 +1217,30 @@ static MemplugStatus bad_export_fd(void *ctx, const MemplugObjectRef *object, in
         }
         close(p[1]);
         *out_fd = p[0];
+    }
+#elif defined(BAD_EXPORT_NOT_MEMFD)
+    {
+        /* Odd calls: a regular file that is not memory, opened anew. Even
+         * calls: the duplicate made by the call before, which was open
+         * before this call (not a new descriptor). */
+        static int g_previous = -1;
+        static unsigned g_calls;
+        pthread_mutex_lock(&g_lock);
+        g_calls++;
+        if (g_calls % 2 == 1) {
+            g_previous = fd;
+            fd = open("/proc/self/status", O_RDONLY | O_CLOEXEC);
+        } else {
+            close(fd);
+            fd = g_previous;
+            g_previous = -1;
+        }
+        pthread_mutex_unlock(&g_lock);
+        if (fd < 0) {
+            say(sink, "bad_plugin: export_fd: open failed");
+            return MEMPLUG_STATUS_INTERNAL;
+        }
+        *out_fd = fd;
     }
 #else
     *out_fd = fd;

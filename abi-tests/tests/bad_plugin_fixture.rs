@@ -158,7 +158,13 @@ fn every_containment_variant_is_known_to_the_c_source() {
 
 #[test]
 fn the_descriptor_variants_speak_only_abi_1_1_and_publish_export_and_import() {
-    for v in ["BAD_EXPORT_FD_STDIN", "BAD_EXPORT_FD_CLOSED", "BAD_EXPORT_FD_PIPE", "BAD_IMPORT_CLOSES_FD"] {
+    for v in [
+        "BAD_EXPORT_FD_STDIN",
+        "BAD_EXPORT_FD_CLOSED",
+        "BAD_EXPORT_FD_PIPE",
+        "BAD_IMPORT_CLOSES_FD",
+        "BAD_EXPORT_NOT_MEMFD",
+    ] {
         let l = load(&contained_plugin(v));
         assert_eq!((l.status, l.answer.agreed_minor), (MEMPLUG_STATUS_OK, 1), "{v}: {}", l.message);
         assert_eq!((l.plugin().min_minor, l.plugin().max_minor), (1, 1), "{v}");

@@ -83,18 +83,19 @@ fn exported_numbers_that_are_not_new_memory_descriptors_are_refused_and_left_ope
         let e = sm.export_fd(&o).unwrap_err();
         assert_eq!(e.status, Status::Internal, "{variant}: {e}");
         assert!(e.message.contains(why), "{variant}: {e}");
-        assert!(e.message.contains("does not own it and leaves it as it is"), "{variant}: {e}");
         let fd = returned_fd(&e.message);
         match variant {
             "BAD_EXPORT_FD_STDIN" => assert_eq!(fd, 0),
             "BAD_EXPORT_FD_CLOSED" => assert!(open_file(fd).is_none(), "fd {fd} was closed by the plugin"),
             _ => {
-                // Refused, not closed: the pipe is still there (the plugin
-                // leaked it; the test closes it).
-                let (target, ..) = open_file(fd).expect("the refused pipe is left open");
-                assert!(target.to_string_lossy().starts_with("pipe:"), "{target:?}");
-                drop(unsafe { OwnedFd::from_raw_fd(fd) });
+                // A new descriptor, given away by the plugin: the host
+                // closes it rather than leak it.
+                assert!(e.message.contains("the host closed it"), "{variant}: {e}");
+                assert!(open_file(fd).is_none(), "the refused pipe {fd} is closed");
             }
+        }
+        if variant != "BAD_EXPORT_FD_PIPE" {
+            assert!(e.message.contains("does not own it and leaves it as it is"), "{variant}: {e}");
         }
         // The host's own descriptors are open and unchanged.
         assert_eq!(open_file(0), Some(stdin.clone()), "{variant}: stdin");
@@ -130,4 +131,42 @@ fn a_plugin_that_closes_a_lent_descriptor_closes_only_a_duplicate() {
     // host (it was refused); the plugin still holds it.
     assert_eq!(p.plugin_live_objects(), 1);
     drop(fd);
+}
+
+#[test]
+fn an_export_that_is_not_memory_or_not_new_is_refused_naming_what_it_is() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let stdin = stdin_open();
+    let (mut file, file_id) = host_file();
+    let p = load_contained("BAD_EXPORT_NOT_MEMFD");
+    let m = p.mechanisms()[0].clone();
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let o = sm.create(m.properties().granularity).unwrap();
+    // A regular file that is not memory (before: taken as the export, and
+    // closed by its caller as documented).
+    let e = sm.export_fd(&o).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    assert_eq!(e.slot, "shared_mapping.export_fd");
+    for part in ["not shared memory", "/proc/", "status", "the host closed it"] {
+        assert!(e.message.contains(part), "{part:?}: {e}");
+    }
+    let fd = returned_fd(&e.message);
+    assert!(open_file(fd).is_none(), "the plugin's new file {fd} is closed, not leaked");
+    // A descriptor that was open before the call: not the plugin's to give,
+    // not the host's to close.
+    let e = sm.export_fd(&o).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    for part in ["open before the call", "/memfd:", "leaves it as it is"] {
+        assert!(e.message.contains(part), "{part:?}: {e}");
+    }
+    let fd = returned_fd(&e.message);
+    let (target, ..) = open_file(fd).expect("left open");
+    assert!(target.to_string_lossy().starts_with("/memfd:"), "{target:?}");
+    drop(unsafe { OwnedFd::from_raw_fd(fd) }); // the plugin leaked it
+    assert_eq!(open_file(0), Some(stdin), "stdin");
+    assert_eq!(open_file(file.as_raw_fd()), Some(file_id), "the host's file");
+    assert!(intact(&mut file));
+    sm.release(o).unwrap();
+    drop(m);
+    p.unload().unwrap();
 }

@@ -882,3 +882,98 @@ fn misbehaviours_md_has_a_row_for_every_containment_variant() {
         assert!(!BAD_PLUGIN_VARIANTS.contains(v), "{v} is listed twice");
     }
 }
+
+// ---------------------------------------------------------------------------
+// Containment: the message sink used past its call, lying message lengths
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_sink_kept_and_written_after_its_call_is_dropped_and_counted() {
+    // Each refusal first writes into the previous call's sink (a copy of
+    // it and the pointer), then its own message, then leaves a detached
+    // thread writing into it after the slot returned. Before the sink was
+    // bound to its call, the first write went to a dead stack frame.
+    let p = load_contained("BAD_SINK_LATE");
+    let m = p.mechanisms()[0].clone();
+    let before = memplug_host::late_sink_writes();
+    for _ in 0..200 {
+        let e = unsafe { m.ungoverned() }.allocator().allocate(0, 16).unwrap_err();
+        assert_eq!(e.status, Status::InvalidArgument, "{e}");
+        assert!(e.message.contains("zero size"), "the call's own message: {:?}", e.message);
+        let a = unsafe { m.ungoverned() }.allocator().allocate(64, 16).unwrap();
+        unsafe { m.ungoverned() }.allocator().deallocate(a).unwrap();
+    }
+    // The detached writers (20 writes, 0.2 ms apart, each) end well within
+    // this; the library must not be unloaded under them.
+    std::thread::sleep(Duration::from_millis(500));
+    let late = memplug_host::late_sink_writes() - before;
+    assert!(late >= 199, "every write through a copy of an earlier call's sink is dropped: {late}");
+    // In every manager's statistics too.
+    let faults = ProcessMemoryManager::new().stats().plugin_faults.expect("a manager's report has them");
+    assert!(faults.late_sink_writes >= before + late, "{faults:?}");
+    drop(m);
+    works_and_unloads(p);
+}
+
+#[test]
+fn a_message_whose_length_runs_past_readable_memory_is_cut_and_counted() {
+    let p = load_contained("BAD_MESSAGE_LEN_LIES");
+    let before = memplug_host::unreadable_plugin_messages();
+    let e = unsafe { p.mechanisms()[0].ungoverned() }.allocator().allocate(0, 16).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    assert!(e.message.starts_with("bad_plugin: unknown flags or zero size ["), "{:?}", e.message);
+    assert!(e.message.contains("message cut by the host"), "{:?}", e.message);
+    assert_eq!(memplug_host::unreadable_plugin_messages(), before + 1);
+    assert_eq!(memplug_host::plugin_faults().unreadable_messages, before + 1);
+    works_and_unloads(p);
+}
+
+// ---------------------------------------------------------------------------
+// Containment: blocks larger than asked
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_block_far_larger_than_asked_is_refused_with_both_sizes_never_charged() {
+    const CLAIM: &str = "4611686018427387904"; // 2^62
+    let p = load_contained("BAD_OVERSIZED_BLOCK");
+    let m = p.mechanisms()[0].clone();
+    let e = unsafe { m.ungoverned() }.allocator().allocate(4096, 16).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    mentions(&e, &["allocator.allocate", CLAIM, "request of 4096 bytes", "rounding"]);
+    assert_eq!(m.live(ObjectKind::Allocation), 0);
+    let g = m.properties().granularity;
+    let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
+    let e = vb.reserve(4 * g).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    mentions(&e, &["virtual_backing.reserve", CLAIM, &format!("request of {} bytes", 4 * g)]);
+    assert_eq!(m.live(ObjectKind::Reservation), 0);
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let e = sm.create(g).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    mentions(&e, &["shared_mapping.create", CLAIM]);
+    assert_eq!(m.live(ObjectKind::PhysicalObject), 0);
+    assert!(memplug_host::plugin_faults().refused_block_sizes >= 3);
+    // Not freed on a guess: the plugin still holds all three.
+    assert_eq!(p.plugin_live_objects(), 3);
+    drop(m);
+    mentions(&p.unload().unwrap_err(), &["reports 3 live object"]);
+}
+
+#[test]
+fn a_block_far_larger_than_asked_is_a_misbehaviour_not_out_of_budget() {
+    let p = Plugin::load_with(contained_plugin_copy("BAD_OVERSIZED_BLOCK", "binding"), &checked()).unwrap();
+    let manager = ProcessMemoryManager::new();
+    manager.register_plugin(p).unwrap();
+    let cpu0 = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+    let context = manager.select(cpu0, Requirements::ALLOCATOR_ONLY).unwrap();
+    let pool = manager.create_pool("small", 1 << 20).unwrap();
+    let binding = manager.bind(&context, &pool, BindingSpec::new(AllocationClass::Other)).unwrap();
+    match binding.allocate(4096, 16) {
+        Err(BindingError::Plugin(e)) => {
+            assert_eq!(e.status, Status::Internal);
+            mentions(&e, &["4611686018427387904", "request of 4096 bytes"]);
+        }
+        other => panic!("the oversized block was not refused as the plugin's: {other:?}"),
+    }
+    assert_eq!(pool.used(), 0, "nothing charged for the refused block");
+}

@@ -35,7 +35,9 @@ mod library;
 pub mod lifecycle;
 mod load_options;
 mod reentry;
+pub use faults::{plugin_faults, PluginFaults};
 pub use reentry::inside_plugin_call;
+pub use sink::{late_sink_writes, unreadable_plugin_messages};
 pub mod manager;
 pub mod mechanism;
 pub mod observe;
@@ -44,6 +46,7 @@ pub mod policy;
 pub mod registry;
 mod services;
 pub use services::ServiceStats;
+mod faults;
 mod sink;
 /// `std` or `loom` synchronisation, chosen in one place.
 pub(crate) mod sync;

@@ -218,10 +218,13 @@ impl Plugin {
             plugin: core::ptr::null(),
         };
         let mut cap = Capture::default();
-        let sink = cap.sink();
         let raw = {
-            let _inside = InPluginCall::enter();
-            entry(&host, &mut out, &sink)
+            // A sink for this call only (crate::sink).
+            let (_inside, _, sink) = InPluginCall::enter_call();
+            let call = sink.begin();
+            let raw = entry(&host, &mut out, call.abi());
+            call.finish(&mut cap);
+            raw
         };
         if raw != MEMPLUG_STATUS_OK {
             let message = cap.take().unwrap_or_else(|| "the plugin gave no message".into());

@@ -3,7 +3,8 @@
 //! plugin-level slots), read by host entry points that plugin code could
 //! reach on the same thread (the C API refuses them as re-entrant).
 
-use std::cell::Cell;
+use crate::sink::{CallSink, SinkSlot};
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 /// What the host keeps per thread: one thread-local, so the door into a
@@ -15,13 +16,68 @@ struct ThreadState {
     /// The thread's stripe of striped counters (the operation gate, the
     /// ledgers): chosen round-robin the first time the thread needs one.
     stripe: Cell<u32>,
+    /// The thread's message-sink slot at each call depth below
+    /// [`SINK_DEPTHS`] (`crate::sink`), taken from the process-wide table
+    /// the first time the thread calls at that depth and given back when
+    /// it exits.
+    sinks: [Cell<Option<&'static SinkSlot>>; SINK_DEPTHS],
 }
+
+/// Call depths whose sink slot a thread keeps in [`THREAD`]; deeper ones
+/// are kept in [`SINKS_BACK`] (found on a slower path).
+const SINK_DEPTHS: usize = 8;
 
 const NO_STRIPE: u32 = u32::MAX;
 static NEXT_STRIPE: AtomicU32 = AtomicU32::new(0);
 
 std::thread_local! {
-    static THREAD: ThreadState = const { ThreadState { depth: Cell::new(0), stripe: Cell::new(NO_STRIPE) } };
+    static THREAD: ThreadState = const {
+        ThreadState { depth: Cell::new(0), stripe: Cell::new(NO_STRIPE), sinks: [const { Cell::new(None) }; SINK_DEPTHS] }
+    };
+    /// The thread's sink slots of depths from [`SINK_DEPTHS`] on, and the
+    /// one that gives every slot of the thread back when it exits (touched
+    /// only when a slot is taken, so that its destructor is registered).
+    static SINKS_BACK: SinksBack = const { SinksBack(RefCell::new(Vec::new())) };
+}
+
+struct SinksBack(RefCell<Vec<&'static SinkSlot>>);
+
+impl Drop for SinksBack {
+    fn drop(&mut self) {
+        // THREAD has no destructor: it is still there.
+        let _ = THREAD.try_with(|t| {
+            for s in &t.sinks {
+                if let Some(slot) = s.take() {
+                    slot.give_back();
+                }
+            }
+        });
+        for slot in self.0.get_mut().drain(..) {
+            slot.give_back();
+        }
+    }
+}
+
+/// The sink slot a call at `depth` uses when the thread has none cached
+/// for it.
+#[cold]
+#[inline(never)]
+fn sink_slot_cold(t: &ThreadState, depth: usize) -> &'static SinkSlot {
+    // Kept only where the thread can give it back when it exits; from a
+    // thread's exit, after its slots went back, the shared overflow slot.
+    let kept = SINKS_BACK.try_with(|deep| {
+        if depth < SINK_DEPTHS {
+            let slot = SinkSlot::acquire();
+            t.sinks[depth].set(Some(slot));
+            return slot;
+        }
+        let mut deep = deep.0.borrow_mut();
+        while deep.len() <= depth - SINK_DEPTHS {
+            deep.push(SinkSlot::acquire());
+        }
+        deep[depth - SINK_DEPTHS]
+    });
+    kept.unwrap_or_else(|_| SinkSlot::overflow())
 }
 
 impl ThreadState {
@@ -70,16 +126,35 @@ impl InPluginCall {
         THREAD.with(|t| t.depth.set(t.depth.get().wrapping_add(1)));
         InPluginCall(())
     }
+}
 
-    /// [`enter`](Self::enter), also returning the thread's stripe: the
-    /// door needs both, for one thread-local access.
+impl InPluginCall {
+    /// [`enter`](Self::enter), also returning the thread's stripe and the
+    /// message sink slot of the call (not yet begun): the door needs all
+    /// three, for one thread-local access.
     #[inline(always)]
-    pub(crate) fn enter_striped() -> (InPluginCall, usize) {
-        let stripe = THREAD.with(|t| {
-            t.depth.set(t.depth.get().wrapping_add(1));
-            t.stripe()
+    pub(crate) fn enter_call() -> (InPluginCall, usize, SinkFor) {
+        let (stripe, sink) = THREAD.with(|t| {
+            let depth = t.depth.get();
+            t.depth.set(depth.wrapping_add(1));
+            let slot = match t.sinks.get(depth as usize).and_then(Cell::get) {
+                Some(slot) => slot,
+                None => sink_slot_cold(t, depth as usize),
+            };
+            (t.stripe(), SinkFor(slot))
         });
-        (InPluginCall(()), stripe)
+        (InPluginCall(()), stripe, sink)
+    }
+}
+
+/// The sink slot of one call, before it begins.
+pub(crate) struct SinkFor(&'static SinkSlot);
+
+impl SinkFor {
+    /// Starts the call's sink (see [`SinkSlot::begin`]).
+    #[inline(always)]
+    pub(crate) fn begin(self) -> CallSink {
+        self.0.begin()
     }
 }
 

@@ -17,7 +17,7 @@
 //! anywhere.
 
 use crate::lifecycle::LossReceiver;
-use crate::sink::bounded_message;
+use crate::sink::read_message;
 use memplug_sdk::abi::*;
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -240,8 +240,9 @@ impl InboxState {
         let text = if len == 0 {
             "the plugin gave no reason".to_string()
         } else {
-            let n = len.min(MEMPLUG_MESSAGE_MAX as usize);
-            bounded_message(core::slice::from_raw_parts(reason.cast::<u8>(), n))
+            // Read so that a length running past readable memory cuts the
+            // reason instead of faulting (crate::sink).
+            read_message(reason.cast::<u8>(), len)
         };
         let moved = m.receive_loss(format!("the plugin reported the loss: {text}"));
         self.counts[if moved { LOSSES } else { REPEATS }].fetch_add(1, Relaxed);

@@ -15,6 +15,7 @@ use memplug_sdk::abi::*;
 use memplug_sdk::*;
 use std::alloc::Layout;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 const CPU1: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 1 };
@@ -317,4 +318,124 @@ fn a_prefix_exported_as_a_typed_memfd_is_imported_by_another_binding_with_the_sa
     drop(h);
     mgr.poll();
     assert_eq!((pa.used(), pb.used()), (0, 0));
+}
+
+/// Issue 28, item 9: a descriptor to import must be of the kind it claims
+/// (a memfd is shared memory, a dma-buf a dma-buf), and a regular file
+/// that is not memory is refused before the plugin sees it.
+#[test]
+fn an_import_of_a_descriptor_that_is_not_what_it_claims_is_refused_first() {
+    use std::os::fd::AsFd;
+    let p = cpu_at("typed12-kinds", 2);
+    let m = p.mechanism("cpu").unwrap();
+    // SAFETY: test harness; nothing is made.
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let status = std::fs::File::open("/proc/self/status").unwrap();
+    let h = memplug_host::HandleRef::Fd { kind: MEMPLUG_HANDLE_MEMFD, fd: status.as_fd() };
+    let e = sm.import_handle(h, 8192).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    assert!(e.message.contains("not a memfd but /proc/"), "{e}");
+    let e = sm.import_fd(status.as_fd(), 8192).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{e}");
+    assert!(e.message.contains("not shared memory"), "{e}");
+    assert_eq!(m.live(memplug_host::ObjectKind::PhysicalObject), 0);
+}
+
+/// A typed exporter that lies about its first handle: a `MEMFD` that is
+/// `/proc/self/status` opened anew (issue 28, item 9). Its second export is
+/// a real memfd.
+#[derive(Default)]
+struct MislabelledExports {
+    exports: AtomicU64,
+}
+
+impl Allocator for MislabelledExports {
+    fn properties(&self) -> Properties {
+        Properties { min_alignment: 16, max_alignment: 4096, granularity: 4096 }
+    }
+    fn descriptor(&self) -> Descriptor {
+        descriptor()
+    }
+    fn allocate(&self, _: &Request) -> PluginResult<Block> {
+        Err(PluginError::out_of_memory("this mechanism only makes physical objects"))
+    }
+    fn deallocate(&self, o: &ObjectRef) -> PluginResult<()> {
+        Err(PluginError::unknown_allocation(format!("{:#x}", o.handle)))
+    }
+}
+
+impl SharedMapping for MislabelledExports {
+    fn create(&self, r: &Request) -> PluginResult<Block> {
+        Ok(Block { addr: 0, size: r.size.next_multiple_of(4096), handle: 1 })
+    }
+    fn map(&self, _: &ObjectRef, _: u64, _: &ObjectRef, _: u64, _: u64, _: Access) -> PluginResult<()> {
+        Err(PluginError::unsupported("no reservations"))
+    }
+    fn unmap(&self, _: &ObjectRef, _: u64, _: u64) -> PluginResult<()> {
+        Err(PluginError::unsupported("no reservations"))
+    }
+    fn retain(&self, _: &ObjectRef) -> PluginResult<()> {
+        Ok(())
+    }
+    fn release(&self, _: &ObjectRef) -> PluginResult<()> {
+        Ok(())
+    }
+    const CAN_EXPORT_HANDLES: bool = true;
+    fn export_handle(&self, _: &ObjectRef, kind: u32) -> PluginResult<Handle> {
+        let fd: std::os::fd::OwnedFd = if self.exports.fetch_add(1, Ordering::Relaxed) == 0 {
+            std::fs::File::open("/proc/self/status").unwrap().into()
+        } else {
+            let name = std::ffi::CString::new("mislabelled-but-right").unwrap();
+            let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+            assert!(fd >= 0);
+            unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) }
+        };
+        Ok(Handle::Fd { kind, fd })
+    }
+}
+
+mod mislabelled {
+    fn init() -> memplug_sdk::ExportedPlugin {
+        memplug_sdk::PluginBuilder::new("mislabelled", "1")
+            .mechanism(
+                memplug_sdk::MechanismBuilder::new(
+                    "liar",
+                    9,
+                    super::CPU1,
+                    super::MislabelledExports::default(),
+                )
+                .shared_mapping()
+                .build(),
+            )
+            .live_objects(|| 0)
+            .build()
+    }
+    memplug_sdk::declare_entry!(pub entry, init);
+}
+
+#[test]
+fn a_typed_export_that_is_not_of_its_kind_is_refused_and_closed() {
+    use std::os::fd::AsRawFd;
+    let p = load(mislabelled::entry, "mislabelled", 2).unwrap();
+    let m = p.mechanism("liar").unwrap();
+    // SAFETY: test harness; the object is released below.
+    let sm = unsafe { m.ungoverned() }.shared_mapping().unwrap();
+    let placed = memplug_host::Placement { export_types: MEMPLUG_HANDLE_MEMFD, ..Default::default() };
+    let o = sm.create_placed(4096, AllocationClass::Other, &placed).unwrap();
+    let e = sm.export_handle(&o, MEMPLUG_HANDLE_MEMFD).unwrap_err();
+    assert_eq!(e.status, Status::Internal, "{e}");
+    assert_eq!(e.slot, "shared_mapping.export_handle");
+    for part in ["not a memfd but /proc/", "status", "the host closed it"] {
+        assert!(e.message.contains(part), "{part:?}: {e}");
+    }
+    let n: i32 = e.message.split("returned fd ").nth(1).unwrap().split(',').next().unwrap().parse().unwrap();
+    assert!(std::fs::read_link(format!("/proc/self/fd/{n}")).is_err(), "fd {n} was closed, not leaked");
+    assert!(memplug_host::plugin_faults().refused_descriptors >= 1);
+    // A real memfd is taken.
+    let h = sm.export_handle(&o, MEMPLUG_HANDLE_MEMFD).unwrap();
+    let memplug_host::Handle::Fd { fd, .. } = &h else { panic!("{h:?}") };
+    let link = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap();
+    assert!(link.to_string_lossy().starts_with("/memfd:mislabelled-but-right"), "{link:?}");
+    drop(h);
+    sm.release(o).unwrap();
 }

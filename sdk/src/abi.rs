@@ -314,7 +314,12 @@ pub struct MemplugDevice {
 /// passed to. The plugin calls `write` on the calling thread, before the slot
 /// returns, at most a few times (the host keeps the last message, truncated
 /// to `MEMPLUG_MESSAGE_MAX` bytes). `msg` need not be NUL-terminated; `len`
-/// bytes are read. Frozen: this struct never grows.
+/// bytes are read. A write after the slot returned (through a kept copy or
+/// pointer, or from a thread not joined before the return) breaks the
+/// contract; a host drops it and never lets it reach another call's
+/// message or its own memory. A `len` that runs past readable memory
+/// breaks it too; a host keeps what it can read and never faults on the
+/// rest. Frozen: this struct never grows.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct MemplugMessageSink {
@@ -697,7 +702,10 @@ pub struct MemplugBlock {
     /// Device address of the first byte; zero for a physical object, which
     /// has no address until it is mapped.
     pub addr: u64,
-    /// Bytes actually obtained (at least the bytes requested).
+    /// Bytes actually obtained (at least the bytes requested). A host refuses
+    /// a block that claims more than the request rounded up to the largest of
+    /// the granularity, `max_alignment`, 4096 and the requested page size,
+    /// plus the larger of the granularity and 2 MiB.
     pub size: u64,
     /// Plugin handle for the object, opaque to the host.
     pub handle: u64,
@@ -952,6 +960,9 @@ pub struct MemplugSharedMapping {
     /// It must be a descriptor made for this call (for example with
     /// `dup`), never one the plugin keeps, closes later or shares, and
     /// never 0, 1 or 2.
+    /// A host refuses a number that was open before the call, and a
+    /// regular file that is not shared memory; it closes a refused
+    /// descriptor that the call opened.
     /// `*out_fd` is written only on success.
     pub export_fd: Option<
         unsafe extern "C" fn(
@@ -985,7 +996,9 @@ pub struct MemplugSharedMapping {
     /// handle of kind `handle_type` (one `MEMPLUG_HANDLE_*` bit the
     /// mechanism publishes in `export_types`), written into `out` (never
     /// past `out->struct_size`). For descriptor kinds, `out->fd` is a new
-    /// descriptor the caller owns and closes; for `MEMPLUG_HANDLE_WIN32`,
+    /// descriptor the caller owns and closes, of the kind it claims (a host
+    /// refuses a `MEMPLUG_HANDLE_MEMFD` that is not shared memory and a
+    /// `MEMPLUG_HANDLE_DMABUF_FD` that is not a dma-buf); for `MEMPLUG_HANDLE_WIN32`,
     /// `out->win32` a new handle the caller owns; for
     /// `MEMPLUG_HANDLE_VENDOR_BLOB`, `out->blob_len` bytes of `out->blob`.
     /// A kind the mechanism does not offer, or an object that was not made

@@ -31,6 +31,10 @@ pub const CONTAINMENT_VARIANTS: &[&str] = &[
     "BAD_IMPORT_CLOSES_FD",
     "BAD_ESCAPES_IN_NAMES",
     "BAD_DOUBLE_FREE_WITNESS",
+    "BAD_SINK_LATE",
+    "BAD_MESSAGE_LEN_LIES",
+    "BAD_OVERSIZED_BLOCK",
+    "BAD_EXPORT_NOT_MEMFD",
 ];
 
 /// The shared library of one containment variant, compiled once per

@@ -65,6 +65,7 @@ impl<'m> AllocatorApi<'m> {
         if out.addr == 0 || out.addr & (alignment.max(1).wrapping_sub(1)) != 0 || out.size < size {
             return Err(self.bad_block(&req, &out));
         }
+        m.check_block_size("allocator.allocate", "a block", size, out.size, p.page_size, 0)?;
         m.admit_block("allocator.allocate", ObjectKind::Allocation, &req, &out)?;
         m.born(ObjectKind::Allocation);
         Ok(Allocation(m.object(&req, &out)))

@@ -194,8 +194,9 @@ impl MechanismInner {
     #[inline(always)]
     fn invoke<A>(&self, held: Held, slot: impl Slot<A>, args: A, cap: &mut Capture) -> MemplugStatus {
         // The capture stays in the caller's frame (not moved out with the
-        // status), so a success costs the sink's two stores and a compare.
-        let sink = cap.sink();
+        // status); the sink is the thread's slot for this call depth
+        // (crate::sink), so a success costs its generation's stores and the
+        // test of its `pending` flag.
         // SAFETY: every slot pointer the host holds was read from a table
         // the loader validated (non-NULL where called: required slots are
         // checked at load, optional ones are `Option`s matched by the
@@ -206,9 +207,11 @@ impl MechanismInner {
         // from references (`SlotArg`), valid and live until the call
         // returns; structs the host passes carry the `struct_size` of the
         // type it allocated, so the plugin never reads or writes past them.
-        // `sink` points at `cap`, which outlives the call. The ABI requires
-        // each slot to be callable from any thread and never to unwind.
-        let (_inside, stripe) = InPluginCall::enter_striped();
+        // The sink lives in a slot that is never freed, and a write into
+        // it after the call returned is dropped (crate::sink). The ABI
+        // requires each slot to be callable from any thread and never to
+        // unwind.
+        let (_inside, stripe, sink) = InPluginCall::enter_call();
         // The operation gate (crate::lifecycle): a lost or terminated
         // context is not called; termination waits for this token (or for
         // the caller's, which covers this call).
@@ -219,7 +222,10 @@ impl MechanismInner {
                 Err(state) => return self.closed_door(state, cap),
             },
         };
-        unsafe { slot.invoke(self.ctx, args, &sink) }
+        let call = sink.begin();
+        let raw = unsafe { slot.invoke(self.ctx, args, call.abi()) };
+        call.finish(cap);
+        raw
     }
 
     /// The door of a lost or terminated context: the plugin is not called;
@@ -403,6 +409,93 @@ impl MechanismInner {
             return Ok(());
         }
         Err(self.bad_range(slot, what, size, offset, len))
+    }
+
+    /// How many bytes more than asked a block may say it has: its size
+    /// rounded up to the largest of the granularity, `max_alignment`,
+    /// 4096 and the requested page size, plus the larger of the
+    /// granularity and 2 MiB (a size class or a huge page; never orders of
+    /// magnitude). The rule of the conformance kit's
+    /// `allocator.block_size_sane`.
+    #[inline(always)]
+    pub(crate) fn size_room(&self, page_size: u64) -> u64 {
+        let p = &self.props;
+        let unit = p.granularity.max(p.max_alignment).max(4096).max(page_size);
+        unit.saturating_add(p.granularity.max(2 << 20))
+    }
+
+    /// Refuses a block (`Internal`, both sizes in the message) whose size
+    /// is less than asked or more than the mechanism's published rounding
+    /// allows ([`size_room`](Self::size_room)); `known` is a size the host
+    /// learnt elsewhere that the block may have too (an imported file's
+    /// length), or 0. A refused block is not counted, charged or freed:
+    /// the host cannot know what the plugin made (§2, invariant 7).
+    #[inline(always)]
+    pub(crate) fn check_block_size(
+        &self,
+        slot: &'static str,
+        what: &str,
+        asked: u64,
+        got: u64,
+        page_size: u64,
+        known: u64,
+    ) -> Result<(), CallError> {
+        // The room is never less than 2 MiB: most blocks pass here, at the
+        // cost of a subtraction and a compare.
+        if got >= asked && got - asked <= 2 << 20 {
+            return Ok(());
+        }
+        self.check_block_size_slow(slot, what, asked, got, page_size, known)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_block_size_slow(
+        &self,
+        slot: &'static str,
+        what: &str,
+        asked: u64,
+        got: u64,
+        page_size: u64,
+        known: u64,
+    ) -> Result<(), CallError> {
+        let room = self.size_room(page_size);
+        if got >= asked && (got - asked <= room || (known != 0 && got <= known.saturating_add(room))) {
+            return Ok(());
+        }
+        Err(self.bad_size(slot, what, asked, got, room, known))
+    }
+
+    #[cold]
+    fn bad_size(
+        &self,
+        slot: &'static str,
+        what: &str,
+        asked: u64,
+        got: u64,
+        room: u64,
+        known: u64,
+    ) -> CallError {
+        crate::faults::count(&crate::faults::REFUSED_BLOCK_SIZES);
+        let rule = if got < asked {
+            "fewer than asked".to_string()
+        } else {
+            let also =
+                if known != 0 { format!(" (or of the {known} bytes the handle has)") } else { String::new() };
+            format!(
+                "more than its published rounding allows: at most {room} bytes over the request{also} \
+                 (granularity {}, max_alignment {})",
+                self.props.granularity, self.props.max_alignment
+            )
+        };
+        self.refuse(
+            slot,
+            Status::Internal,
+            format!(
+                "plugin reported success but returned {what} of {got} bytes ({got:#x}) for a request of {asked} \
+                 bytes: {rule}; the block is not trusted, not counted, not charged and not freed"
+            ),
+        )
     }
 
     #[cold]

@@ -58,14 +58,21 @@ impl<'m> SharedMappingApi<'m> {
         out: &MemplugBlock,
         size: u64,
     ) -> Result<PhysicalObject, CallError> {
+        self.new_object_of(slot, req, out, size, 0)
+    }
+
+    /// [`new_object`](Self::new_object) for an import whose handle says
+    /// how large its memory is (`known` bytes; 0 when it does not).
+    pub(super) fn new_object_of(
+        &self,
+        slot: &'static str,
+        req: &MemplugRequest,
+        out: &MemplugBlock,
+        size: u64,
+        known: u64,
+    ) -> Result<PhysicalObject, CallError> {
         let m = self.m;
-        if out.size < size {
-            return Err(m.refuse(
-                slot,
-                Status::Internal,
-                format!("plugin reported success but returned {} bytes for {size}", out.size),
-            ));
-        }
+        m.check_block_size(slot, "a physical object", size, out.size, req.page_size, known)?;
         m.born(ObjectKind::PhysicalObject);
         Ok(PhysicalObject(m.object(req, out)))
     }
@@ -137,20 +144,14 @@ impl<'m> SharedMappingApi<'m> {
         };
         let o = self.m.ref_if_made_here(SLOT, &object.0)?;
         let mut fd: i32 = -1;
+        // What was open before the call: a number in it is not new, so it
+        // is not the plugin's to hand over (nor the host's to close).
+        let before = OpenFds::now();
         self.m.call(SLOT, f, (&o, &mut fd))?;
-        if let Err(why) = exported_fd_fault(fd) {
-            // Not closed: the number may be the host's own (its stdin, a
-            // file it has open), and closing it would do the harm this
-            // check is here to prevent. A plugin that made a descriptor
-            // of a wrong kind leaks it.
-            return Err(self.m.refuse(
-                SLOT,
-                Status::Internal,
-                format!(
-                    "plugin reported success but returned fd {fd}, {why}; the host does not own it and \
-                     leaves it as it is"
-                ),
-            ));
+        if let Err(why) =
+            exported_fd_fault(fd).and_then(|()| before.new_one(fd)).and_then(|()| memory_file_fault(fd))
+        {
+            return Err(self.m.refuse(SLOT, Status::Internal, refused_fd(fd, &why, &before)));
         }
         // SAFETY: on success the plugin hands over a new descriptor the
         // caller owns (ABI contract), checked above to be open, not a
@@ -171,10 +172,22 @@ impl<'m> SharedMappingApi<'m> {
             return Err(self.no_export(SLOT));
         };
         let m = self.m;
+        // A regular file that is not shared memory is refused before the
+        // plugin sees it (a closed number is left to `lend`).
+        if let Err(why) =
+            memory_file_fault(fd.as_raw_fd())
+                .or_else(|w| if is_open(fd.as_raw_fd()) { Err(w) } else { Ok(()) })
+        {
+            return Err(m.refuse(
+                SLOT,
+                Status::InvalidArgument,
+                format!("the descriptor to import (fd {}) is {why}", fd.as_raw_fd()),
+            ));
+        }
         let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
         let mut out = MechanismInner::empty_block();
         self.lend(SLOT, fd, |lent_fd| m.call(SLOT, f, (lent_fd, &req, &mut out)))?;
-        self.new_object(SLOT, &req, &out, size)
+        self.new_object_of(SLOT, &req, &out, size, file_length(fd.as_raw_fd()))
     }
 
     /// Runs `call` with a duplicate of `fd` lent to the plugin, closed here
@@ -279,6 +292,150 @@ pub(super) fn exported_fd_fault(fd: RawFd) -> Result<(), String> {
     }
 }
 
+/// The length `fstat` gives for `fd` (a memfd's or a dma-buf's size), or 0.
+pub(super) fn file_length(fd: RawFd) -> u64 {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: as in `exported_fd_fault`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return 0;
+    }
+    // SAFETY: fstat succeeded.
+    u64::try_from(unsafe { st.assume_init() }.st_size).unwrap_or(0)
+}
+
+/// The descriptors open in this process at one moment (`/proc/self/fd`);
+/// `None` when that cannot be read (then every number counts as possibly
+/// the host's).
+pub(super) struct OpenFds(pub(super) Option<Vec<i32>>);
+
+impl OpenFds {
+    /// Lists them (an export is not a hot path: one directory read).
+    pub(super) fn now() -> OpenFds {
+        // SAFETY: opendir/readdir/closedir on a directory stream this
+        // function owns; each entry's name is a NUL-terminated string
+        // valid until the next readdir.
+        unsafe {
+            let dir = libc::opendir(c"/proc/self/fd".as_ptr());
+            if dir.is_null() {
+                return OpenFds(None);
+            }
+            // The listing's own descriptor is closed again below: the
+            // plugin may well be given its number.
+            let own = libc::dirfd(dir);
+            let mut v = Vec::new();
+            loop {
+                let e = libc::readdir(dir);
+                if e.is_null() {
+                    break;
+                }
+                let name = core::ffi::CStr::from_ptr((*e).d_name.as_ptr());
+                if let Some(fd) = name.to_str().ok().and_then(|n| n.parse::<i32>().ok()) {
+                    if fd != own {
+                        v.push(fd);
+                    }
+                }
+            }
+            libc::closedir(dir);
+            v.sort_unstable();
+            OpenFds(Some(v))
+        }
+    }
+
+    /// Refuses `fd` when it was open already (the process's own: a plugin
+    /// must hand over a new descriptor), or when that cannot be told.
+    pub(super) fn new_one(&self, fd: RawFd) -> Result<(), String> {
+        match &self.0 {
+            Some(v) if v.binary_search(&fd).is_err() => Ok(()),
+            Some(_) => {
+                Err(format!("which was open before the call ({}), not a new descriptor", what_fd_is(fd)))
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Whether `fd` is a new descriptor the plugin made, and so the host's
+    /// to close when it refuses it.
+    fn made_by_the_call(&self, fd: RawFd) -> bool {
+        fd > 2 && is_open(fd) && self.0.as_ref().is_some_and(|v| v.binary_search(&fd).is_err())
+    }
+}
+
+/// The refusal of a descriptor `fd` a plugin handed over, for `why`: a new
+/// descriptor is closed (the plugin gave it away; keeping it would leak
+/// it), any other number is left as it is (it may be the host's own).
+pub(super) fn refused_fd(fd: RawFd, why: &str, before: &OpenFds) -> String {
+    crate::faults::count(&crate::faults::REFUSED_DESCRIPTORS);
+    if before.made_by_the_call(fd) {
+        // SAFETY: a descriptor opened during the call, handed to the host
+        // by the plugin (whose it is no longer, by the contract), and used
+        // by nothing else in the host.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        format!("plugin reported success but returned fd {fd}, {why}; the host closed it (a new descriptor, given away)")
+    } else {
+        format!(
+            "plugin reported success but returned fd {fd}, {why}; the host does not own it and leaves it as it is"
+        )
+    }
+}
+
+fn is_open(fd: RawFd) -> bool {
+    // SAFETY: F_GETFD reads kernel state only.
+    (unsafe { libc::fcntl(fd, libc::F_GETFD) }) != -1
+}
+
+/// What `fd` is open on, as `/proc/self/fd` shows it ("/memfd:name
+/// (deleted)", "anon_inode:dmabuf", "pipe:[7]", a path), for messages.
+pub(super) fn what_fd_is(fd: RawFd) -> String {
+    match std::fs::read_link(format!("/proc/self/fd/{fd}")) {
+        Ok(t) => crate::plugin::escape_untrusted(&t.to_string_lossy()),
+        Err(_) => "unknown".into(),
+    }
+}
+
+/// Whether `fd` is shared memory: a memfd, or a file of tmpfs or
+/// hugetlbfs (`F_GET_SEALS` answers only for those).
+fn is_shared_memory(fd: RawFd) -> bool {
+    // SAFETY: reads kernel state only.
+    (unsafe { libc::fcntl(fd, libc::F_GET_SEALS) }) >= 0 || what_fd_is(fd).starts_with("/memfd:")
+}
+
+/// Refuses a regular file that is not shared memory (a file of procfs or
+/// of a disk: `/proc/self/status` is not memory a plugin made). Other kinds
+/// `exported_fd_fault` accepted (character devices, anonymous inodes such
+/// as a dma-buf) pass.
+pub(super) fn memory_file_fault(fd: RawFd) -> Result<(), String> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
+    // SAFETY: as in `exported_fd_fault`.
+    if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
+        return Err("which cannot be examined".into());
+    }
+    // SAFETY: fstat succeeded.
+    let regular = unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG;
+    if regular && !is_shared_memory(fd) {
+        return Err(format!("a regular file that is not shared memory ({})", what_fd_is(fd)));
+    }
+    Ok(())
+}
+
+/// Refuses `fd` when it is not of the typed kind `kind` claims: a
+/// `MEMPLUG_HANDLE_MEMFD` is shared memory (a memfd, tmpfs or hugetlbfs),
+/// a `MEMPLUG_HANDLE_DMABUF_FD` is a dma-buf; an opaque descriptor only
+/// passes [`memory_file_fault`].
+pub(super) fn handle_kind_fault(fd: RawFd, kind: u32) -> Result<(), String> {
+    use memplug_sdk::abi::{MEMPLUG_HANDLE_DMABUF_FD, MEMPLUG_HANDLE_MEMFD};
+    if kind == MEMPLUG_HANDLE_MEMFD && !is_shared_memory(fd) {
+        return Err(format!("which is not a memfd but {}", what_fd_is(fd)));
+    }
+    if kind == MEMPLUG_HANDLE_DMABUF_FD {
+        let what = what_fd_is(fd);
+        if !(what.starts_with("anon_inode:dmabuf") || what.starts_with("/dmabuf:")) {
+            return Err(format!("which is not a dma-buf but {what}"));
+        }
+        return Ok(());
+    }
+    memory_file_fault(fd)
+}
+
 /// The open file `fd` names (device and inode), or `None` when it is not
 /// open.
 fn file_identity(fd: RawFd) -> Option<(u64, u64)> {
@@ -329,6 +486,29 @@ mod tests {
         assert!(opath >= 0);
         assert!(fault(opath).contains("O_PATH"));
         unsafe { libc::close(opath) };
+    }
+
+    #[test]
+    fn handles_must_be_of_the_kind_they_claim() {
+        use super::{handle_kind_fault, memory_file_fault};
+        use memplug_sdk::abi::{MEMPLUG_HANDLE_DMABUF_FD, MEMPLUG_HANDLE_MEMFD, MEMPLUG_HANDLE_OPAQUE_FD};
+        let name = std::ffi::CString::new("memplug-kind").unwrap();
+        let memfd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(memfd >= 0);
+        assert_eq!(handle_kind_fault(memfd, MEMPLUG_HANDLE_MEMFD), Ok(()));
+        assert_eq!(handle_kind_fault(memfd, MEMPLUG_HANDLE_OPAQUE_FD), Ok(()));
+        let why = handle_kind_fault(memfd, MEMPLUG_HANDLE_DMABUF_FD).unwrap_err();
+        assert!(why.contains("not a dma-buf but /memfd:memplug-kind"), "{why}");
+        let status = std::fs::File::open("/proc/self/status").unwrap();
+        let why = handle_kind_fault(status.as_raw_fd(), MEMPLUG_HANDLE_MEMFD).unwrap_err();
+        assert!(why.contains("not a memfd but /proc/"), "{why}");
+        let why = memory_file_fault(status.as_raw_fd()).unwrap_err();
+        assert!(why.contains("not shared memory"), "{why}");
+        assert!(handle_kind_fault(status.as_raw_fd(), MEMPLUG_HANDLE_OPAQUE_FD).is_err());
+        // A character device is not a regular file: left to the plugin.
+        let null = std::fs::File::open("/dev/null").unwrap();
+        assert_eq!(memory_file_fault(null.as_raw_fd()), Ok(()));
+        unsafe { libc::close(memfd) };
     }
 
     #[test]

@@ -12,7 +12,7 @@
 //! lends the plugin a duplicate of the caller's descriptor, as 1.1's
 //! `import_fd` does.
 
-use super::shared_mapping::exported_fd_fault;
+use super::shared_mapping::{exported_fd_fault, handle_kind_fault, refused_fd, OpenFds};
 use super::{MechanismInner, Placement, SharedMappingApi};
 use crate::error::CallError;
 use crate::tokens::PhysicalObject;
@@ -43,6 +43,8 @@ impl SharedMappingApi<'_> {
         };
         let o = self.m.ref_if_made_here(SLOT, &object.0)?;
         let mut out = MemplugHandle { struct_size: MEMPLUG_HANDLE_SIZE_1_2, ..Default::default() };
+        // What was open before the call (see `export_fd`).
+        let before = if kind & FD_KINDS != 0 { OpenFds::now() } else { OpenFds(None) };
         self.m.call(SLOT, f, (&o, kind, &mut out))?;
         let bad =
             |why: String| self.m.refuse(SLOT, Status::Internal, format!("plugin reported success but {why}"));
@@ -53,9 +55,14 @@ impl SharedMappingApi<'_> {
             )));
         }
         if kind & FD_KINDS != 0 {
-            if let Err(why) = exported_fd_fault(out.fd) {
-                // Not closed: the number may be the host's own.
-                return Err(bad(format!("returned fd {}, {why}; the host leaves it as it is", out.fd)));
+            let fd = out.fd;
+            let fault = exported_fd_fault(fd)
+                .and_then(|()| before.new_one(fd))
+                .and_then(|()| handle_kind_fault(fd, kind));
+            if let Err(why) = fault {
+                // A new descriptor of the wrong kind is closed; any other
+                // number may be the host's own and is left alone.
+                return Err(self.m.refuse(SLOT, Status::Internal, refused_fd(fd, &why, &before)));
             }
             // SAFETY: a new descriptor the caller owns (ABI contract),
             // checked above to be open, not a standard stream and able to
@@ -84,8 +91,20 @@ impl SharedMappingApi<'_> {
         let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
         let mut out = MechanismInner::empty_block();
         let mut h = MemplugHandle { struct_size: MEMPLUG_HANDLE_SIZE_1_2, ..Default::default() };
+        let mut known = 0;
         match handle {
             HandleRef::Fd { kind, fd } => {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                // The caller's descriptor must be what it says, before the
+                // plugin is handed it.
+                if let Err(why) = handle_kind_fault(raw, kind) {
+                    return Err(m.refuse(
+                        SLOT,
+                        Status::InvalidArgument,
+                        format!("the descriptor to import (fd {raw}, kind {kind:#x}) is {why}"),
+                    ));
+                }
+                known = super::shared_mapping::file_length(raw);
                 h.handle_type = kind;
                 self.lend(SLOT, fd, |lent| {
                     h.fd = lent;
@@ -111,6 +130,6 @@ impl SharedMappingApi<'_> {
                 m.call(SLOT, f, (&h, &req, &mut out))?;
             }
         }
-        self.new_object(SLOT, &req, &out, size)
+        self.new_object_of(SLOT, &req, &out, size, known)
     }
 }

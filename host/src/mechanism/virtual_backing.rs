@@ -54,6 +54,7 @@ impl<'m> VirtualBackingApi<'m> {
                 ),
             ));
         }
+        m.check_block_size("virtual_backing.reserve", "a reservation", size, out.size, p.page_size, 0)?;
         m.admit_block("virtual_backing.reserve", ObjectKind::Reservation, &req, &out)?;
         m.born(ObjectKind::Reservation);
         Ok(Reservation(m.object(&req, &out)))

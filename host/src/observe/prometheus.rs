@@ -25,6 +25,8 @@ type ClassFamily = (&'static str, Type, &'static str, fn(&ClassStats) -> u64);
 
 /// A family of the queue's counters: name, help, the figure.
 type QueueFamily = (&'static str, &'static str, fn(&QueueStats) -> u64);
+/// A family of the process-wide plugin fault counts: name, help, the figure.
+type FaultFamily = (&'static str, &'static str, fn(&crate::PluginFaults) -> u64);
 
 /// Writes one family: help, type, then every sample (none: the family is
 /// left out, as the format allows).
@@ -207,6 +209,31 @@ pub fn to_prometheus(r: &StatsReport) -> String {
     ];
     for (name, help, f) in &q {
         family(o, name, Counter, help, queue(r, f));
+    }
+
+    // Plugin misbehaviours the host survived (process-wide).
+    let faults: [FaultFamily; 4] = [
+        (
+            "memplug_plugin_late_sink_writes_total",
+            "Writes into a message sink after its call returned, dropped.",
+            |f| f.late_sink_writes,
+        ),
+        ("memplug_plugin_unreadable_messages_total", "Plugin messages cut at an unreadable byte.", |f| {
+            f.unreadable_messages
+        }),
+        (
+            "memplug_plugin_refused_block_sizes_total",
+            "Blocks refused for a size other than the one asked.",
+            |f| f.refused_block_sizes,
+        ),
+        (
+            "memplug_plugin_refused_descriptors_total",
+            "Exported descriptors refused (not new, or not of their kind).",
+            |f| f.refused_descriptors,
+        ),
+    ];
+    for (name, help, f) in &faults {
+        family(o, name, Counter, help, r.plugin_faults.iter().map(|p| (Vec::new(), f(p))).collect());
     }
 
     // Contexts.

@@ -25,6 +25,10 @@ pub struct StatsReport {
     /// Every registered context, in registration order (empty in a report
     /// of one pool).
     pub contexts: Vec<ContextReport>,
+    /// Plugin misbehaviours the host survived, counted for the whole
+    /// process (absent in a report of one pool; see
+    /// [`PluginFaults`](crate::PluginFaults)).
+    pub plugin_faults: Option<crate::PluginFaults>,
 }
 
 /// One pool: its snapshot and every holder it ever had.
@@ -71,6 +75,7 @@ impl StatsReport {
             pools: vec![PoolReport::of(pool)],
             queue: None,
             contexts: Vec::new(),
+            plugin_faults: None,
         }
     }
 
@@ -92,6 +97,7 @@ impl StatsReport {
                     calls_in_flight: c.calls_in_flight(),
                 })
                 .collect(),
+            plugin_faults: Some(crate::PluginFaults::now()),
         }
     }
 }

@@ -76,10 +76,12 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
     fn release(&self, reservation: &ObjectRef) -> PluginResult<()> {
         let res = self.reservations.find(reservation)?;
         let mut state = res.lock(reservation)?;
-        // SAFETY: the reservation is live and its lock is held; once it is
-        // marked released below no call will touch its addresses again.
-        // munmap also removes every shared mapping inside the range.
-        unsafe { os::unreserve(res.addr, res.size, "release")? };
+        // Out of the table first, unmapped after: the kernel may hand the
+        // addresses to a new reservation the moment they are unmapped, and
+        // a copy into that one must not meet this entry first (it was
+        // answered OUT_OF_RANGE when the unmap came first). Marked released
+        // under the lock, so queued work and copies that found it before
+        // touch none of its addresses.
         state.mark_released();
         let mappings = std::mem::take(&mut state.mappings);
         drop(state);
@@ -87,7 +89,12 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         for mapping in mappings.into_values() {
             self.physical.drop_mapping(mapping.object);
         }
-        Ok(())
+        // SAFETY: the reservation was live, is now marked released and out
+        // of the table, so no call will touch its addresses again. munmap
+        // also removes every shared mapping inside the range. (munmap of a
+        // range this process mapped does not fail; if it did, the range
+        // would stay mapped and unreachable: never handed out again.)
+        unsafe { os::unreserve(res.addr, res.size, "release") }
     }
 
     // ABI 1.2 queue-ordered binding (`queued.rs`).

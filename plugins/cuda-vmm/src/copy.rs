@@ -61,7 +61,10 @@ impl CudaMechanism {
             return Some(verdict);
         }
         let meeting = |r: &std::sync::Arc<crate::virtual_backing::Reservation>| {
-            (r.addr < end && start < r.addr + r.size).then(|| std::sync::Arc::clone(r))
+            // A reservation being released is not there for a copy (its
+            // addresses may already belong to a new one).
+            let leaving = r.leaving.load(std::sync::atomic::Ordering::Acquire);
+            (!leaving && r.addr < end && start < r.addr + r.size).then(|| std::sync::Arc::clone(r))
         };
         let r = self.reservations.find_map(meeting)?;
         Some(copy_range_inside(which, start, end, "reservation", r.addr, r.size).and_then(|()| {

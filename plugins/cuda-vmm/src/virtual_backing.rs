@@ -37,7 +37,7 @@ use crate::driver::{access_desc, CUmemGenericAllocationHandle, Vmm, CUDA_ERROR_I
 use crate::mechanism::{wrong_state, CudaMechanism};
 use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, Status, VirtualBacking};
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 /// One shared mapping inside a reservation.
@@ -121,6 +121,13 @@ pub struct Reservation {
     /// Whether commits are zero-filled: the ABI's promise, waived when the
     /// reserving request carried `MEMPLUG_HINT_UNINITIALIZED_OK`.
     pub zero_fill: bool,
+    /// Set (before anything goes to the driver) while `release` takes the
+    /// reservation apart, and cleared only if it fails: a copy's scan
+    /// (`copy.rs`) skips a leaving reservation, so a new reservation the
+    /// driver placed at its freed addresses is never judged by this
+    /// one's stale entry (the CPU plugin answered `OUT_OF_RANGE` to valid
+    /// copies that way).
+    pub leaving: AtomicBool,
     state: Mutex<State>,
     /// Declared last: the context is released after the rest is gone.
     pub pin: Pin,
@@ -327,6 +334,7 @@ impl VirtualBacking for CudaMechanism {
             addr,
             size,
             zero_fill: request.hints & memplug_sdk::abi::MEMPLUG_HINT_UNINITIALIZED_OK == 0,
+            leaving: AtomicBool::new(false),
             state: Mutex::new(State::default()),
             pin,
         }));
@@ -452,6 +460,7 @@ impl VirtualBacking for CudaMechanism {
                 ));
             }
             st.releasing = true;
+            res.leaving.store(true, Ordering::Release);
             let mut held: BTreeMap<u64, Held> =
                 std::mem::take(&mut st.committed).into_iter().map(|(o, h)| (o, Held::Committed(h))).collect();
             let mappings = std::mem::take(&mut st.mappings);
@@ -520,6 +529,7 @@ impl VirtualBacking for CudaMechanism {
             if result.is_ok() {
                 st.released = true;
             } else {
+                res.leaving.store(false, Ordering::Release);
                 // What is still mapped stays, usable for another try.
                 for &(o, h) in &held[unmapped..] {
                     if let Held::Committed(h) = h {
