@@ -114,6 +114,16 @@ impl DeviceState {
         }
     }
 
+    /// Gives every idle cached block back to the mechanism (behind its
+    /// fences, through the deferred-free queue); the bytes given back. 0
+    /// without a cache.
+    pub(crate) fn trim(&self) -> u64 {
+        match &self.backend {
+            Backend::Plain(_) => 0,
+            Backend::Cached(c) => c.trim(u64::MAX),
+        }
+    }
+
     /// Frees `held` behind the work torch queued on `stream` so far: a
     /// fence recorded there now, and the free (or the cache's reuse by
     /// other streams) waits for it. On an error `held` comes back

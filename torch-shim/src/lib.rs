@@ -139,6 +139,24 @@ pub unsafe extern "C" fn memplug_torch_free(
     }
 }
 
+/// Gives every device's idle cached blocks back to the driver (behind the
+/// fences of their last use), as `torch.cuda.empty_cache()` does for
+/// torch's own allocator — which it does not do for a pluggable one: call
+/// this through `ctypes` (README, "PyTorch"). Returns the bytes given back
+/// (0 before the first allocation, or without the cache). Does not start
+/// the shim.
+#[no_mangle]
+pub extern "C" fn memplug_torch_empty_cache() -> u64 {
+    catch_unwind(|| match shim::started() {
+        Some(Ok(s)) => s.empty_cache(),
+        _ => 0,
+    })
+    .unwrap_or_else(|_| {
+        log::warn(format_args!("empty_cache panicked"));
+        0
+    })
+}
+
 /// The figures as one line of JSON: `{"schema_version":1, "shim": {...},
 /// "host": <the host's statistics report, or null before the first
 /// call>}` (README, "PyTorch"). Buffer protocol of `memplug_host.h`: on

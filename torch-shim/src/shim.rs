@@ -8,7 +8,7 @@ use crate::device::{DeviceState, Held};
 use crate::log;
 use crate::table::PtrTable;
 use memplug_host::governor::GovernorError;
-use memplug_host::{BindingError, LoadOptions, ProcessMemoryManager};
+use memplug_host::{BindingError, LoadOptions, ProcessMemoryManager, Status};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -33,6 +33,9 @@ pub(crate) struct Shim {
     table: PtrTable<Entry>,
     failed_allocs: AtomicU64,
     unknown_frees: AtomicU64,
+    /// Cached bytes given back to the driver: on a driver out-of-memory
+    /// before the retry, and by `memplug_torch_empty_cache`.
+    trimmed_bytes: AtomicU64,
     /// Blocks whose free could not be ordered behind torch's stream: kept,
     /// never freed on a guess.
     orphans: Mutex<Vec<Held>>,
@@ -86,6 +89,7 @@ impl Shim {
             table: PtrTable::new(),
             failed_allocs: AtomicU64::new(0),
             unknown_frees: AtomicU64::new(0),
+            trimmed_bytes: AtomicU64::new(0),
             orphans: Mutex::default(),
         })
     }
@@ -130,6 +134,13 @@ impl Shim {
             Err(BindingError::Budget(GovernorError::OutOfBudget(_))) if self.await_pending_frees(d, size) => {
                 d.allocate(size, stream)
             }
+            // The driver itself is out of memory (the budget had room):
+            // idle cached blocks hold device memory; give them back, wait
+            // for their frees, and try once more, as torch's own allocator
+            // frees its cached blocks and retries before it reports OOM.
+            Err(BindingError::Plugin(e)) if e.status == Status::OutOfMemory && self.release_cached(d) => {
+                d.allocate(size, stream)
+            }
             r => r,
         }
         .map_err(|e| e.to_string())?;
@@ -142,6 +153,36 @@ impl Shim {
             format!("address {addr:#x} returned twice")
         })?;
         Ok(addr)
+    }
+
+    /// Gives `d`'s idle cached blocks back and waits (up to
+    /// `MEMPLUG_TORCH_WAIT_MS`) for the queue to free them: whether
+    /// anything went back, so a retry can succeed.
+    fn release_cached(&self, d: &DeviceState) -> bool {
+        let trimmed = d.trim();
+        self.trimmed_bytes.fetch_add(trimmed, Ordering::Relaxed);
+        let start = std::time::Instant::now();
+        let mut pause = std::time::Duration::from_micros(20);
+        while self.mgr.poll().still_pending > 0 && start.elapsed() < self.config.wait {
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(1));
+        }
+        trimmed > 0
+    }
+
+    /// `memplug_torch_empty_cache`: every device's idle cached blocks given
+    /// back to the driver (behind their fences); the bytes given back.
+    pub(crate) fn empty_cache(&self) -> u64 {
+        let trimmed: u64 = self
+            .devices
+            .iter()
+            .filter_map(|d| d.get())
+            .filter_map(|d| d.as_ref().ok())
+            .map(|d| d.trim())
+            .sum();
+        self.trimmed_bytes.fetch_add(trimmed, Ordering::Relaxed);
+        self.mgr.poll();
+        trimmed
     }
 
     /// Over budget with frees still queued behind their fences (torch's
@@ -207,6 +248,7 @@ impl Shim {
             "live_bytes": self.table.sum(|e| e.held.size()),
             "failed_allocs": self.failed_allocs.load(Ordering::Relaxed),
             "unknown_frees": self.unknown_frees.load(Ordering::Relaxed),
+            "trimmed_bytes": self.trimmed_bytes.load(Ordering::Relaxed),
             "orphaned": orphans.len(),
             "orphaned_bytes": orphans.iter().map(Held::size).sum::<u64>(),
             "devices": devices,

@@ -10,10 +10,15 @@ use memplug_test_support::{cxx_compiler, exported_symbols, run_tool, test_tmp_di
 const MIB: usize = 1 << 20;
 
 #[test]
-fn exports_only_its_four_functions() {
+fn exports_only_its_five_functions() {
     let got = exported_symbols(&common::shim_path());
-    let want =
-        ["memplug_torch_alloc", "memplug_torch_free", "memplug_torch_stats_json", "memplug_torch_try_alloc"];
+    let want = [
+        "memplug_torch_alloc",
+        "memplug_torch_empty_cache",
+        "memplug_torch_free",
+        "memplug_torch_stats_json",
+        "memplug_torch_try_alloc",
+    ];
     assert_eq!(got, want.iter().map(|s| s.to_string()).collect());
 }
 
@@ -342,4 +347,42 @@ fn a_refusal_reaches_torchs_cpp_as_an_exception() {
         "{stdout}"
     );
     assert!(stdout.contains("on cuda:7 refused: "), "{stdout}");
+}
+
+/// The driver out of memory while the budget has room: idle cached blocks
+/// hold device memory, so the shim gives them back and retries once
+/// before refusing; `memplug_torch_empty_cache` gives back the rest.
+#[test]
+fn a_driver_out_of_memory_trims_the_cache_and_retries() {
+    run_scenario(
+        "scenario_driver_oom",
+        &[
+            ("MEMPLUG_FAKE_CUDA_MEM_MIB", "64"),
+            ("MEMPLUG_TORCH_POOL_BYTES", "1G"),
+            ("MEMPLUG_TORCH_CACHE", "1"),
+        ],
+    );
+}
+
+#[ignore = "a scenario: run by a_driver_out_of_memory_trims_the_cache_and_retries in a child process"]
+#[test]
+fn scenario_driver_oom() {
+    let shim = Shim::open();
+    let fake = Fake::open();
+    assert_eq!(shim.empty_cache(), 0, "nothing to give back before the first allocation");
+    let warm = shim.alloc(4096, 0, LEGACY);
+    shim.free(warm, 4096, 0, LEGACY);
+    let base = fake.used_bytes(0);
+    let a = shim.alloc(40 * MIB as isize, 0, LEGACY);
+    assert_ne!(a, 0);
+    shim.free(a, 40 * MIB, 0, LEGACY);
+    assert!(fake.used_bytes(0) >= base + 40 * MIB as u64, "kept by the cache, still the driver's");
+    // 48 MiB: no cached block serves it, and the 64 MiB device has 24 left.
+    let b = shim.alloc(48 * MIB as isize, 0, LEGACY);
+    assert_ne!(b, 0, "the cached 40 MiB were not given back for the retry");
+    assert!(shim.figure("trimmed_bytes") >= 40 * MIB as u64, "{}", shim.stats());
+    assert_eq!(shim.figure("failed_allocs"), 0);
+    shim.free(b, 48 * MIB, 0, LEGACY);
+    assert!(shim.empty_cache() >= 48 * MIB as u64, "the freed block was cached, and given back");
+    eventually("the driver's memory back", || fake.used_bytes(0) <= base);
 }

@@ -96,6 +96,12 @@ impl Shim {
         }
     }
 
+    /// `memplug_torch_empty_cache()`: the bytes given back.
+    pub fn empty_cache(&self) -> u64 {
+        // SAFETY: the export's type (src/lib.rs).
+        unsafe { (*self._lib.get::<unsafe extern "C" fn() -> u64>(b"memplug_torch_empty_cache").unwrap())() }
+    }
+
     pub fn alloc(&self, size: isize, device: i32, stream: CuStream) -> u64 {
         // SAFETY: a stream of the fake (or NULL), as torch would pass.
         unsafe { (self.alloc)(size, device, stream.0) as u64 }
