@@ -354,7 +354,8 @@ impl DeferredFreeQueue {
     }
 
     /// Frees now when every fence has already completed (the common case
-    /// for host-visible work), else enqueues. Never blocks on a fence.
+    /// for host-visible work), else enqueues (as [`enqueue`](Self::enqueue)
+    /// does). Never blocks on a fence.
     pub fn release(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
         let mut e = Entry { fences, job };
         if self.settle(&mut e) {
@@ -365,12 +366,24 @@ impl DeferredFreeQueue {
         }
     }
 
-    /// Always enqueues, even if the fences are complete.
+    /// Always enqueues, even if the fences are complete — save a job whose
+    /// context is already lost or terminated
+    /// ([`Retire::settled_elsewhere`]), which retires at once: nothing
+    /// would end its wait.
     pub fn enqueue(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
         self.push(Entry { fences, job });
     }
 
     fn push(&self, e: Entry) {
+        if e.job.settled_elsewhere() {
+            // Its context is already lost or terminated: nothing would ever
+            // settle it here after the termination's `settle_lost` (its
+            // fences may never answer), and its retire calls no plugin.
+            // Only the enqueue path pays this check, not an immediate free.
+            self.settled_lost.fetch_add(1, Ordering::Relaxed);
+            self.run(e.job);
+            return;
+        }
         self.outstanding.fetch_add(1, Ordering::AcqRel);
         self.enqueued.fetch_add(1, Ordering::Relaxed);
         // No wake-up per entry: the reaper polls on its interval, and a
