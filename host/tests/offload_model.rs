@@ -532,13 +532,17 @@ fn lose_at_any_step(steps: Vec<LossOp>, at: usize, how: Loss) -> Result<(), Test
             LossOp::Step(Op::Offload) => {
                 a.offload_to(&healthy.binding, s, wait).is_ok_and(|r| r.released > 0)
             }
-            LossOp::Step(Op::Restore) => match a.restore(s) {
-                Ok(f) => {
-                    fences.push(f);
-                    true
+            LossOp::Step(Op::Restore) => {
+                // Restoring nothing private makes nothing, lost or not.
+                let private = matches!(a.residence(), Residence::Host { bytes, .. } if bytes > 0);
+                match a.restore(s) {
+                    Ok(f) => {
+                        fences.push(f);
+                        private
+                    }
+                    Err(_) => false,
                 }
-                Err(_) => false,
-            },
+            }
             LossOp::Step(Op::Privatise(i)) => match a.privatise(i * g, g, s, wait) {
                 Ok(f) => {
                     fences.push(f);
