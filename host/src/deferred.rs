@@ -9,14 +9,17 @@
 
 use crate::fence::{Completion, SharedFence};
 use crate::governor::{AllocationClass, HolderId, Pool};
-use crate::observe::{events_wanted, Event, EventKind, Hub, Level};
+use crate::observe::{events_wanted, Event, EventKind, Hub};
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
 use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+mod drain;
+use drain::StuckLog;
 
 /// What retiring one entry did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,23 +89,6 @@ pub struct ChargedTo {
     pub holder: Option<HolderId>,
     /// The class charged.
     pub class: AllocationClass,
-}
-
-/// The first pause of a `drain` pass that made no progress, and the most
-/// it doubles to: short enough that a fence completing soon is seen soon,
-/// long enough that a fence failing at once costs a few hundred plugin
-/// calls a second, not millions.
-const MIN_PAUSE: Duration = Duration::from_micros(50);
-const MAX_PAUSE: Duration = Duration::from_millis(4);
-/// At most one log line about stuck entries per this interval.
-const STUCK_LOG_EVERY: Duration = Duration::from_secs(1);
-
-/// The rate limit of the stuck-entry log line.
-#[derive(Default)]
-struct StuckLog {
-    last: Option<Instant>,
-    /// Failed waits since the last line.
-    since: u64,
 }
 
 /// One object waiting to be freed.
@@ -354,7 +340,8 @@ impl DeferredFreeQueue {
     }
 
     /// Frees now when every fence has already completed (the common case
-    /// for host-visible work), else enqueues. Never blocks on a fence.
+    /// for host-visible work), else enqueues (as [`enqueue`](Self::enqueue)
+    /// does). Never blocks on a fence.
     pub fn release(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
         let mut e = Entry { fences, job };
         if self.settle(&mut e) {
@@ -365,12 +352,24 @@ impl DeferredFreeQueue {
         }
     }
 
-    /// Always enqueues, even if the fences are complete.
+    /// Always enqueues, even if the fences are complete — save a job whose
+    /// context is already lost or terminated
+    /// ([`Retire::settled_elsewhere`]), which retires at once: nothing
+    /// would end its wait.
     pub fn enqueue(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
         self.push(Entry { fences, job });
     }
 
     fn push(&self, e: Entry) {
+        if e.job.settled_elsewhere() {
+            // Its context is already lost or terminated: nothing would ever
+            // settle it here after the termination's `settle_lost` (its
+            // fences may never answer), and its retire calls no plugin.
+            // Only the enqueue path pays this check, not an immediate free.
+            self.settled_lost.fetch_add(1, Ordering::Relaxed);
+            self.run(e.job);
+            return;
+        }
         self.outstanding.fetch_add(1, Ordering::AcqRel);
         self.enqueued.fetch_add(1, Ordering::Relaxed);
         // No wake-up per entry: the reaper polls on its interval, and a
@@ -556,136 +555,6 @@ impl DeferredFreeQueue {
         }
     }
 
-    /// Retires every entry whose context is lost or terminated
-    /// ([`Retire::settled_elsewhere`]) now, without waiting for its fences:
-    /// its retire calls no plugin and refunds nothing, and the fences of a
-    /// device that is gone may never answer. Each entry leaves the queue
-    /// under the lock before it runs, so it is retired exactly once.
-    /// Returns how many it retired. O(pending): the manager runs it when a
-    /// context terminates, and `drain` when a pass made no progress.
-    pub fn settle_lost(&self) -> usize {
-        let gone = lock(&self.waiting).take_settled_elsewhere();
-        let n = gone.len();
-        for e in gone {
-            self.run(e.job);
-            self.outstanding.fetch_sub(1, Ordering::AcqRel);
-        }
-        self.settled_lost.fetch_add(n as u64, Ordering::Relaxed);
-        n
-    }
-
-    /// Retires everything it can within `timeout`, waiting on fences, and
-    /// reports what is left (teardown).
-    ///
-    /// Every wait here ends: each is a slice of at most 10 ms, and a pass
-    /// that retires nothing while its wait returns at once (a fence whose
-    /// wait fails, or a plugin that ignores the timeout) backs off,
-    /// doubling a pause from 50 µs up to 4 ms, instead of calling the
-    /// plugin again at once. Such a pass also retires the entries of lost
-    /// contexts ([`settle_lost`](Self::settle_lost)). A fence whose wait
-    /// keeps failing is reported — the entry, the fence and the error — in
-    /// the log (one line a second at most, with the count since the last)
-    /// and counted in [`QueueStats::wait_errors`] and
-    /// [`QueueStats::backoffs`].
-    pub fn drain(&self, timeout: Duration) -> DrainReport {
-        let deadline = Instant::now() + timeout;
-        let mut report = DrainReport::default();
-        let mut pause = MIN_PAUSE;
-        let mut stuck: Option<String> = None;
-        loop {
-            let p = self.poll();
-            report.retired += p.retired;
-            report.quarantined += p.quarantined;
-            if self.pending() == 0 {
-                return report;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            let progressed = p.retired + p.quarantined > 0;
-            if progressed {
-                pause = MIN_PAUSE;
-            }
-            // Wait on one incomplete fence outside the lock, in short slices
-            // so a fence that errors or another poller cannot stall us.
-            let slice = (deadline - now).min(Duration::from_millis(10));
-            let waited_at = Instant::now();
-            match self.first_pending() {
-                Some((f, entry)) => match f.wait(slice) {
-                    Ok(_) => {}
-                    Err(e) if e.status == memplug_sdk::Status::DeviceLost => {}
-                    Err(e) => {
-                        self.wait_errors.fetch_add(1, Ordering::Relaxed);
-                        let why = format!("{entry} is stuck: waiting on {} failed: {e}", f.describe());
-                        self.report_stuck(&why);
-                        stuck = Some(why);
-                    }
-                },
-                None => std::thread::sleep(slice.min(Duration::from_millis(1))),
-            }
-            if !progressed && waited_at.elapsed() < pause {
-                // Nothing retired and the wait did not wait: the entries of
-                // lost contexts go now (their fences may never answer), and
-                // the next pass comes after a pause, not at once.
-                if self.settle_lost() > 0 {
-                    continue;
-                }
-                self.backoffs.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(pause.min(deadline.saturating_duration_since(Instant::now())));
-                pause = (pause * 2).min(MAX_PAUSE);
-            }
-        }
-        let waiting = lock(&self.waiting);
-        report.left = waiting
-            .entries()
-            .map(|e| {
-                let fences: Vec<String> = e.fences.iter().map(|f| f.describe()).collect();
-                format!("{} waiting on [{}]", e.job.describe(), fences.join(", "))
-            })
-            .collect();
-        drop(waiting);
-        report.stuck = stuck;
-        report
-    }
-
-    /// Logs `why` (a stuck entry) at most once per [`STUCK_LOG_EVERY`],
-    /// with the number of failures since the last line: a fence that fails
-    /// a million times makes a handful of lines, not a million.
-    #[cold]
-    fn report_stuck(&self, why: &str) {
-        let line = {
-            let mut log = lock(&self.stuck_log);
-            log.since += 1;
-            let due = log.last.is_none_or(|t| t.elapsed() >= STUCK_LOG_EVERY);
-            if !due {
-                return;
-            }
-            let line = match log.since {
-                1 => why.to_string(),
-                n => format!("{why} ({n} failed waits since the last report)"),
-            };
-            log.last = Some(Instant::now());
-            log.since = 0;
-            line
-        };
-        crate::observe::plugin_message(
-            self.hub.as_deref(),
-            Level::Warn,
-            "memplug deferred-free queue",
-            &line,
-        );
-    }
-
-    /// The fence of one entry still waiting, with that entry described.
-    fn first_pending(&self) -> Option<(SharedFence, String)> {
-        let w = lock(&self.waiting);
-        let ordered = w.streams.values().filter_map(|q| q.first_key_value()).map(|(_, b)| b);
-        let b = ordered.chain(w.unordered.values()).next()?;
-        let entry = b.entries.first().map_or_else(|| "an entry".to_string(), |e| e.job.describe());
-        Some((b.fence.clone(), entry))
-    }
-
     /// Starts a background thread that polls every `interval`. Stopped and
     /// joined when the handle drops.
     pub fn spawn_reaper(self: &Arc<Self>, interval: Duration) -> Reaper {
@@ -737,6 +606,7 @@ mod tests {
     use super::*;
     use crate::fence::FnFence;
     use std::sync::atomic::AtomicBool;
+    use std::time::Instant;
 
     struct Job(Arc<AtomicU64>, bool);
     impl Retire for Job {

@@ -66,6 +66,7 @@ fn step() -> impl Strategy<Value = Step> {
 
 struct World {
     manager: ProcessMemoryManager,
+    context: Arc<memplug_host::Context>,
     device: MemoryBinding,
     host: MemoryBinding,
     /// For probe copies (a pool of its own, outside the figures checked).
@@ -88,7 +89,7 @@ fn world() -> World {
         manager.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv)).unwrap()
     };
     let (device, host, probe) = (bind("device"), bind("host"), bind("probe"));
-    World { manager, device, host, probe, granule }
+    World { manager, context: ctx, device, host, probe, granule }
 }
 
 /// What the region should be.
@@ -444,4 +445,164 @@ fn memory_an_unfenced_copy_may_still_touch_is_never_freed() {
     assert_eq!(w.host.pool().used(), 3 * g, "the host copy a copy writes is not freed");
     assert_eq!(w.manager.queue().stats().pending, 2);
     assert!(w.device.quarantined().iter().any(|q| q.contains("no fence could be placed")));
+}
+
+/// Where a loss lands in [`lose_at_any_step`]: declared before the step,
+/// reported from another thread right after the step's next copy was
+/// accepted (a copy in flight), or answered by that copy's slot.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    Before,
+    MidCopy,
+    CopyAnswers,
+}
+
+/// The steps of the loss model: the transactions, a grow queued on the
+/// stream (queued binding), and a shrink queued behind a fence the plugin
+/// holds back.
+#[derive(Clone, Debug)]
+enum LossOp {
+    Step(Op),
+    GrowOn(u64),
+    ShrinkBehindHeld(u64),
+}
+
+fn loss_op() -> impl Strategy<Value = LossOp> {
+    prop_oneof![
+        2 => (1u64..6).prop_map(|n| LossOp::Step(Op::Grow(n))),
+        1 => (0u64..4).prop_map(|n| LossOp::Step(Op::Shrink(n))),
+        3 => Just(LossOp::Step(Op::Offload)),
+        3 => Just(LossOp::Step(Op::Restore)),
+        2 => (0u64..PREFIX).prop_map(|i| LossOp::Step(Op::Privatise(i))),
+        2 => (1u64..6).prop_map(LossOp::GrowOn),
+        2 => (0u64..4).prop_map(LossOp::ShrinkBehindHeld),
+    ]
+}
+
+/// A loss at step `at` (its kind `how`) of random offloads, restores,
+/// privatises, queued grows and queued shrinks, the host copies in a pool
+/// of another, healthy plugin. Whatever the step, after the termination
+/// every pool is at exactly zero (the healthy one included: no host copy
+/// is kept charged by a device that is gone), nothing stays queued in
+/// either manager, nothing is quarantined, and the healthy plugin unloads.
+fn lose_at_any_step(steps: Vec<LossOp>, at: usize, how: Loss) -> Result<(), TestCaseError> {
+    faults().disarm();
+    faults().release_fences();
+    let w = &world();
+    let g = w.granule;
+    let healthy = Rig::cpu("offload-loss-host", 1 << 30);
+    let ctx = w.context.clone();
+    let stream = CpuStream::new(w.device.mechanism());
+    let s = stream.stream();
+    let wait = Duration::from_secs(20);
+    let prefix = w.device.create_shared(PREFIX * g, |_| {}).unwrap();
+    let (mut a, mut b) =
+        (w.device.reserve_virtual(RESERVE * g).unwrap(), w.device.reserve_virtual(RESERVE * g).unwrap());
+    a.map_prefix(&prefix).unwrap();
+    b.map_prefix(&prefix).unwrap();
+    let mut fences: Vec<SharedFence> = Vec::new();
+    for (k, op) in steps.iter().enumerate() {
+        if k == at {
+            match how {
+                Loss::Before => {
+                    ctx.declare_lost("the model lost it before a step");
+                }
+                Loss::MidCopy => {
+                    let c = ctx.clone();
+                    faults().after_next_copy(move || {
+                        c.declare_lost("the model lost it while a copy was in flight");
+                    });
+                }
+                Loss::CopyAnswers => faults().lose_at_copy.store(true, SeqCst),
+            }
+        }
+        let committed = a.committed() / g;
+        let lost_before = ctx.state() != memplug_host::LifeState::Active;
+        // Errors are the answers being tested for: after the loss every
+        // step that makes memory must refuse (DEVICE_LOST), never hang.
+        let made = match op {
+            LossOp::Step(Op::Grow(n)) => {
+                let want = (PREFIX + committed + n).min(RESERVE);
+                a.grow_to(want * g, |_| Ok::<(), ()>(())).is_ok() && want > PREFIX + committed
+            }
+            LossOp::Step(Op::Shrink(n)) => {
+                let _ = a.shrink_to((PREFIX + n) * g, Vec::new());
+                false
+            }
+            LossOp::Step(Op::Offload) => {
+                a.offload_to(&healthy.binding, s, wait).is_ok_and(|r| r.released > 0)
+            }
+            LossOp::Step(Op::Restore) => {
+                // Restoring nothing private makes nothing, lost or not.
+                let private = matches!(a.residence(), Residence::Host { bytes, .. } if bytes > 0);
+                match a.restore(s) {
+                    Ok(f) => {
+                        fences.push(f);
+                        private
+                    }
+                    Err(_) => false,
+                }
+            }
+            LossOp::Step(Op::Privatise(i)) => match a.privatise(i * g, g, s, wait) {
+                Ok(f) => {
+                    fences.push(f);
+                    true
+                }
+                Err(_) => false,
+            },
+            LossOp::Step(_) => false,
+            LossOp::GrowOn(n) => {
+                let want = (PREFIX + committed + n).min(RESERVE);
+                match a.grow_on(want * g, s) {
+                    Ok(f) => {
+                        fences.push(f);
+                        want > PREFIX + committed
+                    }
+                    Err(_) => false,
+                }
+            }
+            LossOp::ShrinkBehindHeld(n) => {
+                faults().hold_fences.store(true, SeqCst);
+                let held = memplug_host::PluginFence::record(w.device.mechanism(), s);
+                faults().hold_fences.store(false, SeqCst);
+                if let Ok(f) = held {
+                    let _ = a.shrink_to((PREFIX + n) * g, vec![f]);
+                }
+                false
+            }
+        };
+        prop_assert!(!(lost_before && made), "step {} made memory on a lost context: {:?}", k, op);
+    }
+    faults().disarm();
+    if ctx.state() == memplug_host::LifeState::Active {
+        ctx.declare_lost("the model's end");
+    }
+    drop((a, b, prefix, fences));
+    w.manager.poll();
+    healthy.manager.poll();
+    faults().release_fences();
+    prop_assert_eq!(ctx.state(), memplug_host::LifeState::Terminated);
+    prop_assert_eq!((w.device.pool().used(), w.host.pool().used()), (0, 0));
+    prop_assert_eq!(healthy.pool.used(), 0, "a host copy stays charged in the healthy pool");
+    let (q, hq) = (w.manager.queue().stats(), healthy.manager.queue().stats());
+    prop_assert_eq!((q.pending, hq.pending), (0, 0), "queued: {:?} / {:?}", q, hq);
+    prop_assert!(w.device.quarantined().is_empty(), "{:?}", w.device.quarantined());
+    prop_assert!(healthy.binding.quarantined().is_empty(), "{:?}", healthy.binding.quarantined());
+    drop(stream);
+    let (_, unloaded) = healthy.try_unload();
+    prop_assert!(unloaded.is_ok(), "the healthy plugin unloads: {:?}", unloaded);
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn a_loss_at_any_step_of_offload_restore_privatise_and_queued_binding_settles_everything(
+        steps in proptest::collection::vec(loss_op(), 1..10),
+        at in 0usize..10,
+        how in prop_oneof![Just(Loss::Before), Just(Loss::MidCopy), Just(Loss::CopyAnswers)],
+    ) {
+        let at = at % steps.len();
+        lose_at_any_step(steps, at, how)?;
+    }
 }

@@ -287,6 +287,31 @@ fn the_raw_queued_slots_refuse_fence_0_naming_the_slot() {
 }
 
 #[test]
+fn a_recorded_fence_0_is_refused_and_an_offload_orders_its_copies_another_way() {
+    let _s = serial();
+    let w = world();
+    let m = w.device.mechanism();
+    let stream = CpuStream::new(m);
+    faults().record_fence_zero.store(true, SeqCst);
+    let e = memplug_host::PluginFence::record_typed(m, stream.stream()).unwrap_err();
+    assert_eq!(e.slot, "sync.fence_record");
+    assert!(e.to_string().contains("fence handle 0"), "{e}");
+    // The offload's copy is then followed by a host function instead.
+    let host = Rig::cpu("waits-record-zero-host", 1 << 30);
+    let mut r = committed(&w, 2);
+    let report = r.offload_to(&host.binding, stream.stream(), WAIT).unwrap();
+    faults().disarm();
+    assert_eq!(report.released, 2 * w.granule);
+    assert!(r.restore(stream.stream()).unwrap().wait(WAIT).unwrap());
+    drop(r);
+    w.manager.drain(WAIT);
+    host.manager.drain(WAIT);
+    assert_eq!((w.device.pool().used(), host.pool.used()), (0, 0));
+    drop(stream);
+    assert_eq!(live(m), [0; 5], "no fence 0 was counted live");
+}
+
+#[test]
 fn a_queued_fence_that_never_completes_is_waited_on_with_an_end_and_settled_by_the_loss() {
     let _s = serial();
     let w = world();

@@ -473,7 +473,11 @@ impl Drop for Region {
         // queue keeps no order between entries), so those decommit against
         // a live reservation. First in the list: the entry waits on the
         // device fences (the last) before it looks at this one.
+        // Fences already complete (a queued grow's, say) are dropped here,
+        // as `add_fences` does, so a region whose work is done is released
+        // now rather than on the next poll.
         let mut fences = std::mem::take(&mut self.fences);
+        fences.retain(|f| !matches!(f.query(), Ok(true)));
         if !lock(&self.pending).is_empty() {
             fences.insert(0, Arc::new(ShrinksDone(self.pending.clone())));
         }

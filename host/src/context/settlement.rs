@@ -158,8 +158,13 @@ impl Context {
         // closing it): calls admitted before (a retiring context admits
         // calls) finish before anything is settled, and none can start.
         life.gate.close();
+        // Only calls admitted in the instant before the close can be in
+        // flight; a plugin that holds one for long costs this thread a
+        // pause that doubles to a millisecond, not a spinning core.
+        let mut pause = Duration::from_micros(1);
         while self.calls_in_flight() != 0 {
-            std::thread::yield_now();
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(1));
         }
         let settlement = self.settle();
         *lock(&self.settlement) = Some(settlement.clone());

@@ -198,7 +198,7 @@ pub fn to_prometheus(r: &StatsReport) -> String {
         "Frees waiting for their fences.",
         queue(r, |q| q.pending as u64),
     );
-    let q: [QueueFamily; 7] = [
+    let q: [QueueFamily; 10] = [
         ("memplug_deferred_enqueued_total", "Frees that waited in the queue.", |q| q.enqueued),
         ("memplug_deferred_immediate_total", "Frees whose fences were complete at once.", |q| q.immediate),
         ("memplug_deferred_retired_total", "Frees retired.", |q| q.retired),
@@ -206,6 +206,15 @@ pub fn to_prometheus(r: &StatsReport) -> String {
         ("memplug_deferred_fence_errors_total", "Fence queries that failed.", |q| q.fence_errors),
         ("memplug_deferred_lost_total", "Frees left to a lost context's settlement.", |q| q.lost),
         ("memplug_deferred_lost_fences_total", "Fences that answered DEVICE_LOST.", |q| q.lost_fences),
+        ("memplug_deferred_wait_errors_total", "Drain waits on a fence that failed (a stuck entry).", |q| {
+            q.wait_errors
+        }),
+        ("memplug_deferred_backoffs_total", "Pauses a drain took while nothing retired.", |q| q.backoffs),
+        (
+            "memplug_deferred_settled_lost_total",
+            "Frees of lost contexts retired without their fences.",
+            |q| q.settled_lost,
+        ),
     ];
     for (name, help, f) in &q {
         family(o, name, Counter, help, queue(r, f));

@@ -58,6 +58,9 @@ pub struct Faults {
     pub queued_fence_zero: AtomicBool,
     /// Fences returned by queued operations while set are held back.
     pub hold_queued: AtomicBool,
+    /// `fence_record` answers OK with fence handle 0 (the real one is
+    /// destroyed).
+    pub record_fence_zero: AtomicBool,
     /// Run on another thread after a copy was accepted and the stream has
     /// run it (a loss reported there finds no copy still writing).
     #[allow(clippy::type_complexity)]
@@ -76,6 +79,7 @@ impl Faults {
         self.lose_at_copy.store(false, SeqCst);
         self.queued_fence_zero.store(false, SeqCst);
         self.hold_queued.store(false, SeqCst);
+        self.record_fence_zero.store(false, SeqCst);
         *self.after_copy.lock().unwrap() = None;
     }
     /// Runs `f` once, on a thread of its own, right after the next copy
@@ -347,6 +351,11 @@ unsafe extern "C" fn fence_record(
 ) -> MemplugStatus {
     guard!(Slot::FenceRecord, sink);
     let st = inner(ctx).sync.unwrap().fence_record.unwrap()(ctx, stream, out, sink);
+    if st == MEMPLUG_STATUS_OK && faults().record_fence_zero.load(SeqCst) {
+        inner(ctx).sync.unwrap().fence_destroy.unwrap()(ctx, *out, sink);
+        *out = 0;
+        return st;
+    }
     if st == MEMPLUG_STATUS_OK && faults().hold_fences.load(SeqCst) {
         faults().held.lock().unwrap().insert(*out);
     }

@@ -14,6 +14,7 @@ use super::super::{BindingError, BindingInner};
 use super::offload::{after_copies, copier, is_loss, never_known};
 use super::Region;
 use crate::deferred::{Retire, RetireOutcome};
+use crate::error::LostCheck;
 use crate::fence::SharedFence;
 use crate::mechanism::{SharedMappingApi, VirtualBackingApi};
 use crate::sync::lock;
@@ -239,7 +240,8 @@ impl Steps<'_> {
     }
 
     fn restore_piece(&self) {
-        if let Err(e) = self.map(self.piece) {
+        // A loss is not a quarantine: the mapping went with the device.
+        if let Err(e) = self.map(self.piece).filter_lost() {
             lock(&self.region.binding.quarantine).push(format!(
                 "prefix piece +{:#x} ({} B) could not be mapped back after a failed privatise: {e}",
                 self.piece.0, self.piece.1
@@ -278,7 +280,11 @@ impl Staging {
     /// Gives the view back now (no copy from it was enqueued).
     fn close(self, b: &BindingInner, sm: &SharedMappingApi<'_>, vb: &VirtualBackingApi<'_>) {
         let _ = sm.unmap(&self.reservation, 0, self.len);
-        if let Err(e) = vb.release(self.reservation) {
+        if let Err(e) = vb.release(self.reservation).map_err(|e| (e.is_device_lost(), e)) {
+            if e.0 {
+                return; // the view went with the device
+            }
+            let e = e.1;
             lock(&b.quarantine).push(format!("staging view of a privatise not released: {e}"));
         }
     }
@@ -324,6 +330,20 @@ impl Retire for StagingRetire {
                 format!("staging view {} of a privatised range ({} B)", s.reservation.object_id(), s.len)
             }
             None => "staging view (already given back)".into(),
+        }
+    }
+}
+
+/// A refusal that is the device's loss is no failure to record.
+trait FilterLost {
+    fn filter_lost(self) -> Self;
+}
+
+impl FilterLost for Result<(), BindingError> {
+    fn filter_lost(self) -> Self {
+        match self {
+            Err(BindingError::Plugin(e)) if e.is_device_lost() => Ok(()),
+            r => r,
         }
     }
 }

@@ -199,6 +199,7 @@ impl Region {
         let m = self.binding.mechanism();
         let fence = match PluginFence::record(m, stream) {
             Ok(f) => f,
+            Err(r) if r.status == Status::DeviceLost => never_known(m),
             Err(r) => {
                 lock(&self.binding.quarantine).push(format!(
                     "region range +{offset:#x} ({len} B) kept charged: {e}; and no fence could be recorded \
