@@ -100,7 +100,7 @@ pub extern "C" fn memplug_host_region_set_peer_access(
                 )
             })?),
         };
-        let l = lock_region(&e)?;
+        let mut l = lock_region(&e)?;
         l.guard.set_peer_access(offset, len, peer, access)?;
         Ok(())
     })

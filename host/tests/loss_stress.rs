@@ -1,6 +1,7 @@
 //! Several threads make and free memory of every kind — allocations freed
 //! behind their stream's fences, regions that grow, shrink, privatise part
-//! of a shared prefix, offload and restore, a caching binding — while
+//! of a shared prefix, offload and restore, a caching binding, DLPack views
+//! of regions released before or after the loss — while
 //! another thread declares the device lost at a random moment, with the
 //! reaper running. At the end, with everything dropped: every pool at
 //! exactly zero, nothing queued, the context terminated, and nothing of the
@@ -20,6 +21,7 @@
 mod common;
 
 use common::*;
+use memplug_host::dlpack::{ExportOptions, SharedRegion, TensorLayout};
 use memplug_host::governor::AllocationClass;
 use memplug_host::{BindingSpec, CacheConfig, LifeState, OwnedAllocation, Region, StreamKey};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
@@ -91,6 +93,7 @@ fn random_losses_under_concurrent_work_end_with_every_pool_at_zero() {
                 let fences = || memplug_host::PluginFence::record(&m, s).map(|f| vec![f]).unwrap_or_default();
                 let mut allocs: Vec<OwnedAllocation> = Vec::new();
                 let mut regions: Vec<Region> = Vec::new();
+                let mut views = Vec::new();
                 let wait = Duration::from_secs(5);
                 start.wait();
                 while !stop.load(SeqCst) {
@@ -149,11 +152,25 @@ fn random_losses_under_concurrent_work_end_with_every_pool_at_zero() {
                             }
                         }
                         _ => {
-                            let _ = rng.below(2);
+                            // A DLPack view of a region of its own, its
+                            // deleter run now or a few operations later
+                            // (after the loss, perhaps).
+                            if views.len() > 4 || rng.below(2) == 0 {
+                                views.clear();
+                            } else if let Ok(mut r) = b.reserve_virtual(4 * g) {
+                                if r.grow_to(g, |_| Ok::<(), ()>(())).is_ok() {
+                                    let shared = SharedRegion::new(r);
+                                    if let Ok(t) =
+                                        shared.to_dlpack(&TensorLayout::bytes(g), ExportOptions::default())
+                                    {
+                                        views.push(t);
+                                    }
+                                }
+                            }
                         }
                     }
                 }
-                drop((allocs, regions));
+                drop((allocs, regions, views));
                 drop(stream);
             })
         })

@@ -53,6 +53,7 @@ impl MemoryBinding {
             pieces: Vec::new(),
             privatised: Vec::new(),
             offloaded: None,
+            peer_grants: Vec::new(),
         })
     }
 }
@@ -93,6 +94,10 @@ pub struct Region {
     /// Where the private bytes are while the region is offloaded (boxed:
     /// a resident region, the common case, carries one pointer for it).
     offloaded: Option<Box<offload::Offloaded>>,
+    /// Peer access granted with `set_peer_access`, remembered per range:
+    /// the driver forgets it when a range is decommitted or unmapped, so
+    /// every recommit and remap gives it back (`queued.rs`).
+    peer_grants: Vec<queued::PeerGrant>,
 }
 
 impl fmt::Debug for Region {
@@ -298,6 +303,10 @@ impl Region {
         // made under one gate token.
         let (_token, stripe) = b.admit().map_err(|state| GrowError::Binding(b.ended(state)))?;
         vb.commit(self.res(), offset, delta).map_err(|e| GrowError::Binding(e.into()))?;
+        if let Err(e) = self.reapply_peers(offset, delta) {
+            let _ = vb.decommit(self.res(), offset, delta);
+            return Err(GrowError::Binding(e));
+        }
         let view = RegionView { addr: self.addr(), len: self.base + want, lost: false, offloaded: false };
         if let Err(e) = update(&view) {
             if let Err(d) = vb.decommit(self.res(), offset, delta) {

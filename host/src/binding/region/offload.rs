@@ -290,11 +290,17 @@ impl Region {
         let grant = b.grant(bytes)?;
         let (token, stripe) = b.admit().map_err(|state| b.ended(state))?;
         for (k, &(offset, len, _)) in off.moved.iter().enumerate() {
-            if let Err(e) = vb.commit(self.res(), offset, len) {
+            let given = vb.commit(self.res(), offset, len).map_err(BindingError::from).and_then(|()| {
+                // Peer access went with the decommit: give it back.
+                self.reapply_peers(offset, len).inspect_err(|_| {
+                    let _ = vb.decommit(self.res(), offset, len);
+                })
+            });
+            if let Err(e) = given {
                 for &(o, l, _) in &off.moved[..k] {
                     let _ = vb.decommit(self.res(), o, l);
                 }
-                return Err(e.into());
+                return Err(e);
             }
         }
         self.charge_grant(grant, bytes, stripe)?;

@@ -82,6 +82,14 @@ impl Region {
             staging.close(&b, &sm, &vb);
             return Err(e.into());
         }
+        // The unmap took the piece's peer access with it: give it back to
+        // what is mapped or committed there now.
+        if let Err(e) = self.reapply_peers(piece.0, piece.1) {
+            let _ = vb.decommit(self.res(), offset, len);
+            steps.undo_remap();
+            staging.close(&b, &sm, &vb);
+            return Err(e);
+        }
         // Charged before the copy is enqueued: from then on the range may
         // be in use, and an undo refunds it behind the copy's fence.
         if let Err(e) = self.charge_grant(grant, len, stripe) {
@@ -241,7 +249,8 @@ impl Steps<'_> {
 
     fn restore_piece(&self) {
         // A loss is not a quarantine: the mapping went with the device.
-        if let Err(e) = self.map(self.piece).filter_lost() {
+        let back = self.map(self.piece).and_then(|()| self.region.reapply_peers(self.piece.0, self.piece.1));
+        if let Err(e) = back.filter_lost() {
             lock(&self.region.binding.quarantine).push(format!(
                 "prefix piece +{:#x} ({} B) could not be mapped back after a failed privatise: {e}",
                 self.piece.0, self.piece.1

@@ -17,6 +17,16 @@ use memplug_sdk::abi::MemplugDevice;
 use memplug_sdk::Status;
 use std::sync::Arc;
 
+/// Access `set_peer_access` gave `peer` to a range of a region
+/// (`access` is never `None` in the list: a revoke removes).
+#[derive(Clone, Copy, Debug)]
+pub(super) struct PeerGrant {
+    offset: u64,
+    len: u64,
+    peer: MemplugDevice,
+    access: Option<Access>,
+}
+
 impl Region {
     /// Sets what device `peer` may do with `[offset, offset + len)` of the
     /// region (offsets from its base, the prefix included): `Some(access)`
@@ -33,8 +43,15 @@ impl Region {
     /// charged; nothing changes on refusal. Like a decommit, a revoke must
     /// not race the peer's work still using the range: that is the
     /// caller's to order.
+    ///
+    /// The grant (or revoke) is remembered per range: a driver forgets a
+    /// range's access when it is decommitted or unmapped, so every later
+    /// recommit or remap of it by the region (a grow after a shrink, a
+    /// restore, a privatise) gives the access back. A range committed by
+    /// [`grow_on`](Self::grow_on) is the exception until its fence
+    /// completes: grant it then.
     pub fn set_peer_access(
-        &self,
+        &mut self,
         offset: u64,
         len: u64,
         peer: MemplugDevice,
@@ -68,6 +85,51 @@ impl Region {
         }
         self.not_queued(offset, len)?;
         pa.set_peer_access(self.res(), offset, len, peer, access)?;
+        self.remember_grant(PeerGrant { offset, len, peer, access });
+        Ok(())
+    }
+
+    /// Records what `set_peer_access` set on a range: what `peer` had
+    /// there before is replaced (a revoke leaves nothing).
+    fn remember_grant(&mut self, g: PeerGrant) {
+        let end = g.offset + g.len;
+        let mut kept = Vec::with_capacity(self.peer_grants.len() + 2);
+        for old in self.peer_grants.drain(..) {
+            let old_end = old.offset + old.len;
+            if old.peer != g.peer || old_end <= g.offset || end <= old.offset {
+                kept.push(old);
+                continue;
+            }
+            if old.offset < g.offset {
+                kept.push(PeerGrant { len: g.offset - old.offset, ..old });
+            }
+            if end < old_end {
+                kept.push(PeerGrant { offset: end, len: old_end - end, ..old });
+            }
+        }
+        if g.access.is_some() {
+            kept.push(g);
+        }
+        self.peer_grants = kept;
+    }
+
+    /// Gives the remembered peer access back to `[offset, offset + len)`,
+    /// just committed or mapped again: a driver's access setting belongs
+    /// to a mapping and goes with its unmap or decommit (CUDA's
+    /// `cuMemSetAccess`), so shrink-and-grow, offload-and-restore and
+    /// privatise would otherwise drop a peer's access silently.
+    pub(super) fn reapply_peers(&self, offset: u64, len: u64) -> Result<(), BindingError> {
+        if self.peer_grants.is_empty() {
+            return Ok(());
+        }
+        let Some(pa) = self.binding.mechanism().peer_access() else { return Ok(()) };
+        let end = offset + len;
+        for g in &self.peer_grants {
+            let (from, to) = (g.offset.max(offset), (g.offset + g.len).min(end));
+            if from < to {
+                pa.set_peer_access(self.res(), from, to - from, g.peer, g.access)?;
+            }
+        }
         Ok(())
     }
 
