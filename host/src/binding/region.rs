@@ -399,15 +399,6 @@ impl Region {
         let (offset, delta) = (self.base + keep, self.committed - keep);
         // The tail stays charged (it is still mapped) until its decommit
         // has run; then the job refunds that part of the region's lease.
-        let job = ShrinkRetire {
-            binding: self.binding.clone(),
-            reservation: *self.res().raw(),
-            offset,
-            len: delta,
-            lease: self.lease.clone(),
-            pending: self.pending.clone(),
-        };
-        lock(&self.pending).push((offset, delta));
         // The region's own release waits for these fences too (and for the
         // queued shrinks themselves, see `Drop`).
         self.add_fences(fences);
@@ -416,8 +407,26 @@ impl Region {
         // `used_by`, not only by the work named here (invariant 4): the
         // shrink waits for every fence not yet known complete — none, when
         // all have completed, and then it runs now.
-        self.binding.queue.release(self.fences.clone(), Box::new(job));
+        self.queue_decommit(offset, delta, self.fences.clone());
         Ok(())
+    }
+
+    /// Queues the decommit of `[offset, offset + len)` behind `fences`:
+    /// the range is marked pending (not committable again) until the job
+    /// has run, which refunds that part of the region's lease. The one
+    /// place a shrink, an undone restore and a refused queued grow give a
+    /// range back.
+    pub(super) fn queue_decommit(&self, offset: u64, len: u64, fences: Vec<SharedFence>) {
+        let job = ShrinkRetire {
+            binding: self.binding.clone(),
+            reservation: *self.res().raw(),
+            offset,
+            len,
+            lease: self.lease.clone(),
+            pending: self.pending.clone(),
+        };
+        lock(&self.pending).push((offset, len));
+        self.binding.queue.release(fences, Box::new(job));
     }
 }
 

@@ -19,7 +19,7 @@
 
 use super::super::settle::{self, Charge};
 use super::super::{BindingError, MemoryBinding, OwnedAllocation};
-use super::{Region, ShrinkRetire};
+use super::Region;
 use crate::fence::{FnFence, MechanismFence, PluginFence, SharedFence};
 use crate::mechanism::{Mechanism, SyncApi};
 use crate::sync::lock;
@@ -354,16 +354,7 @@ impl Region {
         };
         self.add_fences(fences.iter().cloned());
         for &(offset, len, _) in moved {
-            let job = ShrinkRetire {
-                binding: self.binding.clone(),
-                reservation: *self.res().raw(),
-                offset,
-                len,
-                lease: self.lease.clone(),
-                pending: self.pending.clone(),
-            };
-            lock(&self.pending).push((offset, len));
-            self.binding.queue.release(fences.clone(), Box::new(job));
+            self.queue_decommit(offset, len, fences.clone());
         }
     }
 

@@ -8,7 +8,6 @@
 use super::super::BindingError;
 use super::offload::never_known;
 use super::Region;
-use super::ShrinkRetire;
 use crate::fence::{PluginFence, SharedFence};
 use crate::mechanism::{accepted_unfenced, Access};
 use crate::sync::lock;
@@ -270,16 +269,7 @@ impl Region {
                 never_known(m)
             }
         };
-        let job = ShrinkRetire {
-            binding: self.binding.clone(),
-            reservation: *self.res().raw(),
-            offset,
-            len,
-            lease: self.lease.clone(),
-            pending: self.pending.clone(),
-        };
-        lock(&self.pending).push((offset, len));
         self.add_fences([fence.clone()]);
-        self.binding.queue.release(vec![fence], Box::new(job));
+        self.queue_decommit(offset, len, vec![fence]);
     }
 }
