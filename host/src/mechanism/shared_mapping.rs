@@ -181,7 +181,7 @@ impl<'m> SharedMappingApi<'m> {
             return Err(m.refuse(
                 SLOT,
                 Status::InvalidArgument,
-                format!("the descriptor to import (fd {}) is {why}", fd.as_raw_fd()),
+                format!("the descriptor to import, fd {}, {why}; nothing was imported", fd.as_raw_fd()),
             ));
         }
         let req = m.request(size, m.props.granularity, MEMPLUG_CLASS_OTHER, &Placement::default());
@@ -407,12 +407,12 @@ pub(super) fn memory_file_fault(fd: RawFd) -> Result<(), String> {
     let mut st = std::mem::MaybeUninit::<libc::stat>::zeroed();
     // SAFETY: as in `exported_fd_fault`.
     if unsafe { libc::fstat(fd, st.as_mut_ptr()) } != 0 {
-        return Err("which cannot be examined".into());
+        return Err("which cannot be examined (fstat failed)".into());
     }
     // SAFETY: fstat succeeded.
     let regular = unsafe { st.assume_init() }.st_mode & libc::S_IFMT == libc::S_IFREG;
     if regular && !is_shared_memory(fd) {
-        return Err(format!("a regular file that is not shared memory ({})", what_fd_is(fd)));
+        return Err(format!("which is a regular file but not shared memory ({})", what_fd_is(fd)));
     }
     Ok(())
 }

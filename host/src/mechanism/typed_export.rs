@@ -95,13 +95,25 @@ impl SharedMappingApi<'_> {
         match handle {
             HandleRef::Fd { kind, fd } => {
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                // A kind the mechanism does not publish is an absence
+                // (invariant 3), whatever the descriptor is.
+                if m.props.descriptor.export_types & kind == 0 {
+                    return Err(m.refuse(
+                        SLOT,
+                        Status::Unsupported,
+                        format!(
+                            "handles of kind {kind:#x} are not among the kinds this mechanism imports ({:#x})",
+                            m.props.descriptor.export_types
+                        ),
+                    ));
+                }
                 // The caller's descriptor must be what it says, before the
                 // plugin is handed it.
                 if let Err(why) = handle_kind_fault(raw, kind) {
                     return Err(m.refuse(
                         SLOT,
                         Status::InvalidArgument,
-                        format!("the descriptor to import (fd {raw}, kind {kind:#x}) is {why}"),
+                        format!("the descriptor to import, fd {raw} of kind {kind:#x}, {why}; nothing was imported"),
                     ));
                 }
                 known = super::shared_mapping::file_length(raw);
