@@ -465,6 +465,13 @@ pub const CHECKS: &[CheckInfo] = &[
          and nothing crashes or hangs",
     ),
     per_mechanism(
+        "loss.none_below_1_2",
+        "with a test trigger, on a fresh instance negotiated with a host speaking only 1.0..=1.1 (a 24-byte host \
+         info, no services): after the loss is triggered no slot answers DEVICE_LOST (15), a status ABI 1.2 \
+         added that such a host reads as INTERNAL (DEVICE_UNAVAILABLE says the same to it), and no service is \
+         called",
+    ),
+    per_mechanism(
         "lifecycle.live_objects",
         "live_objects counts every allocation, reservation, physical object, stream and fence exactly",
     ),

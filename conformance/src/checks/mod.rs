@@ -60,6 +60,7 @@ mod descriptor_claims;
 pub(crate) mod fresh;
 mod host_fns;
 mod loss;
+mod loss_minor;
 mod messages;
 mod negotiation;
 mod ordering;
