@@ -299,6 +299,13 @@ pub const CHECKS: &[CheckInfo] = &[
          makes nothing; naming one it offers is served",
     ),
     per_mechanism(
+        "shared_mapping.import_lent_fd",
+        "ABI 1.1 import_fd and ABI 1.2 import_handle (each descriptor kind offered): an ordinary file on disk and a \
+         pipe are refused, never imported as memory; an exported descriptor imports; after every import, refused \
+         or not, the descriptor the kit lent is still open on the same file (the plugin keeps a dup, never closes \
+         the caller's)",
+    ),
+    per_mechanism(
         "claims.read_only_enforced",
         "ABI 1.2, MEMPLUG_ATTR_READ_ONLY_ENFORCED claimed (host-visible memory): a read-only view of a physical \
          object is mapped without write access and a write through it kills a forked child with SIGSEGV or \

@@ -309,3 +309,24 @@ fn typed_export_claimed_to_a_1_1_host() {
         &[],
     );
 }
+
+#[test]
+fn an_import_that_takes_an_ordinary_file_as_memory() {
+    caught(
+        "CLAIMS_IMPORTS_ANY_FILE",
+        "shared_mapping.import_lent_fd",
+        "import_handle as MEMFD accepted an ordinary file as memory",
+        // It "imports" a handle with fd -1 the same way.
+        &["shared_mapping.typed_export_refusals"],
+    );
+}
+
+#[test]
+fn an_import_that_closes_the_descriptor_it_was_lent() {
+    caught(
+        "CLAIMS_IMPORT_CLOSES_FD",
+        "shared_mapping.import_lent_fd",
+        "import_handle as MEMFD closed the descriptor",
+        &[],
+    );
+}

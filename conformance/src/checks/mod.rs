@@ -59,6 +59,7 @@ mod descriptor;
 mod descriptor_claims;
 pub(crate) mod fresh;
 mod host_fns;
+mod imports;
 mod loss;
 mod loss_minor;
 mod messages;
