@@ -540,6 +540,18 @@ fn what_a_crashing_plugin_prints_is_captured_escaped_and_kept_out_of_the_report(
 }
 
 #[test]
+fn a_sink_written_after_its_call_returned_fails_the_run() {
+    // The kit keeps every sink valid, so the late write is recorded, not a
+    // write into freed stack memory that passes unseen (exit 0).
+    let (code, v, stderr) = json_code(&crasher(Some("KIT_SINK_AFTER_RETURN")), &[]);
+    assert_eq!(code, 1, "{stderr}\n{v:#}");
+    assert_complete(&v, clean_report());
+    assert_eq!(with_outcome(&v, "fail"), BTreeSet::from(["messages.sink_after_return".to_string()]), "{v:#}");
+    let d = result(&v, "messages.sink_after_return")["detail"].as_str().unwrap().to_string();
+    assert!(d.contains("allocator.allocate (\"written after the call returned\")"), "{d}");
+}
+
+#[test]
 fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     let so = crasher(Some("KIT_UNWRITTEN_ANSWER"));
     let (code, v, stderr) = json_code(&so, &[]);

@@ -500,6 +500,11 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     plugin_wide("messages.calling_thread", "every message was written on the thread that made the call"),
     plugin_wide(
+        "messages.sink_after_return",
+        "no message was written into a sink after the call that passed it returned (the kit keeps every sink \
+         valid and records such writes)",
+    ),
+    plugin_wide(
         "messages.null_sink",
         "refused calls with a NULL sink, or a sink whose write is NULL, do not crash (probed in a child)",
     ),

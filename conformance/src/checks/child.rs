@@ -197,7 +197,9 @@ impl Results {
                 );
             }
         }
-        let log = LogDelta::new(self.log.since(marks));
+        // Every late write this process saw (in this check, or in the
+        // checks replayed on the way to it) goes to the kit.
+        let log = LogDelta::new(self.log.since(marks), crate::sink::take_late_writes());
         self.send(&Msg::Verdict { outcome, detail, duration_ns: duration.as_nanos() as u64, log });
         self.done = true;
         if let Some(before) = before {

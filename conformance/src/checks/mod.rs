@@ -205,10 +205,13 @@ struct LogDelta {
     calls: Vec<WireCall>,
     overruns: Vec<(String, String)>,
     written_on_failure: Vec<(String, MemplugStatus)>,
+    /// Writes into sinks after their calls returned: a few, and the count.
+    #[serde(default)]
+    late: (Vec<(String, String)>, usize),
 }
 
 impl LogDelta {
-    fn new((calls, overruns, written): Entries) -> Self {
+    fn new((calls, overruns, written): Entries, late: (Vec<(&'static str, String)>, usize)) -> Self {
         LogDelta {
             calls: calls
                 .into_iter()
@@ -230,6 +233,7 @@ impl LogDelta {
                 .collect(),
             overruns: overruns.into_iter().map(|(s, d)| (s.to_string(), d)).collect(),
             written_on_failure: written.into_iter().map(|(s, st)| (s.to_string(), st)).collect(),
+            late: (late.0.into_iter().map(|(s, t)| (s.to_string(), t)).collect(), late.1),
         }
     }
 
@@ -255,6 +259,8 @@ impl LogDelta {
         for (slot, s) in self.written_on_failure {
             log.wrote_on_failure(intern(&slot), s);
         }
+        let (kept, count) = self.late;
+        log.late(kept.into_iter().map(|(s, t)| (intern(&s), t)).collect(), count);
     }
 }
 
