@@ -472,6 +472,11 @@ pub const CHECKS: &[CheckInfo] = &[
          and nothing crashes or hangs",
     ),
     per_mechanism(
+        "loss.host_fns_run_once",
+        "ABI 1.2, with sync and a test trigger: host functions enqueue_host_fn accepted (OK) behind a held stream \
+         before the loss each run exactly once once the stream is released after it (within the fence timeout)",
+    ),
+    per_mechanism(
         "loss.none_below_1_2",
         "with a test trigger, on a fresh instance negotiated with a host speaking only 1.0..=1.1 (a 24-byte host \
          info, no services): after the loss is triggered no slot answers DEVICE_LOST (15), a status ABI 1.2 \

@@ -275,7 +275,8 @@ fn a_memfd_handle_that_is_no_memfd() {
         "CLAIMS_NOT_A_MEMFD",
         "shared_mapping.typed_export",
         "returned a MEMFD handle whose descriptor",
-        &[],
+        // Its export (a pipe) cannot be imported back either.
+        &["shared_mapping.import_lent_fd"],
     );
 }
 
@@ -329,4 +330,37 @@ fn an_import_that_closes_the_descriptor_it_was_lent() {
         "import_handle as MEMFD closed the descriptor",
         &[],
     );
+}
+
+/// The results of `check` on the shim's one mechanism ("cpu").
+fn outcome(r: &Report, check: &str) -> (Outcome, String) {
+    one(r, check)
+}
+
+#[test]
+fn host_functions_accepted_before_a_loss_run_once_or_the_kit_says_so() {
+    // The shim with the kit's trigger (the CPU plugin's switch behind it):
+    // the CPU plugin runs what it accepted, loss or not.
+    let r = run(&shim(Some("CLAIMS_TRIGGER")));
+    let (o, d) = outcome(&r, "loss.host_fns_run_once");
+    assert_eq!(o, Outcome::Pass, "{d}\n{}", table(&r));
+    assert!(d.contains("each ran exactly once"), "{d}");
+    // The trigger shim is no perfect plugin: its fresh copy shares one
+    // CPU plugin library with the ordinary instance, whose switch reports
+    // the loss through every live instance and knows mechanism id 2, which
+    // the shim hides (loss.unknown_mechanism, lifecycle.unload_ready fail).
+    // What matters is that the planted variant fails exactly one more.
+    let correct = failed(&r);
+    // Dropping them once the loss is triggered is caught, and nothing else
+    // changes.
+    let r = run(&shim(Some("CLAIMS_LOSS_DROPS_HOST_FNS")));
+    let (o, d) = outcome(&r, "loss.host_fns_run_once");
+    assert_eq!(o, Outcome::Fail, "{d}\n{}", table(&r));
+    assert!(
+        d.contains("4 of 4 host functions whose enqueue_host_fn answered OK before the loss never ran"),
+        "{d}"
+    );
+    let mut want = correct;
+    want.insert("loss.host_fns_run_once".into());
+    assert_eq!(failed(&r), want, "{}", table(&r));
 }

@@ -137,6 +137,7 @@ pub(crate) fn run_mech(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
     res.run("loss.reported_through_services", name, || reported(ctx, m));
     res.run("loss.every_slot_device_lost", name, || every_slot(ctx, m));
+    res.run("loss.host_fns_run_once", name, || super::loss_host_fns::host_fns_run_once(ctx, m));
     res.run("loss.none_below_1_2", name, || super::loss_minor::none_below_1_2(ctx, m));
 }
 

@@ -62,16 +62,19 @@ pub(super) fn none_below_1_2(ctx: &Ctx, m: &Mech) -> Checked {
             lost.join(", ")
         );
     }
-    let mut seen: Vec<String> = Vec::new();
-    for (slot, s) in &answers {
-        seen.push(format!("{slot} {}", status_name(*s)));
+    // Grouped by status: one line however many slots there are.
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for (_, s) in &answers {
+        *by.entry(status_name(*s)).or_default() += 1;
     }
+    let seen: Vec<String> = by.iter().map(|(s, n)| format!("{n} answered {s}")).collect();
     Ok(format!(
-        "agreed on ABI 1.{}; {}({}) answered {}; then no slot answered DEVICE_LOST: {}",
+        "agreed on ABI 1.{}; {}({}) answered {}; then no slot answered DEVICE_LOST ({} slots called: {})",
         f.agreed,
         t.symbol,
         m.id,
         status_name(st),
+        answers.len(),
         seen.join(", ")
     ))
 }

@@ -61,6 +61,7 @@ pub(crate) mod fresh;
 mod host_fns;
 mod imports;
 mod loss;
+mod loss_host_fns;
 mod loss_minor;
 mod messages;
 mod negotiation;
