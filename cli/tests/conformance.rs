@@ -81,6 +81,7 @@ fn the_reference_cpu_plugin_passes_every_check() {
         "claims.zero_filled",
         "claims.page_size_used",
         "claims.placement_used",
+        "claims.pinned_locked",
         "ordering.stream_adopt_typed",
         "ordering.peer_access",
     ];
@@ -91,6 +92,7 @@ fn the_reference_cpu_plugin_passes_every_check() {
             "claims.zero_filled" => assert!(why.contains("does not claim"), "{c}"),
             "claims.page_size_used" => assert!(why.contains("only the base page"), "{c}"),
             "claims.placement_used" => assert!(why.contains("claims no NUMA node"), "{c}"),
+            "claims.pinned_locked" => assert!(why.contains("does not claim MEMPLUG_ATTR_PINNED"), "{c}"),
             "ordering.stream_adopt_typed" => assert!(why.contains("not published"), "{c}"),
             "ordering.peer_access" => assert!(why.contains("no MEMPLUG_CAP_PEER_ACCESS"), "{c}"),
             _ => {}
@@ -158,6 +160,7 @@ fn the_c_example_plugin_passes_what_it_implements_and_skips_the_rest() {
             }
             // What a host below 1.2 is told after a loss needs a loss.
             "loss.none_below_1_2" => assert!(why.contains("exports no device-loss test trigger"), "{c}"),
+            "loss.host_fns_run_once" => assert!(why.contains("no sync"), "{c}"),
             other => panic!("unexpected skip of {other}: {c}"),
         }
     }

@@ -328,6 +328,11 @@ pub const CHECKS: &[CheckInfo] = &[
          written, lives on that node (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR)",
     ),
     per_mechanism(
+        "claims.pinned_locked",
+        "ABI 1.2, MEMPLUG_ATTR_PINNED claimed (host-visible memory): an allocation and a commit are mlocked (`lo` \
+         in their areas' VmFlags in /proc/self/smaps) and every page is resident before anything touched it",
+    ),
+    per_mechanism(
         "sync.streams",
         "streams are created and destroyed; destroy waits for submitted work; a second destroy is refused",
     ),

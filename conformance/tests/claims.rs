@@ -28,7 +28,7 @@ use std::sync::Mutex;
 static ONE_RUN: Mutex<()> = Mutex::new(());
 
 /// The checks of this file.
-const NEW_CHECKS: [&str; 11] = [
+const NEW_CHECKS: [&str; 12] = [
     "descriptor.minor_1_is_1_1",
     "descriptor.memory_descriptor",
     "descriptor.identity",
@@ -40,6 +40,7 @@ const NEW_CHECKS: [&str; 11] = [
     "claims.zero_filled",
     "claims.page_size_used",
     "claims.placement_used",
+    "claims.pinned_locked",
 ];
 
 fn run(path: &Path) -> Report {
@@ -118,7 +119,12 @@ fn the_cpu_plugin_passes_the_1_2_checks_and_skips_what_it_does_not_claim() {
         NEW_CHECKS.iter().copied().filter(|c| cpu(&r, c).0 == Outcome::Skip).collect();
     assert_eq!(
         skipped,
-        BTreeSet::from(["claims.zero_filled", "claims.page_size_used", "claims.placement_used"]),
+        BTreeSet::from([
+            "claims.zero_filled",
+            "claims.page_size_used",
+            "claims.placement_used",
+            "claims.pinned_locked"
+        ]),
         "{}",
         table(&r)
     );
@@ -362,5 +368,26 @@ fn host_functions_accepted_before_a_loss_run_once_or_the_kit_says_so() {
     );
     let mut want = correct;
     want.insert("loss.host_fns_run_once".into());
+    assert_eq!(failed(&r), want, "{}", table(&r));
+}
+
+#[test]
+fn pinned_claimed_over_memory_that_is_not_locked() {
+    // The honest variant locks what it hands out (the kit's storms may
+    // meet RLIMIT_MEMLOCK: what fails then fails for both).
+    let r = run(&shim(Some("CLAIMS_PINNED")));
+    let (o, d) = outcome(&r, "claims.pinned_locked");
+    assert_eq!(o, Outcome::Pass, "{d}\n{}", table(&r));
+    assert!(d.contains("an allocation and a commit locked"), "{d}");
+    let correct = failed(&r);
+    let r = run(&shim(Some("CLAIMS_PINNED_UNLOCKED")));
+    let (o, d) = outcome(&r, "claims.pinned_locked");
+    assert_eq!(o, Outcome::Fail, "{d}\n{}", table(&r));
+    assert!(
+        d.contains("MEMPLUG_ATTR_PINNED is claimed, but an allocation") && d.contains("not mlocked"),
+        "{d}"
+    );
+    let mut want = correct;
+    want.insert("claims.pinned_locked".into());
     assert_eq!(failed(&r), want, "{}", table(&r));
 }

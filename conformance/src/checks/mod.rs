@@ -53,6 +53,7 @@
 
 mod allocator;
 mod child;
+mod claims_pinned;
 mod concurrency;
 mod copy;
 mod descriptor;
