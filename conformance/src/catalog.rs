@@ -127,6 +127,11 @@ pub const CHECKS: &[CheckInfo] = &[
          device's ordinal)",
     ),
     per_mechanism(
+        "descriptor.identity_stable",
+        "ABI 1.2, when the mechanism points at an identity: its bytes stay the same through properties, allocate \
+         and deallocate, reserve and release (plugin-owned and immutable until unload)",
+    ),
+    per_mechanism(
         "descriptor.page_size_requests",
         "ABI 1.2: allocate, reserve and create naming a page size the mechanism does not publish, or no power \
          of two, are refused with INVALID_ARGUMENT and make nothing; naming the smallest one it publishes they \

@@ -391,3 +391,13 @@ fn pinned_claimed_over_memory_that_is_not_locked() {
     want.insert("claims.pinned_locked".into());
     assert_eq!(failed(&r), want, "{}", table(&r));
 }
+
+#[test]
+fn an_identity_that_changes_between_calls() {
+    caught(
+        "CLAIMS_IDENTITY_CHANGES",
+        "descriptor.identity_stable",
+        "the device identity changed after properties (byte 4: ",
+        &[],
+    );
+}

@@ -37,6 +37,7 @@ pub(crate) fn run_descriptor(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
     res.run("descriptor.memory_descriptor", name, || memory_descriptor(m));
     res.run("descriptor.identity", name, || identity(m));
+    res.run("descriptor.identity_stable", name, || super::identity_stable::identity_stable(ctx, m));
     res.run("descriptor.page_size_requests", name, || page_size_requests(ctx, m));
 }
 

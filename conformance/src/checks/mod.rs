@@ -60,6 +60,7 @@ mod descriptor;
 mod descriptor_claims;
 pub(crate) mod fresh;
 mod host_fns;
+mod identity_stable;
 mod imports;
 mod loss;
 mod loss_host_fns;
