@@ -22,6 +22,9 @@ fn bytes(m: &Mech) -> Vec<u8> {
     }
 }
 
+/// A call the host makes, named, between two looks at the identity.
+type Step<'a> = (&'static str, Box<dyn FnMut(&mut Scope) + 'a>);
+
 pub(super) fn identity_stable(ctx: &Ctx, m: &Mech) -> Checked {
     needs_1_2(m, "the device identity")?;
     if m.identity.is_null() {
@@ -34,9 +37,19 @@ pub(super) fn identity_stable(ctx: &Ctx, m: &Mech) -> Checked {
     let first = bytes(m);
     let mut s = Scope::new(ctx, m);
     let align = m.props.min_alignment.max(1);
-    let mut steps: Vec<(&str, Box<dyn FnMut(&mut Scope)>)> = vec![
-        ("properties", Box::new(|_| drop(m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_2)))),
-        ("a second properties", Box::new(|_| drop(m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_2)))),
+    let mut steps: Vec<Step> = vec![
+        (
+            "properties",
+            Box::new(|_| {
+                let _ = m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_2);
+            }),
+        ),
+        (
+            "a second properties",
+            Box::new(|_| {
+                let _ = m.properties(&ctx.log, MEMPLUG_PROPERTIES_SIZE_1_2);
+            }),
+        ),
         (
             "allocate and deallocate",
             Box::new(move |s: &mut Scope| {
