@@ -390,6 +390,12 @@ pub const CHECKS: &[CheckInfo] = &[
          after which (host-visible memory) the mapping is read-write, then gone",
     ),
     per_mechanism(
+        "ordering.release_waits_for_work",
+        "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING, host memory: decommit_on (and unmap_on, with shared mapping) queued \
+         behind a host function holding the stream leaves the range mapped read-write with its bytes while the \
+         function holds it, and takes it away once its fence completes",
+    ),
+    per_mechanism(
         "ordering.queued_refusals",
         "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING: commit_on, decommit_on, map_on and unmap_on of ranges past the end, \
          straddling it or overflowing are OUT_OF_RANGE and a NULL out_fence INVALID_ARGUMENT, answered while the \

@@ -401,3 +401,13 @@ fn an_identity_that_changes_between_calls() {
         &[],
     );
 }
+
+#[test]
+fn a_queued_release_that_does_not_wait_for_the_stream() {
+    caught(
+        "CLAIMS_RELEASE_EARLY",
+        "ordering.release_waits_for_work",
+        "decommit_on took the memory away before the work queued earlier on the same stream had run",
+        &[],
+    );
+}

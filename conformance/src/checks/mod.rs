@@ -68,6 +68,7 @@ mod loss_minor;
 mod messages;
 mod negotiation;
 mod ordering;
+mod queued_release;
 mod shared_mapping;
 mod sync;
 mod tracked;
