@@ -414,8 +414,8 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "ordering.peer_access",
-        "ABI 1.2 MEMPLUG_CAP_PEER_ACCESS: can_access_peer answers OK with only READ/WRITE bits (or WRONG_DEVICE) \
-         for the device itself and others; set_peer_access refuses ranges out of a reservation with OUT_OF_RANGE \
+        "ABI 1.2 MEMPLUG_CAP_PEER_ACCESS: can_access_peer answers OK having written only READ/WRITE bits, never \
+         WRITE without READ (or WRONG_DEVICE) for the device itself and others; set_peer_access refuses ranges out of a reservation with OUT_OF_RANGE \
          and unknown access bits",
     ),
     per_mechanism(

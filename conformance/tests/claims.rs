@@ -411,3 +411,17 @@ fn a_queued_release_that_does_not_wait_for_the_stream() {
         &[],
     );
 }
+
+#[test]
+fn a_peer_access_answer_of_write_without_read() {
+    let r = run(&shim(Some("CLAIMS_PEER")));
+    let (o, d) = outcome(&r, "ordering.peer_access");
+    assert_eq!(o, Outcome::Pass, "{d}\n{}", table(&r));
+    assert!(failed(&r).is_empty(), "{}", table(&r));
+    caught(
+        "CLAIMS_PEER_WRITE_ONLY",
+        "ordering.peer_access",
+        "can_access_peer(cpu:0) answered WRITE without READ (0x2)",
+        &[],
+    );
+}

@@ -356,6 +356,11 @@ fn peer_access(ctx: &Ctx, m: &Mech) -> Checked {
                 "can_access_peer({dev}) answered access bits {bits:#x}: only MEMPLUG_ACCESS_READ and \
                  MEMPLUG_ACCESS_WRITE are defined"
             );
+            ensure!(
+                bits & MEMPLUG_ACCESS_WRITE == 0 || bits & MEMPLUG_ACCESS_READ != 0,
+                "can_access_peer({dev}) answered WRITE without READ ({bits:#x}): access is READ or READ|WRITE, as \
+                 for mappings (a peer that may write may read)"
+            );
             if bits != 0 && granted.is_none() {
                 granted = Some((p, bits));
             }
