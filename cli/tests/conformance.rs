@@ -558,7 +558,8 @@ fn a_sink_written_after_its_call_returned_fails_the_run() {
 fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     let so = crasher(Some("KIT_UNWRITTEN_ANSWER"));
     let (code, v, stderr) = json_code(&so, &[]);
-    assert_eq!(code, 3, "{stderr}\n{v:#}");
+    // The kit names the failing check: 1, not 3 ("could not run").
+    assert_eq!(code, 1, "{stderr}\n{v:#}");
     assert_eq!(v["ok"], false);
     let c = result(&v, "negotiation.accepts_host");
     assert_eq!(c["outcome"], "fail", "{c}");
@@ -567,7 +568,7 @@ fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     assert!(with_outcome(&v, "crash").is_empty(), "{v:#}");
     assert!(stderr.contains("could not run"), "{stderr}");
     let (code, text, _) = text_code(&so, &[]);
-    assert_eq!(code, 3);
+    assert_eq!(code, 1);
     assert!(text.contains("could not run: negotiation.accepts_host failed"), "{text}");
 }
 
@@ -580,7 +581,7 @@ fn malformed_negotiation_answers_are_refused_before_they_are_read() {
         ("KIT_STRUCT_SIZE_ANSWER", "overwrote the answer's struct_size"),
     ] {
         let (code, v, stderr) = json_code(&crasher(Some(variant)), &[]);
-        assert_eq!(code, 3, "{variant}: {stderr}\n{v:#}");
+        assert_eq!(code, 1, "{variant}: {stderr}\n{v:#}");
         let c = result(&v, "negotiation.accepts_host");
         assert_eq!(c["outcome"], "fail", "{variant}: {c}");
         assert!(c["detail"].as_str().unwrap().contains(says), "{variant}: {c}");
@@ -702,7 +703,7 @@ fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
         "0  every check passed",
         "1  a check failed, crashed or timed out",
         "2  usage",
-        "3  the kit could not run",
+        "3  the kit could not run and no check names why",
         "--timeout",
         "--junit",
     ] {
@@ -716,11 +717,12 @@ fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
     let dir = test_tmp_dir("exit_not_a_library");
     let bogus = dir.join("libbogus.so");
     std::fs::write(&bogus, "not a library").unwrap();
+    // Not a library, no entry: the run names the failing check, so 1.
     let (code, v, _) = json_code(&bogus, &[]);
-    assert_eq!(code, 3);
+    assert_eq!(code, 1);
     assert!(v["could_not_run"].as_str().unwrap().starts_with("load.open failed"), "{v:#}");
     let (code, _, _) = json_code(&bad_plugin(Some("BAD_NO_ENTRY")), &[]);
-    assert_eq!(code, 3);
+    assert_eq!(code, 1);
     // The reference plugin: 0.
     assert_eq!(memplug_code(&["conformance", "--json"]).0, 0);
 }

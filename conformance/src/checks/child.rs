@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How many of the loss reports made during a check its detail describes.
+const NOTED_REPORTS: usize = 5;
+
 /// The child of the check at `target`: the whole sequence, aimed at it.
 pub(super) fn child_main(path: &Path, opts: &Options, kit: &Kit, target: usize, out: RawFd) -> i32 {
     let log = Arc::new(kit.log.snapshot());
@@ -186,7 +189,17 @@ impl Results {
             Err(Verdict::Skip(d)) => (Outcome::Skip, d),
         };
         if let Some(s) = self.services {
-            for r in s.seen().iter().skip(reports_before) {
+            // A few notes, then a count: a storm of reports must not make
+            // a report of megabytes.
+            let seen = s.seen();
+            let new = seen.len().saturating_sub(reports_before);
+            if new > NOTED_REPORTS {
+                detail += &format!(
+                    "\nnote: during this check the plugin reported {new} device losses through the kit's services; the \
+                     first {NOTED_REPORTS}:"
+                );
+            }
+            for r in seen.iter().skip(reports_before).take(NOTED_REPORTS) {
                 detail += &format!(
                     "\nnote: during this check the plugin reported the loss of mechanism id {} through the kit's \
                      services ({}, {}; answered {})",

@@ -449,6 +449,26 @@ pub(crate) fn run(
     Ok(report)
 }
 
+/// The most bytes of one check's detail a report keeps.
+pub(crate) const DETAIL_MAX: usize = 8 * 1024;
+
+/// `d` cut to [`DETAIL_MAX`] bytes (at a character boundary), saying how
+/// much was left out: one check's detail never floods a report.
+pub(crate) fn bounded_detail(d: String) -> String {
+    if d.len() <= DETAIL_MAX {
+        return d;
+    }
+    let mut cut = DETAIL_MAX - 128;
+    while !d.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}\n… ({} more bytes left out: a check's detail is bounded to {DETAIL_MAX} bytes)",
+        &d[..cut],
+        d.len() - cut
+    )
+}
+
 /// Why the run never got to the mechanisms, if it did not.
 fn could_not_run(r: &Report) -> Option<String> {
     if r.checks.iter().any(|c| c.name == "descriptor.plugin" && c.outcome == Outcome::Pass) {
@@ -546,11 +566,11 @@ impl Kit {
             let (outcome, detail, duration, signal) = match verdict {
                 Some((outcome, detail, duration, log)) => {
                     log.apply(&self.log);
-                    (outcome, printable_text(&detail), duration, None)
+                    (outcome, bounded_detail(printable_text(&detail)), duration, None)
                 }
                 None => {
                     let (o, d, s) = died(&child, opts);
-                    (o, d, child.ended.saturating_duration_since(at), s)
+                    (o, bounded_detail(d), child.ended.saturating_duration_since(at), s)
                 }
             };
             if let Some((before, after)) = live.filter(|(b, a)| b != a) {
@@ -600,5 +620,20 @@ impl Kit {
                 stop("load.open", None, outcome, detail, signal)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bounded_detail, DETAIL_MAX};
+
+    #[test]
+    fn a_detail_is_bounded_and_says_so() {
+        assert_eq!(bounded_detail("short".into()), "short");
+        let long = "é".repeat(DETAIL_MAX);
+        let b = bounded_detail(long.clone());
+        assert!(b.len() <= DETAIL_MAX + 100, "{}", b.len());
+        assert!(b.ends_with(&format!("bounded to {DETAIL_MAX} bytes)")), "{}", &b[b.len() - 80..]);
+        assert!(b.contains(&format!("{} more bytes left out", long.len() - (DETAIL_MAX - 128))));
     }
 }
