@@ -555,6 +555,22 @@ fn a_sink_written_after_its_call_returned_fails_the_run() {
 }
 
 #[test]
+fn a_host_function_run_twice_is_named_not_a_crash() {
+    // One of the contained variants (abi-tests/tests/contained), built here.
+    let src = repo_root().join("abi-tests/c/bad_plugin.c");
+    let so = compile_c_plugin(&src, &["BAD_HOST_FN_TWICE"], "kit_host_fn_twice");
+    let (code, v, stderr) = json_code(&so, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(with_outcome(&v, "crash").is_empty() && with_outcome(&v, "timeout").is_empty(), "{v:#}");
+    let d = result(&v, "sync.in_order")["detail"].as_str().unwrap().to_string();
+    assert!(
+        d.contains("host function(s) the kit had no enqueue waiting for: a function run a second time"),
+        "{d}"
+    );
+    assert!(with_outcome(&v, "fail").contains("sync.enqueue_refusal"), "{v:#}");
+}
+
+#[test]
 fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     let so = crasher(Some("KIT_UNWRITTEN_ANSWER"));
     let (code, v, stderr) = json_code(&so, &[]);

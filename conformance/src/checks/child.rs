@@ -178,16 +178,27 @@ impl Results {
         let reports_before = self.services.map_or(0, |s| s.count());
         let marks = self.log.marks();
         self.log.set_muted(false);
+        let strays = super::host_fns::STRAY_RUNS.load(Ordering::SeqCst);
         let t = Instant::now();
         let r = guarded(f);
         let duration = t.elapsed();
         self.log.set_muted(true);
-        let passed = passes(&r);
-        let (outcome, mut detail) = match r {
+        let (mut outcome, mut detail) = match r {
             Ok(d) => (Outcome::Pass, d),
             Err(Verdict::Fail(d)) => (Outcome::Fail, d),
             Err(Verdict::Skip(d)) => (Outcome::Skip, d),
         };
+        let stray = super::host_fns::STRAY_RUNS.load(Ordering::SeqCst) - strays;
+        if stray > 0 {
+            // What the check saw may be fine; the plugin still broke
+            // "exactly once when enqueue_host_fn returns OK, never on failure".
+            outcome = Outcome::Fail;
+            detail = format!(
+                "the plugin ran {stray} host function(s) the kit had no enqueue waiting for: a function run a second \
+                 time, or run after its enqueue_host_fn was refused (exactly once on OK, never on failure)\n{detail}"
+            );
+        }
+        let passed = outcome != Outcome::Fail;
         if let Some(s) = self.services {
             // A few notes, then a count: a storm of reports must not make
             // a report of megabytes.
