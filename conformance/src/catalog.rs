@@ -536,3 +536,39 @@ pub const CHECKS: &[CheckInfo] = &[
         "live_objects is 0 once everything the kit made is released (then unload is called)",
     ),
 ];
+
+/// `docs/conformance-checks.md`: every check of [`CHECKS`], in run order,
+/// grouped by the part before its dot, with what it asserts. Generated
+/// from this list (so it cannot drift: `conformance/tests/checks_doc.rs`
+/// compares it with the committed file; `MEMPLUG_BLESS=1` rewrites it).
+pub fn checks_markdown() -> String {
+    let mut s = String::from(
+        "# The conformance kit's checks\n\n\
+         <!-- Generated from conformance/src/catalog.rs (memplug_conformance::checks_markdown) by \
+         `MEMPLUG_BLESS=1 cargo test -p memplug-conformance --test checks_doc`; do not edit by hand. -->\n\n\
+         Every check `memplug conformance PLUGIN` runs, in the order a report lists them, with what it \
+         asserts. A check runs once for the plugin (*plugin-wide*) or once per mechanism. A check is \
+         skipped, saying why, only where the plugin lacks what it tests (a capability, a slot, a claim, a \
+         minor) or the host cannot see it (memory of a device that is not host-visible); \
+         [`conformance-json.md`](conformance-json.md) describes the report, \
+         [`../abi-tests/MISBEHAVIOURS.md`](../abi-tests/MISBEHAVIOURS.md) the planted mistakes each check \
+         catches.\n",
+    );
+    let mut group = "";
+    for c in CHECKS {
+        let g = c.name.split('.').next().unwrap_or("");
+        if g != group {
+            group = g;
+            s += &format!("\n## `{g}.*`\n\n| check | runs | asserts |\n| --- | --- | --- |\n");
+        }
+        let runs = if c.per_mechanism { "per mechanism" } else { "plugin-wide" };
+        s += &format!("| `{}` | {runs} | {} |\n", c.name, escape(c.verifies));
+    }
+    s
+}
+
+/// Markdown table cell text: `|` and the angle brackets of `<N>` or `<=`
+/// escaped (a bare `<N>` would be read as an HTML tag).
+fn escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
+}
