@@ -69,8 +69,8 @@
 // Warning: this is the header's newest minor, not your plugin's. Do not
 // declare it as your descriptor's `max_minor` or agree on it: rebuilt
 // against a newer header, the plugin would claim a minor whose additions
-// it does not implement (a host then reads tables and fields it never
-// wrote, or refuses it). Give your plugin its own constant for the newest
+// it does not implement (a host then reads tables and fields it did not
+// write, or refuses it). Give your plugin its own constant for the newest
 // minor it implements.
 #define MEMPLUG_ABI_MINOR 3
 

@@ -31,8 +31,8 @@ pub const MEMPLUG_ABI_MAJOR: u32 = 1;
 /// Warning: this is the header's newest minor, not your plugin's. Do not
 /// declare it as your descriptor's `max_minor` or agree on it: rebuilt
 /// against a newer header, the plugin would claim a minor whose additions
-/// it does not implement (a host then reads tables and fields it never
-/// wrote, or refuses it). Give your plugin its own constant for the newest
+/// it does not implement (a host then reads tables and fields it did not
+/// write, or refuses it). Give your plugin its own constant for the newest
 /// minor it implements.
 pub const MEMPLUG_ABI_MINOR: u32 = 3;
 
