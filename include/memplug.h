@@ -34,6 +34,12 @@
  *    copies min(struct_size, sizeof) bytes into a zeroed local, refuses a
  *    struct shorter than its 1.0 size (MEMPLUG_*_SIZE_1_0), and never calls
  *    a slot the writer did not publish.
+ *  - Table length at an older minor: a table or struct a plugin publishes
+ *    may be longer than the agreed minor defines, so the sizeof of the
+ *    plugin's own struct is right at every minor; the host reads and calls
+ *    nothing past the size the agreed minor defines (its SIZE_1_N constant),
+ *    and a capability bit still needs every slot the minor that defines it
+ *    brings.
  *  - Device work: decommit, unmap, release and deallocate must not be called
  *    while device work still uses the range (on a GPU that is a fault that
  *    kills the context). The memplug host orders them behind the fences of
@@ -59,6 +65,13 @@
 // The newest minor version this header describes. Items added after 1.0
 // say "Since 1.1", "Since 1.2" or "Since 1.3" (docs/ABI-CHANGELOG.md lists
 // them).
+//
+// Warning: this is the header's newest minor, not your plugin's. Do not
+// declare it as your descriptor's `max_minor` or agree on it: rebuilt
+// against a newer header, the plugin would claim a minor whose additions
+// it does not implement (a host then reads tables and fields it did not
+// write, or refuses it). Give your plugin its own constant for the newest
+// minor it implements.
 #define MEMPLUG_ABI_MINOR 3
 
 // Capability flag: the mechanism has an allocator (required of every

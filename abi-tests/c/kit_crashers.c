@@ -25,6 +25,8 @@
  * KIT_STRUCT_SIZE_ANSWER   the entry overwrites the answer's struct_size (the host's)
  * KIT_ESCAPE_NAMES         plugin name, version and mechanism name carry terminal
  *                          escape sequences and control characters
+ * KIT_SINK_AFTER_RETURN    allocate keeps the sink of a call it refused and writes
+ *                          into it at its next call, after the first returned
  *
  * With no KIT_* macro it is the example plugin, unchanged but for the copy.
  */
@@ -41,7 +43,7 @@
 #if (defined(KIT_SEGV_ALLOCATE) + defined(KIT_ABORT_MEMORY_INFO) + defined(KIT_HANG_MEMORY_INFO) +          \
      defined(KIT_EXIT_MEMORY_INFO) + defined(KIT_NOISY_MEMORY_INFO) + defined(KIT_UNWRITTEN_ANSWER) +      \
      defined(KIT_MISALIGNED_ANSWER) + defined(KIT_UNMAPPED_ANSWER) + defined(KIT_MINOR_ANSWER) +           \
-     defined(KIT_STRUCT_SIZE_ANSWER) + defined(KIT_ESCAPE_NAMES)) > 1
+     defined(KIT_STRUCT_SIZE_ANSWER) + defined(KIT_ESCAPE_NAMES) + defined(KIT_SINK_AFTER_RETURN)) > 1
 #error "define at most one KIT_* variant"
 #endif
 
@@ -65,6 +67,39 @@ static MemplugStatus kit_allocate(void *ctx, const MemplugRequest *request, Memp
 {
     *g_kit_null = 1;
     return ex_allocate(ctx, request, out, sink);
+}
+#endif
+
+#if defined(KIT_SINK_AFTER_RETURN)
+/* The sink of the last refused allocate: kept past its call (the bug). */
+static pthread_mutex_t g_kit_kept_lock = PTHREAD_MUTEX_INITIALIZER;
+static MemplugMessageSink g_kit_kept;
+static int g_kit_have_kept;
+
+static MemplugStatus kit_allocate(void *ctx, const MemplugRequest *request, MemplugBlock *out,
+                                  const MemplugMessageSink *sink)
+{
+    static const char late[] = "written after the call returned";
+    MemplugMessageSink kept;
+    int have;
+    MemplugStatus st;
+
+    pthread_mutex_lock(&g_kit_kept_lock);
+    kept = g_kit_kept;
+    have = g_kit_have_kept;
+    g_kit_have_kept = 0;
+    pthread_mutex_unlock(&g_kit_kept_lock);
+    if (have && kept.write != NULL) {
+        kept.write(kept.ctx, late, sizeof late - 1);
+    }
+    st = ex_allocate(ctx, request, out, sink);
+    if (st != MEMPLUG_STATUS_OK && sink != NULL) {
+        pthread_mutex_lock(&g_kit_kept_lock);
+        g_kit_kept = *sink;
+        g_kit_have_kept = 1;
+        pthread_mutex_unlock(&g_kit_kept_lock);
+    }
+    return st;
 }
 #endif
 
@@ -100,7 +135,7 @@ static pthread_once_t g_kit_once = PTHREAD_ONCE_INIT;
 static void kit_build(void)
 {
     g_kit_allocator = g_allocator;
-#if defined(KIT_SEGV_ALLOCATE)
+#if defined(KIT_SEGV_ALLOCATE) || defined(KIT_SINK_AFTER_RETURN)
     g_kit_allocator.allocate = kit_allocate;
 #elif defined(KIT_MEMORY_INFO)
     g_kit_allocator.memory_info = kit_memory_info;

@@ -754,6 +754,13 @@ static MemplugStatus ex_release(void *ctx, const MemplugObjectRef *reservation,
 /* Descriptors                                                               */
 /* ------------------------------------------------------------------------ */
 
+/* struct_size is sizeof at every minor. From the header's rules:
+ * Table length at an older minor: a table or struct a plugin publishes may
+ * be longer than the agreed minor defines, so the sizeof of the plugin's
+ * own struct is right at every minor; the host reads and calls nothing past
+ * the size the agreed minor defines (its SIZE_1_N constant), and a
+ * capability bit still needs every slot the minor that defines it brings.
+ */
 static const MemplugAllocator g_allocator = {
     .struct_size = sizeof(MemplugAllocator),
     .properties = ex_properties,

@@ -23,11 +23,13 @@ timed out, and the run goes on. Text output streams one line per check as it end
 
 Exit status:
   0  every check passed (skips allowed)
-  1  a check failed, crashed or timed out
+  1  a check failed, crashed or timed out, including a run stopped at a check it names (a file that is \
+not a loadable library fails load.open, one without memplug_plugin_v1 load.entry_symbol, one that does not \
+negotiate or answers malformed negotiation.accepts_host, an unreadable descriptor descriptor.plugin)
   2  usage error: a bad option or value, --mechanism naming no published mechanism, a --junit file that \
 cannot be created
-  3  the kit could not run: the file is missing, is not a loadable library, has no memplug_plugin_v1, does \
-not negotiate (or answers malformed), or its plugin descriptor cannot be read
+  3  the kit could not run and no check names why: the file is missing or is not a regular file, or a \
+check's process could not be started
 A closed stdout or stderr does not change the exit status.";
 
 /// The arguments of `memplug conformance`.
@@ -125,7 +127,12 @@ fn finish(report: &Report, args: &Args, junit: Option<(PathBuf, File)>, out: &mu
     }
     if let Some(why) = &report.could_not_run {
         complain(&format!("the conformance kit could not run on {}: {why}", report.plugin_path.display()));
-        return COULD_NOT_RUN;
+        // A run that stopped at a check it names is that check failing
+        // (exit 1); 3 is kept for a kit that could not name one.
+        if failed.is_empty() {
+            return COULD_NOT_RUN;
+        }
+        return out.status(FAILED);
     }
     out.status(if report.ok { OK } else { FAILED })
 }

@@ -51,6 +51,14 @@ struct MechanismView {
     /// ABI 1.2's device identity; `null` when the plugin published none
     /// (or agreed on an older minor).
     identity: Option<IdentityView>,
+    /// ABI 1.3's `copy_kinds` (`device`, `host`, `peer`); `null` below 1.3.
+    copy_kinds: Option<Vec<&'static str>>,
+    /// `MEMPLUG_COPY_*` bits this host does not know.
+    unknown_copy_kind_bits: u32,
+    /// The optional slots the host can see published, as `table.slot`
+    /// (`allocator.memory_info`, `sync.stream_adopt`, `sync.copy`,
+    /// `shared_mapping.export_fd`, `shared_mapping.import_fd`).
+    optional_slots: Vec<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -189,6 +197,7 @@ fn view(p: &Plugin) -> PluginView {
 
 fn mechanism_view(m: &Mechanism, minor: u32) -> MechanismView {
     let props = m.properties();
+    let info = m.memory_info();
     MechanismView {
         name: m.name().into(),
         id: m.id(),
@@ -199,13 +208,54 @@ fn mechanism_view(m: &Mechanism, minor: u32) -> MechanismView {
         max_alignment: props.max_alignment,
         granularity: props.granularity,
         stream_adopt: m.sync().map(|s| s.can_adopt()),
-        memory: m
-            .memory_info()
-            .and_then(|r| r.ok())
+        memory: info
+            .as_ref()
+            .and_then(|r| r.as_ref().ok())
             .map(|i| MemoryView { free_bytes: i.free_bytes, total_bytes: i.total_bytes }),
         descriptor: (minor >= 2).then(|| descriptor_view(&props.descriptor)),
         identity: m.identity().as_ref().map(identity_view),
+        copy_kinds: (minor >= 3).then(|| props.copy_kinds.names()),
+        unknown_copy_kind_bits: props.copy_kinds.unknown_bits(),
+        optional_slots: optional_slots(m, info.is_some()),
     }
+}
+
+/// The optional slots a mechanism publishes, as far as the host's API
+/// tells (`sync.stream_wait_fence` and `sync.stream_adopt_typed` it does
+/// not expose yet, so they are not listed).
+fn optional_slots(m: &Mechanism, memory_info: bool) -> Vec<&'static str> {
+    let mut v = Vec::new();
+    if memory_info {
+        v.push("allocator.memory_info");
+    }
+    if let Some(s) = m.sync() {
+        if s.can_adopt() {
+            v.push("sync.stream_adopt");
+        }
+        if s.can_copy() {
+            v.push("sync.copy");
+        }
+    }
+    // The slots a capability brings: the loader refused a flag without
+    // its slots and slots without their flag.
+    let caps = m.capabilities().names();
+    let has = |c: &str| caps.contains(&c);
+    if has("shared_export") {
+        v.extend(["shared_mapping.export_fd", "shared_mapping.import_fd"]);
+    }
+    if has("typed_export") {
+        v.extend(["shared_mapping.export_handle", "shared_mapping.import_handle"]);
+    }
+    if has("queued_binding") {
+        v.extend(["virtual_backing.commit_on", "virtual_backing.decommit_on"]);
+        if has("shared_mapping") {
+            v.extend(["shared_mapping.map_on", "shared_mapping.unmap_on"]);
+        }
+    }
+    if has("peer_access") {
+        v.extend(["peer_access.can_access_peer", "peer_access.set_peer_access"]);
+    }
+    v
 }
 
 fn print_table(out: &mut impl Write, v: &PluginView) -> std::io::Result<()> {
@@ -244,6 +294,21 @@ fn print_table(out: &mut impl Write, v: &PluginView) -> std::io::Result<()> {
             Some(d) => print_descriptor(out, d)?,
             None => writeln!(out, "  descriptor    - (ABI 1.2)")?,
         }
+        match &m.copy_kinds {
+            Some(k) if k.is_empty() && m.unknown_copy_kind_bits == 0 => {
+                writeln!(out, "  copy kinds    - (no copy slot)")?
+            }
+            Some(k) => {
+                let mut t = k.join(", ");
+                if m.unknown_copy_kind_bits != 0 {
+                    t.push_str(&format!(", unknown bits {:#x}", m.unknown_copy_kind_bits));
+                }
+                writeln!(out, "  copy kinds    {t}")?
+            }
+            None => writeln!(out, "  copy kinds    - (ABI 1.3)")?,
+        }
+        let slots = if m.optional_slots.is_empty() { "-".to_string() } else { m.optional_slots.join(", ") };
+        writeln!(out, "  optional      {slots}")?;
         if let Some(i) = &m.identity {
             let mut parts = Vec::new();
             if let Some(u) = &i.uuid {

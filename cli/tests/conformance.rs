@@ -81,6 +81,7 @@ fn the_reference_cpu_plugin_passes_every_check() {
         "claims.zero_filled",
         "claims.page_size_used",
         "claims.placement_used",
+        "claims.pinned_locked",
         "ordering.stream_adopt_typed",
         "ordering.peer_access",
     ];
@@ -91,6 +92,7 @@ fn the_reference_cpu_plugin_passes_every_check() {
             "claims.zero_filled" => assert!(why.contains("does not claim"), "{c}"),
             "claims.page_size_used" => assert!(why.contains("only the base page"), "{c}"),
             "claims.placement_used" => assert!(why.contains("claims no NUMA node"), "{c}"),
+            "claims.pinned_locked" => assert!(why.contains("does not claim MEMPLUG_ATTR_PINNED"), "{c}"),
             "ordering.stream_adopt_typed" => assert!(why.contains("not published"), "{c}"),
             "ordering.peer_access" => assert!(why.contains("no MEMPLUG_CAP_PEER_ACCESS"), "{c}"),
             _ => {}
@@ -156,6 +158,9 @@ fn the_c_example_plugin_passes_what_it_implements_and_skips_the_rest() {
             "loss.reported_through_services" | "loss.every_slot_device_lost" | "loss.unknown_mechanism" => {
                 assert!(why.contains("agreed on ABI 1.0") && why.contains("ABI 1.2"), "{c}")
             }
+            // What a host below 1.2 is told after a loss needs a loss.
+            "loss.none_below_1_2" => assert!(why.contains("exports no device-loss test trigger"), "{c}"),
+            "loss.host_fns_run_once" => assert!(why.contains("no sync"), "{c}"),
             other => panic!("unexpected skip of {other}: {c}"),
         }
     }
@@ -538,10 +543,39 @@ fn what_a_crashing_plugin_prints_is_captured_escaped_and_kept_out_of_the_report(
 }
 
 #[test]
+fn a_sink_written_after_its_call_returned_fails_the_run() {
+    // The kit keeps every sink valid, so the late write is recorded, not a
+    // write into freed stack memory that passes unseen (exit 0).
+    let (code, v, stderr) = json_code(&crasher(Some("KIT_SINK_AFTER_RETURN")), &[]);
+    assert_eq!(code, 1, "{stderr}\n{v:#}");
+    assert_complete(&v, clean_report());
+    assert_eq!(with_outcome(&v, "fail"), BTreeSet::from(["messages.sink_after_return".to_string()]), "{v:#}");
+    let d = result(&v, "messages.sink_after_return")["detail"].as_str().unwrap().to_string();
+    assert!(d.contains("allocator.allocate (\"written after the call returned\")"), "{d}");
+}
+
+#[test]
+fn a_host_function_run_twice_is_named_not_a_crash() {
+    // One of the contained variants (abi-tests/tests/contained), built here.
+    let src = repo_root().join("abi-tests/c/bad_plugin.c");
+    let so = compile_c_plugin(&src, &["BAD_HOST_FN_TWICE"], "kit_host_fn_twice");
+    let (code, v, stderr) = json_code(&so, &[]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(with_outcome(&v, "crash").is_empty() && with_outcome(&v, "timeout").is_empty(), "{v:#}");
+    let d = result(&v, "sync.in_order")["detail"].as_str().unwrap().to_string();
+    assert!(
+        d.contains("host function(s) the kit had no enqueue waiting for: a function run a second time"),
+        "{d}"
+    );
+    assert!(with_outcome(&v, "fail").contains("sync.enqueue_refusal"), "{v:#}");
+}
+
+#[test]
 fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     let so = crasher(Some("KIT_UNWRITTEN_ANSWER"));
     let (code, v, stderr) = json_code(&so, &[]);
-    assert_eq!(code, 3, "{stderr}\n{v:#}");
+    // The kit names the failing check: 1, not 3 ("could not run").
+    assert_eq!(code, 1, "{stderr}\n{v:#}");
     assert_eq!(v["ok"], false);
     let c = result(&v, "negotiation.accepts_host");
     assert_eq!(c["outcome"], "fail", "{c}");
@@ -550,7 +584,7 @@ fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     assert!(with_outcome(&v, "crash").is_empty(), "{v:#}");
     assert!(stderr.contains("could not run"), "{stderr}");
     let (code, text, _) = text_code(&so, &[]);
-    assert_eq!(code, 3);
+    assert_eq!(code, 1);
     assert!(text.contains("could not run: negotiation.accepts_host failed"), "{text}");
 }
 
@@ -563,7 +597,7 @@ fn malformed_negotiation_answers_are_refused_before_they_are_read() {
         ("KIT_STRUCT_SIZE_ANSWER", "overwrote the answer's struct_size"),
     ] {
         let (code, v, stderr) = json_code(&crasher(Some(variant)), &[]);
-        assert_eq!(code, 3, "{variant}: {stderr}\n{v:#}");
+        assert_eq!(code, 1, "{variant}: {stderr}\n{v:#}");
         let c = result(&v, "negotiation.accepts_host");
         assert_eq!(c["outcome"], "fail", "{variant}: {c}");
         assert!(c["detail"].as_str().unwrap().contains(says), "{variant}: {c}");
@@ -685,7 +719,7 @@ fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
         "0  every check passed",
         "1  a check failed, crashed or timed out",
         "2  usage",
-        "3  the kit could not run",
+        "3  the kit could not run and no check names why",
         "--timeout",
         "--junit",
     ] {
@@ -699,11 +733,12 @@ fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
     let dir = test_tmp_dir("exit_not_a_library");
     let bogus = dir.join("libbogus.so");
     std::fs::write(&bogus, "not a library").unwrap();
+    // Not a library, no entry: the run names the failing check, so 1.
     let (code, v, _) = json_code(&bogus, &[]);
-    assert_eq!(code, 3);
+    assert_eq!(code, 1);
     assert!(v["could_not_run"].as_str().unwrap().starts_with("load.open failed"), "{v:#}");
     let (code, _, _) = json_code(&bad_plugin(Some("BAD_NO_ENTRY")), &[]);
-    assert_eq!(code, 3);
+    assert_eq!(code, 1);
     // The reference plugin: 0.
     assert_eq!(memplug_code(&["conformance", "--json"]).0, 0);
 }

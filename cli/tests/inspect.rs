@@ -70,6 +70,21 @@ fn inspect_json_is_machine_readable() {
         m["identity"],
         serde_json::json!({"uuid": null, "pci": null, "sub_device": null, "numa_node": 0})
     );
+    // ABI 1.3: what the copy copies between, and the optional slots.
+    assert_eq!(m["copy_kinds"], serde_json::json!(["device", "host"]));
+    assert_eq!(m["unknown_copy_kind_bits"], 0);
+    let slots: Vec<&str> =
+        m["optional_slots"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    for want in
+        ["allocator.memory_info", "sync.copy", "shared_mapping.export_handle", "virtual_backing.decommit_on"]
+    {
+        assert!(slots.contains(&want), "{want} not in {slots:?}");
+    }
+    assert!(!slots.contains(&"sync.stream_adopt"), "{slots:?}");
+    let out = memplug(&["inspect"]);
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("  copy kinds    device, host\n"), "{text}");
+    assert!(text.contains("  optional      allocator.memory_info, sync.copy, "), "{text}");
 }
 
 /// A plugin that agreed on 1.0 or 1.1 has no descriptor and no identity to
@@ -91,6 +106,14 @@ fn inspect_shows_no_descriptor_below_1_2() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("descriptor    - (ABI 1.2)") && !text.contains("identity "), "{text}");
     assert!(!text.contains("page sizes"), "{text}");
+    assert!(
+        m["copy_kinds"].is_null() && m["optional_slots"] == serde_json::json!(["allocator.memory_info"]),
+        "{m}"
+    );
+    assert!(
+        text.contains("copy kinds    - (ABI 1.3)") && text.contains("optional      allocator.memory_info\n"),
+        "{text}"
+    );
 }
 
 fn page_size() -> u64 {

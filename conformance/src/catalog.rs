@@ -127,6 +127,11 @@ pub const CHECKS: &[CheckInfo] = &[
          device's ordinal)",
     ),
     per_mechanism(
+        "descriptor.identity_stable",
+        "ABI 1.2, when the mechanism points at an identity: its bytes stay the same through properties, allocate \
+         and deallocate, reserve and release (plugin-owned and immutable until unload)",
+    ),
+    per_mechanism(
         "descriptor.page_size_requests",
         "ABI 1.2: allocate, reserve and create naming a page size the mechanism does not publish, or no power \
          of two, are refused with INVALID_ARGUMENT and make nothing; naming the smallest one it publishes they \
@@ -299,6 +304,13 @@ pub const CHECKS: &[CheckInfo] = &[
          makes nothing; naming one it offers is served",
     ),
     per_mechanism(
+        "shared_mapping.import_lent_fd",
+        "ABI 1.1 import_fd and ABI 1.2 import_handle (each descriptor kind offered): an ordinary file on disk and a \
+         pipe are refused, never imported as memory; an exported descriptor imports; after every import, refused \
+         or not, the descriptor the kit lent is still open on the same file (the plugin keeps a dup, never closes \
+         the caller's)",
+    ),
+    per_mechanism(
         "claims.read_only_enforced",
         "ABI 1.2, MEMPLUG_ATTR_READ_ONLY_ENFORCED claimed (host-visible memory): a read-only view of a physical \
          object is mapped without write access and a write through it kills a forked child with SIGSEGV or \
@@ -319,6 +331,11 @@ pub const CHECKS: &[CheckInfo] = &[
         "claims.placement_used",
         "ABI 1.2, a host-visible mechanism located at a NUMA node: every page of an allocation and of a commit, \
          written, lives on that node (get_mempolicy MPOL_F_NODE|MPOL_F_ADDR)",
+    ),
+    per_mechanism(
+        "claims.pinned_locked",
+        "ABI 1.2, MEMPLUG_ATTR_PINNED claimed (host-visible memory): an allocation and a commit are mlocked (`lo` \
+         in their areas' VmFlags in /proc/self/smaps) and every page is resident before anything touched it",
     ),
     per_mechanism(
         "sync.streams",
@@ -373,6 +390,12 @@ pub const CHECKS: &[CheckInfo] = &[
          after which (host-visible memory) the mapping is read-write, then gone",
     ),
     per_mechanism(
+        "ordering.release_waits_for_work",
+        "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING, host memory: decommit_on (and unmap_on, with shared mapping) queued \
+         behind a host function holding the stream leaves the range mapped read-write with its bytes while the \
+         function holds it, and takes it away once its fence completes",
+    ),
+    per_mechanism(
         "ordering.queued_refusals",
         "ABI 1.2 MEMPLUG_CAP_QUEUED_BINDING: commit_on, decommit_on, map_on and unmap_on of ranges past the end, \
          straddling it or overflowing are OUT_OF_RANGE and a NULL out_fence INVALID_ARGUMENT, answered while the \
@@ -391,8 +414,8 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "ordering.peer_access",
-        "ABI 1.2 MEMPLUG_CAP_PEER_ACCESS: can_access_peer answers OK with only READ/WRITE bits (or WRONG_DEVICE) \
-         for the device itself and others; set_peer_access refuses ranges out of a reservation with OUT_OF_RANGE \
+        "ABI 1.2 MEMPLUG_CAP_PEER_ACCESS: can_access_peer answers OK having written only READ/WRITE bits, never \
+         WRITE without READ (or WRONG_DEVICE) for the device itself and others; set_peer_access refuses ranges out of a reservation with OUT_OF_RANGE \
          and unknown access bits",
     ),
     per_mechanism(
@@ -465,6 +488,18 @@ pub const CHECKS: &[CheckInfo] = &[
          and nothing crashes or hangs",
     ),
     per_mechanism(
+        "loss.host_fns_run_once",
+        "ABI 1.2, with sync and a test trigger: host functions enqueue_host_fn accepted (OK) behind a held stream \
+         before the loss each run exactly once once the stream is released after it (within the fence timeout)",
+    ),
+    per_mechanism(
+        "loss.none_below_1_2",
+        "with a test trigger, on a fresh instance negotiated with a host speaking only 1.0..=1.1 (a 24-byte host \
+         info, no services): after the loss is triggered no slot answers DEVICE_LOST (15), a status ABI 1.2 \
+         added that such a host reads as INTERNAL (DEVICE_UNAVAILABLE says the same to it), and no service is \
+         called",
+    ),
+    per_mechanism(
         "lifecycle.live_objects",
         "live_objects counts every allocation, reservation, physical object, stream and fence exactly",
     ),
@@ -486,6 +521,11 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     plugin_wide("messages.calling_thread", "every message was written on the thread that made the call"),
     plugin_wide(
+        "messages.sink_after_return",
+        "no message was written into a sink after the call that passed it returned (the kit keeps every sink \
+         valid and records such writes)",
+    ),
+    plugin_wide(
         "messages.null_sink",
         "refused calls with a NULL sink, or a sink whose write is NULL, do not crash (probed in a child)",
     ),
@@ -496,3 +536,39 @@ pub const CHECKS: &[CheckInfo] = &[
         "live_objects is 0 once everything the kit made is released (then unload is called)",
     ),
 ];
+
+/// `docs/conformance-checks.md`: every check of [`CHECKS`], in run order,
+/// grouped by the part before its dot, with what it asserts. Generated
+/// from this list (so it cannot drift: `conformance/tests/checks_doc.rs`
+/// compares it with the committed file; `MEMPLUG_BLESS=1` rewrites it).
+pub fn checks_markdown() -> String {
+    let mut s = String::from(
+        "# The conformance kit's checks\n\n\
+         <!-- Generated from conformance/src/catalog.rs (memplug_conformance::checks_markdown) by \
+         `MEMPLUG_BLESS=1 cargo test -p memplug-conformance --test checks_doc`; do not edit by hand. -->\n\n\
+         Every check `memplug conformance PLUGIN` runs, in the order a report lists them, with what it \
+         asserts. A check runs once for the plugin (*plugin-wide*) or once per mechanism. A check is \
+         skipped, saying why, only where the plugin lacks what it tests (a capability, a slot, a claim, a \
+         minor) or the host cannot see it (memory of a device that is not host-visible); \
+         [`conformance-json.md`](conformance-json.md) describes the report, \
+         [`../abi-tests/MISBEHAVIOURS.md`](../abi-tests/MISBEHAVIOURS.md) the planted mistakes each check \
+         catches.\n",
+    );
+    let mut group = "";
+    for c in CHECKS {
+        let g = c.name.split('.').next().unwrap_or("");
+        if g != group {
+            group = g;
+            s += &format!("\n## `{g}.*`\n\n| check | runs | asserts |\n| --- | --- | --- |\n");
+        }
+        let runs = if c.per_mechanism { "per mechanism" } else { "plugin-wide" };
+        s += &format!("| `{}` | {runs} | {} |\n", c.name, escape(c.verifies));
+    }
+    s
+}
+
+/// Markdown table cell text: `|` and the angle brackets of `<N>` or `<=`
+/// escaped (a bare `<N>` would be read as an HTML tag).
+fn escape(s: &str) -> String {
+    s.replace('|', "\\|").replace('<', "&lt;").replace('>', "&gt;")
+}

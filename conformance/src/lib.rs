@@ -84,7 +84,7 @@ mod raw;
 mod services;
 mod sink;
 
-pub use catalog::{CheckInfo, CHECKS};
+pub use catalog::{checks_markdown, CheckInfo, CHECKS};
 pub use checks::fresh::{is_loss_trigger, LossTrigger, LOSS_TRIGGERS};
 
 use serde::{Deserialize, Serialize, Serializer};

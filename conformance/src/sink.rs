@@ -26,16 +26,45 @@ pub(crate) struct Write {
     pub text: String,
 }
 
-/// Collects the writes of one call. Lives on the caller's stack for the
-/// call; thread-safe because a misbehaving plugin may write from elsewhere.
+/// Collects the writes of one call; thread-safe because a misbehaving
+/// plugin may write from elsewhere. [`call`] leaks one per call, so a sink
+/// the plugin kept past its call still points at live memory: a write
+/// into it then lands in [`late_writes`] instead of in freed stack memory
+/// (which would pass unseen, or crash somewhere unrelated).
 pub(crate) struct Recorder {
     caller: ThreadId,
     writes: Mutex<Vec<Write>>,
+    /// The slot whose call this recorder served.
+    slot: &'static str,
+    /// Set once that call returned: later writes are the plugin's bug.
+    returned: AtomicBool,
+}
+
+/// How many late writes are kept (a plugin writing in a loop into a kept
+/// sink must not fill the kit's memory or its report).
+const LATE_KEPT: usize = 16;
+
+/// Writes into a sink after its call returned, as `(slot, text)`, since
+/// the last [`take_late_writes`]; and how many there were in all.
+static LATE: Mutex<(Vec<(&'static str, String)>, usize)> = Mutex::new((Vec::new(), 0));
+
+/// The late writes recorded since the last call, and their total count.
+pub(crate) fn take_late_writes() -> (Vec<(&'static str, String)>, usize) {
+    std::mem::take(&mut *LATE.lock().unwrap_or_else(|e| e.into_inner()))
 }
 
 impl Recorder {
     pub(crate) fn new() -> Self {
-        Recorder { caller: std::thread::current().id(), writes: Mutex::new(Vec::new()) }
+        Recorder::for_slot("")
+    }
+
+    fn for_slot(slot: &'static str) -> Self {
+        Recorder {
+            caller: std::thread::current().id(),
+            writes: Mutex::new(Vec::new()),
+            slot,
+            returned: AtomicBool::new(false),
+        }
     }
 
     /// A sink pointing at `self`; valid while `self` is.
@@ -74,6 +103,15 @@ unsafe extern "C" fn record_write(ctx: *mut c_void, msg: *const c_char, len: usi
                 text: String::from_utf8_lossy(bytes).into_owned(),
             }
         };
+        if rec.returned.load(Ordering::SeqCst) {
+            let mut late = LATE.lock().unwrap_or_else(|e| e.into_inner());
+            late.1 += 1;
+            if late.0.len() < LATE_KEPT {
+                let text: String = w.text.chars().take(80).collect();
+                late.0.push((rec.slot, text));
+            }
+            return;
+        }
         rec.writes.lock().unwrap_or_else(|e| e.into_inner()).push(w);
     }));
 }
@@ -101,6 +139,9 @@ pub(crate) struct Log {
     pub(crate) overruns: Mutex<Vec<(&'static str, String)>>,
     /// `(slot, status)`: an output changed by a call that failed.
     pub(crate) written_on_failure: Mutex<Vec<(&'static str, MemplugStatus)>>,
+    /// `(slot, text)`: a write into a sink after its call returned (at
+    /// most a few per check), and how many there were in all.
+    pub(crate) late: Mutex<(Vec<(&'static str, String)>, usize)>,
 }
 
 /// How long each list of a [`Log`] was at some moment.
@@ -135,6 +176,7 @@ impl Log {
             calls: Mutex::new(locked(&self.calls).clone()),
             overruns: Mutex::new(locked(&self.overruns).clone()),
             written_on_failure: Mutex::new(locked(&self.written_on_failure).clone()),
+            late: Mutex::new(self.late.lock().unwrap_or_else(|e| e.into_inner()).clone()),
         }
     }
 
@@ -167,6 +209,20 @@ impl Log {
         self.overruns.lock().unwrap_or_else(|e| e.into_inner()).push((slot, detail));
     }
 
+    /// Adds late writes (`count` in all, `kept` of them with their text).
+    pub(crate) fn late(&self, kept: Vec<(&'static str, String)>, count: usize) {
+        if count == 0 {
+            return;
+        }
+        let mut l = self.late.lock().unwrap_or_else(|e| e.into_inner());
+        l.1 += count;
+        for k in kept {
+            if l.0.len() < LATE_KEPT {
+                l.0.push(k);
+            }
+        }
+    }
+
     pub(crate) fn wrote_on_failure(&self, slot: &'static str, status: MemplugStatus) {
         if self.muted() {
             return;
@@ -182,10 +238,37 @@ pub(crate) fn call(
     slot: &'static str,
     f: impl FnOnce(*const MemplugMessageSink) -> MemplugStatus,
 ) -> (MemplugStatus, Vec<Write>) {
-    let rec = Recorder::new();
+    // Leaked: see `Recorder` (a few dozen bytes per call, in a check's
+    // short-lived process).
+    let rec: &'static Recorder = Box::leak(Box::new(Recorder::for_slot(slot)));
     let sink = rec.sink();
     let status = f(&sink);
+    rec.returned.store(true, Ordering::SeqCst);
     let writes = rec.take();
     log.record(slot, status, writes.clone());
     (status, writes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_into_a_sink_after_its_call_returned_is_recorded_as_late() {
+        let log = Log::default();
+        let mut kept = MemplugMessageSink { ctx: core::ptr::null_mut(), write: None };
+        let (_, writes) = call(&log, "allocator.allocate", |sink| {
+            // SAFETY: the sink the kit passed, valid for the call.
+            kept = unsafe { *sink };
+            MEMPLUG_STATUS_OK
+        });
+        assert!(writes.is_empty());
+        let text = "too late";
+        // SAFETY: the kit keeps the recorder alive: this is what a plugin
+        // that kept the sink does.
+        unsafe { kept.write.unwrap()(kept.ctx, text.as_ptr().cast(), text.len()) };
+        let (late, count) = take_late_writes();
+        assert_eq!(count, 1);
+        assert_eq!(late, vec![("allocator.allocate", "too late".to_string())]);
+    }
 }

@@ -26,9 +26,10 @@ use std::sync::Mutex;
 /// timing-sensitive.
 static ONE_RUN: Mutex<()> = Mutex::new(());
 
-const LOSS_CHECKS: [&str; 4] = [
+const LOSS_CHECKS: [&str; 5] = [
     "loss.reported_through_services",
     "loss.every_slot_device_lost",
+    "loss.none_below_1_2",
     "loss.negotiation_reports",
     "loss.unknown_mechanism",
 ];
@@ -121,7 +122,12 @@ fn the_plain_c_fixture_passes_every_check() {
 fn without_a_trigger_the_loss_checks_are_skipped_with_the_reason() {
     let r = run(&fixture(Some("LOSS_NO_TRIGGER")));
     assert!(r.passed(), "failed: {:?}\n{}", failed(&r), table(&r));
-    for check in ["loss.reported_through_services", "loss.every_slot_device_lost", "loss.unknown_mechanism"] {
+    for check in [
+        "loss.reported_through_services",
+        "loss.every_slot_device_lost",
+        "loss.none_below_1_2",
+        "loss.unknown_mechanism",
+    ] {
         let (o, d) = one(&r, check);
         assert_eq!(o, Outcome::Skip, "{check}: {d}");
         for t in LOSS_TRIGGERS {
@@ -175,10 +181,22 @@ fn a_slot_that_crashes_after_the_loss() {
         "LOSS_CRASH",
         "loss.every_slot_device_lost",
         "calling allocator.deallocate after the reported loss",
-        &[],
+        // Latched for a 1.1 host too, where the same slot crashes.
+        &["loss.none_below_1_2"],
     );
     let c = r.results("loss.every_slot_device_lost").next().unwrap();
     assert_eq!((c.outcome, c.signal), (Outcome::Crash, Some("SIGSEGV")), "{}", c.detail);
+}
+
+#[test]
+fn device_lost_answered_to_a_host_below_1_2() {
+    caught(
+        "LOSS_DEVICE_LOST_BELOW_1_2",
+        "loss.none_below_1_2",
+        "allocator.properties, allocator.allocate, allocator.deallocate answered DEVICE_LOST (15): that status is \
+         ABI 1.2's",
+        &[],
+    );
 }
 
 #[test]
@@ -266,6 +284,10 @@ fn a_1_0_plugin_skips_the_loss_checks_and_keeps_to_its_host_info() {
     let src = repo_root().join("c-examples/plugin/example_plugin.c");
     let r = run(&compile_c_plugin(&src, &[], "memplug_loss_example"));
     assert!(r.passed(), "failed: {:?}\n{}", failed(&r), table(&r));
+    // Below 1.2 what is asked is that nothing says DEVICE_LOST: a loss
+    // would need a trigger, which it does not export.
+    let (o, d) = one(&r, "loss.none_below_1_2");
+    assert!(o == Outcome::Skip && d.contains("exports no device-loss test trigger"), "{d}");
     for check in ["loss.reported_through_services", "loss.every_slot_device_lost", "loss.unknown_mechanism"] {
         let (o, d) = one(&r, check);
         assert_eq!(o, Outcome::Skip, "{check}: {d}");

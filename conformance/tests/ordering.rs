@@ -12,9 +12,10 @@ use memplug_conformance::{Options, Outcome, CHECKS};
 use memplug_test_support::find_cdylib;
 use std::collections::BTreeSet;
 
-const ORDERING_CHECKS: [&str; 6] = [
+const ORDERING_CHECKS: [&str; 7] = [
     "ordering.commit_on",
     "ordering.map_on",
+    "ordering.release_waits_for_work",
     "ordering.queued_refusals",
     "ordering.stream_wait_fence",
     "ordering.stream_adopt_typed",
@@ -49,6 +50,9 @@ fn the_cpu_plugin_waits_across_streams_queues_its_binding_and_skips_what_it_does
     assert!(d.contains("read-write, then inaccessible"), "{d}");
     let (o, d) = one(&r, "ordering.map_on");
     assert_eq!(o, Outcome::Pass, "{d}");
+    let (o, d) = one(&r, "ordering.release_waits_for_work");
+    assert_eq!(o, Outcome::Pass, "{d}");
+    assert!(d.contains("decommit_on and unmap_on queued behind a host function"), "{d}");
     let (o, d) = one(&r, "ordering.queued_refusals");
     assert_eq!(o, Outcome::Pass, "{d}");
     assert!(d.contains("map_on and unmap_on") && d.contains("made no fence"), "{d}");

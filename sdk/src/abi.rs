@@ -27,6 +27,13 @@ pub const MEMPLUG_ABI_MAJOR: u32 = 1;
 /// The newest minor version this header describes. Items added after 1.0
 /// say "Since 1.1", "Since 1.2" or "Since 1.3" (docs/ABI-CHANGELOG.md lists
 /// them).
+///
+/// Warning: this is the header's newest minor, not your plugin's. Do not
+/// declare it as your descriptor's `max_minor` or agree on it: rebuilt
+/// against a newer header, the plugin would claim a minor whose additions
+/// it does not implement (a host then reads tables and fields it did not
+/// write, or refuses it). Give your plugin its own constant for the newest
+/// minor it implements.
 pub const MEMPLUG_ABI_MINOR: u32 = 3;
 
 /// Result of every fallible slot. `MEMPLUG_STATUS_OK` (zero) is success; every

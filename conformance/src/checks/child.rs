@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// How many of the loss reports made during a check its detail describes.
+const NOTED_REPORTS: usize = 5;
+
 /// The child of the check at `target`: the whole sequence, aimed at it.
 pub(super) fn child_main(path: &Path, opts: &Options, kit: &Kit, target: usize, out: RawFd) -> i32 {
     let log = Arc::new(kit.log.snapshot());
@@ -175,18 +178,39 @@ impl Results {
         let reports_before = self.services.map_or(0, |s| s.count());
         let marks = self.log.marks();
         self.log.set_muted(false);
+        let strays = super::host_fns::STRAY_RUNS.load(Ordering::SeqCst);
         let t = Instant::now();
         let r = guarded(f);
         let duration = t.elapsed();
         self.log.set_muted(true);
-        let passed = passes(&r);
-        let (outcome, mut detail) = match r {
+        let (mut outcome, mut detail) = match r {
             Ok(d) => (Outcome::Pass, d),
             Err(Verdict::Fail(d)) => (Outcome::Fail, d),
             Err(Verdict::Skip(d)) => (Outcome::Skip, d),
         };
+        let stray = super::host_fns::STRAY_RUNS.load(Ordering::SeqCst) - strays;
+        if stray > 0 {
+            // What the check saw may be fine; the plugin still broke
+            // "exactly once when enqueue_host_fn returns OK, never on failure".
+            outcome = Outcome::Fail;
+            detail = format!(
+                "the plugin ran {stray} host function(s) the kit had no enqueue waiting for: a function run a second \
+                 time, or run after its enqueue_host_fn was refused (exactly once on OK, never on failure)\n{detail}"
+            );
+        }
+        let passed = outcome != Outcome::Fail;
         if let Some(s) = self.services {
-            for r in s.seen().iter().skip(reports_before) {
+            // A few notes, then a count: a storm of reports must not make
+            // a report of megabytes.
+            let seen = s.seen();
+            let new = seen.len().saturating_sub(reports_before);
+            if new > NOTED_REPORTS {
+                detail += &format!(
+                    "\nnote: during this check the plugin reported {new} device losses through the kit's services; the \
+                     first {NOTED_REPORTS}:"
+                );
+            }
+            for r in seen.iter().skip(reports_before).take(NOTED_REPORTS) {
                 detail += &format!(
                     "\nnote: during this check the plugin reported the loss of mechanism id {} through the kit's \
                      services ({}, {}; answered {})",
@@ -197,7 +221,9 @@ impl Results {
                 );
             }
         }
-        let log = LogDelta::new(self.log.since(marks));
+        // Every late write this process saw (in this check, or in the
+        // checks replayed on the way to it) goes to the kit.
+        let log = LogDelta::new(self.log.since(marks), crate::sink::take_late_writes());
         self.send(&Msg::Verdict { outcome, detail, duration_ns: duration.as_nanos() as u64, log });
         self.done = true;
         if let Some(before) = before {

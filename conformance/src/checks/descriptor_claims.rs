@@ -37,6 +37,7 @@ pub(crate) fn run_descriptor(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
     res.run("descriptor.memory_descriptor", name, || memory_descriptor(m));
     res.run("descriptor.identity", name, || identity(m));
+    res.run("descriptor.identity_stable", name, || super::identity_stable::identity_stable(ctx, m));
     res.run("descriptor.page_size_requests", name, || page_size_requests(ctx, m));
 }
 
@@ -46,6 +47,7 @@ pub(crate) fn run_claims(res: &mut Results, ctx: &Ctx, m: &Mech) {
     res.run("claims.zero_filled", name, || zero_filled(ctx, m));
     res.run("claims.page_size_used", name, || page_size_used(ctx, m));
     res.run("claims.placement_used", name, || placement_used(ctx, m));
+    res.run("claims.pinned_locked", name, || super::claims_pinned::pinned_locked(ctx, m));
 }
 
 /// Skips below 1.2: nothing of the descriptor exists there.
@@ -457,7 +459,7 @@ fn page_size_requests(ctx: &Ctx, m: &Mech) -> Checked {
 }
 
 /// Skips unless the host can see the mechanism's memory.
-fn host_visible(m: &Mech, claim: &str) -> Result<(), Verdict> {
+pub(super) fn host_visible(m: &Mech, claim: &str) -> Result<(), Verdict> {
     if !m.is_cpu() && m.props.attributes & MEMPLUG_ATTR_HOST_VISIBLE == 0 {
         skip!(
             "{claim} is claimed, but device {} is not host-visible (no MEMPLUG_ATTR_HOST_VISIBLE): the host cannot \

@@ -135,6 +135,15 @@ fn fresh_skip(why: String) -> Verdict {
 
 /// Loads and negotiates a fresh instance (see the module documentation).
 pub(crate) fn fresh(ctx: &Ctx) -> Result<Fresh, Verdict> {
+    fresh_at(ctx, MEMPLUG_ABI_MINOR)
+}
+
+/// [`fresh`], negotiated with a host whose newest minor is `host_max`:
+/// below 2 its host info is the 24-byte one of ABI 1.0/1.1, without the
+/// services field (the kit's services are then never reachable, and the
+/// plugin must not answer `MEMPLUG_STATUS_DEVICE_LOST`, which such a host
+/// reads as `MEMPLUG_STATUS_INTERNAL`).
+pub(crate) fn fresh_at(ctx: &Ctx, host_max: u32) -> Result<Fresh, Verdict> {
     let exported_names = crate::elf::exported_symbols(&ctx.path).unwrap_or_default();
     let exported = LOSS_TRIGGERS.iter().find(|t| exported_names.iter().any(|n| n == t.symbol));
     if let Some((k, v)) = exported.and_then(|t| t.env) {
@@ -158,7 +167,11 @@ pub(crate) fn fresh(ctx: &Ctx) -> Result<Fresh, Verdict> {
     std::mem::forget(lib);
 
     let services = KitServices::leak();
-    let h = host_info(MEMPLUG_HOST_INFO_SIZE_1_2, MEMPLUG_ABI_MAJOR, 0, MEMPLUG_ABI_MINOR, services.table());
+    let h = if host_max >= 2 {
+        host_info(MEMPLUG_HOST_INFO_SIZE_1_2, MEMPLUG_ABI_MAJOR, 0, host_max, services.table())
+    } else {
+        host_info(MEMPLUG_HOST_INFO_SIZE_1_0, MEMPLUG_ABI_MAJOR, 0, host_max, core::ptr::null())
+    };
     let mut out = Guarded::new(MEMPLUG_NEGOTIATION_SIZE_1_0);
     let log = Log::default();
     services.in_entry(true);
@@ -168,12 +181,13 @@ pub(crate) fn fresh(ctx: &Ctx) -> Result<Fresh, Verdict> {
     services.in_entry(false);
     if st != MEMPLUG_STATUS_OK {
         return Err(fresh_skip(format!(
-            "the fresh copy refused the kit's 1.2 host with {} (the first instance agreed)",
+            "the fresh copy refused the kit's host speaking 1.0..=1.{host_max} with {} (the first instance agreed \
+             with a 1.{MEMPLUG_ABI_MINOR} host)",
             status_name(st)
         )));
     }
     let n: MemplugNegotiation = out.read();
-    if let Some(why) = malformed_answer(&n, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, MEMPLUG_ABI_MINOR) {
+    if let Some(why) = malformed_answer(&n, MEMPLUG_NEGOTIATION_SIZE_1_0, 0, host_max) {
         return Err(fresh_skip(format!("the fresh copy's answer is malformed: {why}")));
     }
     // SAFETY: a well-formed answer's descriptor, read as a prefix.

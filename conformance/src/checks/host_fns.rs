@@ -42,12 +42,31 @@ pub(crate) enum Job {
     Push(Arc<Mutex<Vec<u32>>>, u32),
 }
 
+/// Jobs enqueued and not yet run, by the id their host function gets as
+/// `userdata`. A job is taken out when it runs: a plugin that runs a host
+/// function twice (or one whose enqueue it refused) finds nothing, which
+/// the kit counts ([`STRAY_RUNS`]) and the check reports, instead of a
+/// second free of the job crashing the check without a reason.
+static JOBS: Mutex<std::collections::BTreeMap<usize, Job>> = Mutex::new(std::collections::BTreeMap::new());
+static NEXT_JOB: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+
+/// Host functions the plugin ran with no job waiting: a second run, or a
+/// run after a refused enqueue.
+pub(crate) static STRAY_RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 unsafe extern "C" fn run_job(userdata: *mut c_void) {
     // Runs on a plugin thread: nothing may unwind into it.
     let _ = catch_unwind(AssertUnwindSafe(|| {
-        // SAFETY: the Box leaked by `enqueue_job`, run once.
-        let job = unsafe { Box::from_raw(userdata.cast::<Job>()) };
-        match *job {
+        let job = JOBS.lock().unwrap_or_else(|e| e.into_inner()).remove(&(userdata as usize));
+        let Some(job) = job else {
+            STRAY_RUNS.fetch_add(1, Ordering::SeqCst);
+            fresh::mark(
+                "a host function ran with no enqueue waiting for it: a second run, or a run after its enqueue was \
+                 refused",
+            );
+            return;
+        };
+        match job {
             Job::SleepThenSet(d, flag) => {
                 std::thread::sleep(d);
                 flag.store(true, Ordering::SeqCst);
@@ -61,11 +80,12 @@ unsafe extern "C" fn run_job(userdata: *mut c_void) {
 /// Enqueues `job`; on refusal the job is dropped here (the plugin must
 /// not run what it refused).
 pub(crate) fn enqueue_job(m: &Mech, log: &Log, stream: u64, job: Job) -> MemplugStatus {
-    let userdata = Box::into_raw(Box::new(job)).cast::<c_void>();
-    let s = m.enqueue(log, stream, Some(run_job), userdata);
+    let id = NEXT_JOB.fetch_add(1, Ordering::SeqCst);
+    JOBS.lock().unwrap_or_else(|e| e.into_inner()).insert(id, job);
+    let s = m.enqueue(log, stream, Some(run_job), id as *mut c_void);
     if s != MEMPLUG_STATUS_OK {
-        // SAFETY: refused, so never run: the box is still ours.
-        drop(unsafe { Box::from_raw(userdata.cast::<Job>()) });
+        // Refused, so never to run: dropped now (a later run is stray).
+        JOBS.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
     s
 }

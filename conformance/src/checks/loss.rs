@@ -137,6 +137,8 @@ pub(crate) fn run_mech(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
     res.run("loss.reported_through_services", name, || reported(ctx, m));
     res.run("loss.every_slot_device_lost", name, || every_slot(ctx, m));
+    res.run("loss.host_fns_run_once", name, || super::loss_host_fns::host_fns_run_once(ctx, m));
+    res.run("loss.none_below_1_2", name, || super::loss_minor::none_below_1_2(ctx, m));
 }
 
 /// The plugin-wide `loss.*` checks; `mechs` are the mechanisms checked.
@@ -199,7 +201,7 @@ fn reported(ctx: &Ctx, m: &Mech) -> Checked {
 
 /// Objects made before the loss, so every slot after it gets arguments
 /// that would have been good.
-struct Before {
+pub(super) struct Before {
     alloc: MemplugObjectRef,
     /// Three granules: the first committed, the third mapped from `object`
     /// (when the mechanism has shared mapping).
@@ -210,7 +212,7 @@ struct Before {
     stream: Option<(u64, u64)>,
 }
 
-fn before(m: &Mech, log: &Log, gran: u64) -> Result<Before, Verdict> {
+pub(super) fn before(m: &Mech, log: &Log, gran: u64) -> Result<Before, Verdict> {
     let what = |s: &str| format!("before the loss, {s} (the check needs one object of each kind)");
     let align = m.props.min_alignment.max(1);
     let a = m.allocate(log, &request(m, 4096, align));
@@ -278,7 +280,7 @@ unsafe extern "C" fn host_fn(_: *mut c_void) {
 }
 
 /// Calls every published slot of `m` with the objects of `b`.
-fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, MemplugStatus)> {
+pub(super) fn sweep(m: &Mech, log: &Log, b: &Before, gran: u64) -> Vec<(&'static str, MemplugStatus)> {
     let mut out = Vec::new();
     let mut at = |slot: &'static str, f: &dyn Fn() -> MemplugStatus| {
         mark(&format!("calling {slot} after the reported loss"));

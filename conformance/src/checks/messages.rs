@@ -71,6 +71,19 @@ pub(crate) fn finish(res: &mut Results, ctx: &Ctx, plugin: &PluginView, mechs: &
         );
         Ok("every message came from the calling thread".into())
     });
+    res.run("messages.sink_after_return", None, || {
+        let (kept, count) = ctx.log.late.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if count > 0 {
+            let shown: BTreeSet<String> = kept.iter().map(|(slot, t)| format!("{slot} (\"{t}\")")).collect();
+            fail!(
+                "the plugin wrote {count} message(s) into a sink after the call that passed it had returned: {}. A \
+                 sink is valid only during the call (the caller's stack may hold it); write before returning, on \
+                 the calling thread, and keep no pointer to it",
+                listed(shown)
+            );
+        }
+        Ok("no message was written into a sink after its call returned".into())
+    });
     res.run("messages.null_sink", None, || null_sink(ctx, mechs));
     res.run("structs.writes_within_size", None, || {
         let o = ctx.log.overruns.lock().unwrap_or_else(|e| e.into_inner()).clone();

@@ -53,16 +53,22 @@
 
 mod allocator;
 mod child;
+mod claims_pinned;
 mod concurrency;
 mod copy;
 mod descriptor;
 mod descriptor_claims;
 pub(crate) mod fresh;
 mod host_fns;
+mod identity_stable;
+mod imports;
 mod loss;
+mod loss_host_fns;
+mod loss_minor;
 mod messages;
 mod negotiation;
 mod ordering;
+mod queued_release;
 mod shared_mapping;
 mod sync;
 mod tracked;
@@ -203,10 +209,13 @@ struct LogDelta {
     calls: Vec<WireCall>,
     overruns: Vec<(String, String)>,
     written_on_failure: Vec<(String, MemplugStatus)>,
+    /// Writes into sinks after their calls returned: a few, and the count.
+    #[serde(default)]
+    late: (Vec<(String, String)>, usize),
 }
 
 impl LogDelta {
-    fn new((calls, overruns, written): Entries) -> Self {
+    fn new((calls, overruns, written): Entries, late: (Vec<(&'static str, String)>, usize)) -> Self {
         LogDelta {
             calls: calls
                 .into_iter()
@@ -228,6 +237,7 @@ impl LogDelta {
                 .collect(),
             overruns: overruns.into_iter().map(|(s, d)| (s.to_string(), d)).collect(),
             written_on_failure: written.into_iter().map(|(s, st)| (s.to_string(), st)).collect(),
+            late: (late.0.into_iter().map(|(s, t)| (s.to_string(), t)).collect(), late.1),
         }
     }
 
@@ -253,6 +263,8 @@ impl LogDelta {
         for (slot, s) in self.written_on_failure {
             log.wrote_on_failure(intern(&slot), s);
         }
+        let (kept, count) = self.late;
+        log.late(kept.into_iter().map(|(s, t)| (intern(&s), t)).collect(), count);
     }
 }
 
@@ -437,6 +449,26 @@ pub(crate) fn run(
     Ok(report)
 }
 
+/// The most bytes of one check's detail a report keeps.
+pub(crate) const DETAIL_MAX: usize = 8 * 1024;
+
+/// `d` cut to [`DETAIL_MAX`] bytes (at a character boundary), saying how
+/// much was left out: one check's detail never floods a report.
+pub(crate) fn bounded_detail(d: String) -> String {
+    if d.len() <= DETAIL_MAX {
+        return d;
+    }
+    let mut cut = DETAIL_MAX - 128;
+    while !d.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(
+        "{}\n… ({} more bytes left out: a check's detail is bounded to {DETAIL_MAX} bytes)",
+        &d[..cut],
+        d.len() - cut
+    )
+}
+
 /// Why the run never got to the mechanisms, if it did not.
 fn could_not_run(r: &Report) -> Option<String> {
     if r.checks.iter().any(|c| c.name == "descriptor.plugin" && c.outcome == Outcome::Pass) {
@@ -534,11 +566,11 @@ impl Kit {
             let (outcome, detail, duration, signal) = match verdict {
                 Some((outcome, detail, duration, log)) => {
                     log.apply(&self.log);
-                    (outcome, printable_text(&detail), duration, None)
+                    (outcome, bounded_detail(printable_text(&detail)), duration, None)
                 }
                 None => {
                     let (o, d, s) = died(&child, opts);
-                    (o, d, child.ended.saturating_duration_since(at), s)
+                    (o, bounded_detail(d), child.ended.saturating_duration_since(at), s)
                 }
             };
             if let Some((before, after)) = live.filter(|(b, a)| b != a) {
@@ -588,5 +620,20 @@ impl Kit {
                 stop("load.open", None, outcome, detail, signal)
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bounded_detail, DETAIL_MAX};
+
+    #[test]
+    fn a_detail_is_bounded_and_says_so() {
+        assert_eq!(bounded_detail("short".into()), "short");
+        let long = "é".repeat(DETAIL_MAX);
+        let b = bounded_detail(long.clone());
+        assert!(b.len() <= DETAIL_MAX + 100, "{}", b.len());
+        assert!(b.ends_with(&format!("bounded to {DETAIL_MAX} bytes)")), "{}", &b[b.len() - 80..]);
+        assert!(b.contains(&format!("{} more bytes left out", long.len() - (DETAIL_MAX - 128))));
     }
 }

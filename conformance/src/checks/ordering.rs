@@ -33,6 +33,7 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &MechState) {
         }
         map_on(ctx, m, st)
     });
+    res.run("ordering.release_waits_for_work", name, || super::queued_release::release_waits(ctx, m, st));
     res.run("ordering.queued_refusals", name, || {
         queued(m)?;
         queued_refusals(ctx, m, st)
@@ -51,7 +52,7 @@ fn require_1_2(m: &Mech) -> Result<(), super::Verdict> {
 
 /// Skips unless the mechanism has queue-ordered binding (whose slots the
 /// kit read: `descriptor.vtables` checked them).
-fn queued(m: &Mech) -> Result<(), super::Verdict> {
+pub(super) fn queued(m: &Mech) -> Result<(), super::Verdict> {
     require_1_2(m)?;
     if m.caps & MEMPLUG_CAP_QUEUED_BINDING == 0 {
         skip!("no MEMPLUG_CAP_QUEUED_BINDING (commit_on/decommit_on, map_on/unmap_on not published)");
@@ -64,7 +65,13 @@ fn queued(m: &Mech) -> Result<(), super::Verdict> {
 
 /// Waits for a fence a queued call returned (the kit owns it: destroyed
 /// here).
-fn complete(ctx: &Ctx, m: &Mech, st: &MechState, fence: u64, what: &str) -> Result<(), super::Verdict> {
+pub(super) fn complete(
+    ctx: &Ctx,
+    m: &Mech,
+    st: &MechState,
+    fence: u64,
+    what: &str,
+) -> Result<(), super::Verdict> {
     ensure!(fence != 0, "{what} returned OK with the fence 0");
     let timeout = completion_timeout(ctx, st);
     let w = wait(ctx, m, fence, timeout);
@@ -88,7 +95,7 @@ fn touch(addr: u64, len: u64, what: &str) -> Result<(), super::Verdict> {
     Ok(())
 }
 
-fn gone(addr: u64, len: u64) -> bool {
+pub(super) fn gone(addr: u64, len: u64) -> bool {
     !crate::os::protection(addr, len).is_some_and(|p| p.read || p.write)
 }
 
@@ -348,6 +355,11 @@ fn peer_access(ctx: &Ctx, m: &Mech) -> Checked {
                 bits & !rw == 0,
                 "can_access_peer({dev}) answered access bits {bits:#x}: only MEMPLUG_ACCESS_READ and \
                  MEMPLUG_ACCESS_WRITE are defined"
+            );
+            ensure!(
+                bits & MEMPLUG_ACCESS_WRITE == 0 || bits & MEMPLUG_ACCESS_READ != 0,
+                "can_access_peer({dev}) answered WRITE without READ ({bits:#x}): access is READ or READ|WRITE, as \
+                 for mappings (a peer that may write may read)"
             );
             if bits != 0 && granted.is_none() {
                 granted = Some((p, bits));

@@ -15,10 +15,11 @@ const RW: u32 = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
 
 pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech) {
     let name = Some(m.name.as_str());
-    let checks: [(&'static str, CheckFn); 3] = [
+    let checks: [(&'static str, CheckFn); 4] = [
         ("shared_mapping.typed_export", round_trip),
         ("shared_mapping.typed_export_refusals", refusals),
         ("shared_mapping.export_kinds_requested", kinds_requested),
+        ("shared_mapping.import_lent_fd", super::imports::import_lent_fd),
     ];
     for (check, f) in checks {
         res.run(check, name, || {
