@@ -5,7 +5,9 @@
 //! kernel moves under them is silent corruption. On a CPU (host-visible)
 //! mechanism the host can see it: the mapping is `mlock`ed (`/proc/self/
 //! smaps` lists `lo` among a locked area's `VmFlags`, and its `Locked:`
-//! size covers it) and every page is resident before anything touched it.
+//! size covers it), or is a driver's mapping of pages it pinned itself
+//! (`io` or `pf`: VM_IO, VM_PFNMAP), and every page is resident before
+//! anything touched it.
 
 use super::descriptor_claims::{claimed, host_visible};
 use super::{ensure, expect, skip, Checked, Ctx, Scope, Verdict};
@@ -38,7 +40,10 @@ pub(crate) fn areas(smaps: &str) -> Vec<Area> {
         if let Some(v) = line.strip_prefix("Locked:") {
             cur.locked_kb = v.trim().trim_end_matches("kB").trim().parse().unwrap_or(0);
         } else if let Some(v) = line.strip_prefix("VmFlags:") {
-            cur.vm_locked = v.split_whitespace().any(|f| f == "lo");
+            // `lo`: mlocked. `io` / `pf`: a driver's mapping of pages it
+            // pinned itself (VM_IO, VM_PFNMAP), which the kernel never pages
+            // out either: how a GPU driver maps its page-locked host memory.
+            cur.vm_locked = v.split_whitespace().any(|f| matches!(f, "lo" | "io" | "pf"));
         }
     }
     out
@@ -120,5 +125,16 @@ mod tests {
         assert_eq!(unlocked(&a, 0x7f0000000000, 0x2000), None);
         assert!(unlocked(&a, 0x7f0000001000, 0x2000).unwrap().contains("not mlocked"));
         assert!(unlocked(&a, 0x7f0000010000, 0x1000).unwrap().contains("not mapped"));
+    }
+
+    #[test]
+    fn a_drivers_pinned_mapping_counts_as_locked() {
+        let driver = "7f1000000000-7f1000200000 rw-s 00000000 00:05 7 /dev/nvidiactl
+Locked: 0 kB
+VmFlags: rd \
+                      wr sh mr mw me ms io pf dc de dd\n";
+        let a = areas(driver);
+        assert!(a[0].vm_locked, "VM_IO|VM_PFNMAP pages are never paged out");
+        assert_eq!(unlocked(&a, 0x7f1000000000, 0x200000), None);
     }
 }

@@ -836,6 +836,14 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    /* Page-locked, as the driver's memory is: never paged out (the kit's
+     * claims.pinned_locked reads it). A process that may not lock this much
+     * (RLIMIT_MEMLOCK without CAP_IPC_LOCK) gets an out-of-memory answer,
+     * as a driver that cannot pin the pages would give. */
+    if (p != MAP_FAILED && mlock(p, len) != 0) {
+        munmap(p, len);
+        p = MAP_FAILED;
+    }
     h = p == MAP_FAILED ? NULL : malloc(sizeof *h);
     if (h == NULL) {
         if (p != MAP_FAILED)
