@@ -29,7 +29,7 @@ pub(super) struct StuckLog {
 
 impl DeferredFreeQueue {
     /// Retires every entry whose context is lost or terminated
-    /// ([`Retire::settled_elsewhere`]) now, without waiting for its fences:
+    /// ([`Retire::settled_elsewhere`](super::Retire::settled_elsewhere)) now, without waiting for its fences:
     /// its retire calls no plugin and refunds nothing, and the fences of a
     /// device that is gone may never answer. Each entry leaves the queue
     /// under the lock before it runs, so it is retired exactly once.
@@ -57,8 +57,8 @@ impl DeferredFreeQueue {
     /// contexts ([`settle_lost`](Self::settle_lost)). A fence whose wait
     /// keeps failing is reported — the entry, the fence and the error — in
     /// the log (one line a second at most, with the count since the last)
-    /// and counted in [`QueueStats::wait_errors`] and
-    /// [`QueueStats::backoffs`].
+    /// and counted in [`QueueStats::wait_errors`](super::QueueStats::wait_errors) and
+    /// [`QueueStats::backoffs`](super::QueueStats::backoffs).
     pub fn drain(&self, timeout: Duration) -> DrainReport {
         let deadline = Instant::now() + timeout;
         let mut report = DrainReport::default();
