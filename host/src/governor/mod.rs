@@ -109,7 +109,7 @@ pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
 pub use ids::{HolderId, PoolId, Priority};
 pub use level::MAX_CAPACITY;
 pub(crate) use pool::Discharge;
-pub use pool::Pool;
+pub use pool::{Pool, REASK_MAX};
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 
 use crate::observe::Hub;
