@@ -77,6 +77,9 @@ pub struct Pool {
     pub(super) hub: Arc<Hub>,
     /// Sampled per-class peaks of the pool's own accounts (`stats`).
     class_peaks: ClassPeaks,
+    /// Where more budget comes from when the capacity is short (a node
+    /// authority's leases: `source.rs`); unset for a fixed capacity.
+    pub(super) source: std::sync::OnceLock<Arc<dyn super::source::BudgetSource>>,
 }
 
 /// What [`Pool::discharge`] settles: one binding's ledger.
@@ -141,6 +144,7 @@ impl Pool {
             discharged: AtomicU64::new(0),
             hub,
             class_peaks: ClassPeaks::new(),
+            source: std::sync::OnceLock::new(),
         });
         if let Some(p) = pool.level.parent() {
             let mut children = lock(&p.children);
@@ -415,6 +419,14 @@ impl Pool {
         let grant = || Grant { pool: self, bytes, class, holder };
         // The pool was short: its use is at its highest.
         self.sample_peaks();
+        // Budget from outside (a node authority) before any holder here.
+        if self.ask_sources(bytes, deadline) {
+            match self.try_grant(uid, bytes, class, false) {
+                Attempt::Granted => return Ok(grant()),
+                Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                Attempt::NoRoom(_) => {}
+            }
+        }
         let priority = match holder {
             None => Priority::HIGHEST,
             Some(h) => match lock(&self.holders).iter().find(|e| e.id() == h) {
@@ -437,7 +449,8 @@ impl Pool {
             Attempt::Unknown => return Err(self.unknown_holder(holder)),
             Attempt::NoRoom(_) => {}
         }
-        if let Some(deadline) = deadline.filter(|_| self.fits_capacities(bytes)) {
+        let delegated = self.has_source();
+        if let Some(deadline) = deadline.filter(|_| delegated || self.fits_capacities(bytes)) {
             self.waits.fetch_add(1, Relaxed);
             let mut pause = REASK_FIRST;
             let room = loop {
@@ -447,6 +460,13 @@ impl Pool {
                 }
                 if Instant::now() >= deadline {
                     break false;
+                }
+                if delegated && self.ask_sources(bytes, Some(deadline)) {
+                    match self.try_grant(uid, bytes, class, false) {
+                        Attempt::Granted => return Ok(grant()),
+                        Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                        Attempt::NoRoom(_) => {}
+                    }
                 }
                 match ask() {
                     Attempt::Granted => return Ok(grant()),
