@@ -6,6 +6,8 @@
 //!   pressure callbacks);
 //! * `memory.rs` — `Binding`, `CachingBinding`, `Allocation`,
 //!   `CachedAllocation`, `SharedPrefix`;
+//! * `node.rs` — `NodeLink` (a pool joined to a node authority) and
+//!   `NodeAuthority` (one embedded);
 //! * `region.rs` — `Region` (grow with a Python update callback, rolled
 //!   back if it raises);
 //! * `streams.rs` — `Stream` (Python host functions), `Fence` (recorded,
@@ -19,6 +21,7 @@ mod errors;
 mod interp;
 mod manager;
 mod memory;
+mod node;
 mod region;
 mod streams;
 mod tensor;
@@ -31,6 +34,8 @@ fn memplug(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<manager::Context>()?;
     m.add_class::<manager::Pool>()?;
     m.add_class::<manager::Holder>()?;
+    m.add_class::<node::NodeLink>()?;
+    m.add_class::<node::NodeAuthority>()?;
     m.add_class::<memory::Binding>()?;
     m.add_class::<memory::CachingBinding>()?;
     m.add_class::<memory::Allocation>()?;

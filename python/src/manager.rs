@@ -127,6 +127,20 @@ impl Manager {
     fn create_pool(&self, name: &str, capacity: u64) -> PyResult<Pool> {
         Ok(Pool { inner: self.inner.create_pool(name, capacity).map_err(errors::manager)? })
     }
+    /// Joins `pool` to the node authority at `socket` (`memplug node serve`)
+    /// as `device`: its capacity becomes what this process leases, and
+    /// pressure crosses processes. Create the pool with capacity 0.
+    #[pyo3(signature = (socket, pool, device, priority=0))]
+    fn join_node(
+        &self,
+        py: Python<'_>,
+        socket: std::path::PathBuf,
+        pool: &Pool,
+        device: &str,
+        priority: u32,
+    ) -> PyResult<crate::node::NodeLink> {
+        crate::node::join(py, socket, pool, device, priority)
+    }
     /// A pool of `capacity` bytes nested under `parent` (a pool of this
     /// manager): every charge in it must fit in it and in each ancestor,
     /// and counts at each.

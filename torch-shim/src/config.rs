@@ -47,6 +47,10 @@ pub struct Config {
     pub reaper: Duration,
     /// `MEMPLUG_TORCH_LOG`.
     pub log: LogLevel,
+    /// `MEMPLUG_NODE_SOCKET`: a node authority each device's pool joins
+    /// (as `cuda<N>`): its budget is then what this process leases, shared
+    /// with every process on the device.
+    pub node_socket: Option<PathBuf>,
 }
 
 /// Every variable the shim reads, with its meaning (for `--help`-like
@@ -67,6 +71,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MEMPLUG_TORCH_WAIT_MS", "how long a request over budget waits for queued frees (default 1000)"),
     ("MEMPLUG_TORCH_REAPER_MS", "how often completed frees are retired (default 1)"),
     ("MEMPLUG_TORCH_LOG", "off, warn (default) or info"),
+    (
+        "MEMPLUG_NODE_SOCKET",
+        "a node authority's socket: each device's budget is leased from it (default: none)",
+    ),
 ];
 
 impl Config {
@@ -133,6 +141,7 @@ impl Config {
             wait,
             reaper: Duration::from_millis(reaper),
             log,
+            node_socket: get("MEMPLUG_NODE_SOCKET").map(PathBuf::from),
         })
     }
 }

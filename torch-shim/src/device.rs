@@ -57,6 +57,8 @@ pub(crate) struct DeviceState {
     /// of streams is never destroyed), and giving one back would
     /// synchronise it.
     streams: RwLock<HashMap<usize, Stream>>,
+    /// The pool's link to a node authority (`MEMPLUG_NODE_SOCKET`).
+    _node: Option<memplug_node::NodeLink>,
 }
 
 impl DeviceState {
@@ -67,6 +69,8 @@ impl DeviceState {
         let req = Requirements { sync: true, ..Requirements::ALLOCATOR_ONLY };
         let context = mgr.select(device, req).map_err(|e| format!("cuda:{ordinal}: {e}"))?;
         let capacity = match config.pool_bytes {
+            // Joined to a node: the pool holds what the authority leases.
+            _ if config.node_socket.is_some() => 0,
             Some(b) => b,
             None => match context.mechanism().memory_info() {
                 Some(Ok(info)) => info.total_bytes,
@@ -83,6 +87,22 @@ impl DeviceState {
             },
         };
         let pool = mgr.create_pool(&format!("torch-cuda{ordinal}"), capacity).map_err(|e| e.to_string())?;
+        let node = match &config.node_socket {
+            None => None,
+            Some(socket) => {
+                let spec = memplug_node::LinkDevice {
+                    device: format!("cuda{ordinal}"),
+                    pool: pool.clone(),
+                    priority: 0,
+                };
+                let link =
+                    memplug_node::NodeLink::join(socket, vec![spec], memplug_node::LinkOptions::default())
+                        .map_err(|e| {
+                            format!("cuda:{ordinal}: joining the node at {}: {e}", socket.display())
+                        })?;
+                Some(link)
+            }
+        };
         // torch writes what it allocates before reading it.
         // No governor wait: the shim waits only for frees it knows are
         // queued (`Shim::await_pending_frees`), never when nothing is.
@@ -103,7 +123,7 @@ impl DeviceState {
         } else {
             Backend::Plain(mgr.bind(&context, &pool, spec).map_err(|e| e.to_string())?)
         };
-        Ok(DeviceState { ordinal, context, pool, backend, streams: RwLock::default() })
+        Ok(DeviceState { ordinal, context, pool, backend, streams: RwLock::default(), _node: node })
     }
 
     pub(crate) fn pool(&self) -> &Arc<Pool> {
