@@ -615,6 +615,27 @@ fn a_host_function_run_twice_is_named_not_a_crash() {
 }
 
 #[test]
+fn a_plugin_that_keeps_its_sinks_is_named_in_bounded_time_with_a_summary() {
+    // One of the contained variants: it keeps every sink (struct and
+    // pointer) and writes into it after the call, also from a detached
+    // thread. The kit's sinks stay valid, so each late write is recorded
+    // and named; nothing crashes or hangs (before: SIGSEGV and timeouts,
+    // past 90 s with no summary).
+    let src = repo_root().join("abi-tests/c/bad_plugin.c");
+    let so = compile_c_plugin(&src, &["BAD_SINK_LATE"], "kit_sink_late");
+    let started = std::time::Instant::now();
+    let (code, text, stderr) = text_code(&so, &[]);
+    let took = started.elapsed();
+    assert_eq!(code, 1, "{text}\n{stderr}");
+    assert!(took < std::time::Duration::from_secs(90), "took {took:?}");
+    assert!(text.contains("0 crashed, 0 timed out"), "{text}");
+    assert!(line(&text, "messages.sink_after_return").contains("FAIL"), "{text}");
+    assert!(text.contains("written into the sink of an earlier call"), "{text}");
+    let summary = text.lines().last().unwrap_or("");
+    assert!(summary.contains("passed,") && summary.contains("1 failed"), "{text}");
+}
+
+#[test]
 fn an_entry_that_answers_ok_without_writing_is_refused_not_followed() {
     let so = crasher(Some("KIT_UNWRITTEN_ANSWER"));
     let (code, v, stderr) = json_code(&so, &[]);

@@ -7,7 +7,7 @@ use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::{MemplugMessageSink, MemplugStatus, MEMPLUG_MESSAGE_MAX, MEMPLUG_STATUS_OK};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 
 /// One call of `sink.write` by the plugin.
@@ -231,6 +231,32 @@ impl Log {
     }
 }
 
+thread_local! {
+    /// Set while this thread is inside a plugin call, when a check asked
+    /// ([`mark_plugin_calls`]): the concurrency checks stall a thread only
+    /// there (`checks/stalls.rs`).
+    static IN_PLUGIN: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// From now on this thread's plugin calls set `flag` while they run
+/// (`None`: no longer).
+pub(crate) fn mark_plugin_calls(flag: Option<Arc<AtomicBool>>) {
+    IN_PLUGIN.with(|f| *f.borrow_mut() = flag);
+}
+
+/// Runs `f`, a call into the plugin, with this thread's flag set.
+fn in_plugin<R>(f: impl FnOnce() -> R) -> R {
+    let flag = IN_PLUGIN.with(|f| f.borrow().clone());
+    if let Some(flag) = &flag {
+        flag.store(true, Ordering::Release);
+    }
+    let r = f();
+    if let Some(flag) = &flag {
+        flag.store(false, Ordering::Release);
+    }
+    r
+}
+
 /// Runs one plugin call with a fresh recorder, logs it, and returns the
 /// status with the messages written.
 pub(crate) fn call(
@@ -241,8 +267,13 @@ pub(crate) fn call(
     // Leaked: see `Recorder` (a few dozen bytes per call, in a check's
     // short-lived process).
     let rec: &'static Recorder = Box::leak(Box::new(Recorder::for_slot(slot)));
-    let sink = rec.sink();
-    let status = f(&sink);
+    // The sink struct is leaked with it, not a local: a plugin that keeps
+    // the pointer and writes through it after the call reaches the
+    // recorder (a late write, recorded), never a reused stack slot (which
+    // crashed or hung the check, and made a run with many such checks
+    // time out one by one).
+    let sink: &'static MemplugMessageSink = Box::leak(Box::new(rec.sink()));
+    let status = in_plugin(|| f(sink));
     rec.returned.store(true, Ordering::SeqCst);
     let writes = rec.take();
     log.record(slot, status, writes.clone());
