@@ -3,7 +3,7 @@
 //! a table without a lock is caught half-way through an update.
 
 use super::allocator::touch;
-use super::stalls::{Enlisted, Stalls, ENOUGH_ALLOCATOR, ENOUGH_OTHERS};
+use super::stalls::{Enlisted, Stalls, ALIVE_EVERY, ENOUGH_ALLOCATOR, ENOUGH_OTHERS};
 use super::{ensure, expect_live, fail, skip, Checked, Ctx, Job, MechState, Results};
 use crate::raw::{request, status_name, Mech};
 use memplug_sdk::abi::*;
@@ -41,7 +41,12 @@ fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize, &Enlisted) -> Result<(),
                 let (body, errors, stalls, failed) = (&body, &errors, &stalls, &failed);
                 s.spawn(move || {
                     let enlisted = stalls.enlist();
+                    let mut told = std::time::Instant::now();
                     loop {
+                        if t == 0 && told.elapsed() >= ALIVE_EVERY {
+                            super::child::still_alive();
+                            told = std::time::Instant::now();
+                        }
                         if let Err(e) = body(t, &enlisted) {
                             errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("thread {t}: {e}"));
                             // The others stop going round too: the check has
@@ -50,7 +55,7 @@ fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize, &Enlisted) -> Result<(),
                             failed.store(true, Ordering::Release);
                             break;
                         }
-                        if failed.load(Ordering::Acquire) || stalls.had(enough, ctx.opts.timeout) {
+                        if failed.load(Ordering::Acquire) || stalls.had(enough) {
                             break;
                         }
                     }

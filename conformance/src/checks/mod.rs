@@ -356,6 +356,9 @@ enum Msg {
         duration_ns: u64,
         log: LogDelta,
     },
+    /// Its check is still at work (a long storm): the watcher's deadline
+    /// starts again; nothing else changes.
+    Alive,
     /// The plugin's live objects before and after the check.
     Live {
         before: u64,
@@ -583,6 +586,7 @@ impl Kit {
                     verdict = Some((outcome, detail, Duration::from_nanos(duration_ns), log))
                 }
                 Msg::Live { before, after } => live = Some((before, after)),
+                Msg::Alive => {}
                 Msg::State { mechanism, state } => {
                     self.states.insert(mechanism, state);
                 }

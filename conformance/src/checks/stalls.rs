@@ -39,9 +39,12 @@ pub(crate) const ENOUGH_ALLOCATOR: usize = 1500;
 pub(crate) const ENOUGH_OTHERS: usize = 200;
 
 /// A storm stops going round after this long, stalls or not (a machine
-/// too busy to make them), or after half the check's --timeout if that is
-/// shorter (a check shows no sign of life while it storms).
-const LONGEST: Duration = Duration::from_secs(6);
+/// too busy to make them). Its first thread tells the kit it is alive
+/// every [`ALIVE_EVERY`], so a long storm is not taken for a hang.
+const LONGEST: Duration = Duration::from_secs(20);
+
+/// See [`LONGEST`].
+pub(crate) const ALIVE_EVERY: Duration = Duration::from_secs(1);
 
 /// The signal the stalls use: one of the real-time signals the C library
 /// leaves to programs, unlikely to be one a plugin handles.
@@ -158,10 +161,10 @@ impl Stalls {
         Enlisted { stalls: self, in_call }
     }
 
-    /// Whether the storm has had `enough` stalls, or [`LONGEST`] (at most
-    /// half of `timeout`, the check's) has gone by.
-    pub(crate) fn had(&self, enough: usize, timeout: Duration) -> bool {
-        self.sent.load(Ordering::Relaxed) >= enough || self.started.elapsed() > LONGEST.min(timeout / 2)
+    /// Whether the storm has had `enough` stalls, or [`LONGEST`] has gone
+    /// by.
+    pub(crate) fn had(&self, enough: usize) -> bool {
+        self.sent.load(Ordering::Relaxed) >= enough || self.started.elapsed() > LONGEST
     }
 
     /// How many calls were stalled.
