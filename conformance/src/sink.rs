@@ -7,7 +7,7 @@ use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::{MemplugMessageSink, MemplugStatus, MEMPLUG_MESSAGE_MAX, MEMPLUG_STATUS_OK};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::thread::ThreadId;
 
 /// One call of `sink.write` by the plugin.
@@ -232,28 +232,22 @@ impl Log {
 }
 
 thread_local! {
-    /// Set while this thread is inside a plugin call, when a check asked
-    /// ([`mark_plugin_calls`]): the concurrency checks stall a thread only
-    /// there (`checks/stalls.rs`).
-    static IN_PLUGIN: std::cell::RefCell<Option<Arc<AtomicBool>>> = const { std::cell::RefCell::new(None) };
+    /// Set while this thread is inside a plugin call: the concurrency
+    /// checks stall a thread only there (`checks/stalls.rs`, whose signal
+    /// handler reads it; a const-initialised atomic, no lazy set-up).
+    static IN_PLUGIN: AtomicBool = const { AtomicBool::new(false) };
 }
 
-/// From now on this thread's plugin calls set `flag` while they run
-/// (`None`: no longer).
-pub(crate) fn mark_plugin_calls(flag: Option<Arc<AtomicBool>>) {
-    IN_PLUGIN.with(|f| *f.borrow_mut() = flag);
+/// Whether this thread is inside a plugin call (async-signal-safe).
+pub(crate) fn in_plugin_call() -> bool {
+    IN_PLUGIN.with(|f| f.load(Ordering::Relaxed))
 }
 
 /// Runs `f`, a call into the plugin, with this thread's flag set.
 fn in_plugin<R>(f: impl FnOnce() -> R) -> R {
-    let flag = IN_PLUGIN.with(|f| f.borrow().clone());
-    if let Some(flag) = &flag {
-        flag.store(true, Ordering::Release);
-    }
+    IN_PLUGIN.with(|flag| flag.store(true, Ordering::Relaxed));
     let r = f();
-    if let Some(flag) = &flag {
-        flag.store(false, Ordering::Release);
-    }
+    IN_PLUGIN.with(|flag| flag.store(false, Ordering::Relaxed));
     r
 }
 

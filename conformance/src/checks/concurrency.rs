@@ -3,7 +3,7 @@
 //! a table without a lock is caught half-way through an update.
 
 use super::allocator::touch;
-use super::stalls::{Enlisted, Stalls, ALIVE_EVERY, ENOUGH_ALLOCATOR, ENOUGH_OTHERS};
+use super::stalls::{Stalls, ALIVE_EVERY, ENOUGH_ALLOCATOR, ENOUGH_OTHERS};
 use super::{ensure, expect_live, fail, skip, Checked, Ctx, Job, MechState, Results};
 use crate::raw::{request, status_name, Mech};
 use memplug_sdk::abi::*;
@@ -26,12 +26,11 @@ struct Storm {
     stalled: usize,
 }
 
-/// Runs `body(thread, enlisted)` on `ctx.opts.threads` threads, which
-/// stall each other's plugin calls (`enlisted.stall_another()` before a
-/// call of their own; `stalls.rs`), for at least `enough` stalls: a thread
-/// that is done goes round again (`body` makes and gives back what it made
-/// each time) until then.
-fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize, &Enlisted) -> Result<(), String> + Sync) -> Storm {
+/// Runs `body(thread)` on `ctx.opts.threads` threads, each stalled by its
+/// own timer when it is inside a plugin call (`stalls.rs`), for at least
+/// `enough` stalls: a thread that is done goes round again (`body` makes
+/// and gives back what it made each time) until then.
+fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize) -> Result<(), String> + Sync) -> Storm {
     let errors = Mutex::new(Vec::new());
     let stalls = Stalls::new();
     let failed = AtomicBool::new(false);
@@ -40,14 +39,14 @@ fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize, &Enlisted) -> Result<(),
             .map(|t| {
                 let (body, errors, stalls, failed) = (&body, &errors, &stalls, &failed);
                 s.spawn(move || {
-                    let enlisted = stalls.enlist();
+                    let _timer = stalls.enlist(t);
                     let mut told = std::time::Instant::now();
                     loop {
                         if t == 0 && told.elapsed() >= ALIVE_EVERY {
                             super::child::still_alive();
                             told = std::time::Instant::now();
                         }
-                        if let Err(e) = body(t, &enlisted) {
+                        if let Err(e) = body(t) {
                             errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("thread {t}: {e}"));
                             // The others stop going round too: the check has
                             // its failure (and a lone thread has nobody to
@@ -116,7 +115,6 @@ impl LiveHandles {
 fn release_block(
     ctx: &Ctx,
     m: &Mech,
-    e: &Enlisted,
     touched: bool,
     (o, size, tag): (MemplugObjectRef, u64, u64),
 ) -> Option<String> {
@@ -134,7 +132,6 @@ fn release_block(
             ));
         }
     }
-    e.stall_another();
     let s = m.deallocate(&ctx.log, &o);
     if s != MEMPLUG_STATUS_OK {
         err = err.or(Some(format!("deallocate of a live block {:#x}: {}", o.addr, status_name(s))));
@@ -147,7 +144,7 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let n = ctx.opts.iterations;
     let touch_blocks = st.touch_ok && m.is_cpu();
     let handles = LiveHandles::default();
-    let errors = storm(ctx, ENOUGH_ALLOCATOR, |t, e| {
+    let errors = storm(ctx, ENOUGH_ALLOCATOR, |t| {
         let mut ring: VecDeque<(MemplugObjectRef, u64, u64, bool)> = VecDeque::new();
         let mut first: Option<String> = None;
         let mut touching = touch_blocks;
@@ -156,7 +153,7 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
                 for _ in 0..4 {
                     if let Some((o, size, tag, touched)) = ring.pop_front() {
                         handles.gone(o.handle);
-                        if let Some(why) = release_block(ctx, m, e, touched, (o, size, tag)) {
+                        if let Some(why) = release_block(ctx, m, touched, (o, size, tag)) {
                             first.get_or_insert(why);
                         }
                     }
@@ -164,7 +161,6 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
             }
             let size = 16 + ((i as u64 * 37) % 512);
             let req = request(m, size, m.props.min_alignment);
-            e.stall_another();
             let made = m.allocate(&ctx.log, &req);
             if made.status != MEMPLUG_STATUS_OK {
                 first.get_or_insert(format!("allocate({size}): {}", status_name(made.status)));
@@ -190,7 +186,7 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
         }
         for (o, size, tag, touched) in ring {
             handles.gone(o.handle);
-            if let Some(why) = release_block(ctx, m, e, touched, (o, size, tag)) {
+            if let Some(why) = release_block(ctx, m, touched, (o, size, tag)) {
                 first.get_or_insert(why);
             }
         }
@@ -215,9 +211,8 @@ fn virtual_backing(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let g = m.props.granularity;
     let rounds = (ctx.opts.iterations / 20).max(1);
-    let errors = storm(ctx, ENOUGH_OTHERS, |t, e| {
+    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
         for i in 0..rounds {
-            e.stall_another();
             let made = m.reserve(&ctx.log, 4 * g);
             if made.status != MEMPLUG_STATUS_OK {
                 return Err(format!("reserve: {}", status_name(made.status)));
@@ -248,7 +243,6 @@ fn virtual_backing(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
                 Ok(())
             };
             let r1 = step();
-            e.stall_another();
             let s = m.release_reservation(&ctx.log, &r);
             r1?;
             if s != MEMPLUG_STATUS_OK {
@@ -272,9 +266,8 @@ fn sync(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let rounds = if st.fences_stuck { 1 } else { 10 };
     let timeout = super::sync::completion_timeout(ctx, st);
-    let errors = storm(ctx, ENOUGH_OTHERS, |t, e| {
+    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
         for i in 0..rounds {
-            e.stall_another();
             let (s, h) = m.stream_create(&ctx.log);
             if s != MEMPLUG_STATUS_OK {
                 return Err(format!("stream_create: {}", status_name(s)));
@@ -412,7 +405,7 @@ fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let g = m.props.granularity;
     let rounds = (ctx.opts.iterations / 20).max(1);
     let touch = st.touch_ok && m.is_cpu();
-    let errors = storm(ctx, ENOUGH_OTHERS, |t, e| {
+    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
         let made = m.reserve(&ctx.log, 4 * g);
         if made.status != MEMPLUG_STATUS_OK {
             return Err(format!("reserve: {}", status_name(made.status)));
@@ -420,7 +413,6 @@ fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
         let r = made.obj;
         let mut result = Ok(());
         for i in 0..rounds {
-            e.stall_another();
             if let Err(why) = shared_round(ctx, m, &r, touch, (t as u64) << 32 | i as u64) {
                 result = Err(format!("round {i}: {why}"));
                 break;
