@@ -41,6 +41,15 @@
  * VIOLATE_MAP_TRYLOCK         map takes its lock with trylock and     concurrency.shared_mapping
  *                             refuses (INTERNAL) when another map
  *                             holds it
+ * VIOLATE_DESTROY_DROPS_WORK  stream_destroy throws away the work     sync.streams (the work was dropped,
+ *                             queued on the stream instead of         not run late)
+ *                             running it
+ * VIOLATE_DESTROY_EARLY       stream_destroy returns at once; the     sync.streams (returned before the
+ *                             worker runs the queue afterwards        work ran, which ran later)
+ * VIOLATE_EXPORT_KIT_FD       export_fd answers descriptor 3 (the     shared_mapping.export_is_fresh_fd
+ *                             number its first memfd had in the       (the kit's own descriptor, named)
+ *                             plugin author's test program), which
+ *                             is not its own
  *
  * The planted bugs are built so that they never make the kit touch memory
  * that is not its own: the duplicated address is never freed twice, the
@@ -70,7 +79,8 @@
      defined(VIOLATE_DESTROY_FENCES) + defined(VIOLATE_WAIT_FOREVER) + defined(VIOLATE_FENCE_REGRESS) +         \
      defined(VIOLATE_PHYS_IDENTITY) + defined(VIOLATE_EXPORT_AT_1_0) + defined(VIOLATE_BLOCK_SIZE) +             \
      defined(VIOLATE_SAME_ADDRESS) + defined(VIOLATE_RUN_REFUSED) + defined(VIOLATE_MAP_TRYLOCK) +               \
-     defined(VIOLATE_COUNTS_MAPPED)) > 1
+     defined(VIOLATE_COUNTS_MAPPED) + defined(VIOLATE_DESTROY_DROPS_WORK) + defined(VIOLATE_DESTROY_EARLY) +      \
+     defined(VIOLATE_EXPORT_KIT_FD)) > 1
 #error "define at most one VIOLATE_* variant"
 #endif
 
@@ -1057,10 +1067,13 @@ static MemplugStatus cv_export_fd(void *ctx, const MemplugObjectRef *object, int
     lock();
     st = find_phys(&ref, &i, &why);
     if (st == MEMPLUG_STATUS_OK) {
-#ifdef VIOLATE_EXPORT_OWN_FD
+#if defined(VIOLATE_EXPORT_OWN_FD)
         /* Planted: the caller gets the object's own descriptor, which the
          * plugin closes when the object goes. */
         fd = g_phys[i].fd;
+#elif defined(VIOLATE_EXPORT_KIT_FD)
+        /* Planted: a number that was never the plugin's. */
+        fd = 3;
 #else
         fd = fcntl(g_phys[i].fd, F_DUPFD_CLOEXEC, 3);
         if (fd < 0) {
@@ -1188,6 +1201,9 @@ static void *worker_main(void *arg)
         free(it);
     }
     unlock();
+#ifdef VIOLATE_DESTROY_EARLY
+    free(q); /* detached by stream_destroy: nobody joins it */
+#endif
     return NULL;
 }
 
@@ -1246,6 +1262,7 @@ static MemplugStatus cv_stream_destroy(void *ctx, uint64_t stream, const Memplug
     struct cv_queue *q = NULL;
     long i = -1;
     CV_UNUSED uint32_t gen = 0, f;
+    CV_UNUSED pthread_t worker;
     (void)ctx;
     lock();
     st = find_stream(stream, &i, &why);
@@ -1261,14 +1278,33 @@ static MemplugStatus cv_stream_destroy(void *ctx, uint64_t stream, const Memplug
         g_streams[i].q = NULL;
         g_live--;
         q->closing = 1;
+        worker = q->worker;
         pthread_cond_broadcast(&g_cv);
     }
+#ifdef VIOLATE_DESTROY_DROPS_WORK
+    /* Planted: the queued work is thrown away, never run. */
+    while (q != NULL && q->head != NULL) {
+        struct cv_item *dropped = q->head;
+        q->head = dropped->next;
+        free(dropped);
+    }
+    if (q != NULL) {
+        q->tail = NULL;
+    }
+#endif
     unlock();
     if (st != MEMPLUG_STATUS_OK) {
         return say(sink, st, why);
     }
+#ifdef VIOLATE_DESTROY_EARLY
+    /* Planted: the caller is not kept waiting; the worker runs the queue
+     * after destroy returned (and frees the queue itself, so only the
+     * thread id read under the lock is used here). */
+    pthread_detach(worker);
+#else
     pthread_join(q->worker, NULL);
     free(q);
+#endif
 #ifdef VIOLATE_DESTROY_FENCES
     /* Planted: the stream takes its fences with it. */
     lock();

@@ -35,8 +35,9 @@
 //! (`abi-tests/c/future_plugin.c`: 1.0..=1.4, every struct longer than any
 //! header, unknown capability bits from its 1.2 view on, the 1.2 memory
 //! descriptor and device identity in every view, the kit's device-loss
-//! test trigger),
-//! and a library exporting `memplug_plugin_v1` and
+//! test trigger), the C full plugin (`c-examples/plugin/full_plugin.c`,
+//! 1.0..=1.3: every capability but peer access, a descriptor per agreed
+//! minor, the kit's device-loss test trigger), and a library exporting `memplug_plugin_v1` and
 //! `memplug_plugin_v2` (`abi-tests/c/two_majors.c`: a major-1 host must pick
 //! v1).
 //!
@@ -218,6 +219,22 @@ fn cpu_plugin_identity(name: &str) -> Option<DeviceIdentity> {
     Some(DeviceIdentity { valid: MEMPLUG_IDENTITY_NUMA_NODE, numa_node, ..Default::default() })
 }
 
+/// `c-examples/plugin/full_plugin.c`'s one mechanism, `c-full`: host
+/// memory on no particular node, base pages, memfd exports, zero-filled.
+fn full_plugin_descriptor(_name: &str, granularity: u64) -> Descriptor {
+    Descriptor {
+        recommended_granularity: 0,
+        page_sizes: Descriptor::page_size_bit(granularity),
+        attributes: MEMPLUG_ATTR_HOST_VISIBLE
+            | MEMPLUG_ATTR_HOST_COHERENT
+            | MEMPLUG_ATTR_READ_ONLY_ENFORCED
+            | MEMPLUG_ATTR_ZERO_FILLED,
+        export_types: MEMPLUG_HANDLE_MEMFD,
+        location: Location::HOST,
+        maps_at_offsets: true,
+    }
+}
+
 /// `future_plugin.c`'s `FUTURE_*` values.
 fn future_plugin_descriptor(_name: &str, granularity: u64) -> Descriptor {
     Descriptor {
@@ -239,9 +256,10 @@ impl Subject {
 
 fn subjects() -> Vec<Subject> {
     let example = repo_root().join("c-examples/plugin/example_plugin.c");
+    let full_src = repo_root().join("c-examples/plugin/full_plugin.c");
     let cpu = find_cdylib("memplug_plugin_cpu", "MEMPLUG_CPU_PLUGIN");
     // Compile the C plugins side by side (each is one gcc run).
-    let (ex10, ex_now, p11, p12, future, two) = std::thread::scope(|s| {
+    let (ex10, ex_now, p11, p12, future, two, full) = std::thread::scope(|s| {
         let a = s.spawn(|| compile_plugin_against(&example, &frozen(0), &[], "memplug_example_h10"));
         let b = s.spawn(|| compile_plugin_against(&example, &include_dir(), &[], "memplug_example_h_now"));
         let c = s.spawn(|| {
@@ -252,8 +270,9 @@ fn subjects() -> Vec<Subject> {
         });
         let d = s.spawn(|| future_plugin(None));
         let e = s.spawn(|| compile_c_plugin(&c_dir().join("two_majors.c"), &[], "memplug_two_majors"));
+        let f = s.spawn(|| compile_plugin_against(&full_src, &include_dir(), &[], "memplug_full_plugin"));
         let j = |h: std::thread::ScopedJoinHandle<PathBuf>| h.join().unwrap();
-        (j(a), j(b), j(c), j(c2), j(d), j(e))
+        (j(a), j(b), j(c), j(c2), j(d), j(e), j(f))
     });
     let s = |label, path, range, exports, trigger| Subject {
         label,
@@ -296,6 +315,22 @@ fn subjects() -> Vec<Subject> {
         s("C plugin 1.2 (frozen 1.2 header)", p12, (0, 2), false, false),
         Subject { at_1_2: Some(future_1_2), ..s("future plugin (1.0..=1.4)", future, (0, 4), false, true) },
         s("two majors (v1 + v2)", two, (0, 0), false, false),
+        Subject {
+            at_1_2: Some(Published {
+                descriptor: full_plugin_descriptor,
+                identity: |_| {
+                    Some(DeviceIdentity {
+                        valid: MEMPLUG_IDENTITY_NUMA_NODE,
+                        numa_node: 0,
+                        ..Default::default()
+                    })
+                },
+                wait_fence: true,
+                queued_binding: true,
+            }),
+            copy_kinds_1_3: Some(MEMPLUG_COPY_DEVICE | MEMPLUG_COPY_HOST),
+            ..s("C full plugin (1.0..=1.3)", full, (0, 3), true, true)
+        },
     ]
 }
 
@@ -397,7 +432,7 @@ fn c_host_cell(host_minor: u32, s: &Subject, child: Child) -> Cell {
         cell.degraded.push(format!("plugin's 1.{} used as 1.{agreed}", s.range.1));
     }
     match s.label {
-        l if l.starts_with("Rust CPU plugin") => {
+        l if l.starts_with("Rust CPU plugin") || l.starts_with("C full plugin") => {
             // The SDK answers with the descriptor of the agreed minor: no
             // bit the host cannot know, everything of that minor usable.
             expect(&mut cell, "capabilities.unknown_bits", None);
@@ -750,7 +785,7 @@ fn compatibility_matrix() {
         .flat_map(|c| c.problems.iter().map(move |p| format!("[{} × {}] {p}", c.host, c.plugin)))
         .collect();
     assert!(problems.is_empty(), "{text}\n{}", problems.join("\n"));
-    assert_eq!(cells.len(), 35, "5 hosts × 7 plugins");
+    assert_eq!(cells.len(), 40, "5 hosts × 8 plugins");
 }
 
 /// The C hosts' fence is real: a plugin that reads the 1.2 `services` field

@@ -19,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The checks these tests are about.
-const CONTRACT_CHECKS: [&str; 12] = [
+const CONTRACT_CHECKS: [&str; 13] = [
+    "sync.streams",
     "shared_mapping.export_is_fresh_fd",
     "virtual_backing.release_drops_mappings",
     "sync.fence_after_stream_destroy",
@@ -85,12 +86,17 @@ fn the_plain_fixture_passes_every_check() {
     assert_eq!(r.abi.as_deref(), Some("1.1"), "the fixture speaks 1.1");
 }
 
-/// Asserts that `variant` fails `check` and nothing else but `collateral`.
-fn violation_is_caught(variant: &str, check: &str, collateral: &[&str]) {
+/// Asserts that `variant` fails `check` and nothing else but `collateral`,
+/// and (when given) that `check` says `says`: the message points at the
+/// mistake.
+fn violation_is_caught(variant: &str, check: &str, collateral: &[&str], says: Option<&str>) {
     let r = run_kit(&fixture(Some(variant)));
     let (o, detail) = outcome(&r, check);
     assert_eq!(o, Outcome::Fail, "{variant}: {check} did not fail ({detail})\n{}", table(&r));
     assert!(!detail.is_empty(), "{variant}: {check} failed without saying why");
+    if let Some(says) = says {
+        assert!(detail.contains(says), "{variant}: {check} does not say {says:?}: {detail}");
+    }
     let want: BTreeSet<String> =
         std::iter::once(check).chain(collateral.iter().copied()).map(str::to_string).collect();
     assert_eq!(
@@ -103,11 +109,11 @@ fn violation_is_caught(variant: &str, check: &str, collateral: &[&str]) {
 }
 
 macro_rules! violations {
-    ($($test:ident: $variant:literal => $check:literal $(, also $also:literal)*;)*) => {
+    ($($test:ident: $variant:literal => $check:literal $(, also $also:literal)* $(, says $says:literal)?;)*) => {
         $(
             #[test]
             fn $test() {
-                violation_is_caught($variant, $check, &[$($also),*]);
+                violation_is_caught($variant, $check, &[$($also),*], None$(.or(Some($says)))?);
             }
         )*
 
@@ -145,6 +151,18 @@ violations! {
     running_a_refused_host_function: "VIOLATE_RUN_REFUSED" => "sync.enqueue_refusal";
     map_refusing_concurrent_maps: "VIOLATE_MAP_TRYLOCK" => "concurrency.shared_mapping";
     committed_bytes_counting_mapped_ranges: "VIOLATE_COUNTS_MAPPED" => "shared_mapping.mapped_not_committed";
+    // Issue 29: messages that point at the bug. A destroy that throws its
+    // queue away is not "returning early"; one that returns early is named
+    // so (its work runs later); the kit's own descriptor handed out by an
+    // export is named, not a crash that asks whether the plugin exited.
+    stream_destroy_dropping_its_work: "VIOLATE_DESTROY_DROPS_WORK" => "sync.streams",
+        also "sync.fence_after_stream_destroy", says "stream_destroy dropped the work submitted to the stream";
+    stream_destroy_returning_before_its_work_ran: "VIOLATE_DESTROY_EARLY" => "sync.streams",
+        also "sync.fence_after_stream_destroy", says "ms after it returned";
+    // Every check that exports stops there, naming it.
+    export_of_the_kits_own_descriptor: "VIOLATE_EXPORT_KIT_FD" => "shared_mapping.export_is_fresh_fd",
+        also "shared_mapping.export_import", also "shared_mapping.import_lent_fd",
+        says "which is the kit's own message pipe to its parent";
 }
 
 #[test]

@@ -1,7 +1,7 @@
 //! How long a table may be at an older minor is stated once, in the
 //! header's rules (`cbindgen.toml`, generated into `include/memplug.h`),
 //! and quoted word for word by `docs/VENDORS.md`, `docs/ABI-CHANGELOG.md`,
-//! the README and the C example plugin. This fails when a copy differs from
+//! the README and the C example plugins. This fails when a copy differs from
 //! the header or when one of them says the contrary again.
 
 use memplug_test_support::repo_root;
@@ -50,6 +50,7 @@ fn the_table_length_rule_is_stated_once_and_quoted_everywhere_else() {
         ("docs/ABI-CHANGELOG.md", &["1.0-sized tables"][..]),
         ("README.md", &[][..]),
         ("c-examples/plugin/example_plugin.c", &[][..]),
+        ("c-examples/plugin/full_plugin.c", &[][..]),
     ] {
         let text = normalised(&std::fs::read_to_string(repo_root().join(file)).unwrap());
         assert!(text.contains(&rule), "{file} does not quote the header's rule word for word:\n{rule}");

@@ -180,6 +180,50 @@ fn the_c_example_plugin_passes_what_it_implements_and_skips_the_rest() {
     }
 }
 
+/// The full C plugin (`c-examples/plugin/full_plugin.c`, 1.0..=1.3) passes
+/// every check; it skips only what a CPU mechanism cannot have: pages
+/// larger than the base page, a NUMA placement or pinned pages it does not
+/// claim, native streams to adopt, and peers.
+#[test]
+fn the_full_c_plugin_passes_every_check_it_can_run() {
+    let src = repo_root().join("c-examples/plugin/full_plugin.c");
+    let so = compile_c_plugin(&src, &[], "full_plugin_conformance");
+    let (ok, v, stderr) = run_json(Some(&so), &[]);
+    let failed = with_outcome(&v, "fail");
+    assert!(ok && failed.is_empty(), "failed: {failed:?}\n{stderr}\n{v:#}");
+    assert_skips_explained(&v);
+    let skipped = with_outcome(&v, "skip");
+    let expected: BTreeSet<String> = [
+        "claims.page_size_used",
+        "claims.placement_used",
+        "claims.pinned_locked",
+        "sync.stream_adopt",
+        "ordering.stream_adopt_typed",
+        "ordering.peer_access",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    assert_eq!(skipped, expected, "{v:#}");
+    // The 1.2 and 1.3 checks ran: the loss through the services, queued
+    // binding, typed export, the copy slot.
+    let passed = with_outcome(&v, "pass");
+    for want in [
+        "loss.reported_through_services",
+        "loss.every_slot_device_lost",
+        "loss.host_fns_run_once",
+        "loss.none_below_1_2",
+        "ordering.release_waits_for_work",
+        "shared_mapping.typed_export",
+        "shared_mapping.import_lent_fd",
+        "copy.bytes_exact",
+        "copy.bounds",
+        "concurrency.shared_mapping",
+    ] {
+        assert!(passed.contains(want), "{want} did not pass: {v:#}");
+    }
+}
+
 /// `(variant, checks that must fail, whether no other check may fail)`.
 /// Where one lie spoils everything after it (an allocator that never
 /// allocates, fences that never complete) only the checks that name it are
@@ -568,6 +612,27 @@ fn a_host_function_run_twice_is_named_not_a_crash() {
         "{d}"
     );
     assert!(with_outcome(&v, "fail").contains("sync.enqueue_refusal"), "{v:#}");
+}
+
+#[test]
+fn a_plugin_that_keeps_its_sinks_is_named_in_bounded_time_with_a_summary() {
+    // One of the contained variants: it keeps every sink (struct and
+    // pointer) and writes into it after the call, also from a detached
+    // thread. The kit's sinks stay valid, so each late write is recorded
+    // and named; nothing crashes or hangs (before: SIGSEGV and timeouts,
+    // past 90 s with no summary).
+    let src = repo_root().join("abi-tests/c/bad_plugin.c");
+    let so = compile_c_plugin(&src, &["BAD_SINK_LATE"], "kit_sink_late");
+    let started = std::time::Instant::now();
+    let (code, text, stderr) = text_code(&so, &[]);
+    let took = started.elapsed();
+    assert_eq!(code, 1, "{text}\n{stderr}");
+    assert!(took < std::time::Duration::from_secs(90), "took {took:?}");
+    assert!(text.contains("0 crashed, 0 timed out"), "{text}");
+    assert!(line(&text, "messages.sink_after_return").contains("FAIL"), "{text}");
+    assert!(text.contains("written into the sink of an earlier call"), "{text}");
+    let summary = text.lines().last().unwrap_or("");
+    assert!(summary.contains("passed,") && summary.contains("1 failed"), "{text}");
 }
 
 #[test]

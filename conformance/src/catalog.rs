@@ -10,6 +10,19 @@ pub struct CheckInfo {
     pub verifies: &'static str,
 }
 
+impl CheckInfo {
+    /// The clause of `include/memplug.h` the check holds a plugin to
+    /// (`meanings.rs`).
+    pub fn clause(&self) -> &'static str {
+        crate::meanings::meaning_of(self.name).map_or("", |m| m.clause)
+    }
+
+    /// What a failure of the check usually means (`meanings.rs`).
+    pub fn failure_means(&self) -> &'static str {
+        crate::meanings::meaning_of(self.name).map_or("", |m| m.failure)
+    }
+}
+
 const fn plugin_wide(name: &'static str, verifies: &'static str) -> CheckInfo {
     CheckInfo { name, per_mechanism: false, verifies }
 }
@@ -547,7 +560,8 @@ pub fn checks_markdown() -> String {
          <!-- Generated from conformance/src/catalog.rs (memplug_conformance::checks_markdown) by \
          `MEMPLUG_BLESS=1 cargo test -p memplug-conformance --test checks_doc`; do not edit by hand. -->\n\n\
          Every check `memplug conformance PLUGIN` runs, in the order a report lists them, with what it \
-         asserts. A check runs once for the plugin (*plugin-wide*) or once per mechanism. A check is \
+         asserts, the clause of `include/memplug.h` it holds the plugin to, and the mistake that usually \
+         makes it fail. A check runs once for the plugin (*plugin-wide*) or once per mechanism. A check is \
          skipped, saying why, only where the plugin lacks what it tests (a capability, a slot, a claim, a \
          minor) or the host cannot see it (memory of a device that is not host-visible); \
          [`conformance-json.md`](conformance-json.md) describes the report, \
@@ -559,10 +573,19 @@ pub fn checks_markdown() -> String {
         let g = c.name.split('.').next().unwrap_or("");
         if g != group {
             group = g;
-            s += &format!("\n## `{g}.*`\n\n| check | runs | asserts |\n| --- | --- | --- |\n");
+            s += &format!(
+                "\n## `{g}.*`\n\n| check | runs | asserts | header clause | a failure usually means |\n\
+                 | --- | --- | --- | --- | --- |\n"
+            );
         }
         let runs = if c.per_mechanism { "per mechanism" } else { "plugin-wide" };
-        s += &format!("| `{}` | {runs} | {} |\n", c.name, escape(c.verifies));
+        s += &format!(
+            "| `{}` | {runs} | {} | {} | {} |\n",
+            c.name,
+            escape(c.verifies),
+            escape(c.clause()),
+            escape(c.failure_means())
+        );
     }
     s
 }

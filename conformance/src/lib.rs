@@ -79,6 +79,7 @@
 mod catalog;
 mod checks;
 pub mod elf;
+mod meanings;
 mod os;
 mod raw;
 mod services;

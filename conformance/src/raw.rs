@@ -393,6 +393,9 @@ impl Mech {
         // SAFETY: a published slot; pointers live for the call.
         let (status, _) =
             call(log, "shared_mapping.export_fd", |sink| unsafe { f(self.ctx, o, &mut fd, sink) });
+        if status == MEMPLUG_STATUS_OK {
+            refuse_kit_fd("export_fd", fd);
+        }
         (status, fd)
     }
 
@@ -433,6 +436,9 @@ impl Mech {
             f(self.ctx, o, kind, out.ptr(), sink)
         });
         out.audit(log, "shared_mapping.export_handle", status);
+        if status == MEMPLUG_STATUS_OK && out.read::<MemplugHandle>().handle_type & FD_KINDS != 0 {
+            refuse_kit_fd("export_handle", out.read::<MemplugHandle>().fd);
+        }
         (status, out)
     }
 
@@ -817,6 +823,31 @@ pub(crate) fn fd_file_size(fd: i32) -> Option<u64> {
 /// took it: dropping closes each one that still names that file, and never
 /// a number a misbehaving plugin closed behind the kit's back and the
 /// process reused.
+/// The handle kinds whose `fd` is a descriptor.
+const FD_KINDS: u32 = MEMPLUG_HANDLE_OPAQUE_FD | MEMPLUG_HANDLE_DMABUF_FD | MEMPLUG_HANDLE_MEMFD;
+
+/// Stops the check (a failure naming it, through the child's panic guard)
+/// when an export answered with one of the descriptors the kit's check
+/// process had open before the call — its standard streams, its message
+/// pipe to the kit, the plugin file it loads: a plugin handing out a
+/// descriptor it does not own. The kit must never adopt and close one of
+/// those (closing the message pipe would end the check without a
+/// verdict, and look like the plugin exiting).
+fn refuse_kit_fd(slot: &str, fd: i32) {
+    let what = match fd {
+        0 => "the kit's standard input",
+        1 | 2 => "the kit's standard output or error",
+        crate::os::MESSAGE_FD => "the kit's own message pipe to its parent",
+        crate::os::KEPT_FD => "the kit's own descriptor of the plugin library",
+        _ => return,
+    };
+    panic!(
+        "{slot} returned descriptor {fd}, which is {what}: open before the call, not made for it. The plugin \
+         handed out a descriptor it does not own (an export must be a new descriptor, e.g. a dup of its own); \
+         the kit leaves it open"
+    );
+}
+
 #[derive(Default)]
 pub(crate) struct OwnedFds(Vec<(i32, (u64, u64))>);
 

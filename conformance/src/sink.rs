@@ -231,6 +231,26 @@ impl Log {
     }
 }
 
+thread_local! {
+    /// Set while this thread is inside a plugin call: the concurrency
+    /// checks stall a thread only there (`checks/stalls.rs`, whose signal
+    /// handler reads it; a const-initialised atomic, no lazy set-up).
+    static IN_PLUGIN: AtomicBool = const { AtomicBool::new(false) };
+}
+
+/// Whether this thread is inside a plugin call (async-signal-safe).
+pub(crate) fn in_plugin_call() -> bool {
+    IN_PLUGIN.with(|f| f.load(Ordering::Relaxed))
+}
+
+/// Runs `f`, a call into the plugin, with this thread's flag set.
+fn in_plugin<R>(f: impl FnOnce() -> R) -> R {
+    IN_PLUGIN.with(|flag| flag.store(true, Ordering::Relaxed));
+    let r = f();
+    IN_PLUGIN.with(|flag| flag.store(false, Ordering::Relaxed));
+    r
+}
+
 /// Runs one plugin call with a fresh recorder, logs it, and returns the
 /// status with the messages written.
 pub(crate) fn call(
@@ -241,8 +261,13 @@ pub(crate) fn call(
     // Leaked: see `Recorder` (a few dozen bytes per call, in a check's
     // short-lived process).
     let rec: &'static Recorder = Box::leak(Box::new(Recorder::for_slot(slot)));
-    let sink = rec.sink();
-    let status = f(&sink);
+    // The sink struct is leaked with it, not a local: a plugin that keeps
+    // the pointer and writes through it after the call reaches the
+    // recorder (a late write, recorded), never a reused stack slot (which
+    // crashed or hung the check, and made a run with many such checks
+    // time out one by one).
+    let sink: &'static MemplugMessageSink = Box::leak(Box::new(rec.sink()));
+    let status = in_plugin(|| f(sink));
     rec.returned.store(true, Ordering::SeqCst);
     let writes = rec.take();
     log.record(slot, status, writes.clone());

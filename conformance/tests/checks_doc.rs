@@ -19,8 +19,12 @@ fn the_checks_page_is_generated_from_the_catalogue() {
         "docs/conformance-checks.md is stale: regenerate it with \
          `MEMPLUG_BLESS=1 cargo test -p memplug-conformance --test checks_doc` and commit it"
     );
-    // Every check is on the page, once.
+    // Every check is on the page, once, with the header clause it covers
+    // and what its failure usually means.
     for c in memplug_conformance::CHECKS {
         assert_eq!(committed.matches(&format!("| `{}` |", c.name)).count(), 1, "{}", c.name);
+        assert!(!c.clause().is_empty() && !c.failure_means().is_empty(), "{}", c.name);
+        let row = committed.lines().find(|l| l.starts_with(&format!("| `{}` |", c.name))).unwrap();
+        assert_eq!(row.matches(" | ").count(), 4, "{}: five columns: {row}", c.name);
     }
 }

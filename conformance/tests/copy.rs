@@ -117,5 +117,17 @@ fn the_plain_shim_passes_and_each_planted_mistake_fails_its_checks_only() {
         assert_eq!(failed(&r), want, "{variant}:\n{}", table(&r));
         let details: Vec<String> = want.iter().map(|c| one(&r, c).1).collect();
         assert!(details.iter().any(|d| d.contains(says)), "{variant}: no failure says {says:?}: {details:?}");
+        if variant == "COPY_SHORT" {
+            // The ordering checks name a short copy, and do not blame the
+            // order (issue 29).
+            for check in ["copy.ordering_host_fns", "copy.ordering_fences"] {
+                let d = one(&r, check).1;
+                assert!(
+                    d.contains("the copy stopped short") && d.contains("not an ordering fault"),
+                    "{check}: {d}"
+                );
+                assert!(!d.contains("did not wait") && !d.contains("ran before"), "{check}: {d}");
+            }
+        }
     }
 }

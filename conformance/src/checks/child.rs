@@ -37,6 +37,15 @@ pub(super) fn child_main(path: &Path, opts: &Options, kit: &Kit, target: usize, 
 }
 
 /// Writes all of `b` to `fd` (a kit whose end is gone is not waited for).
+/// Tells the kit that this check's process is still at work (a storm that
+/// runs for seconds), so `--timeout` measures silence, not a long check.
+pub(super) fn still_alive() {
+    if let Ok(mut b) = serde_json::to_vec(&Msg::Alive) {
+        b.push(b'\n');
+        write_all(crate::os::MESSAGE_FD, &b);
+    }
+}
+
 pub(super) fn write_all(fd: RawFd, mut b: &[u8]) {
     while !b.is_empty() {
         // SAFETY: writes from a live buffer of its length.

@@ -1,10 +1,14 @@
-//! `concurrency.*`: several threads calling the same mechanism at once.
+//! `concurrency.*`: several threads calling the same mechanism at once,
+//! while the kit stalls their calls at random points (`stalls.rs`) so that
+//! a table without a lock is caught half-way through an update.
 
 use super::allocator::touch;
-use super::{ensure, expect_live, skip, Checked, Ctx, Job, MechState, Results};
+use super::stalls::{Stalls, ALIVE_EVERY, ENOUGH_ALLOCATOR, ENOUGH_OTHERS};
+use super::{ensure, expect_live, fail, skip, Checked, Ctx, Job, MechState, Results};
 use crate::raw::{request, status_name, Mech};
 use memplug_sdk::abi::*;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &MechState) {
@@ -15,27 +19,95 @@ pub(crate) fn run_all(res: &mut Results, ctx: &Ctx, m: &Mech, st: &MechState) {
     res.run("concurrency.shared_mapping", name, || shared_mapping(ctx, m, st));
 }
 
-/// Runs `body(thread)` on `ctx.opts.threads` threads; the errors, first
-/// per thread.
-fn storm(ctx: &Ctx, body: impl Fn(usize) -> Result<(), String> + Sync) -> Vec<String> {
-    let errors = Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for t in 0..ctx.opts.threads.max(1) {
-            let (body, errors) = (&body, &errors);
-            s.spawn(move || {
-                if let Err(e) = body(t) {
-                    errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("thread {t}: {e}"));
-                }
-            });
-        }
-    });
-    errors.into_inner().unwrap_or_else(|e| e.into_inner())
+/// What a storm ended with: the errors, first per thread, and how many
+/// plugin calls were stalled.
+struct Storm {
+    errors: Vec<String>,
+    stalled: usize,
 }
 
-fn verdict(errors: Vec<String>, m: &Mech, live: u64, done: String) -> Checked {
-    ensure!(errors.is_empty(), "{} thread(s) failed: {}", errors.len(), errors.join("; "));
-    expect_live(m, live, "after every thread released what it made")?;
-    Ok(done)
+/// Runs `body(thread)` on `ctx.opts.threads` threads, each stalled by its
+/// own timer when it is inside a plugin call (`stalls.rs`), for at least
+/// `enough` stalls: a thread that is done goes round again (`body` makes
+/// and gives back what it made each time) until then.
+fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize) -> Result<(), String> + Sync) -> Storm {
+    let errors = Mutex::new(Vec::new());
+    let stalls = Stalls::new();
+    let failed = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..ctx.opts.threads.max(1))
+            .map(|t| {
+                let (body, errors, stalls, failed) = (&body, &errors, &stalls, &failed);
+                s.spawn(move || {
+                    let _timer = stalls.enlist(t);
+                    let mut told = std::time::Instant::now();
+                    loop {
+                        if t == 0 && told.elapsed() >= ALIVE_EVERY {
+                            super::child::still_alive();
+                            told = std::time::Instant::now();
+                        }
+                        if let Err(e) = body(t) {
+                            errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("thread {t}: {e}"));
+                            // The others stop going round too: the check has
+                            // its failure (and a lone thread has nobody to
+                            // stall it).
+                            failed.store(true, Ordering::Release);
+                            break;
+                        }
+                        if failed.load(Ordering::Acquire) || stalls.had(enough) {
+                            break;
+                        }
+                    }
+                })
+            })
+            .collect();
+        for w in workers {
+            let _ = w.join();
+        }
+    });
+    Storm { errors: errors.into_inner().unwrap_or_else(|e| e.into_inner()), stalled: stalls.sent() }
+}
+
+/// What a failure in a storm usually means.
+const RACE_HINT: &str =
+    "each call alone works, so concurrent calls corrupted the plugin's state: is every table \
+                         guarded by a lock?";
+
+fn verdict(storm: Storm, m: &Mech, live: u64, done: String) -> Checked {
+    let Storm { errors, stalled } = storm;
+    ensure!(
+        errors.is_empty(),
+        "{} thread(s) failed ({stalled} calls stalled mid-call): {}; {RACE_HINT}",
+        errors.len(),
+        errors.join("; ")
+    );
+    if let Err(super::Verdict::Fail(why)) = expect_live(m, live, "after every thread released what it made") {
+        fail!("{why} ({stalled} calls stalled mid-call); {RACE_HINT}");
+    }
+    Ok(format!("{done}; {stalled} calls stalled mid-call"))
+}
+
+/// The handles of the live blocks of an allocator storm, with the thread
+/// that holds each: a handle given twice is the plugin's table giving one
+/// slot to two objects.
+#[derive(Default)]
+struct LiveHandles(Mutex<HashMap<u64, usize>>);
+
+impl LiveHandles {
+    fn made(&self, handle: u64, thread: usize) -> Result<(), String> {
+        let mut live = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match live.insert(handle, thread) {
+            Some(other) => Err(format!(
+                "handle {handle:#x} was given to a block of thread {thread} while a block of thread {other} still \
+                 held it: two live objects share one slot of the plugin's table"
+            )),
+            None => Ok(()),
+        }
+    }
+
+    fn gone(&self, handle: u64) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&handle);
+    }
 }
 
 /// Frees one block of the allocator storm, first checking the tags it
@@ -62,7 +134,7 @@ fn release_block(
     }
     let s = m.deallocate(&ctx.log, &o);
     if s != MEMPLUG_STATUS_OK {
-        err = err.or(Some(format!("deallocate: {}", status_name(s))));
+        err = err.or(Some(format!("deallocate of a live block {:#x}: {}", o.addr, status_name(s))));
     }
     err
 }
@@ -71,7 +143,8 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let n = ctx.opts.iterations;
     let touch_blocks = st.touch_ok && m.is_cpu();
-    let errors = storm(ctx, |t| {
+    let handles = LiveHandles::default();
+    let errors = storm(ctx, ENOUGH_ALLOCATOR, |t| {
         let mut ring: VecDeque<(MemplugObjectRef, u64, u64, bool)> = VecDeque::new();
         let mut first: Option<String> = None;
         let mut touching = touch_blocks;
@@ -79,17 +152,22 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
             if ring.len() == 8 {
                 for _ in 0..4 {
                     if let Some((o, size, tag, touched)) = ring.pop_front() {
-                        if let Some(e) = release_block(ctx, m, touched, (o, size, tag)) {
-                            first.get_or_insert(e);
+                        handles.gone(o.handle);
+                        if let Some(why) = release_block(ctx, m, touched, (o, size, tag)) {
+                            first.get_or_insert(why);
                         }
                     }
                 }
             }
             let size = 16 + ((i as u64 * 37) % 512);
-            let made = m.allocate(&ctx.log, &request(m, size, m.props.min_alignment));
+            let req = request(m, size, m.props.min_alignment);
+            let made = m.allocate(&ctx.log, &req);
             if made.status != MEMPLUG_STATUS_OK {
                 first.get_or_insert(format!("allocate({size}): {}", status_name(made.status)));
                 continue;
+            }
+            if let Err(why) = handles.made(made.block.handle, t) {
+                first.get_or_insert(why);
             }
             let tag = ((t as u64) << 48) | i as u64;
             if touching && i % 64 == 0 && !crate::os::writable(made.block.addr, size) {
@@ -107,8 +185,9 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
             ring.push_back((made.obj, size, tag, touching));
         }
         for (o, size, tag, touched) in ring {
-            if let Some(e) = release_block(ctx, m, touched, (o, size, tag)) {
-                first.get_or_insert(e);
+            handles.gone(o.handle);
+            if let Some(why) = release_block(ctx, m, touched, (o, size, tag)) {
+                first.get_or_insert(why);
             }
         }
         first.map_or(Ok(()), Err)
@@ -132,7 +211,7 @@ fn virtual_backing(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let g = m.props.granularity;
     let rounds = (ctx.opts.iterations / 20).max(1);
-    let errors = storm(ctx, |t| {
+    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
         for i in 0..rounds {
             let made = m.reserve(&ctx.log, 4 * g);
             if made.status != MEMPLUG_STATUS_OK {
@@ -187,7 +266,7 @@ fn sync(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let rounds = if st.fences_stuck { 1 } else { 10 };
     let timeout = super::sync::completion_timeout(ctx, st);
-    let errors = storm(ctx, |t| {
+    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
         for i in 0..rounds {
             let (s, h) = m.stream_create(&ctx.log);
             if s != MEMPLUG_STATUS_OK {
@@ -326,7 +405,7 @@ fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let g = m.props.granularity;
     let rounds = (ctx.opts.iterations / 20).max(1);
     let touch = st.touch_ok && m.is_cpu();
-    let errors = storm(ctx, |t| {
+    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
         let made = m.reserve(&ctx.log, 4 * g);
         if made.status != MEMPLUG_STATUS_OK {
             return Err(format!("reserve: {}", status_name(made.status)));
@@ -334,8 +413,8 @@ fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
         let r = made.obj;
         let mut result = Ok(());
         for i in 0..rounds {
-            if let Err(e) = shared_round(ctx, m, &r, touch, (t as u64) << 32 | i as u64) {
-                result = Err(format!("round {i}: {e}"));
+            if let Err(why) = shared_round(ctx, m, &r, touch, (t as u64) << 32 | i as u64) {
+                result = Err(format!("round {i}: {why}"));
                 break;
             }
         }

@@ -366,6 +366,11 @@ fn ordering(ctx: &Ctx, m: &Mech, st: &MechState, reader: bool) -> Checked {
         return read_after(ctx, st, &read, &bytes, v);
     }
     complete(ctx, m, st, f, "on the fence after the copy")?;
+    // SAFETY: the kit's memory, SIZE bytes.
+    let landed = unsafe { std::slice::from_raw_parts((dst + OFFSET) as *const u8, LEN as usize) };
+    if let Some(why) = short_copy(landed, &bytes, 0x22) {
+        fail!("{why}");
+    }
     if let Some(i) = unsafe { differs(dst + OFFSET, &bytes) } {
         let got = unsafe { *((dst + OFFSET + i as u64) as *const u8) };
         return Err(Verdict::Fail(format!(
@@ -396,6 +401,9 @@ fn read_after(ctx: &Ctx, st: &MechState, read: &Mutex<Vec<u8>>, bytes: &[u8], v:
         seen.len() == bytes.len(),
         "the host function after the copy did not run once the stream was released"
     );
+    if let Some(why) = short_copy(&seen, bytes, 0x22) {
+        fail!("the host function after the copy ran after it, but {why}");
+    }
     if let Some(i) = seen.iter().zip(bytes).position(|(a, b)| a != b) {
         fail!(
             "the host function enqueued after the copy read {:#04x} at byte {i} of the destination, expected \
@@ -412,6 +420,25 @@ fn read_after(ctx: &Ctx, st: &MechState, read: &Mutex<Vec<u8>>, bytes: &[u8], v:
 }
 
 use super::fail;
+
+/// Whether `seen` (the destination of a copy of `want`, which held
+/// `before` in every byte) is a copy that stopped short: the first bytes
+/// arrived and the rest still hold `before`. Such a copy ran in order and
+/// moved too little, so the ordering checks name it and send the reader to
+/// `copy.bytes_exact` instead of blaming the order.
+pub(super) fn short_copy(seen: &[u8], want: &[u8], before: u8) -> Option<String> {
+    let i = seen.iter().zip(want).position(|(a, b)| a != b)?;
+    if i == 0 || seen.len() != want.len() || seen[i..].iter().any(|&b| b != before) {
+        return None;
+    }
+    Some(format!(
+        "the copy stopped short: only the first {i} of its {} bytes arrived, the last {} still hold what the \
+         destination held before: a short copy (copy.bytes_exact judges the bytes), not an ordering fault \
+         (the work before and after the copy ran in order)",
+        want.len(),
+        want.len() - i
+    ))
+}
 
 /// The refusals of the bounds, overlap and zero-length checks, each
 /// answered before anything is enqueued: the stream is held meanwhile, and
@@ -543,4 +570,19 @@ fn len_zero(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
         "a copy on a destroyed stream",
     )?;
     Ok("copies of 0 bytes are OK and change nothing; a destroyed stream is refused".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_copy;
+
+    #[test]
+    fn a_copy_missing_its_tail_is_short_and_one_missing_everything_or_wrong_bytes_is_not() {
+        let want = [1u8, 2, 3, 4];
+        let d = short_copy(&[1, 2, 3, 9], &want, 9).expect("short");
+        assert!(d.contains("first 3 of its 4 bytes") && d.contains("not an ordering fault"), "{d}");
+        assert_eq!(short_copy(&[9, 9, 9, 9], &want, 9), None, "nothing arrived: not short");
+        assert_eq!(short_copy(&[1, 2, 7, 9], &want, 9), None, "a wrong byte: not short");
+        assert_eq!(short_copy(&want, &want, 9), None, "all arrived");
+    }
 }

@@ -70,6 +70,7 @@ mod negotiation;
 mod ordering;
 mod queued_release;
 mod shared_mapping;
+mod stalls;
 mod sync;
 mod tracked;
 mod typed_export;
@@ -355,6 +356,9 @@ enum Msg {
         duration_ns: u64,
         log: LogDelta,
     },
+    /// Its check is still at work (a long storm): the watcher's deadline
+    /// starts again; nothing else changes.
+    Alive,
     /// The plugin's live objects before and after the check.
     Live {
         before: u64,
@@ -426,17 +430,39 @@ pub(crate) fn run(
 ) -> Result<Report, Error> {
     let mut kit = Kit::default();
     let mut report = Report::empty(path, opts);
+    let mut timed_out = Duration::ZERO;
     loop {
         let target = kit.history.len();
         let keep = std::os::fd::AsRawFd::as_raw_fd(file);
         let opened = std::path::PathBuf::from(format!("/proc/self/fd/{}", os::KEPT_FD));
+        // A plugin that hangs every check must not keep a run going for
+        // checks x --timeout: once the run has lost TIMED_OUT_BUDGET to
+        // timeouts, each later check gets at most SHORT_TIMEOUT, so the
+        // run ends, and prints its summary, in bounded time.
+        let shortened;
+        let opts = if timed_out >= TIMED_OUT_BUDGET && opts.timeout > SHORT_TIMEOUT {
+            shortened = Options { timeout: SHORT_TIMEOUT, ..opts.clone() };
+            &shortened
+        } else {
+            opts
+        };
         let child = os::supervise(opts.timeout, Some(keep), |fd| child_main(&opened, opts, &kit, target, fd))
             .map_err(Error::Isolation)?;
-        let (result, go) = match kit.absorb(child, opts)? {
+        let (mut result, go) = match kit.absorb(child, opts)? {
             Next::Go(r) => (r, true),
             Next::Stop(r) => (r, false),
             Next::End => break,
         };
+        if result.outcome == Outcome::Timeout {
+            timed_out += opts.timeout;
+            if timed_out >= TIMED_OUT_BUDGET {
+                result.detail += &format!(
+                    " (the run has lost {} s to timed-out checks: each later check gets at most {} s)",
+                    timed_out.as_secs(),
+                    SHORT_TIMEOUT.as_secs()
+                );
+            }
+        }
         on_result(&result);
         report.checks.push(result);
         if !go {
@@ -448,6 +474,13 @@ pub(crate) fn run(
     report.settle();
     Ok(report)
 }
+
+/// Time lost to timed-out checks after which the run shortens the
+/// timeout of each later check to [`SHORT_TIMEOUT`].
+const TIMED_OUT_BUDGET: Duration = Duration::from_secs(30);
+
+/// See [`TIMED_OUT_BUDGET`].
+const SHORT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The most bytes of one check's detail a report keeps.
 pub(crate) const DETAIL_MAX: usize = 8 * 1024;
@@ -510,7 +543,9 @@ fn died(child: &Supervised, opts: &Options) -> (Outcome, String, Option<&'static
         ChildEnd::Exited(c) => (
             Outcome::Crash,
             format!(
-                "crashed: its process exited with status {c} before giving a verdict (did the plugin exit?)"
+                "crashed: its process exited with status {c} before giving a verdict (did the plugin exit, or \
+                 close descriptor {} of the check's process, the kit's message pipe?)",
+                os::MESSAGE_FD
             ),
             None,
         ),
@@ -551,6 +586,7 @@ impl Kit {
                     verdict = Some((outcome, detail, Duration::from_nanos(duration_ns), log))
                 }
                 Msg::Live { before, after } => live = Some((before, after)),
+                Msg::Alive => {}
                 Msg::State { mechanism, state } => {
                     self.states.insert(mechanism, state);
                 }

@@ -91,6 +91,34 @@ pub(crate) fn wait(ctx: &Ctx, m: &Mech, fence: u64, timeout: Duration) -> Result
     }
 }
 
+/// After `stream_destroy` returned OK with a host function of `work`
+/// (which sets `ran`) queued: it must have run. If not, waits a while to
+/// tell a destroy that returned early (the function runs later) from one
+/// that dropped the work (it never runs), and says which.
+fn destroy_waited(ran: &AtomicBool, work: Duration) -> Result<(), Verdict> {
+    if ran.load(Ordering::SeqCst) {
+        return Ok(());
+    }
+    let returned = Instant::now();
+    let patience = work + Duration::from_secs(1);
+    while returned.elapsed() < patience {
+        if ran.load(Ordering::SeqCst) {
+            fail!(
+                "stream_destroy returned before the work submitted to the stream had run (the host function \
+                 ran {} ms after it returned): destroy must wait for that work",
+                returned.elapsed().as_millis()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    fail!(
+        "stream_destroy dropped the work submitted to the stream: a host function enqueue_host_fn accepted \
+         (OK, which promises it runs exactly once) had not run {} ms after destroy returned; destroy must run \
+         the queued work, then return",
+        patience.as_millis()
+    )
+}
+
 fn streams(ctx: &Ctx, m: &Mech) -> Checked {
     let mut s = Scope::new(ctx, m);
     let live = m.live();
@@ -99,10 +127,7 @@ fn streams(ctx: &Ctx, m: &Mech) -> Checked {
     let ran = Arc::new(AtomicBool::new(false));
     s.enqueue_ok(h, Job::SleepThenSet(SLEEP, ran.clone()))?;
     expect(s.stream_destroy(h), &[MEMPLUG_STATUS_OK], "stream_destroy with work pending")?;
-    ensure!(
-        ran.load(Ordering::SeqCst),
-        "stream_destroy returned before the work submitted to the stream had run"
-    );
+    destroy_waited(&ran, SLEEP)?;
     expect_live(m, live, "after stream_destroy")?;
     expect(m.stream_destroy(&ctx.log, h), &[MEMPLUG_STATUS_UNKNOWN_ALLOCATION], "a second stream_destroy")?;
     let st = super::enqueue_job(
@@ -252,10 +277,7 @@ fn fence_after_stream_destroy(ctx: &Ctx, m: &Mech) -> Checked {
     s.enqueue_ok(h, Job::SleepThenSet(Duration::from_millis(30), ran.clone()))?;
     let behind = s.fence_ok(h)?;
     expect(s.stream_destroy(h), &[MEMPLUG_STATUS_OK], "stream_destroy with two fences recorded on it")?;
-    ensure!(
-        ran.load(Ordering::SeqCst),
-        "stream_destroy returned before the work submitted to the stream had run"
-    );
+    destroy_waited(&ran, Duration::from_millis(30))?;
     for (what, f) in
         [("the fence recorded on the idle stream", idle), ("the fence recorded behind work", behind)]
     {
