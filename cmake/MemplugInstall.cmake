@@ -81,6 +81,9 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/pc-install/memplug-host.pc
 
 # Packaging test: install into a scratch prefix, then build and run the
 # consumer project (find_package and pkg-config) against it.
+if(NOT MEMPLUG_BUILD_TESTS)
+  return()
+endif()
 add_test(NAME install_consumer
   COMMAND ${CMAKE_COMMAND}
     -DBUILD_DIR=${CMAKE_BINARY_DIR}

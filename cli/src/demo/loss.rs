@@ -1,4 +1,4 @@
-//! Step 7: the device is lost mid-decode. A new batch (`r6`, `r7`) decodes
+//! Scene `device_loss` (step 9): the device is lost mid-decode. A new batch (`r6`, `r7`) decodes
 //! on the story's context, next to the pinned weights; between two decode
 //! steps the context is lost. Its holders are told (each gets the
 //! `Lost` [`LifecycleEvent`], whose [`LossNotice`]s name every binding that
@@ -103,7 +103,7 @@ impl Loss {
         const NAME: &str = "lost context settled exactly once";
         let r = &mut self.report;
         if let Some(why) = &r.skipped {
-            checks.add(NAME, true, format!("skipped: {why}"));
+            checks.skip(NAME, why);
             return self.report;
         }
         r.discharged_at_end = pool.discharged();
@@ -312,7 +312,7 @@ pub(super) fn scene(
             "no second instance of the CPU plugin: its library was not found, only the copy linked into \
                    memplug is loaded, and a registry holds one plugin per name";
         rec.log("lost", "scene", format!("the device-loss scene is skipped: {why}"));
-        st.checks.add("requests continue on the replacement", true, format!("skipped: {why}"));
+        st.checks.skip("requests continue on the replacement", why);
         loss.report.skipped = Some(why.into());
         return Ok((s, loss));
     };
