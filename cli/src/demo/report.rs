@@ -377,7 +377,8 @@ pub(super) fn render_text(r: &Report) -> String {
             (true, false) => "ok",
             (false, false) => "FAIL",
         };
-        p!("  [{mark}] {:<42} {}", c.name, c.detail);
+        // The details line up whatever the mark's width.
+        p!("  [{mark}] {:<w$} {}", c.name, c.detail, w = 44 - mark.len());
     }
     p!();
     p!("{}", r.counts.summary());
