@@ -549,7 +549,9 @@ pub fn checks_markdown() -> String {
          Every check `memplug conformance PLUGIN` runs, in the order a report lists them, with what it \
          asserts. A check runs once for the plugin (*plugin-wide*) or once per mechanism. A check is \
          skipped, saying why, only where the plugin lacks what it tests (a capability, a slot, a claim, a \
-         minor) or the host cannot see it (memory of a device that is not host-visible); \
+         minor), the host cannot see it (memory of a device that is not host-visible), or there is no \
+         library file (`memplug conformance` on the copy of the CPU plugin linked into it: `load.open`, \
+         `exports.only_entry_symbols`, `loss.*`); \
          [`conformance-json.md`](conformance-json.md) describes the report, \
          [`../abi-tests/MISBEHAVIOURS.md`](../abi-tests/MISBEHAVIOURS.md) the planted mistakes each check \
          catches.\n",

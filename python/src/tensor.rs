@@ -351,7 +351,11 @@ pub fn dlpack_capsule(
 /// What goes out for `t`: itself, a private copy, or a refusal (see
 /// [`dlpack_capsule`] and [`OnReadOnly`]).
 fn choose(t: ManagedTensor, view: View, versioned: bool, copy: Option<bool>) -> PyResult<ManagedTensor> {
-    let copied = |t: &ManagedTensor| private_copy(t, view.read_only).map_err(errors::export);
+    // A copy that cannot be made is the array API's BufferError, like
+    // every other refusal of `__dlpack__`.
+    let copied = |t: &ManagedTensor| {
+        private_copy(t, view.read_only).map_err(|e| PyBufferError::new_err(e.to_string()))
+    };
     if copy == Some(true) {
         return copied(&t);
     }
