@@ -99,3 +99,13 @@ add_test(NAME install_consumer
     -DREADELF=${CMAKE_READELF}
     -P ${CMAKE_CURRENT_LIST_DIR}/RunConsumerTest.cmake)
 set_tests_properties(install_consumer PROPERTIES RESOURCE_LOCK memplug_build_tree TIMEOUT 600)
+
+# Added to another project, memplug builds no tests unless asked.
+add_test(NAME subproject_no_tests
+  COMMAND ${CMAKE_COMMAND}
+    -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+    -DWORK_DIR=${CMAKE_BINARY_DIR}/subproject-test
+    -DGENERATOR=${CMAKE_GENERATOR}
+    -DCARGO_TARGET_DIR=${MEMPLUG_CARGO_TARGET_DIR}
+    -P ${CMAKE_CURRENT_LIST_DIR}/RunSubprojectTest.cmake)
+set_tests_properties(subproject_no_tests PROPERTIES TIMEOUT 120)
