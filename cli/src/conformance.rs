@@ -10,6 +10,7 @@ use crate::locate;
 use crate::output::{complain, Stdout};
 use crate::schema;
 use memplug_conformance::{printable, printable_text, CheckResult, Counts, Options, Outcome, Report, CHECKS};
+use memplug_host::Plugin;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -31,10 +32,6 @@ cannot be created
   3  the kit could not run and no check names why: the file is missing or is not a regular file, or a \
 check's process could not be started
 A closed stdout or stderr does not change the exit status.";
-
-/// How reports name the CPU plugin linked into `memplug`, run when no
-/// library is given or found (`inspect` names it the same way).
-const LINKED: &str = "memplug-cpu (in-process)";
 
 /// The arguments of `memplug conformance`.
 pub struct Args {
@@ -74,7 +71,9 @@ pub fn run(args: Args) -> u8 {
     // linked into this executable, as `inspect` does (a `cargo install`
     // has no library beside the command).
     let path: Option<PathBuf> = args.plugin.clone().or_else(locate::cpu_plugin_path);
-    let shown = path.clone().unwrap_or_else(|| PathBuf::from(LINKED));
+    // Named as `inspect` names it (the host's in-process origin).
+    let linked = Plugin::in_process_origin(locate::CPU_PLUGIN_LABEL);
+    let shown = path.clone().unwrap_or_else(|| PathBuf::from(&linked));
     let widths = Widths::new();
     // With --mechanism, the table is held back until the kit has read the
     // plugin's mechanisms (the first result of a mechanism, or the end): a
@@ -105,7 +104,7 @@ pub fn run(args: Args) -> u8 {
         None => unsafe {
             memplug_conformance::run_linked_streaming(
                 memplug_plugin_cpu::cpu_plugin_entry,
-                Path::new(LINKED),
+                Path::new(&linked),
                 &opts,
                 &mut on_result,
             )

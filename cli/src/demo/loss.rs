@@ -45,6 +45,7 @@ use super::serving::{admit, decode, grow, kv_intact, prefix_intact, system_promp
 use super::session::{kv_ranges, Session, State, NEEDS};
 use super::timeline::{Checks, Recorder};
 use super::{lock, mib, CPU0, DECODE_STEPS, KV_PER_TOKEN, PINNED, TOKENS_PER_STEP};
+use crate::locate;
 use memplug_host::governor::{AllocationClass, HolderId, Pool};
 use memplug_host::{
     BindingSpec, Context, LifeState, LifecycleEvent, LoadOptions, LossNotice, ManagerError, Plugin,
@@ -533,7 +534,11 @@ pub(super) fn scene(
     // SAFETY: the reference plugin's entry, linked into this binary and
     // built from this workspace against the same ABI.
     let spare = unsafe {
-        Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "memplug-cpu", &LoadOptions::default())
+        Plugin::from_entry(
+            memplug_plugin_cpu::cpu_plugin_entry,
+            locate::CPU_PLUGIN_LABEL,
+            &LoadOptions::default(),
+        )
     }?;
     loss.report.replacement = format!("{} {} ({})", spare.name(), spare.version(), spare.origin());
     manager.register_plugin(spare)?;
