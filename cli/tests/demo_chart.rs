@@ -113,8 +113,9 @@ fn check_chart(report: &Value, svg: &str) {
 
 /// docs/demo.svg (the README's picture) is the chart the demo draws now:
 /// the same legend and the same scene key (the figures differ run to run,
-/// the words may not). Regenerate it with `cargo run -p memplug-cli --
-/// demo --plot docs/demo.svg`.
+/// the words may not). Regenerate it with `cargo build -p
+/// memplug-plugin-cpu && cargo run -p memplug-cli -- demo --plot
+/// docs/demo.svg` (with the plugin's library the device-loss scene runs).
 #[test]
 fn the_committed_chart_is_the_one_the_demo_draws() {
     let (_, svg, _) = run();
@@ -135,7 +136,8 @@ fn the_committed_chart_is_the_one_the_demo_draws() {
     assert_eq!(
         words(&committed),
         words(&svg),
-        "docs/demo.svg is stale: regenerate it with `cargo run -p memplug-cli -- demo --plot docs/demo.svg`"
+        "docs/demo.svg is stale: regenerate it with `cargo build -p memplug-plugin-cpu && cargo run -p \
+         memplug-cli -- demo --plot docs/demo.svg` (the library, so that the device-loss scene runs)"
     );
 }
 
