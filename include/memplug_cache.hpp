@@ -49,13 +49,22 @@ class CachedAllocation : public detail::Owned<MemplugHostCachedAllocation, mempl
 
 /// How a cache is made: its binding's class, wait and placement
 /// (BindingOptions without a holder: the cache registers its own), its
-/// holder's name and priority, and its size limits (0: defaults).
+/// holder's name and priority, its size limits and its idle policy (0:
+/// defaults; see MemplugHostCacheOptions).
 struct CacheOptions {
     BindingOptions binding{};
     std::string holder_name = "cache";
     uint32_t priority = 0;
     uint64_t max_block = 0;
     uint64_t min_alignment = 0;
+    /// The most bytes kept idle (0: a quarter of the pool; UINT64_MAX: no
+    /// cap; 1: keep nothing).
+    uint64_t max_idle_bytes = 0;
+    /// Blocks idle longer are given back (0: no age).
+    std::chrono::nanoseconds max_idle_age{0};
+    /// A fraction of the pool's capacity a miss keeps the pool under by
+    /// giving idle blocks back first (0: never).
+    double gc_threshold = 0.0;
 
     CacheOptions &with_class(uint32_t c) {
         binding.with_class(c);
@@ -71,6 +80,18 @@ struct CacheOptions {
     }
     CacheOptions &with_max_block(uint64_t bytes) noexcept {
         max_block = bytes;
+        return *this;
+    }
+    CacheOptions &with_max_idle_bytes(uint64_t bytes) noexcept {
+        max_idle_bytes = bytes;
+        return *this;
+    }
+    CacheOptions &with_max_idle_age(std::chrono::nanoseconds age) noexcept {
+        max_idle_age = age;
+        return *this;
+    }
+    CacheOptions &with_gc_threshold(double fraction) noexcept {
+        gc_threshold = fraction;
         return *this;
     }
 };
@@ -98,6 +119,9 @@ class Cache : public detail::Owned<MemplugHostCache, memplug_host_cache_destroy>
         c.priority = o.priority;
         c.max_block = o.max_block;
         c.min_alignment = o.min_alignment;
+        c.max_idle_bytes = o.max_idle_bytes;
+        c.max_idle_age_ns = static_cast<uint64_t>(o.max_idle_age.count());
+        c.gc_threshold = o.gc_threshold;
         MemplugHostCache h{};
         check(memplug_host_cache_create(m.get(), mech.get(), pool.get(), &b, o.holder_name.c_str(), &c, &h));
         return Cache(h);
@@ -115,6 +139,13 @@ class Cache : public detail::Owned<MemplugHostCache, memplug_host_cache_destroy>
     uint64_t trim(uint64_t bytes = UINT64_MAX) const {
         uint64_t released = 0;
         check(memplug_host_cache_trim(h_, bytes, &released));
+        return released;
+    }
+    /// Applies the idle policy now (age, cap, threshold); returns the
+    /// bytes given back.
+    uint64_t collect() const {
+        uint64_t released = 0;
+        check(memplug_host_cache_collect(h_, &released));
         return released;
     }
     MemplugHostCacheStats stats() const {

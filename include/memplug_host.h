@@ -36,6 +36,9 @@
 // Size of `MemplugHostCacheOptions` in API 1.2, where it first appeared.
 #define MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2 24
 
+// Size of `MemplugHostCacheOptions` in API 1.3 (the idle policy).
+#define MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_3 48
+
 // Size of `MemplugHostCacheStats` in API 1.2, where it first appeared.
 #define MEMPLUG_HOST_CACHE_STATS_SIZE_1_2 96
 
@@ -507,8 +510,8 @@ typedef struct MemplugHostFence {
   uint64_t id;
 } MemplugHostFence;
 
-// How a caching binding is set up (API 1.2). Zero fields take the
-// defaults.
+// How a caching binding is set up (API 1.2; the idle policy's fields
+// since API 1.3). Zero fields take the defaults.
 typedef struct MemplugHostCacheOptions {
   // `sizeof(MemplugHostCacheOptions)`.
   uint32_t struct_size;
@@ -521,8 +524,21 @@ typedef struct MemplugHostCacheOptions {
   // Requests larger than this bypass the cache (served and freed by the
   // binding directly); 0: 1 GiB.
   uint64_t max_block;
-  // New blocks are aligned to at least this (a power of two); 0: 256.
+  // New blocks are aligned to at least this (a power of two) and to the
+  // mechanism's minimum alignment; 0: 16.
   uint64_t min_alignment;
+  // API 1.3: the most bytes the cache keeps idle; a free past it gives
+  // idle blocks back. 0: a quarter of the pool's capacity when the cache
+  // is made; `UINT64_MAX`: no cap; 1: keep nothing (no block is that
+  // small).
+  uint64_t max_idle_bytes;
+  // API 1.3: blocks idle longer than this many nanoseconds are given
+  // back at the next miss and by `memplug_host_cache_collect`. 0: no age.
+  uint64_t max_idle_age_ns;
+  // API 1.3: a fraction of the pool's capacity in (0, 1]: a miss that
+  // would take the pool's use past it gives idle blocks back first (the
+  // model of PyTorch's `garbage_collection_threshold`). 0: never.
+  double gc_threshold;
 } MemplugHostCacheOptions;
 
 // A caching binding (`memplug_host_cache_create`). Destroy with
@@ -1364,7 +1380,7 @@ MemplugHostStatus memplug_host_allocation_free_after(struct MemplugHostAllocatio
 // (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT` otherwise): it answers that
 // holder's pressure tickets by freeing idle blocks, never one handed out.
 // `options` may be NULL (defaults); a `min_alignment` that is not a power
-// of two is refused. Every handle must belong to `manager`.
+// of two, or a `gc_threshold` outside (0, 1], is refused. Every handle must belong to `manager`.
 //
 // Ownership: the caller owns the handle (`memplug_host_cache_destroy`).
 // Thread-safety: any thread; a cache may be used from many threads at once.
@@ -1452,6 +1468,18 @@ MemplugHostStatus memplug_host_cached_free_on(struct MemplugHostCachedAllocation
 MemplugHostStatus memplug_host_cache_trim(struct MemplugHostCache cache,
                                           uint64_t bytes,
                                           uint64_t *out_released);
+
+// Applies the cache's idle policy now, as if every rule were due: gives
+// back blocks idle past `max_idle_age_ns`, idle bytes above
+// `max_idle_bytes`, and, when the pool's use is past `gc_threshold`, ready
+// blocks until it is not. For a runtime to call between steps or from a
+// timer (a cache nobody allocates from has no miss to apply the age at).
+// `out_released` (may be NULL) receives the bytes given back (counted as
+// trimmed). Thread-safety: any thread.
+//
+// # Safety
+// `out_released` must be NULL or writable.
+MemplugHostStatus memplug_host_cache_collect(struct MemplugHostCache cache, uint64_t *out_released);
 
 // Reads a cache's figures. Set `out->struct_size` to
 // `sizeof(MemplugHostCacheStats)` first; written only on success.

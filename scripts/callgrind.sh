@@ -8,8 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p memplug-plugin-cpu -p memplug-host --example hotpath
-so=$(ls target/release/libmemplug_plugin_cpu.so target/release/deps/libmemplug_plugin_cpu.so 2>/dev/null | head -1 || true)
-bin=target/release/examples/hotpath
+target="${CARGO_TARGET_DIR:-target}"
+so=$(ls "$target"/release/libmemplug_plugin_cpu.so "$target"/release/deps/libmemplug_plugin_cpu.so 2>/dev/null | head -1 || true)
+bin="$target"/release/examples/hotpath
 paths=("$@")
 ((${#paths[@]})) || paths=($("$bin" --list))
 count() { # path iterations -> total instructions

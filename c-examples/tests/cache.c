@@ -13,6 +13,9 @@
  *   4. Trim, statistics, and refusals: a holder in the binding options, a
  *      stale handle freed twice, a cache handle passed as a block, a short
  *      stats struct — each a status, nothing changed.
+ *   5. The idle policy (API 1.3): a cap on idle bytes holds at every free,
+ *      memplug_host_cache_collect gives back what the usage threshold asks
+ *      for, and a threshold outside (0, 1] is refused.
  *
  *   cache PATH/TO/libmemplug_plugin_cpu.so
  *
@@ -109,8 +112,14 @@ static void pressure(MemplugHostManager m, MemplugHostMechanism mech) {
     MemplugHostAllocation big = MEMPLUG_HOST_NULL_HANDLE_INIT;
     uint64_t kept_addr = 0, released = 0;
     MemplugHostCacheStats s;
+    MemplugHostCacheOptions copts;
     EXPECT_OK(memplug_host_pool_create(m, "small", 4 * MIB, &pool));
-    EXPECT_OK(memplug_host_cache_create(m, mech, pool, NULL, "activations", NULL, &cache));
+    /* No idle cap (the default is a quarter of the pool): this is about
+     * pressure. */
+    memset(&copts, 0, sizeof copts);
+    copts.struct_size = sizeof copts;
+    copts.max_idle_bytes = UINT64_MAX;
+    EXPECT_OK(memplug_host_cache_create(m, mech, pool, NULL, "activations", &copts, &cache));
     EXPECT_OK(memplug_host_binding_create(m, mech, pool, NULL, &other));
     EXPECT_OK(memplug_host_cache_allocate(cache, MIB, 4096, 0, &kept, &kept_addr));
     EXPECT_OK(memplug_host_cache_allocate(cache, MIB, 4096, 0, &idle[0], NULL));
@@ -167,6 +176,49 @@ static void refusals(MemplugHostManager m, MemplugHostMechanism mech, MemplugHos
     EXPECT_OK(memplug_host_holder_unregister(holder));
 }
 
+static void idle_policy(MemplugHostManager m, MemplugHostMechanism mech) {
+    MemplugHostPool pool = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostCache cache = MEMPLUG_HOST_NULL_HANDLE_INIT, out = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostBinding other = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostAllocation weights = MEMPLUG_HOST_NULL_HANDLE_INIT;
+    MemplugHostCachedAllocation blocks[6];
+    MemplugHostCacheOptions copts;
+    uint64_t released = 0;
+    size_t i;
+    EXPECT_OK(memplug_host_pool_create(m, "idle", 16 * MIB, &pool));
+    memset(&copts, 0, sizeof copts);
+    copts.struct_size = sizeof copts;
+    copts.max_idle_bytes = 3 * MIB;
+    copts.gc_threshold = 0.5;
+    EXPECT_OK(memplug_host_cache_create(m, mech, pool, NULL, "capped", &copts, &cache));
+    for (i = 0; i < 6; i++) {
+        EXPECT_OK(memplug_host_cache_allocate(cache, MIB, 64, 0, &blocks[i], NULL));
+    }
+    for (i = 0; i < 6; i++) {
+        EXPECT_OK(memplug_host_cached_free(blocks[i]));
+        EXPECT(stats_of(cache).idle_bytes <= 3 * MIB);
+    }
+    EXPECT(pool_used(pool) == 3 * MIB);
+    EXPECT(stats_of(cache).trimmed_bytes == 3 * MIB);
+    /* 6 MiB outside the cache: the pool is at 9 MiB, past half of 16 MiB;
+     * collect gives 1 MiB of idle blocks back. */
+    EXPECT_OK(memplug_host_binding_create(m, mech, pool, NULL, &other));
+    EXPECT_OK(memplug_host_allocate(other, 6 * MIB, 64, &weights, NULL));
+    EXPECT_OK(memplug_host_cache_collect(cache, &released));
+    EXPECT(released == MIB);
+    EXPECT(pool_used(pool) == 8 * MIB);
+    EXPECT_OK(memplug_host_allocation_free(weights));
+    EXPECT_OK(memplug_host_binding_destroy(other));
+    EXPECT_OK(memplug_host_cache_destroy(cache));
+    EXPECT(pool_used(pool) == 0);
+    copts.gc_threshold = 1.5;
+    EXPECT_STATUS(memplug_host_cache_create(m, mech, pool, NULL, NULL, &copts, &out),
+                  MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
+    EXPECT_MESSAGE("gc_threshold 1.5");
+    EXPECT(out.id == 0);
+    EXPECT_OK(memplug_host_pool_release(pool));
+}
+
 int main(int argc, char **argv) {
     MemplugHostManager m = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostMechanism mech = MEMPLUG_HOST_NULL_HANDLE_INIT;
@@ -191,6 +243,7 @@ int main(int argc, char **argv) {
         streams(m, cache);
         refusals(m, mech, pool, cache);
         pressure(m, mech);
+        idle_policy(m, mech);
     }
     EXPECT_OK(memplug_host_cache_destroy(cache));
     EXPECT(pool_used(pool) == 0);

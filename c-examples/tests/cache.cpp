@@ -1,7 +1,8 @@
 // cache.cpp: caching bindings through memplug_cache.hpp (C API 1.2) on the
 // reference CPU plugin: a block reused at its address; stream-ordered reuse
 // behind a runtime fence; idle bytes given back to another binding's
-// request and by trim; a holder in the options refused.
+// request and by trim; a holder in the options refused; the idle policy
+// (C API 1.3): a cap held at every free, collect under a usage threshold.
 //
 //   cache PATH/TO/libmemplug_plugin_cpu.so
 //
@@ -13,6 +14,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -62,7 +64,9 @@ void reuse_and_streams(const memplug::Manager &m, const memplug::Mechanism &mech
 
 void pressure(const memplug::Manager &m, const memplug::Mechanism &mech) {
     memplug::Pool pool = m.create_pool("small", 4 * MIB);
-    memplug::Cache cache = memplug::Cache::create(m, mech, pool);
+    // No idle cap (the default is a quarter of the pool): this is about
+    // pressure.
+    memplug::Cache cache = memplug::Cache::create(m, mech, pool, memplug::CacheOptions{}.with_max_idle_bytes(UINT64_MAX));
     memplug::Binding other = m.bind(mech, pool);
     memplug::CachedAllocation kept = cache.allocate(MIB, 4096);
     {
@@ -81,6 +85,25 @@ void pressure(const memplug::Manager &m, const memplug::Mechanism &mech) {
     EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, memplug::Cache::create(m, mech, pool, bad));
 }
 
+void idle_policy(const memplug::Manager &m, const memplug::Mechanism &mech) {
+    memplug::Pool pool = m.create_pool("idle", 16 * MIB);
+    memplug::Cache cache = memplug::Cache::create(
+        m, mech, pool, memplug::CacheOptions{}.with_max_idle_bytes(2 * MIB).with_gc_threshold(0.25));
+    {
+        std::vector<memplug::CachedAllocation> blocks;
+        for (int i = 0; i < 4; i++) {
+            blocks.push_back(cache.allocate(MIB, 64));
+        }
+    }
+    EXPECT(cache.stats().idle_bytes == 2 * MIB);
+    EXPECT(pool.stats().used == 2 * MIB);
+    memplug::Binding other = m.bind(mech, pool);
+    memplug::Allocation weights = other.allocate(3 * MIB, 64);
+    // 5 MiB used, past a quarter of 16 MiB: collect gives 1 MiB back.
+    EXPECT(cache.collect() == MIB);
+    EXPECT(pool.stats().used == 4 * MIB);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
@@ -94,6 +117,7 @@ int main(int argc, char **argv) {
         memplug::Mechanism mech = m.find_mechanism("memplug-cpu/cpu");
         reuse_and_streams(m, mech);
         pressure(m, mech);
+        idle_policy(m, mech);
     } catch (const memplug::Error &e) {
         std::fprintf(stderr, "FAIL: %s (%s)\n", e.what(), e.code_name());
         failed++;

@@ -14,7 +14,7 @@ use crate::types::{
 };
 use memplug_host_dep::governor::Priority;
 use memplug_host_dep::registry::Context;
-use memplug_host_dep::{BindingSpec, CacheConfig, CachedAllocation, StreamKey};
+use memplug_host_dep::{BindingSpec, CacheConfig, CachedAllocation, IdlePolicy, StreamKey};
 use memplug_sdk::prefix::Prefixed;
 use std::ffi::c_char;
 use std::sync::Arc;
@@ -38,8 +38,8 @@ pub struct MemplugHostCachedAllocation {
     pub id: u64,
 }
 
-/// How a caching binding is set up (API 1.2). Zero fields take the
-/// defaults.
+/// How a caching binding is set up (API 1.2; the idle policy's fields
+/// since API 1.3). Zero fields take the defaults.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MemplugHostCacheOptions {
@@ -54,8 +54,21 @@ pub struct MemplugHostCacheOptions {
     /// Requests larger than this bypass the cache (served and freed by the
     /// binding directly); 0: 1 GiB.
     pub max_block: u64,
-    /// New blocks are aligned to at least this (a power of two); 0: 256.
+    /// New blocks are aligned to at least this (a power of two) and to the
+    /// mechanism's minimum alignment; 0: 16.
     pub min_alignment: u64,
+    /// API 1.3: the most bytes the cache keeps idle; a free past it gives
+    /// idle blocks back. 0: a quarter of the pool's capacity when the cache
+    /// is made; `UINT64_MAX`: no cap; 1: keep nothing (no block is that
+    /// small).
+    pub max_idle_bytes: u64,
+    /// API 1.3: blocks idle longer than this many nanoseconds are given
+    /// back at the next miss and by `memplug_host_cache_collect`. 0: no age.
+    pub max_idle_age_ns: u64,
+    /// API 1.3: a fraction of the pool's capacity in (0, 1]: a miss that
+    /// would take the pool's use past it gives idle blocks back first (the
+    /// model of PyTorch's `garbage_collection_threshold`). 0: never.
+    pub gc_threshold: f64,
 }
 
 /// A caching binding's figures (`memplug_host_cache_stats`). Every byte is
@@ -94,14 +107,18 @@ pub struct MemplugHostCacheStats {
 
 /// Size of `MemplugHostCacheOptions` in API 1.2, where it first appeared.
 pub const MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2: u32 = 24;
+/// Size of `MemplugHostCacheOptions` in API 1.3 (the idle policy).
+pub const MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_3: u32 = 48;
 /// Size of `MemplugHostCacheStats` in API 1.2, where it first appeared.
 pub const MEMPLUG_HOST_CACHE_STATS_SIZE_1_2: u32 = 96;
 
-// SAFETY: `#[repr(C)]`, first field `struct_size: u32`, integers only:
-// valid when zeroed.
+// SAFETY: `#[repr(C)]`, first field `struct_size: u32`, integers and an
+// `f64` only: valid when zeroed (0.0).
 unsafe impl Prefixed for MemplugHostCacheOptions {
     const SIZE_1_0: u32 = MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2;
 }
+const _: () =
+    assert!(std::mem::size_of::<MemplugHostCacheOptions>() == MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_3 as usize);
 // SAFETY: as above.
 unsafe impl Prefixed for MemplugHostCacheStats {
     const SIZE_1_0: u32 = MEMPLUG_HOST_CACHE_STATS_SIZE_1_2;
@@ -117,7 +134,7 @@ unsafe impl Prefixed for MemplugHostCacheStats {
 /// (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT` otherwise): it answers that
 /// holder's pressure tickets by freeing idle blocks, never one handed out.
 /// `options` may be NULL (defaults); a `min_alignment` that is not a power
-/// of two is refused. Every handle must belong to `manager`.
+/// of two, or a `gc_threshold` outside (0, 1], is refused. Every handle must belong to `manager`.
 ///
 /// Ownership: the caller owns the handle (`memplug_host_cache_destroy`).
 /// Thread-safety: any thread; a cache may be used from many threads at once.
@@ -169,6 +186,7 @@ pub unsafe extern "C" fn memplug_host_cache_create(
             if o.min_alignment != 0 {
                 config.min_alignment = o.min_alignment;
             }
+            config.idle = idle_policy(&o)?;
         }
         let (m, seat) = pin_manager(manager.id)?;
         same_manager(seat, mechanism.id, Kind::Mechanism)?;
@@ -345,6 +363,54 @@ pub unsafe extern "C" fn memplug_host_cache_trim(
     })
 }
 
+/// Applies the cache's idle policy now, as if every rule were due: gives
+/// back blocks idle past `max_idle_age_ns`, idle bytes above
+/// `max_idle_bytes`, and, when the pool's use is past `gc_threshold`, ready
+/// blocks until it is not. For a runtime to call between steps or from a
+/// timer (a cache nobody allocates from has no miss to apply the age at).
+/// `out_released` (may be NULL) receives the bytes given back (counted as
+/// trimmed). Thread-safety: any thread.
+///
+/// # Safety
+/// `out_released` must be NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_host_cache_collect(
+    cache: MemplugHostCache,
+    out_released: *mut u64,
+) -> MemplugHostStatus {
+    boundary("memplug_host_cache_collect", || {
+        let (c, _) = pin::<CacheEntry>(cache.id)?;
+        let released = c.cache.collect();
+        if !out_released.is_null() {
+            // SAFETY: non-NULL, writable by the caller's contract.
+            unsafe { write_out(out_released, released) };
+        }
+        Ok(())
+    })
+}
+
+/// The idle policy of options read with `read_sized` (the 1.3 fields read
+/// as zero from a 1.2 caller: the defaults).
+fn idle_policy(o: &MemplugHostCacheOptions) -> Result<IdlePolicy, Error> {
+    let mut idle = IdlePolicy::default();
+    match o.max_idle_bytes {
+        0 => {}
+        1 => idle.max_idle_bytes = Some(0),
+        n => idle.max_idle_bytes = Some(n),
+    }
+    if o.max_idle_age_ns != 0 {
+        idle.max_idle_age = Some(Duration::from_nanos(o.max_idle_age_ns));
+    }
+    if o.gc_threshold != 0.0 {
+        if !(o.gc_threshold > 0.0 && o.gc_threshold <= 1.0) {
+            let why = format!("gc_threshold {} is not in (0, 1] (0: no threshold)", o.gc_threshold);
+            return Err(Error::new(S::InvalidArgument, why));
+        }
+        idle.gc_threshold = Some(o.gc_threshold);
+    }
+    Ok(idle)
+}
+
 /// Reads a cache's figures. Set `out->struct_size` to
 /// `sizeof(MemplugHostCacheStats)` first; written only on success.
 /// Thread-safety: any thread.
@@ -384,6 +450,11 @@ pub unsafe extern "C" fn memplug_host_cache_stats(
 #[cfg(test)]
 #[test]
 fn sizes_match_the_constants() {
-    assert_eq!(std::mem::size_of::<MemplugHostCacheOptions>() as u32, MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2);
+    assert_eq!(std::mem::size_of::<MemplugHostCacheOptions>() as u32, MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_3);
+    // The 1.2 prefix ends where the first 1.3 field starts.
+    assert_eq!(
+        std::mem::offset_of!(MemplugHostCacheOptions, max_idle_bytes) as u32,
+        MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2
+    );
     assert_eq!(std::mem::size_of::<MemplugHostCacheStats>() as u32, MEMPLUG_HOST_CACHE_STATS_SIZE_1_2);
 }

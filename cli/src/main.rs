@@ -12,6 +12,7 @@ mod demo;
 mod exit;
 mod inspect;
 mod locate;
+mod node;
 mod output;
 mod schema;
 
@@ -90,6 +91,10 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// One budget for every process on a device: `serve` runs a node
+    /// authority on a Unix socket, `status` prints its books.
+    #[command(subcommand)]
+    Node(node::NodeCommand),
 }
 
 fn main() -> ExitCode {
@@ -100,5 +105,6 @@ fn main() -> ExitCode {
             conformance::run(conformance::Args { plugin, mechanism, json, junit, timeout })
         }
         Command::Inspect { plugin, json } => inspect::run(plugin.as_deref(), json),
+        Command::Node(c) => node::run(c),
     })
 }

@@ -11,7 +11,10 @@
 //! region grow + shrink naming a completed fence, after 0 / 100 / 10 000
 //! earlier fenced shrinks whose fences completed); cached (a caching
 //! binding's allocate + drop of a 64 B block, a hit every time) and
-//! cached-stream (allocate on a stream + free on it behind a fence).
+//! cached-stream (allocate on a stream + free on it behind a fence);
+//! cached-miss (a cache that keeps nothing idle, `max_idle_bytes` 0: every
+//! allocate is a miss and every free gives the block back, against
+//! `binding`).
 //!
 //! `hotpath PATH N [PLUGIN.so]`
 
@@ -37,6 +40,7 @@ enum Path {
     BindingFenced,
     Cached,
     CachedStream,
+    CachedMiss,
     /// Reserve 2 MiB of a region and release it (no commit).
     Reserve,
     /// n frees pending on fences that never complete.
@@ -55,6 +59,7 @@ const PATHS: &[(&str, Path)] = &[
     ("binding-fenced", Path::BindingFenced),
     ("cached", Path::Cached),
     ("cached-stream", Path::CachedStream),
+    ("cached-miss", Path::CachedMiss),
     ("reserve", Path::Reserve),
     ("poll-1", Path::Poll(1)),
     ("poll-1k", Path::Poll(1000)),
@@ -71,6 +76,7 @@ struct Rig {
     pool: std::sync::Arc<memplug_host::governor::Pool>,
     binding: memplug_host::MemoryBinding,
     cache: memplug_host::CachingBinding,
+    keeps_nothing: memplug_host::CachingBinding,
     done: memplug_host::SharedFence,
     poll: Option<PollRig>,
     shrink: Option<std::cell::RefCell<memplug_host::Region>>,
@@ -158,6 +164,18 @@ fn main() {
             memplug_host::CacheConfig::default(),
         )
         .unwrap();
+    let keeps_nothing = manager
+        .bind_caching(
+            &ctx,
+            &pool,
+            memplug_host::BindingSpec::new(memplug_host::governor::AllocationClass::Workspace),
+            memplug_host::CacheConfig {
+                holder_name: "keeps-nothing".into(),
+                idle: memplug_host::IdlePolicy { max_idle_bytes: Some(0), ..Default::default() },
+                ..Default::default()
+            },
+        )
+        .unwrap();
     let lib = unsafe { libloading::Library::new(&so) }.unwrap();
     let direct = unsafe {
         let e: libloading::Symbol<MemplugEntryV1> = lib.get(b"memplug_plugin_v1").unwrap();
@@ -181,7 +199,7 @@ fn main() {
         }
         _ => None,
     };
-    let rig = Rig { mech, direct, pool, binding, cache, done, poll, shrink };
+    let rig = Rig { mech, direct, pool, binding, cache, keeps_nothing, done, poll, shrink };
     // Warm every path once so first-use costs (TLS, lazy init) fall
     // outside the difference.
     run(path, 16, &rig);
@@ -225,6 +243,11 @@ fn run(path: Path, n: u64, rig: &Rig) {
         Path::Cached => {
             for _ in 0..n {
                 drop(black_box(rig.cache.allocate(black_box(64), 16).unwrap()));
+            }
+        }
+        Path::CachedMiss => {
+            for _ in 0..n {
+                drop(black_box(rig.keeps_nothing.allocate(black_box(64), 16).unwrap()));
             }
         }
         Path::CachedStream => {

@@ -56,7 +56,7 @@ pub use binding::{
     BindingError, GrowError, MemoryBinding, OffloadReport, OwnedAllocation, Region, RegionView, Residence,
     SharedPrefix,
 };
-pub use cache::{CacheConfig, CacheStats, CachedAllocation, CachingBinding, StreamKey};
+pub use cache::{CacheConfig, CacheStats, CachedAllocation, CachingBinding, IdlePolicy, StreamKey};
 pub use context::{
     Context, LifecycleError, LifecycleEvent, LossNotice, SettledBinding, Settlement, SubscriptionId,
     TerminateError,

@@ -328,6 +328,47 @@ fn wait_with_deadline_fails_after_the_deadline_otherwise() {
 }
 
 #[test]
+fn a_waiting_request_asks_the_holders_again_when_its_room_was_taken() {
+    // The room the first ticket frees is taken by another request before
+    // the requester's retry (here from inside the callback, so the race is
+    // certain). The holder still caches memory it would give up: the
+    // waiting request must ask again instead of sleeping to its deadline.
+    within(20, || {
+        let p = pool(1000);
+        let stash = Stash::default();
+        let h = p.register_holder("lru", Priority(0), stash.callback(&p));
+        for _ in 0..10 {
+            stash.push(lease(&p, 100, KV, Some(h.id())));
+        }
+        let thief: Arc<Mutex<Vec<Lease>>> = Arc::default();
+        let (t, weak) = (thief.clone(), Arc::downgrade(&p));
+        let evict = stash.callback(&p);
+        let h2 = p.register_holder("lru-racing", Priority(0), move |ticket: &PressureTicket| {
+            let freed = evict(ticket);
+            let mut stolen = t.lock().unwrap();
+            if let (Some(pool), true) = (weak.upgrade(), stolen.is_empty()) {
+                stolen.push(lease(&pool, freed, ACT, None));
+            }
+            freed
+        });
+        drop(h); // only the racing holder is asked
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let r = p.reserve(100, ACT, None, Some(deadline)).expect("the holder still caches 800 B");
+        let s = p.snapshot();
+        assert_eq!((s.waits, s.wait_timeouts), (1, 0));
+        let tickets = p.holder_stats(h2.id()).unwrap().pressure.tickets;
+        assert!(tickets >= 2, "asked {tickets} times");
+        assert_eq!(p.used(), 1000);
+        drop(r);
+        for l in thief.lock().unwrap().drain(..) {
+            p.release(l).unwrap();
+        }
+        stash.release_all(&p);
+        assert_eq!(p.used(), 0);
+    });
+}
+
+#[test]
 fn deferred_refund_after_the_answer_wakes_the_waiter() {
     // A GPU-like holder: it answers with bytes it enqueued for a deferred
     // free; the refund arrives later, from another thread.

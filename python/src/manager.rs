@@ -167,8 +167,15 @@ impl Manager {
         let b = self.inner.bind(&context.inner, &pool.inner, spec).map_err(errors::manager)?;
         Ok(Binding { inner: b, device: device_of(&context.inner), queue: self.inner.queue().clone() })
     }
-    /// A caching binding (it registers its own holder, `holder_name`).
-    #[pyo3(signature = (context, pool, alloc_class="other", *, holder_name="cache", max_block=None))]
+    /// A caching binding (it registers its own holder, `holder_name`). The
+    /// idle policy: `max_idle_bytes` (default a quarter of the pool's
+    /// capacity; 0 keeps nothing), `max_idle_age` in seconds (blocks idle
+    /// longer go back at misses and `collect()`), `gc_threshold` (a fraction
+    /// of the pool's capacity a miss keeps the pool under by giving idle
+    /// blocks back first).
+    #[pyo3(signature = (context, pool, alloc_class="other", *, holder_name="cache", max_block=None,
+                        max_idle_bytes=None, max_idle_age=None, gc_threshold=None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn bind_caching(
         &self,
         context: &Context,
@@ -176,11 +183,21 @@ impl Manager {
         alloc_class: &str,
         holder_name: &str,
         max_block: Option<u64>,
+        max_idle_bytes: Option<u64>,
+        max_idle_age: Option<f64>,
+        gc_threshold: Option<f64>,
     ) -> PyResult<CachingBinding> {
         let mut config = CacheConfig { holder_name: holder_name.into(), ..CacheConfig::default() };
         if let Some(m) = max_block {
             config.max_block = m;
         }
+        config.idle.max_idle_bytes = max_idle_bytes;
+        if let Some(a) = max_idle_age {
+            let age =
+                Duration::try_from_secs_f64(a).map_err(|e| errors::invalid(format!("max_idle_age: {e}")))?;
+            config.idle.max_idle_age = Some(age);
+        }
+        config.idle.gc_threshold = gc_threshold;
         let spec = BindingSpec::new(class_of(alloc_class)?);
         let c =
             self.inner.bind_caching(&context.inner, &pool.inner, spec, config).map_err(errors::manager)?;

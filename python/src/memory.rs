@@ -146,6 +146,17 @@ impl CachingBinding {
         let c = self.inner.clone();
         py.allow_threads(move || c.trim(bytes))
     }
+    /// Applies the idle policy now (age, cap, usage threshold); returns the
+    /// bytes given back.
+    fn collect(&self, py: Python<'_>) -> u64 {
+        let c = self.inner.clone();
+        py.allow_threads(move || c.collect())
+    }
+    /// The cap on idle bytes this cache applies (`2**64 - 1`: none).
+    #[getter]
+    fn max_idle_bytes(&self) -> u64 {
+        self.inner.max_idle_bytes()
+    }
     /// Hits, misses, idle and in-use bytes and blocks.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.stats();

@@ -20,7 +20,7 @@ pub enum LogLevel {
 }
 
 /// What the environment asked for.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     /// `MEMPLUG_TORCH_PLUGIN`: the plugin library; `None` = the CUDA VMM
     /// plugin beside the shim's own file.
@@ -32,6 +32,13 @@ pub struct Config {
     pub cache: bool,
     /// `MEMPLUG_TORCH_CACHE_MAX_BLOCK`: requests above it bypass the cache.
     pub cache_max_block: u64,
+    /// `MEMPLUG_TORCH_CACHE_MAX_IDLE`: the most bytes the cache keeps idle
+    /// (`None`: a quarter of the pool; `Some(u64::MAX)` from `none`).
+    pub cache_max_idle: Option<u64>,
+    /// `MEMPLUG_TORCH_GC_THRESHOLD`: a fraction of the pool a miss keeps
+    /// the pool under by giving idle blocks back first (PyTorch's
+    /// `garbage_collection_threshold`).
+    pub gc_threshold: Option<f64>,
     /// `MEMPLUG_TORCH_WAIT_MS`: how long an allocation that does not fit
     /// waits for frees queued behind fences to land before it fails (0:
     /// not at all). It never waits when nothing is queued.
@@ -52,6 +59,11 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ),
     ("MEMPLUG_TORCH_CACHE", "1: caching binding in front (default), 0: every free goes to the mechanism"),
     ("MEMPLUG_TORCH_CACHE_MAX_BLOCK", "largest request the cache keeps (default 1G)"),
+    (
+        "MEMPLUG_TORCH_CACHE_MAX_IDLE",
+        "most bytes the cache keeps idle, or none for no cap (default: a quarter of the pool)",
+    ),
+    ("MEMPLUG_TORCH_GC_THRESHOLD", "fraction in (0, 1] of the pool a miss keeps use under (default: off)"),
     ("MEMPLUG_TORCH_WAIT_MS", "how long a request over budget waits for queued frees (default 1000)"),
     ("MEMPLUG_TORCH_REAPER_MS", "how often completed frees are retired (default 1)"),
     ("MEMPLUG_TORCH_LOG", "off, warn (default) or info"),
@@ -88,6 +100,18 @@ impl Config {
             None => 1 << 30,
             Some(v) => parse_bytes(&v).map_err(|e| format!("MEMPLUG_TORCH_CACHE_MAX_BLOCK={v:?}: {e}"))?,
         };
+        let cache_max_idle = match get("MEMPLUG_TORCH_CACHE_MAX_IDLE").as_deref() {
+            None => None,
+            Some("none") => Some(u64::MAX),
+            Some(v) => Some(parse_bytes(v).map_err(|e| format!("MEMPLUG_TORCH_CACHE_MAX_IDLE={v:?}: {e}"))?),
+        };
+        let gc_threshold = match get("MEMPLUG_TORCH_GC_THRESHOLD") {
+            None => None,
+            Some(v) => match v.parse::<f64>() {
+                Ok(t) if t > 0.0 && t <= 1.0 => Some(t),
+                _ => return Err(format!("MEMPLUG_TORCH_GC_THRESHOLD={v:?}: expected a fraction in (0, 1]")),
+            },
+        };
         let wait = Duration::from_millis(ms("MEMPLUG_TORCH_WAIT_MS", 1000)?);
         let reaper = ms("MEMPLUG_TORCH_REAPER_MS", 1)?;
         if reaper == 0 {
@@ -104,6 +128,8 @@ impl Config {
             pool_bytes,
             cache,
             cache_max_block,
+            cache_max_idle,
+            gc_threshold,
             wait,
             reaper: Duration::from_millis(reaper),
             log,
@@ -148,6 +174,19 @@ mod tests {
         assert_eq!((c.plugin, c.pool_bytes, c.cache), (None, None, true));
         assert_eq!(c.wait, Duration::from_secs(1));
         assert_eq!((c.reaper, c.log, c.cache_max_block), (Duration::from_millis(1), LogLevel::Warn, 1 << 30));
+        assert_eq!((c.cache_max_idle, c.gc_threshold), (None, None));
+    }
+
+    #[test]
+    fn the_idle_policy() {
+        let c =
+            with(&[("MEMPLUG_TORCH_CACHE_MAX_IDLE", "2G"), ("MEMPLUG_TORCH_GC_THRESHOLD", "0.8")]).unwrap();
+        assert_eq!((c.cache_max_idle, c.gc_threshold), (Some(2 << 30), Some(0.8)));
+        assert_eq!(with(&[("MEMPLUG_TORCH_CACHE_MAX_IDLE", "none")]).unwrap().cache_max_idle, Some(u64::MAX));
+        for bad in ["0", "1.5", "x"] {
+            let e = with(&[("MEMPLUG_TORCH_GC_THRESHOLD", bad)]).unwrap_err();
+            assert!(e.contains("expected a fraction in (0, 1]"), "{e}");
+        }
     }
 
     #[test]

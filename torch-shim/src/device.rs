@@ -7,8 +7,9 @@ use crate::config::Config;
 use memplug_host::governor::AllocationClass;
 use memplug_host::governor::Pool;
 use memplug_host::{
-    BindingError, BindingSpec, CacheConfig, CachedAllocation, CachingBinding, Context, MemoryBinding,
-    OwnedAllocation, PluginFence, ProcessMemoryManager, Requirements, SharedFence, Status, Stream, StreamKey,
+    BindingError, BindingSpec, CacheConfig, CachedAllocation, CachingBinding, Context, IdlePolicy,
+    MemoryBinding, OwnedAllocation, PluginFence, ProcessMemoryManager, Requirements, SharedFence, Status,
+    Stream, StreamKey,
 };
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CUDA};
 use std::collections::HashMap;
@@ -91,6 +92,11 @@ impl DeviceState {
                 holder_name: format!("torch-cache-cuda{ordinal}"),
                 max_block: config.cache_max_block,
                 min_alignment: ALIGNMENT,
+                idle: IdlePolicy {
+                    max_idle_bytes: config.cache_max_idle,
+                    gc_threshold: config.gc_threshold,
+                    ..IdlePolicy::default()
+                },
                 ..CacheConfig::default()
             };
             Backend::Cached(mgr.bind_caching(&context, &pool, spec, cfg).map_err(|e| e.to_string())?)

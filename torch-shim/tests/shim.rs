@@ -189,7 +189,33 @@ fn scenario_over_budget() {
 
 #[test]
 fn cached_blocks_give_way_under_pressure() {
-    run_scenario("scenario_cache_pressure", &[("MEMPLUG_TORCH_POOL_BYTES", "8M")]);
+    // No idle cap (a quarter of the pool by default): the block must stay
+    // idle for pressure to take it.
+    run_scenario(
+        "scenario_cache_pressure",
+        &[("MEMPLUG_TORCH_POOL_BYTES", "8M"), ("MEMPLUG_TORCH_CACHE_MAX_IDLE", "none")],
+    );
+}
+
+#[test]
+fn the_idle_cap_gives_blocks_back_at_the_free() {
+    run_scenario(
+        "scenario_idle_cap",
+        &[("MEMPLUG_TORCH_POOL_BYTES", "64M"), ("MEMPLUG_TORCH_CACHE_MAX_IDLE", "4M")],
+    );
+}
+
+#[ignore = "a scenario: run by the_idle_cap_gives_blocks_back_at_the_free in a child process"]
+#[test]
+fn scenario_idle_cap() {
+    let shim = Shim::open();
+    let blocks: Vec<_> = (0..4).map(|_| shim.alloc(3 * MIB as isize, 0, LEGACY)).collect();
+    for b in blocks {
+        shim.free(b, 3 * MIB, 0, LEGACY);
+    }
+    let cache = &shim.stats()["shim"]["devices"][0]["cache"];
+    assert!(cache["idle_bytes"].as_u64().unwrap() <= 4 * MIB as u64, "{cache}");
+    assert!(shim.pool_used() <= 4 * MIB as u64);
 }
 
 #[ignore = "a scenario: run by cached_blocks_give_way_under_pressure in a child process"]

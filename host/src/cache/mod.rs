@@ -32,9 +32,11 @@
 //! Requests above [`CacheConfig::max_block`] bypass the cache.
 
 mod classes;
+mod policy;
 mod shard;
 mod stats;
 
+pub use policy::IdlePolicy;
 pub use stats::CacheStats;
 
 use crate::binding::{BindingError, MemoryBinding, OwnedAllocation};
@@ -46,8 +48,9 @@ use crate::reentry::thread_stripe;
 use crate::sync::{lock, Mutex};
 use crate::tokens::Stream;
 use crate::LifeState;
-use shard::{Block, Shard};
+use shard::{Block, Shard, Taken};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock, Weak};
 
 /// How a caching binding is set up.
@@ -65,9 +68,15 @@ pub struct CacheConfig {
     /// Requests larger than this are served and freed by the binding
     /// directly, never kept.
     pub max_block: u64,
-    /// New blocks are aligned to at least this (a power of two), so a block
-    /// can serve requests of any alignment up to it.
+    /// New blocks are aligned to at least this (a power of two) and to the
+    /// mechanism's own minimum alignment, so a block can serve requests of
+    /// any alignment up to the larger. The default, 16, is what `malloc`
+    /// gives without its slower aligned path; a device mechanism's minimum
+    /// (256 B and more) applies on its own.
     pub min_alignment: u64,
+    /// When idle blocks are given back without being asked (a cap on idle
+    /// bytes, an age, a usage threshold): see [`IdlePolicy`].
+    pub idle: IdlePolicy,
 }
 
 impl CacheConfig {
@@ -79,7 +88,7 @@ impl CacheConfig {
         if classes::class_of(self.max_block).is_none() {
             return Err(format!("max_block {} has no size class", self.max_block));
         }
-        Ok(())
+        self.idle.validate()
     }
 }
 
@@ -89,7 +98,8 @@ impl Default for CacheConfig {
             holder_name: "cache".into(),
             priority: Priority::LOWEST,
             max_block: 1 << 30,
-            min_alignment: 256,
+            min_alignment: 16,
+            idle: IdlePolicy::default(),
         }
     }
 }
@@ -125,18 +135,42 @@ impl StreamKey {
 /// A shard on a cache line of its own, so two threads' shards do not share
 /// one.
 #[repr(align(64))]
-struct PaddedShard(Mutex<Shard>);
+struct PaddedShard {
+    shard: Mutex<Shard>,
+    /// The shard's idle bytes as of its last change, written under its
+    /// lock (a plain store, no read-modify-write): a miss skips shards with
+    /// none without locking them, and a free sums them to check the cap.
+    idle: AtomicU64,
+}
+
+impl PaddedShard {
+    /// Runs `f` on the shard under its lock, then publishes its idle bytes.
+    #[inline]
+    fn with<R>(&self, f: impl FnOnce(&mut Shard) -> R) -> R {
+        let mut s = lock(&self.shard);
+        let r = f(&mut s);
+        self.idle.store(s.counters.idle_bytes, Relaxed);
+        r
+    }
+}
 
 struct CacheInner {
     /// First field: dropped first, so idle blocks free while the binding
     /// and the holder are still there.
     shards: Box<[PaddedShard]>,
     binding: MemoryBinding,
-    config: CacheConfig,
     /// The number of size classes (up to `max_block`'s).
     classes: usize,
     holder: HolderRegistration,
     subscription: OnceLock<SubscriptionId>,
+    /// The idle policy, applied to this cache's pool.
+    policy: policy::Applied,
+    /// What new blocks are aligned to: the configured minimum or the
+    /// mechanism's, the larger.
+    block_alignment: u64,
+    /// When a miss next gives back blocks past their age (a
+    /// `policy::Applied` stamp).
+    next_age_check: AtomicU64,
 }
 
 impl Drop for CacheInner {
@@ -182,9 +216,22 @@ impl CachingBinding {
         answer: &OnceLock<Box<PressureCallback>>,
     ) -> Self {
         let classes = classes::classes_up_to(config.max_block);
-        let shards = (0..STRIPES).map(|_| PaddedShard(Mutex::new(Shard::new(classes)))).collect();
-        let inner =
-            Arc::new(CacheInner { shards, binding, config, classes, holder, subscription: OnceLock::new() });
+        let shards = (0..STRIPES)
+            .map(|_| PaddedShard { shard: Mutex::new(Shard::new(classes)), idle: AtomicU64::new(0) })
+            .collect();
+        let policy = policy::Applied::new(&config.idle, binding.pool().capacity(), STRIPES);
+        let mechanism_min = binding.mechanism().properties().min_alignment;
+        let block_alignment = config.min_alignment.max(mechanism_min.next_power_of_two());
+        let inner = Arc::new(CacheInner {
+            shards,
+            binding,
+            classes,
+            holder,
+            subscription: OnceLock::new(),
+            policy,
+            block_alignment,
+            next_age_check: AtomicU64::new(0),
+        });
         let weak = Arc::downgrade(&inner);
         let _ = answer.set(Box::new(move |t: &PressureTicket| {
             weak.upgrade().map_or(0, |c| c.give_back(t.bytes_wanted, true, |s, b| s.pressure_bytes += b))
@@ -259,7 +306,7 @@ impl CachingBinding {
             }
             _ => return c.bypass(anchor, size, alignment, stripe),
         };
-        let hit = lock(&c.shards[stripe].0).take(class.index, alignment, stream);
+        let hit = c.shards[stripe].with(|s| s.take(class.index, alignment, stream));
         let block = match hit {
             Some(b) => b,
             None => c.miss(class, alignment, stream, stripe)?,
@@ -280,11 +327,35 @@ impl CachingBinding {
         self.inner().give_back(bytes, true, |s, b| s.trimmed_bytes += b)
     }
 
+    /// Applies the idle policy now, as if every rule were due: gives back
+    /// blocks idle past the age, idle bytes above the cap, and, when the
+    /// pool's use is past the usage threshold, ready blocks until it is
+    /// not. Returns the bytes given back (counted as trimmed). For a
+    /// runtime to call between steps, or from a timer: a cache nobody
+    /// allocates from has no miss to apply the age at.
+    pub fn collect(&self) -> u64 {
+        let c = self.inner();
+        let mut total = c.give_back_aged();
+        total += c.enforce_cap();
+        let pool = c.binding.pool();
+        let over = c.policy.over_threshold(pool.used(), 0, pool.capacity());
+        if over > 0 {
+            total += c.give_back(over, false, |s, b| s.trimmed_bytes += b);
+        }
+        total
+    }
+
+    /// The cap on idle bytes this cache applies (`u64::MAX`: none): the
+    /// policy's, or a quarter of the pool's capacity when it was made.
+    pub fn max_idle_bytes(&self) -> u64 {
+        self.inner().policy.max_idle_bytes
+    }
+
     /// The cache's figures now.
     pub fn stats(&self) -> CacheStats {
         let mut s = stats::Sums::default();
         for shard in self.inner().shards.iter() {
-            s.add(&lock(&shard.0).counters);
+            s.add(&lock(&shard.shard).counters);
         }
         s.stats()
     }
@@ -306,7 +377,7 @@ impl CacheInner {
             self.give_back(u64::MAX, true, |s, b| s.trimmed_bytes += b);
         }
         let block = Box::new(self.binding.allocate(size, alignment)?);
-        lock(&self.shards[stripe].0).counters.bypasses += 1;
+        lock(&self.shards[stripe].shard).counters.bypasses += 1;
         Ok(CachedAllocation { block: Some(block), size, class: BYPASS, cache: Some(anchor.clone()) })
     }
 
@@ -322,12 +393,36 @@ impl CacheInner {
         stripe: usize,
     ) -> Result<Block, BindingError> {
         for other in (1..STRIPES).map(|i| (stripe + i) % STRIPES) {
-            let Ok(mut shard) = self.shards[other].0.try_lock() else { continue };
-            if let Some(b) = shard.take(class.index, alignment, stream) {
+            let padded = &self.shards[other];
+            // Most misses find every other shard empty: no lock for those.
+            if padded.idle.load(Relaxed) == 0 {
+                continue;
+            }
+            let Ok(mut shard) = padded.shard.try_lock() else { continue };
+            let hit = shard.take(class.index, alignment, stream);
+            padded.idle.store(shard.counters.idle_bytes, Relaxed);
+            if let Some(b) = hit {
                 return Ok(b);
             }
         }
-        let align = alignment.max(self.config.min_alignment);
+        if self.policy.max_idle_age.is_some() {
+            let now = self.policy.now();
+            let due = self.next_age_check.load(Relaxed);
+            let age = self.policy.max_idle_age.map_or(0, |a| a.as_millis() as u64);
+            if now >= due
+                && self.next_age_check.compare_exchange(due, now + age / 4, Relaxed, Relaxed).is_ok()
+            {
+                self.give_back_aged();
+            }
+        }
+        if self.policy.gc_threshold.is_some() {
+            let pool = self.binding.pool();
+            let over = self.policy.over_threshold(pool.used(), class.bytes, pool.capacity());
+            if over > 0 {
+                self.give_back(over, false, |s, b| s.trimmed_bytes += b);
+            }
+        }
+        let align = alignment.max(self.block_alignment);
         let free = self.binding.pool().free();
         if free < class.bytes {
             self.give_back(class.bytes - free, false, |s, b| s.pressure_bytes += b);
@@ -339,32 +434,71 @@ impl CacheInner {
             }
             r => r?,
         });
-        lock(&self.shards[stripe].0).made(block.charged());
+        lock(&self.shards[stripe].shard).made(block.charged());
         Ok(block)
     }
 
     fn idle_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| lock(&s.0).counters.idle_bytes).sum()
+        self.shards.iter().map(|s| lock(&s.shard).counters.idle_bytes).sum()
+    }
+
+    /// A free took its shard's idle bytes past the shard's part of the
+    /// cap: sums every shard's and gives back what is above the cap.
+    /// Returns the bytes given back.
+    #[cold]
+    #[inline(never)]
+    fn enforce_cap(&self) -> u64 {
+        let cap = self.policy.max_idle_bytes;
+        let idle: u64 = self.shards.iter().map(|s| s.idle.load(Relaxed)).sum();
+        if idle <= cap {
+            return 0;
+        }
+        self.give_back(idle - cap, true, |s, b| s.trimmed_bytes += b)
+    }
+
+    /// Gives back every block idle longer than the policy's age. Returns
+    /// the bytes given back.
+    #[cold]
+    fn give_back_aged(&self) -> u64 {
+        let Some(cutoff) = self.policy.cutoff() else { return 0 };
+        let mut out = Taken::default();
+        let mut total = 0;
+        for shard in self.shards.iter() {
+            total += shard.with(|s| {
+                let got = s.take_older(cutoff, &mut out);
+                s.counters.trimmed_bytes += got;
+                got
+            });
+        }
+        drop(out); // outside the locks: each frees through the binding
+        total
     }
 
     /// Takes idle blocks out of every shard until `wanted` bytes, drops
     /// them outside the locks (each frees through the binding), and records
     /// the bytes with `count`. Returns the bytes given back.
     fn give_back(&self, wanted: u64, pending_too: bool, count: fn(&mut shard::Counters, u64)) -> u64 {
-        let mut out = Vec::new();
+        let mut out = Taken::default();
         let mut total = 0u64;
         for pass_pending in [false, true] {
             if pass_pending && !pending_too {
                 break;
             }
-            for shard in self.shards.iter() {
+            // The running thread's shard first (a free past the cap left
+            // its blocks there); shards with nothing idle are not locked.
+            let first = thread_stripe() % STRIPES;
+            for shard in (0..STRIPES).map(|i| &self.shards[(first + i) % STRIPES]) {
                 if total >= wanted {
                     break;
                 }
-                let mut s = lock(&shard.0);
-                let got = s.take_idle(wanted - total, pass_pending, &mut out);
-                count(&mut s.counters, got);
-                total += got;
+                if shard.idle.load(Relaxed) == 0 {
+                    continue;
+                }
+                total += shard.with(|s| {
+                    let got = s.take_idle(wanted - total, pass_pending, &mut out);
+                    count(&mut s.counters, got);
+                    got
+                });
             }
         }
         drop(out);
@@ -446,10 +580,14 @@ impl CachedAllocation {
         let stripe = thread_stripe() % STRIPES;
         // The block's context is the binding's: not active covers lost.
         if !c.binding.is_active() {
-            lock(&c.shards[stripe].0).forget_in_use(block.charged());
+            lock(&c.shards[stripe].shard).forget_in_use(block.charged());
             return drop(block);
         }
-        lock(&c.shards[stripe].0).put(self.class as usize, block, stream);
+        let since = c.policy.stamp();
+        let idle = c.shards[stripe].with(|s| s.put(self.class as usize, block, stream, since));
+        if idle > c.policy.shard_check {
+            c.enforce_cap();
+        }
     }
 }
 

@@ -19,20 +19,45 @@ use std::collections::VecDeque;
 /// copies were half of a cached pair's instructions).
 pub(crate) type Block = Box<OwnedAllocation>;
 
+/// Blocks taken out of shards to be freed once their locks are released.
+/// Giving back under the idle cap usually takes one block: it needs no
+/// heap allocation then.
+#[derive(Default)]
+pub(crate) struct Taken {
+    first: Option<Block>,
+    more: Vec<Block>,
+}
+
+impl Taken {
+    fn push(&mut self, b: Block) {
+        match self.first {
+            None => self.first = Some(b),
+            Some(_) => self.more.push(b),
+        }
+    }
+}
+
 /// How many idle blocks of a class one request looks at before it gives
 /// up (blocks of another stream or a smaller alignment), so a request's
 /// cost does not grow with the number of idle blocks.
 const LOOK: usize = 8;
 
+/// An idle block and when it became idle (`policy::Applied::stamp`: 0
+/// when the cache sets no age).
+struct Idle {
+    block: Block,
+    since: u64,
+}
+
 /// The idle blocks of one size class in one shard.
 #[derive(Default)]
 struct ClassList {
     /// Usable by anyone; the most recently freed last (reused first: its
-    /// lines are the likeliest to be in a cache).
-    ready: Vec<Block>,
+    /// lines are the likeliest to be in a cache), so the oldest are first.
+    ready: Vec<Idle>,
     /// Freed behind work on a stream, oldest first. Fences recorded on one
     /// stream complete in order, so the front is the first to become ready.
-    pending: VecDeque<(StreamKey, Block)>,
+    pending: VecDeque<(StreamKey, Idle)>,
 }
 
 /// A shard's figures (written under the shard's lock). Block counts are
@@ -61,6 +86,9 @@ pub(crate) struct Counters {
 #[derive(Default)]
 pub(crate) struct Shard {
     classes: Vec<ClassList>,
+    /// No class above this one has idle blocks (it may have none itself):
+    /// taking idle blocks out looks at no class above it.
+    top: usize,
     pub counters: Counters,
 }
 
@@ -72,7 +100,11 @@ fn fits(a: &OwnedAllocation, align: u64) -> bool {
 
 impl Shard {
     pub fn new(classes: usize) -> Self {
-        Shard { classes: (0..classes).map(|_| ClassList::default()).collect(), counters: Counters::default() }
+        Shard {
+            classes: (0..classes).map(|_| ClassList::default()).collect(),
+            top: 0,
+            counters: Counters::default(),
+        }
     }
 
     /// An idle block of class `class` for a request aligned to `align`
@@ -88,9 +120,9 @@ impl Shard {
             let n = list.pending.len();
             let i = (n.saturating_sub(LOOK)..n)
                 .rev()
-                .find(|&i| list.pending[i].0 == s && fits(&list.pending[i].1, align));
+                .find(|&i| list.pending[i].0 == s && fits(&list.pending[i].1.block, align));
             if let Some(i) = i {
-                block = list.pending.remove(i).map(|(_, b)| b);
+                block = list.pending.remove(i).map(|(_, idle)| idle.block);
                 self.counters.pending_blocks -= 1;
             }
         }
@@ -98,7 +130,7 @@ impl Shard {
             // The newest ready block almost always fits: try it before the
             // search.
             block = match list.ready.last() {
-                Some(b) if fits(b, align) => list.ready.pop(),
+                Some(i) if fits(&i.block, align) => list.ready.pop().map(|i| i.block),
                 _ => Self::search_ready(list, align),
             };
         }
@@ -121,8 +153,8 @@ impl Shard {
     #[cold]
     fn search_ready(list: &mut ClassList, align: u64) -> Option<Block> {
         let n = list.ready.len();
-        let i = (n.saturating_sub(LOOK)..n).rev().find(|&i| fits(&list.ready[i], align))?;
-        Some(list.ready.swap_remove(i))
+        let i = (n.saturating_sub(LOOK)..n).rev().find(|&i| fits(&list.ready[i].block, align))?;
+        Some(list.ready.remove(i).block)
     }
 
     /// The oldest pending blocks whose fences completed become ready; the
@@ -131,38 +163,51 @@ impl Shard {
     #[cold]
     fn promote(list: &mut ClassList, align: u64, c: &mut Counters) -> Option<Block> {
         for _ in 0..LOOK {
-            let complete = list.pending.front().is_some_and(|(_, b)| b.fences_complete());
+            let complete = list.pending.front().is_some_and(|(_, i)| i.block.fences_complete());
             if !complete {
                 return None;
             }
-            let (_, mut b) = list.pending.pop_front().expect("just looked");
+            let (_, mut idle) = list.pending.pop_front().expect("just looked");
             c.pending_blocks -= 1;
-            b.clear_fences();
-            if fits(&b, align) {
-                return Some(b);
+            idle.block.clear_fences();
+            if fits(&idle.block, align) {
+                return Some(idle.block);
             }
-            list.ready.push(b);
+            list.ready.push(idle);
         }
         None
     }
 
-    /// Keeps `block` idle in class `class`: ready, or pending behind its
-    /// fences on `stream` (`None`: behind fences of no known stream, taken
-    /// by nobody before they complete).
+    /// Keeps `block` idle in class `class` since `since`: ready, or pending
+    /// behind its fences on `stream` (`None`: behind fences of no known
+    /// stream, taken by nobody before they complete). Returns the shard's
+    /// idle bytes after.
     #[inline]
-    pub fn put(&mut self, class: usize, block: Block, stream: Option<StreamKey>) {
+    pub fn put(&mut self, class: usize, block: Block, stream: Option<StreamKey>, since: u64) -> u64 {
         let bytes = block.charged();
         let list = &mut self.classes[class];
         let c = &mut self.counters;
         if block.has_fences() {
-            list.pending.push_back((stream.unwrap_or(StreamKey::NONE), block));
+            list.pending.push_back((stream.unwrap_or(StreamKey::NONE), Idle { block, since }));
             c.pending_blocks += 1;
         } else {
-            list.ready.push(block);
+            list.ready.push(Idle { block, since });
         }
         c.returns += 1;
         c.idle_bytes += bytes;
         c.in_use_bytes = c.in_use_bytes.wrapping_sub(bytes);
+        self.top = self.top.max(class);
+        c.idle_bytes
+    }
+
+    /// How many classes (from the smallest) may have idle blocks, after
+    /// lowering `top` past the empty ones.
+    fn occupied(&mut self) -> usize {
+        let empty = |l: &ClassList| l.ready.is_empty() && l.pending.is_empty();
+        while self.top > 0 && empty(&self.classes[self.top]) {
+            self.top -= 1;
+        }
+        (self.top + 1).min(self.classes.len())
     }
 
     /// A block handed out by this shard came back without being kept
@@ -185,19 +230,20 @@ impl Shard {
     /// unless `pending_too`: a pending block dropped by the caller frees
     /// through the deferred-free queue after its fences. The caller drops
     /// them outside the shard's lock (dropping calls the plugin).
-    pub fn take_idle(&mut self, wanted: u64, pending_too: bool, out: &mut Vec<Block>) -> u64 {
+    pub fn take_idle(&mut self, wanted: u64, pending_too: bool, out: &mut Taken) -> u64 {
         let mut taken = 0u64;
+        let end = self.occupied();
         let c = &mut self.counters;
-        for list in self.classes.iter_mut().rev() {
+        for list in self.classes[..end].iter_mut().rev() {
             while taken < wanted {
-                let Some(b) = list.ready.pop() else { break };
+                let Some(Idle { block: b, .. }) = list.ready.pop() else { break };
                 taken = taken.saturating_add(b.charged());
                 c.idle_bytes -= b.charged();
                 c.dropped += 1;
                 out.push(b);
             }
             while pending_too && taken < wanted {
-                let Some((_, b)) = list.pending.pop_front() else { break };
+                let Some((_, Idle { block: b, .. })) = list.pending.pop_front() else { break };
                 taken = taken.saturating_add(b.charged());
                 c.idle_bytes -= b.charged();
                 c.dropped += 1;
@@ -206,6 +252,40 @@ impl Shard {
             }
             if taken >= wanted {
                 break;
+            }
+        }
+        taken
+    }
+
+    /// Takes out every idle block that became idle before `cutoff` (ready
+    /// and pending: a pending one frees behind its fences), as
+    /// [`take_idle`](Self::take_idle). Returns the bytes taken.
+    pub fn take_older(&mut self, cutoff: u64, out: &mut Taken) -> u64 {
+        let mut taken = 0u64;
+        let end = self.occupied();
+        let c = &mut self.counters;
+        let mut drop_one = |b: Block, c: &mut Counters| {
+            taken = taken.saturating_add(b.charged());
+            c.idle_bytes -= b.charged();
+            c.dropped += 1;
+            out.push(b);
+        };
+        for list in self.classes[..end].iter_mut() {
+            // Blocks promoted from pending join the ready list at its end:
+            // look at every entry, keep the young in their order.
+            if list.ready.iter().any(|i| i.since < cutoff) {
+                for idle in std::mem::take(&mut list.ready) {
+                    if idle.since < cutoff {
+                        drop_one(idle.block, c);
+                    } else {
+                        list.ready.push(idle);
+                    }
+                }
+            }
+            while list.pending.front().is_some_and(|(_, i)| i.since < cutoff) {
+                let (_, idle) = list.pending.pop_front().expect("just looked");
+                c.pending_blocks -= 1;
+                drop_one(idle.block, c);
             }
         }
         taken

@@ -99,6 +99,7 @@ mod ids;
 mod level;
 mod pool;
 mod shard;
+mod source;
 pub mod stats;
 mod tree;
 
@@ -109,7 +110,8 @@ pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
 pub use ids::{HolderId, PoolId, Priority};
 pub use level::MAX_CAPACITY;
 pub(crate) use pool::Discharge;
-pub use pool::Pool;
+pub use pool::{Pool, REASK_MAX};
+pub use source::BudgetSource;
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 
 use crate::observe::Hub;

@@ -18,10 +18,16 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[cfg(test)]
 use super::level::{BYTES, WAITERS};
+
+/// How long a waiting request first waits before asking the holders again.
+const REASK_FIRST: Duration = Duration::from_millis(1);
+/// The longest pause between two rounds of tickets while a request waits:
+/// a holder that answers 0 is asked at most about 20 times a second.
+pub const REASK_MAX: Duration = Duration::from_millis(50);
 
 /// One physical memory domain's budget, or a part of one: a pool may have
 /// a parent (a process-wide limit over per-device pools, per-tenant pools
@@ -71,6 +77,9 @@ pub struct Pool {
     pub(super) hub: Arc<Hub>,
     /// Sampled per-class peaks of the pool's own accounts (`stats`).
     class_peaks: ClassPeaks,
+    /// Where more budget comes from when the capacity is short (a node
+    /// authority's leases: `source.rs`); unset for a fixed capacity.
+    pub(super) source: std::sync::OnceLock<Arc<dyn super::source::BudgetSource>>,
 }
 
 /// What [`Pool::discharge`] settles: one binding's ledger.
@@ -135,6 +144,7 @@ impl Pool {
             discharged: AtomicU64::new(0),
             hub,
             class_peaks: ClassPeaks::new(),
+            source: std::sync::OnceLock::new(),
         });
         if let Some(p) = pool.level.parent() {
             let mut children = lock(&p.children);
@@ -369,8 +379,12 @@ impl Pool {
     /// 3. If still short and `deadline` is given, waits until refunds (or a
     ///    capacity raise) make room in the pool that is short (every
     ///    refund wakes waiters, however late it arrives — e.g. a deferred
-    ///    free completing) or the deadline passes. Holders are not asked
-    ///    again while waiting.
+    ///    free completing) or the deadline passes. While it waits, the
+    ///    holders are asked again as in step 2 after 1 ms, then after
+    ///    pauses doubling to at most [`REASK_MAX`]: the room a ticket
+    ///    freed may have been taken by another request before the retry,
+    ///    and a holder keeps memory it could give up, so a request that
+    ///    only waited would starve while evictable memory stays cached.
     ///
     /// Fails with [`GovernorError::OutOfBudget`], whose snapshot is the
     /// short pool's, taken after the last attempt, or
@@ -405,6 +419,14 @@ impl Pool {
         let grant = || Grant { pool: self, bytes, class, holder };
         // The pool was short: its use is at its highest.
         self.sample_peaks();
+        // Budget from outside (a node authority) before any holder here.
+        if self.ask_sources(bytes, deadline) {
+            match self.try_grant(uid, bytes, class, false) {
+                Attempt::Granted => return Ok(grant()),
+                Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                Attempt::NoRoom(_) => {}
+            }
+        }
         let priority = match holder {
             None => Priority::HIGHEST,
             Some(h) => match lock(&self.holders).iter().find(|e| e.id() == h) {
@@ -413,21 +435,47 @@ impl Pool {
             },
         };
         let request = Request { class, requester: holder, priority, deadline };
-        let asked = ask_holders(
-            short,
-            &request,
-            |p| bytes <= p.capacity(),
-            |p| bytes.saturating_sub(p.free()),
-            || self.try_grant(uid, bytes, class, false),
-        );
-        match asked {
+        let ask = || {
+            ask_holders(
+                short,
+                &request,
+                |p| bytes <= p.capacity(),
+                |p| bytes.saturating_sub(p.free()),
+                || self.try_grant(uid, bytes, class, false),
+            )
+        };
+        match ask() {
             Attempt::Granted => return Ok(grant()),
             Attempt::Unknown => return Err(self.unknown_holder(holder)),
             Attempt::NoRoom(_) => {}
         }
-        if let Some(deadline) = deadline.filter(|_| self.fits_capacities(bytes)) {
+        let delegated = self.has_source();
+        if let Some(deadline) = deadline.filter(|_| delegated || self.fits_capacities(bytes)) {
             self.waits.fetch_add(1, Relaxed);
-            if self.wait_for_room(bytes, deadline) {
+            let mut pause = REASK_FIRST;
+            let room = loop {
+                let until = deadline.min(Instant::now() + pause);
+                if self.wait_for_room(bytes, until) {
+                    break true;
+                }
+                if Instant::now() >= deadline {
+                    break false;
+                }
+                if delegated && self.ask_sources(bytes, Some(deadline)) {
+                    match self.try_grant(uid, bytes, class, false) {
+                        Attempt::Granted => return Ok(grant()),
+                        Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                        Attempt::NoRoom(_) => {}
+                    }
+                }
+                match ask() {
+                    Attempt::Granted => return Ok(grant()),
+                    Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                    Attempt::NoRoom(_) => {}
+                }
+                pause = (pause * 2).min(REASK_MAX);
+            };
+            if room {
                 let registered = self
                     .with_shard(uid, |s| {
                         let c = s.cells(class);

@@ -1,0 +1,64 @@
+//! `memplug node serve` and `memplug node status` as a person runs them:
+//! the authority as a process of its own, its books read over its socket,
+//! bad arguments refused with the reason.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn memplug() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memplug"))
+}
+
+#[test]
+fn serve_then_status_in_json_and_prometheus() {
+    let dir = std::env::temp_dir().join(format!("memplug-cli-node-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let socket = dir.join("node.sock");
+    let mut server = memplug()
+        .args(["node", "serve", "--socket"])
+        .arg(&socket)
+        .args(["--device", "cpu0=64M", "--device", "cpu1=1G", "--chunk", "1M"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    let json = loop {
+        let out = memplug().args(["node", "status", "--socket"]).arg(&socket).output().unwrap();
+        if out.status.success() {
+            break String::from_utf8(out.stdout).unwrap();
+        }
+        assert!(Instant::now() < end, "no status: {}", String::from_utf8_lossy(&out.stderr));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["devices"]["cpu0"]["capacity"], 64u64 << 20);
+    assert_eq!(v["devices"]["cpu1"]["free"], 1u64 << 30);
+    assert_eq!(v["chunk"], 1u64 << 20);
+    assert_eq!(v["books_exact"], true);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+    let prom = memplug().args(["node", "status", "--prometheus", "--socket"]).arg(&socket).output().unwrap();
+    let text = String::from_utf8(prom.stdout).unwrap();
+    assert!(text.contains("memplug_node_capacity_bytes{device=\"cpu0\"} 67108864"), "{text}");
+    // A second authority on the same socket is refused.
+    let second = memplug()
+        .args(["node", "serve", "--socket"])
+        .arg(&socket)
+        .args(["--device", "cpu0=1M"])
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&second.stderr).contains("already serves"));
+    server.kill().unwrap();
+    let _ = server.wait();
+}
+
+#[test]
+fn bad_arguments_are_refused_with_the_reason() {
+    let out = memplug().args(["node", "serve", "--socket", "x.sock", "--device", "cpu0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("expected NAME=BYTES"));
+    let out = memplug().args(["node", "status", "--socket", "/nonexistent/node.sock"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/node.sock"));
+}

@@ -1,0 +1,380 @@
+//! A process's side: [`NodeLink`] joins pools to an authority. Each pool's
+//! capacity becomes what the authority leased to this process for that
+//! device; a request the capacity cannot hold asks the authority for more
+//! (`BudgetSource`), a ticket from the authority lowers the capacity (the
+//! pool's holders asked first, exactly as for an in-process ticket), and
+//! idle chunks go back on a timer. If the authority goes away, the pools
+//! keep what they hold and the link joins the next authority on the same
+//! socket, declaring it.
+
+use crate::wire::{self, Declared, Frame, Msg};
+use memplug_host::governor::{BudgetSource, GovernorError, Pool};
+use std::collections::HashMap;
+use std::io;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+/// A pool joined to the node for one of its devices.
+#[derive(Clone)]
+pub struct LinkDevice {
+    /// The device's name at the authority (`cpu0`, `cuda0`).
+    pub device: String,
+    /// The root pool whose capacity the authority's leases make up.
+    pub pool: Arc<Pool>,
+    /// Its holders' priority against other processes' (lower gives first).
+    pub priority: u32,
+}
+
+/// How a link behaves.
+#[derive(Clone, Debug)]
+pub struct LinkOptions {
+    /// Idle budget kept per device before chunks go back (in chunks).
+    pub keep_idle_chunks: u64,
+    /// How often idle chunks are given back and a lost authority retried.
+    pub tick: Duration,
+    /// How long a lease may press other processes when the request itself
+    /// may not wait (a request with a deadline presses until it).
+    pub press_without_deadline: Duration,
+}
+
+impl Default for LinkOptions {
+    fn default() -> Self {
+        LinkOptions {
+            keep_idle_chunks: 1,
+            tick: Duration::from_millis(20),
+            press_without_deadline: Duration::from_millis(500),
+        }
+    }
+}
+
+struct Dev {
+    spec: LinkDevice,
+    /// Serialises this process's changes of the pool's capacity (a raise
+    /// by a lease, a lowering by a ticket or a return), so none is lost.
+    changing: Mutex<()>,
+}
+
+struct Shared {
+    socket: PathBuf,
+    devs: Vec<Dev>,
+    options: LinkOptions,
+    writer: Mutex<Option<UnixStream>>,
+    chunk: AtomicU64,
+    next_req: AtomicU64,
+    replies: Mutex<HashMap<u64, Sender<Result<u64, String>>>>,
+    status: Mutex<Option<Sender<String>>>,
+    stop: AtomicBool,
+    /// The last refusal or error the authority sent, for reports.
+    last_error: Mutex<Option<String>>,
+    reader: Mutex<Option<JoinHandle<()>>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// A process joined to a node authority. Dropping it gives idle chunks
+/// back and leaves; what the pools still hold stays counted by the
+/// authority until this process exits.
+pub struct NodeLink {
+    shared: Arc<Shared>,
+    ticker: Option<JoinHandle<()>>,
+}
+
+impl NodeLink {
+    /// Joins `devices`' pools to the authority at `socket`. Each pool's
+    /// capacity is first lowered to what it uses (declared as held); from
+    /// then on it is what the authority leases. Fails if the authority is
+    /// not there, refuses a device, or a pool already has a budget source.
+    pub fn join(
+        socket: impl Into<PathBuf>,
+        devices: Vec<LinkDevice>,
+        options: LinkOptions,
+    ) -> io::Result<NodeLink> {
+        let devs: Vec<Dev> = devices.into_iter().map(|spec| Dev { spec, changing: Mutex::new(()) }).collect();
+        let shared = Arc::new(Shared {
+            socket: socket.into(),
+            devs,
+            options,
+            writer: Mutex::new(None),
+            chunk: AtomicU64::new(0),
+            next_req: AtomicU64::new(1),
+            replies: Mutex::default(),
+            status: Mutex::default(),
+            stop: AtomicBool::new(false),
+            last_error: Mutex::new(None),
+            reader: Mutex::new(None),
+        });
+        for d in &shared.devs {
+            let _g = lock(&d.changing);
+            let used = d.spec.pool.used();
+            // Idle budget is not the node's to count: keep only what is used.
+            let _ = d.spec.pool.set_capacity(used.max(d.spec.pool.used()));
+        }
+        connect(&shared)?;
+        for (i, d) in shared.devs.iter().enumerate() {
+            let source = Arc::new(Source { shared: Arc::downgrade(&shared), dev: i });
+            if d.spec.pool.set_budget_source(source).is_err() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AlreadyExists,
+                    format!("pool {} already takes budget from a source", d.spec.pool.name()),
+                ));
+            }
+        }
+        let s = Arc::downgrade(&shared);
+        let ticker = thread::Builder::new().name("memplug-node-link".into()).spawn(move || tick_loop(s))?;
+        Ok(NodeLink { shared, ticker: Some(ticker) })
+    }
+
+    /// Whether the link is connected to an authority now.
+    pub fn connected(&self) -> bool {
+        lock(&self.shared.writer).is_some()
+    }
+
+    /// The chunk size the authority moves budget in.
+    pub fn chunk(&self) -> u64 {
+        self.shared.chunk.load(SeqCst)
+    }
+
+    /// The last refusal or error the authority sent.
+    pub fn last_error(&self) -> Option<String> {
+        lock(&self.shared.last_error).clone()
+    }
+
+    /// The authority's books (JSON, or Prometheus text), within `timeout`.
+    pub fn status(&self, prometheus: bool, timeout: Duration) -> io::Result<String> {
+        let (tx, rx) = mpsc::channel();
+        *lock(&self.shared.status) = Some(tx);
+        send(&self.shared, &Msg::Status { prometheus })?;
+        rx.recv_timeout(timeout)
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "no status from the authority"))
+    }
+}
+
+impl Drop for NodeLink {
+    fn drop(&mut self) {
+        give_back_idle(&self.shared, 0);
+        self.shared.stop.store(true, SeqCst);
+        if let Some(w) = lock(&self.shared.writer).take() {
+            let _ = w.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+        if let Some(r) = lock(&self.shared.reader).take() {
+            let _ = r.join();
+        }
+    }
+}
+
+fn send(shared: &Shared, m: &Msg) -> io::Result<()> {
+    match lock(&shared.writer).as_mut() {
+        Some(w) => wire::write_msg(w, m),
+        None => Err(io::Error::new(io::ErrorKind::NotConnected, "no authority")),
+    }
+}
+
+/// Connects and joins, declaring what each pool holds (its capacity).
+fn connect(shared: &Arc<Shared>) -> io::Result<()> {
+    let mut stream = UnixStream::connect(&shared.socket)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let devices = shared
+        .devs
+        .iter()
+        .map(|d| Declared {
+            device: d.spec.device.clone(),
+            priority: d.spec.priority,
+            holding: d.spec.pool.capacity(),
+        })
+        .collect();
+    wire::write_msg(&mut stream, &Msg::Hello { version: wire::VERSION, devices })?;
+    match wire::read_frame(&mut stream)? {
+        Frame::Msg(Msg::Welcome { chunk, .. }) => shared.chunk.store(chunk, SeqCst),
+        Frame::Msg(Msg::Error { reason }) => {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                format!("the authority refused: {reason}"),
+            ))
+        }
+        other => return Err(io::Error::new(io::ErrorKind::InvalidData, format!("no Welcome: {other:?}"))),
+    }
+    stream.set_read_timeout(None)?;
+    let reader = stream.try_clone()?;
+    *lock(&shared.writer) = Some(stream);
+    let s = Arc::downgrade(shared);
+    let handle =
+        thread::Builder::new().name("memplug-node-read".into()).spawn(move || read_loop(s, reader))?;
+    if let Some(old) = lock(&shared.reader).replace(handle) {
+        let _ = old.join();
+    }
+    Ok(())
+}
+
+fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
+    loop {
+        let frame = wire::read_frame(&mut stream);
+        let Some(s) = shared.upgrade() else { return };
+        match frame {
+            Ok(Frame::Msg(Msg::Granted { req, bytes })) => {
+                if let Some(tx) = lock(&s.replies).remove(&req) {
+                    let _ = tx.send(Ok(bytes));
+                }
+            }
+            Ok(Frame::Msg(Msg::Refused { req, reason })) => {
+                *lock(&s.last_error) = Some(reason.clone());
+                if let Some(tx) = lock(&s.replies).remove(&req) {
+                    let _ = tx.send(Err(reason));
+                }
+            }
+            Ok(Frame::Msg(Msg::Ticket { ticket, device, bytes })) => {
+                // Holders may take a while: not on the reader.
+                let s2 = s.clone();
+                let _ = thread::Builder::new()
+                    .name("memplug-node-ticket".into())
+                    .spawn(move || answer_ticket(&s2, ticket, &device, bytes));
+            }
+            Ok(Frame::Msg(Msg::StatusReply { text })) => {
+                if let Some(tx) = lock(&s.status).take() {
+                    let _ = tx.send(text);
+                }
+            }
+            Ok(Frame::Msg(Msg::Error { reason })) => *lock(&s.last_error) = Some(reason),
+            Ok(Frame::Msg(_)) | Ok(Frame::Bad(_)) => {}
+            Ok(Frame::Closed) | Err(_) => {
+                // The authority is gone: pools keep what they hold; the
+                // ticker joins the next one.
+                lock(&s.writer).take();
+                for (_, tx) in lock(&s.replies).drain() {
+                    let _ = tx.send(Err("the node authority went away".into()));
+                }
+                return;
+            }
+        }
+    }
+}
+
+/// Lowers the device's pool by up to `bytes` (its holders asked for what
+/// is in use past the new capacity), and answers with what was released.
+fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64) {
+    let released = match s.devs.iter().find(|d| d.spec.device == device) {
+        None => 0,
+        Some(d) => {
+            let _g = lock(&d.changing);
+            let pool = &d.spec.pool;
+            let cap = pool.capacity();
+            let target = cap.saturating_sub(bytes);
+            match pool.set_capacity(target) {
+                Ok(()) => cap - target,
+                Err(GovernorError::CapacityBelowLive { .. }) => {
+                    // What the holders freed, and no more.
+                    let floor = pool.used().max(target);
+                    if floor < cap && pool.set_capacity(floor).is_ok() {
+                        cap - floor
+                    } else {
+                        0
+                    }
+                }
+                Err(_) => 0,
+            }
+        }
+    };
+    let _ = send(s, &Msg::Answer { ticket, released });
+}
+
+/// Gives back idle budget above `keep` chunks on every device.
+fn give_back_idle(s: &Shared, keep_chunks: u64) {
+    let chunk = s.chunk.load(SeqCst).max(1);
+    for d in &s.devs {
+        let _g = lock(&d.changing);
+        let pool = &d.spec.pool;
+        let cap = pool.capacity();
+        let idle = cap.saturating_sub(pool.used());
+        let keep = keep_chunks * chunk;
+        if idle <= keep {
+            continue;
+        }
+        let r = if keep_chunks == 0 { idle } else { (idle - keep) / chunk * chunk };
+        if r > 0
+            && pool.set_capacity(cap - r).is_ok()
+            && send(s, &Msg::Return { device: d.spec.device.clone(), bytes: r }).is_err()
+        {
+            // No authority: the next one learns the lower holding at join.
+        }
+    }
+}
+
+fn tick_loop(shared: Weak<Shared>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if s.stop.load(SeqCst) {
+            return;
+        }
+        let tick = s.options.tick;
+        if lock(&s.writer).is_some() {
+            give_back_idle(&s, s.options.keep_idle_chunks);
+        } else {
+            let _ = connect(&s);
+        }
+        drop(s);
+        thread::sleep(tick);
+    }
+}
+
+/// A pool's source: leases from the authority.
+struct Source {
+    shared: Weak<Shared>,
+    dev: usize,
+}
+
+impl BudgetSource for Source {
+    fn acquire(&self, pool: &Pool, missing: u64, deadline: Option<Instant>) -> u64 {
+        let Some(s) = self.shared.upgrade() else { return 0 };
+        if s.stop.load(SeqCst) {
+            return 0;
+        }
+        let d = &s.devs[self.dev];
+        let chunk = s.chunk.load(SeqCst).max(1);
+        let want = missing.div_ceil(chunk).saturating_mul(chunk);
+        let wait = match deadline {
+            Some(t) => t.saturating_duration_since(Instant::now()),
+            None => s.options.press_without_deadline,
+        };
+        let req = s.next_req.fetch_add(1, SeqCst);
+        let (tx, rx) = mpsc::channel();
+        lock(&s.replies).insert(req, tx);
+        let lease = Msg::Lease {
+            req,
+            device: d.spec.device.clone(),
+            min: missing,
+            want,
+            wait_ms: wait.as_millis() as u64,
+        };
+        if send(&s, &lease).is_err() {
+            lock(&s.replies).remove(&req);
+            return 0;
+        }
+        // The authority answers within the wait and a ticket's timeout;
+        // a lost authority fails the request at once (read_loop).
+        let answer = rx.recv_timeout(wait + Duration::from_secs(5));
+        lock(&s.replies).remove(&req);
+        match answer {
+            Ok(Ok(bytes)) => {
+                let _g = lock(&d.changing);
+                let cap = pool.capacity();
+                match pool.set_capacity(cap.saturating_add(bytes)) {
+                    Ok(()) => bytes,
+                    Err(_) => {
+                        let _ = send(&s, &Msg::Return { device: d.spec.device.clone(), bytes });
+                        0
+                    }
+                }
+            }
+            Ok(Err(_)) | Err(_) => 0,
+        }
+    }
+}
