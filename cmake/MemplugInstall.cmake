@@ -81,6 +81,9 @@ install(FILES ${CMAKE_CURRENT_BINARY_DIR}/pc-install/memplug-host.pc
 
 # Packaging test: install into a scratch prefix, then build and run the
 # consumer project (find_package and pkg-config) against it.
+if(NOT MEMPLUG_BUILD_TESTS)
+  return()
+endif()
 add_test(NAME install_consumer
   COMMAND ${CMAKE_COMMAND}
     -DBUILD_DIR=${CMAKE_BINARY_DIR}
@@ -96,3 +99,13 @@ add_test(NAME install_consumer
     -DREADELF=${CMAKE_READELF}
     -P ${CMAKE_CURRENT_LIST_DIR}/RunConsumerTest.cmake)
 set_tests_properties(install_consumer PROPERTIES RESOURCE_LOCK memplug_build_tree TIMEOUT 600)
+
+# Added to another project, memplug builds no tests unless asked.
+add_test(NAME subproject_no_tests
+  COMMAND ${CMAKE_COMMAND}
+    -DSOURCE_DIR=${PROJECT_SOURCE_DIR}
+    -DWORK_DIR=${CMAKE_BINARY_DIR}/subproject-test
+    -DGENERATOR=${CMAKE_GENERATOR}
+    -DCARGO_TARGET_DIR=${MEMPLUG_CARGO_TARGET_DIR}
+    -P ${CMAKE_CURRENT_LIST_DIR}/RunSubprojectTest.cmake)
+set_tests_properties(subproject_no_tests PROPERTIES TIMEOUT 120)

@@ -97,9 +97,23 @@ if(NOT plugindir STREQUAL "${prefix}/${PLUGINDIR}")
   message(FATAL_ERROR "pkg-config's plugindir is '${plugindir}', not ${prefix}/${PLUGINDIR}")
 endif()
 separate_arguments(flags UNIX_COMMAND "${flags}")
+# A prefix outside the loader's search path: the program finds the library
+# through the run path the README gives (-Wl,-rpath,$(pkg-config
+# --variable=libdir memplug-host)), with no LD_LIBRARY_PATH.
+pkg_config(pc_libdir --variable=libdir)
 run(${C_COMPILER} -std=c99 -Wall -Wextra -Wpedantic -Werror
     "-DMEMPLUG_CONSUMER_PLUGIN=\"${plugindir}/libmemplug_plugin_cpu.so\""
-    ${CONSUMER_SOURCE}/consumer.c ${flags} -o ${WORK_DIR}/consumer_pkgconfig)
-set(ENV{LD_LIBRARY_PATH} ${libdir})
+    ${CONSUMER_SOURCE}/consumer.c ${flags} -Wl,-rpath,${pc_libdir} -o ${WORK_DIR}/consumer_pkgconfig)
+unset(ENV{LD_LIBRARY_PATH})
 run(${WORK_DIR}/consumer_pkgconfig)
+# Without the run path the same program does not start: what a user meets
+# (the README's Install section says so), and proof that the run path above
+# is what found the library.
+run(${C_COMPILER} -std=c99 ${CONSUMER_SOURCE}/consumer.c ${flags}
+    "-DMEMPLUG_CONSUMER_PLUGIN=\"${plugindir}/libmemplug_plugin_cpu.so\""
+    -o ${WORK_DIR}/consumer_no_rpath)
+execute_process(COMMAND ${WORK_DIR}/consumer_no_rpath RESULT_VARIABLE rc ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "${SONAME}")
+  message(FATAL_ERROR "without a run path the consumer ran (${rc}): is ${libdir} on the loader's path? ${err}")
+endif()
 message(STATUS "consumer built and ran against ${prefix}")

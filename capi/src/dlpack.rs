@@ -84,6 +84,7 @@ impl From<ExportError> for Error {
             ExportError::Lost { .. } => S::DeviceLost,
             ExportError::Layout(_) => S::InvalidArgument,
             ExportError::OutOfBounds { .. } => S::OutOfRange,
+            ExportError::NotCopyable { .. } => S::Unsupported,
         };
         Error::new(status, e.to_string())
     }

@@ -10,6 +10,7 @@ use crate::locate;
 use crate::output::{complain, Stdout};
 use crate::schema;
 use memplug_conformance::{printable, printable_text, CheckResult, Counts, Options, Outcome, Report, CHECKS};
+use memplug_host::Plugin;
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -66,40 +67,60 @@ pub fn run(args: Args) -> u8 {
         },
         None => None,
     };
-    let path: PathBuf = match &args.plugin {
-        Some(p) => p.clone(),
-        None => match locate::cpu_plugin_path() {
-            Some(p) => p,
-            None => {
-                let why = format!(
-                    "the reference CPU plugin library ({}) was not found next to this executable; pass a plugin \
-                     path or set {}",
-                    locate::CPU_PLUGIN_FILE,
-                    locate::CPU_PLUGIN_ENV
-                );
-                let report = Report::could_not_run(Path::new(locate::CPU_PLUGIN_FILE), &opts, why);
-                return finish(&report, &args, junit, &mut out);
-            }
-        },
-    };
+    // Without a path: the CPU plugin's library when found, else the copy
+    // linked into this executable, as `inspect` does (a `cargo install`
+    // has no library beside the command).
+    let path: Option<PathBuf> = args.plugin.clone().or_else(locate::cpu_plugin_path);
+    // Named as `inspect` names it (the host's in-process origin).
+    let linked = Plugin::in_process_origin(locate::CPU_PLUGIN_LABEL);
+    let shown = path.clone().unwrap_or_else(|| PathBuf::from(&linked));
     let widths = Widths::new();
-    if !args.json {
-        out.write(&render_start(&path, &opts, &widths));
-    }
+    // With --mechanism, the table is held back until the kit has read the
+    // plugin's mechanisms (the first result of a mechanism, or the end): a
+    // name the plugin does not publish is a usage error, and a usage error
+    // prints nothing on stdout.
+    let mut held = if args.json { None } else { Some(render_start(&shown, &opts, &widths)) };
+    let hold = opts.mechanism.is_some();
     let json = args.json;
     let mut on_result = |c: &CheckResult| {
-        if !json {
-            out.write(&render_line(c, &widths));
+        if json {
+            return;
+        }
+        let line = render_line(c, &widths);
+        match &mut held {
+            Some(h) if hold && c.mechanism.is_none() => h.push_str(&line),
+            _ => {
+                if let Some(h) = held.take() {
+                    out.write(&h);
+                }
+                out.write(&line);
+            }
         }
     };
-    let report = match memplug_conformance::run_streaming(&path, &opts, &mut on_result) {
+    let result = match &path {
+        Some(p) => memplug_conformance::run_streaming(p, &opts, &mut on_result),
+        // SAFETY: the reference plugin's entry, built from this workspace
+        // against the same ABI.
+        None => unsafe {
+            memplug_conformance::run_linked_streaming(
+                memplug_plugin_cpu::cpu_plugin_entry,
+                Path::new(&linked),
+                &opts,
+                &mut on_result,
+            )
+        },
+    };
+    let report = match result {
         Ok(r) => r,
         Err(e @ memplug_conformance::Error::NoSuchMechanism { .. }) => {
             complain(&e.to_string());
             return USAGE;
         }
-        Err(e) => Report::could_not_run(&path, &opts, e.to_string()),
+        Err(e) => Report::could_not_run(&shown, &opts, e.to_string()),
     };
+    if let Some(h) = held.take() {
+        out.write(&h);
+    }
     finish(&report, &args, junit, &mut out)
 }
 

@@ -5,6 +5,9 @@ use std::path::{Path, PathBuf};
 
 /// File name of the reference CPU plugin library.
 pub const CPU_PLUGIN_FILE: &str = "libmemplug_plugin_cpu.so";
+/// The label of the CPU plugin linked into this binary (its in-process
+/// origin is `memplug-cpu (in-process)`).
+pub const CPU_PLUGIN_LABEL: &str = "memplug-cpu";
 /// Environment variable naming the CPU plugin library explicitly.
 pub const CPU_PLUGIN_ENV: &str = "MEMPLUG_CPU_PLUGIN";
 
@@ -42,7 +45,7 @@ pub fn load(path: Option<&Path>) -> Result<Plugin, LoadError> {
             None => unsafe {
                 Plugin::from_entry(
                     memplug_plugin_cpu::cpu_plugin_entry,
-                    "memplug-cpu",
+                    CPU_PLUGIN_LABEL,
                     &LoadOptions::default(),
                 )
             },

@@ -116,6 +116,10 @@ fn the_table_and_the_mechanism_filter() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("no mechanism 'no-such-mechanism'") && err.contains("cpu"), "{err}");
+    // A usage error: exit 2 and nothing on stdout (docs/cli.md), though
+    // the plugin-wide checks ran before the name could be looked up.
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&out.stdout));
 }
 
 #[test]
@@ -865,4 +869,46 @@ fn a_bare_name_is_refused_and_the_same_file_by_path_runs() {
     assert!(why.contains("bare file name") && why.contains(&format!("./{name}")), "{why}");
     let by_path = run_in(&format!("./{name}"));
     assert_eq!(by_path.status.code(), Some(0), "{}", String::from_utf8_lossy(&by_path.stdout));
+}
+
+/// `memplug conformance` with no argument where no CPU plugin library is
+/// (what `cargo install` leaves): the kit runs on the copy linked into
+/// `memplug`, as `inspect` does, and skips only what needs a library file.
+#[test]
+fn without_a_library_the_kit_runs_on_the_linked_in_copy() {
+    let dir = memplug_test_support::test_tmp_dir("conformance_installed");
+    let exe = dir.join("memplug");
+    std::fs::copy(env!("CARGO_BIN_EXE_memplug"), &exe).expect("copy memplug");
+    let out = Command::new(&exe)
+        .args(["conformance", "--json", "--timeout", "60"])
+        .env_remove("MEMPLUG_CPU_PLUGIN")
+        .output()
+        .expect("run the copy");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stderr}"));
+    assert_eq!(out.status.code(), Some(0), "{stderr}\n{v:#}");
+    assert_eq!(v["plugin_path"], "memplug-cpu (in-process)", "{v:#}");
+    assert!(v["could_not_run"].is_null(), "{v:#}");
+    assert_skips_explained(&v);
+    let skipped = with_outcome(&v, "skip");
+    for name in ["load.open", "exports.only_entry_symbols"] {
+        assert!(skipped.contains(name), "{name} is not skipped: {skipped:?}");
+        assert!(result(&v, name)["detail"].as_str().unwrap().contains("linked into"), "{v:#}");
+    }
+    assert!(with_outcome(&v, "pass").contains("load.entry_symbol"));
+    // Every per-mechanism check that does not need a second copy passed.
+    let passed = with_outcome(&v, "pass");
+    for name in ["allocator.alignment", "negotiation.accepts_host", "descriptor.plugin"] {
+        assert!(passed.contains(name), "{name} did not pass: {v:#}");
+    }
+    assert!(checks(&v).iter().any(|c| c["mechanism"] == "cpu" && c["outcome"] == "pass"));
+    // The text table names it too.
+    let text = Command::new(&exe)
+        .args(["conformance", "--mechanism", "cpu", "--timeout", "60"])
+        .env_remove("MEMPLUG_CPU_PLUGIN")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (String::from_utf8_lossy(&text.stdout), String::from_utf8_lossy(&text.stderr));
+    assert!(text.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("library   memplug-cpu (in-process)"), "{stdout}");
 }

@@ -156,12 +156,12 @@ fn demo_runs_and_every_check_passes() {
         "told          weights",
         "told          kv",
         "settled       kv",
-        "device loss (step 7)",
+        "device loss (step 9)",
         "[ok] lost context settled exactly once",
         "[ok] requests continue on the replacement",
         "ledger (after teardown)",
         "unloaded",
-        "checks passed",
+        "all 16 checks passed",
     ] {
         assert!(text.contains(want), "missing {want:?} in:\n{text}");
     }
@@ -292,4 +292,37 @@ fn with_the_test_switch_the_cpu_plugin_reports_the_loss_itself() {
         // was reported: the refused grow comes first.
         assert!(refused < told);
     }
+}
+
+/// Where no second instance of the CPU plugin can be loaded (no library
+/// beside the command: what `cargo install` leaves), the device-loss
+/// scene's two checks say skipped and are counted apart, never as passes.
+#[test]
+fn skipped_checks_say_so_and_are_counted_apart() {
+    let dir = memplug_test_support::test_tmp_dir("demo_installed");
+    let exe = dir.join("memplug");
+    std::fs::copy(env!("CARGO_BIN_EXE_memplug"), &exe).expect("copy memplug");
+    let run = |args: &[&str]| {
+        let out =
+            Command::new(&exe).args(args).env_remove("MEMPLUG_CPU_PLUGIN").output().expect("run the copy");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    let text = String::from_utf8(run(&["demo"])).unwrap();
+    for want in ["[skip] lost context settled exactly once", "[skip] requests continue on the replacement"] {
+        assert!(text.contains(want), "missing {want:?} in:\n{text}");
+    }
+    let v: Value = serde_json::from_slice(&run(&["demo", "--json"])).expect("JSON");
+    let c = &v["counts"];
+    assert_eq!((c["skipped"].as_u64(), c["failed"].as_u64()), (Some(2), Some(0)), "{c}");
+    assert_eq!(u(&c["passed"]) + 2, u(&c["checks"]), "{c}");
+    let summary = format!("{} passed, 2 skipped", c["passed"]);
+    assert_eq!(text.lines().last(), Some(summary.as_str()), "the last line counts skips apart");
+    assert!(!text.contains("checks passed"), "{text}");
+    let skipped: Vec<&Value> =
+        v["checks"].as_array().unwrap().iter().filter(|c| c["skipped"] == true).collect();
+    assert_eq!(skipped.len(), 2);
+    assert!(skipped
+        .iter()
+        .all(|c| c["ok"] == true && c["detail"].as_str().unwrap().starts_with("skipped: ")));
 }

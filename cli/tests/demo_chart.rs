@@ -52,10 +52,14 @@ fn check_chart(report: &Value, svg: &str) {
         "pressure ticket",
         "eviction",
         "OutOfBudget",
+        "offloaded to the host pool",
+        "restored at its address",
+        "copy-on-write (privatise)",
         "device lost",
         "weights resident (kernel: pagemap)",
         "kv resident (kernel: pagemap)",
-        "process resident Δ (kernel: smaps)",
+        "process resident Δ, less host copies (kernel)",
+        "host pool: charged (another pool, not this budget)",
         "stranded by the loss, uncharged (kernel)",
     ] {
         assert!(texts.contains(&series), "no series {series:?} in the legend: {texts:?}");
@@ -75,8 +79,66 @@ fn check_chart(report: &Value, svg: &str) {
     let ms = report["measurements"].as_array().unwrap();
     let present = |k: &str| ms.iter().filter(|m| !m[k].is_null()).count();
     let stranded = ms.iter().filter(|m| m["stranded"] != 0 && !m["resident_stranded"].is_null()).count();
-    let dots = present("resident_weights") + present("resident_kv") + present("process_delta") + stranded;
-    assert_eq!(count("circle"), dots + 4, "a dot per kernel figure");
+    let host = ms.iter().filter(|m| m["governor_host"] != 0).count();
+    assert!(host > 0, "the offload charged the host pool");
+    let dots =
+        present("resident_weights") + present("resident_kv") + present("process_delta") + stranded + host;
+    assert_eq!(count("circle"), dots + 5, "a dot per kernel figure and host-pool figure");
+    // A square per offload, restore and copy-on-write, and the legend's,
+    // told apart by colour (host pool cyan, copy-on-write pink).
+    let squares = |colour: &str| {
+        elements
+            .iter()
+            .filter(|e| e.name == "rect")
+            .filter(|e| e.attrs.iter().any(|(k, v)| (k == "fill" || k == "stroke") && v == colour))
+            .count()
+    };
+    let (offloads, restores) = (of_kind(report, "offload").len(), of_kind(report, "restore").len());
+    assert!(offloads > 0 && restores > 0);
+    assert_eq!(squares("#17BECF"), offloads + restores + 2, "a square per offload and restore");
+    assert_eq!(squares("#E377C2"), of_kind(report, "privatise").len() + 1, "a square per copy-on-write");
+    // The device pool's figures stay under its capacity: the host copies
+    // are another pool's (drawn apart), not a breach of this budget.
+    let capacity = report["scenario"]["pool_capacity"].as_i64().unwrap();
+    for m in ms {
+        // (A lost context's stranded pages are resident and uncharged, and
+        // drawn apart too.)
+        let apart = m["resident_host"].as_i64().unwrap_or(0) + m["resident_stranded"].as_i64().unwrap_or(0);
+        if let Some(d) = m["process_delta"].as_i64() {
+            assert!(d - apart <= capacity + (1 << 20), "{m}: the ring would sit above the capacity");
+        }
+        assert!(m["governor_used"].as_i64().unwrap() <= capacity, "{m}");
+    }
+}
+
+/// docs/demo.svg (the README's picture) is the chart the demo draws now:
+/// the same legend and the same scene key (the figures differ run to run,
+/// the words may not). Regenerate it with `cargo build -p
+/// memplug-plugin-cpu && cargo run -p memplug-cli -- demo --plot
+/// docs/demo.svg` (with the plugin's library the device-loss scene runs).
+#[test]
+fn the_committed_chart_is_the_one_the_demo_draws() {
+    let (_, svg, _) = run();
+    let words = |svg: &str| -> Vec<String> {
+        let elements = parse_xml(svg).expect("well-formed SVG");
+        let mut w: Vec<String> = elements
+            .iter()
+            .filter(|e| e.name == "text")
+            .map(|e| e.text.trim().to_string())
+            .filter(|t| !t.is_empty() && t.parse::<f64>().is_err())
+            .collect();
+        w.sort();
+        w.dedup();
+        w
+    };
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/demo.svg");
+    let committed = std::fs::read_to_string(&path).expect("docs/demo.svg");
+    assert_eq!(
+        words(&committed),
+        words(&svg),
+        "docs/demo.svg is stale: regenerate it with `cargo build -p memplug-plugin-cpu && cargo run -p \
+         memplug-cli -- demo --plot docs/demo.svg` (the library, so that the device-loss scene runs)"
+    );
 }
 
 fn check_trace(report: &Value, trace: &Value) {

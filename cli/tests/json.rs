@@ -82,11 +82,12 @@ fn demo_json_counts_its_checks_and_names_its_scenes() {
     assert_eq!(code, 0, "{stderr}");
     assert_envelope(&v, true);
     let checks = v["checks"].as_array().unwrap();
-    let passed = checks.iter().filter(|c| c["ok"] == true).count();
+    let passed = checks.iter().filter(|c| c["ok"] == true && c["skipped"] == false).count();
+    let skipped = checks.iter().filter(|c| c["skipped"] == true).count();
     let c = &v["counts"];
     assert_eq!(
-        (u(&c["checks"]), u(&c["passed"]), u(&c["failed"])),
-        (checks.len(), passed, checks.len() - passed)
+        (u(&c["checks"]), u(&c["passed"]), u(&c["skipped"]), u(&c["failed"])),
+        (checks.len(), passed, skipped, checks.len() - passed - skipped)
     );
     assert_eq!(u(&c["failed"]), 0);
 
@@ -163,7 +164,7 @@ fn demo_json_that_could_not_run_says_why() {
     assert_eq!(code, 3, "{stderr}");
     assert_envelope(&v, false);
     assert!(v["error"].as_str().unwrap().contains("does not exist"), "{v:#}");
-    assert_eq!(v["counts"], serde_json::json!({"checks": 0, "passed": 0, "failed": 0}));
+    assert_eq!(v["counts"], serde_json::json!({"checks": 0, "passed": 0, "skipped": 0, "failed": 0}));
     assert!(stderr.contains("memplug: demo:"), "{stderr}");
 }
 

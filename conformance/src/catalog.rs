@@ -563,7 +563,9 @@ pub fn checks_markdown() -> String {
          asserts, the clause of `include/memplug.h` it holds the plugin to, and the mistake that usually \
          makes it fail. A check runs once for the plugin (*plugin-wide*) or once per mechanism. A check is \
          skipped, saying why, only where the plugin lacks what it tests (a capability, a slot, a claim, a \
-         minor) or the host cannot see it (memory of a device that is not host-visible); \
+         minor), the host cannot see it (memory of a device that is not host-visible), or there is no \
+         library file (`memplug conformance` on the copy of the CPU plugin linked into it: `load.open`, \
+         `exports.only_entry_symbols`, `loss.*`); \
          [`conformance-json.md`](conformance-json.md) describes the report, \
          [`../abi-tests/MISBEHAVIOURS.md`](../abi-tests/MISBEHAVIOURS.md) the planted mistakes each check \
          catches.\n",

@@ -457,7 +457,27 @@ pub fn run_streaming(
     if !meta.is_file() {
         return Err(unreadable("not a regular file".into()));
     }
-    checks::run(path, &file, opts, on_result)
+    checks::run(checks::Target::File { path, file: &file }, opts, on_result)
+}
+
+/// [`run_streaming`] on a plugin linked into the calling executable,
+/// reached through its entry function `entry` (for a tool that carries a
+/// plugin, as `memplug` carries the reference CPU plugin); `name` is how
+/// the report shows it. Without a library file, the checks of the file
+/// (`load.open`, `exports.only_entry_symbols`) and those that load a second
+/// copy of it (`loss.*`) are skipped, saying so; every other check runs,
+/// each in its own process as usual.
+///
+/// # Safety
+/// `entry` must be a `memplug_plugin_v1` entry function (it is called as
+/// the ABI says, in each check's process).
+pub unsafe fn run_linked_streaming(
+    entry: memplug_sdk::abi::MemplugEntryV1,
+    name: &Path,
+    opts: &Options,
+    on_result: &mut dyn FnMut(&CheckResult),
+) -> Result<Report, Error> {
+    checks::run(checks::Target::Linked { entry, name }, opts, on_result)
 }
 
 #[cfg(test)]

@@ -82,7 +82,9 @@ def main():
             own[tokens[i], :] = step + i  # this token's KV row
             tokens[i] += 1
     for i, region in enumerate(requests):
-        cache = np.from_dlpack(region.view((PREFIX_TOKENS + tokens[i], WIDTH), "float32"))
+        # The prompt's rows are the shared prefix, mapped read-only: NumPy
+        # honours DLPack's read-only flag, so it may share them zero-copy.
+        cache = np.from_dlpack(region.view((PREFIX_TOKENS + tokens[i], WIDTH), "float32", on_read_only="share"))
         assert not cache.flags.writeable  # it starts with the shared prefix
         assert np.array_equal(cache[:PREFIX_TOKENS].ravel(), prompt_kv)
         assert cache[-1, 0] == steps - 1 + i

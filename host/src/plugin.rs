@@ -172,7 +172,13 @@ impl Plugin {
         label: &str,
         opts: &LoadOptions,
     ) -> Result<Plugin, LoadError> {
-        Self::negotiate(entry, format!("{label} (in-process)"), None, opts)
+        Self::negotiate(entry, Self::in_process_origin(label), None, opts)
+    }
+
+    /// The [`origin`](Self::origin) of an in-process entry of `label`: how
+    /// reports name a plugin that has no library file.
+    pub fn in_process_origin(label: &str) -> String {
+        format!("{label} (in-process)")
     }
 
     unsafe fn negotiate(

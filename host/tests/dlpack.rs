@@ -163,9 +163,15 @@ fn region_views_see_growth_refuse_shrinking_and_flag_the_prefix() {
 
     let all = region.to_dlpack(&TensorLayout::bytes(2 * MIB), Default::default()).unwrap();
     assert!(all.is_read_only(), "it touches the read-only prefix");
+    assert!(all.memory_is_read_only(), "and its memory cannot be written");
     assert_eq!(unsafe { *(all.data() as *const u8) }, 42);
     let private = region.to_dlpack(&TensorLayout::bytes(MIB).at(MIB), Default::default()).unwrap();
-    assert!(!private.is_read_only());
+    assert!(!private.is_read_only() && !private.memory_is_read_only());
+    let asked = region
+        .to_dlpack(&TensorLayout::bytes(16).at(MIB), ExportOptions { read_only: true, ..Default::default() })
+        .unwrap();
+    assert!(asked.is_read_only() && !asked.memory_is_read_only(), "the flag only: the bytes are writable");
+    drop(asked);
     assert_eq!((private.data(), region.views()), (base + MIB, 2));
     assert!(region.to_dlpack(&TensorLayout::bytes(2 * MIB + 1), Default::default()).is_err());
 
@@ -185,4 +191,44 @@ fn region_views_see_growth_refuse_shrinking_and_flag_the_prefix() {
     assert_eq!(pool.used(), prefix.charged() + MIB);
     drop(view);
     assert_eq!(pool.used(), prefix.charged());
+}
+
+/// A private copy of a view of the read-only prefix: its own writable
+/// memory, the same bytes, flagged as a copy; a write to it changes neither
+/// the prefix nor the region, and dropping it leaves the region's views.
+#[test]
+fn a_private_copy_of_read_only_memory_is_writable_and_apart() {
+    let (mgr, ctx, pool) = setup();
+    let kv = bind(&mgr, &ctx, &pool);
+    let prefix =
+        kv.create_shared(MIB, |v| unsafe { v.as_mut_slice()[..4].copy_from_slice(&[1, 2, 3, 4]) }).unwrap();
+    let region = SharedRegion::new(kv.reserve_virtual(16 * MIB).unwrap());
+    region.map_prefix(&prefix).unwrap();
+    let used = pool.used();
+    let u32s = DLDataType { code: dlpack::K_DL_UINT, bits: 32, lanes: 1 };
+    // A reversed view (stride -1) of the prefix's first four bytes:
+    // element 0 is the fourth byte.
+    let bytes = DLDataType { code: dlpack::K_DL_UINT, bits: 8, lanes: 1 };
+    let layout = TensorLayout { strides: Some(vec![-1]), ..TensorLayout::new([4], bytes) }.at(3);
+    let view = region.to_dlpack(&layout, Default::default()).unwrap();
+    assert!(view.memory_is_read_only());
+    assert_eq!(view.data(), region.view().addr + 3, "data points at element 0, not the lowest byte");
+    let copy = dlpack::private_copy(&view, false).unwrap();
+    assert!(copy.is_copy() && !copy.is_read_only() && !copy.memory_is_read_only());
+    assert_eq!((copy.shape(), copy.strides()), (&[4i64][..], &[-1i64][..]));
+    let first = copy.data() as *mut u8;
+    // SAFETY: the copy's four bytes, element 0 at `first`, stride -1.
+    unsafe {
+        assert_eq!([*first, *first.sub(1), *first.sub(2), *first.sub(3)], [4, 3, 2, 1]);
+        *first = 99;
+    }
+    assert_eq!(unsafe { *((region.view().addr + 3) as *const u8) }, 4, "the prefix is untouched");
+    assert_eq!(pool.used(), used, "a copy is not charged");
+    drop(view);
+    assert_eq!(region.views(), 0, "the copy does not hold the region");
+    drop(copy);
+    let typed = region.to_dlpack(&TensorLayout::new([2], u32s), Default::default()).unwrap();
+    let c = dlpack::private_copy(&typed, true).unwrap();
+    assert!(c.is_copy() && c.is_read_only() && !c.memory_is_read_only(), "read-only only when asked");
+    assert_eq!(c.data() % 64, 0, "a copy is aligned");
 }

@@ -177,7 +177,9 @@ pub fn manager(e: ManagerError) -> PyErr {
 pub fn export(e: ExportError) -> PyErr {
     match &e {
         ExportError::Lost { .. } => raise::<DeviceLost>("DEVICE_LOST", e.to_string(), &[]),
-        ExportError::NotDlpackDevice { .. } => raise::<ExportRefused>("UNSUPPORTED", e.to_string(), &[]),
+        ExportError::NotDlpackDevice { .. } | ExportError::NotCopyable { .. } => {
+            raise::<ExportRefused>("UNSUPPORTED", e.to_string(), &[])
+        }
         ExportError::Layout(_) => raise::<ExportRefused>("INVALID_ARGUMENT", e.to_string(), &[]),
         ExportError::OutOfBounds { needed, available } => raise::<ExportRefused>(
             "OUT_OF_RANGE",

@@ -225,8 +225,10 @@ macro_rules! dlpack_methods {
         impl $ty {
             /// A typed view for `numpy.from_dlpack`: `shape` (an int or a
             /// tuple), `dtype` (a name or a NumPy dtype; `uint8` when `None`), `offset` in bytes,
-            /// `strides` in elements (row-major when `None`).
-            #[pyo3(signature = (shape, dtype=None, offset=0, strides=None, read_only=false))]
+            /// `strides` in elements (row-major when `None`), `read_only` (the flag only),
+            /// `on_read_only` (`"refuse"`, `"share"` or `"copy"`: what goes out when the bytes
+            /// are mapped read-only, see `OnReadOnly`).
+            #[pyo3(signature = (shape, dtype=None, offset=0, strides=None, read_only=false, on_read_only="refuse"))]
             fn view(
                 &self,
                 shape: &Bound<'_, PyAny>,
@@ -234,9 +236,10 @@ macro_rules! dlpack_methods {
                 offset: u64,
                 strides: Option<Vec<i64>>,
                 read_only: bool,
+                on_read_only: &str,
             ) -> PyResult<Tensor> {
                 let layout = layout_of(shape, dtype, offset, strides)?;
-                Tensor::new(self.source()?, layout, read_only, self.device, self.uses.clone())
+                Tensor::new(self.source()?, layout, read_only, on_read_only, self.device, self.uses.clone())
             }
             #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
             fn __dlpack__(
@@ -250,7 +253,8 @@ macro_rules! dlpack_methods {
                 let (source, len) = (self.source()?, self.len_now());
                 let layout = TensorLayout::bytes(len);
                 let req = Request { stream, max_version, dl_device, copy };
-                dlpack_capsule(py, &source, &layout, false, self.device, &self.uses, req)
+                let view = crate::tensor::View::WHOLE;
+                dlpack_capsule(py, &source, &layout, view, self.device, &self.uses, req)
             }
             fn __dlpack_device__(&self) -> (i32, i32) {
                 self.device

@@ -5,6 +5,7 @@
 //! native, so they are safe at interpreter shutdown).
 
 use crate::errors;
+use memplug_host::dlpack::private_copy;
 use memplug_host::dlpack::{self, DLDataType, ExportOptions, ManagedTensor, SharedRegion, TensorLayout};
 use memplug_host::SharedFence;
 use memplug_host::{CachedAllocation, OwnedAllocation};
@@ -88,14 +89,52 @@ pub fn layout_of(
     Ok(TensorLayout { shape, dtype, strides, byte_offset: offset })
 }
 
+/// What `__dlpack__` hands out for a view whose bytes are mapped without
+/// write access (a shared prefix mapped read-only). No consumer may be able
+/// to crash the process by writing: PyTorch ignores DLPack's read-only
+/// flag and JAX's legacy capsule cannot carry it, so a zero-copy export of
+/// such bytes happens only when the caller says its consumer honours the
+/// flag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnReadOnly {
+    /// `"refuse"` (the default): `BufferError`, saying what to choose.
+    Refuse,
+    /// `"share"`: zero-copy, flagged read-only, to a consumer asking for a
+    /// versioned capsule (NumPy 2.1+ honours the flag); refused to a
+    /// legacy one, which cannot be told.
+    Share,
+    /// `"copy"`: a private, writable copy (CPU memory), flagged
+    /// `IS_COPIED`; writes stay in the copy.
+    Copy,
+}
+
+impl OnReadOnly {
+    /// The choices, as `view(on_read_only=...)` spells them.
+    pub const NAMES: [&'static str; 3] = ["refuse", "share", "copy"];
+
+    pub fn parse(s: &str) -> PyResult<Self> {
+        match s {
+            "refuse" => Ok(OnReadOnly::Refuse),
+            "share" => Ok(OnReadOnly::Share),
+            "copy" => Ok(OnReadOnly::Copy),
+            other => Err(PyValueError::new_err(format!(
+                "on_read_only={other:?}: expected one of {:?} (what a view of read-only memory hands out)",
+                Self::NAMES
+            ))),
+        }
+    }
+}
+
 /// A typed view of memplug memory: what `numpy.from_dlpack` (or
 /// `torch.from_dlpack`) takes. Each `__dlpack__` exports a new tensor
-/// (no copy) that keeps the memory alive until its consumer lets go.
+/// (no copy, unless asked) that keeps the memory alive until its consumer
+/// lets go.
 #[pyclass(frozen, module = "memplug")]
 pub struct Tensor {
     source: Source,
     layout: TensorLayout,
     read_only: bool,
+    on_read_only: OnReadOnly,
     device: (i32, i32),
     uses: Arc<Uses>,
 }
@@ -105,11 +144,13 @@ impl Tensor {
         source: Source,
         layout: TensorLayout,
         read_only: bool,
+        on_read_only: &str,
         device: (i32, i32),
         uses: Arc<Uses>,
     ) -> PyResult<Self> {
+        let on_read_only = OnReadOnly::parse(on_read_only)?;
         // Checked now, so a bad view fails where it is made.
-        let t = Tensor { source, layout, read_only, device, uses };
+        let t = Tensor { source, layout, read_only, on_read_only, device, uses };
         drop(t.source.export(&t.layout, ExportOptions { read_only, fences: Vec::new() })?);
         Ok(t)
     }
@@ -127,6 +168,12 @@ impl Tensor {
     fn offset(&self) -> u64 {
         self.layout.byte_offset
     }
+    /// What `__dlpack__` hands out if the view's bytes are mapped
+    /// read-only: `"refuse"`, `"share"` or `"copy"`.
+    #[getter]
+    fn on_read_only(&self) -> &'static str {
+        OnReadOnly::NAMES[self.on_read_only as usize]
+    }
     #[pyo3(signature = (*, stream=None, max_version=None, dl_device=None, copy=None))]
     fn __dlpack__(
         &self,
@@ -137,15 +184,19 @@ impl Tensor {
         copy: Option<bool>,
     ) -> PyResult<PyObject> {
         let req = Request { stream, max_version, dl_device, copy };
-        dlpack_capsule(py, &self.source, &self.layout, self.read_only, self.device, &self.uses, req)
+        let view = View { read_only: self.read_only, on_read_only: self.on_read_only };
+        dlpack_capsule(py, &self.source, &self.layout, view, self.device, &self.uses, req)
     }
     fn __dlpack_device__(&self) -> (i32, i32) {
         self.device
     }
     fn __repr__(&self) -> String {
         format!(
-            "memplug.Tensor(shape={:?}, dtype={:?}, offset={})",
-            self.layout.shape, self.layout.dtype, self.layout.byte_offset
+            "memplug.Tensor(shape={:?}, dtype={:?}, offset={}, on_read_only={:?})",
+            self.layout.shape,
+            self.layout.dtype,
+            self.layout.byte_offset,
+            self.on_read_only()
         )
     }
 }
@@ -197,6 +248,19 @@ impl Uses {
     }
 }
 
+/// What the view asks of an export.
+#[derive(Clone, Copy)]
+pub struct View {
+    /// Flag the export read-only (advisory where the bytes are writable).
+    pub read_only: bool,
+    pub on_read_only: OnReadOnly,
+}
+
+impl View {
+    /// The memory object's own `__dlpack__`: all of it, nothing chosen.
+    pub const WHOLE: View = View { read_only: false, on_read_only: OnReadOnly::Refuse };
+}
+
 /// What a `__dlpack__` call asked for.
 pub struct Request<'a, 'py> {
     pub stream: Option<&'a Bound<'py, PyAny>>,
@@ -208,28 +272,32 @@ pub struct Request<'a, 'py> {
 /// `__dlpack__` per the Python array API (2023.12):
 ///
 /// * `max_version` of major 1 or later: a versioned capsule
-///   (`dltensor_versioned`); `None` (a consumer older than DLPack 1.0) or
-///   major 0: a legacy `dltensor` capsule (`DLManagedTensor`), refused
-///   (`BufferError`) for read-only memory, since it cannot carry the flag;
+///   (`dltensor_versioned`); `None` (JAX, a consumer older than DLPack
+///   1.0) or major 0: a legacy `dltensor` capsule (`DLManagedTensor`),
+///   which cannot carry the read-only flag;
 /// * `stream`: on kDLCPU only `None` is accepted (`BufferError`
 ///   otherwise), and the export first waits on the host for the stream
 ///   work that last used the memory (`Uses`). On a device with streams,
 ///   `-1` means "no synchronisation"; any other value also waits on the
 ///   host, which orders every consumer stream after that work;
-/// * `dl_device` other than the memory's, and `copy=True` (memplug
-///   exports without copying): `BufferError`.
+/// * `dl_device` other than the memory's: `BufferError`;
+/// * `copy=True`: a private copy (CPU memory; `BufferError` elsewhere);
+///   `copy=False`: never a copy; `None`: a copy only where the view chose
+///   `on_read_only="copy"` and its bytes are read-only.
+///
+/// A view whose bytes are mapped read-only goes out as its
+/// [`OnReadOnly`] says: no consumer, honouring the flag or not, gets
+/// memory whose first write would crash the process unless the caller
+/// chose `"share"` for a consumer that honours the flag.
 pub fn dlpack_capsule(
     py: Python<'_>,
     source: &Source,
     layout: &TensorLayout,
-    read_only: bool,
+    view: View,
     device: (i32, i32),
     uses: &Uses,
     req: Request<'_, '_>,
 ) -> PyResult<PyObject> {
-    if req.copy == Some(true) {
-        return Err(PyBufferError::new_err("memplug exports its memory without copying (copy=True refused)"));
-    }
     if req.dl_device.is_some_and(|d| d != device) {
         return Err(PyBufferError::new_err(format!(
             "the memory is on DLPack device {device:?}, not {:?}",
@@ -248,11 +316,13 @@ pub fn dlpack_capsule(
         uses.wait_all(py)?;
     }
     let versioned = req.max_version.is_some_and(|(major, _)| major >= dlpack::DLPACK_MAJOR_VERSION);
-    let t = source.export(layout, ExportOptions { read_only, fences: Vec::new() })?;
+    let t = source.export(layout, ExportOptions { read_only: view.read_only, fences: Vec::new() })?;
+    let t = choose(t, view, versioned, req.copy)?;
     if !versioned && t.is_read_only() {
         return Err(PyBufferError::new_err(
-            "read-only memory cannot go to a legacy DLPack consumer (no max_version: DLPack 0.x has no \
-             read-only flag); pass max_version=(1, 0) or later",
+            "this view was made with read_only=True, and the consumer asked for a legacy DLPack capsule (no \
+             max_version: JAX, NumPy < 2.1), which cannot carry the read-only flag; make the view without \
+             read_only=True for this consumer",
         ));
     }
     let raw = t.into_raw();
@@ -276,6 +346,54 @@ pub fn dlpack_capsule(
     }
     // SAFETY: a new reference.
     Ok(unsafe { PyObject::from_owned_ptr(py, cap) })
+}
+
+/// What goes out for `t`: itself, a private copy, or a refusal (see
+/// [`dlpack_capsule`] and [`OnReadOnly`]).
+fn choose(t: ManagedTensor, view: View, versioned: bool, copy: Option<bool>) -> PyResult<ManagedTensor> {
+    // A copy that cannot be made is the array API's BufferError, like
+    // every other refusal of `__dlpack__`.
+    let copied = |t: &ManagedTensor| {
+        private_copy(t, view.read_only).map_err(|e| PyBufferError::new_err(e.to_string()))
+    };
+    if copy == Some(true) {
+        return copied(&t);
+    }
+    if !t.memory_is_read_only() {
+        return Ok(t);
+    }
+    match (view.on_read_only, copy) {
+        (OnReadOnly::Copy, None) => copied(&t),
+        (OnReadOnly::Copy, _) => Err(PyBufferError::new_err(
+            "copy=False, but this view of read-only memory is exported as a copy (on_read_only='copy'); \
+             make the view with on_read_only='share' for a zero-copy, read-only export",
+        )),
+        (OnReadOnly::Share, _) if versioned => Ok(t),
+        (OnReadOnly::Share, _) => Err(PyBufferError::new_err(format!(
+            "{}: the consumer asked for a legacy DLPack capsule (no max_version; JAX always does), which \
+             cannot carry the read-only flag, so on_read_only='share' cannot be honoured; make the view \
+             with on_read_only='copy' for a private, writable copy",
+            describe(&t)
+        ))),
+        (OnReadOnly::Refuse, _) => Err(PyBufferError::new_err(format!(
+            "{}: writing through it would crash the process, and PyTorch ignores DLPack's read-only flag \
+             (JAX's legacy capsule cannot carry it), so memplug does not export it zero-copy unless told \
+             how. Make the view with on_read_only='copy' (a private, writable copy: PyTorch, JAX), or \
+             on_read_only='share' (zero-copy, flagged read-only: only for a consumer that honours the \
+             flag, such as NumPy 2.1+); or pass copy=True to numpy/torch.from_dlpack; or make the range \
+             private first (Region.privatise)",
+            describe(&t)
+        ))),
+    }
+}
+
+/// The exported bytes, for a refusal.
+fn describe(t: &ManagedTensor) -> String {
+    format!(
+        "the view at {:#x} (shape {:?}) reaches into a shared prefix mapped read-only",
+        t.data(),
+        t.shape()
+    )
 }
 
 /// Runs the tensor's deleter unless a consumer took it (and renamed the

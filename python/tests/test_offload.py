@@ -59,7 +59,15 @@ def test_privatise_gives_one_region_its_own_copy_of_the_last_block(mgr, ctx, poo
         a.privatise(len(prefix) - block, block, stream)
     with pytest.raises(memplug.InvalidArgument):
         a.privatise(1, block, stream)
-    whole_a, whole_b = np.from_dlpack(a), np.from_dlpack(b)
+    # The prefix is read-only: NumPy honours the flag, so share it.
+    whole_a = np.from_dlpack(a.view(a.len, on_read_only="share"))
+    whole_b = np.from_dlpack(b.view(b.len, on_read_only="share"))
+    # The privatised block is a's own, writable memory: no choice needed.
+    own = np.from_dlpack(a.view(block, offset=len(prefix) - block))
+    assert own.flags.writeable and own.ctypes.data == a.addr + len(prefix) - block
+    with pytest.raises(BufferError, match="read-only"):
+        np.from_dlpack(b.view(block, offset=len(prefix) - block))
+    del own
     assert bytes(whole_a[: len(prompt)]) == prompt
     assert np.array_equal(whole_a, whole_b), "the private copy holds the shared bytes"
     with pytest.raises(memplug.InvalidState, match="view"):

@@ -1,4 +1,4 @@
-//! Step 7: the device is lost mid-decode. A new batch (`r6`, `r7`) decodes
+//! Scene `device_loss` (step 9): the device is lost mid-decode. A new batch (`r6`, `r7`) decodes
 //! on the story's context, next to the pinned weights; between two decode
 //! steps the context is lost. Its holders are told (each gets the
 //! `Lost` [`LifecycleEvent`], whose [`LossNotice`]s name every binding that
@@ -45,6 +45,7 @@ use super::serving::{admit, decode, grow, kv_intact, prefix_intact, system_promp
 use super::session::{kv_ranges, Session, State, NEEDS};
 use super::timeline::{Checks, Recorder};
 use super::{lock, mib, CPU0, DECODE_STEPS, KV_PER_TOKEN, PINNED, TOKENS_PER_STEP};
+use crate::locate;
 use memplug_host::governor::{AllocationClass, HolderId, Pool};
 use memplug_host::{
     BindingSpec, Context, LifeState, LifecycleEvent, LoadOptions, LossNotice, ManagerError, Plugin,
@@ -103,7 +104,7 @@ impl Loss {
         const NAME: &str = "lost context settled exactly once";
         let r = &mut self.report;
         if let Some(why) = &r.skipped {
-            checks.add(NAME, true, format!("skipped: {why}"));
+            checks.skip(NAME, why);
             return self.report;
         }
         r.discharged_at_end = pool.discharged();
@@ -312,7 +313,7 @@ pub(super) fn scene(
             "no second instance of the CPU plugin: its library was not found, only the copy linked into \
                    memplug is loaded, and a registry holds one plugin per name";
         rec.log("lost", "scene", format!("the device-loss scene is skipped: {why}"));
-        st.checks.add("requests continue on the replacement", true, format!("skipped: {why}"));
+        st.checks.skip("requests continue on the replacement", why);
         loss.report.skipped = Some(why.into());
         return Ok((s, loss));
     };
@@ -533,7 +534,11 @@ pub(super) fn scene(
     // SAFETY: the reference plugin's entry, linked into this binary and
     // built from this workspace against the same ABI.
     let spare = unsafe {
-        Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "memplug-cpu", &LoadOptions::default())
+        Plugin::from_entry(
+            memplug_plugin_cpu::cpu_plugin_entry,
+            locate::CPU_PLUGIN_LABEL,
+            &LoadOptions::default(),
+        )
     }?;
     loss.report.replacement = format!("{} {} ({})", spare.name(), spare.version(), spare.origin());
     manager.register_plugin(spare)?;

@@ -275,20 +275,21 @@ fn smaps_governable() -> std::io::Result<u64> {
 pub(super) fn check(ms: &[Measurement], checks: &mut Checks) {
     let exact_all = ms.iter().all(|m| m.exact_ok);
     let process_all = ms.iter().all(|m| m.process_ok);
-    checks.add(
-        "governor = kernel pages (pagemap)",
-        exact_all,
-        if ms.iter().all(|m| m.resident_kv.is_none()) {
-            "skipped: /proc/self/pagemap is not readable here".to_string()
-        } else {
+    const EXACT: &str = "governor = kernel pages (pagemap)";
+    if ms.iter().all(|m| m.resident_kv.is_none()) {
+        checks.skip(EXACT, "/proc/self/pagemap is not readable here");
+    } else {
+        checks.add(
+            EXACT,
+            exact_all,
             format!(
                 "{}/{} measurements: pages present over the live objects == bytes charged, exactly \
                  (and over the lost objects == bytes stranded)",
                 ms.iter().filter(|m| m.exact_ok).count(),
                 ms.len()
-            )
-        },
-    );
+            ),
+        );
+    }
     checks.add(
         "governor ≈ process resident delta (smaps)",
         process_all,

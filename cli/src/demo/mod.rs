@@ -23,7 +23,13 @@
 //!    holder) asks for more than anyone can give: `weights` gives what it
 //!    can, `kv` answers 0, and the grow fails with `OutOfBudget`, leaving
 //!    the old view; a smaller retry succeeds.
-//! 7. The device is lost mid-decode ([`loss`]): a new batch decodes next to
+//! 7. An expert shard held as a region is offloaded to a host pool when a
+//!    long prefill runs the device pool short, and restored at the same
+//!    address, bytes intact ([`offload`]).
+//! 8. Copy-on-write: one of three requests mapping the system prompt
+//!    diverges inside its last block and gets a private copy of that block
+//!    (`privatise`); the other two keep reading the shared one.
+//! 9. The device is lost mid-decode ([`loss`]): a new batch decodes next to
 //!    the pinned weights when the context is lost (declared by the
 //!    runtime, or, with `MEMPLUG_CPU_TEST_SWITCHES=1`, reported by the CPU
 //!    plugin through its test switch); `weights` and `kv` receive the
@@ -32,8 +38,8 @@
 //!    inert; the requests continue, re-prefilled, on a replacement (the
 //!    copy of the CPU plugin linked into `memplug`, registered once the
 //!    lost plugin is unregistered: a registry holds one plugin per name).
-//! 8. Teardown, drain, a ledger that ends at zero (and balances: the one
-//!    discharge is the settlement), and the plugin unloads.
+//! 10. Teardown, drain, a ledger that ends at zero (and balances: the one
+//!     discharge is the settlement), and the plugin unloads.
 //!
 //! Next to the governor's figures, the demo measures resident memory
 //! through the kernel: `/proc/self/pagemap` page by page over the live
@@ -41,8 +47,10 @@
 //! process (a delta since the start, with a tolerance). Any failed check
 //! makes the command exit non-zero.
 //!
-//! The code follows that split: [`story`] is the script (steps 1–8 and
-//! the checks they make) and [`loss`] its step 7, [`serving`] the parts it moves (the weights
+//! The steps are [`timeline::SCENES`], in this order.
+//!
+//! The code follows that split: [`story`] is the script (steps 1–10 and
+//! the checks they make), [`offload`] its steps 7 and 8, [`loss`] its step 9, [`serving`] the parts it moves (the weights
 //! holder, requests and their KV regions, decoding), [`measure`] the
 //! kernel's view (`/proc/self/pagemap`, `/proc/self/smaps`) next to the
 //! governor's, [`timeline`] the scenes and events they record, and

@@ -1,9 +1,15 @@
 //! `memplug demo --plot FILE.svg`: the pool's use per allocation class over
 //! the demo's timeline, as the governor charged it after each event, with
-//! the pool's capacity, the pressure tickets, evictions, the OutOfBudget
-//! and the device loss marked, the kernel's resident figures at each
-//! measurement (pagemap per class, the process's smaps delta) and the
-//! story's scenes as numbered bands. Drawn with plotters' SVG backend.
+//! the pool's capacity, the pressure tickets, evictions, the OutOfBudget,
+//! the offload, restore and copy-on-write and the device loss marked, the
+//! kernel's resident figures at each measurement (pagemap per class, the
+//! process's smaps delta less the host copies) and the story's scenes as
+//! numbered bands. Drawn with plotters' SVG backend.
+//!
+//! The budget drawn is the device pool's. The offload's host copies are
+//! charged to a pool of their own (the host pool): they are drawn apart,
+//! in their own colour, and left out of the process's delta, so that the
+//! device pool's figures never read as a breach of its capacity.
 
 use super::report::Report;
 use super::timeline::Event;
@@ -30,6 +36,10 @@ fn class_colour(class: AllocationClass) -> RGBColor {
 
 const CAPACITY: RGBColor = RGBColor(214, 39, 40);
 const MARKS: RGBColor = RGBColor(110, 110, 110);
+/// The host pool (offloaded copies) and the moves between the pools.
+const HOST: RGBColor = RGBColor(23, 190, 207);
+/// Copy-on-write.
+const PRIVATISE: RGBColor = RGBColor(227, 119, 194);
 
 type Svg<'a> = SVGBackend<'a>;
 /// A series' points: (ms, MiB).
@@ -49,6 +59,8 @@ enum Mark {
     Cross(RGBColor, i32, u32),
     Dot(RGBColor, i32),
     Ring(RGBColor, i32),
+    /// A square, filled or not.
+    Square(RGBColor, i32, bool),
 }
 
 impl Mark {
@@ -59,7 +71,11 @@ impl Mark {
             Mark::Cross(c, size, w) => Cross::new(at, size, c.stroke_width(w)).into_dyn(),
             Mark::Dot(c, size) => Circle::new(at, size, c.filled()).into_dyn(),
             Mark::Ring(c, size) => Circle::new(at, size, c.stroke_width(1)).into_dyn(),
-            Mark::Line(c, _) | Mark::Dashed(c) | Mark::Rule(c) => Circle::new(at, 0, c.filled()).into_dyn(),
+            // Squares are drawn by `square` (a composed element); lines by
+            // their series.
+            Mark::Line(c, _) | Mark::Dashed(c) | Mark::Rule(c) | Mark::Square(c, ..) => {
+                Circle::new(at, 0, c.filled()).into_dyn()
+            }
         }
     }
 
@@ -72,8 +88,20 @@ impl Mark {
             Mark::Line(c, w) => vec![segment(-12, 12, c, w)],
             Mark::Dashed(c) => vec![segment(-12, -3, c, 2), segment(3, 12, c, 2)],
             Mark::Rule(c) => vec![PathElement::new([(x, y - 8), (x, y + 8)], c.stroke_width(1)).into_dyn()],
+            Mark::Square(c, size, filled) => {
+                vec![Rectangle::new([(x - size, y - size), (x + size, y + size)], square_style(c, filled))
+                    .into_dyn()]
+            }
             m => vec![m.at((x, y))],
         }
+    }
+}
+
+fn square_style(c: RGBColor, filled: bool) -> ShapeStyle {
+    if filled {
+        c.filled()
+    } else {
+        c.stroke_width(2)
     }
 }
 
@@ -212,6 +240,9 @@ fn draw(root: &DrawingArea<Svg<'_>, Shift>, r: &Report) -> Result<(), Box<dyn st
         ("pressure ticket".into(), Mark::Triangle(MARKS, 6), marks(r, "ticket")),
         ("eviction".into(), Mark::Cross(BLACK, 5, 2), marks(r, "evict")),
         ("OutOfBudget".into(), Mark::Cross(CAPACITY, 8, 3), marks(r, "out_of_budget")),
+        ("offloaded to the host pool".into(), Mark::Square(HOST, 5, true), marks(r, "offload")),
+        ("restored at its address".into(), Mark::Square(HOST, 5, false), marks(r, "restore")),
+        ("copy-on-write (privatise)".into(), Mark::Square(PRIVATISE, 5, true), marks(r, "privatise")),
         ("device lost".into(), Mark::Rule(CAPACITY), marks(r, "lost")),
     ];
     for &class in &classes {
@@ -224,11 +255,25 @@ fn draw(root: &DrawingArea<Svg<'_>, Shift>, r: &Report) -> Result<(), Box<dyn st
             ));
         }
     }
+    // The process's delta holds the host copies too: they are the host
+    // pool's, drawn apart below, so the ring is the delta without them.
     points.push((
-        "process resident Δ (kernel: smaps)".into(),
+        "process resident Δ, less host copies (kernel)".into(),
         Mark::Ring(BLACK, 8),
-        ms.iter().filter_map(|m| m.process_delta.map(|d| (m.t_ms, d.max(0) as f64 / MIB as f64))).collect(),
+        ms.iter()
+            .filter_map(|m| {
+                let host = m.resident_host.unwrap_or(0) as i64;
+                m.process_delta.map(|d| (m.t_ms, (d - host).max(0) as f64 / MIB as f64))
+            })
+            .collect(),
     ));
+    if ms.iter().any(|m| m.governor_host != 0) {
+        points.push((
+            "host pool: charged (another pool, not this budget)".into(),
+            Mark::Dot(HOST, 5),
+            ms.iter().filter(|m| m.governor_host != 0).map(|m| (m.t_ms, mib(m.governor_host))).collect(),
+        ));
+    }
     if ms.iter().any(|m| m.stranded != 0) {
         points.push((
             "stranded by the loss, uncharged (kernel)".into(),
@@ -245,6 +290,12 @@ fn draw(root: &DrawingArea<Svg<'_>, Shift>, r: &Report) -> Result<(), Box<dyn st
                 chart.draw_series(
                     pts.into_iter().map(|(t, _)| PathElement::new([(t, 0.0), (t, y_max)], c.stroke_width(1))),
                 )?;
+            }
+            Mark::Square(c, size, filled) => {
+                chart.draw_series(pts.into_iter().map(|p| {
+                    EmptyElement::at(p)
+                        + Rectangle::new([(-size, -size), (size, size)], square_style(c, filled))
+                }))?;
             }
             _ => {
                 chart.draw_series(pts.into_iter().map(|p| mark.at(p)))?;

@@ -23,7 +23,7 @@ pub(super) struct Report {
     pub(super) timeline: Vec<Event>,
     pub(super) measurements: Vec<Measurement>,
     pub(super) ledger: Ledger,
-    /// Step 7, the device lost mid-decode.
+    /// The device lost mid-decode (scene `device_loss`).
     pub(super) loss: LossReport,
     pub(super) checks: Vec<Check>,
     pub(super) counts: Counts,
@@ -36,13 +36,25 @@ pub(super) struct Report {
 pub(super) struct Counts {
     pub(super) checks: usize,
     pub(super) passed: usize,
+    pub(super) skipped: usize,
     pub(super) failed: usize,
 }
 
 impl Counts {
     pub(super) fn of(checks: &[Check]) -> Counts {
-        let passed = checks.iter().filter(|c| c.ok).count();
-        Counts { checks: checks.len(), passed, failed: checks.len() - passed }
+        let skipped = checks.iter().filter(|c| c.skipped).count();
+        let passed = checks.iter().filter(|c| c.ok && !c.skipped).count();
+        Counts { checks: checks.len(), passed, skipped, failed: checks.len() - passed - skipped }
+    }
+
+    /// The text report's last line.
+    pub(super) fn summary(&self) -> String {
+        match (self.failed, self.skipped) {
+            (0, 0) => format!("all {} checks passed", self.checks),
+            (0, s) => format!("{} passed, {s} skipped", self.passed),
+            (f, 0) => format!("{f} of {} checks FAILED", self.checks),
+            (f, s) => format!("{f} of {} checks FAILED ({} passed, {s} skipped)", self.checks, self.passed),
+        }
     }
 }
 
@@ -360,15 +372,16 @@ pub(super) fn render_text(r: &Report) -> String {
     p!();
     p!("checks");
     for c in &r.checks {
-        p!("  [{}] {:<42} {}", if c.ok { "ok" } else { "FAIL" }, c.name, c.detail);
+        let mark = match (c.ok, c.skipped) {
+            (_, true) => "skip",
+            (true, false) => "ok",
+            (false, false) => "FAIL",
+        };
+        // The details line up whatever the mark's width.
+        p!("  [{mark}] {:<w$} {}", c.name, c.detail, w = 44 - mark.len());
     }
-    let c = &r.counts;
     p!();
-    if c.failed == 0 {
-        p!("all {} checks passed", c.checks);
-    } else {
-        p!("{} of {} checks FAILED", c.failed, c.checks);
-    }
+    p!("{}", r.counts.summary());
     o
 }
 
@@ -381,7 +394,7 @@ fn render_loss(o: &mut String, l: &LossReport) {
         };
     }
     p!();
-    p!("device loss (step 7)");
+    p!("device loss (step {})", super::timeline::step("device_loss"));
     if let Some(why) = &l.skipped {
         p!("  skipped: {why}");
         return;

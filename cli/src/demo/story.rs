@@ -60,18 +60,18 @@ pub(super) fn scenario() -> Result<Report, Box<dyn Error>> {
     };
 
     let session = serve(&manager, &ctx, &mut st)?;
-    // ----- offload and restore, copy-on-write (offload.rs) --------------------------
+    // ----- 7, 8. offload and restore, copy-on-write (offload.rs) ---------------------
     rec.scene("offload");
     offload::offload_scene(&manager, &ctx, &session, &mut st)?;
     rec.scene("copy_on_write");
     offload::copy_on_write_scene(&manager, &ctx, &session, &mut st)?;
-    // ----- 7. the device is lost mid-decode (loss.rs) ------------------------------
+    // ----- 9. the device is lost mid-decode (loss.rs) ------------------------------
     rec.scene("device_loss");
     let (session, loss) = loss::scene(&manager, ctx, session, library.as_deref(), &mut st)?;
     rec.scene("teardown");
     teardown(session, &mut st, loss.regions_admitted());
 
-    // ----- 8. drain, ledger, unload ---------------------------------------------
+    // ----- 10. drain, ledger, unload --------------------------------------------
     let drain = manager.drain(Duration::from_secs(2));
     rec.log(
         "drain",

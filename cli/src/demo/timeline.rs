@@ -26,6 +26,51 @@ pub(super) const SCENES: [(&str, &str); 10] = [
     ("teardown", "teardown, drain, ledger and unload"),
 ];
 
+/// The step of scene `id` (from 1), as the report and the chart number it.
+pub(super) fn step(id: &str) -> usize {
+    SCENES.iter().position(|(s, _)| *s == id).map_or(0, |p| p + 1)
+}
+
+/// Every kind of timeline event, in the order `docs/cli.md` lists them:
+/// [`Recorder::log`] takes no other (a debug build asserts it), and a test
+/// compares this list with the page.
+pub(super) const EVENT_KINDS: [&str; 31] = [
+    "setup",
+    "load",
+    "prefix",
+    "admit",
+    "grow",
+    "ticket",
+    "evict",
+    "out_of_budget",
+    "rollback",
+    "release",
+    "poll",
+    "fence",
+    "retired",
+    "finish",
+    // the offload and copy-on-write scenes
+    "offload",
+    "restore",
+    "prefill",
+    "privatise",
+    // the device loss
+    "lost",
+    "refused",
+    "told",
+    "settled",
+    "terminated",
+    "inert",
+    "unregister",
+    "replacement",
+    "resume",
+    // the end, and throughout
+    "teardown",
+    "drain",
+    "unload",
+    "measure",
+];
+
 /// One scene as it ran.
 #[derive(Serialize, Clone)]
 pub(super) struct Scene {
@@ -45,11 +90,7 @@ pub(super) struct Scene {
 #[derive(Serialize, Clone)]
 pub(super) struct Event {
     pub(super) t_ms: f64,
-    /// `setup`, `load`, `prefix`, `admit`, `grow`, `ticket`, `evict`,
-    /// `out_of_budget`, `rollback`, `release`, `poll`, `fence`, `retired`,
-    /// `finish`; the device loss's `lost`, `refused`, `told`, `settled`,
-    /// `terminated`, `inert`, `unregister`, `replacement`, `resume`; then
-    /// `teardown`, `drain`, `unload`, and `measure` throughout.
+    /// One of [`EVENT_KINDS`].
     pub(super) kind: &'static str,
     /// Who: a request (`r1`..), a holder, the queue, the plugin.
     pub(super) subject: String,
@@ -67,7 +108,10 @@ pub(super) struct Event {
 #[derive(Serialize)]
 pub(super) struct Check {
     pub(super) name: &'static str,
+    /// Passed, or skipped: nothing failed.
     pub(super) ok: bool,
+    /// Not run here (its detail says why): counted apart from the passes.
+    pub(super) skipped: bool,
     pub(super) detail: String,
 }
 
@@ -114,7 +158,7 @@ impl Recorder {
             .iter()
             .enumerate()
             .map(|(i, &(id, start_ms))| Scene {
-                step: SCENES.iter().position(|(s, _)| *s == id).map_or(0, |p| p + 1),
+                step: step(id),
                 id,
                 title: SCENES.iter().find(|(s, _)| *s == id).map_or("", |(_, t)| t),
                 start_ms,
@@ -141,6 +185,7 @@ impl Recorder {
         subject: impl Into<String>,
         detail: impl Into<String>,
     ) -> f64 {
+        debug_assert!(EVENT_KINDS.contains(&kind), "event kind {kind} is not in EVENT_KINDS");
         let snap = self.pool.snapshot();
         let t_ms = self.now_ms();
         let e = Event {
@@ -184,6 +229,49 @@ pub(super) struct Checks(pub(super) Vec<Check>);
 
 impl Checks {
     pub(super) fn add(&mut self, name: &'static str, ok: bool, detail: impl Into<String>) {
-        self.0.push(Check { name, ok, detail: detail.into() });
+        self.0.push(Check { name, ok, skipped: false, detail: detail.into() });
+    }
+    /// A check that could not run here: reported and counted as skipped
+    /// (never as a pass), with why.
+    pub(super) fn skip(&mut self, name: &'static str, why: impl std::fmt::Display) {
+        self.0.push(Check { name, ok: true, skipped: true, detail: format!("skipped: {why}") });
+    }
+}
+
+/// The lists `docs/cli.md` gives are these: scene ids in order, the event
+/// kinds, and the device loss's step.
+#[cfg(test)]
+mod docs_agree {
+    use super::{step, EVENT_KINDS, SCENES};
+
+    fn page() -> String {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    /// The backquoted words of the page from `start` to the first `end`.
+    fn quoted_after(page: &str, start: &str, end: &str) -> Vec<String> {
+        let from = page.find(start).unwrap_or_else(|| panic!("docs/cli.md has no {start:?}")) + start.len();
+        let text = &page[from..from + page[from..].find(end).expect("the end of the list")];
+        text.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    }
+
+    #[test]
+    fn the_scene_ids_are_the_code_s_in_order() {
+        let ids = quoted_after(&page(), "The ids: ", "|");
+        let code: Vec<&str> = SCENES.iter().map(|(id, _)| *id).collect();
+        assert_eq!(ids, code, "docs/cli.md's scene ids (the `scenes` row) differ from SCENES");
+    }
+
+    #[test]
+    fn the_event_kinds_are_the_code_s() {
+        let listed = quoted_after(&page(), "Event kinds: ", "throughout.");
+        assert_eq!(listed, EVENT_KINDS, "docs/cli.md's event kinds differ from EVENT_KINDS");
+    }
+
+    #[test]
+    fn the_device_loss_step_is_the_code_s() {
+        let want = format!("the device-loss scene (step {})", step("device_loss"));
+        assert!(page().contains(&want), "docs/cli.md does not say {want:?}");
     }
 }

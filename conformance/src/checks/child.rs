@@ -7,7 +7,7 @@ use super::*;
 const NOTED_REPORTS: usize = 5;
 
 /// The child of the check at `target`: the whole sequence, aimed at it.
-pub(super) fn child_main(path: &Path, opts: &Options, kit: &Kit, target: usize, out: RawFd) -> i32 {
+pub(super) fn child_main(source: &Source, opts: &Options, kit: &Kit, target: usize, out: RawFd) -> i32 {
     let log = Arc::new(kit.log.snapshot());
     log.set_muted(true);
     let mut res = Results {
@@ -26,7 +26,8 @@ pub(super) fn child_main(path: &Path, opts: &Options, kit: &Kit, target: usize, 
         services: None,
     };
     let mut header = Header::default();
-    if let Err(Error::NoSuchMechanism { name, available }) = orchestrate(path, opts, &mut res, &mut header) {
+    if let Err(Error::NoSuchMechanism { name, available }) = orchestrate(source, opts, &mut res, &mut header)
+    {
         res.send(&Msg::NoSuchMechanism { name, available });
     }
     res.send(&Msg::Header(header));
@@ -278,48 +279,29 @@ impl Results {
 
 /// The whole sequence of checks, as one child runs it through `res`.
 pub(super) fn orchestrate(
-    path: &Path,
+    source: &Source,
     opts: &Options,
     res: &mut Results,
     h: &mut Header,
 ) -> Result<(), Error> {
-    // An initialiser of the plugin that crashes does so in load.open.
-    res.upcoming("load.open", None);
-    let lib = match open(path) {
-        Ok(l) => {
-            res.add("load.open", None, Ok("opened with RTLD_NOW | RTLD_LOCAL".into()));
-            l
-        }
-        Err(e) => {
-            res.add("load.open", None, Err(Verdict::Fail(e)));
-            res.run("exports.only_entry_symbols", None, || exports(path));
-            return Ok(());
-        }
-    };
-    // SAFETY: the symbol's type is fixed by the ABI for this name.
-    let entry = match unsafe { lib.get::<MemplugEntryV1>(b"memplug_plugin_v1\0") } {
-        Ok(f) => {
-            res.add("load.entry_symbol", None, Ok("memplug_plugin_v1 found".into()));
-            *f
-        }
-        Err(e) => {
-            res.add(
-                "load.entry_symbol",
-                None,
-                Err(Verdict::Fail(format!("memplug_plugin_v1 is not defined: {e}"))),
-            );
-            res.run("exports.only_entry_symbols", None, || exports(path));
-            return Ok(());
+    let (entry, path) = match source {
+        Source::Opened(path) => match load(path, res) {
+            Some(entry) => (entry, Some(path.clone())),
+            None => return Ok(()),
+        },
+        Source::Linked(entry) => {
+            const WHY: &str =
+                "the plugin is linked into the executable running the kit: there is no library \
+                               file; run the kit on the plugin's library to check it";
+            res.add("load.open", None, Err(Verdict::Skip(format!("{WHY} (dlopen)"))));
+            res.add("load.entry_symbol", None, Ok("memplug_plugin_v1, linked in".into()));
+            res.add("exports.only_entry_symbols", None, Err(Verdict::Skip(format!("{WHY} (its exports)"))));
+            (*entry, None)
         }
     };
-    // The library stays loaded for the life of the process: a plugin may
-    // keep threads or mappings past the last call the kit makes.
-    std::mem::forget(lib);
-    res.run("exports.only_entry_symbols", None, || exports(path));
-
     let services = KitServices::leak();
     res.services = Some(services);
-    let ctx = Ctx { log: res.log.clone(), opts: opts.clone(), entry, path: path.to_path_buf(), services };
+    let ctx = Ctx { log: res.log.clone(), opts: opts.clone(), entry, path, services };
     let Some((desc, agreed)) = negotiation::run_all(res, &ctx) else {
         return Ok(());
     };
@@ -367,6 +349,47 @@ pub(super) fn orchestrate(
     loss::run_plugin(res, &ctx, &checked);
     messages::finish(res, &ctx, &plugin, &checked);
     Ok(())
+}
+
+/// Opens the plugin file and finds its entry (`load.open`,
+/// `load.entry_symbol`, `exports.only_entry_symbols`); `None` when the run
+/// cannot go on.
+fn load(path: &Path, res: &mut Results) -> Option<MemplugEntryV1> {
+    // An initialiser of the plugin that crashes does so in load.open.
+    res.upcoming("load.open", None);
+    let lib = match open(path) {
+        Ok(l) => {
+            res.add("load.open", None, Ok("opened with RTLD_NOW | RTLD_LOCAL".into()));
+            l
+        }
+        Err(e) => {
+            res.add("load.open", None, Err(Verdict::Fail(e)));
+            res.run("exports.only_entry_symbols", None, || exports(path));
+            return None;
+        }
+    };
+    // SAFETY: the symbol's type is fixed by the ABI for this name.
+    let entry = match unsafe { lib.get::<MemplugEntryV1>(b"memplug_plugin_v1\0") } {
+        Ok(f) => {
+            res.add("load.entry_symbol", None, Ok("memplug_plugin_v1 found".into()));
+            *f
+        }
+        Err(e) => {
+            res.add(
+                "load.entry_symbol",
+                None,
+                Err(Verdict::Fail(format!("memplug_plugin_v1 is not defined: {e}"))),
+            );
+            res.run("exports.only_entry_symbols", None, || exports(path));
+            return None;
+        }
+    };
+    // The library stays loaded for the life of the process: a plugin may
+    // keep threads or mappings past the last call the kit makes.
+    std::mem::forget(lib);
+    res.run("exports.only_entry_symbols", None, || exports(path));
+
+    Some(entry)
 }
 
 pub(super) fn per_mechanism(res: &mut Results, ctx: &Ctx, m: &Mech) {

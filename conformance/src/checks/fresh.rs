@@ -144,14 +144,21 @@ pub(crate) fn fresh(ctx: &Ctx) -> Result<Fresh, Verdict> {
 /// plugin must not answer `MEMPLUG_STATUS_DEVICE_LOST`, which such a host
 /// reads as `MEMPLUG_STATUS_INTERNAL`).
 pub(crate) fn fresh_at(ctx: &Ctx, host_max: u32) -> Result<Fresh, Verdict> {
-    let exported_names = crate::elf::exported_symbols(&ctx.path).unwrap_or_default();
+    let Some(path) = &ctx.path else {
+        return Err(fresh_skip(
+            "the plugin is linked into the executable running the kit: there is no library file to load a \
+             copy from"
+                .into(),
+        ));
+    };
+    let exported_names = crate::elf::exported_symbols(path).unwrap_or_default();
     let exported = LOSS_TRIGGERS.iter().find(|t| exported_names.iter().any(|n| n == t.symbol));
     if let Some((k, v)) = exported.and_then(|t| t.env) {
         // Only this check's process, before the copy's initialisers and
         // first negotiation run: the caller of the kit never sees it.
         std::env::set_var(k, v);
     }
-    let lib = load_copy(&ctx.path).map_err(|e| fresh_skip(format!("the kit could not load a copy: {e}")))?;
+    let lib = load_copy(path).map_err(|e| fresh_skip(format!("the kit could not load a copy: {e}")))?;
     // SAFETY: the symbol types are fixed by the ABI and the kit's
     // convention for these names.
     let entry = match unsafe { lib.get::<MemplugEntryV1>(b"memplug_plugin_v1\0") } {

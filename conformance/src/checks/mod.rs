@@ -155,8 +155,10 @@ pub(crate) struct Ctx {
     pub log: Arc<Log>,
     pub opts: Options,
     pub entry: MemplugEntryV1,
-    /// The plugin file as this process opened it (`/proc/self/fd/4`).
-    pub path: std::path::PathBuf,
+    /// The plugin file as this process opened it (`/proc/self/fd/4`);
+    /// `None` for a plugin linked into the kit's caller
+    /// ([`crate::run_linked_streaming`]).
+    pub path: Option<std::path::PathBuf>,
     /// The services table of the ordinary negotiation
     /// (`negotiation.accepts_host`, a 1.2 host).
     pub services: &'static KitServices,
@@ -419,22 +421,41 @@ enum Next {
     End,
 }
 
-/// Runs the checks on the plugin named `path` (as reports show it), whose
-/// opened file is `file`: every check's process loads and reads that
-/// descriptor (as `/proc/self/fd/4`), never the name again.
+/// What the checks run on.
+pub(crate) enum Target<'a> {
+    /// The plugin named `path` (as reports show it), whose opened file is
+    /// `file`: every check's process loads and reads that descriptor (as
+    /// `/proc/self/fd/4`), never the name again.
+    File { path: &'a Path, file: &'a std::fs::File },
+    /// A plugin linked into this executable, reached through its entry
+    /// function; `name` is how reports show it.
+    Linked { entry: MemplugEntryV1, name: &'a Path },
+}
+
+/// What a check's process loads the plugin from.
+pub(crate) enum Source {
+    Opened(std::path::PathBuf),
+    Linked(MemplugEntryV1),
+}
+
+/// Runs the checks on `target`, each in its own process.
 pub(crate) fn run(
-    path: &Path,
-    file: &std::fs::File,
+    target: Target<'_>,
     opts: &Options,
     on_result: &mut dyn FnMut(&CheckResult),
 ) -> Result<Report, Error> {
     let mut kit = Kit::default();
-    let mut report = Report::empty(path, opts);
+    let (shown, keep, source) = match target {
+        Target::File { path, file } => {
+            let opened = std::path::PathBuf::from(format!("/proc/self/fd/{}", os::KEPT_FD));
+            (path, Some(std::os::fd::AsRawFd::as_raw_fd(file)), Source::Opened(opened))
+        }
+        Target::Linked { entry, name } => (name, None, Source::Linked(entry)),
+    };
+    let mut report = Report::empty(shown, opts);
     let mut timed_out = Duration::ZERO;
     loop {
         let target = kit.history.len();
-        let keep = std::os::fd::AsRawFd::as_raw_fd(file);
-        let opened = std::path::PathBuf::from(format!("/proc/self/fd/{}", os::KEPT_FD));
         // A plugin that hangs every check must not keep a run going for
         // checks x --timeout: once the run has lost TIMED_OUT_BUDGET to
         // timeouts, each later check gets at most SHORT_TIMEOUT, so the
@@ -446,7 +467,7 @@ pub(crate) fn run(
         } else {
             opts
         };
-        let child = os::supervise(opts.timeout, Some(keep), |fd| child_main(&opened, opts, &kit, target, fd))
+        let child = os::supervise(opts.timeout, keep, |fd| child_main(&source, opts, &kit, target, fd))
             .map_err(Error::Isolation)?;
         let (mut result, go) = match kit.absorb(child, opts)? {
             Next::Go(r) => (r, true),

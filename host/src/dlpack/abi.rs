@@ -14,8 +14,9 @@ pub const DLPACK_MINOR_VERSION: u32 = 3;
 
 /// `DLPACK_FLAG_BITMASK_READ_ONLY`: the consumer must not write the data.
 pub const DLPACK_FLAG_BITMASK_READ_ONLY: u64 = 1 << 0;
-/// `DLPACK_FLAG_BITMASK_IS_COPIED`: the producer made a copy. memplug never
-/// sets it: exporting never copies.
+/// `DLPACK_FLAG_BITMASK_IS_COPIED`: the producer made a copy. memplug sets
+/// it only on a [`private_copy`](super::private_copy), which a caller asks
+/// for; an export never copies by itself.
 pub const DLPACK_FLAG_BITMASK_IS_COPIED: u64 = 1 << 1;
 
 /// `kDLCPU`.

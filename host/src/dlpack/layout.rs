@@ -101,7 +101,7 @@ impl TensorLayout {
         if end > i128::from(len) {
             return Err(ExportError::OutOfBounds { needed: end.min(u64::MAX.into()) as u64, available: len });
         }
-        Ok(Checked { strides, start: start as u64, empty })
+        Ok(Checked { strides, start: start as u64, end: end as u64, first: self.byte_offset, empty })
     }
 }
 
@@ -110,6 +110,11 @@ pub(crate) struct Checked {
     pub(crate) strides: Vec<i64>,
     /// First byte touched, from the memory's start.
     pub(crate) start: u64,
+    /// One past the last byte touched.
+    pub(crate) end: u64,
+    /// The first element's byte, from the memory's start: where DLPack's
+    /// `data` points. Past `start` when a stride is negative.
+    pub(crate) first: u64,
     /// No elements (the data pointer is then NULL).
     pub(crate) empty: bool,
 }
@@ -152,7 +157,8 @@ mod tests {
         // A negative stride from offset 0 reaches before the start.
         let n = TensorLayout { strides: Some(vec![-1]), ..TensorLayout::new([2], F32) };
         assert!(matches!(n.check(64), Err(ExportError::Layout(_))));
-        assert_eq!(n.at(4).check(8).unwrap().start, 0);
+        let c = n.at(4).check(8).unwrap();
+        assert_eq!((c.start, c.first), (0, 4), "element 0 at byte 4, element 1 at byte 0");
     }
 
     #[test]

@@ -11,7 +11,11 @@
 //! * Shape, dtype, strides and offset are the caller's ([`TensorLayout`]),
 //!   checked to stay inside the memory.
 //! * `DLPACK_FLAG_BITMASK_READ_ONLY` is set when asked, and always for a
-//!   region view touching a shared prefix mapped read-only.
+//!   region view touching a shared prefix mapped read-only; such a tensor
+//!   also says so ([`ManagedTensor::memory_is_read_only`]), since a
+//!   consumer that ignores the flag (PyTorch) faults on its first write:
+//!   the producer decides who gets it, or hands out a [`private_copy`]
+//!   (CPU memory), which is writable and flagged `IS_COPIED`.
 //! * The deleter owns what keeps the memory alive (the allocation itself, or
 //!   a reference-counted hold on it), never a borrowed entry: it frees
 //!   through memplug — after the export's fences, through the deferred-free
@@ -19,11 +23,13 @@
 //!   after the manager is gone. It never unwinds into the consumer.
 
 mod abi;
+mod copy;
 mod layout;
 mod region;
 mod tensor;
 
 pub use abi::*;
+pub use copy::private_copy;
 pub use layout::TensorLayout;
 pub use region::{check_region, SharedRegion};
 pub use tensor::ManagedTensor;
@@ -37,7 +43,7 @@ use crate::OwnedAllocation;
 use memplug_sdk::abi::{MEMPLUG_DEVICE_VENDOR_FIRST, MEMPLUG_DEVICE_VENDOR_LAST};
 use std::fmt;
 use std::sync::Arc;
-use tensor::Keep;
+use tensor::{Keep, Marks};
 
 /// Why an export was refused. Nothing was exported, nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -58,6 +64,16 @@ pub enum ExportError {
     /// that do not match the shape or reach before the memory's start).
     #[error("tensor layout: {0}")]
     Layout(String),
+    /// A private copy was asked of memory the host cannot read with the
+    /// CPU (device memory).
+    #[error(
+        "device {device}: memplug copies only CPU memory; make the bytes writable first (Region.privatise \
+         gives a region private pages of its prefix) or export without a copy"
+    )]
+    NotCopyable {
+        /// The device, as DLPack numbers it (`device_type:device_id`).
+        device: String,
+    },
     /// The layout reaches past the memory.
     #[error("the tensor needs {needed} B from the memory's start; it has {available} B")]
     OutOfBounds {
@@ -126,8 +142,9 @@ pub struct Memory {
     device: Device,
     addr: u64,
     len: u64,
-    /// Bytes from `addr` the consumer must not write (a read-only prefix).
-    read_only_prefix: u64,
+    /// Byte ranges `[start, end)` from `addr` mapped without write access
+    /// (a shared prefix mapped read-only, less its privatised parts).
+    read_only: Vec<(u64, u64)>,
     lost: bool,
     queue: Arc<DeferredFreeQueue>,
     what: String,
@@ -139,7 +156,7 @@ impl Memory {
             device: b.context.mechanism().device(),
             addr,
             len,
-            read_only_prefix: 0,
+            read_only: Vec::new(),
             lost,
             queue: b.queue.clone(),
             what,
@@ -202,6 +219,7 @@ struct Prepared {
     device: DLDevice,
     checked: layout::Checked,
     read_only: bool,
+    memory_read_only: bool,
 }
 
 fn prepare(m: &Memory, layout: &TensorLayout, options: &ExportOptions) -> Result<Prepared, ExportError> {
@@ -210,8 +228,9 @@ fn prepare(m: &Memory, layout: &TensorLayout, options: &ExportOptions) -> Result
     }
     let device = dl_device(m.device)?;
     let checked = layout.check(m.len)?;
-    let touches_prefix = !checked.empty && checked.start < m.read_only_prefix;
-    Ok(Prepared { device, read_only: options.read_only || touches_prefix, checked })
+    let touches_prefix =
+        !checked.empty && m.read_only.iter().any(|&(s, e)| checked.start < e && s < checked.end);
+    Ok(Prepared { device, read_only: options.read_only, memory_read_only: touches_prefix, checked })
 }
 
 fn finish(
@@ -222,7 +241,8 @@ fn finish(
     owner: Box<dyn Send>,
 ) -> ManagedTensor {
     let keep = Keep { owner, fences: options.fences, queue: m.queue, what: m.what };
-    ManagedTensor::new(m.addr, p.device, layout.dtype, &layout.shape, p.checked, p.read_only, keep)
+    let marks = Marks { read_only: p.read_only, memory_read_only: p.memory_read_only, copied: false };
+    ManagedTensor::new(m.addr, p.device, layout.dtype, &layout.shape, p.checked, marks, keep)
 }
 
 /// DLPack's device for a memplug device: the same numbers, refused for the

@@ -177,14 +177,14 @@ impl SharedRegion {
 }
 
 /// The usable bytes of `r` as an export sees them: the prefix, when mapped
-/// read-only, is the read-only part.
+/// read-only, is the read-only part, but for the ranges privatised since.
 fn region_memory(r: &Region) -> Memory {
     let what = format!("region at {:#x}", r.addr());
     // While offloaded, only the prefix before its first private range is
     // on the device: a layout past it does not fit.
     let mut memory = Memory::of(r.binding_inner(), r.addr(), r.device_len(), r.is_lost(), what);
     if r.prefix_is_read_only() {
-        memory.read_only_prefix = (r.len() - r.committed()).min(r.device_len());
+        memory.read_only = r.shared_pieces().iter().map(|&(offset, len)| (offset, offset + len)).collect();
     }
     memory
 }

@@ -28,7 +28,21 @@ struct Block {
     tensor: DLManagedTensorVersioned,
     shape: Box<[i64]>,
     strides: Box<[i64]>,
+    /// The bytes are mapped without write access (a shared prefix mapped
+    /// read-only): a write through the tensor faults, whatever the flag
+    /// says. Never crosses to the consumer; the producer decides with it.
+    memory_read_only: bool,
     keep: Keep,
+}
+
+/// How a tensor is flagged and what its memory is.
+pub(crate) struct Marks {
+    /// `DLPACK_FLAG_BITMASK_READ_ONLY`: the consumer is told not to write.
+    pub(crate) read_only: bool,
+    /// The memory itself cannot be written (implies `read_only`).
+    pub(crate) memory_read_only: bool,
+    /// `DLPACK_FLAG_BITMASK_IS_COPIED`: a private copy.
+    pub(crate) copied: bool,
 }
 
 /// An exported tensor not yet handed to a consumer. Dropping it runs the
@@ -62,21 +76,23 @@ impl ManagedTensor {
         dtype: DLDataType,
         shape: &[i64],
         checked: Checked,
-        read_only: bool,
+        marks: Marks,
         keep: Keep,
     ) -> Self {
+        let flags = if marks.read_only || marks.memory_read_only { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 }
+            | if marks.copied { DLPACK_FLAG_BITMASK_IS_COPIED } else { 0 };
         let mut block = Box::new(Block {
             tensor: DLManagedTensorVersioned {
                 version: DLPackVersion { major: DLPACK_MAJOR_VERSION, minor: DLPACK_MINOR_VERSION },
                 manager_ctx: std::ptr::null_mut(),
                 deleter: Some(delete),
-                flags: if read_only { DLPACK_FLAG_BITMASK_READ_ONLY } else { 0 },
+                flags,
                 dl_tensor: DLTensor {
                     // DLPack asks for NULL when there is no element.
                     data: if checked.empty {
                         std::ptr::null_mut()
                     } else {
-                        (data + checked.start) as *mut c_void
+                        (data + checked.first) as *mut c_void
                     },
                     device,
                     ndim: shape.len() as i32,
@@ -90,6 +106,7 @@ impl ManagedTensor {
             },
             shape: shape.into(),
             strides: checked.strides.into(),
+            memory_read_only: marks.memory_read_only,
             keep,
         });
         // Boxed slices do not move when the box around them does.
@@ -128,6 +145,24 @@ impl ManagedTensor {
     /// Whether the consumer is told not to write (`DLPACK_FLAG_BITMASK_READ_ONLY`).
     pub fn is_read_only(&self) -> bool {
         self.tensor().flags & DLPACK_FLAG_BITMASK_READ_ONLY != 0
+    }
+    /// Whether the memory itself is mapped without write access (a view
+    /// touching a shared prefix mapped read-only): a consumer that ignores
+    /// the read-only flag (PyTorch does) and writes would fault and kill
+    /// the process. Hand such a tensor only to a consumer known to honour
+    /// the flag, or hand out a [`private_copy`](super::private_copy).
+    pub fn memory_is_read_only(&self) -> bool {
+        // SAFETY: the block behind every tensor `new` made.
+        unsafe { (*self.0.as_ptr().cast::<Block>()).memory_read_only }
+    }
+    /// Whether this is a private copy (`DLPACK_FLAG_BITMASK_IS_COPIED`).
+    pub fn is_copy(&self) -> bool {
+        self.tensor().flags & DLPACK_FLAG_BITMASK_IS_COPIED != 0
+    }
+    /// The deferred-free queue its owner is released through.
+    pub(crate) fn queue(&self) -> Arc<DeferredFreeQueue> {
+        // SAFETY: as `memory_is_read_only`.
+        unsafe { (*self.0.as_ptr().cast::<Block>()).keep.queue.clone() }
     }
     /// Hands the tensor over: the receiver must call its `deleter` exactly
     /// once (from any thread, at any time, even after the manager is gone).

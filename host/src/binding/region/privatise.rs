@@ -143,6 +143,13 @@ impl Region {
         })
     }
 
+    /// The parts of the region still mapped from the shared prefix, as
+    /// `(offset, len)` (the prefix less its privatised ranges): when the
+    /// prefix is mapped read-only, the bytes a write through would fault on.
+    pub(crate) fn shared_pieces(&self) -> &[(u64, u64)] {
+        &self.pieces
+    }
+
     /// Records the range as private: its piece is replaced by what is left
     /// of it on either side.
     fn split_piece(&mut self, piece: (u64, u64), offset: u64, len: u64) {
