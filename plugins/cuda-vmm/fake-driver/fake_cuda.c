@@ -138,6 +138,13 @@ enum {
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_CAPTURED_EVENT = 907,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
 };
 
 #define GRAN (2ull << 20)
@@ -183,6 +190,7 @@ struct host_alloc {
     CUdeviceptr ptr;
     size_t len;
     unsigned int flags;
+    int device; /* of the context it was made in (cuPointerGetAttribute) */
 };
 static struct host_alloc *g_host_allocs;
 static unsigned long long g_host_capacity = 1024ull << 20;
@@ -384,6 +392,12 @@ static CUresult fault(void) {
     } while (0)
 
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+
+/* Stream capture (see "stream capture" below). */
+static CUresult prohibited_during_capture(void);
+static CUresult capture_guard(CUstream s);
+/* cuMemFree and cuMemFreeHost synchronise the device (-1: every device). */
+static void sync_device(int dev);
 
 /* A context usable for work: non-NULL and still retained. */
 static int ctx_alive(CUcontext c) {
@@ -588,6 +602,13 @@ API CUresult cuGetErrorName(CUresult error, const char **str) {
     case CUDA_ERROR_LAUNCH_FAILED: *str = "CUDA_ERROR_LAUNCH_FAILED"; break;
     case CUDA_ERROR_NOT_PERMITTED: *str = "CUDA_ERROR_NOT_PERMITTED"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *str = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case CUDA_ERROR_ILLEGAL_STATE: *str = "CUDA_ERROR_ILLEGAL_STATE"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *str = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *str = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: *str = "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *str = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
+    case CUDA_ERROR_CAPTURED_EVENT: *str = "CUDA_ERROR_CAPTURED_EVENT"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: *str = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break;
     default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
@@ -742,11 +763,14 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     size_t len;
     void *p;
     struct alloc *a;
+    CUresult r;
     CHECK_INIT();
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (dptr == NULL || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
     len = (size + 4095) & ~(size_t)4095;
     pthread_mutex_lock(&g_lock);
     if (len > available_locked(dev)) {
@@ -775,7 +799,18 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 }
 
 API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    CUresult r;
+    int dev = -1;
     CHECK_INIT();
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    for (struct alloc *a = g_allocs; a; a = a->next)
+        if (a->ptr == dptr)
+            dev = a->device;
+    pthread_mutex_unlock(&g_lock);
+    if (dev >= 0)
+        sync_device(dev);
     pthread_mutex_lock(&g_lock);
     for (struct alloc **pp = &g_allocs; *pp; pp = &(*pp)->next) {
         struct alloc *a = *pp;
@@ -822,9 +857,12 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
     size_t len;
     void *p;
     struct host_alloc *h;
+    CUresult r;
     CHECK_INIT_COUNTED(N_MEM_HOST_ALLOC);
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
     if (pp == NULL || bytesize == 0 || (flags & ~CU_MEMHOSTALLOC_KNOWN) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     len = (bytesize + 4095) & ~(size_t)4095;
@@ -855,6 +893,7 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
     h->ptr = (CUdeviceptr)(uintptr_t)p;
     h->len = len;
     h->flags = flags;
+    h->device = dev;
     h->next = g_host_allocs;
     g_host_allocs = h;
     g_host_used += len;
@@ -864,7 +903,11 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
 }
 
 API CUresult cuMemFreeHost(void *p) {
+    CUresult r;
     CHECK_INIT_COUNTED(N_MEM_FREE_HOST);
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
+    sync_device(-1);
     pthread_mutex_lock(&g_lock);
     for (struct host_alloc **pp = &g_host_allocs; *pp; pp = &(*pp)->next) {
         struct host_alloc *h = *pp;
@@ -991,6 +1034,10 @@ struct fake_stream {
     int busy;
     int stop;
     int refs; /* the handle, plus one per pending OP_WAIT naming the stream (g_lock) */
+    /* Stream capture (g_lock): CAPTURE_NONE/ACTIVE/INVALIDATED, the mode
+     * it began with and the thread that began it. */
+    int capture_status, capture_mode;
+    pthread_t capture_thread;
 };
 
 /* The legacy default stream of each device's primary context: made at its
@@ -1012,6 +1059,7 @@ struct fake_event {
     pthread_cond_t cv;
     unsigned long long recorded, completed;
     int refs; /* the user's handle + one per pending record */
+    int captured; /* last recorded during a stream capture (m) */
 };
 
 static void event_unref(CUevent e) {
@@ -1292,6 +1340,286 @@ static void add_wait_locked(struct wait_target *w, int *n, struct fake_stream *t
     pthread_mutex_unlock(&t->m);
 }
 
+/* ---- stream capture ----
+ *
+ * cuStreamBeginCapture_v2 puts a (non-legacy) stream in capture mode: work
+ * submitted to it from then on is recorded for a graph, not run (host
+ * functions never run, copies and fills never happen), until
+ * cuStreamEndCapture, which answers a graph handle (opaque here;
+ * cuGraphDestroy frees it) or CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901).
+ * As the driver documents: an event recorded on a capturing stream may not
+ * be queried or waited for (CUDA_ERROR_CAPTURED_EVENT, 907) until it is
+ * recorded again outside capture; synchronising a capturing stream, or the
+ * context while one captures, is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * (900) and invalidates the capture; work on the legacy stream while a
+ * blocking stream captures is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (906) and
+ * invalidates it; waiting on an event recorded outside the capture is
+ * CUDA_ERROR_STREAM_CAPTURE_ISOLATION (905). "Potentially unsafe" calls
+ * (here cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemFreeHost) follow the
+ * capture modes: a thread whose mode (cuThreadExchangeStreamCaptureMode,
+ * GLOBAL by default) is GLOBAL may not make them while it has a
+ * non-RELAXED capture of its own or any thread has a GLOBAL one;
+ * THREAD_LOCAL only counts its own; RELAXED is never prohibited. A
+ * prohibited call is 900 and invalidates the captures that prohibited it.
+ * Lenient: the VMM calls are not counted as unsafe (the documentation
+ * does not list them). */
+#define CAPTURE_NONE 0
+#define CAPTURE_ACTIVE 1
+#define CAPTURE_INVALIDATED 2
+#define CAPTURE_MODE_GLOBAL 0
+#define CAPTURE_MODE_THREAD_LOCAL 1
+#define CAPTURE_MODE_RELAXED 2
+
+static __thread int t_capture_mode = CAPTURE_MODE_GLOBAL;
+/* What capture_submit_locked answers for an op that is not captured. */
+#define SUBMIT_RUNS 0xffffffffu
+static long g_captured_ops;
+
+/* `o` on stream `s` (g_lock held): SUBMIT_RUNS when it runs as usual;
+ * otherwise it is captured (CUDA_SUCCESS) or refused, and freed. */
+static CUresult capture_submit_locked(struct fake_stream *s, struct op *o) {
+    CUresult r = CUDA_SUCCESS;
+    if (s->legacy) {
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (t->ctx == s->ctx && !(t->flags & CU_STREAM_NON_BLOCKING) && t->capture_status == CAPTURE_ACTIVE) {
+                t->capture_status = CAPTURE_INVALIDATED;
+                r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+            }
+        if (r == CUDA_SUCCESS)
+            return SUBMIT_RUNS;
+    } else if (s->capture_status == CAPTURE_NONE) {
+        return SUBMIT_RUNS;
+    } else if (s->capture_status == CAPTURE_INVALIDATED) {
+        r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (o->kind == OP_EVENT_WAIT) {
+        int outside;
+        pthread_mutex_lock(&o->event->m);
+        outside = !o->event->captured && o->gen > 0;
+        pthread_mutex_unlock(&o->event->m);
+        if (outside) {
+            s->capture_status = CAPTURE_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        g_captured_ops++;
+        if (o->kind == OP_EVENT) {
+            /* Recorded into the graph: the event's last record is now a
+             * captured one. The op's reference goes. */
+            pthread_mutex_lock(&o->event->m);
+            o->event->recorded--;
+            o->event->captured = 1;
+            o->event->refs--;
+            pthread_mutex_unlock(&o->event->m);
+        } else if (o->kind == OP_EVENT_WAIT) {
+            pthread_mutex_lock(&o->event->m);
+            o->event->refs--;
+            pthread_mutex_unlock(&o->event->m);
+        }
+    }
+    /* A refused op's event reference is the caller's to drop (as for any
+     * refused submission). */
+    free(o);
+    return r;
+}
+
+/* Whether a stream is capturing now (any status but none). */
+static int stream_capturing(CUstream in) {
+    int c;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2 || !stream_registered(in))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    c = in->capture_status != CAPTURE_NONE;
+    pthread_mutex_unlock(&g_lock);
+    return c;
+}
+
+/* What an operation on stream `in` that a capture cannot hold answers:
+ * 901 once its capture is invalidated (else success). */
+static CUresult capture_guard(CUstream in) {
+    int bad;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2 || !stream_registered(in))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    bad = in->capture_status == CAPTURE_INVALIDATED;
+    pthread_mutex_unlock(&g_lock);
+    return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+
+/* A synchronisation of stream `one` (or, when NULL, of every stream of
+ * context `c`) while it captures: 900, and the capture is invalidated. */
+static CUresult capture_sync_guard(CUcontext c, struct fake_stream *one) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+        if ((one == NULL ? t->ctx == c : t == one) && t->capture_status == CAPTURE_ACTIVE) {
+            t->capture_status = CAPTURE_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* A potentially unsafe call: 900 when the capture modes prohibit it on
+ * this thread (see above), invalidating the captures that do. */
+static CUresult prohibited_during_capture(void) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_t self = pthread_self();
+    if (t_capture_mode == CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *t = g_streams; t; t = t->next_registered) {
+        int own = pthread_equal(t->capture_thread, self) && t->capture_mode != CAPTURE_MODE_RELAXED;
+        int global = t_capture_mode == CAPTURE_MODE_GLOBAL && t->capture_mode == CAPTURE_MODE_GLOBAL;
+        if (t->capture_status == CAPTURE_ACTIVE && (own || global)) {
+            t->capture_status = CAPTURE_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+API CUresult cuStreamBeginCapture_v2(CUstream in, int mode) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (mode < CAPTURE_MODE_GLOBAL || mode > CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!stream_registered(in))
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    if (in->capture_status != CAPTURE_NONE) {
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        in->capture_status = CAPTURE_ACTIVE;
+        in->capture_mode = mode;
+        in->capture_thread = pthread_self();
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+API CUresult cuStreamEndCapture(CUstream in, void **graph) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2 || !stream_registered(in))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *graph = NULL;
+    pthread_mutex_lock(&g_lock);
+    if (in->capture_status == CAPTURE_NONE)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (in->capture_mode != CAPTURE_MODE_RELAXED && !pthread_equal(in->capture_thread, pthread_self()))
+        r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    else {
+        if (in->capture_status == CAPTURE_INVALIDATED)
+            r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        in->capture_status = CAPTURE_NONE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (r == CUDA_SUCCESS && (*graph = malloc(1)) == NULL)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
+}
+
+API CUresult cuGraphDestroy(void *graph) {
+    CHECK_INIT();
+    if (graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(graph);
+    return CUDA_SUCCESS;
+}
+
+/* CU_STREAM_CAPTURE_STATUS_NONE 0, ACTIVE 1, INVALIDATED 2. The legacy
+ * stream while a blocking stream of its context captures: 906. */
+API CUresult cuStreamIsCapturing(CUstream in, int *status) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (status == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in == NULL || in == (CUstream)0x1) {
+        CUcontext c = current();
+        if (!ctx_alive(c))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *status = CAPTURE_NONE;
+        pthread_mutex_lock(&g_lock);
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (t->ctx == c && !(t->flags & CU_STREAM_NON_BLOCKING) && t->capture_status == CAPTURE_ACTIVE)
+                r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        pthread_mutex_unlock(&g_lock);
+        return r;
+    }
+    if (!stream_registered(in))
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    *status = in->capture_status;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    int old;
+    CHECK_INIT();
+    if (mode == NULL || *mode < CAPTURE_MODE_GLOBAL || *mode > CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+API long fake_cuda_captured_ops(void) {
+    long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_captured_ops;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* ---- device-wide synchronisation (cuMemFree, cuMemFreeHost) ----
+ * CUDA's "API synchronization behavior": cuMemFree and cuMemFreeHost
+ * synchronise the device. Here: they wait until every stream of the
+ * device's context (of every device, for cuMemFreeHost), the legacy ones
+ * included, has run what was submitted to it before the call; counted in
+ * fake_cuda_free_syncs. */
+static long g_free_syncs;
+
+static void sync_device(int dev) {
+    struct wait_target *w;
+    int cap = MAX_DEVICES, n = 0;
+    __atomic_add_fetch(&g_free_syncs, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+        cap++;
+    w = calloc((size_t)cap, sizeof *w);
+    if (w != NULL) {
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (dev < 0 || t->ctx->device == dev)
+                add_wait_locked(w, &n, t);
+        for (int d = 0; d < MAX_DEVICES; d++)
+            if (g_legacy[d] != NULL && (dev < 0 || d == dev))
+                add_wait_locked(w, &n, g_legacy[d]);
+    }
+    pthread_mutex_unlock(&g_lock);
+    for (int i = 0; i < n; i++) {
+        struct fake_stream *t = w[i].stream;
+        pthread_mutex_lock(&t->m);
+        while (t->completed < w[i].seq)
+            pthread_cond_wait(&t->cv, &t->m);
+        pthread_mutex_unlock(&t->m);
+        pthread_mutex_lock(&g_lock);
+        stream_unref_locked(t);
+        pthread_mutex_unlock(&g_lock);
+    }
+    free(w);
+}
+
+API long fake_cuda_free_syncs(void) { return __atomic_load_n(&g_free_syncs, __ATOMIC_RELAXED); }
+
+
 /* The wait that goes before new work on `s`, as the legacy default stream
  * demands (NULL when there is nothing to wait for): work on the legacy
  * stream waits for the earlier work of every blocking stream of the
@@ -1339,8 +1667,10 @@ static void enqueue_locked(struct fake_stream *s, struct op *o) {
     pthread_cond_broadcast(&s->cv);
 }
 
+
 /* Runs `o` on stream `in` after its earlier work (and, by the legacy
- * default stream's rules, after the work it must wait for). */
+ * default stream's rules, after the work it must wait for); on a
+ * capturing stream, captures it instead (capture_submit_locked). */
 static CUresult submit(CUstream in, struct op *o) {
     struct fake_stream *s;
     struct op *w;
@@ -1350,6 +1680,16 @@ static CUresult submit(CUstream in, struct op *o) {
         return r;
     }
     pthread_mutex_lock(&g_lock);
+    r = capture_submit_locked(s, o);
+    if (r != SUBMIT_RUNS) {
+        pthread_mutex_unlock(&g_lock);
+        return r;
+    }
+    if (o->kind == OP_EVENT) {
+        pthread_mutex_lock(&o->event->m);
+        o->event->captured = 0;
+        pthread_mutex_unlock(&o->event->m);
+    }
     w = implicit_wait_locked(s);
     if (o->kind == OP_MEMSET)
         g_memsets_at_priority[-s->priority]++;
@@ -1440,6 +1780,8 @@ API CUresult cuStreamSynchronize(CUstream in) {
     CUresult r;
     CHECK_INIT_COUNTED(N_STREAM_SYNC);
     r = resolve_stream(in, &s);
+    if (r == CUDA_SUCCESS)
+        r = capture_sync_guard(s->ctx, s);
     return r == CUDA_SUCCESS ? stream_sync(s) : r;
 }
 
@@ -1554,9 +1896,20 @@ static int copyable_locked(CUdeviceptr p, size_t n, int need_write) {
     return !device_space_locked(p, n) || accessible_locked(p, n, need_write);
 }
 
+/* cuMemcpyAsync calls that had a pageable side and so waited (below). */
+static long g_pageable_copies;
+
+/* CUDA's "API synchronization behavior": a cuMemcpyAsync to or from
+ * pageable host memory (memory the driver does not track) is synchronous:
+ * from pageable memory the stream's earlier work is waited for first, to
+ * pageable memory the call returns only once the copy is done. The fake
+ * does the strictest of both for either direction: it enqueues the copy
+ * and returns when the stream has run it (and everything before it). */
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     struct op *o;
-    int ok;
+    struct fake_stream *st;
+    CUresult r;
+    int ok, pageable;
     CHECK_INIT_COUNTED(N_MEMCPY_ASYNC);
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1564,8 +1917,11 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
         return CUDA_SUCCESS;
     if (dst + n < dst || src + n < src)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((r = capture_guard(s)) != CUDA_SUCCESS)
+        return r;
     pthread_mutex_lock(&g_lock);
     ok = copyable_locked(dst, n, 1) && copyable_locked(src, n, 0);
+    pageable = !device_space_locked(dst, n) || !device_space_locked(src, n);
     pthread_mutex_unlock(&g_lock);
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1576,7 +1932,50 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     o->ptr = dst;
     o->src = src;
     o->n = n;
-    return submit(s, o);
+    r = submit(s, o);
+    if (r != CUDA_SUCCESS || !pageable || stream_capturing(s))
+        return r;
+    __atomic_add_fetch(&g_pageable_copies, 1, __ATOMIC_RELAXED);
+    r = resolve_stream(s, &st);
+    return r == CUDA_SUCCESS ? stream_sync(st) : r;
+}
+
+API long fake_cuda_pageable_copies(void) { return __atomic_load_n(&g_pageable_copies, __ATOMIC_RELAXED); }
+
+/* cuPointerGetAttribute, for the two attributes the plugin asks:
+ * CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2: HOST 1 for a pinned block, DEVICE 2
+ * for a cuMemAlloc block or mapped VMM memory) and
+ * CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9). Memory the driver does not know
+ * (pageable host memory, an unmapped part of a reservation) is
+ * CUDA_ERROR_INVALID_VALUE, as the documentation says for a pointer not
+ * allocated, mapped or registered by the driver; other attributes are not
+ * modelled (CUDA_ERROR_INVALID_VALUE: stricter than the driver). */
+#define PTR_ATTR_MEMORY_TYPE 2
+#define PTR_ATTR_DEVICE_ORDINAL 9
+API CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+    unsigned int type = 0;
+    int device = -1;
+    CHECK_INIT();
+    if (data == NULL || (attribute != PTR_ATTR_MEMORY_TYPE && attribute != PTR_ATTR_DEVICE_ORDINAL))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (struct alloc *a = g_allocs; a && !type; a = a->next)
+        if (ptr >= a->ptr && ptr < a->ptr + a->len)
+            type = 2, device = a->device;
+    for (struct host_alloc *h = g_host_allocs; h && !type; h = h->next)
+        if (ptr >= h->ptr && ptr < h->ptr + h->len)
+            type = 1, device = h->device;
+    for (struct mapping *m = g_mappings; m && !type; m = m->next)
+        if (ptr >= m->addr && ptr < m->addr + m->size)
+            type = 2, device = m->handle - 1 < g_phys_len ? g_phys[m->handle - 1].device : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (!type)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attribute == PTR_ATTR_MEMORY_TYPE)
+        *(unsigned int *)data = type;
+    else
+        *(int *)data = device;
+    return CUDA_SUCCESS;
 }
 
 API CUresult cuEventCreate(CUevent *out, unsigned int flags) {
@@ -1665,7 +2064,9 @@ API CUresult cuEventQuery(CUevent e) {
     if (!ctx_same(e->ctx, e->gen))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     pthread_mutex_lock(&e->m);
-    r = e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    r = e->captured                       ? CUDA_ERROR_CAPTURED_EVENT
+        : e->completed >= e->recorded ? CUDA_SUCCESS
+                                      : CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&e->m);
     return r;
 }
@@ -1681,8 +2082,12 @@ API CUresult cuEventSynchronize(CUevent e) {
      * yields) on a real driver. Both are counted. */
     __atomic_add_fetch(e->flags & CU_EVENT_BLOCKING_SYNC ? &g_event_syncs_blocking : &g_event_syncs_spinning, 1,
                        __ATOMIC_RELAXED);
-    __atomic_add_fetch(&g_in_event_sync, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&e->m);
+    if (e->captured) {
+        pthread_mutex_unlock(&e->m);
+        return CUDA_ERROR_CAPTURED_EVENT;
+    }
+    __atomic_add_fetch(&g_in_event_sync, 1, __ATOMIC_RELAXED);
     while (e->completed < e->recorded)
         pthread_cond_wait(&e->cv, &e->m);
     pthread_mutex_unlock(&e->m);
@@ -1700,9 +2105,12 @@ API CUresult cuEventDestroy_v2(CUevent e) {
 
 API CUresult cuCtxSynchronize(void) {
     CUcontext c = current();
+    CUresult r;
     CHECK_INIT();
     if (!ctx_alive(c))
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = capture_sync_guard(c, NULL)) != CUDA_SUCCESS)
+        return r;
     for (;;) {
         struct fake_stream *pending = NULL;
         pthread_mutex_lock(&g_lock);

@@ -141,6 +141,11 @@ entry_points! {
         device_get_uuid = "cuDeviceGetUuid"(*mut [u8; 16], CUdevice);
         device_can_access_peer = "cuDeviceCanAccessPeer"(*mut c_int, CUdevice, CUdevice);
         stream_wait_event = "cuStreamWaitEvent"(CUstream, CUevent, c_uint);
+        // Since CUDA 10.1: what a copy range is (copy.rs), whether a
+        // stream captures a graph and the thread's capture mode (capture.rs).
+        pointer_get_attribute = "cuPointerGetAttribute"(*mut c_void, c_int, CUdeviceptr);
+        stream_is_capturing = "cuStreamIsCapturing"(CUstream, *mut c_int);
+        thread_exchange_capture_mode = "cuThreadExchangeStreamCaptureMode"(*mut c_int);
     }
 }
 

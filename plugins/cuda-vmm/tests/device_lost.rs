@@ -20,7 +20,7 @@ use memplug_plugin_cuda_vmm::LOSS_POLL_ENV;
 use memplug_sdk::abi::*;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -151,15 +151,6 @@ impl RawHost {
         let (st, m) = call(|sink| unsafe { sync.stream_create.unwrap()(ctx, &mut stream, sink) });
         v.push(("stream_create", st, m));
         v
-    }
-}
-
-/// Waits up to 5 s for `f`.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
     }
 }
 

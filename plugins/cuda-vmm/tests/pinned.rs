@@ -136,7 +136,7 @@ fn pinned_bytes_round_trip_through_device_memory_on_either_mechanisms_stream() {
     da.deallocate(d).unwrap();
     assert_eq!(p.plugin_live_objects(), live);
     if let Some(before) = blocks {
-        assert_eq!(fake_live_host_allocs().unwrap(), before, "every pinned block freed");
+        eventually("every pinned block freed", || fake_live_host_allocs() == Some(before));
     }
     drop((host, dev));
     unload_released(p);
@@ -154,8 +154,8 @@ fn a_pinned_block_is_freed_once_and_a_second_free_is_refused() {
     let raw = block.into_raw();
     let blocks = fake_live_host_allocs();
     a.deallocate(unsafe { Allocation::from_raw(raw) }).unwrap();
-    if let (Some(before), Some(now)) = (blocks, fake_live_host_allocs()) {
-        assert_eq!(now, before - 1, "cuMemFreeHost freed it");
+    if let Some(before) = blocks {
+        eventually("cuMemFreeHost freed it", || fake_live_host_allocs() == Some(before - 1));
     }
     let frees = fake_entry_calls("cuMemFreeHost");
     // SAFETY: deliberately the freed block: it must be refused.
