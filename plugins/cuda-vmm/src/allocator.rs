@@ -156,9 +156,10 @@ impl Allocator for CudaMechanism {
         // SAFETY: resolved entry point, out-pointers to locals, the device's
         // context current.
         d.check(unsafe { (d.api.mem_get_info)(&mut free, &mut total) }, "cuMemGetInfo")?;
-        // Bytes on their way back through the freer are free: an
-        // allocation that needs them waits for them (see `allocate`).
-        let free = (free as u64).saturating_add(pin.freer().pending_device_bytes()).min(total as u64);
+        // Bytes of frees handed to the freer and not started are free: an
+        // allocation that needs them waits for them (see `allocate`). Read
+        // after the driver's figure, so none is counted twice.
+        let free = (free as u64).saturating_add(pin.freer().queued_device_bytes()).min(total as u64);
         Ok(MemoryInfo { free_bytes: free, total_bytes: total as u64 })
     }
 }

@@ -16,8 +16,9 @@
 //! touches it; the synchronisation only delays when the memory returns to
 //! the driver. Meanwhile:
 //!
-//! * `memory_info` counts the bytes on their way back as free (an
-//!   allocation may have them: see the next point);
+//! * `memory_info` counts as free the bytes of frees handed over and not
+//!   started yet (read after the driver's figure, so a free is never
+//!   counted twice; one in the driver meanwhile is not counted at all);
 //! * an allocation the driver refuses for lack of memory waits (at most
 //!   [`FLUSH_LIMIT`]) for the frees already handed over, then tries once
 //!   more;
@@ -55,9 +56,8 @@ struct Queue {
     jobs: VecDeque<Job>,
     /// Jobs handed over and not yet done (queued or in the driver).
     pending: usize,
-    /// Their bytes, device and host.
-    pending_device_bytes: u64,
-    pending_host_bytes: u64,
+    /// Device bytes of the jobs still queued (not in the driver yet).
+    queued_device_bytes: u64,
     failures: u64,
     shutdown: bool,
 }
@@ -111,18 +111,17 @@ impl Freer {
         drop(t);
         let mut q = self.shared.lock();
         q.pending += 1;
-        if host {
-            q.pending_host_bytes += bytes;
-        } else {
-            q.pending_device_bytes += bytes;
+        if !host {
+            q.queued_device_bytes += bytes;
         }
         q.jobs.push_back(job);
         self.shared.cv.notify_all();
     }
 
-    /// Device bytes handed over and not freed yet.
-    pub(crate) fn pending_device_bytes(&self) -> u64 {
-        self.shared.lock().pending_device_bytes
+    /// Device bytes handed over whose free has not started: read it after
+    /// the driver's free figure (see the module docs).
+    pub(crate) fn queued_device_bytes(&self) -> u64 {
+        self.shared.lock().queued_device_bytes
     }
 
     /// Frees the driver refused after they were handed over.
@@ -153,10 +152,12 @@ impl Freer {
     pub(crate) fn finish(&self) {
         self.shared.lock().shutdown = true;
         self.shared.cv.notify_all();
+        // Never called on the freer thread itself (it holds no reference
+        // to its context). No `std::thread::current()` here: on the
+        // unloading thread it would leave a thread-local destructor of this
+        // library behind, run when that thread exits, after the unload.
         if let Some(t) = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take() {
-            if t.thread().id() != std::thread::current().id() {
-                let _ = t.join();
-            }
+            let _ = t.join();
         }
     }
 }
@@ -175,15 +176,13 @@ fn run(shared: &Shared) {
     let mut q = shared.lock();
     loop {
         if let Some(job) = q.jobs.pop_front() {
+            if !job.host {
+                q.queued_device_bytes -= job.bytes;
+            }
             drop(q);
             let ok = free_now(d, &job);
             q = shared.lock();
             q.pending -= 1;
-            if job.host {
-                q.pending_host_bytes -= job.bytes;
-            } else {
-                q.pending_device_bytes -= job.bytes;
-            }
             q.failures += u64::from(!ok);
             shared.cv.notify_all();
             continue;
