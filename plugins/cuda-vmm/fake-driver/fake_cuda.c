@@ -2145,6 +2145,12 @@ API CUresult cuCtxSynchronize(void) {
 
 #ifndef FAKE_CUDA_OMIT_VMM
 
+/* The granularity depends on the properties, as on a real driver: here
+ * GPUDirect-RDMA-capable memory comes in granules twice as large (a choice
+ * of this fake; real devices differ, which is the point), and cuMemCreate
+ * refuses a size that is not a multiple of its properties' granularity. */
+static size_t gran_of(const CUmemAllocationProp *p) { return p->gpuDirectRDMACapable ? 2 * GRAN : GRAN; }
+
 static int valid_prop(const CUmemAllocationProp *p) {
     return p != NULL && p->type == 1 /* PINNED */ && p->location.type == 1 /* DEVICE */ &&
            valid_device(p->location.id);
@@ -2256,7 +2262,10 @@ API CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocatio
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 3);
+    /* The documentation promises neither a number above the standard
+     * streams nor close-on-exec: the fake gives the lowest free number,
+     * inheritable (a plain dup). */
+    fd = dup(p->fd);
     pthread_mutex_unlock(&g_lock);
     if (fd < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -2341,7 +2350,7 @@ API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp 
     CHECK_INIT();
     if (g == NULL || !valid_prop(prop) || option > 1)
         return CUDA_ERROR_INVALID_VALUE;
-    *g = GRAN;
+    *g = gran_of(prop);
     return CUDA_SUCCESS;
 }
 
@@ -2406,7 +2415,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
     int fd, dev;
     struct phys *grown;
     CHECK_INIT_COUNTED(N_MEM_CREATE);
-    if (handle == NULL || size == 0 || size % GRAN != 0 || flags != 0 || !valid_prop(prop))
+    if (handle == NULL || size == 0 || flags != 0 || !valid_prop(prop) || size % gran_of(prop) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (!handle_types_ok(prop))
         return CUDA_ERROR_NOT_SUPPORTED;

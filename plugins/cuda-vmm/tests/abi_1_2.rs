@@ -232,6 +232,9 @@ fn rdma_child() {
     let rdma_creates = || fake_rdma_creates().expect("fake mode");
     let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let g = m.properties().granularity;
+    // The fake's RDMA-capable memory has twice the plain granularity: the
+    // plugin asked with the properties it creates memory with.
+    assert_eq!(g, 2 * FAKE_GRANULARITY, "granularity queried with gpuDirectRDMACapable");
     let r = vb.reserve(2 * g).unwrap();
     let before = rdma_creates();
     vb.commit(&r, 0, 2 * g).unwrap();
