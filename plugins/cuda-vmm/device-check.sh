@@ -7,7 +7,8 @@
 #
 #     libmemplug_plugin_cuda_vmm.so    the plugin (debug info stripped)
 #     vmm, bench, driver_loading,      the plugin's test binaries (stripped)
-#     sharing, abi_1_2, pinned
+#     sharing, abi_1_2, pinned, copy,
+#     frees, capture, kit
 #     fake_cuda.c                      the fake driver's source (--fake only)
 #     PACKED_SIZE                      the folder's size in bytes, as packed
 #
@@ -83,7 +84,7 @@ json() {
     printf '"%s"' "$s"
 }
 
-for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2 pinned; do
+for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2 pinned copy frees capture kit; do
     if [ ! -e "$here/$f" ]; then
         echo "missing $here/$f: see the top of this script for how to prepare the folder" >&2
         exit 2
@@ -165,7 +166,13 @@ quick="${DEVICE_CHECK_QUICK:-0}"
 functional=(--test-threads=1)
 discovery=(--test-threads=1 --skip the_library_exports_only_the_entry_symbol)
 benches=(--ignored --nocapture --test-threads=1 --skip gpu_driver_info)
+copies=(--test-threads=1)
+frees=(--test-threads=1)
+capture=(--test-threads=1)
 if [ "$quick" = 1 ]; then
+    copies+=(--exact copies_with_pageable_memory_return_while_the_stream_is_held)
+    frees+=(--exact a_free_while_a_stream_is_blocked_does_not_block)
+    capture+=(--exact work_on_a_capturing_stream_is_refused_and_the_capture_survives)
     functional+=(--exact one_mechanism_per_device_with_every_capability fences_complete_after_the_work_before_them)
     discovery=(--test-threads=1 --exact no_driver_at_all_is_device_unavailable_with_a_message)
     benches+=(--exact gpu_bench_shared_prefix)
@@ -194,8 +201,18 @@ esac
 # Pinned host memory (cuda<N>-host): cuMemHostAlloc blocks written by the
 # CPU, copied to device memory and back on both mechanisms' streams.
 step "pinned host memory" 60 "$here/pinned" --test-threads=1
+# What only a real driver can confirm (issue 30): copies with pageable
+# memory return without waiting, frees never wait for the device, graph
+# capture refused and not broken by allocations.
+step "copies" 60 "$here/copy" "${copies[@]}"
+step "frees" 60 "$here/frees" "${frees[@]}"
+step "graph capture" 60 "$here/capture" "${capture[@]}"
 # The benchmarks, full size on a GPU.
 step "benchmarks" 240 "$here/bench" "${benches[@]}"
+# The conformance kit (the checks of `memplug conformance`, through its
+# library) on every mechanism of the plugin: cuda<N>-vmm and cuda<N>-host
+# of every device. Last: what is left of the budget.
+step "conformance kit" 150 "$here/kit" --test-threads=1 --nocapture
 
 elapsed=$(($(date +%s) - started))
 libcuda="$(grep -o 'libcuda: .*' "$log" | head -n 1 | sed 's/^libcuda: //')"

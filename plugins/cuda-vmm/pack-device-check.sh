@@ -9,7 +9,8 @@
 #     device-check.sh                  the runner
 #     libmemplug_plugin_cuda_vmm.so    the plugin (release build)
 #     vmm, bench, driver_loading,      the test binaries (release build)
-#     sharing, abi_1_2, pinned
+#     sharing, abi_1_2, pinned, copy,
+#     frees, capture, kit
 #     fake_cuda.c                      the fake driver's source (device-check.sh --fake)
 #     PACKED_SIZE                      the folder's size in bytes
 # Copy the whole folder and run ./device-check.sh there (or rehearse it
@@ -63,7 +64,7 @@ copy_stripped() {
 }
 
 mkdir -p "$out"
-for name in vmm bench driver_loading sharing abi_1_2 pinned; do
+for name in vmm bench driver_loading sharing abi_1_2 pinned copy frees capture kit; do
     exe="$(test_exe "$name")"
     [ -n "$exe" ] && [ -f "$exe" ] || {
         echo "cargo reported no test binary named $name" >&2

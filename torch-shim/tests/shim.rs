@@ -139,14 +139,19 @@ fn scenario_stream_order_plain() {
     let p = shim.alloc(MIB as isize, 0, a);
     let held = fake.used_bytes(0) - before;
     assert!(held >= MIB as u64);
+    let charged = shim.pool_used();
     shim.free(p, MIB, 0, a);
     let q = shim.alloc(MIB as isize, 0, b);
     assert_ne!(q, p, "p went back to the driver before A's fence");
     shim.free(q, MIB, 0, b);
-    eventually("B's block freed (its stream is idle)", || fake.used_bytes(0) == before + held);
+    // B's fence completes (its stream is idle), so its charge goes back;
+    // the driver's own free of it synchronises the device (CUDA's "API
+    // synchronization behavior", which the fake follows), so B's memory
+    // too reaches the driver only once A moves.
+    eventually("B's charge refunded (its stream is idle)", || shim.pool_used() == charged);
     std::thread::sleep(std::time::Duration::from_millis(20));
-    assert_eq!(fake.used_bytes(0), before + held, "p freed before A's fence completed");
-    assert!(shim.pool_used() >= MIB as u64, "p's charge refunded before its free");
+    assert!(fake.used_bytes(0) >= before + held, "p freed before A's fence completed");
+    assert_eq!(shim.pool_used(), charged, "p's charge refunded before its free");
     GATE_PLAIN.open();
     eventually("p freed after A's fence", || fake.used_bytes(0) == before);
     eventually("p's charge refunded", || shim.pool_used() == 0);
