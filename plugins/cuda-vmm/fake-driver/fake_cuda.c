@@ -230,7 +230,7 @@ struct mapping {
     size_t size;
     CUmemGenericAllocationHandle handle;
     int prot;                    /* the owning device's access (mprotect) */
-    int peer_prot[MAX_DEVICES];  /* other devices' access (recorded only) */
+    int peer_prot[MAX_DEVICES];  /* other devices' access (enforced for device work, see accessible_locked) */
 };
 static struct mapping *g_mappings;
 
@@ -716,11 +716,25 @@ static int current_device(void) {
 
 /* ---- address checks (so a plugin bug is an error here, not a crash) ---- */
 
-/* Whether [p, p+n) lies in memory the device may touch: a cuMemAlloc block,
- * a pinned host block (mapped for every device), or mappings with the access
- * asked for. Called with g_lock held. */
+/* The device whose work this thread does: a stream worker's stream's
+ * device (set when the worker starts), else the current context's (-1:
+ * none known, judged as the owner). */
+static __thread int t_access_dev = -1;
+
+static int access_device(void) {
+    CUcontext c = current();
+    return t_access_dev >= 0 ? t_access_dev : c != NULL ? c->device : -1;
+}
+
+/* Whether [p, p+n) lies in memory the device doing the work
+ * (access_device) may touch: a cuMemAlloc block, a pinned host block
+ * (mapped for every device), or mappings with the access asked for, which
+ * for a device other than the mapping's owner is what cuMemSetAccess
+ * granted that peer (none unless granted: a peer's access without the
+ * grant faults, as on a GPU). Called with g_lock held. */
 static int accessible_locked(CUdeviceptr p, size_t n, int need_write) {
     CUdeviceptr end = p + n;
+    int dev = access_device();
     for (struct alloc *a = g_allocs; a; a = a->next)
         if (p >= a->ptr && end <= a->ptr + a->len)
             return 1;
@@ -734,8 +748,13 @@ static int accessible_locked(CUdeviceptr p, size_t n, int need_write) {
                 break;
         if (m == NULL)
             return 0;
-        if (!(m->prot & PROT_READ) || (need_write && !(m->prot & PROT_WRITE)))
-            return 0;
+        {
+            size_t i = (size_t)m->handle - 1;
+            int owner = i < g_phys_len ? g_phys[i].device : -1;
+            int prot = dev < 0 || dev == owner || dev >= MAX_DEVICES ? m->prot : m->peer_prot[dev];
+            if (!(prot & PROT_READ) || (need_write && !(prot & PROT_WRITE)))
+                return 0;
+        }
         p = m->addr + m->size;
     }
     return 1;
@@ -1209,6 +1228,7 @@ static void run_op(struct op *o) {
 
 static void *stream_worker(void *arg) {
     struct fake_stream *s = arg;
+    t_access_dev = s->ctx->device;
     pthread_mutex_lock(&s->m);
     for (;;) {
         struct op *o;
