@@ -249,7 +249,7 @@ static __thread int t_in_callback;
  * fake detects, by fake_cuda_inject_sticky_fault (or fake_cuda_sticky_fault),
  * or after FAKE_CUDA_STICKY_FAULT_AFTER=N calls (with
  * MEMPLUG_FAKE_CUDA_STICKY_CODE, default 700). */
-static unsigned int g_sticky;
+static unsigned int g_sticky[MAX_DEVICES]; /* per device's primary context */
 static long g_calls;
 static long g_fault_after = -1;
 static unsigned int g_fault_after_code = CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -346,27 +346,42 @@ static int counted_index(const char *name) {
     return -1;
 }
 
+/* The device whose context a call works in: the calling thread's current
+ * context (no lock: the thread's own stack); -1 for calls made with none
+ * (device queries, retaining a primary context), which no fault stops. A
+ * real driver's sticky error belongs to the context that faulted; other
+ * contexts keep working. */
+static int sticky_device(void) {
+    return t_depth > 0 && t_stack[t_depth - 1] != NULL ? t_stack[t_depth - 1]->device : -1;
+}
+
 static CUresult check_call(int sticky_applies) {
     long n;
+    int dev = sticky_device();
     if (t_in_callback) {
         __atomic_add_fetch(&g_callback_refused, 1, __ATOMIC_RELAXED);
         return CUDA_ERROR_NOT_PERMITTED;
     }
     n = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
     if (g_fault_after >= 0 && n > g_fault_after)
-        __atomic_store_n(&g_sticky, g_fault_after_code, __ATOMIC_RELAXED);
-    return sticky_applies ? __atomic_load_n(&g_sticky, __ATOMIC_RELAXED) : CUDA_SUCCESS;
+        __atomic_store_n(&g_sticky[dev < 0 ? 0 : dev], g_fault_after_code, __ATOMIC_RELAXED);
+    return sticky_applies && dev >= 0 ? __atomic_load_n(&g_sticky[dev], __ATOMIC_RELAXED) : CUDA_SUCCESS;
 }
 
 /* What a call that still does its work after a sticky fault answers: the
- * fault, if there was one (a real driver may; callers must cope). */
-static CUresult sticky_answer(void) {
-    return (CUresult)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED);
+ * fault of device `dev`'s context, if there was one (a real driver may;
+ * callers must cope). */
+static CUresult sticky_answer(int dev) {
+    return (CUresult)__atomic_load_n(&g_sticky[dev], __ATOMIC_RELAXED);
 }
 
-/* A bad device access: the context is dead from now on. */
+static int access_device(void);
+
+/* A bad device access: the context of the device doing the work is dead
+ * from now on (the others are not). */
 static CUresult fault(void) {
-    __atomic_store_n(&g_sticky, CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
+    int dev = access_device();
+    __atomic_store_n(&g_sticky[dev < 0 ? 0 : dev], CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
     return CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
@@ -646,7 +661,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     else
         g_ctx[dev].refs--;
     pthread_mutex_unlock(&g_lock);
-    return r == CUDA_SUCCESS ? sticky_answer() : r;
+    return r == CUDA_SUCCESS ? sticky_answer(dev) : r;
 }
 
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
@@ -668,7 +683,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
     t_depth--;
     if (ctx != NULL)
         *ctx = t_stack[t_depth];
-    return sticky_answer();
+    return t_stack[t_depth] != NULL ? sticky_answer(t_stack[t_depth]->device) : CUDA_SUCCESS;
 }
 
 API CUresult cuCtxGetCurrent(CUcontext *ctx) {
@@ -2732,30 +2747,45 @@ API long fake_cuda_live_streams(void) {
     return n;
 }
 
-/* Makes the context sticky-faulted (every later call returns `code`, 700
- * when 0), as an illegal address in a kernel does. */
+/* Makes device 0's context sticky-faulted (every later call in it returns
+ * `code`, 700 when 0), as an illegal address in a kernel does. */
 API void fake_cuda_sticky_fault(unsigned int code) {
-    __atomic_store_n(&g_sticky, code == 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : code, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_sticky[0], code == 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : code, __ATOMIC_RELAXED);
 }
 
-/* Injects a sticky fault, as a kernel's illegal address (700), a launch
- * timeout (702) or a hardware error (714-719) does on a real device: from
- * now on every driver call but the context-stack ones (push, pop, get
- * current, primary release) returns `code` (700 when `code` <= 0), for the
- * rest of the process (fake_cuda_clear_sticky excepted). The fake models
- * one dead context for every device: a real driver kills only the context
- * that faulted. Returns the sticky code in force before (0: none). */
+/* Injects a sticky fault into device 0's context, as a kernel's illegal
+ * address (700), a launch timeout (702) or a hardware error (714-719) does
+ * on a real device: from now on every driver call made in that context but
+ * the context-stack ones (push, pop, get current, primary release) returns
+ * `code` (700 when `code` <= 0), for the rest of the process
+ * (fake_cuda_clear_sticky excepted). Other devices' contexts keep working,
+ * as on a real driver. Returns device 0's sticky code before (0: none). */
 API int fake_cuda_inject_sticky_fault(int code) {
     unsigned int c = code <= 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : (unsigned int)code;
-    return (int)__atomic_exchange_n(&g_sticky, c, __ATOMIC_RELAXED);
+    return (int)__atomic_exchange_n(&g_sticky[0], c, __ATOMIC_RELAXED);
 }
 
-/* The sticky code in force (0: none). */
-API int fake_cuda_sticky_code(void) { return (int)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED); }
+/* The first sticky code in force on any device (0: none). */
+API int fake_cuda_sticky_code(void) {
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        unsigned int c = __atomic_load_n(&g_sticky[d], __ATOMIC_RELAXED);
+        if (c != 0)
+            return (int)c;
+    }
+    return 0;
+}
 
-/* Clears the sticky fault: for tests that probe a bad access on purpose and
- * go on in the same process (a real process would have to restart). */
-API void fake_cuda_clear_sticky(void) { __atomic_store_n(&g_sticky, 0, __ATOMIC_RELAXED); }
+/* The sticky code of device `dev`'s context (0: none; -1: no such device). */
+API int fake_cuda_sticky_code_of(int dev) {
+    return dev < 0 || dev >= MAX_DEVICES ? -1 : (int)__atomic_load_n(&g_sticky[dev], __ATOMIC_RELAXED);
+}
+
+/* Clears every sticky fault: for tests that probe a bad access on purpose
+ * and go on in the same process (a real process would have to restart). */
+API void fake_cuda_clear_sticky(void) {
+    for (int d = 0; d < MAX_DEVICES; d++)
+        __atomic_store_n(&g_sticky[d], 0, __ATOMIC_RELAXED);
+}
 
 /* Makes cuMemSetAccess refuse (on != 0) or accept (0) read-only access;
  * the refusal is CUDA_ERROR_NOT_SUPPORTED and changes nothing. Returns the
