@@ -88,7 +88,7 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     for (name, original) in
         bins.iter().map(|(n, p)| (*n, p.clone())).chain([("libmemplug_plugin_cuda_vmm.so", so.clone())])
     {
-        let packed = std::fs::metadata(pack.join(name)).unwrap().len();
+        let packed = std::fs::metadata(pack.join(format!("{name}.gz"))).unwrap().len();
         let before = std::fs::metadata(&original).unwrap().len();
         assert!(packed < before / 2, "{name}: {packed} bytes packed from {before}: debug info not stripped");
     }
