@@ -50,15 +50,22 @@
  *     for every device at its host address (unified addressing) and
  *     tracked; cuMemFreeHost of anything else (never allocated, already
  *     freed, inside a block) is CUDA_ERROR_INVALID_VALUE. A copy range that
- *     meets a pinned block must lie inside it (see copyable_locked).
+ *     meets a pinned block must lie inside it (see copyable_locked);
+ *   - CUDA's "API synchronization behavior": cuMemcpyAsync with pageable
+ *     host memory returns when the copy is done; cuMemFree and
+ *     cuMemFreeHost synchronise the device (sync_device);
+ *   - peer access enforced for device work (accessible_locked); stream
+ *     capture (see "stream capture"); cuPointerGetAttribute (memory type,
+ *     device ordinal); the granularity depends on the properties (gran_of).
  *
  * Switches for tests: MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1 (read at the first
  * cuInit) or fake_cuda_set_no_read_only(1) make cuMemSetAccess refuse
  * read-only access (CU_MEM_ACCESS_FLAGS_PROT_READ) with
  * CUDA_ERROR_NOT_SUPPORTED (801) and change nothing, as a driver or device
  * without read-only mappings may. fake_cuda_inject_sticky_fault(code)
- * kills the context now: every later call (but the context-stack ones)
- * returns that sticky code, as a real driver does after an illegal address;
+ * kills device 0's context now: every later call made in it (but the
+ * context-stack ones) returns that sticky code, as a real driver does after
+ * an illegal address, while other devices' contexts keep working;
  * FAKE_CUDA_STICKY_FAULT_AFTER=N (read at the first cuInit) does the same
  * with 700 after N calls, and MEMPLUG_FAKE_CUDA_STICKY_CODE=C makes that
  * code C instead. MEMPLUG_FAKE_CUDA_NO_POSIX_FD=1 (read at the first cuInit)
