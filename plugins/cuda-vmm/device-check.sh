@@ -5,9 +5,11 @@
 # this script (prepare the folder with plugins/cuda-vmm/pack-device-check.sh
 # OUT_DIR on the build machine, copy it over, run ./device-check.sh there):
 #
-#     libmemplug_plugin_cuda_vmm.so    the plugin (debug info stripped)
-#     vmm, bench, driver_loading,      the plugin's test binaries (stripped)
-#     sharing, abi_1_2, pinned
+#     libmemplug_plugin_cuda_vmm.so.gz the plugin (debug info stripped)
+#     vmm.gz, bench.gz, ...            the plugin's test binaries (stripped):
+#                                      driver_loading, sharing, abi_1_2,
+#                                      pinned, copy, frees, capture, kit
+#     (gzip-compressed, unpacked into a scratch folder when this runs)
 #     fake_cuda.c                      the fake driver's source (--fake only)
 #     PACKED_SIZE                      the folder's size in bytes, as packed
 #
@@ -83,9 +85,22 @@ json() {
     printf '"%s"' "$s"
 }
 
-for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2 pinned; do
-    if [ ! -e "$here/$f" ]; then
-        echo "missing $here/$f: see the top of this script for how to prepare the folder" >&2
+# The binaries travel gzip-compressed (pack-device-check.sh: the folder
+# stays within 16 MiB) and are unpacked into a scratch folder here; one
+# lying uncompressed beside this script is used as it is.
+bin="$work/bin"
+mkdir -p "$bin"
+for f in libmemplug_plugin_cuda_vmm.so vmm bench driver_loading sharing abi_1_2 pinned copy frees capture kit; do
+    if [ -e "$here/$f" ]; then
+        ln -s "$here/$f" "$bin/$f"
+    elif [ -e "$here/$f.gz" ]; then
+        if ! gzip -dc "$here/$f.gz" >"$bin/$f"; then
+            echo "cannot unpack $here/$f.gz (gzip -d)" >&2
+            exit 2
+        fi
+        chmod +x "$bin/$f"
+    else
+        echo "missing $here/$f.gz: see the top of this script for how to prepare the folder" >&2
         exit 2
     fi
 done
@@ -113,7 +128,7 @@ if [ "$fake" = 1 ]; then
 elif [ -n "${MEMPLUG_CUDA_DRIVER:-}" ]; then
     say "note: using MEMPLUG_CUDA_DRIVER=$MEMPLUG_CUDA_DRIVER, not the system's driver"
 fi
-export MEMPLUG_CUDA_PLUGIN="$here/libmemplug_plugin_cuda_vmm.so"
+export MEMPLUG_CUDA_PLUGIN="$bin/libmemplug_plugin_cuda_vmm.so"
 # The test binaries' real-driver mode (fake-only checks skipped): what runs
 # on the GPU, rehearsed on the fake with --fake.
 export MEMPLUG_CUDA_TEST_REAL=1
@@ -165,27 +180,33 @@ quick="${DEVICE_CHECK_QUICK:-0}"
 functional=(--test-threads=1)
 discovery=(--test-threads=1 --skip the_library_exports_only_the_entry_symbol)
 benches=(--ignored --nocapture --test-threads=1 --skip gpu_driver_info)
+copies=(--test-threads=1)
+frees=(--test-threads=1)
+capture=(--test-threads=1)
 if [ "$quick" = 1 ]; then
+    copies+=(--exact copies_with_pageable_memory_return_while_the_stream_is_held)
+    frees+=(--exact a_free_while_a_stream_is_blocked_does_not_block)
+    capture+=(--exact work_on_a_capturing_stream_is_refused_and_the_capture_survives)
     functional+=(--exact one_mechanism_per_device_with_every_capability fences_complete_after_the_work_before_them)
     discovery=(--test-threads=1 --exact no_driver_at_all_is_device_unavailable_with_a_message)
     benches+=(--exact gpu_bench_shared_prefix)
 fi
 
 # Which driver, which version (cuDriverGetVersion), which devices.
-step "driver" 60 "$here/bench" --ignored --exact gpu_driver_info --nocapture --test-threads=1
+step "driver" 60 "$bin/bench" --ignored --exact gpu_driver_info --nocapture --test-threads=1
 # The functional tests on the real driver (one at a time: they count live
 # objects per process).
-step "functional tests" 150 "$here/vmm" "${functional[@]}"
+step "functional tests" 150 "$bin/vmm" "${functional[@]}"
 # Driver discovery: the scenarios that need no compiler (the others skip
 # themselves with MEMPLUG_CUDA_TEST_REAL=1); nm may be missing here.
-step "driver discovery" 60 "$here/driver_loading" "${discovery[@]}"
+step "driver discovery" 60 "$bin/driver_loading" "${discovery[@]}"
 # ABI 1.2 on the device: descriptor, identity, the fill skipped on the
 # hint, peer access (with two devices), stream_wait_fence, typed adoption.
-step "abi 1.2" 60 "$here/abi_1_2" --test-threads=1
+step "abi 1.2" 60 "$bin/abi_1_2" --test-threads=1
 # Export and import of shareable handles, one process and two (the test
 # binary re-run as the child, the descriptor passed over SCM_RIGHTS).
 last_rc=
-step "sharing" 90 "$here/sharing" --test-threads=1
+step "sharing" 90 "$bin/sharing" --test-threads=1
 case "$last_rc" in
 0) export_note="passed: tests/sharing.rs two_processes_share_one_exportable_object_over_scm_rights and the in-process export/import tests ($mode driver)" ;;
 "") export_note="not run: the budget ran out" ;;
@@ -193,9 +214,19 @@ case "$last_rc" in
 esac
 # Pinned host memory (cuda<N>-host): cuMemHostAlloc blocks written by the
 # CPU, copied to device memory and back on both mechanisms' streams.
-step "pinned host memory" 60 "$here/pinned" --test-threads=1
+step "pinned host memory" 60 "$bin/pinned" --test-threads=1
+# What only a real driver can confirm (issue 30): copies with pageable
+# memory return without waiting, frees never wait for the device, graph
+# capture refused and not broken by allocations.
+step "copies" 60 "$bin/copy" "${copies[@]}"
+step "frees" 60 "$bin/frees" "${frees[@]}"
+step "graph capture" 60 "$bin/capture" "${capture[@]}"
 # The benchmarks, full size on a GPU.
-step "benchmarks" 240 "$here/bench" "${benches[@]}"
+step "benchmarks" 240 "$bin/bench" "${benches[@]}"
+# The conformance kit (the checks of `memplug conformance`, through its
+# library) on every mechanism of the plugin: cuda<N>-vmm and cuda<N>-host
+# of every device. Last: what is left of the budget.
+step "conformance kit" 150 "$bin/kit" --test-threads=1 --nocapture
 
 elapsed=$(($(date +%s) - started))
 libcuda="$(grep -o 'libcuda: .*' "$log" | head -n 1 | sed 's/^libcuda: //')"

@@ -7,9 +7,12 @@
 #
 # The folder then holds:
 #     device-check.sh                  the runner
-#     libmemplug_plugin_cuda_vmm.so    the plugin (release build)
-#     vmm, bench, driver_loading,      the test binaries (release build)
-#     sharing, abi_1_2, pinned
+#     libmemplug_plugin_cuda_vmm.so.gz the plugin (release build)
+#     vmm.gz, bench.gz, ...            the test binaries (release build):
+#                                      driver_loading, sharing, abi_1_2,
+#                                      pinned, copy, frees, capture, kit
+#     (each gzip-compressed: eleven Rust test binaries of ~2 MiB each would
+#     not fit 16 MiB; device-check.sh unpacks them)
 #     fake_cuda.c                      the fake driver's source (device-check.sh --fake)
 #     PACKED_SIZE                      the folder's size in bytes
 # Copy the whole folder and run ./device-check.sh there (or rehearse it
@@ -63,13 +66,14 @@ copy_stripped() {
 }
 
 mkdir -p "$out"
-for name in vmm bench driver_loading sharing abi_1_2 pinned; do
+for name in vmm bench driver_loading sharing abi_1_2 pinned copy frees capture kit; do
     exe="$(test_exe "$name")"
     [ -n "$exe" ] && [ -f "$exe" ] || {
         echo "cargo reported no test binary named $name" >&2
         exit 1
     }
     copy_stripped "$exe" "$out/$name"
+    gzip -9 -n -f "$out/$name"
 done
 so="$(plugin_so)"
 [ -n "$so" ] && [ -f "$so" ] || {
@@ -77,6 +81,7 @@ so="$(plugin_so)"
     exit 1
 }
 copy_stripped "$so" "$out/libmemplug_plugin_cuda_vmm.so"
+gzip -9 -n -f "$out/libmemplug_plugin_cuda_vmm.so"
 cp "$here/device-check.sh" "$out/"
 chmod +x "$out/device-check.sh"
 cp "$here/fake-driver/fake_cuda.c" "$out/"

@@ -19,6 +19,24 @@ pub enum LogLevel {
     Info = 2,
 }
 
+/// When a freed block may be reused (`MEMPLUG_TORCH_REUSE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reuse {
+    /// `all-streams` (the default): not before every stream the shim has
+    /// seen on the device (every stream torch allocated or freed on, and
+    /// each one given to `memplug_torch_note_stream`) has passed a fence
+    /// recorded when the block was freed. While the freeing stream is the
+    /// only one seen, a request on it reuses the block at once. The safe
+    /// policy where tensors are read on side streams: torch's
+    /// `record_stream` does not reach a pluggable allocator.
+    AllStreams,
+    /// `free-stream`: after a fence on the freeing stream only, and at
+    /// once on that stream (torch's own allocator without
+    /// `record_stream`): fewer fences, but a side stream still reading the
+    /// block may see it reused.
+    FreeStream,
+}
+
 /// What the environment asked for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -47,6 +65,8 @@ pub struct Config {
     pub reaper: Duration,
     /// `MEMPLUG_TORCH_LOG`.
     pub log: LogLevel,
+    /// `MEMPLUG_TORCH_REUSE`.
+    pub reuse: Reuse,
     /// `MEMPLUG_NODE_SOCKET`: a node authority each device's pool joins
     /// (as `cuda<N>`): its budget is then what this process leases, shared
     /// with every process on the device.
@@ -71,6 +91,10 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MEMPLUG_TORCH_WAIT_MS", "how long a request over budget waits for queued frees (default 1000)"),
     ("MEMPLUG_TORCH_REAPER_MS", "how often completed frees are retired (default 1)"),
     ("MEMPLUG_TORCH_LOG", "off, warn (default) or info"),
+    (
+        "MEMPLUG_TORCH_REUSE",
+        "all-streams (default): a freed block waits for every stream seen; free-stream: for its own only",
+    ),
     (
         "MEMPLUG_NODE_SOCKET",
         "a node authority's socket: each device's budget is leased from it (default: none)",
@@ -131,6 +155,11 @@ impl Config {
             Some("info") => LogLevel::Info,
             Some(v) => return Err(format!("MEMPLUG_TORCH_LOG={v:?}: expected off, warn or info")),
         };
+        let reuse = match get("MEMPLUG_TORCH_REUSE").as_deref() {
+            None | Some("all-streams") => Reuse::AllStreams,
+            Some("free-stream") => Reuse::FreeStream,
+            Some(v) => return Err(format!("MEMPLUG_TORCH_REUSE={v:?}: expected all-streams or free-stream")),
+        };
         Ok(Config {
             plugin: get("MEMPLUG_TORCH_PLUGIN").map(PathBuf::from),
             pool_bytes,
@@ -141,6 +170,7 @@ impl Config {
             wait,
             reaper: Duration::from_millis(reaper),
             log,
+            reuse,
             node_socket: get("MEMPLUG_NODE_SOCKET").map(PathBuf::from),
         })
     }
@@ -183,6 +213,7 @@ mod tests {
         assert_eq!((c.plugin, c.pool_bytes, c.cache), (None, None, true));
         assert_eq!(c.wait, Duration::from_secs(1));
         assert_eq!((c.reaper, c.log, c.cache_max_block), (Duration::from_millis(1), LogLevel::Warn, 1 << 30));
+        assert_eq!(c.reuse, Reuse::AllStreams);
         assert_eq!((c.cache_max_idle, c.gc_threshold), (None, None));
     }
 
@@ -206,8 +237,10 @@ mod tests {
             ("MEMPLUG_TORCH_CACHE", "0"),
             ("MEMPLUG_TORCH_WAIT_MS", "20"),
             ("MEMPLUG_TORCH_LOG", "off"),
+            ("MEMPLUG_TORCH_REUSE", "free-stream"),
         ])
         .unwrap();
+        assert_eq!(c.reuse, Reuse::FreeStream);
         assert_eq!(c.plugin, Some(PathBuf::from("./libx.so")));
         assert_eq!(c.pool_bytes, Some(8 << 30));
         assert!(!c.cache);
@@ -225,6 +258,7 @@ mod tests {
             ("MEMPLUG_TORCH_WAIT_MS", "-1"),
             ("MEMPLUG_TORCH_REAPER_MS", "0"),
             ("MEMPLUG_TORCH_LOG", "loud"),
+            ("MEMPLUG_TORCH_REUSE", "never"),
         ] {
             let e = with(&[(k, v)]).unwrap_err();
             assert!(e.starts_with(k), "{k}={v}: {e}");

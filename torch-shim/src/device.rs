@@ -3,7 +3,7 @@
 //! torch's streams adopted on that mechanism (for the fences frees wait
 //! behind).
 
-use crate::config::Config;
+use crate::config::{Config, Reuse};
 use memplug_host::governor::AllocationClass;
 use memplug_host::governor::Pool;
 use memplug_host::{
@@ -152,24 +152,61 @@ impl DeviceState {
 
     /// Frees `held` behind the work torch queued on `stream` so far: a
     /// fence recorded there now, and the free (or the cache's reuse by
-    /// other streams) waits for it. On an error `held` comes back
-    /// untouched: the caller keeps it rather than free on a guess.
+    /// other streams) waits for it; under [`Reuse::AllStreams`] also
+    /// behind a fence recorded now on every other stream seen on this
+    /// device, and then, when there is any, not reused at once even on
+    /// `stream`. On an error `held` comes back untouched: the caller keeps
+    /// it rather than free on a guess.
     // The error hands the block back: boxing it would allocate on a path
     // that must not fail.
     #[allow(clippy::result_large_err)]
-    pub(crate) fn free_on(&self, held: Held, stream: usize) -> Result<(), (Held, String)> {
+    pub(crate) fn free_on(&self, held: Held, stream: usize, reuse: Reuse) -> Result<(), (Held, String)> {
         let fence = match self.fence_on(stream) {
             Ok(f) => f,
             Err(e) => return Err((held, e)),
         };
+        let others = match reuse {
+            Reuse::FreeStream => Vec::new(),
+            Reuse::AllStreams => match self.fences_on_others(stream) {
+                Ok(f) => f,
+                Err(e) => return Err((held, e)),
+            },
+        };
         match held {
             Held::Plain(mut a) => {
                 a.used_by(fence);
-                drop(a); // into the deferred-free queue, behind the fence
+                others.into_iter().for_each(|f| a.used_by(f));
+                drop(a); // into the deferred-free queue, behind the fences
             }
-            Held::Cached(a) => a.free_on(StreamKey::runtime(stream as u64), fence),
+            Held::Cached(a) if others.is_empty() => a.free_on(StreamKey::runtime(stream as u64), fence),
+            Held::Cached(mut a) => {
+                a.used_by(fence);
+                others.into_iter().for_each(|f| a.used_by(f));
+                drop(a); // back to the cache, for anyone once every fence completed
+            }
         }
         Ok(())
+    }
+
+    /// Makes `stream` one of the streams seen on this device (adopted once),
+    /// so that frees under [`Reuse::AllStreams`] wait for it too.
+    pub(crate) fn note_stream(&self, stream: usize) -> Result<(), String> {
+        let mut streams = self.streams.write().unwrap_or_else(PoisonError::into_inner);
+        if let std::collections::hash_map::Entry::Vacant(v) = streams.entry(stream) {
+            v.insert(self.adopt(stream)?);
+        }
+        Ok(())
+    }
+
+    /// A fence now on every stream seen on this device but `stream`.
+    fn fences_on_others(&self, stream: usize) -> Result<Vec<SharedFence>, String> {
+        let m = self.context.mechanism();
+        let streams = self.streams.read().unwrap_or_else(PoisonError::into_inner);
+        streams
+            .iter()
+            .filter(|(&k, _)| k != stream)
+            .map(|(_, s)| PluginFence::record(m, s).map_err(|e| e.to_string()))
+            .collect()
     }
 
     /// A fence after the work queued on torch's `stream` so far.

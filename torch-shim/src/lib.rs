@@ -139,6 +139,37 @@ pub unsafe extern "C" fn memplug_torch_free(
     }
 }
 
+/// Adds `stream` (a `cudaStream_t` of CUDA device `device`, or NULL for
+/// the legacy default stream) to the streams a freed block waits for under
+/// `MEMPLUG_TORCH_REUSE=all-streams` (the default): call it, through
+/// `ctypes`, for a side stream that reads tensors but never allocates or
+/// frees through torch, as `record_stream` would tell torch's own
+/// allocator (README, "PyTorch"). Streams torch allocates or frees on are
+/// seen without it. Returns 0, or -1 when refused (the reason in the log).
+/// Starts the shim.
+///
+/// # Safety
+/// `stream` is a live CUDA stream of `device` that outlives the process's
+/// use of the shim (torch's streams do), or NULL.
+#[no_mangle]
+pub unsafe extern "C" fn memplug_torch_note_stream(device: c_int, stream: *mut c_void) -> c_int {
+    let r = catch_unwind(AssertUnwindSafe(|| match shim::get() {
+        Ok(s) => s.note_stream(device, stream as usize),
+        Err(e) => Err(format!("the shim did not start: {e}")),
+    }));
+    match r {
+        Ok(Ok(())) => 0,
+        Ok(Err(why)) => {
+            log::warn(format_args!("note_stream(device {device}, {stream:p}) refused: {why}"));
+            -1
+        }
+        Err(_) => {
+            log::warn(format_args!("note_stream(device {device}) panicked; refused"));
+            -1
+        }
+    }
+}
+
 /// Gives every device's idle cached blocks back to the driver (behind the
 /// fences of their last use), as `torch.cuda.empty_cache()` does for
 /// torch's own allocator — which it does not do for a pluggable one: call

@@ -206,6 +206,12 @@ impl Shim {
         }
     }
 
+    /// `memplug_torch_note_stream`: `stream` of `device` joins the streams
+    /// frees wait for (see `Reuse::AllStreams`).
+    pub(crate) fn note_stream(&self, device: i32, stream: usize) -> Result<(), String> {
+        self.device(device)?.note_stream(stream)
+    }
+
     /// torch's free: ordered behind `stream`; an unknown pointer is
     /// counted, logged and ignored.
     pub(crate) fn free(&self, ptr: u64, size: usize, device: i32, stream: usize) {
@@ -224,7 +230,7 @@ impl Shim {
             ));
         }
         let d = self.device(owner).expect("a device that allocated is open");
-        if let Err((held, why)) = d.free_on(held, stream) {
+        if let Err((held, why)) = d.free_on(held, stream, self.config.reuse) {
             log::warn(format_args!(
                 "free({ptr:#x}) could not be ordered behind stream {stream:#x} ({why}): kept"
             ));

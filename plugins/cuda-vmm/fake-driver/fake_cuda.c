@@ -50,15 +50,22 @@
  *     for every device at its host address (unified addressing) and
  *     tracked; cuMemFreeHost of anything else (never allocated, already
  *     freed, inside a block) is CUDA_ERROR_INVALID_VALUE. A copy range that
- *     meets a pinned block must lie inside it (see copyable_locked).
+ *     meets a pinned block must lie inside it (see copyable_locked);
+ *   - CUDA's "API synchronization behavior": cuMemcpyAsync with pageable
+ *     host memory returns when the copy is done; cuMemFree and
+ *     cuMemFreeHost synchronise the device (sync_device);
+ *   - peer access enforced for device work (accessible_locked); stream
+ *     capture (see "stream capture"); cuPointerGetAttribute (memory type,
+ *     device ordinal); the granularity depends on the properties (gran_of).
  *
  * Switches for tests: MEMPLUG_FAKE_CUDA_NO_READ_ONLY=1 (read at the first
  * cuInit) or fake_cuda_set_no_read_only(1) make cuMemSetAccess refuse
  * read-only access (CU_MEM_ACCESS_FLAGS_PROT_READ) with
  * CUDA_ERROR_NOT_SUPPORTED (801) and change nothing, as a driver or device
  * without read-only mappings may. fake_cuda_inject_sticky_fault(code)
- * kills the context now: every later call (but the context-stack ones)
- * returns that sticky code, as a real driver does after an illegal address;
+ * kills device 0's context now: every later call made in it (but the
+ * context-stack ones) returns that sticky code, as a real driver does after
+ * an illegal address, while other devices' contexts keep working;
  * FAKE_CUDA_STICKY_FAULT_AFTER=N (read at the first cuInit) does the same
  * with 700 after N calls, and MEMPLUG_FAKE_CUDA_STICKY_CODE=C makes that
  * code C instead. MEMPLUG_FAKE_CUDA_NO_POSIX_FD=1 (read at the first cuInit)
@@ -138,6 +145,13 @@ enum {
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_PERMITTED = 800,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_STREAM_CAPTURE_ISOLATION = 905,
+    CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906,
+    CUDA_ERROR_CAPTURED_EVENT = 907,
+    CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD = 908,
 };
 
 #define GRAN (2ull << 20)
@@ -183,6 +197,7 @@ struct host_alloc {
     CUdeviceptr ptr;
     size_t len;
     unsigned int flags;
+    int device; /* of the context it was made in (cuPointerGetAttribute) */
 };
 static struct host_alloc *g_host_allocs;
 static unsigned long long g_host_capacity = 1024ull << 20;
@@ -222,7 +237,7 @@ struct mapping {
     size_t size;
     CUmemGenericAllocationHandle handle;
     int prot;                    /* the owning device's access (mprotect) */
-    int peer_prot[MAX_DEVICES];  /* other devices' access (recorded only) */
+    int peer_prot[MAX_DEVICES];  /* other devices' access (enforced for device work, see accessible_locked) */
 };
 static struct mapping *g_mappings;
 
@@ -241,7 +256,7 @@ static __thread int t_in_callback;
  * fake detects, by fake_cuda_inject_sticky_fault (or fake_cuda_sticky_fault),
  * or after FAKE_CUDA_STICKY_FAULT_AFTER=N calls (with
  * MEMPLUG_FAKE_CUDA_STICKY_CODE, default 700). */
-static unsigned int g_sticky;
+static unsigned int g_sticky[MAX_DEVICES]; /* per device's primary context */
 static long g_calls;
 static long g_fault_after = -1;
 static unsigned int g_fault_after_code = CUDA_ERROR_ILLEGAL_ADDRESS;
@@ -338,27 +353,42 @@ static int counted_index(const char *name) {
     return -1;
 }
 
+/* The device whose context a call works in: the calling thread's current
+ * context (no lock: the thread's own stack); -1 for calls made with none
+ * (device queries, retaining a primary context), which no fault stops. A
+ * real driver's sticky error belongs to the context that faulted; other
+ * contexts keep working. */
+static int sticky_device(void) {
+    return t_depth > 0 && t_stack[t_depth - 1] != NULL ? t_stack[t_depth - 1]->device : -1;
+}
+
 static CUresult check_call(int sticky_applies) {
     long n;
+    int dev = sticky_device();
     if (t_in_callback) {
         __atomic_add_fetch(&g_callback_refused, 1, __ATOMIC_RELAXED);
         return CUDA_ERROR_NOT_PERMITTED;
     }
     n = __atomic_add_fetch(&g_calls, 1, __ATOMIC_RELAXED);
     if (g_fault_after >= 0 && n > g_fault_after)
-        __atomic_store_n(&g_sticky, g_fault_after_code, __ATOMIC_RELAXED);
-    return sticky_applies ? __atomic_load_n(&g_sticky, __ATOMIC_RELAXED) : CUDA_SUCCESS;
+        __atomic_store_n(&g_sticky[dev < 0 ? 0 : dev], g_fault_after_code, __ATOMIC_RELAXED);
+    return sticky_applies && dev >= 0 ? __atomic_load_n(&g_sticky[dev], __ATOMIC_RELAXED) : CUDA_SUCCESS;
 }
 
 /* What a call that still does its work after a sticky fault answers: the
- * fault, if there was one (a real driver may; callers must cope). */
-static CUresult sticky_answer(void) {
-    return (CUresult)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED);
+ * fault of device `dev`'s context, if there was one (a real driver may;
+ * callers must cope). */
+static CUresult sticky_answer(int dev) {
+    return (CUresult)__atomic_load_n(&g_sticky[dev], __ATOMIC_RELAXED);
 }
 
-/* A bad device access: the context is dead from now on. */
+static int access_device(void);
+
+/* A bad device access: the context of the device doing the work is dead
+ * from now on (the others are not). */
 static CUresult fault(void) {
-    __atomic_store_n(&g_sticky, CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
+    int dev = access_device();
+    __atomic_store_n(&g_sticky[dev < 0 ? 0 : dev], CUDA_ERROR_ILLEGAL_ADDRESS, __ATOMIC_RELAXED);
     return CUDA_ERROR_ILLEGAL_ADDRESS;
 }
 
@@ -384,6 +414,12 @@ static CUresult fault(void) {
     } while (0)
 
 static CUcontext current(void) { return t_depth > 0 ? t_stack[t_depth - 1] : NULL; }
+
+/* Stream capture (see "stream capture" below). */
+static CUresult prohibited_during_capture(void);
+static CUresult capture_guard(CUstream s);
+/* cuMemFree and cuMemFreeHost synchronise the device (-1: every device). */
+static void sync_device(int dev);
 
 /* A context usable for work: non-NULL and still retained. */
 static int ctx_alive(CUcontext c) {
@@ -588,6 +624,13 @@ API CUresult cuGetErrorName(CUresult error, const char **str) {
     case CUDA_ERROR_LAUNCH_FAILED: *str = "CUDA_ERROR_LAUNCH_FAILED"; break;
     case CUDA_ERROR_NOT_PERMITTED: *str = "CUDA_ERROR_NOT_PERMITTED"; break;
     case CUDA_ERROR_NOT_SUPPORTED: *str = "CUDA_ERROR_NOT_SUPPORTED"; break;
+    case CUDA_ERROR_ILLEGAL_STATE: *str = "CUDA_ERROR_ILLEGAL_STATE"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *str = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *str = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_ISOLATION: *str = "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT: *str = "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"; break;
+    case CUDA_ERROR_CAPTURED_EVENT: *str = "CUDA_ERROR_CAPTURED_EVENT"; break;
+    case CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: *str = "CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD"; break;
     default: *str = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
     return CUDA_SUCCESS;
@@ -625,7 +668,7 @@ API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     else
         g_ctx[dev].refs--;
     pthread_mutex_unlock(&g_lock);
-    return r == CUDA_SUCCESS ? sticky_answer() : r;
+    return r == CUDA_SUCCESS ? sticky_answer(dev) : r;
 }
 
 API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
@@ -647,7 +690,7 @@ API CUresult cuCtxPopCurrent_v2(CUcontext *ctx) {
     t_depth--;
     if (ctx != NULL)
         *ctx = t_stack[t_depth];
-    return sticky_answer();
+    return t_stack[t_depth] != NULL ? sticky_answer(t_stack[t_depth]->device) : CUDA_SUCCESS;
 }
 
 API CUresult cuCtxGetCurrent(CUcontext *ctx) {
@@ -695,11 +738,25 @@ static int current_device(void) {
 
 /* ---- address checks (so a plugin bug is an error here, not a crash) ---- */
 
-/* Whether [p, p+n) lies in memory the device may touch: a cuMemAlloc block,
- * a pinned host block (mapped for every device), or mappings with the access
- * asked for. Called with g_lock held. */
+/* The device whose work this thread does: a stream worker's stream's
+ * device (set when the worker starts), else the current context's (-1:
+ * none known, judged as the owner). */
+static __thread int t_access_dev = -1;
+
+static int access_device(void) {
+    CUcontext c = current();
+    return t_access_dev >= 0 ? t_access_dev : c != NULL ? c->device : -1;
+}
+
+/* Whether [p, p+n) lies in memory the device doing the work
+ * (access_device) may touch: a cuMemAlloc block, a pinned host block
+ * (mapped for every device), or mappings with the access asked for, which
+ * for a device other than the mapping's owner is what cuMemSetAccess
+ * granted that peer (none unless granted: a peer's access without the
+ * grant faults, as on a GPU). Called with g_lock held. */
 static int accessible_locked(CUdeviceptr p, size_t n, int need_write) {
     CUdeviceptr end = p + n;
+    int dev = access_device();
     for (struct alloc *a = g_allocs; a; a = a->next)
         if (p >= a->ptr && end <= a->ptr + a->len)
             return 1;
@@ -713,8 +770,13 @@ static int accessible_locked(CUdeviceptr p, size_t n, int need_write) {
                 break;
         if (m == NULL)
             return 0;
-        if (!(m->prot & PROT_READ) || (need_write && !(m->prot & PROT_WRITE)))
-            return 0;
+        {
+            size_t i = (size_t)m->handle - 1;
+            int owner = i < g_phys_len ? g_phys[i].device : -1;
+            int prot = dev < 0 || dev == owner || dev >= MAX_DEVICES ? m->prot : m->peer_prot[dev];
+            if (!(prot & PROT_READ) || (need_write && !(prot & PROT_WRITE)))
+                return 0;
+        }
         p = m->addr + m->size;
     }
     return 1;
@@ -742,11 +804,14 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     size_t len;
     void *p;
     struct alloc *a;
+    CUresult r;
     CHECK_INIT();
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (dptr == NULL || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
     len = (size + 4095) & ~(size_t)4095;
     pthread_mutex_lock(&g_lock);
     if (len > available_locked(dev)) {
@@ -775,7 +840,18 @@ API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 }
 
 API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+    CUresult r;
+    int dev = -1;
     CHECK_INIT();
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&g_lock);
+    for (struct alloc *a = g_allocs; a; a = a->next)
+        if (a->ptr == dptr)
+            dev = a->device;
+    pthread_mutex_unlock(&g_lock);
+    if (dev >= 0)
+        sync_device(dev);
     pthread_mutex_lock(&g_lock);
     for (struct alloc **pp = &g_allocs; *pp; pp = &(*pp)->next) {
         struct alloc *a = *pp;
@@ -822,9 +898,12 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
     size_t len;
     void *p;
     struct host_alloc *h;
+    CUresult r;
     CHECK_INIT_COUNTED(N_MEM_HOST_ALLOC);
     if (dev < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
     if (pp == NULL || bytesize == 0 || (flags & ~CU_MEMHOSTALLOC_KNOWN) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     len = (bytesize + 4095) & ~(size_t)4095;
@@ -855,6 +934,7 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
     h->ptr = (CUdeviceptr)(uintptr_t)p;
     h->len = len;
     h->flags = flags;
+    h->device = dev;
     h->next = g_host_allocs;
     g_host_allocs = h;
     g_host_used += len;
@@ -864,7 +944,11 @@ API CUresult cuMemHostAlloc(void **pp, size_t bytesize, unsigned int flags) {
 }
 
 API CUresult cuMemFreeHost(void *p) {
+    CUresult r;
     CHECK_INIT_COUNTED(N_MEM_FREE_HOST);
+    if ((r = prohibited_during_capture()) != CUDA_SUCCESS)
+        return r;
+    sync_device(-1);
     pthread_mutex_lock(&g_lock);
     for (struct host_alloc **pp = &g_host_allocs; *pp; pp = &(*pp)->next) {
         struct host_alloc *h = *pp;
@@ -991,6 +1075,10 @@ struct fake_stream {
     int busy;
     int stop;
     int refs; /* the handle, plus one per pending OP_WAIT naming the stream (g_lock) */
+    /* Stream capture (g_lock): CAPTURE_NONE/ACTIVE/INVALIDATED, the mode
+     * it began with and the thread that began it. */
+    int capture_status, capture_mode;
+    pthread_t capture_thread;
 };
 
 /* The legacy default stream of each device's primary context: made at its
@@ -1012,6 +1100,7 @@ struct fake_event {
     pthread_cond_t cv;
     unsigned long long recorded, completed;
     int refs; /* the user's handle + one per pending record */
+    int captured; /* last recorded during a stream capture (m) */
 };
 
 static void event_unref(CUevent e) {
@@ -1161,6 +1250,7 @@ static void run_op(struct op *o) {
 
 static void *stream_worker(void *arg) {
     struct fake_stream *s = arg;
+    t_access_dev = s->ctx->device;
     pthread_mutex_lock(&s->m);
     for (;;) {
         struct op *o;
@@ -1292,6 +1382,286 @@ static void add_wait_locked(struct wait_target *w, int *n, struct fake_stream *t
     pthread_mutex_unlock(&t->m);
 }
 
+/* ---- stream capture ----
+ *
+ * cuStreamBeginCapture_v2 puts a (non-legacy) stream in capture mode: work
+ * submitted to it from then on is recorded for a graph, not run (host
+ * functions never run, copies and fills never happen), until
+ * cuStreamEndCapture, which answers a graph handle (opaque here;
+ * cuGraphDestroy frees it) or CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901).
+ * As the driver documents: an event recorded on a capturing stream may not
+ * be queried or waited for (CUDA_ERROR_CAPTURED_EVENT, 907) until it is
+ * recorded again outside capture; synchronising a capturing stream, or the
+ * context while one captures, is CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED
+ * (900) and invalidates the capture; work on the legacy stream while a
+ * blocking stream captures is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT (906) and
+ * invalidates it; waiting on an event recorded outside the capture is
+ * CUDA_ERROR_STREAM_CAPTURE_ISOLATION (905). "Potentially unsafe" calls
+ * (here cuMemAlloc, cuMemFree, cuMemHostAlloc, cuMemFreeHost) follow the
+ * capture modes: a thread whose mode (cuThreadExchangeStreamCaptureMode,
+ * GLOBAL by default) is GLOBAL may not make them while it has a
+ * non-RELAXED capture of its own or any thread has a GLOBAL one;
+ * THREAD_LOCAL only counts its own; RELAXED is never prohibited. A
+ * prohibited call is 900 and invalidates the captures that prohibited it.
+ * Lenient: the VMM calls are not counted as unsafe (the documentation
+ * does not list them). */
+#define CAPTURE_NONE 0
+#define CAPTURE_ACTIVE 1
+#define CAPTURE_INVALIDATED 2
+#define CAPTURE_MODE_GLOBAL 0
+#define CAPTURE_MODE_THREAD_LOCAL 1
+#define CAPTURE_MODE_RELAXED 2
+
+static __thread int t_capture_mode = CAPTURE_MODE_GLOBAL;
+/* What capture_submit_locked answers for an op that is not captured. */
+#define SUBMIT_RUNS 0xffffffffu
+static long g_captured_ops;
+
+/* `o` on stream `s` (g_lock held): SUBMIT_RUNS when it runs as usual;
+ * otherwise it is captured (CUDA_SUCCESS) or refused, and freed. */
+static CUresult capture_submit_locked(struct fake_stream *s, struct op *o) {
+    CUresult r = CUDA_SUCCESS;
+    if (s->legacy) {
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (t->ctx == s->ctx && !(t->flags & CU_STREAM_NON_BLOCKING) && t->capture_status == CAPTURE_ACTIVE) {
+                t->capture_status = CAPTURE_INVALIDATED;
+                r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+            }
+        if (r == CUDA_SUCCESS)
+            return SUBMIT_RUNS;
+    } else if (s->capture_status == CAPTURE_NONE) {
+        return SUBMIT_RUNS;
+    } else if (s->capture_status == CAPTURE_INVALIDATED) {
+        r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    } else if (o->kind == OP_EVENT_WAIT) {
+        int outside;
+        pthread_mutex_lock(&o->event->m);
+        outside = !o->event->captured && o->gen > 0;
+        pthread_mutex_unlock(&o->event->m);
+        if (outside) {
+            s->capture_status = CAPTURE_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
+        }
+    }
+    if (r == CUDA_SUCCESS) {
+        g_captured_ops++;
+        if (o->kind == OP_EVENT) {
+            /* Recorded into the graph: the event's last record is now a
+             * captured one. The op's reference goes. */
+            pthread_mutex_lock(&o->event->m);
+            o->event->recorded--;
+            o->event->captured = 1;
+            o->event->refs--;
+            pthread_mutex_unlock(&o->event->m);
+        } else if (o->kind == OP_EVENT_WAIT) {
+            pthread_mutex_lock(&o->event->m);
+            o->event->refs--;
+            pthread_mutex_unlock(&o->event->m);
+        }
+    }
+    /* A refused op's event reference is the caller's to drop (as for any
+     * refused submission). */
+    free(o);
+    return r;
+}
+
+/* Whether a stream is capturing now (any status but none). */
+static int stream_capturing(CUstream in) {
+    int c;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2 || !stream_registered(in))
+        return 0;
+    pthread_mutex_lock(&g_lock);
+    c = in->capture_status != CAPTURE_NONE;
+    pthread_mutex_unlock(&g_lock);
+    return c;
+}
+
+/* What an operation on stream `in` that a capture cannot hold answers:
+ * 901 once its capture is invalidated (else success). */
+static CUresult capture_guard(CUstream in) {
+    int bad;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2 || !stream_registered(in))
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    bad = in->capture_status == CAPTURE_INVALIDATED;
+    pthread_mutex_unlock(&g_lock);
+    return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+
+/* A synchronisation of stream `one` (or, when NULL, of every stream of
+ * context `c`) while it captures: 900, and the capture is invalidated. */
+static CUresult capture_sync_guard(CUcontext c, struct fake_stream *one) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+        if ((one == NULL ? t->ctx == c : t == one) && t->capture_status == CAPTURE_ACTIVE) {
+            t->capture_status = CAPTURE_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+/* A potentially unsafe call: 900 when the capture modes prohibit it on
+ * this thread (see above), invalidating the captures that do. */
+static CUresult prohibited_during_capture(void) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_t self = pthread_self();
+    if (t_capture_mode == CAPTURE_MODE_RELAXED)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *t = g_streams; t; t = t->next_registered) {
+        int own = pthread_equal(t->capture_thread, self) && t->capture_mode != CAPTURE_MODE_RELAXED;
+        int global = t_capture_mode == CAPTURE_MODE_GLOBAL && t->capture_mode == CAPTURE_MODE_GLOBAL;
+        if (t->capture_status == CAPTURE_ACTIVE && (own || global)) {
+            t->capture_status = CAPTURE_INVALIDATED;
+            r = CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+        }
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+API CUresult cuStreamBeginCapture_v2(CUstream in, int mode) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (mode < CAPTURE_MODE_GLOBAL || mode > CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2)
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (!stream_registered(in))
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    if (in->capture_status != CAPTURE_NONE) {
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    } else {
+        in->capture_status = CAPTURE_ACTIVE;
+        in->capture_mode = mode;
+        in->capture_thread = pthread_self();
+    }
+    pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+API CUresult cuStreamEndCapture(CUstream in, void **graph) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in == NULL || in == (CUstream)0x1 || in == (CUstream)0x2 || !stream_registered(in))
+        return CUDA_ERROR_INVALID_HANDLE;
+    *graph = NULL;
+    pthread_mutex_lock(&g_lock);
+    if (in->capture_status == CAPTURE_NONE)
+        r = CUDA_ERROR_ILLEGAL_STATE;
+    else if (in->capture_mode != CAPTURE_MODE_RELAXED && !pthread_equal(in->capture_thread, pthread_self()))
+        r = CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    else {
+        if (in->capture_status == CAPTURE_INVALIDATED)
+            r = CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+        in->capture_status = CAPTURE_NONE;
+    }
+    pthread_mutex_unlock(&g_lock);
+    if (r == CUDA_SUCCESS && (*graph = malloc(1)) == NULL)
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    return r;
+}
+
+API CUresult cuGraphDestroy(void *graph) {
+    CHECK_INIT();
+    if (graph == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    free(graph);
+    return CUDA_SUCCESS;
+}
+
+/* CU_STREAM_CAPTURE_STATUS_NONE 0, ACTIVE 1, INVALIDATED 2. The legacy
+ * stream while a blocking stream of its context captures: 906. */
+API CUresult cuStreamIsCapturing(CUstream in, int *status) {
+    CUresult r = CUDA_SUCCESS;
+    CHECK_INIT();
+    if (status == NULL)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (in == NULL || in == (CUstream)0x1) {
+        CUcontext c = current();
+        if (!ctx_alive(c))
+            return CUDA_ERROR_INVALID_CONTEXT;
+        *status = CAPTURE_NONE;
+        pthread_mutex_lock(&g_lock);
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (t->ctx == c && !(t->flags & CU_STREAM_NON_BLOCKING) && t->capture_status == CAPTURE_ACTIVE)
+                r = CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+        pthread_mutex_unlock(&g_lock);
+        return r;
+    }
+    if (!stream_registered(in))
+        return CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&g_lock);
+    *status = in->capture_status;
+    pthread_mutex_unlock(&g_lock);
+    return CUDA_SUCCESS;
+}
+
+API CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    int old;
+    CHECK_INIT();
+    if (mode == NULL || *mode < CAPTURE_MODE_GLOBAL || *mode > CAPTURE_MODE_RELAXED)
+        return CUDA_ERROR_INVALID_VALUE;
+    old = t_capture_mode;
+    t_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+
+API long fake_cuda_captured_ops(void) {
+    long n;
+    pthread_mutex_lock(&g_lock);
+    n = g_captured_ops;
+    pthread_mutex_unlock(&g_lock);
+    return n;
+}
+
+/* ---- device-wide synchronisation (cuMemFree, cuMemFreeHost) ----
+ * CUDA's "API synchronization behavior": cuMemFree and cuMemFreeHost
+ * synchronise the device. Here: they wait until every stream of the
+ * device's context (of every device, for cuMemFreeHost), the legacy ones
+ * included, has run what was submitted to it before the call; counted in
+ * fake_cuda_free_syncs. */
+static long g_free_syncs;
+
+static void sync_device(int dev) {
+    struct wait_target *w;
+    int cap = MAX_DEVICES, n = 0;
+    __atomic_add_fetch(&g_free_syncs, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&g_lock);
+    for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+        cap++;
+    w = calloc((size_t)cap, sizeof *w);
+    if (w != NULL) {
+        for (struct fake_stream *t = g_streams; t; t = t->next_registered)
+            if (dev < 0 || t->ctx->device == dev)
+                add_wait_locked(w, &n, t);
+        for (int d = 0; d < MAX_DEVICES; d++)
+            if (g_legacy[d] != NULL && (dev < 0 || d == dev))
+                add_wait_locked(w, &n, g_legacy[d]);
+    }
+    pthread_mutex_unlock(&g_lock);
+    for (int i = 0; i < n; i++) {
+        struct fake_stream *t = w[i].stream;
+        pthread_mutex_lock(&t->m);
+        while (t->completed < w[i].seq)
+            pthread_cond_wait(&t->cv, &t->m);
+        pthread_mutex_unlock(&t->m);
+        pthread_mutex_lock(&g_lock);
+        stream_unref_locked(t);
+        pthread_mutex_unlock(&g_lock);
+    }
+    free(w);
+}
+
+API long fake_cuda_free_syncs(void) { return __atomic_load_n(&g_free_syncs, __ATOMIC_RELAXED); }
+
+
 /* The wait that goes before new work on `s`, as the legacy default stream
  * demands (NULL when there is nothing to wait for): work on the legacy
  * stream waits for the earlier work of every blocking stream of the
@@ -1339,8 +1709,10 @@ static void enqueue_locked(struct fake_stream *s, struct op *o) {
     pthread_cond_broadcast(&s->cv);
 }
 
+
 /* Runs `o` on stream `in` after its earlier work (and, by the legacy
- * default stream's rules, after the work it must wait for). */
+ * default stream's rules, after the work it must wait for); on a
+ * capturing stream, captures it instead (capture_submit_locked). */
 static CUresult submit(CUstream in, struct op *o) {
     struct fake_stream *s;
     struct op *w;
@@ -1350,6 +1722,16 @@ static CUresult submit(CUstream in, struct op *o) {
         return r;
     }
     pthread_mutex_lock(&g_lock);
+    r = capture_submit_locked(s, o);
+    if (r != SUBMIT_RUNS) {
+        pthread_mutex_unlock(&g_lock);
+        return r;
+    }
+    if (o->kind == OP_EVENT) {
+        pthread_mutex_lock(&o->event->m);
+        o->event->captured = 0;
+        pthread_mutex_unlock(&o->event->m);
+    }
     w = implicit_wait_locked(s);
     if (o->kind == OP_MEMSET)
         g_memsets_at_priority[-s->priority]++;
@@ -1440,6 +1822,8 @@ API CUresult cuStreamSynchronize(CUstream in) {
     CUresult r;
     CHECK_INIT_COUNTED(N_STREAM_SYNC);
     r = resolve_stream(in, &s);
+    if (r == CUDA_SUCCESS)
+        r = capture_sync_guard(s->ctx, s);
     return r == CUDA_SUCCESS ? stream_sync(s) : r;
 }
 
@@ -1554,9 +1938,20 @@ static int copyable_locked(CUdeviceptr p, size_t n, int need_write) {
     return !device_space_locked(p, n) || accessible_locked(p, n, need_write);
 }
 
+/* cuMemcpyAsync calls that had a pageable side and so waited (below). */
+static long g_pageable_copies;
+
+/* CUDA's "API synchronization behavior": a cuMemcpyAsync to or from
+ * pageable host memory (memory the driver does not track) is synchronous:
+ * from pageable memory the stream's earlier work is waited for first, to
+ * pageable memory the call returns only once the copy is done. The fake
+ * does the strictest of both for either direction: it enqueues the copy
+ * and returns when the stream has run it (and everything before it). */
 API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
     struct op *o;
-    int ok;
+    struct fake_stream *st;
+    CUresult r;
+    int ok, pageable;
     CHECK_INIT_COUNTED(N_MEMCPY_ASYNC);
     if (current_device() < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1564,8 +1959,11 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
         return CUDA_SUCCESS;
     if (dst + n < dst || src + n < src)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((r = capture_guard(s)) != CUDA_SUCCESS)
+        return r;
     pthread_mutex_lock(&g_lock);
     ok = copyable_locked(dst, n, 1) && copyable_locked(src, n, 0);
+    pageable = !device_space_locked(dst, n) || !device_space_locked(src, n);
     pthread_mutex_unlock(&g_lock);
     if (!ok)
         return CUDA_ERROR_INVALID_VALUE;
@@ -1576,7 +1974,50 @@ API CUresult cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream 
     o->ptr = dst;
     o->src = src;
     o->n = n;
-    return submit(s, o);
+    r = submit(s, o);
+    if (r != CUDA_SUCCESS || !pageable || stream_capturing(s))
+        return r;
+    __atomic_add_fetch(&g_pageable_copies, 1, __ATOMIC_RELAXED);
+    r = resolve_stream(s, &st);
+    return r == CUDA_SUCCESS ? stream_sync(st) : r;
+}
+
+API long fake_cuda_pageable_copies(void) { return __atomic_load_n(&g_pageable_copies, __ATOMIC_RELAXED); }
+
+/* cuPointerGetAttribute, for the two attributes the plugin asks:
+ * CU_POINTER_ATTRIBUTE_MEMORY_TYPE (2: HOST 1 for a pinned block, DEVICE 2
+ * for a cuMemAlloc block or mapped VMM memory) and
+ * CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL (9). Memory the driver does not know
+ * (pageable host memory, an unmapped part of a reservation) is
+ * CUDA_ERROR_INVALID_VALUE, as the documentation says for a pointer not
+ * allocated, mapped or registered by the driver; other attributes are not
+ * modelled (CUDA_ERROR_INVALID_VALUE: stricter than the driver). */
+#define PTR_ATTR_MEMORY_TYPE 2
+#define PTR_ATTR_DEVICE_ORDINAL 9
+API CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
+    unsigned int type = 0;
+    int device = -1;
+    CHECK_INIT();
+    if (data == NULL || (attribute != PTR_ATTR_MEMORY_TYPE && attribute != PTR_ATTR_DEVICE_ORDINAL))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    for (struct alloc *a = g_allocs; a && !type; a = a->next)
+        if (ptr >= a->ptr && ptr < a->ptr + a->len)
+            type = 2, device = a->device;
+    for (struct host_alloc *h = g_host_allocs; h && !type; h = h->next)
+        if (ptr >= h->ptr && ptr < h->ptr + h->len)
+            type = 1, device = h->device;
+    for (struct mapping *m = g_mappings; m && !type; m = m->next)
+        if (ptr >= m->addr && ptr < m->addr + m->size)
+            type = 2, device = m->handle - 1 < g_phys_len ? g_phys[m->handle - 1].device : 0;
+    pthread_mutex_unlock(&g_lock);
+    if (!type)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (attribute == PTR_ATTR_MEMORY_TYPE)
+        *(unsigned int *)data = type;
+    else
+        *(int *)data = device;
+    return CUDA_SUCCESS;
 }
 
 API CUresult cuEventCreate(CUevent *out, unsigned int flags) {
@@ -1665,7 +2106,9 @@ API CUresult cuEventQuery(CUevent e) {
     if (!ctx_same(e->ctx, e->gen))
         return CUDA_ERROR_CONTEXT_IS_DESTROYED;
     pthread_mutex_lock(&e->m);
-    r = e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    r = e->captured                       ? CUDA_ERROR_CAPTURED_EVENT
+        : e->completed >= e->recorded ? CUDA_SUCCESS
+                                      : CUDA_ERROR_NOT_READY;
     pthread_mutex_unlock(&e->m);
     return r;
 }
@@ -1681,8 +2124,12 @@ API CUresult cuEventSynchronize(CUevent e) {
      * yields) on a real driver. Both are counted. */
     __atomic_add_fetch(e->flags & CU_EVENT_BLOCKING_SYNC ? &g_event_syncs_blocking : &g_event_syncs_spinning, 1,
                        __ATOMIC_RELAXED);
-    __atomic_add_fetch(&g_in_event_sync, 1, __ATOMIC_RELAXED);
     pthread_mutex_lock(&e->m);
+    if (e->captured) {
+        pthread_mutex_unlock(&e->m);
+        return CUDA_ERROR_CAPTURED_EVENT;
+    }
+    __atomic_add_fetch(&g_in_event_sync, 1, __ATOMIC_RELAXED);
     while (e->completed < e->recorded)
         pthread_cond_wait(&e->cv, &e->m);
     pthread_mutex_unlock(&e->m);
@@ -1700,9 +2147,12 @@ API CUresult cuEventDestroy_v2(CUevent e) {
 
 API CUresult cuCtxSynchronize(void) {
     CUcontext c = current();
+    CUresult r;
     CHECK_INIT();
     if (!ctx_alive(c))
         return CUDA_ERROR_INVALID_CONTEXT;
+    if ((r = capture_sync_guard(c, NULL)) != CUDA_SUCCESS)
+        return r;
     for (;;) {
         struct fake_stream *pending = NULL;
         pthread_mutex_lock(&g_lock);
@@ -1736,6 +2186,12 @@ API CUresult cuCtxSynchronize(void) {
 /* ---- virtual memory management ---- */
 
 #ifndef FAKE_CUDA_OMIT_VMM
+
+/* The granularity depends on the properties, as on a real driver: here
+ * GPUDirect-RDMA-capable memory comes in granules twice as large (a choice
+ * of this fake; real devices differ, which is the point), and cuMemCreate
+ * refuses a size that is not a multiple of its properties' granularity. */
+static size_t gran_of(const CUmemAllocationProp *p) { return p->gpuDirectRDMACapable ? 2 * GRAN : GRAN; }
 
 static int valid_prop(const CUmemAllocationProp *p) {
     return p != NULL && p->type == 1 /* PINNED */ && p->location.type == 1 /* DEVICE */ &&
@@ -1848,7 +2304,10 @@ API CUresult cuMemExportToShareableHandle(void *shareable, CUmemGenericAllocatio
         pthread_mutex_unlock(&g_lock);
         return CUDA_ERROR_INVALID_VALUE;
     }
-    fd = fcntl(p->fd, F_DUPFD_CLOEXEC, 3);
+    /* The documentation promises neither a number above the standard
+     * streams nor close-on-exec: the fake gives the lowest free number,
+     * inheritable (a plain dup). */
+    fd = dup(p->fd);
     pthread_mutex_unlock(&g_lock);
     if (fd < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -1933,7 +2392,7 @@ API CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp 
     CHECK_INIT();
     if (g == NULL || !valid_prop(prop) || option > 1)
         return CUDA_ERROR_INVALID_VALUE;
-    *g = GRAN;
+    *g = gran_of(prop);
     return CUDA_SUCCESS;
 }
 
@@ -1998,7 +2457,7 @@ API CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size, cons
     int fd, dev;
     struct phys *grown;
     CHECK_INIT_COUNTED(N_MEM_CREATE);
-    if (handle == NULL || size == 0 || size % GRAN != 0 || flags != 0 || !valid_prop(prop))
+    if (handle == NULL || size == 0 || flags != 0 || !valid_prop(prop) || size % gran_of(prop) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     if (!handle_types_ok(prop))
         return CUDA_ERROR_NOT_SUPPORTED;
@@ -2295,30 +2754,45 @@ API long fake_cuda_live_streams(void) {
     return n;
 }
 
-/* Makes the context sticky-faulted (every later call returns `code`, 700
- * when 0), as an illegal address in a kernel does. */
+/* Makes device 0's context sticky-faulted (every later call in it returns
+ * `code`, 700 when 0), as an illegal address in a kernel does. */
 API void fake_cuda_sticky_fault(unsigned int code) {
-    __atomic_store_n(&g_sticky, code == 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : code, __ATOMIC_RELAXED);
+    __atomic_store_n(&g_sticky[0], code == 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : code, __ATOMIC_RELAXED);
 }
 
-/* Injects a sticky fault, as a kernel's illegal address (700), a launch
- * timeout (702) or a hardware error (714-719) does on a real device: from
- * now on every driver call but the context-stack ones (push, pop, get
- * current, primary release) returns `code` (700 when `code` <= 0), for the
- * rest of the process (fake_cuda_clear_sticky excepted). The fake models
- * one dead context for every device: a real driver kills only the context
- * that faulted. Returns the sticky code in force before (0: none). */
+/* Injects a sticky fault into device 0's context, as a kernel's illegal
+ * address (700), a launch timeout (702) or a hardware error (714-719) does
+ * on a real device: from now on every driver call made in that context but
+ * the context-stack ones (push, pop, get current, primary release) returns
+ * `code` (700 when `code` <= 0), for the rest of the process
+ * (fake_cuda_clear_sticky excepted). Other devices' contexts keep working,
+ * as on a real driver. Returns device 0's sticky code before (0: none). */
 API int fake_cuda_inject_sticky_fault(int code) {
     unsigned int c = code <= 0 ? CUDA_ERROR_ILLEGAL_ADDRESS : (unsigned int)code;
-    return (int)__atomic_exchange_n(&g_sticky, c, __ATOMIC_RELAXED);
+    return (int)__atomic_exchange_n(&g_sticky[0], c, __ATOMIC_RELAXED);
 }
 
-/* The sticky code in force (0: none). */
-API int fake_cuda_sticky_code(void) { return (int)__atomic_load_n(&g_sticky, __ATOMIC_RELAXED); }
+/* The first sticky code in force on any device (0: none). */
+API int fake_cuda_sticky_code(void) {
+    for (int d = 0; d < MAX_DEVICES; d++) {
+        unsigned int c = __atomic_load_n(&g_sticky[d], __ATOMIC_RELAXED);
+        if (c != 0)
+            return (int)c;
+    }
+    return 0;
+}
 
-/* Clears the sticky fault: for tests that probe a bad access on purpose and
- * go on in the same process (a real process would have to restart). */
-API void fake_cuda_clear_sticky(void) { __atomic_store_n(&g_sticky, 0, __ATOMIC_RELAXED); }
+/* The sticky code of device `dev`'s context (0: none; -1: no such device). */
+API int fake_cuda_sticky_code_of(int dev) {
+    return dev < 0 || dev >= MAX_DEVICES ? -1 : (int)__atomic_load_n(&g_sticky[dev], __ATOMIC_RELAXED);
+}
+
+/* Clears every sticky fault: for tests that probe a bad access on purpose
+ * and go on in the same process (a real process would have to restart). */
+API void fake_cuda_clear_sticky(void) {
+    for (int d = 0; d < MAX_DEVICES; d++)
+        __atomic_store_n(&g_sticky[d], 0, __ATOMIC_RELAXED);
+}
 
 /* Makes cuMemSetAccess refuse (on != 0) or accept (0) read-only access;
  * the refusal is CUDA_ERROR_NOT_SUPPORTED and changes nothing. Returns the

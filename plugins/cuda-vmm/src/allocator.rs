@@ -15,10 +15,9 @@ pub struct Allocation {
     addr: u64,
     size: u64,
     /// What `cuMemAlloc` (or `cuMemHostAlloc`) returned (below `addr` when
-    /// over-aligned).
+    /// over-aligned), and how many bytes.
     base: CUdeviceptr,
-    /// Set while a `deallocate` is in the driver, so a second one is refused.
-    freeing: bool,
+    bytes: u64,
     /// Declared last: the context is released after the rest is gone.
     pin: Pin,
 }
@@ -28,10 +27,9 @@ impl Allocation {
         self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
     }
 
-    /// `(addr, size)` when the allocation shares a byte with `[start, end)`
-    /// and is not being freed.
+    /// `(addr, size)` when the allocation shares a byte with `[start, end)`.
     pub(crate) fn meeting(&self, start: u64, end: u64) -> Option<(u64, u64)> {
-        (!self.freeing && self.addr < end && start < self.addr + self.size).then_some((self.addr, self.size))
+        (self.addr < end && start < self.addr + self.size).then_some((self.addr, self.size))
     }
 }
 
@@ -100,21 +98,31 @@ impl Allocator for CudaMechanism {
         let pin = self.ctx.pin()?;
         let base = {
             let _e = pin.enter()?;
-            self.driver_alloc(bytes)?
+            match self.driver_alloc(bytes) {
+                // Frees handed to the freer (`freer.rs`) may be what is
+                // missing: wait for them (bounded), then try once more.
+                Err(e) if e.status == memplug_sdk::Status::OutOfMemory => {
+                    if !pin.freer().flush(crate::freer::FLUSH_LIMIT) {
+                        return Err(e);
+                    }
+                    self.driver_alloc(bytes)?
+                }
+                r => r?,
+            }
         };
         let addr = base.next_multiple_of(r.alignment.max(MIN_ALIGNMENT));
         if addr - base > pad {
             // The driver broke its 256-byte promise: the block cannot hold
-            // the size at the alignment.
-            let freed = pin.enter().and_then(|_e| self.driver_free(base));
-            return Err(misaligned(base, freed.err()));
+            // the size at the alignment. It goes back through the freer.
+            pin.freer().free(pin.ctx(), base, bytes as u64, self.host_alloc.is_some());
+            return Err(misaligned(base));
         }
         let handle = self.allocations.insert(Allocation {
             object_id: r.object_id,
             addr,
             size: r.size,
             base,
-            freeing: false,
+            bytes: bytes as u64,
             pin,
         });
         Ok(Block { addr, size: r.size, handle })
@@ -123,34 +131,17 @@ impl Allocator for CudaMechanism {
     fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
         let _slot = self.slot("deallocate")?;
         self.check_owner(obj, "allocation")?;
-        let (base, ctx) = self
+        // Out of the table at once (the SDK checked the reference's
+        // mechanism and device): no second deallocate, no copy, finds it.
+        let gone = self
             .allocations
-            .with(
-                obj.handle,
-                |a| a.is(obj) && !a.freeing,
-                |a| {
-                    a.freeing = true;
-                    (a.base, a.pin.ctx())
-                },
-            )
+            .remove(obj.handle, |a| a.is(obj))
             .ok_or_else(|| self.unknown(obj, "allocation"))?;
-        // A block this mechanism allocated and nobody else frees (the
-        // `freeing` mark).
-        let freed = crate::driver::Entered::new(self.driver, ctx).and_then(|_e| self.driver_free(base));
-        match freed {
-            Ok(()) => {
-                // Dropped outside the table lock: the pin may release the
-                // context.
-                let gone = self.allocations.remove(obj.handle, |a| a.freeing && a.is(obj));
-                drop(gone);
-                Ok(())
-            }
-            Err(e) => {
-                // Still allocated: it stays, usable for another try.
-                self.allocations.with(obj.handle, |a| a.is(obj), |a| a.freeing = false);
-                Err(e)
-            }
-        }
+        // The driver's free synchronises the device: the context's freer
+        // makes it, off this thread (`freer.rs`). A block this mechanism
+        // allocated and nobody else frees (it left the table above).
+        gone.pin.freer().free(gone.pin.ctx(), gone.base, gone.bytes, self.host_alloc.is_some());
+        Ok(())
     }
 
     fn memory_info(&self) -> PluginResult<MemoryInfo> {
@@ -165,7 +156,11 @@ impl Allocator for CudaMechanism {
         // SAFETY: resolved entry point, out-pointers to locals, the device's
         // context current.
         d.check(unsafe { (d.api.mem_get_info)(&mut free, &mut total) }, "cuMemGetInfo")?;
-        Ok(MemoryInfo { free_bytes: free as u64, total_bytes: total as u64 })
+        // Bytes of frees handed to the freer and not started are free: an
+        // allocation that needs them waits for them (see `allocate`). Read
+        // after the driver's figure, so none is counted twice.
+        let free = (free as u64).saturating_add(pin.freer().queued_device_bytes()).min(total as u64);
+        Ok(MemoryInfo { free_bytes: free, total_bytes: total as u64 })
     }
 }
 
@@ -173,6 +168,8 @@ impl CudaMechanism {
     /// `bytes` of this mechanism's memory from the driver: `cuMemAlloc`, or
     /// `cuMemHostAlloc` on a pinned mechanism. The context must be current.
     fn driver_alloc(&self, bytes: usize) -> PluginResult<CUdeviceptr> {
+        // Never breaks another thread's graph capture (`capture.rs`).
+        let _relaxed = crate::capture::Relaxed::new(self.driver);
         if let Some(api) = self.host_alloc {
             return crate::pinned::alloc(self.driver, api, bytes);
         }
@@ -183,31 +180,14 @@ impl CudaMechanism {
         d.check(unsafe { (d.api.mem_alloc)(&mut base, bytes) }, "cuMemAlloc")?;
         Ok(base)
     }
-
-    /// Gives back what [`Self::driver_alloc`] returned. The context must be
-    /// current.
-    fn driver_free(&self, base: CUdeviceptr) -> PluginResult<()> {
-        if let Some(api) = self.host_alloc {
-            return crate::pinned::free(self.driver, api, base);
-        }
-        let d = self.driver;
-        // SAFETY: a block `driver_alloc` returned, freed once (the caller's
-        // guarantee).
-        d.check(unsafe { (d.api.mem_free)(base) }, "cuMemFree")
-    }
 }
 
 /// The failure of a block the driver returned less aligned than the 256
-/// bytes its allocation routines promise (given back, or `freed` says why
-/// not).
+/// bytes its allocation routines promise (given back).
 #[cold]
-fn misaligned(base: CUdeviceptr, freed: Option<PluginError>) -> PluginError {
-    let tail = match freed {
-        None => "it was given back".to_string(),
-        Some(e) => format!("giving it back failed too: {e}"),
-    };
+fn misaligned(base: CUdeviceptr) -> PluginError {
     PluginError::internal(format!(
         "allocate: the driver returned {base:#x}, not aligned to the {MIN_ALIGNMENT} bytes its allocation \
-         routines promise, so the block cannot hold the size at the alignment asked for; {tail}"
+         routines promise, so the block cannot hold the size at the alignment asked for; it was given back"
     ))
 }

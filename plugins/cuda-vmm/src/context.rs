@@ -78,6 +78,12 @@ pub struct DeviceContext {
     ordinal: u32,
     /// The plugin instance's line to its hosts.
     loss: Arc<LossLine>,
+    /// Page-locked chunks that pageable copies are staged through
+    /// (`staging.rs`), freed at unload.
+    staging: Arc<crate::staging::StagingPool>,
+    /// Frees `cuMemFree`/`cuMemFreeHost` off the caller's thread
+    /// (`freer.rs`).
+    freer: crate::freer::Freer,
     /// The loss was reported (once per context, for each of its mechanisms).
     reported: AtomicBool,
 }
@@ -107,6 +113,8 @@ impl DeviceContext {
             mechanism_ids,
             ordinal,
             loss,
+            staging: Arc::default(),
+            freer: crate::freer::Freer::new(driver),
             reported: AtomicBool::new(false),
         })
     }
@@ -205,6 +213,8 @@ impl Drop for DeviceContext {
     /// zero-fill stream goes and the retention of the first pin is given
     /// back.
     fn drop(&mut self) {
+        // Every free handed over is done before the context goes.
+        self.freer.finish();
         let s = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         if s.ctx.is_null() {
             return;
@@ -215,8 +225,15 @@ impl Drop for DeviceContext {
             std::ptr::null_mut(),
         );
         let events = std::mem::take(self.events.get_mut().unwrap_or_else(PoisonError::into_inner));
+        let chunks = self.staging.drain();
         if self.dead.get().is_none() {
             if let Ok(_e) = Entered::new(d, s.ctx) {
+                if let Some(api) = d.host_alloc {
+                    for c in chunks {
+                        // Every copy has run: unload waits for every stream.
+                        let _ = crate::pinned::free(d, api, c);
+                    }
+                }
                 for e in events {
                     // SAFETY: pooled events are complete and used by nothing.
                     unsafe { (d.api.event_destroy)(e.0) };
@@ -256,6 +273,16 @@ impl Pin {
     pub fn another(&self) -> Pin {
         self.dev.lock().pins += 1;
         Pin { dev: Arc::clone(&self.dev), ctx: self.ctx }
+    }
+
+    /// The context's staging chunks for pageable copies.
+    pub(crate) fn staging(&self) -> &Arc<crate::staging::StagingPool> {
+        &self.dev.staging
+    }
+
+    /// The context's freer.
+    pub(crate) fn freer(&self) -> &crate::freer::Freer {
+        &self.dev.freer
     }
 
     /// Makes the context current on this thread while the answer lives.

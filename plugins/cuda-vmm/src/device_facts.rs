@@ -63,9 +63,11 @@ impl DeviceFacts {
             // -1: the kernel does not know.
             std::fs::read_to_string(path).ok()?.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
         });
-        let recommended_granularity =
-            d.vmm.filter(|_| vmm).and_then(|v| d.granularity(v, device, GRANULARITY_RECOMMENDED));
         let rdma_with_vmm = vmm && attr(ATTR_RDMA_WITH_VMM) == Some(1) && attr(ATTR_RDMA) == Some(1);
+        let recommended_granularity = d
+            .vmm
+            .filter(|_| vmm)
+            .and_then(|v| d.granularity(v, device, GRANULARITY_RECOMMENDED, rdma_with_vmm));
         DeviceFacts { uuid, pci, numa_node, recommended_granularity, rdma_with_vmm }
     }
 

@@ -141,6 +141,11 @@ entry_points! {
         device_get_uuid = "cuDeviceGetUuid"(*mut [u8; 16], CUdevice);
         device_can_access_peer = "cuDeviceCanAccessPeer"(*mut c_int, CUdevice, CUdevice);
         stream_wait_event = "cuStreamWaitEvent"(CUstream, CUevent, c_uint);
+        // Since CUDA 10.1: what a copy range is (copy.rs), whether a
+        // stream captures a graph and the thread's capture mode (capture.rs).
+        pointer_get_attribute = "cuPointerGetAttribute"(*mut c_void, c_int, CUdeviceptr);
+        stream_is_capturing = "cuStreamIsCapturing"(CUstream, *mut c_int);
+        thread_exchange_capture_mode = "cuThreadExchangeStreamCaptureMode"(*mut c_int);
     }
 }
 
@@ -583,30 +588,62 @@ impl Driver {
             } else {
                 format!("CUDA device {ordinal}")
             };
-            let vmm_granularity = self.vmm_granularity(device);
-            let facts = crate::device_facts::DeviceFacts::probe(self, device, vmm_granularity.is_some());
+            let vmm = self.vmm.filter(|_| self.vmm_supported(device));
+            let facts = crate::device_facts::DeviceFacts::probe(self, device, vmm.is_some());
+            let vmm_granularity =
+                vmm.and_then(|v| self.granularity(v, device, GRANULARITY_MINIMUM, facts.rdma_with_vmm));
             self.devices.push(DeviceInfo { ordinal: ordinal as u32, device, name, vmm_granularity, facts });
         }
         Ok(())
     }
 
-    /// The VMM granularity of `device`, or `None` when the library lacks
-    /// the VMM entry points or the device does not support VMM.
-    fn vmm_granularity(&self, device: CUdevice) -> Option<u64> {
-        let vmm = self.vmm?;
+    /// Whether `device` supports virtual memory management.
+    fn vmm_supported(&self, device: CUdevice) -> bool {
         let mut supported = 0;
         // SAFETY: resolved entry point, out-pointer to a local.
         let r = unsafe { (self.api.device_get_attribute)(&mut supported, ATTR_VMM_SUPPORTED, device) };
-        if r != CUDA_SUCCESS || supported == 0 {
-            return None;
-        }
-        self.granularity(vmm, device, GRANULARITY_MINIMUM)
+        r == CUDA_SUCCESS && supported != 0
     }
 
-    /// `cuMemGetAllocationGranularity` of `device` for `option` (minimum
-    /// or recommended), when the driver answers a power of two.
-    pub(crate) fn granularity(&self, vmm: Vmm, device: CUdevice, option: c_uint) -> Option<u64> {
-        let prop = allocation_prop(device);
+    /// The granularity (`option`: minimum or recommended) of every kind of
+    /// physical memory the plugin creates on `device`, queried with the
+    /// properties it is created with: `gpuDirectRDMACapable` when `rdma`,
+    /// and both without a handle type and, where the device exports POSIX
+    /// descriptors, with one (`export.rs`). The driver may answer each
+    /// differently; the largest (powers of two: a multiple of the others)
+    /// serves them all. `None` unless every answer is a power of two.
+    pub(crate) fn granularity(&self, vmm: Vmm, device: CUdevice, option: c_uint, rdma: bool) -> Option<u64> {
+        let mut posix = 0;
+        // SAFETY: resolved entry point, out-pointer to a local.
+        let r = unsafe { (self.api.device_get_attribute)(&mut posix, ATTR_POSIX_FD_SUPPORTED, device) };
+        let exportable = self.share.is_some() && r == CUDA_SUCCESS && posix == 1;
+        let mut largest = None;
+        for with_handle in [false, true] {
+            if with_handle && !exportable {
+                continue;
+            }
+            let mut prop = allocation_prop(device);
+            prop.allocFlags.gpuDirectRDMACapable = u8::from(rdma);
+            if with_handle {
+                prop.requestedHandleTypes =
+                    cu::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+            }
+            let g = self.granularity_of(vmm, device, &prop, option)?;
+            largest = Some(largest.map_or(g, |l: u64| l.max(g)));
+        }
+        largest
+    }
+
+    /// `cuMemGetAllocationGranularity` for `prop`, when the driver answers
+    /// a power of two.
+    fn granularity_of(
+        &self,
+        vmm: Vmm,
+        device: CUdevice,
+        prop: &CUmemAllocationProp,
+        option: c_uint,
+    ) -> Option<u64> {
+        let prop = *prop;
         let mut g = 0usize;
         // SAFETY: resolved entry point; `prop` and `g` live for the call.
         let mut r = unsafe { (vmm.granularity)(&mut g, &prop, option) };

@@ -203,7 +203,22 @@ impl CudaMechanism {
                 )));
             }
             // SAFETY: a new descriptor the driver made for this call.
-            Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+            let theirs = unsafe { OwnedFd::from_raw_fd(fd) };
+            // The driver's descriptor may be 0, 1 or 2 (a process that
+            // closed its standard streams) and is not promised to be
+            // close-on-exec: the caller gets a copy that is both at least 3
+            // and close-on-exec, so no child process inherits the memory
+            // and no stream write lands in it; the driver's goes.
+            // SAFETY: `fcntl` on a descriptor this call owns.
+            let ours = unsafe { libc::fcntl(theirs.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3) };
+            if ours < 0 {
+                return Err(PluginError::internal(format!(
+                    "{call}: the exported descriptor could not be copied close-on-exec: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+            // SAFETY: the new descriptor `fcntl` just made.
+            Ok(unsafe { OwnedFd::from_raw_fd(ours) })
         });
         self.drop_mapping(object.handle);
         exported

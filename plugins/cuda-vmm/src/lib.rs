@@ -51,18 +51,21 @@
 #![deny(missing_docs)]
 
 mod allocator;
+mod capture;
 mod context;
 mod copy;
 mod device_facts;
 #[doc(hidden)]
 pub mod driver;
 mod export;
+mod freer;
 mod handles;
 mod loss;
 mod mechanism;
 mod peer;
 mod pinned;
 mod shared;
+mod staging;
 mod streams;
 mod virtual_backing;
 
@@ -73,6 +76,10 @@ pub use mechanism::{
 pub use pinned::HOST_ALLOC_FLAGS;
 
 pub use context::{EVENT_FLAGS, EVENT_POOL_MAX};
+/// How long an allocation refused for memory waits for handed-over frees.
+pub use freer::FLUSH_LIMIT;
+/// Pageable copies: the staging chunk size and chunks per copy (`staging.rs`).
+pub use staging::{CHUNK as STAGING_CHUNK, RING as STAGING_RING};
 pub use streams::MAX_WAITERS;
 
 pub use loss::POLL_ENV as LOSS_POLL_ENV;

@@ -60,7 +60,7 @@ pub struct StreamEntry {
     /// Signalled when the last submission in flight leaves a closing gate.
     drained: Condvar,
     /// Declared last: the context is released after the rest is gone.
-    pin: Pin,
+    pub(crate) pin: Pin,
 }
 
 #[derive(Default)]
@@ -459,6 +459,7 @@ impl StreamSync for CudaMechanism {
         let d = self.driver;
         self.with_open_stream(stream, "stream_wait_fence", |s| {
             let _e = Entered::new(d, s.ctx)?;
+            crate::capture::refuse_if_capturing(d, s.raw, "stream_wait_fence")?;
             // SAFETY: a live stream and a live event (kept by the Arc); the
             // driver takes the event's current record, so destroying the
             // fence afterwards does not undo the wait.
@@ -584,6 +585,7 @@ impl StreamSync for CudaMechanism {
         let d = self.driver;
         self.with_open_stream(stream, "enqueue_host_fn", |s| {
             let _e = Entered::new(d, s.ctx)?;
+            crate::capture::refuse_if_capturing(d, s.raw, "enqueue_host_fn")?;
             let task = Box::into_raw(Box::new(f));
             // SAFETY: a live stream; on success the driver calls the
             // trampoline once, which frees the box.
@@ -602,6 +604,7 @@ impl StreamSync for CudaMechanism {
         let d = self.driver;
         let event = self.with_open_stream(stream, "fence_record", |s| {
             let _e = Entered::new(d, s.ctx)?;
+            crate::capture::refuse_if_capturing(d, s.raw, "fence_record")?;
             // The primary context's events come from its pool; an adopted
             // stream of another context gets a new event of that context.
             let pooled = s.ctx == s.pin.ctx();

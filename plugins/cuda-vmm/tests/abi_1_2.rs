@@ -120,6 +120,18 @@ fn peer_access_opens_a_committed_range_to_the_other_device_and_closes_it() {
     let g = m.properties().granularity;
     let r = vb.reserve(4 * g).unwrap();
     vb.commit(&r, 0, 2 * g).unwrap();
+    // The fake enforces peer access for device work (a GPU would fault;
+    // the fake refuses the copy at submission): a copy by device 1 from
+    // device 0's memory needs the grant.
+    let peer_copy = |addr: u64| {
+        let mut buf = [0u8; 16];
+        in_context(1, |d| unsafe {
+            (d.api.memcpy_async)(buf.as_mut_ptr() as u64, addr, 16, std::ptr::null_mut())
+        })
+    };
+    if !real() {
+        assert_eq!(peer_copy(r.addr()), 1, "device 1 read device 0's memory without a grant");
+    }
     // A range not wholly committed is refused, nothing set.
     let e = pa.set_peer_access(&r, g, 2 * g, cuda(1), Some(Access::ReadWrite)).unwrap_err();
     assert_eq!(e.status, Status::InvalidState, "{e}");
@@ -130,10 +142,13 @@ fn peer_access_opens_a_committed_range_to_the_other_device_and_closes_it() {
         assert_eq!(fake_access_of(r.addr(), 1).unwrap(), 3, "PROT_READ|PROT_WRITE for the peer");
         assert_eq!(fake_access_of(r.addr() + g, 1).unwrap(), 3);
         assert_eq!(fake_access_of(r.addr(), 0).unwrap(), 3, "the owner keeps its access");
+        assert_eq!(peer_copy(r.addr()), 0, "device 1 reads with the grant");
     }
     pa.set_peer_access(&r, 0, g, cuda(1), None).unwrap();
     if !real() {
         assert_eq!(fake_access_of(r.addr(), 1).unwrap(), 0, "revoked");
+        assert_eq!(peer_copy(r.addr()), 1, "device 1 read after the revoke");
+        assert_eq!(peer_copy(r.addr() + g), 0, "the rest still readable by device 1");
         assert_eq!(fake_access_of(r.addr() + g, 1).unwrap(), 3, "the rest kept");
         assert_eq!(fake_access_of(r.addr(), 0).unwrap(), 3);
     }
@@ -232,6 +247,9 @@ fn rdma_child() {
     let rdma_creates = || fake_rdma_creates().expect("fake mode");
     let vb = unsafe { m.ungoverned() }.virtual_backing().unwrap();
     let g = m.properties().granularity;
+    // The fake's RDMA-capable memory has twice the plain granularity: the
+    // plugin asked with the properties it creates memory with.
+    assert_eq!(g, 2 * FAKE_GRANULARITY, "granularity queried with gpuDirectRDMACapable");
     let r = vb.reserve(2 * g).unwrap();
     let before = rdma_creates();
     vb.commit(&r, 0, 2 * g).unwrap();

@@ -53,11 +53,12 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     if real() || is_child() {
         return;
     }
-    let bins: Vec<(&str, PathBuf)> = ["vmm", "bench", "driver_loading", "sharing", "abi_1_2", "pinned"]
-        .into_iter()
-        .filter_map(|n| sibling(n).map(|p| (n, p)))
-        .collect();
-    if bins.len() < 6 {
+    let bins: Vec<(&str, PathBuf)> =
+        ["vmm", "bench", "driver_loading", "sharing", "abi_1_2", "pinned", "copy", "frees", "capture", "kit"]
+            .into_iter()
+            .filter_map(|n| sibling(n).map(|p| (n, p)))
+            .collect();
+    if bins.len() < 10 {
         eprintln!(
             "skipped: the other test binaries of this crate are not built (run the crate's whole suite)"
         );
@@ -87,7 +88,7 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     for (name, original) in
         bins.iter().map(|(n, p)| (*n, p.clone())).chain([("libmemplug_plugin_cuda_vmm.so", so.clone())])
     {
-        let packed = std::fs::metadata(pack.join(name)).unwrap().len();
+        let packed = std::fs::metadata(pack.join(format!("{name}.gz"))).unwrap().len();
         let before = std::fs::metadata(&original).unwrap().len();
         assert!(packed < before / 2, "{name}: {packed} bytes packed from {before}: debug info not stripped");
     }
@@ -123,7 +124,11 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
         "== abi 1.2",
         "== sharing",
         "== pinned host memory",
+        "== copies",
+        "== frees",
+        "== graph capture",
         "== benchmarks",
+        "== conformance kit",
     ] {
         assert!(screen.contains(step), "no {step:?} on the screen:\n{screen}");
     }
@@ -164,7 +169,11 @@ fn the_device_check_packs_small_and_runs_dry_on_the_fake_driver() {
     assert_eq!(driver.get("fake"), Some(&json::J::Bool(true)));
     assert_eq!(driver.get("libcuda").and_then(json::J::str), Some(libcuda));
     let steps = v.get("steps").and_then(json::J::arr).unwrap();
-    assert_eq!(steps.len(), 7, "driver, functional, discovery, abi 1.2, sharing, pinned, benchmarks");
+    assert_eq!(
+        steps.len(),
+        11,
+        "driver, functional, discovery, abi 1.2, sharing, pinned, copies, frees, capture, benchmarks, kit"
+    );
     assert!(steps.iter().all(|s| s.get("exit").and_then(json::J::num) == Some(0.0)), "{text}");
     let figures = v.get("figures").and_then(json::J::arr).unwrap();
     assert!(figures.iter().all(|f| f.get("driver").and_then(json::J::str) == Some("FAKE")), "{text}");

@@ -20,7 +20,7 @@ use memplug_plugin_cuda_vmm::LOSS_POLL_ENV;
 use memplug_sdk::abi::*;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_void};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
 
@@ -154,15 +154,6 @@ impl RawHost {
     }
 }
 
-/// Waits up to 5 s for `f`.
-fn eventually(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 // ---- the scenarios ----
 
 #[test]
@@ -227,11 +218,12 @@ fn child_slot_meets_the_fault() {
     assert_eq!(p.plugin_live_objects(), live, "nothing made or freed");
     assert_eq!(p.service_stats().losses, 2, "reported once per mechanism");
 
-    // Device 1's mechanism is lost, and reported, when it meets the fault.
-    assert_eq!(m1.memory_info().unwrap().unwrap_err().status, Status::DeviceLost);
-    assert_eq!(m1.life_state(), LifeState::Lost);
+    // Device 1's context did not fault: its mechanism keeps working (one
+    // fault kills one context, as on a real driver; the fake is as strict).
+    assert!(m1.memory_info().unwrap().is_ok(), "device 1 met device 0's fault");
+    assert_eq!(m1.life_state(), LifeState::Active);
     let stats = p.service_stats();
-    assert_eq!((stats.losses, stats.repeats, stats.refused), (4, 0, 0), "{stats:?}");
+    assert_eq!((stats.losses, stats.repeats, stats.refused), (2, 0, 0), "{stats:?}");
     println!("SLOT LOSS OK");
     // Objects are alive in a lost plugin: it stays loaded.
     std::mem::forget(p);

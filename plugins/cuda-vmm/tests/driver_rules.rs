@@ -193,7 +193,10 @@ fn memory_info_counts_the_context_overhead() {
         "only the allocation, the overhead is there already"
     );
     a.deallocate(b).unwrap();
-    assert_eq!(m.memory_info().unwrap().unwrap(), info);
+    // The plugin's freer gives the block back a moment later; the figure
+    // counts it free meanwhile, rounded as the plugin asked, not as the
+    // driver keeps it.
+    eventually("memory_info back to where it was", || m.memory_info().unwrap().unwrap() == info);
     drop(m);
     unload_released(p);
 }
@@ -551,10 +554,9 @@ fn a_fence_wait_sleeps_until_completion_instead_of_polling() {
             let (m, f) = (m.clone(), Arc::clone(&f));
             std::thread::spawn(move || m.sync().unwrap().fence_wait(&f, timeout).unwrap())
         };
-        assert!(
-            eventually(|| fake_threads_in_event_sync() == in_sync + 1),
-            "{timeout:?}: nobody sleeps in the driver"
-        );
+        eventually(&format!("{timeout:?}: somebody sleeping in the driver"), || {
+            fake_threads_in_event_sync() == in_sync + 1
+        });
         assert_eq!(calls("cuEventQuery") - queries, 1, "{timeout:?}: one query before sleeping");
         gate.open();
         assert!(waiter.join().unwrap(), "{timeout:?}: the wait saw the fence complete");

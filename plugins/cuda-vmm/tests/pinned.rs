@@ -136,7 +136,7 @@ fn pinned_bytes_round_trip_through_device_memory_on_either_mechanisms_stream() {
     da.deallocate(d).unwrap();
     assert_eq!(p.plugin_live_objects(), live);
     if let Some(before) = blocks {
-        assert_eq!(fake_live_host_allocs().unwrap(), before, "every pinned block freed");
+        eventually("every pinned block freed", || fake_live_host_allocs() == Some(before));
     }
     drop((host, dev));
     unload_released(p);
@@ -154,8 +154,8 @@ fn a_pinned_block_is_freed_once_and_a_second_free_is_refused() {
     let raw = block.into_raw();
     let blocks = fake_live_host_allocs();
     a.deallocate(unsafe { Allocation::from_raw(raw) }).unwrap();
-    if let (Some(before), Some(now)) = (blocks, fake_live_host_allocs()) {
-        assert_eq!(now, before - 1, "cuMemFreeHost freed it");
+    if let Some(before) = blocks {
+        eventually("cuMemFreeHost freed it", || fake_live_host_allocs() == Some(before - 1));
     }
     let frees = fake_entry_calls("cuMemFreeHost");
     // SAFETY: deliberately the freed block: it must be refused.
@@ -312,14 +312,16 @@ fn child_pinned_loss() {
     assert_eq!((h0.life_state(), d0.life_state()), (LifeState::Lost, LifeState::Lost));
     assert_eq!(p.service_stats().losses, 2, "both mechanisms of device 0 reported");
     assert_eq!(d0.memory_info().unwrap().unwrap_err().status, Status::DeviceLost);
-    assert_eq!(h1.life_state(), LifeState::Active, "device 1 has not met the fault yet");
-    // Device 1: its device mechanism meets it; the pinned one, whose
-    // memory_info makes no driver call, is lost with it.
-    assert_eq!(d1.memory_info().unwrap().unwrap_err().status, Status::DeviceLost);
-    assert_eq!(h1.life_state(), LifeState::Lost);
-    assert_eq!(h1.memory_info().unwrap().unwrap_err().status, Status::DeviceLost);
+    assert_eq!(h1.life_state(), LifeState::Active, "device 1 met device 0's fault");
+    // Device 1's context did not fault: both its mechanisms keep working
+    // (one fault kills one context).
+    assert!(d1.memory_info().unwrap().is_ok(), "device 1 met device 0's fault");
+    let a1 = unsafe { h1.ungoverned() }.allocator();
+    let b1 = a1.allocate(4096, 256).expect("device 1's pinned memory after device 0's fault");
+    a1.deallocate(b1).unwrap();
+    assert_eq!((h1.life_state(), d1.life_state()), (LifeState::Active, LifeState::Active));
     let stats = p.service_stats();
-    assert_eq!((stats.losses, stats.repeats), (4, 0), "{stats:?}");
+    assert_eq!((stats.losses, stats.repeats), (2, 0), "{stats:?}");
     println!("PINNED LOSS OK");
     // Objects are alive in a lost plugin: it stays loaded.
     let _ = block.into_raw();

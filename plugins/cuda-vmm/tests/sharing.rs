@@ -185,6 +185,11 @@ fn an_exported_handle_imports_in_this_process_as_the_same_memory_counted_once() 
         panic!("an OPAQUE_FD export is a descriptor");
     };
     assert_eq!(kind, OPAQUE);
+    // Never a standard stream's number, and not inherited by a child.
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+    assert!(raw >= 3, "exported fd {raw}");
+    let flags = unsafe { libc::fcntl(raw, libc::F_GETFD) };
+    assert!(flags >= 0 && flags & libc::FD_CLOEXEC != 0, "exported fd {raw} is not close-on-exec");
     let b = sm.import_handle(HandleRef::Fd { kind: OPAQUE, fd: fd.as_fd() }, len).unwrap();
     assert_eq!(b.size(), len);
     // The caller's descriptor stays the caller's: closing it changes

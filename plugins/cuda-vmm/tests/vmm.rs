@@ -110,7 +110,7 @@ fn allocate_write_read_free_and_memory_info_follows() {
         a.deallocate(b).unwrap();
     }
     if !real() {
-        assert_eq!(a.memory_info().unwrap().unwrap(), before);
+        eventually("memory_info back to where it was", || a.memory_info().unwrap().unwrap() == before);
     }
     drop(m);
     unload_released(p);
@@ -646,7 +646,8 @@ fn the_primary_context_is_retained_once_for_the_life_of_the_plugin() {
     let (retains0, releases0) = fake_ctx_calls(0).unwrap();
     let first = m.memory_info().unwrap().unwrap();
     for _ in 0..20 {
-        assert_eq!(m.memory_info().unwrap().unwrap(), first, "no context made or destroyed in between");
+        // (The last free may still be on the plugin's freer thread.)
+        eventually("no context made or destroyed in between", || m.memory_info().unwrap().unwrap() == first);
         let a = unsafe { m.ungoverned() }.allocator();
         let b = a.allocate(4096, 256).unwrap();
         a.deallocate(b).unwrap();

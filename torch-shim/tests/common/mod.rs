@@ -96,6 +96,13 @@ impl Shim {
         }
     }
 
+    /// `memplug_torch_note_stream(device, stream)`: 0, or -1 when refused.
+    pub fn note_stream(&self, device: i32, stream: CuStream) -> c_int {
+        type NoteFn = unsafe extern "C" fn(c_int, *mut c_void) -> c_int;
+        // SAFETY: the export's type (src/lib.rs); a stream of the fake.
+        unsafe { (*self._lib.get::<NoteFn>(b"memplug_torch_note_stream").unwrap())(device, stream.0) }
+    }
+
     /// `memplug_torch_empty_cache()`: the bytes given back.
     pub fn empty_cache(&self) -> u64 {
         // SAFETY: the export's type (src/lib.rs).

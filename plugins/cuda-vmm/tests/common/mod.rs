@@ -139,10 +139,11 @@ pub struct Baseline {
     pub streams: i64,
     pub events: i64,
     pub ctx_refs: [i32; 2],
+    pub host_allocs: i64,
 }
 
 static BASELINE: Mutex<Baseline> =
-    Mutex::new(Baseline { objects: 0, streams: 0, events: 0, ctx_refs: [0, 0] });
+    Mutex::new(Baseline { objects: 0, streams: 0, events: 0, ctx_refs: [0, 0], host_allocs: 0 });
 
 fn current_counts() -> Baseline {
     match fake_live_objects() {
@@ -152,6 +153,7 @@ fn current_counts() -> Baseline {
             streams: fake_live_streams().unwrap(),
             events: fake_live_events().unwrap(),
             ctx_refs: [fake_ctx_refs(0).unwrap(), fake_ctx_refs(1).unwrap()],
+            host_allocs: fake_live_host_allocs().unwrap_or(0),
         },
     }
 }
@@ -490,7 +492,31 @@ pub fn assert_quiescent(p: &Plugin) {
             (0..=retained * pool_max).contains(&pooled),
             "{pooled} events left for {retained} retained contexts (a pool holds at most {pool_max})"
         );
-        assert_eq!(n - b.objects - streams - pooled, 0, "objects left in the (fake) driver");
+        // Page-locked staging chunks of pageable copies stay pooled until
+        // unload (`staging.rs`); the tests run one copy at a time.
+        let staged = || fake_live_host_allocs().unwrap_or(0) - b.host_allocs;
+        let left = || fake_live_objects().unwrap() - b.objects - streams - pooled - staged();
+        let _ = n;
+        eventually("the frees handed to the plugin's freer reach the driver", || left() == 0);
+        let ring = memplug_plugin_cuda_vmm::STAGING_RING as i64;
+        assert!(
+            (0..=2 * ring).contains(&staged()),
+            "{} staging chunks pooled (one copy uses {ring})",
+            staged()
+        );
+    }
+}
+
+/// Waits, checking every millisecond for up to 20 s, until `cond` holds
+/// (a bound against hanging, not a timing claim: e.g. the plugin frees on
+/// its freer thread, so the fake's counts follow a deallocate a moment
+/// later), and fails naming `what` if it never does.
+#[track_caller]
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never happened within 20 s: {what}");
+        std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
 
@@ -629,14 +655,29 @@ pub fn fake_ctx_overhead() -> u64 {
     unsafe { f() }
 }
 
-/// Waits, checking every millisecond for up to 20 s, until `cond` holds;
-/// whether it did (a bound against hanging, not a timing claim).
-pub fn eventually(cond: impl Fn() -> bool) -> bool {
-    for _ in 0..20_000 {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    cond()
+/// `cuMemcpyAsync` calls the fake made wait because a side was pageable
+/// host memory (`None` in real mode).
+pub fn fake_pageable_copies() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_pageable_copies").map(|f| unsafe { f() })
+}
+
+/// `cuMemFree`/`cuMemFreeHost` calls that synchronised the device in the
+/// fake (`None` in real mode).
+pub fn fake_free_syncs() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_free_syncs").map(|f| unsafe { f() })
+}
+
+/// Operations the fake recorded into a graph instead of running (`None`
+/// in real mode).
+pub fn fake_captured_ops() -> Option<i64> {
+    fake_fn::<unsafe extern "C" fn() -> i64>("fake_cuda_captured_ops").map(|f| unsafe { f() })
+}
+
+/// A driver entry point by name, typed `T` (a function pointer), from the
+/// library the plugin uses (the real driver or the fake).
+pub fn driver_entry<T: Copy>(name: &str) -> T {
+    let p = drv().symbol(name).unwrap_or_else(|| panic!("the driver has no {name}"));
+    assert_eq!(std::mem::size_of::<T>(), std::mem::size_of::<*mut c_void>());
+    // SAFETY: T is the function pointer type of that entry point.
+    unsafe { std::mem::transmute_copy::<*mut c_void, T>(&p) }
 }
