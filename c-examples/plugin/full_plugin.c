@@ -903,7 +903,7 @@ static void reservation_free(struct fp_load *l, struct fp_slot *s)
     struct fp_mapping *maps = s->maps;
     uint32_t i, n = s->nmaps;
     free(s->pages);
-    slot_free(l, s); /* s may move below: object_unref can grow nothing, but keep it simple */
+    slot_free(l, s); /* first: the loop below frees other slots */
     for (i = 0; i < n; i++) {
         object_unref(l, maps[i].object, 1);
     }

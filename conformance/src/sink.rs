@@ -6,7 +6,7 @@
 use core::ffi::{c_char, c_void};
 use memplug_sdk::abi::{MemplugMessageSink, MemplugStatus, MEMPLUG_MESSAGE_MAX, MEMPLUG_STATUS_OK};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::thread::ThreadId;
 
@@ -243,11 +243,21 @@ pub(crate) fn in_plugin_call() -> bool {
     IN_PLUGIN.with(|f| f.load(Ordering::Relaxed))
 }
 
+/// Plugin calls that returned, in this process: a long storm tells the
+/// kit it is alive only while this moves (`checks/concurrency.rs`).
+static CALLS_DONE: AtomicUsize = AtomicUsize::new(0);
+
+/// See [`CALLS_DONE`].
+pub(crate) fn calls_done() -> usize {
+    CALLS_DONE.load(Ordering::Relaxed)
+}
+
 /// Runs `f`, a call into the plugin, with this thread's flag set.
 fn in_plugin<R>(f: impl FnOnce() -> R) -> R {
     IN_PLUGIN.with(|flag| flag.store(true, Ordering::Relaxed));
     let r = f();
     IN_PLUGIN.with(|flag| flag.store(false, Ordering::Relaxed));
+    CALLS_DONE.fetch_add(1, Ordering::Relaxed);
     r
 }
 

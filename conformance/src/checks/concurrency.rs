@@ -34,18 +34,14 @@ fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize) -> Result<(), String> + 
     let errors = Mutex::new(Vec::new());
     let stalls = Stalls::new();
     let failed = AtomicBool::new(false);
+    let done = AtomicBool::new(false);
     std::thread::scope(|s| {
         let workers: Vec<_> = (0..ctx.opts.threads.max(1))
             .map(|t| {
                 let (body, errors, stalls, failed) = (&body, &errors, &stalls, &failed);
                 s.spawn(move || {
                     let _timer = stalls.enlist(t);
-                    let mut told = std::time::Instant::now();
                     loop {
-                        if t == 0 && told.elapsed() >= ALIVE_EVERY {
-                            super::child::still_alive();
-                            told = std::time::Instant::now();
-                        }
                         if let Err(e) = body(t) {
                             errors.lock().unwrap_or_else(|e| e.into_inner()).push(format!("thread {t}: {e}"));
                             // The others stop going round too: the check has
@@ -61,9 +57,25 @@ fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize) -> Result<(), String> + 
                 })
             })
             .collect();
+        // Tells the kit the check is alive while plugin calls keep
+        // returning (a storm may run for seconds); a hung call stops it,
+        // so --timeout still catches a hang.
+        let beat = s.spawn(|| {
+            let mut seen = crate::sink::calls_done();
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(ALIVE_EVERY);
+                let now = crate::sink::calls_done();
+                if now != seen {
+                    super::child::still_alive();
+                    seen = now;
+                }
+            }
+        });
         for w in workers {
             let _ = w.join();
         }
+        done.store(true, Ordering::Release);
+        let _ = beat.join();
     });
     Storm { errors: errors.into_inner().unwrap_or_else(|e| e.into_inner()), stalled: stalls.sent() }
 }

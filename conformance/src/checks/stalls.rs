@@ -47,12 +47,13 @@ pub(crate) const ENOUGH_ALLOCATOR: usize = 800;
 pub(crate) const ENOUGH_OTHERS: usize = 100;
 
 /// A storm stops going round after this long, stalls or not (a machine
-/// too busy to make them). Its first thread tells the kit it is alive
-/// every [`ALIVE_EVERY`], so a long storm is not taken for a hang.
+/// too busy to make them). Meanwhile it tells the kit it is alive every
+/// [`ALIVE_EVERY`] in which plugin calls returned, so a long storm is not
+/// taken for a hang (and a hung call still is).
 const LONGEST: Duration = Duration::from_secs(20);
 
-/// See [`LONGEST`].
-pub(crate) const ALIVE_EVERY: Duration = Duration::from_secs(1);
+/// See [`LONGEST`]: well under the shortest --timeout (1 s).
+pub(crate) const ALIVE_EVERY: Duration = Duration::from_millis(200);
 
 /// Calls stalled in this process (the handler counts them).
 static STALLED: AtomicUsize = AtomicUsize::new(0);
