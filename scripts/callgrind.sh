@@ -7,10 +7,11 @@
 #   scripts/callgrind.sh [PATH...]     (default: every path)
 # LO and HI (default 1000 and 11000) set the two iteration counts, for paths
 # too slow under callgrind at the defaults. Uses the release build under
-# ${CARGO_TARGET_DIR:-target}.
+# ${CARGO_TARGET_DIR:-target}; NO_BUILD=1 measures what is built there
+# without building first (while another cargo holds the target dir).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo build --release -q -p memplug-plugin-cpu -p memplug-host --example hotpath
+[[ -n ${NO_BUILD:-} ]] || cargo build --release -q -p memplug-plugin-cpu -p memplug-host --example hotpath
 t=${CARGO_TARGET_DIR:-target}/release
 so=$(ls "$t"/libmemplug_plugin_cpu.so "$t"/deps/libmemplug_plugin_cpu.so 2>/dev/null | head -1 || true)
 bin=$t/examples/hotpath

@@ -92,8 +92,10 @@ impl<'m> AllocatorApi<'m> {
     /// The common case (no index of live blocks to update) builds the
     /// object reference once, in this frame, and passes the plugin a
     /// pointer to it: the generic release path would move the 56-byte
-    /// reference through each layer of the door.
-    #[inline]
+    /// reference through each layer of the door. Inlined into its callers
+    /// (a binding's retire, the ungoverned door), which hand it the token
+    /// in registers rather than through memory.
+    #[inline(always)]
     pub fn deallocate(&self, a: Allocation) -> Result<(), ReleaseError<Allocation>> {
         let m = self.m;
         let slot = slot!(m.allocator.deallocate);
