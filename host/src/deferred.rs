@@ -19,7 +19,9 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 mod drain;
+mod entries;
 use drain::StuckLog;
+use entries::Entries;
 
 /// What retiring one entry did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -102,8 +104,11 @@ struct Entry {
 /// The entries waiting on one fence.
 struct Bucket {
     fence: SharedFence,
-    entries: Vec<Entry>,
+    entries: Entries<Entry>,
 }
+
+/// Streams whose emptied queues are kept for reuse (`Waiting::take`).
+const KEEP_EMPTY: usize = 16;
 
 /// A stream's identity in `order_key`: (mechanism key, stream handle).
 type StreamKey = (u64, u64);
@@ -170,18 +175,27 @@ impl Waiting {
             return;
         };
         let id = identity(f);
-        let bucket = match f.order_key() {
-            Some((mechanism, stream, sequence)) => self
-                .streams
-                .entry((mechanism, stream))
-                .or_default()
-                .entry((sequence, id))
-                .or_insert_with(|| Bucket { fence: f.clone(), entries: Vec::new() }),
-            None => {
-                self.unordered.entry(id).or_insert_with(|| Bucket { fence: f.clone(), entries: Vec::new() })
-            }
+        let new = |e: Entry| {
+            let fence = e.fences.last().expect("checked above").clone();
+            Bucket { fence, entries: Entries::one(e) }
         };
-        bucket.entries.push(e);
+        use std::collections::{btree_map, hash_map};
+        match f.order_key() {
+            Some((mechanism, stream, sequence)) => {
+                match self.streams.entry((mechanism, stream)).or_default().entry((sequence, id)) {
+                    btree_map::Entry::Occupied(mut o) => o.get_mut().entries.push(e),
+                    btree_map::Entry::Vacant(v) => {
+                        v.insert(new(e));
+                    }
+                }
+            }
+            None => match self.unordered.entry(id) {
+                hash_map::Entry::Occupied(mut o) => o.get_mut().entries.push(e),
+                hash_map::Entry::Vacant(v) => {
+                    v.insert(new(e));
+                }
+            },
+        }
     }
 
     /// The oldest fence of `stream`, cloned to be queried outside the lock.
@@ -192,10 +206,16 @@ impl Waiting {
 
     /// Takes the bucket at `slot` of `stream` (gone when another poller
     /// took it first), dropping the stream's queue once empty.
+    ///
+    /// With few streams, an emptied queue stays (a stream that frees one
+    /// object at a time would otherwise free and remake its queue's node
+    /// on every enqueue); a poll skips empty queues, and past
+    /// [`KEEP_EMPTY`] streams every emptied queue goes at once, so the
+    /// empty ones kept are bounded.
     fn take(&mut self, stream: &StreamKey, slot: &StreamSlot) -> Option<Bucket> {
         let q = self.streams.get_mut(stream)?;
         let b = q.remove(slot);
-        if q.is_empty() {
+        if q.is_empty() && self.streams.len() > KEEP_EMPTY {
             self.streams.remove(stream);
         }
         b
@@ -206,12 +226,8 @@ impl Waiting {
     /// run at a termination or a stuck drain, never per poll.
     fn take_settled_elsewhere(&mut self) -> Vec<Entry> {
         let mut out = Vec::new();
-        let mut pick = |entries: &mut Vec<Entry>| {
-            let (gone, keep): (Vec<Entry>, Vec<Entry>) =
-                std::mem::take(entries).into_iter().partition(|e| e.job.settled_elsewhere());
-            *entries = keep;
-            out.extend(gone);
-        };
+        let mut pick =
+            |entries: &mut Entries<Entry>| out.extend(entries.take_where(|e| e.job.settled_elsewhere()));
         for q in self.streams.values_mut() {
             for b in q.values_mut() {
                 pick(&mut b.entries);
@@ -223,7 +239,10 @@ impl Waiting {
             pick(&mut b.entries);
         }
         self.unordered.retain(|_, b| !b.entries.is_empty());
-        pick(&mut self.ready);
+        let (gone, keep): (Vec<Entry>, Vec<Entry>) =
+            std::mem::take(&mut self.ready).into_iter().partition(|e| e.job.settled_elsewhere());
+        self.ready = keep;
+        out.extend(gone);
         out
     }
 
@@ -486,7 +505,8 @@ impl DeferredFreeQueue {
             let ready = std::mem::take(&mut w.ready);
             let mut streams = std::mem::take(&mut w.scratch);
             streams.clear();
-            streams.extend(w.streams.keys().copied());
+            // Empty queues kept for reuse (`Waiting::take`) have nothing to visit.
+            streams.extend(w.streams.iter().filter(|(_, q)| !q.is_empty()).map(|(k, _)| *k));
             let unordered: Vec<(usize, SharedFence)> =
                 w.unordered.iter().map(|(id, b)| (*id, b.fence.clone())).collect();
             (ready, streams, unordered)

@@ -5,7 +5,7 @@
 
 use crate::sink::{CallSink, SinkSlot};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
 /// What the host keeps per thread: one thread-local, so the door into a
 /// plugin pays for one thread-local access.
@@ -21,6 +21,11 @@ struct ThreadState {
     /// the first time the thread calls at that depth and given back when
     /// it exits.
     sinks: [Cell<Option<&'static SinkSlot>>; SINK_DEPTHS],
+    /// The thread's block of object ids: the next to hand out and the end
+    /// of the block (`crate::tokens::next_object_id`). Here rather than in
+    /// a thread-local of its own, because the allocate path reads this
+    /// state anyway and a separate one cost a call per allocation.
+    ids: Cell<(u64, u64)>,
 }
 
 /// Call depths whose sink slot a thread keeps in [`THREAD`]; deeper ones
@@ -32,7 +37,12 @@ static NEXT_STRIPE: AtomicU32 = AtomicU32::new(0);
 
 std::thread_local! {
     static THREAD: ThreadState = const {
-        ThreadState { depth: Cell::new(0), stripe: Cell::new(NO_STRIPE), sinks: [const { Cell::new(None) }; SINK_DEPTHS] }
+        ThreadState {
+            depth: Cell::new(0),
+            stripe: Cell::new(NO_STRIPE),
+            sinks: [const { Cell::new(None) }; SINK_DEPTHS],
+            ids: Cell::new((0, 0)),
+        }
     };
     /// The thread's sink slots of depths from [`SINK_DEPTHS`] on, and the
     /// one that gives every slot of the thread back when it exits (touched
@@ -96,6 +106,31 @@ impl ThreadState {
         self.stripe.set(s);
         s as usize
     }
+}
+
+/// Process-unique object ids without a shared counter on the hot path:
+/// each thread takes a block of ids at a time (`NEXT_BLOCK`), then counts
+/// in its own state. Never 0.
+#[inline(always)]
+pub(crate) fn next_object_id() -> u64 {
+    THREAD.with(|t| {
+        let (next, end) = t.ids.get();
+        if next != end {
+            t.ids.set((next + 1, end));
+            return next;
+        }
+        new_id_block(t)
+    })
+}
+
+#[cold]
+#[inline(never)]
+fn new_id_block(t: &ThreadState) -> u64 {
+    const BLOCK: u64 = 1 << 16;
+    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(1);
+    let next = NEXT_BLOCK.fetch_add(BLOCK, Relaxed);
+    t.ids.set((next + 1, next + BLOCK));
+    next
 }
 
 /// The running thread's stripe (see [`crate::lifecycle`]).

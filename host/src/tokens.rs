@@ -5,7 +5,6 @@
 //! the plugin's unload gate sees it.
 
 use memplug_sdk::abi::{MemplugDevice, MemplugObjectRef, MEMPLUG_OBJECT_REF_SIZE_1_0};
-use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Everything that names an object across the boundary, plus the host's
@@ -138,22 +137,11 @@ impl Fence {
 }
 
 /// Process-unique object ids without a shared counter on the hot path: each
-/// thread takes a block of ids at a time.
+/// thread takes a block of ids at a time (kept in the thread's state of
+/// `crate::reentry`).
+#[inline(always)]
 pub(crate) fn next_object_id() -> u64 {
-    const BLOCK: u64 = 1 << 16;
-    static NEXT_BLOCK: AtomicU64 = AtomicU64::new(1);
-    thread_local! {
-        static RANGE: Cell<(u64, u64)> = const { Cell::new((0, 0)) };
-    }
-    RANGE.with(|r| {
-        let (mut next, mut end) = r.get();
-        if next == end {
-            next = NEXT_BLOCK.fetch_add(BLOCK, Ordering::Relaxed);
-            end = next + BLOCK;
-        }
-        r.set((next + 1, end));
-        next
-    })
+    crate::reentry::next_object_id()
 }
 
 /// Process-unique keys for mechanisms, so a token from one loaded mechanism

@@ -6,8 +6,10 @@ use super::{Anchor, BindingError, BindingInner, MemoryBinding};
 use crate::deferred::{Retire, RetireOutcome};
 use crate::fence::{Completion, SharedFence};
 use crate::governor::Lease;
-use crate::tokens::Allocation;
+use crate::mechanism::Mechanism;
+use crate::tokens::{Allocation, RawObject};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 impl MemoryBinding {
@@ -27,23 +29,67 @@ impl MemoryBinding {
             |a| m.allocator().deallocate(a),
         )?;
         Ok(OwnedAllocation {
-            binding: Some(self.anchor()),
-            alloc: Some(alloc),
-            lease: Some(lease),
-            fences: FenceSet::default(),
+            binding: ManuallyDrop::new(self.anchor()),
+            block: Block::of(alloc),
+            charged: lease.split(),
+            fences: ManuallyDrop::new(FenceSet::default()),
+        })
+    }
+}
+
+/// What an allocation keeps of its token: the parts the plugin returned
+/// and the host's object id. The mechanism's key, id and device are the
+/// binding's, so they are not stored per allocation (the token is rebuilt
+/// from both when the block is freed): 32 bytes to move, not 56.
+#[derive(Clone, Copy)]
+struct Block {
+    object_id: u64,
+    addr: u64,
+    size: u64,
+    handle: u64,
+}
+
+impl Block {
+    #[inline(always)]
+    fn of(a: Allocation) -> Block {
+        let r = a.into_raw();
+        Block { object_id: r.object_id, addr: r.addr, size: r.size, handle: r.handle }
+    }
+
+    /// The token again, for the mechanism that made it (`m`, the binding's).
+    #[inline(always)]
+    fn token(self, m: &Mechanism) -> Allocation {
+        let i = &m.inner;
+        Allocation(RawObject {
+            mechanism_key: i.key,
+            mechanism_id: i.id,
+            device: i.device,
+            object_id: self.object_id,
+            addr: self.addr,
+            size: self.size,
+            handle: self.handle,
         })
     }
 }
 
 /// An owning allocation. Dropping it frees through the deferred-free queue
 /// after the fences of its last use; it never waits on the device.
+///
+/// Kept small (72 bytes), because it is moved on every allocate and free:
+/// the block's token and its lease are stored as their parts that are not
+/// the binding's ([`Block`], the charged bytes) and made whole again when
+/// it is freed.
 pub struct OwnedAllocation {
-    /// The binding, through the allocating thread's anchor. Taken (not
-    /// cloned) by `drop`, which hands it to the retire job.
-    binding: Option<Arc<Anchor>>,
-    alloc: Option<Allocation>,
-    lease: Option<Lease>,
-    fences: FenceSet,
+    /// The binding, through the allocating thread's anchor. Moved out (not
+    /// cloned) by `drop`, which hands it to the retire job; taken only
+    /// there.
+    binding: ManuallyDrop<Arc<Anchor>>,
+    block: Block,
+    /// Bytes of its lease (of the binding's pool, holder and class).
+    charged: u64,
+    /// Dropped by `drop` only when not empty: an empty set then costs one
+    /// compare, not a call to its drop glue.
+    fences: ManuallyDrop<FenceSet>,
 }
 
 impl fmt::Debug for OwnedAllocation {
@@ -55,32 +101,29 @@ impl fmt::Debug for OwnedAllocation {
 impl OwnedAllocation {
     /// The binding it was made through (the mechanism, the queue).
     pub(crate) fn binding_inner(&self) -> &BindingInner {
-        &self.binding.as_ref().expect("present until drop").inner
-    }
-    fn alloc(&self) -> &Allocation {
-        self.alloc.as_ref().expect("present until drop")
+        &self.binding.inner
     }
     /// The block's first byte, as the mechanism returned it: an address in
     /// the mechanism's address space (device memory for a device
     /// mechanism, host memory for the CPU plugin), at least as aligned as
     /// asked. Stable for the allocation's life.
     pub fn addr(&self) -> u64 {
-        self.alloc().addr()
+        self.block.addr
     }
     /// Usable bytes, as the mechanism returned them (at least the size
     /// asked; a mechanism may return more).
     pub fn size(&self) -> u64 {
-        self.alloc().size()
+        self.block.size
     }
     /// Bytes charged to the pool.
     pub fn charged(&self) -> u64 {
-        self.lease.as_ref().map_or(0, Lease::bytes)
+        self.charged
     }
     /// Whether the allocation went with a lost device: its memory is gone,
     /// and dropping it calls no plugin (its charge is settled when the
     /// context terminates).
     pub fn is_lost(&self) -> bool {
-        self.binding.as_ref().is_some_and(|b| b.inner.is_lost())
+        self.binding.inner.is_lost()
     }
     /// Records device work that uses this allocation: the free waits for it.
     pub fn used_by(&mut self, fence: SharedFence) {
@@ -93,13 +136,13 @@ impl OwnedAllocation {
     }
     /// Whether any fence was recorded (complete or not).
     pub(crate) fn has_fences(&self) -> bool {
-        self.fences.first.is_some()
+        !self.fences.is_empty()
     }
     /// Forgets the recorded fences: for the cache, once the work they
     /// guarded is known to come before any new use (completed, or queued
     /// earlier on the stream the new use runs on).
     pub(crate) fn clear_fences(&mut self) {
-        self.fences = FenceSet::default();
+        *self.fences = FenceSet::default();
     }
     /// Offload to `target`, as [`Region::offload_to`](super::Region::offload_to)
     /// does for a region: always refused, with `Unsupported`. Bringing the
@@ -163,67 +206,96 @@ impl OwnedAllocation {
 }
 
 impl Drop for OwnedAllocation {
+    #[inline]
     fn drop(&mut self) {
-        let (Some(binding), Some(alloc), Some(lease)) =
-            (self.binding.take(), self.alloc.take(), self.lease.take())
-        else {
-            return;
-        };
+        // SAFETY: taken once, here; nothing reads the field afterwards.
+        let binding = unsafe { ManuallyDrop::take(&mut self.binding) };
+        let (block, charged) = (self.block, self.charged);
         // No device work recorded, or all of it already done (or gone with
         // a lost device): free now, without boxing a job or touching the
         // queue. A lost context's free calls no plugin (settle.rs).
-        if self.fences.all_complete() {
-            let _ = retire_allocation(&binding.inner, alloc, lease);
-        } else {
-            let queue = binding.inner.queue.clone();
-            let job = AllocationRetire { binding, alloc: Some(alloc), lease: Some(lease) };
-            queue.enqueue(std::mem::take(&mut self.fences).into_vec(), Box::new(job));
+        if self.fences.is_empty() {
+            let _ = retire_allocation(&binding.inner, block, charged);
+            return;
         }
+        // SAFETY: taken once, here; nothing reads the field afterwards.
+        let fences = unsafe { ManuallyDrop::take(&mut self.fences) };
+        drop_fenced(binding, block, charged, fences);
+    }
+}
+
+/// The free of an allocation with fences recorded: at once when all have
+/// completed (the fences are dropped after the free, as a field would be),
+/// else a job for the deferred-free queue.
+#[inline(never)]
+fn drop_fenced(binding: Arc<Anchor>, block: Block, charged: u64, fences: FenceSet) {
+    if fences.all_complete() {
+        let _ = retire_allocation(&binding.inner, block, charged);
+        drop(fences);
+    } else {
+        let queue = binding.inner.queue.clone();
+        let job = AllocationRetire { binding, parts: Some((block, charged)) };
+        queue.enqueue(fences.into_vec(), Box::new(job));
     }
 }
 
 /// Frees through the creating mechanism, then refunds the charge (or
-/// quarantines it).
-#[inline]
-fn retire_allocation(b: &BindingInner, alloc: Allocation, lease: Lease) -> RetireOutcome {
+/// quarantines it): the token and the lease made whole from the
+/// allocation's parts and its binding's.
+#[inline(always)]
+fn retire_allocation(b: &BindingInner, block: Block, charged: u64) -> RetireOutcome {
+    let m = b.mechanism();
+    let lease = Lease::rejoin(b.pool.id(), b.holder, b.class, charged);
     settle::release_or_quarantine(
         b,
         Charge::Whole(Some(lease)),
-        |t| b.mechanism().allocator_under(t).deallocate(alloc),
+        |t| m.allocator_under(t).deallocate(block.token(m)),
         |e, reason| format!("allocation {}: {reason}", e.object.object_id()),
     )
 }
 
 /// The fences of one allocation's last use. The common cases — none, or
-/// one (the stream the work ran on) — need no heap allocation.
+/// one (the stream the work ran on) — need no heap allocation; more go to
+/// a boxed list, so that the set is 24 bytes and an empty one is tested
+/// with one compare.
 #[derive(Default)]
 struct FenceSet {
     first: Option<SharedFence>,
-    more: Vec<SharedFence>,
+    // Boxed on purpose: one pointer (8 bytes, the common case empty) in
+    // every allocation instead of a vector's 24.
+    #[allow(clippy::box_collection)]
+    more: Option<Box<Vec<SharedFence>>>,
 }
 
 impl FenceSet {
+    #[inline]
     fn push(&mut self, f: SharedFence) {
         if self.first.is_none() {
             self.first = Some(f);
         } else {
-            self.more.push(f);
+            self.more.get_or_insert_with(Box::default).push(f);
         }
+    }
+
+    /// No fence recorded (`first` is filled before `more`).
+    #[inline(always)]
+    fn is_empty(&self) -> bool {
+        self.first.is_none()
     }
 
     /// True when every fence reports completion; a fence whose query fails
     /// counts as not complete (never free on a guess), except one of a lost
     /// device, which never completes and whose work is gone.
-    #[inline]
+    #[inline(always)]
     fn all_complete(&self) -> bool {
         match &self.first {
             None => true,
-            Some(f) => complete(f) && self.more.iter().all(complete),
+            Some(f) => complete(f) && self.more.as_deref().is_none_or(|m| m.iter().all(complete)),
         }
     }
 
     fn into_vec(self) -> Vec<SharedFence> {
-        let mut v = self.more;
+        let mut v = self.more.map_or_else(Vec::new, |b| *b);
         if let Some(f) = self.first {
             v.insert(0, f);
         }
@@ -237,15 +309,15 @@ fn complete(f: &SharedFence) -> bool {
 
 struct AllocationRetire {
     binding: Arc<Anchor>,
-    alloc: Option<Allocation>,
-    lease: Option<Lease>,
+    /// The block and its charged bytes, until retired.
+    parts: Option<(Block, u64)>,
 }
 
 impl AllocationRetire {
     fn run(&mut self) -> RetireOutcome {
-        match (self.alloc.take(), self.lease.take()) {
-            (Some(alloc), Some(lease)) => retire_allocation(&self.binding.inner, alloc, lease),
-            _ => RetireOutcome::Freed { bytes: 0 },
+        match self.parts.take() {
+            Some((block, charged)) => retire_allocation(&self.binding.inner, block, charged),
+            None => RetireOutcome::Freed { bytes: 0 },
         }
     }
 }
@@ -261,8 +333,8 @@ impl Retire for AllocationRetire {
         self.binding.inner.charged_to()
     }
     fn describe(&self) -> String {
-        match &self.alloc {
-            Some(a) => format!("allocation {} ({} B at {:#x})", a.object_id(), a.size(), a.addr()),
+        match &self.parts {
+            Some((b, _)) => format!("allocation {} ({} B at {:#x})", b.object_id, b.size, b.addr),
             None => "allocation (already retired)".into(),
         }
     }

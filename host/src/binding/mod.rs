@@ -107,7 +107,7 @@ impl BindingInner {
     /// A grant, asking holders and waiting when the fast path has no room.
     /// One call into the governor, so a refusal is counted once; the clock
     /// is read only by bindings that may wait.
-    #[inline]
+    #[inline(always)]
     fn grant(&self, bytes: u64) -> Result<Grant<'_>, BindingError> {
         let deadline = self.wait.map(|w| Instant::now() + w);
         Ok(self.pool.reserve(bytes, self.class, self.holder, deadline)?)

@@ -115,7 +115,7 @@ impl<'p> Grant<'p> {
     /// pool and every ancestor (no tickets, no waiting); otherwise the
     /// grant comes back in the error, unchanged, so the caller can free
     /// what it mapped and then drop it. No lock on the fast path.
-    #[inline]
+    #[inline(always)]
     pub fn commit(self, actual: u64) -> Result<Lease, Rejected<Self>> {
         let me = if actual > self.bytes { self.cover(actual)? } else { self };
         let (pool, class) = (me.pool.id(), me.class);
@@ -221,6 +221,28 @@ impl Lease {
     #[inline]
     pub(crate) fn settled_elsewhere(self) {
         let _ = self.disarm();
+    }
+
+    /// Keeps only the bytes of a lease whose pool, holder and class its
+    /// keeper knows already (a binding's allocation keeps 8 bytes instead
+    /// of the token's 32); [`Lease::rejoin`] makes it whole again. Not a
+    /// leak: the keeper must rejoin it and end it (release, quarantine or
+    /// settled elsewhere).
+    #[inline(always)]
+    pub(crate) fn split(self) -> u64 {
+        self.disarm().2
+    }
+
+    /// The lease [`split`](Self::split) took apart, from the same pool,
+    /// holder and class and the bytes it returned.
+    #[inline(always)]
+    pub(crate) fn rejoin(
+        pool: PoolId,
+        holder: Option<HolderId>,
+        class: AllocationClass,
+        bytes: u64,
+    ) -> Lease {
+        Lease { pool, holder, class, bytes }
     }
 
     #[inline(always)]

@@ -389,7 +389,7 @@ impl Pool {
     /// Fails with [`GovernorError::OutOfBudget`], whose snapshot is the
     /// short pool's, taken after the last attempt, or
     /// [`GovernorError::UnknownHolder`].
-    #[inline]
+    #[inline(always)]
     pub fn reserve(
         &self,
         bytes: u64,

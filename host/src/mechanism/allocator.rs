@@ -88,8 +88,39 @@ impl<'m> AllocatorApi<'m> {
 
     /// Frees an allocation. On failure the allocation comes back in the
     /// error, still counted live.
-    #[inline]
+    ///
+    /// The common case (no index of live blocks to update) builds the
+    /// object reference once, in this frame, and passes the plugin a
+    /// pointer to it: the generic release path would move the 56-byte
+    /// reference through each layer of the door. Inlined into its callers
+    /// (a binding's retire, the ungoverned door), which hand it the token
+    /// in registers rather than through memory.
+    #[inline(always)]
     pub fn deallocate(&self, a: Allocation) -> Result<(), ReleaseError<Allocation>> {
+        let m = self.m;
+        let slot = slot!(m.allocator.deallocate);
+        if m.blocks.is_some() && m.indexes(ObjectKind::Allocation) {
+            return self.deallocate_indexed(a);
+        }
+        if a.0.mechanism_key != m.key {
+            let error = m.made_elsewhere("allocator.deallocate", &a.0);
+            return Err(ReleaseError { object: a, error });
+        }
+        let r = a.0.abi_ref();
+        match m.call_in(self.held, "allocator.deallocate", slot, (&r,)) {
+            Ok(()) => {
+                m.died(ObjectKind::Allocation);
+                Ok(())
+            }
+            Err(error) => Err(ReleaseError { object: a, error }),
+        }
+    }
+
+    /// [`deallocate`](Self::deallocate) of a mechanism that keeps an index
+    /// of live blocks (`LoadOptions::check_overlaps`).
+    #[cold]
+    #[inline(never)]
+    fn deallocate_indexed(&self, a: Allocation) -> Result<(), ReleaseError<Allocation>> {
         let m = self.m;
         let slot = slot!(m.allocator.deallocate);
         m.release_block(

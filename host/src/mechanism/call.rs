@@ -521,16 +521,23 @@ impl MechanismInner {
         raw: &RawObject,
     ) -> Result<MemplugObjectRef, CallError> {
         if raw.mechanism_key != self.key {
-            return Err(self.refuse(
-                slot,
-                Status::WrongMechanism,
-                format!(
-                    "object {} was made by another mechanism (plugin id {}), not by this one",
-                    raw.object_id, raw.mechanism_id
-                ),
-            ));
+            return Err(self.made_elsewhere(slot, raw));
         }
         Ok(raw.abi_ref())
+    }
+
+    /// The refusal of an object another mechanism made (invariant 1).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn made_elsewhere(&self, slot: &'static str, raw: &RawObject) -> CallError {
+        self.refuse(
+            slot,
+            Status::WrongMechanism,
+            format!(
+                "object {} was made by another mechanism (plugin id {}), not by this one",
+                raw.object_id, raw.mechanism_id
+            ),
+        )
     }
 
     /// Checks that a stream or fence handle was issued by this mechanism.
