@@ -77,7 +77,7 @@ impl Block {
 ///
 /// Kept small (72 bytes), because it is moved on every allocate and free:
 /// the block's token and its lease are stored as their parts that are not
-/// the binding's ([`Block`], the charged bytes) and made whole again when
+/// the binding's (its `Block`, the charged bytes) and made whole again when
 /// it is freed.
 pub struct OwnedAllocation {
     /// The binding, through the allocating thread's anchor. Moved out (not
