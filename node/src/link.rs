@@ -112,9 +112,8 @@ impl NodeLink {
         });
         for d in &shared.devs {
             let _g = lock(&d.changing);
-            let used = d.spec.pool.used();
             // Idle budget is not the node's to count: keep only what is used.
-            let _ = d.spec.pool.set_capacity(used.max(d.spec.pool.used()));
+            let _ = d.spec.pool.set_capacity(d.spec.pool.used());
         }
         connect(&shared)?;
         for (i, d) in shared.devs.iter().enumerate() {
@@ -299,11 +298,10 @@ fn give_back_idle(s: &Shared, keep_chunks: u64) {
             continue;
         }
         let r = if keep_chunks == 0 { idle } else { (idle - keep) / chunk * chunk };
-        if r > 0
-            && pool.set_capacity(cap - r).is_ok()
-            && send(s, &Msg::Return { device: d.spec.device.clone(), bytes: r }).is_err()
-        {
-            // No authority: the next one learns the lower holding at join.
+        if r > 0 && pool.set_capacity(cap - r).is_ok() {
+            // Without an authority the send fails: the next one learns the
+            // lower holding when the link joins it.
+            let _ = send(s, &Msg::Return { device: d.spec.device.clone(), bytes: r });
         }
     }
 }
