@@ -337,12 +337,7 @@ impl CachingBinding {
         let c = self.inner();
         let mut total = c.give_back_aged();
         total += c.enforce_cap();
-        let pool = c.binding.pool();
-        let over = c.policy.over_threshold(pool.used(), 0, pool.capacity());
-        if over > 0 {
-            total += c.give_back(over, false, |s, b| s.trimmed_bytes += b);
-        }
-        total
+        total + c.give_back_over_threshold(0)
     }
 
     /// The cap on idle bytes this cache applies (`u64::MAX`: none): the
@@ -415,13 +410,7 @@ impl CacheInner {
                 self.give_back_aged();
             }
         }
-        if self.policy.gc_threshold.is_some() {
-            let pool = self.binding.pool();
-            let over = self.policy.over_threshold(pool.used(), class.bytes, pool.capacity());
-            if over > 0 {
-                self.give_back(over, false, |s, b| s.trimmed_bytes += b);
-            }
-        }
+        self.give_back_over_threshold(class.bytes);
         let align = alignment.max(self.block_alignment);
         let free = self.binding.pool().free();
         if free < class.bytes {
@@ -454,6 +443,20 @@ impl CacheInner {
             return 0;
         }
         self.give_back(idle - cap, true, |s, b| s.trimmed_bytes += b)
+    }
+
+    /// With a usage threshold set: gives back ready blocks until the
+    /// pool's use plus `bytes` about to be charged is under it. Returns the
+    /// bytes given back.
+    fn give_back_over_threshold(&self, bytes: u64) -> u64 {
+        if self.policy.gc_threshold.is_none() {
+            return 0;
+        }
+        let pool = self.binding.pool();
+        match self.policy.over_threshold(pool.used(), bytes, pool.capacity()) {
+            0 => 0,
+            over => self.give_back(over, false, |s, b| s.trimmed_bytes += b),
+        }
     }
 
     /// Gives back every block idle longer than the policy's age. Returns
