@@ -38,6 +38,9 @@ pub struct MemplugHostCachedAllocation {
     pub id: u64,
 }
 
+/// The block alignment a C cache uses when its options leave it 0.
+const C_DEFAULT_MIN_ALIGNMENT: u64 = 256;
+
 /// How a caching binding is set up (API 1.2; the idle policy's fields
 /// since API 1.3). Zero fields take the defaults.
 #[repr(C)]
@@ -55,7 +58,8 @@ pub struct MemplugHostCacheOptions {
     /// binding directly); 0: 1 GiB.
     pub max_block: u64,
     /// New blocks are aligned to at least this (a power of two) and to the
-    /// mechanism's minimum alignment; 0: 16.
+    /// mechanism's minimum alignment; 0: 256 (API 1.2's promise, kept; ask
+    /// for 16 to let small blocks take `malloc`'s faster path).
     pub min_alignment: u64,
     /// API 1.3: the most bytes the cache keeps idle; a free past it gives
     /// idle blocks back. 0: a quarter of the pool's capacity when the cache
@@ -171,7 +175,9 @@ pub unsafe extern "C" fn memplug_host_cache_create(
             }
             spec.placement = crate::binding::placement(&o)?;
         }
-        let mut config = CacheConfig::default();
+        // The C API promised 256 B since 1.2 (the Rust default is 16): a C
+        // caller who set nothing keeps what the frozen header said.
+        let mut config = CacheConfig { min_alignment: C_DEFAULT_MIN_ALIGNMENT, ..CacheConfig::default() };
         if !holder_name.is_null() {
             // SAFETY: non-NULL and NUL-terminated by the caller's contract.
             config.holder_name = unsafe { c_str(holder_name, "holder_name") }?.to_string();

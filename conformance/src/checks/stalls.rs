@@ -37,7 +37,8 @@ const STALL: Duration = Duration::from_micros(300);
 
 /// Stalls the allocator's storm makes at least (its threads go round
 /// again until then); measured on an unlocked table
-/// (conformance/tests/fixtures/racy_plugin.c): notes/kit29.md. The
+/// (conformance/tests/fixtures/racy_plugin.c) with
+/// `scripts/kit-catch-rate.sh`: 100 runs of 100 caught. The
 /// allocator is the table every plugin has.
 pub(crate) const ENOUGH_ALLOCATOR: usize = 800;
 
