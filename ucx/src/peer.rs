@@ -1,0 +1,433 @@
+//! A peer: the other process, reached by a control stream (worker
+//! addresses, offers, releases, revokes: `wire.rs`) and a UCP endpoint
+//! (the bytes).
+//!
+//! Who may deregister when: an owner that offered a range cannot
+//! deregister it while the peer holds its key (`Registration::deregister`
+//! says `Busy`); the peer gives it back with [`Peer::release`], or the
+//! owner asks with [`Peer::revoke`], which waits (with a deadline) for the
+//! peer to finish its transfers on the range and acknowledge. A peer that
+//! is lost (its stream closed, its endpoint failed) gives back everything
+//! it held: its process cannot issue a transfer any more, and its endpoint
+//! is force-closed first so nothing of it is still in flight here. So a
+//! remote key is never used after its range was deregistered: the holder
+//! learns of the revoke before the owner unmaps, and refuses the range
+//! afterwards (`Revoked`).
+
+use crate::context::Ucx;
+use crate::error::UcxError;
+use crate::registration::{Access, RegInner, Registration};
+use crate::transfer::{Direction, Endpoint, RemoteKey, Transfer};
+use crate::wire::{self, Msg, Read1, Reader};
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A reliable byte stream to the peer: a Unix socket on one machine, TCP
+/// between nodes.
+pub trait ControlStream: Read + Write + Send {
+    /// Switches the stream to non-blocking (the peer polls it between
+    /// progress passes of the worker).
+    fn set_nonblocking_mode(&self) -> std::io::Result<()>;
+}
+
+impl ControlStream for std::os::unix::net::UnixStream {
+    fn set_nonblocking_mode(&self) -> std::io::Result<()> {
+        self.set_nonblocking(true)
+    }
+}
+
+impl ControlStream for std::net::TcpStream {
+    fn set_nonblocking_mode(&self) -> std::io::Result<()> {
+        self.set_nonblocking(true)
+    }
+}
+
+/// A range the peer offered: where it is in the peer's address space, how
+/// long, whether it may be written, and the tag the peer gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RemoteRange {
+    /// The offer's id on this connection.
+    pub id: u64,
+    /// The peer's address of the first byte.
+    pub addr: u64,
+    /// Bytes.
+    pub len: u64,
+    /// Whether [`Peer::push_from_region`] may write it.
+    pub writable: bool,
+    /// The owner's tag (what the range is: a block, a prefix...).
+    pub tag: u64,
+}
+
+struct Imported {
+    range: RemoteRange,
+    key: Arc<RemoteKey>,
+    /// Transfers issued on the range, kept until complete (a revoke or
+    /// release waits for them).
+    transfers: Vec<Transfer>,
+}
+
+/// The other process.
+pub struct Peer {
+    ucx: Ucx,
+    stream: Box<dyn ControlStream>,
+    reader: Reader,
+    ep: Arc<Endpoint>,
+    next_id: u64,
+    /// Ranges offered to the peer, by id.
+    exported: HashMap<u64, Arc<RegInner>>,
+    /// Ranges the peer offered, by id.
+    imported: HashMap<u64, Imported>,
+    /// Offers received and not yet taken by `next_offer`.
+    offers: VecDeque<RemoteRange>,
+    /// Ids given back (released here or revoked there), and how.
+    gone: HashMap<u64, &'static str>,
+    /// Why the peer is lost, once it is.
+    lost: Option<String>,
+}
+
+impl Peer {
+    /// Exchanges worker addresses over `stream` (both sides call this) and
+    /// makes the endpoint. Waits up to `timeout` for the peer's address.
+    pub fn connect(
+        ucx: &Ucx,
+        stream: impl ControlStream + 'static,
+        timeout: Duration,
+    ) -> Result<Peer, UcxError> {
+        stream.set_nonblocking_mode()?;
+        let mut stream: Box<dyn ControlStream> = Box::new(stream);
+        wire::send(
+            &mut stream,
+            &Msg::Hello { version: wire::VERSION, address: ucx.worker_address().to_vec() },
+        )?;
+        let mut reader = Reader::default();
+        let deadline = Instant::now() + timeout;
+        let address = loop {
+            match reader.next(&mut stream)? {
+                Read1::Msg(Msg::Hello { version, address }) if version == wire::VERSION => break address,
+                Read1::Msg(Msg::Hello { version, .. }) => {
+                    return Err(UcxError::Protocol(format!(
+                        "peer speaks protocol version {version}, this side {}",
+                        wire::VERSION
+                    )))
+                }
+                Read1::Msg(m) => {
+                    return Err(UcxError::Protocol(format!("expected the peer's address, got {m:?}")))
+                }
+                Read1::Closed => {
+                    return Err(UcxError::PeerLost("the control stream closed before the handshake".into()))
+                }
+                Read1::Nothing if Instant::now() >= deadline => {
+                    return Err(UcxError::Timeout {
+                        what: "waiting for the peer's worker address".into(),
+                        after: timeout,
+                    })
+                }
+                Read1::Nothing => std::thread::sleep(Duration::from_micros(200)),
+            }
+        };
+        let ep = Endpoint::connect(&ucx.inner, &address)?;
+        Ok(Peer {
+            ucx: ucx.clone(),
+            stream,
+            reader,
+            ep,
+            next_id: 1,
+            exported: HashMap::new(),
+            imported: HashMap::new(),
+            offers: VecDeque::new(),
+            gone: HashMap::new(),
+            lost: None,
+        })
+    }
+
+    /// Why the peer is lost, if it is.
+    pub fn lost(&self) -> Option<&str> {
+        self.lost.as_deref()
+    }
+
+    /// Ranges offered to the peer that it still holds.
+    pub fn exported(&self) -> usize {
+        self.exported.len()
+    }
+
+    /// Offers `reg` to the peer with `tag`: the peer may reach it until it
+    /// releases it or [`revoke`](Self::revoke) succeeds; the registration
+    /// cannot be deregistered before.
+    pub fn offer(&mut self, reg: &Registration, tag: u64) -> Result<u64, UcxError> {
+        self.check_lost()?;
+        let rkey = reg.pack()?;
+        let id = self.next_id;
+        self.next_id += 1;
+        reg.inner.add_hold();
+        let m = Msg::Offer {
+            id,
+            addr: reg.addr(),
+            len: reg.len(),
+            writable: reg.access() == Access::ReadWrite,
+            rkey,
+            tag,
+        };
+        if let Err(e) = wire::send(&mut self.stream, &m) {
+            reg.inner.release_hold();
+            return Err(e);
+        }
+        self.exported.insert(id, reg.inner.clone());
+        Ok(id)
+    }
+
+    /// The next range the peer offers, waiting up to `timeout`.
+    pub fn next_offer(&mut self, timeout: Duration) -> Result<RemoteRange, UcxError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(r) = self.offers.pop_front() {
+                return Ok(r);
+            }
+            self.check_lost()?;
+            if Instant::now() >= deadline {
+                return Err(UcxError::Timeout {
+                    what: "waiting for the peer's offer".into(),
+                    after: timeout,
+                });
+            }
+            self.turn()?;
+        }
+    }
+
+    /// Serves the peer (progress for its reads and writes of this side's
+    /// memory, control messages) until it says goodbye or is lost
+    /// (`Ok(reason)`), or until `timeout` (`Timeout`).
+    pub fn serve(&mut self, timeout: Duration) -> Result<String, UcxError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(why) = &self.lost {
+                return Ok(why.clone());
+            }
+            if Instant::now() >= deadline {
+                return Err(UcxError::Timeout { what: "serving the peer".into(), after: timeout });
+            }
+            self.turn()?;
+        }
+    }
+
+    /// One progress pass and the control messages already arrived; pauses
+    /// briefly when neither had anything.
+    fn turn(&mut self) -> Result<(), UcxError> {
+        let progressed = self.ucx.progress();
+        let handled = self.pump()?;
+        if !progressed && !handled {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        Ok(())
+    }
+
+    /// Handles every control message already arrived; `true` if any.
+    pub fn pump(&mut self) -> Result<bool, UcxError> {
+        let mut any = false;
+        while self.lost.is_none() {
+            match self.reader.next(&mut self.stream)? {
+                Read1::Nothing => break,
+                Read1::Closed => self.mark_lost("the control stream closed".into()),
+                Read1::Msg(m) => {
+                    any = true;
+                    self.handle(m)?;
+                }
+            }
+        }
+        if self.lost.is_none() {
+            if let Some(s) = self.ep.error() {
+                self.mark_lost(format!("the endpoint failed: {}", self.ucx.inner.ucp.describe(s)));
+            }
+        }
+        Ok(any)
+    }
+
+    fn handle(&mut self, m: Msg) -> Result<(), UcxError> {
+        match m {
+            Msg::Offer { id, addr, len, writable, rkey, tag } => {
+                let key = Arc::new(self.ep.unpack(&rkey)?);
+                let range = RemoteRange { id, addr, len, writable, tag };
+                self.imported.insert(id, Imported { range, key, transfers: Vec::new() });
+                self.offers.push_back(range);
+            }
+            Msg::Release { id } | Msg::RevokeAck { id } => {
+                if let Some(reg) = self.exported.remove(&id) {
+                    reg.release_hold();
+                }
+            }
+            Msg::Revoke { id } => {
+                // Stop using the range: wait for (or cancel) what is in
+                // flight on it, drop the key, then acknowledge.
+                if let Some(imp) = self.imported.remove(&id) {
+                    for t in &imp.transfers {
+                        let _ = t.wait(Duration::from_secs(5));
+                    }
+                }
+                self.offers.retain(|r| r.id != id);
+                self.gone.insert(id, "revoked by its owner (deregistered)");
+                wire::send(&mut self.stream, &Msg::RevokeAck { id })?;
+            }
+            Msg::Bye => self.mark_lost("the peer said goodbye".into()),
+            Msg::Hello { .. } => return Err(UcxError::Protocol("a second handshake".into())),
+        }
+        Ok(())
+    }
+
+    /// The peer is gone: force-close the endpoint (cancels what is in
+    /// flight to it) and give back every hold it had on this side's ranges.
+    fn mark_lost(&mut self, why: String) {
+        if self.lost.is_some() {
+            return;
+        }
+        self.ep.close(true, Duration::from_secs(1));
+        for imp in self.imported.values() {
+            for t in &imp.transfers {
+                t.is_complete();
+            }
+        }
+        for (_, reg) in self.exported.drain() {
+            reg.release_hold();
+        }
+        self.lost = Some(why);
+    }
+
+    fn check_lost(&self) -> Result<(), UcxError> {
+        match &self.lost {
+            Some(why) => Err(UcxError::PeerLost(why.clone())),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks the peer to stop using range `id` (offered by this side) and
+    /// waits up to `timeout` for its acknowledgement; afterwards the
+    /// registration may be deregistered. A peer lost meanwhile counts as
+    /// an acknowledgement. On timeout the range stays held (and resident).
+    pub fn revoke(&mut self, id: u64, timeout: Duration) -> Result<(), UcxError> {
+        if !self.exported.contains_key(&id) {
+            return Err(UcxError::Invalid(format!(
+                "range {id} was not offered to this peer, or is already back"
+            )));
+        }
+        if self.lost.is_none() {
+            wire::send(&mut self.stream, &Msg::Revoke { id }).or_else(|e| match e {
+                UcxError::PeerLost(why) => {
+                    self.mark_lost(why);
+                    Ok(())
+                }
+                e => Err(e),
+            })?;
+        }
+        let deadline = Instant::now() + timeout;
+        while self.exported.contains_key(&id) {
+            if Instant::now() >= deadline {
+                return Err(UcxError::Timeout {
+                    what: format!("revoking range {id} (the peer did not acknowledge; it stays registered)"),
+                    after: timeout,
+                });
+            }
+            self.turn()?;
+        }
+        Ok(())
+    }
+
+    /// Gives range `range` back to its owner after waiting (up to
+    /// `timeout`) for this side's transfers on it.
+    pub fn release(&mut self, range: &RemoteRange, timeout: Duration) -> Result<(), UcxError> {
+        let imp = self.imported.remove(&range.id).ok_or_else(|| self.gone_error(range.id))?;
+        let mut result = Ok(());
+        for t in &imp.transfers {
+            if let Err(e) = t.wait(timeout) {
+                result = Err(e);
+            }
+        }
+        drop(imp);
+        self.gone.insert(range.id, "released by this side");
+        if self.lost.is_none() {
+            wire::send(&mut self.stream, &Msg::Release { id: range.id })?;
+        }
+        result
+    }
+
+    fn gone_error(&self, id: u64) -> UcxError {
+        match self.gone.get(&id) {
+            Some(why) => UcxError::Revoked { id, why },
+            None => UcxError::Invalid(format!("range {id} was never offered by this peer")),
+        }
+    }
+
+    /// Checks that `range` is still held (pumping control messages first,
+    /// so a revoke already sent is seen), that `[offset, +len)` is inside
+    /// it, and that a put targets a writable range.
+    pub(crate) fn check_remote(
+        &mut self,
+        range: &RemoteRange,
+        offset: u64,
+        len: u64,
+        dir: Direction,
+    ) -> Result<(), UcxError> {
+        self.pump()?;
+        self.check_lost()?;
+        let Some(imp) = self.imported.get(&range.id) else { return Err(self.gone_error(range.id)) };
+        let r = imp.range;
+        if len == 0 || offset.checked_add(len).is_none_or(|e| e > r.len) {
+            return Err(UcxError::Invalid(format!(
+                "+{offset} ({len} B) is not inside remote range {} ({} B)",
+                r.id, r.len
+            )));
+        }
+        if dir == Direction::Put && !r.writable {
+            return Err(UcxError::Invalid(format!(
+                "remote range {} is read-only (offered with Access::Read)",
+                r.id
+            )));
+        }
+        Ok(())
+    }
+
+    /// Issues a transfer between local memory and `[offset, +len)` of
+    /// `range`, after checking the range is still held and inside bounds.
+    ///
+    /// # Safety
+    /// `local` must stay valid for `len` bytes (writable for a get) until
+    /// the transfer completes.
+    pub(crate) unsafe fn transfer(
+        &mut self,
+        dir: Direction,
+        range: &RemoteRange,
+        offset: u64,
+        local: u64,
+        len: u64,
+    ) -> Result<Transfer, UcxError> {
+        self.check_remote(range, offset, len, dir)?;
+        let imp = self.imported.get_mut(&range.id).expect("checked");
+        let r = imp.range;
+        let what = format!(
+            "{} of {len} B {} remote range {} +{offset}",
+            if dir == Direction::Get { "get" } else { "put" },
+            if dir == Direction::Get { "from" } else { "to" },
+            r.id
+        );
+        // SAFETY: the caller vouches for the local side; the remote side
+        // is inside a range its owner keeps registered until we release.
+        let t = unsafe { Transfer::issue(&imp.key, dir, local, r.addr + offset, len, what)? };
+        imp.transfers.retain(|t| !t.is_complete());
+        imp.transfers.push(t.clone());
+        Ok(t)
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if self.lost.is_none() {
+            for imp in self.imported.values() {
+                for t in &imp.transfers {
+                    let _ = t.wait(Duration::from_secs(1));
+                }
+            }
+            let _ = wire::send(&mut self.stream, &Msg::Bye);
+        }
+        self.imported.clear();
+        self.mark_lost("dropped".into());
+    }
+}
