@@ -53,6 +53,14 @@ impl Ucx {
     /// Reads UCX's configuration from the environment (`UCX_*`) and makes
     /// a context with RMA and one worker.
     pub fn new() -> Result<Ucx, UcxError> {
+        Ucx::with_config(&[])
+    }
+
+    /// [`new`](Self::new), with UCX settings overridden for this context
+    /// only, by name without the `UCX_` prefix: `[("TLS", "tcp"),
+    /// ("NET_DEVICES", "lo")]` (`ucp_config_modify`). Unlike setting
+    /// `UCX_*` variables, this is safe in a process with other threads.
+    pub fn with_config(settings: &[(&str, &str)]) -> Result<Ucx, UcxError> {
         let ucp = Ucp::get().map_err(UcxError::Unavailable)?;
         let mut config = std::ptr::null_mut();
         // SAFETY: null prefix and file name mean UCX's defaults; a valid
@@ -60,6 +68,26 @@ impl Ucx {
         check("ucp_config_read", unsafe {
             (ucp.config_read)(std::ptr::null(), std::ptr::null(), &mut config)
         })?;
+        for (name, value) in settings {
+            let (n, v) = match (CString::new(*name), CString::new(*value)) {
+                (Ok(n), Ok(v)) => (n, v),
+                _ => {
+                    // SAFETY: read above; not used after.
+                    unsafe { (ucp.config_release)(config) };
+                    return Err(UcxError::Invalid(format!(
+                        "UCX setting {name:?}={value:?} contains a NUL byte"
+                    )));
+                }
+            };
+            // SAFETY: a live config; NUL-terminated strings.
+            let st = unsafe { (ucp.config_modify)(config, n.as_ptr(), v.as_ptr()) };
+            if st != sys::UCS_OK {
+                // SAFETY: read above; not used after.
+                unsafe { (ucp.config_release)(config) };
+                let e = crate::error::ucx_error("ucp_config_modify", st);
+                return Err(UcxError::Invalid(format!("UCX setting {name}={value}: {e}")));
+            }
+        }
         let name = CString::new("memplug").expect("no NUL");
         let params = sys::ucp_params_t {
             field_mask: sys::UCP_PARAM_FIELD_FEATURES | sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED,

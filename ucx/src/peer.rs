@@ -263,6 +263,7 @@ impl Peer {
                     for t in &imp.transfers {
                         let _ = t.wait(Duration::from_secs(5));
                     }
+                    let _ = self.ep.flush(Duration::from_secs(5));
                 }
                 self.offers.retain(|r| r.id != id);
                 self.gone.insert(id, "revoked by its owner (deregistered)");
@@ -332,7 +333,8 @@ impl Peer {
     }
 
     /// Gives range `range` back to its owner after waiting (up to
-    /// `timeout`) for this side's transfers on it.
+    /// `timeout`) for this side's transfers on it, flushed so that its
+    /// writes are complete at the owner before the owner hears of it.
     pub fn release(&mut self, range: &RemoteRange, timeout: Duration) -> Result<(), UcxError> {
         let imp = self.imported.remove(&range.id).ok_or_else(|| self.gone_error(range.id))?;
         let mut result = Ok(());
@@ -343,6 +345,10 @@ impl Peer {
         }
         drop(imp);
         self.gone.insert(range.id, "released by this side");
+        if result.is_ok() && self.lost.is_none() {
+            // Puts are complete at the peer before it hears of the release.
+            result = self.ep.flush(timeout);
+        }
         if self.lost.is_none() {
             wire::send(&mut self.stream, &Msg::Release { id: range.id })?;
         }

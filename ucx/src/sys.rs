@@ -176,6 +176,7 @@ pub struct Ucp {
     pub config_read:
         unsafe extern "C" fn(*const c_char, *const c_char, *mut *mut ucp_config_t) -> ucs_status_t,
     pub config_release: unsafe extern "C" fn(*mut ucp_config_t),
+    pub config_modify: unsafe extern "C" fn(*mut ucp_config_t, *const c_char, *const c_char) -> ucs_status_t,
     pub init_version: unsafe extern "C" fn(
         c_uint,
         c_uint,
@@ -266,6 +267,7 @@ impl Ucp {
         let ucp = Ucp {
             config_read: sym!("ucp_config_read"),
             config_release: sym!("ucp_config_release"),
+            config_modify: sym!("ucp_config_modify"),
             init_version: sym!("ucp_init_version"),
             cleanup: sym!("ucp_cleanup"),
             get_version: sym!("ucp_get_version"),

@@ -108,6 +108,46 @@ impl Endpoint {
         Ok(RemoteKey { ep: self.clone(), rkey })
     }
 
+    /// Waits (up to `timeout`) until every transfer issued on the endpoint
+    /// has completed at the peer too (`ucp_ep_flush_nbx`): a put's own
+    /// completion only means the local buffer is free again.
+    pub(crate) fn flush(&self, timeout: Duration) -> Result<(), UcxError> {
+        let ep = self.handle()?;
+        let params = sys::ucp_request_param_t::default();
+        let req = {
+            let _w = self.ucx.lock();
+            // SAFETY: a live endpoint under the lock.
+            unsafe { (self.ucx.ucp.ep_flush_nbx)(ep, &params) }
+        };
+        if req.is_null() {
+            return Ok(());
+        }
+        if sys::ptr_is_err(req) {
+            return Err(ucx_error("ucp_ep_flush_nbx", sys::ptr_status(req)));
+        }
+        let done = self.ucx.progress_until(Instant::now() + timeout, || self.request_done(req));
+        if !done {
+            // Cancels the flush with everything else on the endpoint.
+            self.close(true, Duration::from_secs(1));
+        }
+        let status = {
+            let _w = self.ucx.lock();
+            // SAFETY: a live request; freed once, after its status is read.
+            unsafe {
+                let s = (self.ucx.ucp.request_check_status)(req);
+                (self.ucx.ucp.request_free)(req);
+                s
+            }
+        };
+        if !done {
+            return Err(UcxError::Timeout { what: "flushing the endpoint".into(), after: timeout });
+        }
+        match status {
+            sys::UCS_OK => Ok(()),
+            s => Err(UcxError::PeerLost(format!("flush failed: {}", self.ucx.ucp.describe(s)))),
+        }
+    }
+
     /// Closes the endpoint: `force` cancels requests in flight
     /// (`UCS_ERR_CANCELED`) without a word to the peer; otherwise they are
     /// flushed first. Waits up to `timeout`.
@@ -186,6 +226,12 @@ pub(crate) enum Direction {
 #[derive(Clone)]
 pub struct Transfer {
     pub(crate) shared: Arc<TransferShared>,
+}
+
+impl std::fmt::Debug for Transfer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Transfer({})", self.shared.what)
+    }
 }
 
 pub(crate) struct TransferShared {
