@@ -35,4 +35,4 @@ pub use context::Ucx;
 pub use error::UcxError;
 pub use peer::{ControlStream, Peer, RemoteRange};
 pub use registration::{Access, Registration};
-pub use transfer::Transfer;
+pub use transfer::{ErrorHandling, Transfer};

@@ -17,7 +17,7 @@
 use crate::context::Ucx;
 use crate::error::UcxError;
 use crate::registration::{Access, RegInner, Registration};
-use crate::transfer::{Direction, Endpoint, RemoteKey, Transfer};
+use crate::transfer::{Direction, Endpoint, ErrorHandling, RemoteKey, Transfer};
 use crate::wire::{self, Msg, Read1, Reader};
 use std::collections::{HashMap, VecDeque};
 use std::io::{Read, Write};
@@ -95,6 +95,17 @@ impl Peer {
         stream: impl ControlStream + 'static,
         timeout: Duration,
     ) -> Result<Peer, UcxError> {
+        Peer::connect_with(ucx, stream, timeout, ErrorHandling::Peer)
+    }
+
+    /// [`connect`](Self::connect) with a choice of peer-failure handling
+    /// (both sides must choose the same; see [`ErrorHandling`]).
+    pub fn connect_with(
+        ucx: &Ucx,
+        stream: impl ControlStream + 'static,
+        timeout: Duration,
+        mode: ErrorHandling,
+    ) -> Result<Peer, UcxError> {
         stream.set_nonblocking_mode()?;
         let mut stream: Box<dyn ControlStream> = Box::new(stream);
         wire::send(
@@ -127,7 +138,7 @@ impl Peer {
                 Read1::Nothing => std::thread::sleep(Duration::from_micros(200)),
             }
         };
-        let ep = Endpoint::connect(&ucx.inner, &address)?;
+        let ep = Endpoint::connect(&ucx.inner, &address, mode)?;
         Ok(Peer {
             ucx: ucx.clone(),
             stream,

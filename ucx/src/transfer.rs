@@ -30,6 +30,30 @@ pub(crate) struct Endpoint {
     /// freed only after the endpoint is closed (or leaked when a close
     /// never completes: a byte, rather than a callback into freed memory).
     failed: *const AtomicI8,
+    mode: ErrorHandling,
+}
+
+/// How an endpoint meets a peer's failure: a choice UCX makes the caller
+/// take, because it decides which transports carry the bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ErrorHandling {
+    /// `UCP_ERR_HANDLING_MODE_PEER` (the default): a dead peer or a failed
+    /// endpoint fails the transfers in flight, and a transfer past its
+    /// deadline is cancelled (the endpoint is force-closed), so every wait
+    /// ends with the local memory free of UCX. UCX then uses only
+    /// transports with peer-failure support for active messages and
+    /// emulated RMA: on a machine without RDMA that is TCP, even between
+    /// processes of one node (UCX 1.13: `posix`/`sysv` shared memory has
+    /// no failure handler).
+    #[default]
+    Peer,
+    /// `UCP_ERR_HANDLING_MODE_NONE`: every transport is eligible (shared
+    /// memory between processes of one node), but a peer that dies leaves
+    /// its transfers in flight for ever: a wait returns `Timeout` at its
+    /// deadline and the transfer's fence stays pending, so the local
+    /// memory is never freed under it (it stays charged until the process
+    /// ends). For peers whose life the caller controls.
+    None,
 }
 
 struct Ep(sys::ucp_ep_h);
@@ -48,14 +72,21 @@ unsafe extern "C" fn on_error(arg: *mut c_void, _ep: sys::ucp_ep_h, status: sys:
 
 impl Endpoint {
     /// Connects to the worker whose address a peer sent.
-    pub(crate) fn connect(ucx: &Arc<Inner>, address: &[u8]) -> Result<Arc<Endpoint>, UcxError> {
+    pub(crate) fn connect(
+        ucx: &Arc<Inner>,
+        address: &[u8],
+        mode: ErrorHandling,
+    ) -> Result<Arc<Endpoint>, UcxError> {
         let failed = Box::into_raw(Box::new(AtomicI8::new(0)));
         let params = sys::ucp_ep_params_t {
             field_mask: sys::UCP_EP_PARAM_FIELD_REMOTE_ADDRESS
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE
                 | sys::UCP_EP_PARAM_FIELD_ERR_HANDLER,
             address: address.as_ptr() as *const _,
-            err_mode: sys::UCP_ERR_HANDLING_MODE_PEER,
+            err_mode: match mode {
+                ErrorHandling::Peer => sys::UCP_ERR_HANDLING_MODE_PEER,
+                ErrorHandling::None => sys::UCP_ERR_HANDLING_MODE_NONE,
+            },
             err_handler: sys::ucp_err_handler_t { cb: Some(on_error), arg: failed as *mut c_void },
             ..Default::default()
         };
@@ -71,7 +102,7 @@ impl Endpoint {
             drop(unsafe { Box::from_raw(failed) });
             return Err(ucx_error("ucp_ep_create", st));
         }
-        Ok(Arc::new(Endpoint { ucx: ucx.clone(), ep: Mutex::new(Some(Ep(ep))), failed }))
+        Ok(Arc::new(Endpoint { ucx: ucx.clone(), ep: Mutex::new(Some(Ep(ep))), failed, mode }))
     }
 
     /// The endpoint's error, if UCX reported one.
@@ -155,7 +186,8 @@ impl Endpoint {
         let Some(ep) = self.ep.lock().unwrap_or_else(|p| p.into_inner()).take() else { return };
         let params = sys::ucp_request_param_t {
             op_attr_mask: sys::UCP_OP_ATTR_FIELD_FLAGS,
-            flags: if force { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 },
+            // UCX allows a forced close only in peer mode (on both sides).
+            flags: if force && self.mode == ErrorHandling::Peer { sys::UCP_EP_CLOSE_FLAG_FORCE } else { 0 },
             ..Default::default()
         };
         let req = {
@@ -164,12 +196,11 @@ impl Endpoint {
             unsafe { (self.ucx.ucp.ep_close_nbx)(ep.0, &params) }
         };
         if !req.is_null() && !sys::ptr_is_err(req) {
-            let done = self.ucx.progress_until(Instant::now() + timeout, || self.request_done(req));
+            // Not finished within the time allowed (a dead peer without
+            // peer mode): freeing the request hands it to UCX, which
+            // releases it when the close completes, if ever.
+            self.ucx.progress_until(Instant::now() + timeout, || self.request_done(req));
             let _w = self.ucx.lock();
-            if !done {
-                // Not finished within the time allowed: cancel by freeing
-                // our interest; UCX completes the close on its own.
-            }
             // SAFETY: a request returned by ep_close_nbx, freed once.
             unsafe { (self.ucx.ucp.request_free)(req) };
         }
@@ -314,15 +345,19 @@ impl Transfer {
         self.shared.clone()
     }
 
-    /// Waits for completion until `timeout`. On timeout the endpoint is
-    /// force-closed, which cancels this transfer (and others on it), so the
-    /// local buffer is free of UCX when this returns either way; the error
-    /// says it timed out.
+    /// Waits for completion until `timeout`. On timeout, with
+    /// [`ErrorHandling::Peer`], the endpoint is force-closed, which cancels
+    /// this transfer (and others on it), so the local buffer is free of UCX
+    /// when this returns either way; with [`ErrorHandling::None`] nothing
+    /// can cancel it and its fence stays pending. The error says it timed
+    /// out.
     pub fn wait(&self, timeout: Duration) -> Result<(), UcxError> {
         let s = &self.shared;
         let ucx = &s.key.ep.ucx;
         if !ucx.progress_until(Instant::now() + timeout, || s.poll()) {
-            s.key.ep.close(true, Duration::from_secs(1));
+            if s.key.ep.mode == ErrorHandling::Peer {
+                s.key.ep.close(true, Duration::from_secs(1));
+            }
             s.poll();
             return Err(UcxError::Timeout { what: s.what.clone(), after: timeout });
         }

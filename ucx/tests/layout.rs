@@ -74,6 +74,7 @@ fn facts() -> Vec<(&'static str, u64, &'static str)> {
         cst!(UCP_EP_PARAM_FIELD_REMOTE_ADDRESS),
         cst!(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE),
         cst!(UCP_EP_PARAM_FIELD_ERR_HANDLER),
+        cst!(UCP_ERR_HANDLING_MODE_NONE),
         cst!(UCP_ERR_HANDLING_MODE_PEER),
         cst!(UCP_EP_CLOSE_FLAG_FORCE),
         cst!(UCP_MEM_MAP_PARAM_FIELD_ADDRESS),

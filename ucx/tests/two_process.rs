@@ -95,10 +95,10 @@ fn offer(ucx: Ucx, mut peer: Peer, len: u64) {
     peer.serve(Duration::from_secs(30)).unwrap();
 }
 
-fn get_put_and_residency(test: &str, tls: &str) {
+fn get_put_and_residency(test: &str, net: Net) {
     let Some(()) = ucx_or_skip(test) else { return };
     let m = memory(64 * MIB);
-    let mut c = spawn("export", tls);
+    let mut c = spawn("export", net);
     let r = c.peer.next_offer(TIMEOUT).unwrap();
     assert_eq!((r.len, r.writable, r.tag), (4 * MIB, true, 1));
     let mut region = m.kv.reserve_virtual(64 * MIB).unwrap();

@@ -8,7 +8,7 @@
 use memplug_host::governor::{AllocationClass, Pool};
 use memplug_host::{BindingSpec, Context, LoadOptions, MemoryBinding, ProcessMemoryManager, Requirements};
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
-use memplug_ucx::{Peer, Ucx};
+use memplug_ucx::{ErrorHandling, Peer, Ucx};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -18,12 +18,22 @@ use std::time::Duration;
 pub const ROLE: &str = "MEMPLUG_UCX_TEST_ROLE";
 const SOCKET: &str = "MEMPLUG_UCX_TEST_SOCKET";
 const TLS: &str = "MEMPLUG_UCX_TEST_TLS";
+const MODE: &str = "MEMPLUG_UCX_TEST_MODE";
 pub const TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The transports the tests run over: TCP on loopback, and shared memory
-/// (`posix`/`cma`; `self` for a process's own loopback).
-pub const TCP: &str = "tcp";
-pub const SHM: &str = "posix,cma,tcp,self";
+/// A transport set and the error handling it goes with.
+#[derive(Clone, Copy)]
+pub struct Net {
+    pub tls: &'static str,
+    pub mode: ErrorHandling,
+}
+
+/// TCP on loopback, with peer-failure handling.
+pub const TCP: Net = Net { tls: "tcp", mode: ErrorHandling::Peer };
+/// Shared memory between the processes (`posix`, `cma`; `self` for a
+/// process's own loopback). UCX 1.13 selects these only without
+/// peer-failure handling (see `ErrorHandling`).
+pub const SHM: Net = Net { tls: "posix,cma,self", mode: ErrorHandling::None };
 
 /// `None` (after saying why) when UCX cannot be loaded here.
 pub fn ucx_or_skip(test: &str) -> Option<()> {
@@ -36,8 +46,12 @@ pub fn ucx_or_skip(test: &str) -> Option<()> {
     }
 }
 
-/// A UCX context on `tls` (loopback only for TCP).
-pub fn ucx(tls: &str) -> Ucx {
+/// A UCX context on `net` (loopback only for TCP).
+pub fn ucx(net: Net) -> Ucx {
+    ucx_tls(net.tls)
+}
+
+fn ucx_tls(tls: &str) -> Ucx {
     let mut settings = vec![("TLS", tls)];
     if tls.contains("tcp") {
         settings.push(("NET_DEVICES", "lo"));
@@ -100,7 +114,7 @@ pub struct ChildPeer {
 
 /// Starts this test executable again on its `child` test with `role`, and
 /// connects to it (the parent side of the handshake).
-pub fn spawn(role: &str, tls: &str) -> ChildPeer {
+pub fn spawn(role: &str, net: Net) -> ChildPeer {
     let dir = memplug_test_support::test_tmp_dir(&format!("ucx-{role}"));
     let path = dir.join("control.sock");
     let listener = UnixListener::bind(&path).expect("bind the control socket");
@@ -108,15 +122,16 @@ pub fn spawn(role: &str, tls: &str) -> ChildPeer {
         .args(["child", "--exact", "--nocapture", "--test-threads=1"])
         .env(ROLE, role)
         .env(SOCKET, &path)
-        .env(TLS, tls)
+        .env(TLS, net.tls)
+        .env(MODE, if net.mode == ErrorHandling::Peer { "peer" } else { "none" })
         .stdin(Stdio::null())
         .spawn()
         .expect("spawn the child");
     let stream = memplug_test_support::fd_passing::accept_child(&listener, &mut child, TIMEOUT, |o| {
         String::from_utf8_lossy(&o.stderr).into_owned()
     });
-    let ucx = ucx(tls);
-    let peer = Peer::connect(&ucx, stream, TIMEOUT).expect("handshake with the child");
+    let ucx = ucx(net);
+    let peer = Peer::connect_with(&ucx, stream, TIMEOUT, net.mode).expect("handshake with the child");
     ChildPeer { child, peer, ucx }
 }
 
@@ -127,8 +142,10 @@ pub fn child_side() -> Option<(String, Ucx, Peer)> {
     let path = PathBuf::from(std::env::var_os(SOCKET).expect("socket path"));
     let tls = std::env::var(TLS).expect("transports");
     let stream = UnixStream::connect(path).expect("connect to the parent");
-    let ucx = ucx(&tls);
-    let peer = Peer::connect(&ucx, stream, TIMEOUT).expect("handshake with the parent");
+    let mode =
+        if std::env::var(MODE).as_deref() == Ok("peer") { ErrorHandling::Peer } else { ErrorHandling::None };
+    let ucx = ucx_tls(&tls);
+    let peer = Peer::connect_with(&ucx, stream, TIMEOUT, mode).expect("handshake with the parent");
     Some((role, ucx, peer))
 }
 
