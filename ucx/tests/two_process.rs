@@ -112,6 +112,18 @@ fn get_put_and_residency(test: &str, net: Net) {
     unsafe { std::ptr::write_bytes(region.addr() as *mut u8, 0xAB, 64 << 10) };
     let t = c.peer.push_from_region(&mut region, 0, &r, MIB, 64 << 10).unwrap();
     t.wait(TIMEOUT).unwrap();
+    // A shrink over a range a pull is still writing is ordered behind the
+    // transfer: the range stays committed and charged until it completes.
+    let t = c.peer.pull_into_region(&mut region, 0, &r, 0, 4 * MIB).unwrap();
+    let pending = !t.is_complete();
+    region.shrink_to(0, Vec::new()).unwrap();
+    m.manager.poll();
+    if pending && !t.is_complete() {
+        assert_eq!(m.pool.used(), 4 * MIB, "decommitted under a transfer");
+    }
+    t.wait(TIMEOUT).unwrap();
+    m.manager.poll();
+    assert_eq!((region.len(), m.pool.used()), (0, 0));
     c.peer.release(&r, TIMEOUT).unwrap();
     // The key is gone with the release.
     let e = c.peer.pull_into_region(&mut region, 0, &r, 0, 4096).unwrap_err();
