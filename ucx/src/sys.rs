@@ -36,6 +36,7 @@ pub type ucp_address_t = c_void;
 
 pub const UCS_OK: ucs_status_t = 0;
 pub const UCS_INPROGRESS: ucs_status_t = 1;
+pub const UCS_ERR_UNREACHABLE: ucs_status_t = -6;
 pub const UCS_ERR_CANCELED: ucs_status_t = -16;
 pub const UCS_ERR_TIMED_OUT: ucs_status_t = -20;
 pub const UCS_ERR_LAST: ucs_status_t = -100;

@@ -100,7 +100,16 @@ impl Endpoint {
         if st != sys::UCS_OK {
             // SAFETY: made above; UCX has no endpoint that could call back.
             drop(unsafe { Box::from_raw(failed) });
-            return Err(ucx_error("ucp_ep_create", st));
+            let e = ucx_error("ucp_ep_create", st);
+            if st == sys::UCS_ERR_UNREACHABLE && mode == ErrorHandling::Peer {
+                // The usual cause on one node: UCX_TLS names only shared
+                // memory, which UCX drops in peer-failure mode.
+                return Err(UcxError::Invalid(format!(
+                    "{e}: with ErrorHandling::Peer UCX needs a transport with peer-failure handling (tcp, rc, \
+                     ud, dc); shared memory alone (posix, sysv, cma) needs ErrorHandling::None on both sides"
+                )));
+            }
+            return Err(e);
         }
         Ok(Arc::new(Endpoint { ucx: ucx.clone(), ep: Mutex::new(Some(Ep(ep))), failed, mode }))
     }

@@ -63,6 +63,7 @@ fn facts() -> Vec<(&'static str, u64, &'static str)> {
         off!(ucp_request_param_t, memh),
         cst!(UCS_OK),
         cst!(UCS_INPROGRESS),
+        cst!(UCS_ERR_UNREACHABLE),
         cst!(UCS_ERR_CANCELED),
         cst!(UCS_ERR_TIMED_OUT),
         cst!(UCS_ERR_LAST),

@@ -21,6 +21,7 @@ fn child() {
         "revoke" => revoke(ucx, peer),
         "offer4" => offer(ucx, peer, 4 * MIB),
         "offer64" => offer(ucx, peer, 64 * MIB),
+        "hold" => hold(peer),
         r => panic!("unknown role {r}"),
     }
 }
@@ -93,6 +94,16 @@ fn offer(ucx: Ucx, mut peer: Peer, len: u64) {
     let reg = ucx.register_region(&m.context, &mut region, 0, len, Access::ReadWrite).unwrap();
     peer.offer(&reg, 1).unwrap();
     peer.serve(Duration::from_secs(30)).unwrap();
+}
+
+/// Takes the parent's offer, reads from it, and waits to be killed.
+fn hold(mut peer: Peer) {
+    let m = memory(16 * MIB);
+    let r = peer.next_offer(TIMEOUT).unwrap();
+    let mut region = m.kv.reserve_virtual(16 * MIB).unwrap();
+    peer.pull_into_region(&mut region, 0, &r, 0, MIB).unwrap().wait(TIMEOUT).unwrap();
+    println!("holding");
+    std::thread::sleep(Duration::from_secs(30));
 }
 
 fn get_put_and_residency(test: &str, net: Net) {
@@ -231,5 +242,30 @@ fn a_peer_killed_mid_transfer_is_a_clear_error_and_nothing_leaks() {
     drop(region);
     let report = m.manager.drain(Duration::from_secs(2));
     assert!(report.stuck.is_none(), "{report:?}");
+    assert_eq!(m.pool.used(), 0);
+}
+
+#[test]
+fn a_holder_killed_gives_its_ranges_back_and_the_owner_ends_exact() {
+    let Some(()) = ucx_or_skip("a_holder_killed_gives_its_ranges_back_and_the_owner_ends_exact") else {
+        return;
+    };
+    let m = memory(16 * MIB);
+    let mut c = spawn("hold", TCP);
+    let mut region = m.kv.reserve_virtual(16 * MIB).unwrap();
+    region.grow_to(4 * MIB, |_| Ok::<(), String>(())).unwrap();
+    let reg = c.ucx.register_region(&m.context, &mut region, 0, 4 * MIB, Access::Read).unwrap();
+    c.peer.offer(&reg, 3).unwrap();
+    assert_eq!(reg.holders(), 1);
+    // Serve its read for a moment, then kill it while it holds the key.
+    assert!(matches!(c.peer.serve(Duration::from_millis(300)), Err(UcxError::Timeout { .. })));
+    c.child.kill().unwrap();
+    c.child.wait().unwrap();
+    let why = c.peer.serve(TIMEOUT).unwrap();
+    assert!(why.contains("closed") || why.contains("endpoint"), "{why}");
+    assert_eq!((reg.holders(), c.peer.exported()), (0, 0), "the lost peer's hold is given back");
+    reg.deregister().map_err(|(_, e)| e).unwrap();
+    drop(region);
+    m.manager.poll();
     assert_eq!(m.pool.used(), 0);
 }
