@@ -23,6 +23,7 @@
 
 mod context;
 mod error;
+mod growth;
 mod move_memory;
 mod peer;
 mod registration;
@@ -33,6 +34,7 @@ mod wire;
 
 pub use context::Ucx;
 pub use error::UcxError;
+pub use growth::GrowingRegistration;
 pub use peer::{ControlStream, Peer, RemoteRange};
 pub use registration::{Access, Registration};
 pub use transfer::{ErrorHandling, Transfer};

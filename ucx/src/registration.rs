@@ -131,7 +131,7 @@ impl Ucx {
     /// `Busy`), offload and privatise refuse with `Busy` after their
     /// timeout, and the region's release waits. `context` is the region's
     /// context (its loss deregisters). A grow does not extend a
-    /// registration: register the new part.
+    /// registration: register the new part (`GrowingRegistration` does).
     ///
     /// Refused: an empty range or one past the usable length (`Invalid`);
     /// writable access over a read-only prefix (`Invalid`); an offloaded

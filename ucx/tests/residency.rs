@@ -107,3 +107,30 @@ fn an_allocation_is_pinned_and_a_loss_deregisters() {
     drop(reg);
     drop(region);
 }
+
+#[test]
+fn a_grow_registers_the_new_part_and_each_part_is_pinned() {
+    let Some(()) = ucx_or_skip("a_grow_registers_the_new_part_and_each_part_is_pinned") else { return };
+    let m = memory(64 * MIB);
+    let ucx = ucx(SHM);
+    let mut region = m.kv.reserve_virtual(64 * MIB).unwrap();
+    let mut g =
+        memplug_ucx::GrowingRegistration::new(&ucx, &m.context, &mut region, 0, Access::ReadWrite).unwrap();
+    assert!(g.parts().is_empty(), "nothing committed yet");
+    region.grow_to(2 * MIB, |_| Ok::<(), String>(())).unwrap();
+    let p = g.extend(&mut region).unwrap().unwrap();
+    assert_eq!((p.addr(), p.len()), (region.addr(), 2 * MIB));
+    assert!(g.extend(&mut region).unwrap().is_none(), "no growth, no part");
+    region.grow_to(3 * MIB, |_| Ok::<(), String>(())).unwrap();
+    let p = g.extend(&mut region).unwrap().unwrap();
+    assert_eq!((p.addr(), p.len()), (region.addr() + 2 * MIB, MIB));
+    assert_eq!((g.from(), g.end(), g.parts().len()), (0, 3 * MIB, 2));
+    // Both parts are pinned: a shrink to 1 MiB keeps all 3 MiB charged.
+    region.shrink_to(MIB, Vec::new()).unwrap();
+    m.manager.poll();
+    assert_eq!(m.pool.used(), 3 * MIB);
+    g.deregister().unwrap();
+    assert_eq!((g.end(), g.parts().len()), (0, 0));
+    m.manager.poll();
+    assert_eq!(m.pool.used(), MIB);
+}
