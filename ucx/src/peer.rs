@@ -227,19 +227,20 @@ impl Peer {
         }
     }
 
-    /// One progress pass; the control stream every 64th pass (a read is a
-    /// system call, a pass of an emulated transfer's fragment is not); a
-    /// pause only after 2 ms without either, so a peer's transfers through
+    /// One progress pass; the control stream every 64th pass and when idle
+    /// (a read is a system call, a progress pass often is not); a pause
+    /// only after 2 ms without either, so a peer's transfers through
     /// this side's worker (TCP, shared-memory emulated RMA) run at full
     /// speed and an idle wait costs little CPU.
     fn turn(&mut self) -> Result<(), UcxError> {
         let progressed = self.ucx.progress();
         self.turns = self.turns.wrapping_add(1);
-        let handled = if self.turns % 64 == 0 || !progressed { self.pump()? } else { false };
         let now = Instant::now();
+        let idle = !progressed && now.duration_since(self.active) > Duration::from_millis(2);
+        let handled = if self.turns % 64 == 0 || idle { self.pump()? } else { false };
         if progressed || handled {
             self.active = now;
-        } else if now.duration_since(self.active) > Duration::from_millis(2) {
+        } else if idle {
             std::thread::sleep(Duration::from_micros(50));
         }
         Ok(())
