@@ -113,13 +113,20 @@ impl Peer {
         let mut stream: Box<dyn ControlStream> = Box::new(stream);
         wire::send(
             &mut stream,
-            &Msg::Hello { version: wire::VERSION, address: ucx.worker_address().to_vec() },
+            &Msg::Hello {
+                version: wire::VERSION,
+                checksum: wire::fnv1a(ucx.worker_address()),
+                address: ucx.worker_address().to_vec(),
+            },
         )?;
         let mut reader = Reader::default();
         let deadline = Instant::now() + timeout;
         let address = loop {
             match reader.next(&mut stream)? {
-                Read1::Msg(Msg::Hello { version, address }) if version == wire::VERSION => break address,
+                Read1::Msg(Msg::Hello { version, checksum, address }) if version == wire::VERSION => {
+                    check_address(ucx, checksum, &address)?;
+                    break address;
+                }
                 Read1::Msg(Msg::Hello { version, .. }) => {
                     return Err(UcxError::Protocol(format!(
                         "peer speaks protocol version {version}, this side {}",
@@ -182,6 +189,7 @@ impl Peer {
             addr: reg.addr(),
             len: reg.len(),
             writable: reg.access() == Access::ReadWrite,
+            checksum: wire::fnv1a(&rkey),
             rkey,
             tag,
         };
@@ -269,7 +277,18 @@ impl Peer {
 
     fn handle(&mut self, m: Msg) -> Result<(), UcxError> {
         match m {
-            Msg::Offer { id, addr, len, writable, rkey, tag } => {
+            Msg::Offer { id, addr, len, writable, rkey, tag, checksum } => {
+                if wire::fnv1a(&rkey) != checksum || rkey.is_empty() {
+                    return Err(UcxError::Protocol(format!(
+                        "offer {id}: the remote key ({} B) does not match its checksum",
+                        rkey.len()
+                    )));
+                }
+                if addr.checked_add(len).is_none() || len == 0 {
+                    return Err(UcxError::Protocol(format!(
+                        "offer {id}: range {addr:#x} ({len} B) is not a range"
+                    )));
+                }
                 let key = Arc::new(self.ep.unpack(&rkey)?);
                 let range = RemoteRange { id, addr, len, writable, tag };
                 self.imported.insert(id, Imported { range, key, transfers: Vec::new() });
@@ -460,4 +479,32 @@ impl Drop for Peer {
         self.imported.clear();
         self.mark_lost("dropped".into());
     }
+}
+
+/// What can be checked of a peer's worker address before UCX reads it.
+/// UCX does not validate an address: a malformed one aborts the process
+/// (an assertion in `ucp_address_unpack`). So the address must be intact
+/// (its checksum) and of this UCX's address format (its first byte, the
+/// format version and flags, equal to this worker's). Beyond that the
+/// control stream must come from a trusted process: a peer that sends a
+/// well-formed but false address can still crash this one, as it can any
+/// UCX program it talks to.
+fn check_address(ucx: &Ucx, checksum: u64, address: &[u8]) -> Result<(), UcxError> {
+    if wire::fnv1a(address) != checksum {
+        return Err(UcxError::Protocol(format!(
+            "the peer's worker address ({} B) does not match its checksum: damaged on the way",
+            address.len()
+        )));
+    }
+    let ours = ucx.worker_address();
+    if address.len() < 2 || address[0] != ours[0] {
+        return Err(UcxError::Protocol(format!(
+            "the peer's worker address ({} B, header {:#04x}) is not of this UCX's address format (header \
+             {:#04x}): a peer with another UCX version, or not a UCX address",
+            address.len(),
+            address.first().copied().unwrap_or(0),
+            ours[0]
+        )));
+    }
+    Ok(())
 }

@@ -18,11 +18,15 @@ pub const MAX_FRAME: u32 = 1 << 20;
 /// One control message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Msg {
-    /// The sender's worker address and protocol version.
-    Hello { version: u64, address: Vec<u8> },
+    /// The sender's worker address and protocol version; the checksum
+    /// (FNV-1a, 64 bits, of the address) catches an address damaged on the
+    /// way, which UCX would not survive (see `Peer::connect`).
+    Hello { version: u64, checksum: u64, address: Vec<u8> },
     /// A registered range the receiver may reach until it releases it or
     /// the sender revokes it.
-    Offer { id: u64, addr: u64, len: u64, writable: bool, rkey: Vec<u8>, tag: u64 },
+    /// `checksum` is the packed key's FNV-1a (UCX does not validate a key
+    /// it unpacks either).
+    Offer { id: u64, addr: u64, len: u64, writable: bool, rkey: Vec<u8>, tag: u64, checksum: u64 },
     /// The receiver of an offer is done with it (no transfer in flight).
     Release { id: u64 },
     /// The owner wants the range back.
@@ -35,17 +39,23 @@ pub(crate) enum Msg {
 
 pub(crate) const VERSION: u64 = 1;
 
+/// FNV-1a, 64 bits: a checksum against damage, not an authenticator.
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
 impl Msg {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut p = Vec::new();
         let kind = match self {
-            Msg::Hello { version, address } => {
+            Msg::Hello { version, checksum, address } => {
                 p.extend(version.to_le_bytes());
+                p.extend(checksum.to_le_bytes());
                 p.extend(address);
                 1
             }
-            Msg::Offer { id, addr, len, writable, rkey, tag } => {
-                for v in [*id, *addr, *len, *writable as u64, *tag] {
+            Msg::Offer { id, addr, len, writable, rkey, tag, checksum } => {
+                for v in [*id, *addr, *len, *writable as u64, *tag, *checksum] {
                     p.extend(v.to_le_bytes());
                 }
                 p.extend(rkey);
@@ -79,10 +89,17 @@ impl Msg {
                 .ok_or_else(|| UcxError::Protocol(format!("message {kind} too short ({} B)", p.len())))
         };
         Ok(match kind {
-            1 => Msg::Hello { version: word(0)?, address: p[8..].to_vec() },
+            1 => {
+                let version = word(0)?;
+                // A peer of another version may lay the rest out otherwise:
+                // its version is enough to refuse it.
+                let checksum = if version == VERSION { word(1)? } else { 0 };
+                Msg::Hello { version, checksum, address: p.get(16..).unwrap_or_default().to_vec() }
+            }
             2 => {
-                let (id, addr, len, w, tag) = (word(0)?, word(1)?, word(2)?, word(3)?, word(4)?);
-                Msg::Offer { id, addr, len, writable: w != 0, rkey: p[40..].to_vec(), tag }
+                let (id, addr, len, w, tag, checksum) =
+                    (word(0)?, word(1)?, word(2)?, word(3)?, word(4)?, word(5)?);
+                Msg::Offer { id, addr, len, writable: w != 0, rkey: p[48..].to_vec(), tag, checksum }
             }
             3 => Msg::Release { id: word(0)? },
             4 => Msg::Revoke { id: word(0)? },
@@ -186,8 +203,16 @@ mod tests {
     #[test]
     fn frames_round_trip_and_bad_ones_are_refused() {
         let msgs = [
-            Msg::Hello { version: 1, address: vec![1, 2, 3] },
-            Msg::Offer { id: 7, addr: 0x1000, len: 4096, writable: true, rkey: vec![9; 40], tag: 3 },
+            Msg::Hello { version: 1, checksum: fnv1a(&[1, 2, 3]), address: vec![1, 2, 3] },
+            Msg::Offer {
+                id: 7,
+                addr: 0x1000,
+                len: 4096,
+                writable: true,
+                rkey: vec![9; 40],
+                tag: 3,
+                checksum: 5,
+            },
             Msg::Release { id: 7 },
             Msg::Revoke { id: 8 },
             Msg::RevokeAck { id: 8 },
