@@ -269,3 +269,34 @@ fn a_holder_killed_gives_its_ranges_back_and_the_owner_ends_exact() {
     m.manager.poll();
     assert_eq!(m.pool.used(), 0);
 }
+
+#[test]
+fn a_region_dropped_mid_transfer_is_freed_by_the_reaper_behind_it() {
+    let Some(()) = ucx_or_skip("a_region_dropped_mid_transfer_is_freed_by_the_reaper_behind_it") else {
+        return;
+    };
+    let m = memory(64 * MIB);
+    m.manager.start_reaper(Duration::from_millis(1));
+    let mut c = spawn("offer4", SHM);
+    let r = c.peer.next_offer(TIMEOUT).unwrap();
+    let mut region = m.kv.reserve_virtual(64 * MIB).unwrap();
+    // Eight pulls in flight, nobody waiting: the region's release is queued
+    // behind their fences, which the reaper's queries progress (from its
+    // own thread, beside this one).
+    let transfers: Vec<_> =
+        (0..8).map(|i| c.peer.pull_into_region(&mut region, i * 4 * MIB, &r, 0, 4 * MIB).unwrap()).collect();
+    assert_eq!(m.pool.used(), 32 * MIB);
+    drop(region);
+    let deadline = Instant::now() + TIMEOUT;
+    while m.pool.used() != 0 {
+        assert!(Instant::now() < deadline, "the region was not freed behind its transfers");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    // Freed only once every transfer had completed.
+    assert!(transfers.iter().all(|t| t.is_complete()));
+    for t in transfers {
+        t.wait(TIMEOUT).unwrap();
+    }
+    c.peer.release(&r, TIMEOUT).unwrap();
+    c.join();
+}
