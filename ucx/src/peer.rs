@@ -66,6 +66,16 @@ struct Imported {
     /// Transfers issued on the range, kept until complete (a revoke or
     /// release waits for them).
     transfers: Vec<Transfer>,
+    /// Being given back: no new transfer; the owner is told (`Release`
+    /// or `RevokeAck`) only once every transfer on it has completed, so it
+    /// never deregisters memory a transfer of this side may still reach.
+    closing: Option<Closing>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Closing {
+    Released,
+    Revoked,
 }
 
 /// The other process.
@@ -272,6 +282,9 @@ impl Peer {
                 self.mark_lost(format!("the endpoint failed: {}", self.ucx.inner.ucp.describe(s)));
             }
         }
+        if self.imported.values().any(|i| i.closing.is_some()) {
+            self.finish_closing()?;
+        }
         Ok(any)
     }
 
@@ -291,7 +304,7 @@ impl Peer {
                 }
                 let key = Arc::new(self.ep.unpack(&rkey)?);
                 let range = RemoteRange { id, addr, len, writable, tag };
-                self.imported.insert(id, Imported { range, key, transfers: Vec::new() });
+                self.imported.insert(id, Imported { range, key, transfers: Vec::new(), closing: None });
                 self.offers.push_back(range);
             }
             Msg::Release { id } | Msg::RevokeAck { id } => {
@@ -300,17 +313,23 @@ impl Peer {
                 }
             }
             Msg::Revoke { id } => {
-                // Stop using the range: wait for (or cancel) what is in
-                // flight on it, drop the key, then acknowledge.
-                if let Some(imp) = self.imported.remove(&id) {
-                    for t in &imp.transfers {
-                        let _ = t.wait(Duration::from_secs(5));
-                    }
-                    let _ = self.ep.flush(Duration::from_secs(5));
-                }
+                // Stop using the range: no new transfer; acknowledged once
+                // what is in flight on it has completed (waited for here
+                // up to 5 s; later by `pump` if need be).
                 self.offers.retain(|r| r.id != id);
                 self.gone.insert(id, "revoked by its owner (deregistered)");
-                wire::send(&mut self.stream, &Msg::RevokeAck { id })?;
+                match self.imported.get_mut(&id) {
+                    Some(imp) => {
+                        imp.closing = Some(Closing::Revoked);
+                        for t in &imp.transfers {
+                            let _ = t.wait(Duration::from_secs(5));
+                        }
+                    }
+                    // Released here already, or never held: nothing in
+                    // flight; acknowledge so the owner's wait ends.
+                    None => wire::send(&mut self.stream, &Msg::RevokeAck { id })?,
+                }
+                self.finish_closing()?;
             }
             Msg::Bye => self.mark_lost("the peer said goodbye".into()),
             Msg::Hello { .. } => return Err(UcxError::Protocol("a second handshake".into())),
@@ -379,23 +398,59 @@ impl Peer {
     /// `timeout`) for this side's transfers on it, flushed so that its
     /// writes are complete at the owner before the owner hears of it.
     pub fn release(&mut self, range: &RemoteRange, timeout: Duration) -> Result<(), UcxError> {
-        let imp = self.imported.remove(&range.id).ok_or_else(|| self.gone_error(range.id))?;
+        let imp = match self.imported.get_mut(&range.id) {
+            Some(imp) if imp.closing.is_none() => imp,
+            _ => return Err(self.gone_error(range.id)),
+        };
+        imp.closing = Some(Closing::Released);
         let mut result = Ok(());
         for t in &imp.transfers {
             if let Err(e) = t.wait(timeout) {
                 result = Err(e);
             }
         }
-        drop(imp);
         self.gone.insert(range.id, "released by this side");
-        if result.is_ok() && self.lost.is_none() {
-            // Puts are complete at the peer before it hears of the release.
-            result = self.ep.flush(timeout);
-        }
-        if self.lost.is_none() {
-            wire::send(&mut self.stream, &Msg::Release { id: range.id })?;
+        self.finish_closing()?;
+        if self.imported.contains_key(&range.id) {
+            // A transfer could not be cancelled (ErrorHandling::None): the
+            // owner is told when it completes (`pump`), not before.
+            return Err(UcxError::Busy(format!(
+                "range {} has transfers still in flight; it is given back when they complete",
+                range.id
+            )));
         }
         result
+    }
+
+    /// Tells the owner of every range being given back whose transfers
+    /// have all completed, after a flush (so this side's writes are
+    /// complete at the owner before it hears).
+    fn finish_closing(&mut self) -> Result<(), UcxError> {
+        let done: Vec<(u64, Closing)> = self
+            .imported
+            .iter()
+            .filter_map(|(&id, imp)| {
+                let closing = imp.closing?;
+                imp.transfers.iter().all(|t| t.is_complete()).then_some((id, closing))
+            })
+            .collect();
+        if done.is_empty() {
+            return Ok(());
+        }
+        if self.lost.is_none() {
+            let _ = self.ep.flush(Duration::from_secs(5));
+        }
+        for (id, closing) in done {
+            self.imported.remove(&id);
+            if self.lost.is_none() {
+                let m = match closing {
+                    Closing::Released => Msg::Release { id },
+                    Closing::Revoked => Msg::RevokeAck { id },
+                };
+                wire::send(&mut self.stream, &m)?;
+            }
+        }
+        Ok(())
     }
 
     fn gone_error(&self, id: u64) -> UcxError {
@@ -417,7 +472,10 @@ impl Peer {
     ) -> Result<(), UcxError> {
         self.pump()?;
         self.check_lost()?;
-        let Some(imp) = self.imported.get(&range.id) else { return Err(self.gone_error(range.id)) };
+        let imp = match self.imported.get(&range.id) {
+            Some(imp) if imp.closing.is_none() => imp,
+            _ => return Err(self.gone_error(range.id)),
+        };
         let r = imp.range;
         if len == 0 || offset.checked_add(len).is_none_or(|e| e > r.len) {
             return Err(UcxError::Invalid(format!(

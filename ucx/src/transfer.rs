@@ -52,7 +52,13 @@ pub enum ErrorHandling {
     /// its transfers in flight for ever: a wait returns `Timeout` at its
     /// deadline and the transfer's fence stays pending, so the local
     /// memory is never freed under it (it stays charged until the process
-    /// ends). For peers whose life the caller controls.
+    /// ends). A release or revoke waits for such a transfer (the owner is
+    /// told only when it completes). But a holder that goes away with a
+    /// transfer still in flight gives its ranges back at once (its owner
+    /// cannot tell a dead peer from a slow one), and an emulated get then
+    /// served by the owner's worker could read memory the owner has since
+    /// freed. For peers whose life the caller controls and which wait for
+    /// their transfers.
     None,
 }
 
