@@ -22,6 +22,7 @@ fn child() {
         "offer4" => offer(ucx, peer, 4 * MIB),
         "offer64" => offer(ucx, peer, 64 * MIB),
         "hold" => hold(peer),
+        "stall" => stall(ucx, peer),
         r => panic!("unknown role {r}"),
     }
 }
@@ -94,6 +95,24 @@ fn offer(ucx: Ucx, mut peer: Peer, len: u64) {
     let reg = ucx.register_region(&m.context, &mut region, 0, len, Access::ReadWrite).unwrap();
     peer.offer(&reg, 1).unwrap();
     peer.serve(Duration::from_secs(30)).unwrap();
+}
+
+/// Offers 4 MiB, then does not progress for a second (a get through its
+/// worker stalls), then serves until the parent's release arrives.
+fn stall(ucx: Ucx, mut peer: Peer) {
+    let m = memory(16 * MIB);
+    let mut region = filled_region(&m, 4 * MIB, 5);
+    let reg = ucx.register_region(&m.context, &mut region, 0, 4 * MIB, Access::Read).unwrap();
+    peer.offer(&reg, 1).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let deadline = Instant::now() + TIMEOUT;
+    while peer.exported() > 0 {
+        assert!(Instant::now() < deadline, "the release never came");
+        ucx.progress();
+        peer.pump().unwrap();
+    }
+    reg.deregister().map_err(|(_, e)| e).unwrap();
+    peer.serve(TIMEOUT).unwrap();
 }
 
 /// Takes the parent's offer, reads from it, and waits to be killed.
@@ -298,5 +317,29 @@ fn a_region_dropped_mid_transfer_is_freed_by_the_reaper_behind_it() {
         t.wait(TIMEOUT).unwrap();
     }
     c.peer.release(&r, TIMEOUT).unwrap();
+    c.join();
+}
+
+#[test]
+fn a_release_waits_for_a_transfer_it_cannot_cancel() {
+    let Some(()) = ucx_or_skip("a_release_waits_for_a_transfer_it_cannot_cancel") else { return };
+    let m = memory(16 * MIB);
+    let mut c = spawn("stall", SHM);
+    let r = c.peer.next_offer(TIMEOUT).unwrap();
+    let mut region = m.kv.reserve_virtual(16 * MIB).unwrap();
+    let t = c.peer.pull_into_region(&mut region, 0, &r, 0, 4 * MIB).unwrap();
+    // The owner does not progress: the get cannot complete, and without
+    // peer-failure handling it cannot be cancelled either.
+    let e = c.peer.release(&r, Duration::from_millis(100)).unwrap_err();
+    assert!(matches!(e, UcxError::Busy(_)) && e.to_string().contains("still in flight"), "{e}");
+    // No new transfer on a range being given back.
+    let e = c.peer.pull_into_region(&mut region, 0, &r, 0, 4096).unwrap_err();
+    assert!(matches!(e, UcxError::Revoked { .. }), "{e}");
+    // Once the owner serves again the get completes, and the release goes
+    // out (the owner waits for it before deregistering).
+    t.wait(TIMEOUT).unwrap();
+    // SAFETY: committed CPU memory; the transfer completed.
+    assert!(unsafe { holds(region.addr(), 4 * MIB, 5, 0) });
+    c.peer.pump().unwrap();
     c.join();
 }
