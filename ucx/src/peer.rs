@@ -321,8 +321,9 @@ impl Peer {
                 match self.imported.get_mut(&id) {
                     Some(imp) => {
                         imp.closing = Some(Closing::Revoked);
+                        let deadline = Instant::now() + Duration::from_secs(5);
                         for t in &imp.transfers {
-                            let _ = t.wait(Duration::from_secs(5));
+                            let _ = t.wait(deadline.saturating_duration_since(Instant::now()));
                         }
                     }
                     // Released here already, or never held: nothing in
@@ -404,8 +405,9 @@ impl Peer {
         };
         imp.closing = Some(Closing::Released);
         let mut result = Ok(());
+        let deadline = Instant::now() + timeout;
         for t in &imp.transfers {
-            if let Err(e) = t.wait(timeout) {
+            if let Err(e) = t.wait(deadline.saturating_duration_since(Instant::now())) {
                 result = Err(e);
             }
         }
@@ -527,9 +529,12 @@ impl Peer {
 impl Drop for Peer {
     fn drop(&mut self) {
         if self.lost.is_none() {
+            // One second in all for what is still in flight (a transfer
+            // past it is cancelled in peer mode; see ErrorHandling::None).
+            let deadline = Instant::now() + Duration::from_secs(1);
             for imp in self.imported.values() {
                 for t in &imp.transfers {
-                    let _ = t.wait(Duration::from_secs(1));
+                    let _ = t.wait(deadline.saturating_duration_since(Instant::now()));
                 }
             }
             let _ = wire::send(&mut self.stream, &Msg::Bye);
