@@ -343,3 +343,35 @@ fn a_release_waits_for_a_transfer_it_cannot_cancel() {
     c.peer.pump().unwrap();
     c.join();
 }
+
+#[test]
+fn allocations_pull_and_push_and_bad_ranges_are_refused() {
+    let Some(()) = ucx_or_skip("allocations_pull_and_push_and_bad_ranges_are_refused") else { return };
+    let m = memory(16 * MIB);
+    let mut c = spawn("offer4", SHM);
+    let r = c.peer.next_offer(TIMEOUT).unwrap();
+    // The receiving side's charge is the allocation, made before any byte.
+    let mut a = m.kv.allocate(2 * MIB, 4096).unwrap();
+    c.peer.pull_into_allocation(&mut a, 0, &r, 0, MIB).unwrap().wait(TIMEOUT).unwrap();
+    // SAFETY: the allocation's CPU memory; the transfer completed.
+    assert!(unsafe { holds(a.addr(), MIB, 5, 0) });
+    // SAFETY: as above.
+    unsafe { std::ptr::write_bytes((a.addr() + MIB) as *mut u8, 0xCD, MIB as usize) };
+    c.peer.push_from_allocation(&mut a, MIB, &r, 2 * MIB, MIB).unwrap().wait(TIMEOUT).unwrap();
+    c.peer.pull_into_allocation(&mut a, 0, &r, 2 * MIB, MIB).unwrap().wait(TIMEOUT).unwrap();
+    // SAFETY: as above.
+    let back = unsafe { std::slice::from_raw_parts(a.addr() as *const u8, MIB as usize) };
+    assert!(back.iter().all(|&b| b == 0xCD), "the pushed bytes did not come back");
+    let e = c.peer.pull_into_allocation(&mut a, MIB + 1, &r, 0, MIB).unwrap_err();
+    assert!(e.to_string().contains("not inside the allocation"), "{e}");
+    let e = c.peer.push_from_allocation(&mut a, 0, &r, 4 * MIB - 4096, 8192).unwrap_err();
+    assert!(e.to_string().contains("not inside remote range"), "{e}");
+    // Freed behind a transfer still in flight: charged until it completes.
+    let t = c.peer.pull_into_allocation(&mut a, 0, &r, 0, 2 * MIB).unwrap();
+    drop(a);
+    t.wait(TIMEOUT).unwrap();
+    m.manager.poll();
+    assert_eq!(m.pool.used(), 0);
+    c.peer.release(&r, TIMEOUT).unwrap();
+    c.join();
+}
