@@ -14,7 +14,14 @@
 //! * **budget** — the receiving side charges its pool before any byte moves
 //!   ([`Peer::pull_into_region`] grows first; `OutOfBudget` moves nothing);
 //! * **faults** — a lost peer, a failed endpoint, a released or revoked
-//!   range: each a distinct [`UcxError`]; every wait has a deadline.
+//!   range: each a distinct [`UcxError`]; every wait has a deadline
+//!   ([`ErrorHandling`] says what a deadline can cancel).
+//!
+//! A region that grows is registered part by part
+//! ([`GrowingRegistration`]). The control stream between two peers (a Unix
+//! socket, or TCP between nodes) must connect trusted processes: UCX aborts
+//! on a malformed worker address, and only damage and foreign formats are
+//! caught before it reads one.
 //!
 //! UCX is opened at run time (`libucp.so.0`, see `sys.rs`): the crate builds
 //! without it, and [`Ucx::available`] says why it cannot be used.
