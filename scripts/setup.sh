@@ -5,7 +5,10 @@
 #                           cargo to link with (gcc, libc6-dev); nothing else
 #   scripts/setup.sh test   every test (scripts/test.sh): the above, g++,
 #                           cmake, ninja, clang and libclang (bindgen),
-#                           abigail-tools (abidiff), valgrind, pkg-config
+#                           abigail-tools (abidiff), valgrind, pkg-config,
+#                           UCX (libucx-dev: libucp.so.0 and the headers
+#                           memplug-ucx's layout test compiles against;
+#                           ucx-utils: ucx_perftest for its benchmark)
 #
 # Idempotent: installs only what is missing (apt-get, as root or via sudo).
 # The Rust toolchain itself (cargo) is not installed here.
@@ -35,6 +38,10 @@ if [ "$job" = test ]; then
     want abidiff abigail-tools
     want valgrind valgrind
     want pkg-config pkg-config
+    # memplug-ucx opens libucp.so.0 at run time and skips its tests without
+    # it; installed here so the test run exercises it.
+    [ -e /usr/include/ucp/api/ucp.h ] || need+=(libucx-dev)
+    want ucx_perftest ucx-utils
 fi
 
 if ((${#need[@]})); then
