@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{eventually, run_scenario, Fake, Gate, Shim, LEGACY};
+use common::{eventually, run_scenario, warm_up_plain, Fake, Gate, Shim, LEGACY};
 use memplug_test_support::{cxx_compiler, exported_symbols, run_tool, test_tmp_dir};
 
 const MIB: usize = 1 << 20;
@@ -179,7 +179,6 @@ fn scenario_stream_order_cached() {
 }
 
 #[test]
-#[ignore = "KNOWN DEFECT, open in issue 30: since the background freer, p's free after A's fence never lands in about 1 run in 5 (seen with a 30 s wait too); run with --ignored to reproduce"]
 fn frees_wait_for_the_stream_plain() {
     // The freeing stream's fence alone (all-streams would also wait for A).
     run_scenario(
@@ -196,10 +195,7 @@ fn scenario_stream_order_plain() {
     let shim = Shim::open();
     let fake = Fake::open();
     let (a, b) = (fake.stream(), fake.stream());
-    let warm = shim.alloc(4096, 0, a); // the device opened, the stream adopted
-    shim.free(warm, 4096, 0, a);
-    eventually("the warm-up block freed", || shim.pool_used() == 0);
-    let before = fake.used_bytes(0);
+    let before = warm_up_plain(&shim, &fake, a); // the device opened, the stream adopted
     fake.block(a, &GATE_PLAIN);
     let p = shim.alloc(MIB as isize, 0, a);
     let held = fake.used_bytes(0) - before;
@@ -232,10 +228,7 @@ fn over_budget_is_null_and_leaks_nothing() {
 fn scenario_over_budget() {
     let shim = Shim::open();
     let fake = Fake::open();
-    let warm = shim.alloc(4096, 0, LEGACY); // the device opened
-    shim.free(warm, 4096, 0, LEGACY);
-    eventually("the warm-up block freed", || shim.pool_used() == 0);
-    let base = fake.used_bytes(0);
+    let base = warm_up_plain(&shim, &fake, LEGACY); // the device opened
     let a = shim.alloc(6 * MIB as isize, 0, LEGACY);
     assert_ne!(a, 0);
     let (used, driver) = (shim.pool_used(), fake.used_bytes(0));

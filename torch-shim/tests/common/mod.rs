@@ -273,6 +273,21 @@ impl Gate {
 
 /// Waits up to 5 s for `cond`.
 #[track_caller]
+/// Opens the device (and adopts `stream`) with a block allocated and freed
+/// on `stream` without the cache, and returns the driver's use once that
+/// block is back in the driver. The shim's charge goes back when the
+/// plugin takes the block, the driver's memory later, from the plugin's
+/// freer thread: a baseline read between the two would count the block.
+pub fn warm_up_plain(shim: &Shim, fake: &Fake, stream: CuStream) -> u64 {
+    let warm = shim.alloc(4096, 0, stream);
+    assert_ne!(warm, 0, "the warm-up allocation");
+    let with_warm = fake.used_bytes(0);
+    shim.free(warm, 4096, 0, stream);
+    eventually("the warm-up block's charge refunded", || shim.pool_used() == 0);
+    eventually("the warm-up block back in the driver", || fake.used_bytes(0) < with_warm);
+    fake.used_bytes(0)
+}
+
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + Duration::from_secs(5);
     while !cond() {
