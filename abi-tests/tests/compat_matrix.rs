@@ -688,7 +688,14 @@ fn rust_host_cell(s: &Subject, host_max: u32, kit: bool) -> Cell {
     }
     // The conformance kit on the same library (the same instance: objects
     // of the host's checks are all released above).
-    let opts = memplug_conformance::Options { threads: 2, iterations: 200, ..Default::default() };
+    // Compatibility, not thread safety (conformance/tests/concurrency.rs
+    // measures that): storms of a few stalls keep the cells quick.
+    let opts = memplug_conformance::Options {
+        threads: 2,
+        iterations: 200,
+        storm_stalls: Some(10),
+        ..Default::default()
+    };
     match memplug_conformance::run(&s.path, &opts) {
         Ok(report) => {
             use memplug_conformance::Outcome;

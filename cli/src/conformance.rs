@@ -40,6 +40,8 @@ pub struct Args {
     pub json: bool,
     pub junit: Option<PathBuf>,
     pub timeout: Duration,
+    /// `--storm-stalls`: [`Options::storm_stalls`].
+    pub storm_stalls: Option<usize>,
 }
 
 /// Parses `--timeout SECONDS`: a positive number of seconds (fractions
@@ -54,7 +56,12 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
 
 pub fn run(args: Args) -> u8 {
     let mut out = Stdout::default();
-    let opts = Options { mechanism: args.mechanism.clone(), timeout: args.timeout, ..Options::default() };
+    let opts = Options {
+        mechanism: args.mechanism.clone(),
+        timeout: args.timeout,
+        storm_stalls: args.storm_stalls,
+        ..Options::default()
+    };
     // Create the JUnit file first: a path that cannot be written is a
     // usage error, found before the run rather than after it.
     let junit = match &args.junit {

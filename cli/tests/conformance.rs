@@ -14,12 +14,31 @@ use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// A run of `memplug ARGS`; a `conformance` run gets short thread storms
+/// (`--storm-stalls`): these tests are about the command, not about
+/// catching races (conformance/tests/concurrency.rs is), except where a
+/// test asks for the full storms (`--storm-stalls` given, or
+/// [`memplug_full_storms`]).
 fn memplug(args: &[&str]) -> Output {
+    let mut all = args.to_vec();
+    if args.first() == Some(&"conformance") && !args.contains(&"--storm-stalls") {
+        all.splice(1..1, ["--storm-stalls", "10"]);
+    }
+    memplug_full_storms(&all)
+}
+
+/// A run of `memplug ARGS` as given.
+fn memplug_full_storms(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memplug")).args(args).output().expect("run memplug")
 }
 
 /// One JSON run: whether it exited 0, and the report.
 fn run_json(plugin: Option<&Path>, extra: &[&str]) -> (bool, Value, String) {
+    run_json_with(plugin, extra, memplug)
+}
+
+/// [`run_json`] through `run`.
+fn run_json_with(plugin: Option<&Path>, extra: &[&str], run: fn(&[&str]) -> Output) -> (bool, Value, String) {
     let mut args = vec!["conformance", "--json"];
     let p;
     if let Some(path) = plugin {
@@ -27,7 +46,7 @@ fn run_json(plugin: Option<&Path>, extra: &[&str]) -> (bool, Value, String) {
         args.push(&p);
     }
     args.extend_from_slice(extra);
-    let out = memplug(&args);
+    let out = run(&args);
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     let v: Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{stderr}", String::from_utf8_lossy(&out.stdout)));
@@ -56,7 +75,8 @@ fn assert_skips_explained(v: &Value) {
 
 #[test]
 fn the_reference_cpu_plugin_passes_every_check() {
-    let (ok, v, stderr) = run_json(None, &[]);
+    // With the kit's full storms: the reference plugin must pass them.
+    let (ok, v, stderr) = run_json_with(None, &[], memplug_full_storms);
     let failed = with_outcome(&v, "fail");
     assert!(ok && failed.is_empty(), "failed: {failed:?}\n{stderr}\n{v:#}");
     assert_skips_explained(&v);
@@ -557,7 +577,7 @@ fn a_hang_is_that_checks_timeout_and_the_run_goes_on() {
     // Text streams: the lines before the hang are out while it hangs.
     use std::io::BufRead;
     let mut child = Command::new(env!("CARGO_BIN_EXE_memplug"))
-        .args(["conformance", "--timeout", "2", so.to_str().unwrap()])
+        .args(["conformance", "--storm-stalls", "10", "--timeout", "2", so.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::null())
         .spawn()
@@ -767,6 +787,22 @@ fn the_junit_report_parses_and_its_counts_match() {
     assert!(elements.iter().any(|e| e.name == "testcase" && attr(e, "name") == "could_not_run"));
 }
 
+/// `--storm-stalls N` ends each storm soon after N stalls, where the
+/// kit's own figure for the allocator's storm is 800.
+#[test]
+fn storm_stalls_shortens_the_thread_storms() {
+    let (ok, v, stderr) = run_json(None, &["--mechanism", "cpu", "--storm-stalls", "5"]);
+    assert!(ok, "{stderr}");
+    let detail = result(&v, "concurrency.allocator")["detail"].as_str().expect("a detail").to_string();
+    let stalled: usize = detail
+        .rsplit("; ")
+        .next()
+        .and_then(|d| d.strip_suffix(" calls stalled mid-call"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no stall count in: {detail}"));
+    assert!(stalled < 800, "{stalled} stalls with --storm-stalls 5: {detail}");
+}
+
 #[test]
 fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
     for bad in [
@@ -776,6 +812,8 @@ fn exit_codes_for_usage_and_for_a_kit_that_cannot_run() {
         &["conformance", "--mechanism", "no-such-mechanism"],
         &["conformance", "--junit", "/nonexistent/dir/report.xml"],
         &["conformance", "a", "b"],
+        &["conformance", "--storm-stalls", "0"],
+        &["conformance", "--storm-stalls", "many"],
     ] {
         let (code, _, stderr) = memplug_code(bad);
         assert_eq!(code, 2, "{bad:?}: {stderr}");
@@ -817,7 +855,10 @@ fn a_closed_stdout_or_stderr_changes_nothing() {
     use std::process::Stdio;
     let bin = env!("CARGO_BIN_EXE_memplug");
     // A reader that went away (EPIPE), text and JSON.
-    for args in [&["conformance"][..], &["conformance", "--json"]] {
+    // Short storms (see `memplug`): the exit status is the point.
+    for args in
+        [&["conformance", "--storm-stalls", "10"][..], &["conformance", "--storm-stalls", "10", "--json"]]
+    {
         let mut child =
             Command::new(bin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         drop(child.stdout.take());
@@ -829,7 +870,7 @@ fn a_closed_stdout_or_stderr_changes_nothing() {
     // stderr gone too: still 1, not 101 (the panic of a failed eprintln!).
     for so in [bad_plugin(Some("BAD_DOUBLE_FREE_OK")), crasher(Some("KIT_ABORT_MEMORY_INFO"))] {
         for json in [false, true] {
-            let mut args = vec!["conformance", so.to_str().unwrap()];
+            let mut args = vec!["conformance", "--storm-stalls", "10", so.to_str().unwrap()];
             if json {
                 args.push("--json");
             }
@@ -856,7 +897,7 @@ fn a_bare_name_is_refused_and_the_same_file_by_path_runs() {
     let name = so.file_name().unwrap().to_str().unwrap();
     let run_in = |arg: &str| {
         Command::new(env!("CARGO_BIN_EXE_memplug"))
-            .args(["conformance", arg, "--json"])
+            .args(["conformance", "--storm-stalls", "10", arg, "--json"])
             .current_dir(dir)
             .env("LD_LIBRARY_PATH", dir)
             .output()
@@ -880,7 +921,7 @@ fn without_a_library_the_kit_runs_on_the_linked_in_copy() {
     let exe = dir.join("memplug");
     std::fs::copy(env!("CARGO_BIN_EXE_memplug"), &exe).expect("copy memplug");
     let out = Command::new(&exe)
-        .args(["conformance", "--json", "--timeout", "60"])
+        .args(["conformance", "--json", "--timeout", "60", "--storm-stalls", "10"])
         .env_remove("MEMPLUG_CPU_PLUGIN")
         .output()
         .expect("run the copy");

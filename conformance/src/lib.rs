@@ -332,6 +332,13 @@ pub struct Options {
     /// How long a check's process may go without a sign of life before it
     /// is killed and the check reported as timed out.
     pub timeout: Duration,
+    /// Stalls each `concurrency.*` storm makes before it stops (after one
+    /// round at least). `None`: the kit's own figures, which catch a handle
+    /// table without a lock in 100 runs of 100 but cost seconds per
+    /// mechanism on a correct plugin. Lower it only for runs that are not
+    /// about thread safety (a compatibility matrix): fewer stalls, fewer
+    /// races caught.
+    pub storm_stalls: Option<usize>,
 }
 
 impl Default for Options {
@@ -342,6 +349,7 @@ impl Default for Options {
             threads: 4,
             iterations: 1000,
             timeout: DEFAULT_TIMEOUT,
+            storm_stalls: None,
         }
     }
 }

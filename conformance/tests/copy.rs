@@ -33,7 +33,8 @@ const COPY_CHECKS: [&str; 7] = [
 
 fn run(path: &Path) -> Report {
     let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
-    let opts = Options { threads: 2, iterations: 100, ..Default::default() };
+    // Storms of a few stalls: these tests are not about thread safety.
+    let opts = Options { threads: 2, iterations: 100, storm_stalls: Some(10), ..Default::default() };
     memplug_conformance::run(path, &opts).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 

@@ -156,7 +156,7 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let n = ctx.opts.iterations;
     let touch_blocks = st.touch_ok && m.is_cpu();
     let handles = LiveHandles::default();
-    let errors = storm(ctx, ENOUGH_ALLOCATOR, |t| {
+    let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_ALLOCATOR), |t| {
         let mut ring: VecDeque<(MemplugObjectRef, u64, u64, bool)> = VecDeque::new();
         let mut first: Option<String> = None;
         let mut touching = touch_blocks;
@@ -223,7 +223,7 @@ fn virtual_backing(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let g = m.props.granularity;
     let rounds = (ctx.opts.iterations / 20).max(1);
-    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
+    let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_OTHERS), |t| {
         for i in 0..rounds {
             let made = m.reserve(&ctx.log, 4 * g);
             if made.status != MEMPLUG_STATUS_OK {
@@ -278,7 +278,7 @@ fn sync(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let live = m.live();
     let rounds = if st.fences_stuck { 1 } else { 10 };
     let timeout = super::sync::completion_timeout(ctx, st);
-    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
+    let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_OTHERS), |t| {
         for i in 0..rounds {
             let (s, h) = m.stream_create(&ctx.log);
             if s != MEMPLUG_STATUS_OK {
@@ -417,7 +417,7 @@ fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let g = m.props.granularity;
     let rounds = (ctx.opts.iterations / 20).max(1);
     let touch = st.touch_ok && m.is_cpu();
-    let errors = storm(ctx, ENOUGH_OTHERS, |t| {
+    let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_OTHERS), |t| {
         let made = m.reserve(&ctx.log, 4 * g);
         if made.status != MEMPLUG_STATUS_OK {
             return Err(format!("reserve: {}", status_name(made.status)));
