@@ -3,16 +3,16 @@
 //! (ancestors charged with every charge, pressure under the short pool,
 //! capacity changes) in `tree.rs`, the tokens in `grant.rs`.
 
-use super::class::AllocationClass;
 use super::error::{GovernorError, Rejected};
 use super::grant::{leaks, Grant, Lease};
 use super::holder::{HolderEntry, HolderRegistration, PressureCounters, PressureTicket};
-use super::ids::{next_uid, HolderId, PoolId, Priority};
 use super::level::{Level, MAX_CAPACITY};
 use super::shard::{self, Account, AccountCore, HolderMeta, RawClass, Shard};
 use super::stats::{ClassPeaks, ClassStats, HolderStats, PoolSnapshot};
 use super::tree::{ask_holders, Request};
-use crate::observe::{events_wanted, Hub};
+use crate::events::{events_wanted, Hub};
+use crate::ids::AllocationClass;
+use crate::ids::{next_uid, HolderId, PoolId, Priority};
 use crate::sync::{lock, AtomicU64, Mutex};
 use std::collections::BTreeMap;
 use std::fmt;
