@@ -33,6 +33,16 @@
 #define MEMPLUG_HOST_CHECK_API() memplug_host_check_api(MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR)
 
 
+// Size of `MemplugHostBindingOptions` in API 1.0.
+#define MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0 24
+
+// Size of `MemplugHostAllocationInfo` in API 1.0.
+#define MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0 24
+
+// Size of `MemplugHostBindingOptions` in API 1.1 (the placement
+// appended).
+#define MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_1 48
+
 // Size of `MemplugHostCacheOptions` in API 1.2, where it first appeared.
 #define MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2 24
 
@@ -41,6 +51,31 @@
 
 // Size of `MemplugHostCacheStats` in API 1.2, where it first appeared.
 #define MEMPLUG_HOST_CACHE_STATS_SIZE_1_2 96
+
+// Longest name kept in a `MemplugHostMechanismInfo`, NUL included; longer
+// names are truncated.
+#define MEMPLUG_HOST_NAME_MAX 64
+
+// Allocation class: anything else. The numbers of the classes are those
+// of the plugin ABI's `MEMPLUG_CLASS_*` (memplug.h), so a class means the
+// same number on both sides; a number this library does not know is
+// refused where it is an input.
+#define MEMPLUG_HOST_CLASS_OTHER 0
+
+// Allocation class: model weights (long-lived).
+#define MEMPLUG_HOST_CLASS_WEIGHTS 1
+
+// Allocation class: key/value cache (evictable by its holder).
+#define MEMPLUG_HOST_CLASS_KV 2
+
+// Allocation class: activations of in-flight work.
+#define MEMPLUG_HOST_CLASS_ACTIVATIONS 3
+
+// Allocation class: short-lived scratch space.
+#define MEMPLUG_HOST_CLASS_WORKSPACE 4
+
+// Number of allocation classes of this version.
+#define MEMPLUG_HOST_CLASS_COUNT 5
 
 // `MemplugHostTensorSpec::flags`: the consumer must not write the tensor
 // (`DLPACK_FLAG_BITMASK_READ_ONLY`). A region view touching a prefix
@@ -52,6 +87,9 @@
 
 // Size of `MemplugHostTensorSpec` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_TENSOR_SPEC_SIZE_1_3 40
+
+// Size of `MemplugHostSettlement` in API 1.0.
+#define MEMPLUG_HOST_SETTLEMENT_SIZE_1_0 48
 
 // `MemplugHostLoadOptions::check_overlaps`: this library's default
 // (`MEMPLUG_HOST_OVERLAPS_ALL` when it was built for debugging,
@@ -75,6 +113,21 @@
 
 // Size of `MemplugHostLoadOptions` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_LOAD_OPTIONS_SIZE_1_3 24
+
+// Size of `MemplugHostPollReport` in API 1.0.
+#define MEMPLUG_HOST_POLL_REPORT_SIZE_1_0 32
+
+// Size of `MemplugHostMechanismInfo` in API 1.0.
+#define MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0 176
+
+// Size of `MemplugHostDescriptor` in API 1.1, where it first appeared.
+#define MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1 48
+
+// Size of `MemplugHostDeviceIdentity` in API 1.1, where it first appeared.
+#define MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1 48
+
+// Size of `MemplugHostMemoryNeeds` in API 1.1, where it first appeared.
+#define MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1 24
 
 // `MemplugHostEvent::kind`: a grant was made (`bytes` charged to the
 // pool for the holder and class). Sent only while a callback is set.
@@ -128,38 +181,6 @@
 // the offload's target binding (`memplug_host_region_offload`).
 #define MEMPLUG_HOST_RESIDENCE_HOST 1
 
-// Major version of this C API: changes only with an incompatible change.
-#define MEMPLUG_HOST_API_MAJOR 1
-
-// Minor version of this C API: grows when functions or struct fields are
-// appended.
-#define MEMPLUG_HOST_API_MINOR 3
-
-// Longest name kept in a `MemplugHostMechanismInfo`, NUL included; longer
-// names are truncated.
-#define MEMPLUG_HOST_NAME_MAX 64
-
-// Allocation class: anything else. The numbers of the classes are those
-// of the plugin ABI's `MEMPLUG_CLASS_*` (memplug.h), so a class means the
-// same number on both sides; a number this library does not know is
-// refused where it is an input.
-#define MEMPLUG_HOST_CLASS_OTHER 0
-
-// Allocation class: model weights (long-lived).
-#define MEMPLUG_HOST_CLASS_WEIGHTS 1
-
-// Allocation class: key/value cache (evictable by its holder).
-#define MEMPLUG_HOST_CLASS_KV 2
-
-// Allocation class: activations of in-flight work.
-#define MEMPLUG_HOST_CLASS_ACTIVATIONS 3
-
-// Allocation class: short-lived scratch space.
-#define MEMPLUG_HOST_CLASS_WORKSPACE 4
-
-// Number of allocation classes of this version.
-#define MEMPLUG_HOST_CLASS_COUNT 5
-
 // Lowest holder priority: asked first under pressure.
 #define MEMPLUG_HOST_PRIORITY_LOWEST 0
 
@@ -167,17 +188,14 @@
 // of no holder.
 #define MEMPLUG_HOST_PRIORITY_HIGHEST UINT32_MAX
 
-// Size of `MemplugHostVersion` in API 1.0.
-#define MEMPLUG_HOST_VERSION_SIZE_1_0 40
+// Size of `MemplugHostPressureTicket` in API 1.0.
+#define MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0 48
 
-// Size of `MemplugHostMechanismInfo` in API 1.0.
-#define MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0 176
+// Size of `MemplugHostPoolInfo` in API 1.0.
+#define MEMPLUG_HOST_POOL_INFO_SIZE_1_0 192
 
-// Size of `MemplugHostBindingOptions` in API 1.0.
-#define MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0 24
-
-// Size of `MemplugHostAllocationInfo` in API 1.0.
-#define MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0 24
+// Size of `MemplugHostHandle` in API 1.1, where it first appeared.
+#define MEMPLUG_HOST_HANDLE_SIZE_1_1 96
 
 // Size of `MemplugHostRegionInfo` in API 1.0.
 #define MEMPLUG_HOST_REGION_INFO_SIZE_1_0 48
@@ -185,42 +203,24 @@
 // Size of `MemplugHostPrefixInfo` in API 1.0.
 #define MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0 24
 
-// Size of `MemplugHostPressureTicket` in API 1.0.
-#define MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0 48
-
 // Size of `MemplugHostClassStats` in API 1.0.
 #define MEMPLUG_HOST_CLASS_STATS_SIZE_1_0 80
 
 // Size of `MemplugHostPoolStats` in API 1.0.
 #define MEMPLUG_HOST_POOL_STATS_SIZE_1_0 112
 
-// Size of `MemplugHostPoolInfo` in API 1.0.
-#define MEMPLUG_HOST_POOL_INFO_SIZE_1_0 192
-
 // Size of `MemplugHostHolderStats` in API 1.0.
 #define MEMPLUG_HOST_HOLDER_STATS_SIZE_1_0 88
 
-// Size of `MemplugHostPollReport` in API 1.0.
-#define MEMPLUG_HOST_POLL_REPORT_SIZE_1_0 32
+// Major version of this C API: changes only with an incompatible change.
+#define MEMPLUG_HOST_API_MAJOR 1
 
-// Size of `MemplugHostSettlement` in API 1.0.
-#define MEMPLUG_HOST_SETTLEMENT_SIZE_1_0 48
+// Minor version of this C API: grows when functions or struct fields are
+// appended.
+#define MEMPLUG_HOST_API_MINOR 3
 
-// Size of `MemplugHostBindingOptions` in API 1.1 (the placement
-// appended).
-#define MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_1 48
-
-// Size of `MemplugHostDescriptor` in API 1.1, where it first appeared.
-#define MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1 48
-
-// Size of `MemplugHostDeviceIdentity` in API 1.1, where it first appeared.
-#define MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1 48
-
-// Size of `MemplugHostMemoryNeeds` in API 1.1, where it first appeared.
-#define MEMPLUG_HOST_MEMORY_NEEDS_SIZE_1_1 24
-
-// Size of `MemplugHostHandle` in API 1.1, where it first appeared.
-#define MEMPLUG_HOST_HANDLE_SIZE_1_1 96
+// Size of `MemplugHostVersion` in API 1.0.
+#define MEMPLUG_HOST_VERSION_SIZE_1_0 40
 
 // Result of every fallible function of the host C API.
 //
