@@ -1,6 +1,6 @@
 //! The header drift check the generated headers share: regenerate a
 //! header with the pinned cbindgen and compare it with the committed one
-//! (`include/memplug.h` from `sdk/src/abi.rs`; the host C API's topic
+//! (`include/memplug.h` from `sdk/src/abi/`; the host C API's topic
 //! headers under `include/memplug/host/` from `capi/src`).
 
 use std::path::Path;
