@@ -4,7 +4,7 @@
 //!   `include/memplug.h` (bindgen's own layout tests included: they pin the
 //!   translation to the layout clang computes for the C header).
 //! * `bindgen_layout.rs` / `sdk_layout.rs`: for every struct, type alias and
-//!   constant found in the bindgen output / in `sdk/src/abi.rs`, code that
+//!   constant found in the bindgen output / in `sdk/src/abi/`, code that
 //!   measures it (size, alignment, each field's offset and size, each value).
 //!
 //! The item lists come from parsing the sources with `syn`, not from a
@@ -26,10 +26,20 @@ fn main() {
     let header = env::var_os("MEMPLUG_ABI_TESTS_HEADER")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("include").join("memplug.h"));
-    let abi_rs = root.join("sdk").join("src").join("abi.rs");
+    // The ABI's Rust source: sdk/src/abi/, one module per part.
+    let abi_dir = root.join("sdk").join("src").join("abi");
+    let mut abi_files: Vec<PathBuf> = fs::read_dir(&abi_dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", abi_dir.display()))
+        .map(|e| e.expect("directory entry").path())
+        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+        .collect();
+    abi_files.sort();
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("OUT_DIR"));
     println!("cargo:rerun-if-changed={}", header.display());
-    println!("cargo:rerun-if-changed={}", abi_rs.display());
+    println!("cargo:rerun-if-changed={}", abi_dir.display());
+    for f in &abi_files {
+        println!("cargo:rerun-if-changed={}", f.display());
+    }
     println!("cargo:rerun-if-changed=build.rs");
 
     let bindings = run_bindgen(&header);
@@ -38,8 +48,12 @@ fn main() {
     let header_items = Items::collect(&bindings, "bindgen output of include/memplug.h");
     write(&out.join("bindgen_layout.rs"), &header_items.tables("bindings", "memplug_abi_tests::layout"));
 
-    let sdk_src = fs::read_to_string(&abi_rs).unwrap_or_else(|e| panic!("read {}: {e}", abi_rs.display()));
-    let sdk_items = Items::collect(&sdk_src, "sdk/src/abi.rs");
+    let mut sdk_items = Items::default();
+    for f in &abi_files {
+        let src = fs::read_to_string(f).unwrap_or_else(|e| panic!("read {}: {e}", f.display()));
+        let what = format!("sdk/src/abi/{}", f.file_name().expect("file name").to_string_lossy());
+        sdk_items.append(Items::collect(&src, &what));
+    }
     write(&out.join("sdk_layout.rs"), &sdk_items.tables("memplug_sdk::abi", "crate::layout"));
 }
 
@@ -85,6 +99,14 @@ struct Items {
 }
 
 impl Items {
+    /// Adds `other`'s items after these.
+    fn append(&mut self, other: Items) {
+        self.structs.extend(other.structs);
+        self.typedefs.extend(other.typedefs);
+        self.int_consts.extend(other.int_consts);
+        self.str_consts.extend(other.str_consts);
+    }
+
     fn collect(src: &str, what: &str) -> Items {
         let file = syn::parse_file(src).unwrap_or_else(|e| panic!("cannot parse {what}: {e}"));
         let mut items = Items::default();

@@ -20,7 +20,13 @@ install(FILES
     ${PROJECT_SOURCE_DIR}/include/memplug_cache.hpp
     ${PROJECT_SOURCE_DIR}/include/memplug_offload.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
-# memplug_host.h includes "dlpack/dlpack.h" (the DLPack export, API 1.3).
+# memplug_host.h includes one header per topic, memplug/host/*.h: every one
+# of them, whatever topics there are.
+install(DIRECTORY ${PROJECT_SOURCE_DIR}/include/memplug/host/
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/memplug/host
+  FILES_MATCHING PATTERN "*.h")
+# memplug/host/dlpack_export.h includes "dlpack/dlpack.h" (the DLPack
+# export, API 1.3).
 install(FILES
     ${PROJECT_SOURCE_DIR}/include/dlpack/dlpack.h
     ${PROJECT_SOURCE_DIR}/include/dlpack/LICENSE

@@ -216,7 +216,16 @@ fn status_rows() -> Vec<(String, Vec<String>)> {
 #[test]
 fn every_host_status_has_a_row_naming_classes_and_tests_that_exist() {
     let rows = status_rows();
-    let header = std::fs::read_to_string(repo_root().join("include/memplug_host.h")).unwrap();
+    // The host C API's headers: the umbrella and one per topic.
+    let mut header = std::fs::read_to_string(repo_root().join("include/memplug_host.h")).unwrap();
+    let mut topics: Vec<_> = std::fs::read_dir(repo_root().join("include/memplug/host"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    topics.sort();
+    for topic in topics {
+        header.push_str(&std::fs::read_to_string(topic).unwrap());
+    }
     // Every status the C API defines (but success) is the answer of some row.
     let statuses: Vec<&str> = header
         .lines()

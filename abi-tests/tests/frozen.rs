@@ -46,7 +46,7 @@ fn frozen_headers_never_change() {
             got,
             *want,
             "{} changed: a released header is frozen. Restore it (git checkout) — changes go into \
-             sdk/src/abi.rs as a new minor, never into a released one",
+             sdk/src/abi/ as a new minor, never into a released one",
             path.display()
         );
     }

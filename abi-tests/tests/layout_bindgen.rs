@@ -54,8 +54,8 @@ fn one_sided<'a>(
 fn report(problems: Vec<String>) {
     assert!(
         problems.is_empty(),
-        "include/memplug.h and sdk/src/abi.rs disagree (regenerate the header with \
-         `MEMPLUG_BLESS=1 cargo test -p memplug-abi-tests --test header_drift` if abi.rs is \
+        "include/memplug.h and sdk/src/abi/ disagree (regenerate the header with \
+         `MEMPLUG_BLESS=1 cargo test -p memplug-abi-tests --test header_drift` if abi/ is \
          right):\n  {}",
         problems.join("\n  ")
     );

@@ -1,18 +1,18 @@
 //! Bindings and allocations: the hot path.
 
+use crate::common::{
+    MemplugHostAllocation, MemplugHostBinding, MemplugHostFence, MemplugHostHolder, MemplugHostManager,
+    MemplugHostMechanism, MEMPLUG_HOST_CLASS_OTHER,
+};
 use crate::error::{boundary, require_non_null, write_out, Error, Result};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
 use crate::manager::{location_of, page_size_of};
 use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
+use crate::mechanism_info::MemplugHostMechanismInfo;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    read_sized, write_sized, MemplugHostAllocation, MemplugHostAllocationInfo, MemplugHostBinding,
-    MemplugHostBindingOptions, MemplugHostFence, MemplugHostManager, MemplugHostMechanism,
-    MemplugHostMechanismInfo, MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0, MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0,
-    MEMPLUG_HOST_CLASS_OTHER,
-};
+use crate::struct_size::{read_sized, write_sized};
 use memplug_host_dep::governor::AllocationClass;
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::{BindingSpec, MemoryBinding, OwnedAllocation, Placement};
@@ -68,7 +68,7 @@ pub(crate) fn class_of(class: u32) -> Result<AllocationClass> {
 pub unsafe extern "C" fn memplug_host_binding_create(
     manager: MemplugHostManager,
     mechanism: MemplugHostMechanism,
-    pool: crate::types::MemplugHostPool,
+    pool: crate::common::MemplugHostPool,
     options: *const MemplugHostBindingOptions,
     out: *mut MemplugHostBinding,
 ) -> MemplugHostStatus {
@@ -316,3 +316,77 @@ pub unsafe extern "C" fn memplug_host_allocation_free_after(
         Ok(())
     })
 }
+
+/// Options of a binding (`memplug_host_binding_create`); NULL means all
+/// defaults (class OTHER, no holder, no waiting, no placement).
+///
+/// Since API 1.1 the struct ends with the binding's placement: how its
+/// memory is asked for (the plugin ABI 1.2 request fields: hints, page
+/// size, location, export kinds). They are read only when `struct_size`
+/// reaches them: a caller built against API 1.0 (`struct_size` =
+/// `MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0`) asks for no placement. A
+/// mechanism whose plugin agreed on an older ABI minor is sent none of it.
+/// A library older than API 1.1 reads only the 1.0 fields (and so ignores
+/// the placement): `MEMPLUG_HOST_CHECK_API()` refuses such a library.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostBindingOptions {
+    /// `sizeof(MemplugHostBindingOptions)`.
+    pub struct_size: u32,
+    /// One of `MEMPLUG_HOST_CLASS_*`.
+    pub alloc_class: u32,
+    /// The holder allocations are charged to; the zero handle for none. It
+    /// must be registered with the binding's pool.
+    pub holder: MemplugHostHolder,
+    /// How long an allocation may wait for pressure to free room, in
+    /// nanoseconds; 0 fails at once after the pressure tickets.
+    pub wait_ns: u64,
+    /// Since API 1.1. `MEMPLUG_HINT_*` bits (memplug.h):
+    /// `MEMPLUG_HINT_UNINITIALIZED_OK` when the binding's memory need not
+    /// be zeroed (only for memory the caller overwrites before reading).
+    /// Unknown bits are refused (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`).
+    pub hints: u32,
+    /// Since API 1.1. `MEMPLUG_HANDLE_*` kinds the memory will be exported
+    /// as (0: none). A plugin that does not offer one of them refuses the
+    /// binding's allocations and prefixes with
+    /// `MEMPLUG_HOST_STATUS_UNSUPPORTED`. Unknown bits are refused.
+    pub export_types: u32,
+    /// Since API 1.1. Pages of this many bytes: a power of two (else
+    /// refused here) the mechanism publishes in its descriptor's
+    /// `page_sizes` (a plugin refuses another when asked to allocate, with
+    /// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`); 0: the mechanism's choice.
+    pub page_size: u64,
+    /// Since API 1.1. Where the memory should live: a `MEMPLUG_LOCATION_*`
+    /// kind (`MEMPLUG_LOCATION_ANY`, 0: no preference) and the NUMA node or
+    /// tier it names (else 0; an unknown kind, or an id with a kind that
+    /// names no node or tier, is refused). A plugin that cannot place it
+    /// there refuses.
+    pub location_kind: u32,
+    /// The NUMA node or tier `location_kind` names; 0 for a kind that names
+    /// none.
+    pub location_id: u32,
+}
+
+/// An allocation's address and size.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostAllocationInfo {
+    /// `sizeof(MemplugHostAllocationInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+    /// Device address (a host pointer for CPU mechanisms).
+    pub addr: u64,
+    /// Bytes the mechanism provided (at least the size asked), all charged.
+    pub size: u64,
+}
+
+/// Size of `MemplugHostBindingOptions` in API 1.0.
+pub const MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_0: u32 = 24;
+
+/// Size of `MemplugHostAllocationInfo` in API 1.0.
+pub const MEMPLUG_HOST_ALLOCATION_INFO_SIZE_1_0: u32 = 24;
+
+/// Size of `MemplugHostBindingOptions` in API 1.1 (the placement
+/// appended).
+pub const MEMPLUG_HOST_BINDING_OPTIONS_SIZE_1_1: u32 = 48;

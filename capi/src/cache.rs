@@ -2,16 +2,15 @@
 //! (see the host's `cache` module for what is promised).
 
 use crate::binding::class_of;
+use crate::binding::{MemplugHostAllocationInfo, MemplugHostBindingOptions};
+use crate::common::{MemplugHostFence, MemplugHostManager, MemplugHostMechanism, MemplugHostPool};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, CacheEntry, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    read_sized, write_sized, MemplugHostAllocationInfo, MemplugHostBindingOptions, MemplugHostFence,
-    MemplugHostManager, MemplugHostMechanism, MemplugHostPool,
-};
+use crate::struct_size::{read_sized, write_sized};
 use memplug_host_dep::governor::Priority;
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::{BindingSpec, CacheConfig, CachedAllocation, IdlePolicy, StreamKey};
@@ -159,7 +158,7 @@ pub unsafe extern "C" fn memplug_host_cache_create(
 ) -> MemplugHostStatus {
     boundary("memplug_host_cache_create", || {
         require_non_null(out, "out")?;
-        let mut spec = BindingSpec::new(class_of(crate::types::MEMPLUG_HOST_CLASS_OTHER)?);
+        let mut spec = BindingSpec::new(class_of(crate::common::MEMPLUG_HOST_CLASS_OTHER)?);
         if !binding_options.is_null() {
             // SAFETY: non-NULL; the caller's contract covers the size.
             let o = unsafe { read_sized(binding_options, "MemplugHostBindingOptions") }?;

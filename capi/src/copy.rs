@@ -1,10 +1,10 @@
 //! The plugin ABI 1.3 stream-ordered copy through the C API (C API 1.3).
 
+use crate::common::{MemplugHostMechanism, MemplugHostStream};
 use crate::error::{boundary, require_non_null, write_out, Error};
 use crate::manager_tables::{pin, StreamEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{MemplugHostMechanism, MemplugHostStream};
 use memplug_host_dep::registry::Context;
 use std::sync::Arc;
 

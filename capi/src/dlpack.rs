@@ -8,13 +8,13 @@
 //! — also after `memplug_host_manager_destroy`. A refused export leaves the
 //! handle as it was.
 
+use crate::common::{MemplugHostAllocation, MemplugHostFence, MemplugHostRegion};
 use crate::error::{boundary, require_non_null, write_out, Error, Result};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, RegionEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{MemplugHostAllocation, MemplugHostFence, MemplugHostRegion};
 use crate::MemplugHostCachedAllocation;
 use memplug_host_dep::dlpack::{
     self, DLDataType, DLManagedTensorVersioned, ExportError, ExportOptions, SharedRegion, TensorLayout,
@@ -104,7 +104,7 @@ unsafe fn request(
 ) -> Result<(TensorLayout, ExportOptions)> {
     require_non_null(spec, "spec")?;
     // SAFETY: non-NULL; the caller's contract covers the size.
-    let s = unsafe { crate::types::read_sized(spec, "MemplugHostTensorSpec") }?;
+    let s = unsafe { crate::struct_size::read_sized(spec, "MemplugHostTensorSpec") }?;
     if s.ndim > MEMPLUG_HOST_TENSOR_MAX_DIMS {
         let max = MEMPLUG_HOST_TENSOR_MAX_DIMS;
         return Err(Error::new(S::InvalidArgument, format!("{} dimensions (at most {max})", s.ndim)));

@@ -2,15 +2,12 @@
 //! supplied by the runtime as a query/wait callback pair.
 
 use crate::callbacks::{CallbackScope, UserData};
+use crate::common::{MemplugHostFence, MemplugHostManager, MemplugHostMechanism, MemplugHostStream};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, FenceEntry, StreamEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    MemplugHostFence, MemplugHostFenceQueryFn, MemplugHostFenceWaitFn, MemplugHostManager,
-    MemplugHostMechanism, MemplugHostReleaseFn, MemplugHostStream, MemplugHostStreamFn,
-};
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::{FnFence, PluginFence, SharedFence};
 use std::ffi::{c_char, c_void};
@@ -409,3 +406,23 @@ pub extern "C" fn memplug_host_fence_release(fence: MemplugHostFence) -> Memplug
         Ok(())
     })
 }
+
+/// A runtime fence's query: true when the work before it has completed.
+/// Never blocks. Called from any thread (the caller of a free, a poll, the
+/// reaper), possibly concurrently. Must not unwind.
+pub type MemplugHostFenceQueryFn = Option<unsafe extern "C" fn(userdata: *mut c_void) -> bool>;
+
+/// A runtime fence's wait: blocks up to `timeout_ns`; true when complete.
+/// Same threading rules as the query.
+pub type MemplugHostFenceWaitFn =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, timeout_ns: u64) -> bool>;
+
+/// Called exactly once when the host drops its last reference to a
+/// runtime fence, on whichever thread drops it, so the runtime may free
+/// what `userdata` points to. Must not unwind.
+pub type MemplugHostReleaseFn = Option<unsafe extern "C" fn(userdata: *mut c_void)>;
+
+/// A host function run on a stream after the work submitted before it
+/// (`memplug_host_stream_enqueue`). Runs once, on the stream's thread. Must
+/// not unwind.
+pub type MemplugHostStreamFn = Option<unsafe extern "C" fn(userdata: *mut c_void)>;

@@ -11,17 +11,17 @@
 //! running on other threads.
 
 use crate::callbacks::{lock_region, not_in_callback, not_in_lifecycle_callback, UserData};
+use crate::common::{
+    MemplugHostAllocation, MemplugHostManager, MemplugHostMechanism, MemplugHostPrefix, MemplugHostRegion,
+    MemplugHostSubscription,
+};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, RegionEntry, SubscriptionEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
+use crate::struct_size::write_sized;
 use crate::subscriber::{life_state, settlement, Subscriber};
-use crate::types::{
-    write_sized, MemplugHostAllocation, MemplugHostLifeState, MemplugHostLifecycleFn, MemplugHostManager,
-    MemplugHostMechanism, MemplugHostPrefix, MemplugHostRegion, MemplugHostSettlement,
-    MemplugHostSubscription,
-};
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::{OwnedAllocation, SharedPrefix};
 use memplug_sdk::prefix::Prefixed;
@@ -467,6 +467,159 @@ pub unsafe extern "C" fn memplug_host_prefix_is_lost(
         Ok(())
     })
 }
+
+/// Where a mechanism's context is in its life
+/// (`memplug_host_mechanism_state`). States only go forward:
+/// `ACTIVE` → `RETIRING` → (`LOST`) → `TERMINATED`, or `ACTIVE` → `LOST` →
+/// `TERMINATED`. Numbers are never reused; treat one this header does not
+/// name as "not active".
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemplugHostLifeState {
+    /// Serving: new bindings, allocations, regions and prefixes are made
+    /// here.
+    Active = 0,
+    /// Ending in order (retired by the runtime, or replaced): no new
+    /// binding or object; existing objects keep working and are freed as
+    /// usual; it terminates once the last is gone.
+    Retiring = 1,
+    /// The device or context is gone (the plugin reported it, a call
+    /// answered `MEMPLUG_HOST_STATUS_DEVICE_LOST`, or the runtime declared
+    /// it): the host calls its plugin no more, and every object it made went
+    /// with it. New work fails with `MEMPLUG_HOST_STATUS_DEVICE_LOST`.
+    Lost = 2,
+    /// Over: nothing in flight, every charge of the context settled exactly
+    /// once (`MemplugHostSettlement`). Handles that outlive it are inert:
+    /// destroying them calls no plugin and refunds nothing.
+    Terminated = 3,
+}
+
+/// What a context's termination settled, once
+/// (`memplug_host_manager_terminate`, `memplug_host_mechanism_settlement`,
+/// and the `TERMINATED` lifecycle event): the charges its bindings still
+/// held, discharged from their pools by exactly the bytes that were
+/// charged — never from a guess, never twice.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostSettlement {
+    /// `sizeof(MemplugHostSettlement)`; set to the bytes written.
+    pub struct_size: u32,
+    /// 1 when the context was lost (its objects went with the device), 0
+    /// when it retired in order.
+    pub after_loss: u32,
+    /// Bytes discharged from the pools: live charges plus quarantined ones.
+    pub bytes: u64,
+    /// Of `bytes`, those that were quarantined (releases the plugin had
+    /// refused before).
+    pub quarantined_bytes: u64,
+    /// Leases (charged objects) discharged.
+    pub leases: u64,
+    /// Bindings whose ledger held anything and was settled.
+    pub bindings: u64,
+    /// Objects the host still counted alive and forgot (they went with the
+    /// device); 0 after an orderly end.
+    pub objects_forgotten: u64,
+}
+
+/// What one binding of a lost context held when the loss was delivered
+/// (an element of `MemplugHostLifecycleEvent::notices`). Everything it made
+/// through the context went with the device; its handles
+/// (`memplug_host_allocation_is_lost` ...) say so, and destroying them is
+/// still the caller's job (it calls no plugin and refunds nothing; the
+/// charges are settled when the context terminates).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemplugHostLossNotice {
+    /// `sizeof(MemplugHostLossNotice)` of the library.
+    pub struct_size: u32,
+    /// The binding's class (`MEMPLUG_HOST_CLASS_*`).
+    pub alloc_class: u32,
+    /// The holder the binding charges, as `memplug_host_holder_id` gives
+    /// it; 0 for a binding made without a holder.
+    pub holder_id: u64,
+    /// Charged objects (leases) the binding held.
+    pub objects: u64,
+    /// Their charged bytes.
+    pub bytes: u64,
+    /// Bytes quarantined by earlier refused releases (settled too).
+    pub quarantined_bytes: u64,
+    /// The name of the pool the binding charges (unique per manager):
+    /// `pool_name_len` bytes of UTF-8, then a NUL. Valid only during the
+    /// callback.
+    pub pool_name: *const c_char,
+    /// Length of `pool_name` in bytes, without the NUL.
+    pub pool_name_len: usize,
+}
+
+/// One transition of a mechanism's context, given to a
+/// `MemplugHostLifecycleFn`. The struct and everything it points to belong
+/// to the library and are valid only during the callback: copy what you
+/// keep.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemplugHostLifecycleEvent {
+    /// `sizeof(MemplugHostLifecycleEvent)` of the library; read only fields
+    /// that fit.
+    pub struct_size: u32,
+    /// The state before and after the transition.
+    pub from: MemplugHostLifeState,
+    /// The state entered; `MEMPLUG_HOST_LIFE_STATE_TERMINATED` is the last event
+    /// of a context.
+    pub to: MemplugHostLifeState,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+    /// The subscription this call is for.
+    pub subscription: MemplugHostSubscription,
+    /// `"plugin/mechanism"` of the context: `context_len` bytes, then a
+    /// NUL.
+    pub context: *const c_char,
+    /// Length of `context` in bytes, without the NUL.
+    pub context_len: usize,
+    /// Why the context left `ACTIVE` (the runtime's reason, the plugin's
+    /// sanitised report, or the host's), `reason_len` bytes, then a NUL;
+    /// NULL (and 0) when none was given.
+    pub reason: *const c_char,
+    /// Length of `reason` in bytes, without the NUL; 0 when `reason` is
+    /// NULL.
+    pub reason_len: usize,
+    /// On entering `LOST`: one notice per binding that held something,
+    /// `notice_count` of them, `notice_size` bytes apart (step by
+    /// `notice_size`, not by your `sizeof`, so that a later library with a
+    /// longer notice still works). NULL when `notice_count` is 0.
+    pub notices: *const MemplugHostLossNotice,
+    /// How many notices `notices` points to.
+    pub notice_count: usize,
+    /// Distance between two notices, in bytes (at least the 1.0
+    /// `sizeof(MemplugHostLossNotice)`).
+    pub notice_size: usize,
+    /// On entering `TERMINATED`: what was settled; NULL otherwise.
+    pub settlement: *const MemplugHostSettlement,
+}
+
+/// A mechanism's lifecycle callback (`memplug_host_mechanism_subscribe`):
+/// called once per transition of its context, in order for each
+/// subscription, with the `userdata` given at subscription.
+///
+/// Thread: whichever delivers the transition — the thread calling
+/// `memplug_host_mechanism_retire`, `_declare_lost`,
+/// `memplug_host_manager_replace`, `_terminate` or `_poll`, or the
+/// manager's reaper thread; never a plugin's or a driver's thread, and
+/// never from inside a plugin call. Two transitions of one context may be
+/// delivered on two threads. No host lock is held.
+///
+/// From inside it, calls that deliver lifecycle events or wait for them are
+/// refused with `MEMPLUG_HOST_STATUS_REENTRANT`
+/// (`memplug_host_manager_poll`, `_terminate`, `_replace`, `_drain`,
+/// `_destroy`, `memplug_host_mechanism_retire`, `_declare_lost`): note what
+/// to do and do it after returning. Everything else may be called: freeing
+/// the lost objects' handles, making a new binding (which goes to the
+/// successor), unsubscribing (this subscription too). It must not unwind
+/// (no C++ exception may leave it).
+pub type MemplugHostLifecycleFn =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, event: *const MemplugHostLifecycleEvent)>;
+
+/// Size of `MemplugHostSettlement` in API 1.0.
+pub const MEMPLUG_HOST_SETTLEMENT_SIZE_1_0: u32 = 48;
 
 #[cfg(test)]
 mod tests {

@@ -6,7 +6,7 @@
 use crate::error::{boundary, c_str, Error, Result};
 use crate::manager_tables::pin_manager;
 use crate::status::MemplugHostStatus;
-use crate::types::read_sized;
+use crate::struct_size::read_sized;
 use memplug_host_dep::{LoadOptions, OverlapCheck, Plugin};
 use memplug_sdk::abi::{MemplugHostInfo, MemplugMessageSink, MemplugNegotiation, MemplugStatus};
 use memplug_sdk::prefix::Prefixed;
@@ -125,7 +125,7 @@ unsafe fn options(options: *const MemplugHostLoadOptions) -> Result<LoadOptions>
 /// NUL-terminated.
 #[no_mangle]
 pub unsafe extern "C" fn memplug_host_manager_load_plugin_with(
-    manager: crate::types::MemplugHostManager,
+    manager: crate::common::MemplugHostManager,
     path: *const c_char,
     options: *const MemplugHostLoadOptions,
 ) -> MemplugHostStatus {
@@ -150,7 +150,7 @@ pub unsafe extern "C" fn memplug_host_manager_load_plugin_with(
 /// its `struct_size`.
 #[no_mangle]
 pub unsafe extern "C" fn memplug_host_manager_register_entry_with(
-    manager: crate::types::MemplugHostManager,
+    manager: crate::common::MemplugHostManager,
     entry: Option<
         unsafe extern "C" fn(
             *const MemplugHostInfo,

@@ -1,18 +1,19 @@
 //! Managers, plugins and mechanisms.
 
 use crate::callbacks::{not_in_callback, not_in_lifecycle_callback};
+use crate::common::{name_field, MemplugHostManager, MemplugHostMechanism};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::{self, Kind};
 use crate::manager_tables::{self, existing_tables, managers, pin, pin_manager, ManagerState};
+use crate::mechanism_info::{
+    MemplugHostDescriptor, MemplugHostDeviceIdentity, MemplugHostMechanismInfo, MemplugHostMemoryNeeds,
+    MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1, MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1,
+    MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0,
+};
 use crate::slot_table::Removed;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    name_field, read_sized, write_sized, MemplugHostDescriptor, MemplugHostDeviceIdentity,
-    MemplugHostManager, MemplugHostMechanism, MemplugHostMechanismInfo, MemplugHostMemoryNeeds,
-    MemplugHostPollReport, MEMPLUG_HOST_DESCRIPTOR_SIZE_1_1, MEMPLUG_HOST_DEVICE_IDENTITY_SIZE_1_1,
-    MEMPLUG_HOST_MECHANISM_INFO_SIZE_1_0, MEMPLUG_HOST_POLL_REPORT_SIZE_1_0,
-};
+use crate::struct_size::{read_sized, write_sized};
 use memplug_host_dep::registry::{Context, Requirements};
 use memplug_host_dep::{LoadOptions, Location, Mechanism, MemoryNeeds, Plugin, ProcessMemoryManager};
 use memplug_sdk::abi::{
@@ -621,3 +622,22 @@ pub unsafe extern "C" fn memplug_host_manager_drain(
         Ok(())
     })
 }
+
+/// What a poll of the deferred-free queue did (`memplug_host_manager_poll`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPollReport {
+    /// `sizeof(MemplugHostPollReport)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+    /// Frees retired by this poll.
+    pub retired: u64,
+    /// Frees the plugin refused (quarantined) during this poll.
+    pub quarantined: u64,
+    /// Frees still waiting for fences.
+    pub pending: u64,
+}
+
+/// Size of `MemplugHostPollReport` in API 1.0.
+pub const MEMPLUG_HOST_POLL_REPORT_SIZE_1_0: u32 = 32;

@@ -11,11 +11,11 @@
 //! when the second call is still short.
 
 use crate::callbacks::{CallbackScope, UserData};
+use crate::common::{MemplugHostManager, MemplugHostPool};
 use crate::error::{boundary, require_non_null, Error, Result};
 use crate::manager_tables::{pin, pin_manager, PoolEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{MemplugHostManager, MemplugHostPool};
 use memplug_host_dep::mechanism::class_tag;
 use memplug_host_dep::observe::{to_json, to_prometheus, Event, StatsReport};
 use std::cell::RefCell;

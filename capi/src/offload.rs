@@ -11,15 +11,14 @@
 //! would be ABI to keep for nothing.
 
 use crate::callbacks::lock_region;
+use crate::common::{MemplugHostBinding, MemplugHostFence, MemplugHostRegion, MemplugHostStream};
 use crate::error::{boundary, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, same_manager, FenceEntry, RegionEntry, StreamEntry};
 use crate::slot_table::{Pinned, Vacant};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    check_out_sized, write_sized, MemplugHostBinding, MemplugHostFence, MemplugHostRegion, MemplugHostStream,
-};
+use crate::struct_size::{check_out_sized, write_sized};
 use memplug_host_dep::{MemoryBinding, PluginFence, Residence, SharedFence, Stream};
 use memplug_sdk::prefix::Prefixed;
 use std::time::Duration;

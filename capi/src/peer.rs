@@ -3,11 +3,11 @@
 //! range of a region to one.
 
 use crate::callbacks::lock_region;
+use crate::common::{MemplugHostMechanism, MemplugHostRegion};
 use crate::error::{boundary, require_non_null, write_out, Error};
 use crate::manager_tables::{pin, RegionEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{MemplugHostMechanism, MemplugHostRegion};
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::Access;
 use memplug_sdk::abi::{MemplugDevice, MEMPLUG_ACCESS_READ, MEMPLUG_ACCESS_WRITE};

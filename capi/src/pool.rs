@@ -1,15 +1,14 @@
 //! Pools and holders (pressure callbacks).
 
 use crate::callbacks::{CallbackScope, UserData};
+use crate::common::{
+    name_field, MemplugHostHolder, MemplugHostManager, MemplugHostPool, MEMPLUG_HOST_NAME_MAX,
+};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, HolderShared, PoolEntry};
 use crate::status::MemplugHostStatus;
-use crate::types::{
-    name_field, write_sized, MemplugHostHolder, MemplugHostManager, MemplugHostPool, MemplugHostPoolInfo,
-    MemplugHostPressureFn, MemplugHostPressureTicket, MEMPLUG_HOST_NAME_MAX, MEMPLUG_HOST_POOL_INFO_SIZE_1_0,
-    MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0,
-};
+use crate::struct_size::write_sized;
 use memplug_host_dep::governor::{GovernorError, PressureTicket, Priority};
 use memplug_host_dep::ManagerError;
 use std::ffi::{c_char, c_void};
@@ -321,3 +320,98 @@ pub unsafe extern "C" fn memplug_host_holder_id(
         Ok(())
     })
 }
+
+/// Lowest holder priority: asked first under pressure.
+pub const MEMPLUG_HOST_PRIORITY_LOWEST: u32 = 0;
+
+/// Highest holder priority; also the priority of a request made on behalf
+/// of no holder.
+pub const MEMPLUG_HOST_PRIORITY_HIGHEST: u32 = u32::MAX;
+
+/// A request for room, given to a holder's pressure callback.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPressureTicket {
+    /// `sizeof(MemplugHostPressureTicket)` of the library; read only fields
+    /// that fit.
+    pub struct_size: u32,
+    /// Class of the request (`MEMPLUG_HOST_CLASS_*`).
+    pub alloc_class: u32,
+    /// Bytes still missing when the ticket was issued.
+    pub bytes_wanted: u64,
+    /// Priority of the requester (`MEMPLUG_HOST_PRIORITY_HIGHEST` for a
+    /// request made on behalf of no holder).
+    pub requester_priority: u32,
+    /// 1 when the request was made on behalf of a holder, else 0.
+    pub has_requester: u32,
+    /// Time left before the requester gives up, in nanoseconds; 0: release
+    /// what can be released at once, do not block.
+    pub timeout_ns: u64,
+    /// The pool that needs room (the handle the holder registered with).
+    pub pool: MemplugHostPool,
+    /// The holder being asked.
+    pub holder: MemplugHostHolder,
+}
+
+/// A pool's place in a tree of pools (`memplug_host_pool_info`): its
+/// identity, its parent, its capacity and the share of its use that comes
+/// from the pools below it. `capacity`, `used` and `free` are one
+/// consistent reading; `children_used` sums the children's use, read one
+/// after the other (exact when no operation is in flight).
+///
+/// The pool and parent ids are the governor's: unique in the process,
+/// never reused, the same number whatever handle names the pool (so a
+/// child's `parent_id` equals its parent's `pool_id`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct MemplugHostPoolInfo {
+    /// `sizeof(MemplugHostPoolInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Ancestors above the pool: 0 for a pool made with
+    /// `memplug_host_pool_create`, 1 for its children, and so on.
+    pub depth: u32,
+    /// The pool's id.
+    pub pool_id: u64,
+    /// The parent's id; 0 for a pool without a parent
+    /// (`memplug_host_pool_parent` gives a handle to the parent).
+    pub parent_id: u64,
+    /// Bytes the pool may charge in all (`memplug_host_pool_set_capacity`);
+    /// a parent's smaller capacity may bind first.
+    pub capacity: u64,
+    /// Bytes charged at this level, the pools below it included (as in
+    /// `MemplugHostPoolStats`).
+    pub used: u64,
+    /// `capacity - used`.
+    pub free: u64,
+    /// Of `used`, the bytes charged through the pools below this one.
+    pub children_used: u64,
+    /// Pools created directly under this one, alive now.
+    pub children: u32,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+    /// The pool's name, NUL-terminated (truncated to fit).
+    pub name: [c_char; MEMPLUG_HOST_NAME_MAX],
+    /// The parent's name, NUL-terminated; empty for a pool without a parent.
+    pub parent_name: [c_char; MEMPLUG_HOST_NAME_MAX],
+}
+
+/// A holder's answer to a pressure ticket: the bytes it released (or
+/// queued for release after fences), through the normal paths
+/// (`memplug_host_allocation_free*`, `memplug_host_region_shrink`...).
+/// Zero is a legal answer. Answers are recorded, never trusted as refunds;
+/// an answer larger than the pool's use is clamped and counted as nonsense.
+///
+/// Called on the thread whose request needs room, with no host lock held,
+/// possibly on several threads at once. It may call the C API (free, shrink,
+/// allocate — a request made from inside a callback sends no tickets of its
+/// own), except `memplug_host_manager_destroy` and operations on a region
+/// whose grow is running on this thread (`MEMPLUG_HOST_STATUS_REENTRANT`).
+/// It must not unwind (no C++ exception may leave it).
+pub type MemplugHostPressureFn =
+    Option<unsafe extern "C" fn(userdata: *mut c_void, ticket: *const MemplugHostPressureTicket) -> u64>;
+
+/// Size of `MemplugHostPressureTicket` in API 1.0.
+pub const MEMPLUG_HOST_PRESSURE_TICKET_SIZE_1_0: u32 = 48;
+
+/// Size of `MemplugHostPoolInfo` in API 1.0.
+pub const MEMPLUG_HOST_POOL_INFO_SIZE_1_0: u32 = 192;

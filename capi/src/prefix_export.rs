@@ -3,14 +3,12 @@
 //! binding, mechanism or process imports as a prefix of its own, charged
 //! once to the importing binding's pool.
 
+use crate::common::{MemplugHostBinding, MemplugHostPrefix};
 use crate::error::{boundary, require_non_null, Error, Result};
 use crate::manager_tables::{self, pin};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    check_out_sized, read_sized, write_sized, MemplugHostBinding, MemplugHostHandle, MemplugHostPrefix,
-    MEMPLUG_HOST_HANDLE_SIZE_1_1,
-};
+use crate::struct_size::{check_out_sized, read_sized, write_sized};
 use memplug_host_dep::{MemoryBinding, SharedPrefix};
 use memplug_sdk::abi::{MEMPLUG_HANDLE_BLOB_MAX, MEMPLUG_HANDLE_WIN32};
 use memplug_sdk::{Handle, HandleRef};
@@ -166,3 +164,58 @@ pub unsafe extern "C" fn memplug_host_binding_import_prefix(
         unsafe { manager_tables::issue(seat, p, [len, charged], out, |id| MemplugHostPrefix { id }) }
     })
 }
+
+/// A typed handle to memory (the plugin ABI 1.2 `MemplugHandle`): what
+/// `memplug_host_prefix_export_handle` writes and
+/// `memplug_host_binding_import_prefix` reads. One kind per handle:
+///
+/// * `MEMPLUG_HANDLE_OPAQUE_FD`, `_DMABUF_FD`, `_MEMFD`: `fd` is a file
+///   descriptor (else -1). One written by an export is new and the
+///   caller's: close it when done (it keeps the memory alive for whoever
+///   imports it, in this process or another one it is passed to). Import
+///   only borrows it (the plugin keeps a duplicate if it needs one).
+/// * `MEMPLUG_HANDLE_WIN32`: `win32` is a Windows NT handle, owned as an
+///   fd is (else 0).
+/// * `MEMPLUG_HANDLE_VENDOR_BLOB`: the first `blob_len` bytes of `blob`
+///   (at most `MEMPLUG_HANDLE_BLOB_MAX`) are a vendor's opaque bytes.
+///
+/// Set `struct_size` to `sizeof(MemplugHostHandle)` (at least
+/// `MEMPLUG_HOST_HANDLE_SIZE_1_1`) before either call. Since API 1.1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemplugHostHandle {
+    /// `sizeof(MemplugHostHandle)`; set to the bytes written.
+    pub struct_size: u32,
+    /// One `MEMPLUG_HANDLE_*` bit (memplug.h).
+    pub kind: u32,
+    /// The descriptor of the fd kinds; -1 otherwise.
+    pub fd: i32,
+    /// Zero.
+    pub reserved0: u32,
+    /// The handle of `MEMPLUG_HANDLE_WIN32`; zero otherwise.
+    pub win32: u64,
+    /// Bytes of `blob` used (`MEMPLUG_HANDLE_VENDOR_BLOB`); zero otherwise.
+    pub blob_len: u32,
+    /// Zero.
+    pub reserved1: u32,
+    /// A vendor blob's bytes.
+    pub blob: [u8; 64],
+}
+
+impl Default for MemplugHostHandle {
+    fn default() -> Self {
+        MemplugHostHandle {
+            struct_size: MEMPLUG_HOST_HANDLE_SIZE_1_1,
+            kind: 0,
+            fd: -1,
+            reserved0: 0,
+            win32: 0,
+            blob_len: 0,
+            reserved1: 0,
+            blob: [0; 64],
+        }
+    }
+}
+
+/// Size of `MemplugHostHandle` in API 1.1, where it first appeared.
+pub const MEMPLUG_HOST_HANDLE_SIZE_1_1: u32 = 96;

@@ -1,17 +1,16 @@
 //! Virtual regions (reserve, grow, shrink, free) and shared prefixes.
 
 use crate::callbacks::{lock_region, CallbackScope, UserData};
+use crate::common::{
+    MemplugHostBinding, MemplugHostFence, MemplugHostPrefix, MemplugHostRegion, MemplugHostStream,
+};
 use crate::error::{boundary, require_non_null, write_out, Error};
 use crate::fence::collect_fences;
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, same_manager, FenceEntry, RegionEntry, StreamEntry};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::types::{
-    write_sized, MemplugHostBinding, MemplugHostFence, MemplugHostGrowFn, MemplugHostPrefix,
-    MemplugHostPrefixInfo, MemplugHostPrefixInitFn, MemplugHostRegion, MemplugHostRegionInfo,
-    MemplugHostStream, MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0, MEMPLUG_HOST_REGION_INFO_SIZE_1_0,
-};
+use crate::struct_size::write_sized;
 use memplug_host_dep::{GrowError, MemoryBinding, SharedPrefix};
 use std::ffi::c_void;
 use std::sync::atomic::AtomicU64;
@@ -360,3 +359,54 @@ pub extern "C" fn memplug_host_prefix_release(prefix: MemplugHostPrefix) -> Memp
         Ok(())
     })
 }
+
+/// A region's figures.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostRegionInfo {
+    /// `sizeof(MemplugHostRegionInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+    /// Base address; never changes for the region's life.
+    pub addr: u64,
+    /// Bytes of address space reserved.
+    pub capacity: u64,
+    /// Usable bytes: the mapped prefix plus the committed private part.
+    pub len: u64,
+    /// Private bytes committed and charged.
+    pub committed: u64,
+    /// Bytes of the read-only shared prefix at the start (0: none).
+    pub prefix_len: u64,
+}
+
+/// A shared prefix's figures.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemplugHostPrefixInfo {
+    /// `sizeof(MemplugHostPrefixInfo)`; set to the bytes written.
+    pub struct_size: u32,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+    /// Bytes (a multiple of the granularity).
+    pub len: u64,
+    /// Bytes charged to the pool (once, however many regions map it).
+    pub charged: u64,
+}
+
+/// The caller's step of a region grow: the region's usable bytes are now
+/// `[addr, addr + len)`; return true to accept, false to refuse (the grow
+/// is then undone and `memplug_host_region_grow` returns
+/// `MEMPLUG_HOST_STATUS_CALLBACK_REFUSED`). Called once, on the calling
+/// thread, before the call returns. Must not unwind.
+pub type MemplugHostGrowFn = Option<unsafe extern "C" fn(userdata: *mut c_void, addr: u64, len: u64) -> bool>;
+
+/// Fills a new shared prefix through a temporary writable view of `len`
+/// bytes at `addr`. Called once, on the calling thread. Must not unwind.
+pub type MemplugHostPrefixInitFn = Option<unsafe extern "C" fn(userdata: *mut c_void, addr: u64, len: u64)>;
+
+/// Size of `MemplugHostRegionInfo` in API 1.0.
+pub const MEMPLUG_HOST_REGION_INFO_SIZE_1_0: u32 = 48;
+
+/// Size of `MemplugHostPrefixInfo` in API 1.0.
+pub const MEMPLUG_HOST_PREFIX_INFO_SIZE_1_0: u32 = 24;

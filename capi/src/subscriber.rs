@@ -6,9 +6,10 @@
 //! which hold subscribers, do not import the functions that use the tables.
 
 use crate::callbacks::{thread_token, LifecycleScope, UserData};
-use crate::types::{
+use crate::common::MemplugHostSubscription;
+use crate::lifecycle::{
     MemplugHostLifeState, MemplugHostLifecycleEvent, MemplugHostLossNotice, MemplugHostSettlement,
-    MemplugHostSubscription, MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
+    MEMPLUG_HOST_SETTLEMENT_SIZE_1_0,
 };
 use memplug_host_dep::registry::Context;
 use memplug_host_dep::{LifeState, LifecycleEvent, Settlement, SubscriptionId};

@@ -2,7 +2,7 @@
 
 use crate::error::{boundary, boundary_value, require_non_null, Result};
 use crate::status::MemplugHostStatus;
-use crate::types::{write_sized, MemplugHostVersion, MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR};
+use crate::struct_size::write_sized;
 use memplug_host_dep::{HOST_MAX_MINOR, HOST_MIN_MINOR};
 use memplug_sdk::abi::MEMPLUG_ABI_MAJOR;
 use std::ffi::c_char;
@@ -13,7 +13,7 @@ fn parse(v: &str) -> u32 {
 
 fn version() -> MemplugHostVersion {
     MemplugHostVersion {
-        struct_size: crate::types::MEMPLUG_HOST_VERSION_SIZE_1_0,
+        struct_size: MEMPLUG_HOST_VERSION_SIZE_1_0,
         major: parse(env!("CARGO_PKG_VERSION_MAJOR")),
         minor: parse(env!("CARGO_PKG_VERSION_MINOR")),
         patch: parse(env!("CARGO_PKG_VERSION_PATCH")),
@@ -81,6 +81,45 @@ pub extern "C" fn memplug_host_check_api(major: u32, minor: u32) -> MemplugHostS
         Ok(())
     })
 }
+
+/// Major version of this C API: changes only with an incompatible change.
+pub const MEMPLUG_HOST_API_MAJOR: u32 = 1;
+
+/// Minor version of this C API: grows when functions or struct fields are
+/// appended.
+pub const MEMPLUG_HOST_API_MINOR: u32 = 3;
+
+/// Versions of the library (`memplug_host_get_version`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostVersion {
+    /// Set by the caller to `sizeof(MemplugHostVersion)`; set by the
+    /// library to the bytes it wrote.
+    pub struct_size: u32,
+    /// Library version (semantic versioning).
+    pub major: u32,
+    /// Library minor version.
+    pub minor: u32,
+    /// Library patch version.
+    pub patch: u32,
+    /// C API version the library implements (compare with
+    /// `MEMPLUG_HOST_API_MAJOR` / `MEMPLUG_HOST_API_MINOR` of the header).
+    pub api_major: u32,
+    /// C API minor version the library implements (a library serves every
+    /// header of its major with a minor up to this).
+    pub api_minor: u32,
+    /// Plugin ABI major the host loads (`MEMPLUG_ABI_MAJOR`).
+    pub abi_major: u32,
+    /// Oldest plugin ABI minor the host negotiates.
+    pub abi_min_minor: u32,
+    /// Newest plugin ABI minor the host negotiates (see `abi_min_minor`).
+    pub abi_max_minor: u32,
+    /// Padding, always written as 0.
+    pub reserved0: u32,
+}
+
+/// Size of `MemplugHostVersion` in API 1.0.
+pub const MEMPLUG_HOST_VERSION_SIZE_1_0: u32 = 40;
 
 #[cfg(test)]
 mod tests {

@@ -1,6 +1,8 @@
 /* Consumer of an installed memplug: loads the installed CPU plugin
  * (MEMPLUG_CONSUMER_PLUGIN, defined by the build from the package's plugin
  * directory), allocates, frees. */
+/* One topic's header alone first, as a consumer may include it. */
+#include <memplug/host/pools.h>
 #include <memplug_host.h>
 #include <stdio.h>
 

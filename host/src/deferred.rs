@@ -7,9 +7,9 @@
 //! reaper thread, or in `drain()` at teardown, which reports what it could
 //! not retire. No lock is held while a fence is queried or a plugin called.
 
+use crate::events::{events_wanted, Event, EventKind, Hub};
 use crate::fence::{Completion, SharedFence};
 use crate::governor::{AllocationClass, HolderId, Pool};
-use crate::observe::{events_wanted, Event, EventKind, Hub};
 // loom's models under `--cfg loom` (tests/deferred_loom.rs), std's otherwise.
 use crate::sync::{self, lock, AtomicBool, AtomicU64, AtomicUsize, Condvar, Mutex};
 use std::collections::{BTreeMap, HashMap};
@@ -66,7 +66,7 @@ pub trait Retire: Send {
     /// as left.
     fn describe(&self) -> String;
     /// Whom the object's charge belongs to, for the `Retired` event
-    /// (`crate::observe`); asked only while someone listens.
+    /// (`crate::events`); asked only while someone listens.
     fn charged_to(&self) -> Option<ChargedTo> {
         None
     }

@@ -29,8 +29,12 @@ pub mod context;
 pub mod deferred;
 pub mod dlpack;
 pub mod error;
+// What every layer emits (named for users through `observe`).
+mod events;
 pub mod fence;
 pub mod governor;
+// The keys of charges and events (named for users through `governor`).
+mod ids;
 mod library;
 pub mod lifecycle;
 mod load_options;

@@ -24,7 +24,7 @@ pub(crate) struct LoadedLibrary {
     /// This load's services table (closed before `unload`).
     pub(crate) services: ServicesInbox,
     /// The hub of the manager it is registered with: where its messages go.
-    pub(crate) hub: crate::observe::HubLink,
+    pub(crate) hub: crate::events::HubLink,
     library: ManuallyDrop<Option<OpenLibrary>>,
 }
 

@@ -6,9 +6,10 @@ use crate::binding::MemoryBinding;
 use crate::cache::{CacheConfig, CachingBinding};
 use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
+use crate::events::{Event, Hub, Level};
 use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool, PressureCallback};
 use crate::mechanism::{Location, Mechanism, Placement};
-use crate::observe::{Event, Hub, Level, StatsReport};
+use crate::observe::StatsReport;
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
 use crate::sync::{lock, Mutex};
@@ -216,7 +217,7 @@ impl ProcessMemoryManager {
     }
 
     /// Where this manager's events and its plugins' messages go
-    /// (`crate::observe`).
+    /// (`crate::events`).
     pub fn hub(&self) -> &Arc<Hub> {
         self.governor.hub()
     }

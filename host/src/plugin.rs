@@ -38,7 +38,7 @@ pub struct Plugin {
 
 impl Plugin {
     /// Sends this plugin's messages to `hub` (the registry that took it).
-    pub(crate) fn attach_hub(&self, hub: &Arc<crate::observe::Hub>) {
+    pub(crate) fn attach_hub(&self, hub: &Arc<crate::events::Hub>) {
         self.shared.hub.attach(hub);
     }
 }

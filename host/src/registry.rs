@@ -9,9 +9,9 @@
 //! library closes when the last inert handle is gone).
 
 pub use crate::context::Context;
+use crate::events::Hub;
 use crate::lifecycle::LifeState;
 use crate::mechanism::{Device, Location, Mechanism};
-use crate::observe::Hub;
 use crate::plugin::{LiveReport, Plugin};
 use crate::sync::{lock, Mutex};
 use memplug_sdk::abi::MemplugDevice;

@@ -297,9 +297,9 @@ fn late_write(what: &str) {
     // One line at the 1st, 2nd, 4th, 8th... drop: a plugin writing late
     // in a loop does not flood the log.
     if n.is_power_of_two() {
-        crate::observe::plugin_message(
+        crate::events::plugin_message(
             None,
-            crate::observe::Level::Warn,
+            crate::events::Level::Warn,
             "memplug-host",
             &format!(
                 "{what}: a plugin wrote into a message sink after the call it was given to returned \

@@ -3,7 +3,7 @@
 //! thunks, the host's loader, the conformance kit, the C API — goes
 //! through these functions.
 //!
-//! The rules (ARCHITECTURE.md §3, `abi.rs`):
+//! The rules (ARCHITECTURE.md §3, `abi/`):
 //!
 //! * A growable struct starts with `uint32_t struct_size`, the size its
 //!   writer knows. Minors only append fields.

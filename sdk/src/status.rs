@@ -1,5 +1,5 @@
 //! The Rust view of `MemplugStatus`: one enum whose discriminants are the ABI
-//! constants, so the numbers live in exactly one place (`abi.rs`), and
+//! constants, so the numbers live in exactly one place (`abi/`), and
 //! whose variants, [`Status::ALL`] and C names come from one list.
 
 use crate::abi;
@@ -8,7 +8,7 @@ use crate::abi;
 /// (each discriminant the `abi` constant, each variant's docs a link to
 /// that constant's), [`Status::ALL`] in list order and [`Status::c_name`]
 /// (the constant's name, from the same token). Adding a code is one line
-/// here (after its constant in `abi.rs`, which cbindgen reads).
+/// here (after its constant in `abi/`, which cbindgen reads).
 macro_rules! statuses {
     ($($variant:ident = $constant:ident,)+) => {
         /// A status code as both sides of the ABI understand it.

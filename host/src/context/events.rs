@@ -6,9 +6,9 @@
 //! callback must not run.
 
 use super::{Context, Settlement};
+use crate::events::{events_wanted, Event, EventKind, Level};
 use crate::governor::{AllocationClass, HolderId, Pool};
 use crate::lifecycle::LifeState;
-use crate::observe::{events_wanted, Event, EventKind, Level};
 use crate::sync::{lock, AtomicU64, Mutex};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;

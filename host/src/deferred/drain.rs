@@ -4,8 +4,8 @@
 //! entry is stuck and why.
 
 use super::{DeferredFreeQueue, DrainReport};
+use crate::events::Level;
 use crate::fence::SharedFence;
-use crate::observe::Level;
 use crate::sync::lock;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -141,12 +141,7 @@ impl DeferredFreeQueue {
             log.since = 0;
             line
         };
-        crate::observe::plugin_message(
-            self.hub.as_deref(),
-            Level::Warn,
-            "memplug deferred-free queue",
-            &line,
-        );
+        crate::events::plugin_message(self.hub.as_deref(), Level::Warn, "memplug deferred-free queue", &line);
     }
 
     /// The fence of one entry still waiting, with that entry described.

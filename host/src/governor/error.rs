@@ -1,8 +1,8 @@
 //! Governor errors.
 
-use super::class::AllocationClass;
-use super::ids::{HolderId, PoolId};
 use super::stats::PoolSnapshot;
+use crate::ids::AllocationClass;
+use crate::ids::{HolderId, PoolId};
 use std::fmt;
 use std::sync::Arc;
 

@@ -1,13 +1,13 @@
-//! The governor's events (`crate::observe`): what a pool tells its hub.
+//! The governor's events (`crate::events`): what a pool tells its hub.
 //! Each function is out of line, so the paths that call them keep their
 //! registers; only a grant's is on the fast path, and it is reached only
-//! when `observe::events_wanted()` said someone may listen.
+//! when `events::events_wanted()` said someone may listen.
 
-use super::class::AllocationClass;
 use super::holder::PressureTicket;
-use super::ids::HolderId;
 use super::pool::Pool;
-use crate::observe::{events_wanted, Event, EventKind};
+use crate::events::{events_wanted, Event, EventKind};
+use crate::ids::AllocationClass;
+use crate::ids::HolderId;
 use std::num::NonZeroU64;
 
 impl Pool {

@@ -2,10 +2,10 @@
 //! [`Lease`] (committed, plain data), and the table of leases dropped
 //! without an end.
 
-use super::class::AllocationClass;
 use super::error::{GovernorError, Rejected};
-use super::ids::{HolderId, PoolId};
 use super::pool::Pool;
+use crate::ids::AllocationClass;
+use crate::ids::{HolderId, PoolId};
 use crate::sync;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -101,7 +101,7 @@ impl<'p> Grant<'p> {
             return Err(Rejected { value: self, error });
         }
         self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).granted, extra));
-        if crate::observe::events_wanted() {
+        if crate::events::events_wanted() {
             self.pool.observe_grant(uid, extra, self.class);
         }
         Ok(self)

@@ -1,10 +1,10 @@
 //! Holders: whoever knows what its bytes mean, and answers pressure tickets.
 
-use super::class::AllocationClass;
-use super::ids::{HolderId, PoolId, Priority};
 use super::pool::Pool;
 use super::shard::AccountCore;
 use super::stats::{ClassStats, HolderStats, PressureStats};
+use crate::ids::AllocationClass;
+use crate::ids::{HolderId, PoolId, Priority};
 use crate::sync::{self, lock, thread_local, AtomicU64, Condvar, Mutex, ThreadId};
 use std::cell::RefCell;
 use std::fmt;

@@ -81,7 +81,7 @@
 //! per-class peak kept exactly would need a shared counter per class on the
 //! fast path, so per-class peaks are sampled (see [`stats`]). Cumulative
 //! bytes granted are one more counter of the shard's line; bytes released
-//! are derived from it. Events (`crate::observe`) cost a grant one relaxed
+//! are derived from it. Events (`crate::events`) cost a grant one relaxed
 //! load of a process-wide word while nobody listens.
 //!
 //! # Thread-safety
@@ -90,12 +90,10 @@
 //! every method may be called from any thread at any time, including from
 //! inside a pressure callback. Items document their locking.
 
-mod class;
 mod error;
 mod events;
 mod grant;
 mod holder;
-mod ids;
 mod level;
 mod pool;
 mod shard;
@@ -103,18 +101,17 @@ mod source;
 pub mod stats;
 mod tree;
 
-pub use class::AllocationClass;
+pub use crate::ids::{AllocationClass, HolderId, PoolId, Priority};
 pub use error::{ChargePath, GovernorError, OutOfBudget, Rejected};
 pub use grant::{Grant, Lease};
 pub use holder::{HolderRegistration, PressureCallback, PressureTicket};
-pub use ids::{HolderId, PoolId, Priority};
 pub use level::MAX_CAPACITY;
 pub(crate) use pool::Discharge;
 pub use pool::{Pool, REASK_MAX};
 pub use source::BudgetSource;
 pub use stats::{ClassStats, HolderStats, PoolSnapshot, PressureStats};
 
-use crate::observe::Hub;
+use crate::events::Hub;
 use crate::sync::{lock, Mutex};
 use std::sync::Arc;
 

@@ -20,10 +20,10 @@
 //! destroyed uses the account's spare shard, one writer at a time under the
 //! account's spare lock.
 
-use super::class::AllocationClass;
 use super::holder::PressureCounters;
-use super::ids::{HolderId, PoolId, Priority};
 use super::stats::{ClassPeaks, ClassStats};
+use crate::ids::AllocationClass;
+use crate::ids::{HolderId, PoolId, Priority};
 use crate::sync::{lock, thread_local, AtomicBool, AtomicU64, Mutex};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};

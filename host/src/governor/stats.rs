@@ -32,8 +32,8 @@
 //! reads statistics after each step); while other threads operate a sample
 //! is as approximate as the other per-class figures.
 
-use super::class::AllocationClass;
-use super::ids::{HolderId, PoolId, Priority};
+use crate::ids::AllocationClass;
+use crate::ids::{HolderId, PoolId, Priority};
 use crate::sync::AtomicU64;
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
@@ -208,7 +208,7 @@ pub struct PoolSnapshot {
     /// Per class, indexed by [`AllocationClass::index`]; all accounts of
     /// the pool (not those of the pools below). In JSON, an object keyed
     /// by class name.
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::observe::json::classes"))]
+    #[cfg_attr(feature = "serde", serde(serialize_with = "classes_by_name"))]
     pub classes: [ClassStats; AllocationClass::COUNT],
     /// Tickets this pool issued.
     pub pressure: PressureStats,
@@ -279,7 +279,7 @@ pub struct HolderStats {
     /// False once the registration was dropped.
     pub registered: bool,
     /// Per class, indexed by [`AllocationClass::index`].
-    #[cfg_attr(feature = "serde", serde(serialize_with = "crate::observe::json::classes"))]
+    #[cfg_attr(feature = "serde", serde(serialize_with = "classes_by_name"))]
     pub classes: [ClassStats; AllocationClass::COUNT],
     /// Tickets received.
     pub pressure: PressureStats,
@@ -295,4 +295,19 @@ impl HolderStats {
     pub fn totals(&self) -> ClassStats {
         total(&self.classes)
     }
+}
+
+/// Per-class figures in JSON (the `serde` feature) as `{"weights": {..},
+/// "kv": {..}, ...}`: an object keyed by class name.
+#[cfg(feature = "serde")]
+fn classes_by_name<S: serde::Serializer>(
+    classes: &[ClassStats; AllocationClass::COUNT],
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    use serde::ser::SerializeMap;
+    let mut m = s.serialize_map(Some(classes.len()))?;
+    for (class, stats) in AllocationClass::ALL.iter().zip(classes) {
+        m.serialize_entry(class.name(), stats)?;
+    }
+    m.end()
 }

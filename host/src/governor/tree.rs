@@ -5,12 +5,12 @@
 //! leaks. Pressure goes to the holders under the pool that is short.
 //! Capacities change at run time.
 
-use super::class::AllocationClass;
 use super::error::{ChargePath, GovernorError, OutOfBudget};
 use super::holder::{in_pressure_near, HolderEntry, PressureTicket};
-use super::ids::{HolderId, PoolId, Priority};
 use super::level::MAX_CAPACITY;
 use super::pool::{Attempt, Pool};
+use crate::ids::AllocationClass;
+use crate::ids::{HolderId, PoolId, Priority};
 use crate::sync::lock;
 use std::sync::Arc;
 use std::time::Instant;

@@ -13,7 +13,7 @@
 use super::blocks::BlockIndex;
 use super::MechanismInner;
 use crate::error::{CallError, ReleaseError};
-use crate::observe::Level;
+use crate::events::Level;
 use crate::reentry::InPluginCall;
 use crate::sink::Capture;
 use crate::tokens::RawObject;
@@ -330,11 +330,11 @@ impl MechanismInner {
         }
     }
 
-    /// Logs `message` as this mechanism's (see `crate::observe`).
+    /// Logs `message` as this mechanism's (see `crate::events`).
     #[cold]
     pub(crate) fn log(&self, level: Level, message: &str) {
         let hub = self.plugin.hub.get();
-        crate::observe::plugin_message(hub.as_deref(), level, &self.label, message);
+        crate::events::plugin_message(hub.as_deref(), level, &self.label, message);
     }
 
     /// The plugin's failure as a [`CallError`]; an unknown code is mapped

@@ -48,7 +48,7 @@ impl MechanismInner {
                           host records there"
                     .into(),
             };
-            self.log(crate::observe::Level::Warn, &e.to_string());
+            self.log(crate::events::Level::Warn, &e.to_string());
             return Err(e);
         }
         self.born(ObjectKind::Fence);

@@ -14,24 +14,18 @@
 //!   and why a context was lost — go to the hub's log hook (and
 //!   `tracing`), with a [`Level`] and their source.
 //!
-//! What it costs: a fast-path grant checks one process-wide word before
-//! it builds an event (see `hub.rs`); nothing else on any hot path checks
-//! anything, but a call whose plugin wrote a message on success (one test
-//! of the capture on the stack). Grant events therefore exist only while a
-//! listener is set (or, with `tracing`, while a subscriber takes `debug`
-//! events of `memplug::event`).
+//! This module is what reads every layer (registry, deferred-free queue,
+//! governor) and stands above them all; what every layer emits — the
+//! events and the hub — lives below them in `crate::events`, and is named
+//! here too, so users keep one path (`memplug_host::observe::...`). What
+//! events cost is said there.
 
-mod event;
-mod hub;
 #[cfg(feature = "serde")]
-pub(crate) mod json;
+mod json;
 mod prometheus;
 mod report;
-mod trace;
 
-pub use event::{Event, EventKind, Level};
-pub(crate) use hub::{events_wanted, plugin_message, HubLink};
-pub use hub::{EventListener, Hub, LogHook};
+pub use crate::events::{Event, EventKind, EventListener, Hub, Level, LogHook};
 #[cfg(feature = "serde")]
 pub use json::{to_json, to_json_pretty};
 pub use prometheus::to_prometheus;

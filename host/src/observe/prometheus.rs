@@ -26,7 +26,7 @@ type ClassFamily = (&'static str, Type, &'static str, fn(&ClassStats) -> u64);
 /// A family of the queue's counters: name, help, the figure.
 type QueueFamily = (&'static str, &'static str, fn(&QueueStats) -> u64);
 /// A family of the process-wide plugin fault counts: name, help, the figure.
-type FaultFamily = (&'static str, &'static str, fn(&crate::PluginFaults) -> u64);
+type FaultFamily = (&'static str, &'static str, fn(&crate::faults::PluginFaults) -> u64);
 
 /// Writes one family: help, type, then every sample (none: the family is
 /// left out, as the format allows).

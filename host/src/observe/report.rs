@@ -27,8 +27,8 @@ pub struct StatsReport {
     pub contexts: Vec<ContextReport>,
     /// Plugin misbehaviours the host survived, counted for the whole
     /// process (absent in a report of one pool; see
-    /// [`PluginFaults`](crate::PluginFaults)).
-    pub plugin_faults: Option<crate::PluginFaults>,
+    /// [`PluginFaults`](crate::faults::PluginFaults)).
+    pub plugin_faults: Option<crate::faults::PluginFaults>,
 }
 
 /// One pool: its snapshot and every holder it ever had.
@@ -97,7 +97,7 @@ impl StatsReport {
                     calls_in_flight: c.calls_in_flight(),
                 })
                 .collect(),
-            plugin_faults: Some(crate::PluginFaults::now()),
+            plugin_faults: Some(crate::faults::PluginFaults::now()),
         }
     }
 }

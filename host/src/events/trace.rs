@@ -8,8 +8,8 @@ use super::event::{Event, Level};
 
 #[cfg(feature = "tracing")]
 mod on {
+    use super::super::event::EventKind;
     use super::*;
-    use crate::observe::EventKind;
 
     /// Whether a subscriber would take a `debug` event (a fast-path grant).
     #[inline(always)]

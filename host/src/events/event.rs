@@ -1,7 +1,7 @@
 //! What the host tells listeners: one [`Event`] per thing that happened to
 //! the books, and the [`Level`] of a plugin's message.
 
-use crate::governor::{AllocationClass, HolderId, PoolId};
+use crate::ids::{AllocationClass, HolderId, PoolId};
 use std::fmt;
 
 /// What happened. Numbers are part of the C API (`MEMPLUG_HOST_EVENT_*`):

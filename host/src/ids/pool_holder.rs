@@ -15,7 +15,7 @@ pub(crate) fn next_uid() -> NonZeroU64 {
     NonZeroU64::new(v).expect("governor id space exhausted")
 }
 
-/// Identity of a [`Pool`](super::Pool), unique in the process and never
+/// Identity of a pool (`governor::Pool`), unique in the process and never
 /// reused. Thread-safety: a plain `Copy` value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize), serde(transparent))]
