@@ -6,15 +6,15 @@ use crate::binding::MemoryBinding;
 use crate::cache::{CacheConfig, CachingBinding};
 use crate::context::{Context, LifecycleError, Settlement, TerminateError};
 use crate::deferred::{DeferredFreeQueue, DrainReport, Reaper};
+use crate::error::LoadError;
 use crate::events::{Event, Hub, Level};
 use crate::governor::{AllocationClass, Governor, GovernorError, HolderId, Pool, PressureCallback};
+use crate::lifecycle::LifeState;
 use crate::mechanism::{Location, Mechanism, Placement};
 use crate::observe::StatsReport;
 use crate::plugin::{LoadOptions, Plugin};
 use crate::registry::{MemoryNeeds, Registry, RegistryError, Requirements};
 use crate::sync::{lock, Mutex};
-use crate::LifeState;
-use crate::LoadError;
 use memplug_sdk::abi::MemplugDevice;
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
@@ -277,7 +277,7 @@ impl ProcessMemoryManager {
         Ok(self.registry.select_needing(device, req, needs)?)
     }
 
-    /// Where [`Region::offload_to`](crate::Region::offload_to) sends `from`'s
+    /// Where [`Region::offload_to`](crate::binding::Region::offload_to) sends `from`'s
     /// bytes by default: the page-locked host memory of the same device
     /// where a plugin publishes it (`MEMPLUG_DEVICE_CUDA_HOST` or
     /// `MEMPLUG_DEVICE_ROCM_HOST` with the device's ordinal: the memory
