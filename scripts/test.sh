@@ -3,17 +3,31 @@
 # header drift included), and the C/C++ side through CMake and ctest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Each phase's wall time, printed as it ends and again at the close, so a
+# run over its budget says where the time went.
+phases=""
+phase_start=$SECONDS
+phase() {
+    local took=$((SECONDS - phase_start))
+    phases+="$(printf '%5d s  %s' "$took" "$1")"$'\n'
+    echo "test.sh: $1 took ${took} s (${SECONDS} s in all)"
+    phase_start=$SECONDS
+}
+trap 'echo "test.sh: phases so far:"; printf "%s" "$phases"' EXIT
 scripts/setup.sh test
+phase "set-up"
 
 export CARGO_TERM_COLOR=never
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
+phase "formatting and lints"
 
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast
 else
     cargo test --workspace --no-fail-fast
 fi
+phase "the Rust test suites"
 # Doc tests (nextest does not run them).
 cargo test --workspace --doc
 # The host's optional tracing events (feature `tracing`; `serde` is on
@@ -23,10 +37,12 @@ cargo test -p memplug-host --features tracing --test observe_tracing
 # memplug-host, memplug-sdk and memplug-host-capi deny missing docs, and a
 # warning (a broken intra-doc link) fails here.
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+phase "doc tests, tracing, API docs"
 
 # The crates meant for crates.io package and build from their packages,
 # with both license texts.
 scripts/package-check.sh
+phase "packages"
 
 # Exhaustive interleavings (loom) of the governor's lock-free fast path,
 # of the operation gate of a context,
@@ -36,6 +52,7 @@ CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
     cargo test -p memplug-host --release --test governor_loom --test deferred_loom --test gate_loom
 CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" \
     cargo test -p memplug-host-capi --release --test slot_table_loom
+phase "loom"
 
 # CMake builds the Rust libraries under its build directory unless told
 # where: every configuration below reuses the debug libraries the cargo
@@ -44,6 +61,7 @@ cargo_target="${CARGO_TARGET_DIR:-$PWD/target}"
 cmake -S . -B target/cmake-build -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMEMPLUG_CARGO_TARGET_DIR="$cargo_target"
 cmake --build target/cmake-build
 ctest --test-dir target/cmake-build --output-on-failure
+phase "C and C++ (debug, sanitizers)"
 
 # The C side again at -O2 (gcc warns there where -O0 does not), against the
 # same debug Rust libraries, so cargo builds nothing twice.
@@ -51,6 +69,7 @@ cmake -S . -B target/cmake-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEMPLUG
     -DMEMPLUG_CARGO_TARGET_DIR="$cargo_target"
 cmake --build target/cmake-release
 ctest --test-dir target/cmake-release --output-on-failure
+phase "C and C++ (-O2)"
 
 # Warning-free (-Werror) at every optimisation level with both compilers:
 # build only (the tests ran above). clang's sanitizer runtime is not
@@ -65,6 +84,7 @@ for cell in "gcc g++ -O3" "clang clang++ -O0" "clang clang++ -O2" "clang clang++
     cmake --build "target/cmake-$cc$opt" >/dev/null
     echo "C side builds warning-free: $cc $opt"
 done
+phase "C side, every compiler and level"
 
 # The Python package (python/, a cargo workspace of its own): formatting
 # and lints, then the abi3 wheel built by maturin into a virtual
@@ -74,3 +94,4 @@ cargo fmt --manifest-path python/Cargo.toml -- --check
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/python" \
     cargo clippy --manifest-path python/Cargo.toml -- -D warnings
 scripts/python-test.sh
+phase "Python"
