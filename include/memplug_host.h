@@ -32,6 +32,14 @@
  * run time is older than this header. */
 #define MEMPLUG_HOST_CHECK_API() memplug_host_check_api(MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR)
 
+/* Memory on the wire through UCX (memplug_host_ucx_*): in every library
+ * built with the C API crate's default `ucx` feature, which needs no UCX to
+ * build (libucp.so.0 is opened at run time). Define MEMPLUG_HOST_NO_UCX
+ * before including this header for a library built without it. */
+#if !defined(MEMPLUG_HOST_NO_UCX)
+#define MEMPLUG_HOST_UCX 1
+#endif
+
 
 // Size of `MemplugHostCacheOptions` in API 1.2, where it first appeared.
 #define MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2 24
@@ -221,6 +229,30 @@
 
 // Size of `MemplugHostHandle` in API 1.1, where it first appeared.
 #define MEMPLUG_HOST_HANDLE_SIZE_1_1 96
+
+#if defined(MEMPLUG_HOST_UCX)
+// Peers may only read the range (`ucp_get_nbx`): a shared prefix.
+#define MEMPLUG_HOST_UCX_ACCESS_READ 1
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Peers may read and write the range (`ucp_put_nbx` too).
+#define MEMPLUG_HOST_UCX_ACCESS_READ_WRITE 2
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Peer-failure handling on (UCX's `UCP_ERR_HANDLING_MODE_PEER`): a dead
+// peer fails its transfers, a transfer past its deadline is cancelled.
+// On a machine without RDMA, UCX then carries the bytes over TCP.
+#define MEMPLUG_HOST_UCX_ERRORS_PEER 0
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// No peer-failure handling: shared memory between processes of one node
+// is eligible, but a transfer to a peer that died never completes (its
+// memory stays pinned). For peers whose life the caller controls.
+#define MEMPLUG_HOST_UCX_ERRORS_NONE 1
+#endif
 
 // Result of every fallible function of the host C API.
 //
@@ -1221,6 +1253,69 @@ typedef struct MemplugHostHolderStats {
   // nonsense, clamped to that figure and counted here.
   uint64_t nonsense_answers;
 } MemplugHostHolderStats;
+
+#if defined(MEMPLUG_HOST_UCX)
+// A UCX context and its worker (`memplug_host_ucx_create`). Destroy with
+// `memplug_host_ucx_destroy`; registrations and peers made from it keep
+// it alive until they go.
+typedef struct MemplugHostUcx {
+  // The handle's bits; 0 names nothing.
+  uint64_t id;
+} MemplugHostUcx;
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// A range of a region registered with UCX and pinned resident
+// (`memplug_host_ucx_register_region`). Deregister with
+// `memplug_host_ucx_deregister`.
+typedef struct MemplugHostUcxRegistration {
+  // The handle's bits; 0 names nothing.
+  uint64_t id;
+} MemplugHostUcxRegistration;
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Another process reached over a control socket and a UCX endpoint
+// (`memplug_host_ucx_peer_connect`). Destroy with
+// `memplug_host_ucx_peer_destroy`.
+typedef struct MemplugHostUcxPeer {
+  // The handle's bits; 0 names nothing.
+  uint64_t id;
+} MemplugHostUcxPeer;
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// A range a peer offered (`memplug_host_ucx_peer_next_offer`): pass it
+// back unchanged to pull, push and release. A fixed layout (no
+// `struct_size`): it never grows.
+typedef struct MemplugHostUcxRemoteRange {
+  // The offer's id on this connection.
+  uint64_t id;
+  // The first byte's address in the peer's address space.
+  uint64_t addr;
+  // Bytes.
+  uint64_t len;
+  // The tag the peer gave it (`memplug_host_ucx_peer_offer`).
+  uint64_t tag;
+  // 1 when the peer may be written (offered with
+  // `MEMPLUG_HOST_UCX_ACCESS_READ_WRITE`), else 0.
+  uint32_t writable;
+  // Zero.
+  uint32_t reserved0;
+} MemplugHostUcxRemoteRange;
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// A one-sided transfer in flight or done (`memplug_host_ucx_peer_pull_into_region`,
+// `memplug_host_ucx_peer_push_from_region`). Wait with
+// `memplug_host_ucx_transfer_wait`; release with
+// `memplug_host_ucx_transfer_release` (the region keeps its own record of
+// the transfer: its shrink and free wait for it either way).
+typedef struct MemplugHostUcxTransfer {
+  // The handle's bits; 0 names nothing.
+  uint64_t id;
+} MemplugHostUcxTransfer;
+#endif
 
 // Versions of the library (`memplug_host_get_version`).
 typedef struct MemplugHostVersion {
@@ -2853,6 +2948,227 @@ MemplugHostStatus memplug_host_holder_stats(struct MemplugHostHolder holder,
 // Ownership: the string is static; never free it. Thread-safety: any
 // thread. Never fails.
 const char *memplug_host_status_name(uint32_t status);
+
+#if defined(MEMPLUG_HOST_UCX)
+// Whether UCX can be used in this process: `MEMPLUG_HOST_STATUS_OK`, or
+// `MEMPLUG_HOST_STATUS_UNSUPPORTED` with a message saying why (no
+// `libucp.so.0`, too old) and how to install it. Thread-safety: any thread.
+MemplugHostStatus memplug_host_ucx_available(void);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Creates a UCX context with RMA and one worker. Transports are UCX's
+// choice under its environment (`UCX_TLS`, `UCX_NET_DEVICES`), overridden
+// for this context only by `settings` (may be NULL): `NAME=VALUE` pairs
+// separated by `;`, names without the `UCX_` prefix, e.g.
+// `"TLS=tcp;NET_DEVICES=lo"`. A bad name or value is
+// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+//
+// Ownership: the caller owns the context (`memplug_host_ucx_destroy`).
+// Thread-safety: any thread; the context may be used from any thread.
+//
+// # Safety
+// `settings` must be NULL or NUL-terminated; `out` NULL or writable.
+MemplugHostStatus memplug_host_ucx_create(const char *settings, struct MemplugHostUcx *out);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Releases the caller's context handle; registrations and peers made from
+// it keep the context until they go. The zero handle is a no-op.
+// Thread-safety: any thread.
+MemplugHostStatus memplug_host_ucx_destroy(struct MemplugHostUcx ucx);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Registers `len` bytes at `offset` of `region` with `ucx` and pins them
+// resident: until deregistered, a shrink over them is queued (the bytes
+// stay committed and charged), offload and privatise refuse with
+// `MEMPLUG_HOST_STATUS_BUSY` after their timeout, and the region's free
+// waits. `mechanism` is the region's mechanism (its loss deregisters).
+// `access` is `MEMPLUG_HOST_UCX_ACCESS_READ` or `_READ_WRITE` (refused over
+// a read-only shared prefix).
+//
+// Refused: an empty range or one past the usable length, a bad `access`
+// (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`); a region and mechanism of
+// different managers (`MEMPLUG_HOST_STATUS_WRONG_MANAGER`).
+//
+// Ownership: the caller owns the registration
+// (`memplug_host_ucx_deregister`). Thread-safety: any thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_register_region(struct MemplugHostUcx ucx,
+                                                   struct MemplugHostMechanism mechanism,
+                                                   struct MemplugHostRegion region,
+                                                   uint64_t offset,
+                                                   uint64_t len,
+                                                   uint32_t access,
+                                                   struct MemplugHostUcxRegistration *out);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Deregisters: the range is no longer pinned, and the handle is stale.
+// Refused with `MEMPLUG_HOST_STATUS_BUSY` (the handle stays valid) while a
+// peer holds the range's remote key: revoke it first
+// (`memplug_host_ucx_peer_revoke`) or wait for the peer's release. The
+// zero handle is a no-op. Thread-safety: any thread.
+MemplugHostStatus memplug_host_ucx_deregister(struct MemplugHostUcxRegistration registration);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Connects to the process at the other end of `fd`, a connected stream
+// socket (Unix, or TCP between nodes) that must reach a trusted process:
+// both sides call this, exchange UCX worker addresses over it (waiting up
+// to `timeout_ns` for the other's) and make an endpoint. `errors` is
+// `MEMPLUG_HOST_UCX_ERRORS_PEER` or `_NONE`, the same on both sides.
+//
+// Ownership: on success the peer owns `fd` (closed by
+// `memplug_host_ucx_peer_destroy`); on failure it stays the caller's,
+// open. Thread-safety: any thread; calls on one peer are serialised.
+//
+// # Safety
+// `out` must be NULL or writable; `fd` must not be closed by anyone else
+// after a success.
+MemplugHostStatus memplug_host_ucx_peer_connect(struct MemplugHostUcx ucx,
+                                                int32_t fd,
+                                                uint32_t errors,
+                                                uint64_t timeout_ns,
+                                                struct MemplugHostUcxPeer *out);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Says goodbye to the peer (after up to a second for this side's
+// transfers), closes the endpoint and the socket, and gives back every
+// hold the peer had on this side's registrations. The zero handle is a
+// no-op. Thread-safety: any thread.
+MemplugHostStatus memplug_host_ucx_peer_destroy(struct MemplugHostUcxPeer peer);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Offers `registration` to the peer with `tag` (what the range is, for
+// the peer); `out_id` receives the offer's id. The peer may read it (and
+// write it, when registered `_READ_WRITE`) until it releases it or
+// `memplug_host_ucx_peer_revoke` succeeds; until then it cannot be
+// deregistered. Thread-safety: any thread.
+//
+// # Safety
+// `out_id` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_offer(struct MemplugHostUcxPeer peer,
+                                              struct MemplugHostUcxRegistration registration,
+                                              uint64_t tag,
+                                              uint64_t *out_id);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Waits up to `timeout_ns` for the next range the peer offers
+// (`MEMPLUG_HOST_STATUS_TIMEOUT` when none came). Thread-safety: any
+// thread.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_next_offer(struct MemplugHostUcxPeer peer,
+                                                   uint64_t timeout_ns,
+                                                   struct MemplugHostUcxRemoteRange *out);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Serves the peer for up to `timeout_ns`: progress for its reads and
+// writes of this side's memory (TCP needs it; shared memory does not) and
+// its control messages (releases, revokes). `out_left` receives whether
+// the peer has left (said goodbye, or was lost); a timeout is not an
+// error. Thread-safety: any thread.
+//
+// # Safety
+// `out_left` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_serve(struct MemplugHostUcxPeer peer,
+                                              uint64_t timeout_ns,
+                                              bool *out_left);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Gives `range` back to its owner after waiting (up to `timeout_ns`) for
+// this side's transfers on it; the owner may deregister it afterwards.
+// Thread-safety: any thread.
+//
+// # Safety
+// `range` must be NULL or readable.
+MemplugHostStatus memplug_host_ucx_peer_release(struct MemplugHostUcxPeer peer,
+                                                const struct MemplugHostUcxRemoteRange *range,
+                                                uint64_t timeout_ns);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Asks the peer to stop using the range offered as `offer_id` and waits up
+// to `timeout_ns` for its acknowledgement (after its transfers on it);
+// then the registration may be deregistered. On
+// `MEMPLUG_HOST_STATUS_TIMEOUT` the range stays held and resident.
+// Thread-safety: any thread.
+MemplugHostStatus memplug_host_ucx_peer_revoke(struct MemplugHostUcxPeer peer,
+                                               uint64_t offer_id,
+                                               uint64_t timeout_ns);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Reads `len` bytes at `src_offset` of the peer's `range` into `region` at
+// `dst_offset`. When the destination reaches past the region's usable
+// length, the region grows first: charged to its pool before any byte
+// moves (`MEMPLUG_HOST_STATUS_OUT_OF_BUDGET`: nothing moved, the region as
+// it was). The transfer is recorded on the region: its shrink, offload and
+// free wait for it. Refused as well: a destination past the reservation
+// or over a read-only prefix, a range out of bounds
+// (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`); a range released or revoked
+// (`MEMPLUG_HOST_STATUS_INVALID_STATE`); a lost peer
+// (`MEMPLUG_HOST_STATUS_DEVICE_UNAVAILABLE`).
+//
+// Ownership: the caller owns the transfer handle
+// (`memplug_host_ucx_transfer_release`). Thread-safety: any thread.
+//
+// # Safety
+// `range` must be NULL or readable; `out` NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_pull_into_region(struct MemplugHostUcxPeer peer,
+                                                         struct MemplugHostRegion region,
+                                                         uint64_t dst_offset,
+                                                         const struct MemplugHostUcxRemoteRange *range,
+                                                         uint64_t src_offset,
+                                                         uint64_t len,
+                                                         struct MemplugHostUcxTransfer *out);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Writes `len` bytes of `region` at `src_offset` into the peer's writable
+// `range` at `dst_offset`. The region's shrink, offload and free wait for
+// the transfer. Errors as for `memplug_host_ucx_peer_pull_into_region`;
+// a range offered read-only is `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+//
+// # Safety
+// `range` must be NULL or readable; `out` NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_push_from_region(struct MemplugHostUcxPeer peer,
+                                                         struct MemplugHostRegion region,
+                                                         uint64_t src_offset,
+                                                         const struct MemplugHostUcxRemoteRange *range,
+                                                         uint64_t dst_offset,
+                                                         uint64_t len,
+                                                         struct MemplugHostUcxTransfer *out);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Waits up to `timeout_ns` for a transfer: `MEMPLUG_HOST_STATUS_OK` once
+// it completed, `_DEVICE_UNAVAILABLE` when it failed (the peer died, the
+// endpoint failed), `_TIMEOUT` past the deadline — with
+// `MEMPLUG_HOST_UCX_ERRORS_PEER` the transfer is then cancelled, so the
+// local memory is free of UCX either way. A pushed range is complete at
+// the peer after `memplug_host_ucx_peer_release`. Thread-safety: any
+// thread.
+MemplugHostStatus memplug_host_ucx_transfer_wait(struct MemplugHostUcxTransfer transfer,
+                                                 uint64_t timeout_ns);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
+// Releases the caller's transfer handle (the transfer goes on; the region
+// still waits for it). The zero handle is a no-op. Thread-safety: any
+// thread.
+MemplugHostStatus memplug_host_ucx_transfer_release(struct MemplugHostUcxTransfer transfer);
+#endif
 
 // Fills `out` with the library's versions: its own, the C API's it
 // implements, and the plugin ABI range it loads. Set `out->struct_size`

@@ -59,6 +59,8 @@ pub mod stats;
 pub mod status;
 mod sync;
 pub mod types;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 pub mod version;
 
 pub use binding::*;
@@ -79,4 +81,6 @@ pub use region::*;
 pub use stats::*;
 pub use status::{memplug_host_status_name, MemplugHostStatus};
 pub use types::*;
+#[cfg(feature = "ucx")]
+pub use ucx::*;
 pub use version::*;

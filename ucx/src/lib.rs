@@ -31,6 +31,7 @@
 mod context;
 mod error;
 mod growth;
+mod local;
 mod move_memory;
 mod peer;
 mod registration;
@@ -42,6 +43,7 @@ mod wire;
 pub use context::Ucx;
 pub use error::UcxError;
 pub use growth::GrowingRegistration;
+pub use local::LocalRegion;
 pub use peer::{ControlStream, Peer, RemoteRange};
 pub use registration::{Access, Registration};
 pub use transfer::{ErrorHandling, Transfer};
