@@ -100,7 +100,7 @@ static void owner(const char *plugin, int fd) {
     EXPECT_STATUS(memplug_host_ucx_register_region(e.ucx, e.mech, r, 0, MIB, MEMPLUG_HOST_UCX_ACCESS_READ, NULL),
                   MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
     {
-        MemplugHostUcx forged = {0xF100000010000001ull};
+        MemplugHostUcx forged = {0xF10000001FFFFFFFull}; /* an index never issued */
         EXPECT_STATUS(memplug_host_ucx_register_region(forged, e.mech, r, 0, MIB, MEMPLUG_HOST_UCX_ACCESS_READ, &reg),
                       MEMPLUG_HOST_STATUS_INVALID_HANDLE);
         EXPECT_STATUS(memplug_host_ucx_destroy(forged), MEMPLUG_HOST_STATUS_INVALID_HANDLE);

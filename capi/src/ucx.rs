@@ -157,15 +157,15 @@ ucx_object!(TransferEntry, 4, "UCX transfer", TRANSFERS);
 
 fn key_of<T: UcxObject>(bits: u64) -> Result<Key> {
     if bits >> 60 != UCX_KIND || (bits >> SUB_SHIFT) & 0xF != T::SUB {
-        return Err(Error::new(
-            S::InvalidHandle,
-            format!("{bits:#018x} is not a {} handle", T::NAME),
-        ));
+        return Err(Error::new(S::InvalidHandle, format!("{bits:#018x} is not a {} handle", T::NAME)));
     }
     let gen = ((bits >> GEN_SHIFT) & MAX_GEN as u64) as u32;
     let index = (bits & MAX_INDEX as u64) as u32;
     if gen == 0 || (bits >> (GEN_SHIFT + 22)) & 0x3F != 0 {
-        return Err(Error::new(S::InvalidHandle, format!("{} handle {bits:#018x} was never issued", T::NAME)));
+        return Err(Error::new(
+            S::InvalidHandle,
+            format!("{} handle {bits:#018x} was never issued", T::NAME),
+        ));
     }
     Ok(Key { index, gen })
 }
@@ -458,7 +458,9 @@ fn stream_of(fd: i32) -> Result<Box<dyn memplug_ucx::ControlStream>> {
         let mut v: libc::c_int = 0;
         let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
         // SAFETY: valid out-pointers of the sizes given.
-        let rc = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, name, (&mut v as *mut libc::c_int).cast(), &mut len) };
+        let rc = unsafe {
+            libc::getsockopt(fd, libc::SOL_SOCKET, name, (&mut v as *mut libc::c_int).cast(), &mut len)
+        };
         if rc != 0 {
             let e = std::io::Error::last_os_error();
             return Err(Error::new(S::InvalidArgument, format!("fd {fd} is not a socket: {e}")));
@@ -480,7 +482,9 @@ fn stream_of(fd: i32) -> Result<Box<dyn memplug_ucx::ControlStream>> {
     match domain {
         libc::AF_UNIX => Ok(Box::new(std::os::unix::net::UnixStream::from(owned))),
         libc::AF_INET | libc::AF_INET6 => Ok(Box::new(std::net::TcpStream::from(owned))),
-        d => Err(Error::new(S::InvalidArgument, format!("fd {fd} is a socket of domain {d}, not Unix or TCP"))),
+        d => {
+            Err(Error::new(S::InvalidArgument, format!("fd {fd} is a socket of domain {d}, not Unix or TCP")))
+        }
     }
 }
 
@@ -624,16 +628,22 @@ enum Way {
     Push,
 }
 
+/// Offsets and length of a transfer: `local` in the region, `remote` in
+/// the peer's range.
+struct Span {
+    local: u64,
+    remote: u64,
+    len: u64,
+}
+
 /// # Safety
 /// `range` NULL or readable, `out` NULL or writable.
 unsafe fn transfer_region(
     way: Way,
     peer: MemplugHostUcxPeer,
     region: MemplugHostRegion,
-    local_offset: u64,
     range: *const MemplugHostUcxRemoteRange,
-    remote_offset: u64,
-    len: u64,
+    span: Span,
     out: *mut MemplugHostUcxTransfer,
 ) -> Result<()> {
     require_non_null(out, "out")?;
@@ -644,8 +654,8 @@ unsafe fn transfer_region(
         let mut l = lock_region(&e)?;
         let region = &mut *l.guard;
         match way {
-            Way::Pull => p.pull_into_region(region, local_offset, &r, remote_offset, len),
-            Way::Push => p.push_from_region(region, local_offset, &r, remote_offset, len),
+            Way::Pull => p.pull_into_region(region, span.local, &r, span.remote, span.len),
+            Way::Push => p.push_from_region(region, span.local, &r, span.remote, span.len),
         }
         .map_err(ucx_error)
     })?;
@@ -682,8 +692,9 @@ pub unsafe extern "C" fn memplug_host_ucx_peer_pull_into_region(
     out: *mut MemplugHostUcxTransfer,
 ) -> MemplugHostStatus {
     boundary("memplug_host_ucx_peer_pull_into_region", || {
+        let span = Span { local: dst_offset, remote: src_offset, len };
         // SAFETY: the caller's contract.
-        unsafe { transfer_region(Way::Pull, peer, region, dst_offset, range, src_offset, len, out) }
+        unsafe { transfer_region(Way::Pull, peer, region, range, span, out) }
     })
 }
 
@@ -705,8 +716,9 @@ pub unsafe extern "C" fn memplug_host_ucx_peer_push_from_region(
     out: *mut MemplugHostUcxTransfer,
 ) -> MemplugHostStatus {
     boundary("memplug_host_ucx_peer_push_from_region", || {
+        let span = Span { local: src_offset, remote: dst_offset, len };
         // SAFETY: the caller's contract.
-        unsafe { transfer_region(Way::Push, peer, region, src_offset, range, dst_offset, len, out) }
+        unsafe { transfer_region(Way::Push, peer, region, range, span, out) }
     })
 }
 

@@ -6,8 +6,8 @@
 
 use crate::context::Ucx;
 use crate::error::UcxError;
-use crate::registration::{Access, Registration};
 use crate::local::LocalRegion;
+use crate::registration::{Access, Registration};
 use memplug_host::Context;
 use std::sync::Arc;
 

@@ -4,9 +4,9 @@
 //! offload or privatise orders behind the transfer.
 
 use crate::error::UcxError;
+use crate::local::LocalRegion;
 use crate::peer::{Peer, RemoteRange};
 use crate::transfer::{Direction, Transfer};
-use crate::local::LocalRegion;
 use memplug_host::OwnedAllocation;
 
 impl Peer {
