@@ -3016,6 +3016,16 @@ MemplugHostStatus memplug_host_ucx_deregister(struct MemplugHostUcxRegistration 
 #endif
 
 #if defined(MEMPLUG_HOST_UCX)
+// Releases the caller's registration handle without waiting for peers:
+// the range is deregistered now when no peer holds its key, otherwise
+// when the last holder releases it, is revoked or is lost — until then it
+// stays registered and pinned (the region's free waits). What a C++
+// destructor calls. The zero handle is a no-op. Thread-safety: any
+// thread.
+MemplugHostStatus memplug_host_ucx_registration_release(struct MemplugHostUcxRegistration registration);
+#endif
+
+#if defined(MEMPLUG_HOST_UCX)
 // Connects to the process at the other end of `fd`, a connected stream
 // socket (Unix, or TCP between nodes) that must reach a trusted process:
 // both sides call this, exchange UCX worker addresses over it (waiting up

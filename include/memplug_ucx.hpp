@@ -52,9 +52,10 @@ class Ucx : public detail::Owned<MemplugHostUcx, memplug_host_ucx_destroy> {
 };
 
 /// A registered, resident range of a region (memplug_host_ucx_register_region).
-/// The destructor deregisters (ignoring BUSY: a peer still holding the key
-/// deregisters it on its release); deregister() throws instead.
-class UcxRegistration : public detail::Owned<MemplugHostUcxRegistration, memplug_host_ucx_deregister> {
+/// The destructor releases the handle (memplug_host_ucx_registration_release:
+/// deregistered now, or when the last peer holding the key gives it back);
+/// deregister() deregisters now or throws.
+class UcxRegistration : public detail::Owned<MemplugHostUcxRegistration, memplug_host_ucx_registration_release> {
   public:
     using Owned::Owned;
     UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const Region &region, uint64_t offset, uint64_t len,

@@ -8,6 +8,9 @@
  *    region grows first, charged to its pool: exact afterwards), checks
  *    every byte, pushes one changed page back, releases the range;
  *  - the owner sees the changed page, and deregisters;
+ *  - a second range whose handle the owner releases at once (the child
+ *    still holds it) stays registered until the child gives it back: the
+ *    child still reads it, and the owner's region frees afterwards;
  *  - a pull beyond the child's budget is OUT_OF_BUDGET with nothing
  *    charged; bad access, empty ranges, a released range, forged and zero
  *    handles, a descriptor that is no socket: each a status, out-params
@@ -75,6 +78,7 @@ static void owner(const char *plugin, int fd) {
     struct env e;
     MemplugHostRegion r = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostUcxRegistration reg = MEMPLUG_HOST_NULL_HANDLE_INIT, untouched = {42};
+    MemplugHostUcxRegistration tail = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostUcxPeer peer = MEMPLUG_HOST_NULL_HANDLE_INIT;
     uint8_t *p;
     uint64_t i, id = 0;
@@ -117,6 +121,16 @@ static void owner(const char *plugin, int fd) {
     EXPECT_OK(memplug_host_ucx_register_region(e.ucx, e.mech, r, 0, MIB, MEMPLUG_HOST_UCX_ACCESS_READ_WRITE, &reg));
     EXPECT_OK(memplug_host_ucx_peer_connect(e.ucx, fd, MEMPLUG_HOST_UCX_ERRORS_PEER, WAIT_NS, &peer));
     EXPECT_OK(memplug_host_ucx_peer_offer(peer, reg, 77, &id));
+    /* The last page again, offered and its handle released at once: the
+     * child's hold keeps it registered (and the region pinned). */
+    EXPECT_OK(memplug_host_ucx_register_region(e.ucx, e.mech, r, MIB - 4096, 4096, MEMPLUG_HOST_UCX_ACCESS_READ, &tail));
+    EXPECT_OK(memplug_host_ucx_peer_offer(peer, tail, 78, &id));
+    EXPECT_OK(memplug_host_ucx_registration_release(tail));
+    EXPECT_STATUS(memplug_host_ucx_deregister(tail), MEMPLUG_HOST_STATUS_STALE_HANDLE);
+    {
+        MemplugHostUcxRegistration none = MEMPLUG_HOST_NULL_HANDLE_INIT;
+        EXPECT_OK(memplug_host_ucx_registration_release(none)); /* the zero handle: a no-op */
+    }
     /* Held by the peer: pinned, not deregistrable. */
     EXPECT_STATUS(memplug_host_ucx_deregister(reg), MEMPLUG_HOST_STATUS_BUSY);
     EXPECT_MESSAGE("hold the remote key");
@@ -142,7 +156,7 @@ static void puller(const char *plugin, int fd) {
     struct env e;
     MemplugHostRegion r = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostUcxPeer peer = MEMPLUG_HOST_NULL_HANDLE_INIT;
-    MemplugHostUcxRemoteRange range, bad;
+    MemplugHostUcxRemoteRange range, bad, last;
     MemplugHostUcxTransfer t = MEMPLUG_HOST_NULL_HANDLE_INIT, none = {9};
     uint8_t *p;
     uint64_t i;
@@ -155,6 +169,9 @@ static void puller(const char *plugin, int fd) {
     memset(&range, 0, sizeof range);
     EXPECT_OK(memplug_host_ucx_peer_next_offer(peer, WAIT_NS, &range));
     EXPECT(range.len == MIB && range.tag == 77 && range.writable == 1);
+    memset(&last, 0, sizeof last);
+    EXPECT_OK(memplug_host_ucx_peer_next_offer(peer, WAIT_NS, &last));
+    EXPECT(last.len == 4096 && last.tag == 78 && last.writable == 0);
 
     /* Beyond the budget: refused before any byte moves, nothing charged. */
     EXPECT_STATUS(memplug_host_ucx_peer_pull_into_region(peer, r, 2 * MIB, &range, 0, MIB, &none),
@@ -180,6 +197,16 @@ static void puller(const char *plugin, int fd) {
     EXPECT_OK(memplug_host_ucx_transfer_wait(t, WAIT_NS));
     EXPECT_OK(memplug_host_ucx_transfer_release(t));
     EXPECT_OK(memplug_host_ucx_peer_release(peer, &range, WAIT_NS));
+    /* The range whose owner dropped its handle: still registered while held. */
+    EXPECT_OK(memplug_host_ucx_peer_pull_into_region(peer, r, 2 * MIB - 4096, &last, 0, 4096, &t));
+    EXPECT_OK(memplug_host_ucx_transfer_wait(t, WAIT_NS));
+    EXPECT_OK(memplug_host_ucx_transfer_release(t));
+    ok = 1;
+    for (i = 0; i < 4096; i++) {
+        if (p[2 * MIB - 4096 + i] != byte_at(MIB - 4096 + i, 5)) ok = 0;
+    }
+    EXPECT(ok);
+    EXPECT_OK(memplug_host_ucx_peer_release(peer, &last, WAIT_NS));
     /* Released: the range is no longer usable here. */
     EXPECT_STATUS(memplug_host_ucx_peer_pull_into_region(peer, r, 0, &range, 0, 16, &none),
                   MEMPLUG_HOST_STATUS_INVALID_STATE);

@@ -402,6 +402,19 @@ pub extern "C" fn memplug_host_ucx_deregister(registration: MemplugHostUcxRegist
     })
 }
 
+/// Releases the caller's registration handle without waiting for peers:
+/// the range is deregistered now when no peer holds its key, otherwise
+/// when the last holder releases it, is revoked or is lost — until then it
+/// stays registered and pinned (the region's free waits). What a C++
+/// destructor calls. The zero handle is a no-op. Thread-safety: any
+/// thread.
+#[no_mangle]
+pub extern "C" fn memplug_host_ucx_registration_release(
+    registration: MemplugHostUcxRegistration,
+) -> MemplugHostStatus {
+    boundary("memplug_host_ucx_registration_release", || remove::<RegistrationEntry>(registration.id))
+}
+
 // ---- peers ---------------------------------------------------------------
 
 /// Connects to the process at the other end of `fd`, a connected stream
