@@ -44,5 +44,7 @@
 #include "memplug/host/stats.h"
 /* DLPack export */
 #include "memplug/host/dlpack_export.h"
+/* memory on the wire through UCX (cargo feature `ucx`, on by default) */
+#include "memplug/host/ucx.h"
 
 #endif /* MEMPLUG_HOST_H */

@@ -1,4 +1,4 @@
-// memplug_host.h, memplug.hpp, memplug_cache.hpp and memplug_offload.hpp compile alone, included
+// memplug_host.h, memplug.hpp, memplug_cache.hpp, memplug_offload.hpp and memplug_ucx.hpp compile alone, included
 // twice, as C++17
 // with -Wall -Wextra -Wpedantic -Werror.
 #include "memplug_host.h"
@@ -9,6 +9,8 @@
 #include "memplug_cache.hpp"
 #include "memplug_offload.hpp"
 #include "memplug_offload.hpp"
+#include "memplug_ucx.hpp"
+#include "memplug_ucx.hpp"
 
 static_assert(sizeof(MemplugHostManager) == 8, "a handle is 64 bits");
 static_assert(sizeof(MemplugHostPoolStats) == MEMPLUG_HOST_POOL_STATS_SIZE_1_0, "1.0 layout");
@@ -16,6 +18,7 @@ static_assert(sizeof(MemplugHostStatus) == 4, "statuses are 32-bit");
 static_assert(sizeof(MemplugHostCacheStats) == MEMPLUG_HOST_CACHE_STATS_SIZE_1_2, "1.2 layout");
 static_assert(sizeof(MemplugHostOffloadReport) == MEMPLUG_HOST_OFFLOAD_REPORT_SIZE_1_3, "1.3 layout");
 static_assert(sizeof(MemplugHostResidence) == MEMPLUG_HOST_RESIDENCE_SIZE_1_3, "1.3 layout");
+static_assert(sizeof(MemplugHostUcxRemoteRange) == 40, "a fixed layout");
 
 int memplug_host_header_check();
 int memplug_host_header_check() {

@@ -63,6 +63,8 @@ pub mod stats;
 pub mod status;
 mod struct_size;
 mod sync;
+#[cfg(feature = "ucx")]
+pub mod ucx;
 pub mod version;
 
 pub use binding::*;
@@ -84,4 +86,6 @@ pub use prefix_export::*;
 pub use region::*;
 pub use stats::*;
 pub use status::{memplug_host_status_name, MemplugHostStatus};
+#[cfg(feature = "ucx")]
+pub use ucx::*;
 pub use version::*;

@@ -90,6 +90,12 @@ const TOPICS: &[Topic] = &[
         sources: &["dlpack.rs"],
         includes: &["dlpack/dlpack.h"],
     },
+    Topic {
+        header: "ucx.h",
+        about: "memory on the wire through UCX (cargo feature `ucx`, on by default)",
+        sources: &["ucx.rs"],
+        includes: &[],
+    },
 ];
 
 /// What the umbrella says of the whole API (its opening comment).
@@ -113,6 +119,15 @@ const COMMON_MACROS: &str = "
 /* Fails with MEMPLUG_HOST_STATUS_VERSION_MISMATCH when the library linked at
  * run time is older than this header. */
 #define MEMPLUG_HOST_CHECK_API() memplug_host_check_api(MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR)
+
+/* Memory on the wire through UCX (memplug_host_ucx_*, ucx.h): in every
+ * library built with the C API crate's default `ucx` feature, which needs no
+ * UCX to build (libucp.so.0 is opened at run time). Define
+ * MEMPLUG_HOST_NO_UCX before including this header for a library built
+ * without it. */
+#if !defined(MEMPLUG_HOST_NO_UCX)
+#define MEMPLUG_HOST_UCX 1
+#endif
 ";
 
 const REGENERATE: &str = "MEMPLUG_BLESS=1 cargo test -p memplug-host-capi --test header_drift";

@@ -47,7 +47,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
 }
 
 /// An exception of class `E` with `status` set (and any more attributes).
-fn raise<E: pyo3::PyTypeInfo>(status: &str, message: String, attrs: &[(&str, u64)]) -> PyErr {
+pub(crate) fn raise<E: pyo3::PyTypeInfo>(status: &str, message: String, attrs: &[(&str, u64)]) -> PyErr {
     Python::with_gil(|py| {
         let err = PyErr::from_type(py.get_type::<E>(), message);
         let value = err.value(py);

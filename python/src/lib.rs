@@ -12,6 +12,8 @@
 //!   back if it raises);
 //! * `streams.rs` — `Stream` (Python host functions), `Fence` (recorded,
 //!   or a runtime's own query);
+//! * `ucx.rs` — `Ucx`, `UcxRegistration`, `UcxPeer`, `UcxRemoteRange`,
+//!   `UcxTransfer`: memory on the wire between processes (UCX);
 //! * `tensor.rs` — dtypes, `Tensor` views, `__dlpack__` (versioned and
 //!   legacy capsules, stream synchronisation);
 //! * `interp.rs` — calling Python from host threads, safely up to exit;
@@ -25,6 +27,7 @@ mod node;
 mod region;
 mod streams;
 mod tensor;
+mod ucx;
 
 use pyo3::prelude::*;
 
@@ -45,6 +48,11 @@ fn memplug(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tensor::Tensor>()?;
     m.add_class::<streams::Stream>()?;
     m.add_class::<streams::Fence>()?;
+    m.add_class::<ucx::Ucx>()?;
+    m.add_class::<ucx::UcxRegistration>()?;
+    m.add_class::<ucx::UcxPeer>()?;
+    m.add_class::<ucx::UcxRemoteRange>()?;
+    m.add_class::<ucx::UcxTransfer>()?;
     errors::register(m)?;
     interp::register(m)?;
     m.add(

@@ -27,7 +27,7 @@ impl Region {
         let addr = r.addr();
         Region { inner: Mutex::new(Some(SharedRegion::new(r))), addr, device, uses: Arc::default() }
     }
-    fn shared(&self) -> PyResult<SharedRegion> {
+    pub(crate) fn shared(&self) -> PyResult<SharedRegion> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.clone().ok_or_else(|| errors::released("region"))
     }

@@ -53,7 +53,9 @@ fn main() {
         "{:<34} {:>8} {:>6} {:>12} {:>14} {:>7}",
         "transport", "size", "iters", "memplug MiB/s", "perftest MiB/s", "ratio"
     );
-    for (i, net) in NETS.iter().enumerate() {
+    // MEMPLUG_UCX_BENCH_NET=<i>: only that transport set.
+    let only: Option<usize> = std::env::var("MEMPLUG_UCX_BENCH_NET").ok().and_then(|n| n.parse().ok());
+    for (i, net) in NETS.iter().enumerate().filter(|(i, _)| only.is_none_or(|o| o == *i)) {
         // For each size, this side's runs and ucx_perftest's run back to
         // back, so both meet the same load on a shared machine; each figure
         // is the best of `REPEATS` runs.

@@ -6,8 +6,9 @@
 
 use crate::context::Ucx;
 use crate::error::UcxError;
+use crate::local::LocalRegion;
 use crate::registration::{Access, Registration};
-use memplug_host::{Context, Region};
+use memplug_host::Context;
 use std::sync::Arc;
 
 /// The registered range `[from, end)` of one region, in parts.
@@ -27,7 +28,7 @@ impl GrowingRegistration {
     pub fn new(
         ucx: &Ucx,
         context: &Arc<Context>,
-        region: &mut Region,
+        region: &mut impl LocalRegion,
         from: u64,
         access: Access,
     ) -> Result<GrowingRegistration, UcxError> {
@@ -47,8 +48,8 @@ impl GrowingRegistration {
     /// part, or `None` when it did not grow. A region shorter than the
     /// registered end (a shrink cannot take registered bytes while they
     /// are pinned; the part stays registered) registers nothing.
-    pub fn extend(&mut self, region: &mut Region) -> Result<Option<&Registration>, UcxError> {
-        let len = region.len();
+    pub fn extend(&mut self, region: &mut impl LocalRegion) -> Result<Option<&Registration>, UcxError> {
+        let len = region.view().len;
         if len <= self.end {
             return Ok(None);
         }

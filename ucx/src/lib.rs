@@ -18,7 +18,11 @@
 //!   ([`ErrorHandling`] says what a deadline can cancel).
 //!
 //! A region that grows is registered part by part
-//! ([`GrowingRegistration`]). The control stream between two peers (a Unix
+//! ([`GrowingRegistration`]). Regions are taken as a [`LocalRegion`]: an
+//! owned `Region` or a `SharedRegion` (the Python binding's, shared with
+//! its DLPack views). The C API (`memplug_host_ucx_*`, feature `ucx` of
+//! `memplug-host-capi`), `memplug_ucx.hpp` and the Python module's `Ucx*`
+//! classes are thin layers over this crate. The control stream between two peers (a Unix
 //! socket, or TCP between nodes) must connect trusted processes: UCX aborts
 //! on a malformed worker address, and only damage and foreign formats are
 //! caught before it reads one.
@@ -31,6 +35,7 @@
 mod context;
 mod error;
 mod growth;
+mod local;
 mod move_memory;
 mod peer;
 mod registration;
@@ -42,6 +47,7 @@ mod wire;
 pub use context::Ucx;
 pub use error::UcxError;
 pub use growth::GrowingRegistration;
+pub use local::LocalRegion;
 pub use peer::{ControlStream, Peer, RemoteRange};
 pub use registration::{Access, Registration};
 pub use transfer::{ErrorHandling, Transfer};

@@ -4,9 +4,10 @@
 //! offload or privatise orders behind the transfer.
 
 use crate::error::UcxError;
+use crate::local::LocalRegion;
 use crate::peer::{Peer, RemoteRange};
 use crate::transfer::{Direction, Transfer};
-use memplug_host::{GrowError, OwnedAllocation, Region};
+use memplug_host::OwnedAllocation;
 
 impl Peer {
     /// Reads `len` bytes at `src_offset` of `range` into `region` at
@@ -22,7 +23,7 @@ impl Peer {
     /// region; a range released or revoked (`Revoked`); a lost peer.
     pub fn pull_into_region(
         &mut self,
-        region: &mut Region,
+        region: &mut impl LocalRegion,
         dst_offset: u64,
         range: &RemoteRange,
         src_offset: u64,
@@ -36,7 +37,7 @@ impl Peer {
                 if view.is_lost() { "lost" } else { "offloaded" }
             )));
         }
-        let prefix = region.len() - region.committed();
+        let prefix = view.len - region.committed();
         if dst_offset < prefix && region.prefix_is_read_only() {
             return Err(UcxError::Invalid(format!(
                 "destination +{dst_offset} overlaps the region's read-only shared prefix ({prefix} B)"
@@ -50,15 +51,12 @@ impl Peer {
         }
         // Checked before the grow, so a bad remote range charges nothing.
         self.check_remote(range, src_offset, len, Direction::Get)?;
-        if end > region.len() {
-            region.grow_to(end, |_| Ok::<(), std::convert::Infallible>(())).map_err(|e| match e {
-                GrowError::Binding(b) => UcxError::Binding(b),
-                GrowError::Update(never) => match never {},
-            })?;
+        if end > view.len {
+            region.grow_to(end)?;
         }
         // SAFETY: inside the region's committed length; the fence recorded
         // below keeps it committed until the transfer completes.
-        let t = unsafe { self.transfer(Direction::Get, range, src_offset, region.addr() + dst_offset, len)? };
+        let t = unsafe { self.transfer(Direction::Get, range, src_offset, view.addr + dst_offset, len)? };
         region.used_by(t.fence());
         Ok(t)
     }
@@ -68,21 +66,22 @@ impl Peer {
     /// offload and release wait for the transfer.
     pub fn push_from_region(
         &mut self,
-        region: &mut Region,
+        region: &mut impl LocalRegion,
         src_offset: u64,
         range: &RemoteRange,
         dst_offset: u64,
         len: u64,
     ) -> Result<Transfer, UcxError> {
         let end = local_end(src_offset, len)?;
-        if region.is_lost() || region.view().is_offloaded() || end > region.len() {
+        let view = region.view();
+        if view.is_lost() || view.is_offloaded() || end > view.len {
             return Err(UcxError::Invalid(format!(
                 "source +{src_offset} ({len} B) is not inside the region's resident usable {} B",
-                region.len()
+                view.len
             )));
         }
         // SAFETY: inside the usable length; the fence keeps it there.
-        let t = unsafe { self.transfer(Direction::Put, range, dst_offset, region.addr() + src_offset, len)? };
+        let t = unsafe { self.transfer(Direction::Put, range, dst_offset, view.addr + src_offset, len)? };
         region.used_by(t.fence());
         Ok(t)
     }

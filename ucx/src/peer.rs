@@ -44,6 +44,14 @@ impl ControlStream for std::net::TcpStream {
     }
 }
 
+/// A stream whose kind is known only at run time (the C API takes a
+/// descriptor of either kind).
+impl ControlStream for Box<dyn ControlStream> {
+    fn set_nonblocking_mode(&self) -> std::io::Result<()> {
+        (**self).set_nonblocking_mode()
+    }
+}
+
 /// A range the peer offered: where it is in the peer's address space, how
 /// long, whether it may be written, and the tag the peer gave it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

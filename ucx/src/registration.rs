@@ -21,9 +21,10 @@
 
 use crate::context::{Inner, Ucx};
 use crate::error::{check, UcxError};
+use crate::local::LocalRegion;
 use crate::sys;
 use memplug_host::{
-    CallError, Context, FenceSource, LifeState, OwnedAllocation, Region, SharedFence, SubscriptionId,
+    CallError, Context, FenceSource, LifeState, OwnedAllocation, SharedFence, SubscriptionId,
 };
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -124,7 +125,8 @@ impl Ucx {
         })
     }
 
-    /// Registers `len` bytes at `offset` of `region` (its shared prefix
+    /// Registers `len` bytes at `offset` of `region` (a `Region` or a
+    /// `SharedRegion`: [`LocalRegion`]; its shared prefix
     /// is `[0, prefix length)`, its private part follows) and pins them:
     /// until the registration is gone, a shrink over it is queued (the
     /// range stays committed and charged, and cannot be grown back into:
@@ -139,7 +141,7 @@ impl Ucx {
     pub fn register_region(
         &self,
         context: &Arc<Context>,
-        region: &mut Region,
+        region: &mut impl LocalRegion,
         offset: u64,
         len: u64,
         access: Access,

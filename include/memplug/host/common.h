@@ -23,6 +23,15 @@
  * run time is older than this header. */
 #define MEMPLUG_HOST_CHECK_API() memplug_host_check_api(MEMPLUG_HOST_API_MAJOR, MEMPLUG_HOST_API_MINOR)
 
+/* Memory on the wire through UCX (memplug_host_ucx_*, ucx.h): in every
+ * library built with the C API crate's default `ucx` feature, which needs no
+ * UCX to build (libucp.so.0 is opened at run time). Define
+ * MEMPLUG_HOST_NO_UCX before including this header for a library built
+ * without it. */
+#if !defined(MEMPLUG_HOST_NO_UCX)
+#define MEMPLUG_HOST_UCX 1
+#endif
+
 
 // Major version of this C API: changes only with an incompatible change.
 #define MEMPLUG_HOST_API_MAJOR 1

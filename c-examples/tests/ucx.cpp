@@ -1,0 +1,130 @@
+// ucx.cpp: memory on the wire through memplug_ucx.hpp, between this process
+// and a forked child over UCX's shared-memory transports (posix, cma;
+// MEMPLUG_HOST_UCX_ERRORS_NONE, which shared memory needs) on the reference
+// CPU plugin: the owner registers 2 MiB of a region read-only and offers
+// it; the child pulls it into its own region in two halves, checks every
+// byte, is refused a push into the read-only range (memplug::Error,
+// INVALID_ARGUMENT) and releases it; the owner deregisters once the child
+// has left, and both pools end at zero. Skipped (exit 77, with the reason)
+// when UCX is not installed.
+//
+//   ucx_cpp PATH/TO/libmemplug_plugin_cpu.so
+#include "memplug_ucx.hpp"
+
+#include "expect.hpp"
+
+#include <chrono>
+#include <cstring>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace {
+
+constexpr uint64_t MIB = 1024 * 1024;
+constexpr std::chrono::seconds WAIT{20};
+constexpr const char *SETTINGS = "TLS=posix,cma,self";
+
+uint8_t byte_at(uint64_t i) { return static_cast<uint8_t>((i * 7u + 3u) & 0xffu); }
+uint8_t *bytes(const memplug::Region &r) { return reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(r.addr())); }
+
+void owner(const char *plugin, int fd) {
+    memplug::Manager m = memplug::Manager::create();
+    m.load_plugin(plugin);
+    memplug::Mechanism mech = m.find_mechanism("memplug-cpu/cpu");
+    memplug::Pool pool = m.create_pool("owner", 8 * MIB);
+    memplug::Binding b = m.bind(mech, pool);
+    memplug::Region region = b.reserve(4 * MIB);
+    region.grow(2 * MIB);
+    uint8_t *p = bytes(region);
+    for (uint64_t i = 0; i < 2 * MIB; i++) p[i] = byte_at(i);
+    {
+        memplug::Ucx ucx(SETTINGS);
+        memplug::UcxRegistration reg(ucx, mech, region, 0, 2 * MIB, MEMPLUG_HOST_UCX_ACCESS_READ);
+        memplug::UcxPeer peer(ucx, fd, MEMPLUG_HOST_UCX_ERRORS_NONE, WAIT);
+        peer.offer(reg, 3);
+        EXPECT_ERROR(MEMPLUG_HOST_STATUS_BUSY, reg.deregister());
+        // Shared-memory gets of this memory are served by this worker.
+        EXPECT(peer.serve(WAIT));
+        reg.deregister();
+        EXPECT(!reg);
+    }
+    region.close();
+    EXPECT(pool.stats().used == 0);
+}
+
+void puller(const char *plugin, int fd) {
+    memplug::Manager m = memplug::Manager::create();
+    m.load_plugin(plugin);
+    memplug::Mechanism mech = m.find_mechanism("memplug-cpu/cpu");
+    memplug::Pool pool = m.create_pool("puller", 8 * MIB);
+    memplug::Binding b = m.bind(mech, pool);
+    memplug::Region region = b.reserve(4 * MIB);
+    {
+        memplug::Ucx ucx(SETTINGS);
+        memplug::UcxPeer peer(ucx, fd, MEMPLUG_HOST_UCX_ERRORS_NONE, WAIT);
+        MemplugHostUcxRemoteRange r = peer.next_offer(WAIT);
+        EXPECT(r.len == 2 * MIB && r.tag == 3 && r.writable == 0);
+        memplug::UcxTransfer a = peer.pull_into(region, 0, r, 0, MIB);
+        memplug::UcxTransfer c = peer.pull_into(region, MIB, r, MIB, MIB);
+        a.wait(WAIT);
+        c.wait(WAIT);
+        EXPECT(pool.stats().used == 2 * MIB);
+        const uint8_t *p = bytes(region);
+        bool same = true;
+        for (uint64_t i = 0; i < 2 * MIB; i++) same = same && p[i] == byte_at(i);
+        EXPECT(same);
+        std::string why = EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, peer.push_from(region, 0, r, 0, 64));
+        EXPECT(why.find("read-only") != std::string::npos);
+        peer.release(r, WAIT);
+    }
+    region.close();
+    EXPECT(pool.stats().used == 0);
+}
+
+} // namespace
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        std::fprintf(stderr, "usage: %s PATH/TO/libmemplug_plugin_cpu.so\n", argv[0]);
+        return 2;
+    }
+    std::string why;
+    if (!memplug::ucx_available(&why)) {
+        std::printf("SKIP: UCX is not usable here: %s\n", why.c_str());
+        return 77;
+    }
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+        std::perror("socketpair");
+        return 1;
+    }
+    std::fflush(nullptr);
+    pid_t child = fork();
+    if (child < 0) return 1;
+    bool is_child = child == 0;
+    try {
+        if (is_child) {
+            close(sv[0]);
+            puller(argv[1], sv[1]);
+        } else {
+            close(sv[1]);
+            owner(argv[1], sv[0]);
+        }
+    } catch (const memplug::Error &e) {
+        std::fprintf(stderr, "FAIL (%s): %s (%s)\n", is_child ? "child" : "owner", e.what(), e.code_name());
+        failed++;
+    }
+    if (is_child) {
+        std::printf("child: %d passed, %d failed\n", passed, failed);
+        std::fflush(nullptr);
+        _exit(failed == 0 ? 0 : 1);
+    }
+    int status = 0;
+    if (waitpid(child, &status, 0) != child || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        std::fprintf(stderr, "FAIL: the child failed (status %d)\n", status);
+        failed++;
+    }
+    std::printf("%d passed, %d failed\n", passed, failed);
+    return failed == 0 ? 0 : 1;
+}

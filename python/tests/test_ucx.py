@@ -1,0 +1,142 @@
+"""Memory on the wire from Python (memplug.Ucx, UcxPeer, ...): an owner
+process (a child Python) fills a region, registers it and offers it; this
+process pulls it into a region of its own over UCX (TCP on loopback, and
+shared memory), and NumPy reads the bytes where they landed through
+DLPack, without a copy. The pull is charged first (OutOfBudget moves
+nothing), a page pushed back lands in the owner's region, a held range
+cannot be deregistered, and bad input is refused. Skipped without UCX."""
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import memplug
+
+MIB = 1 << 20
+
+pytestmark = pytest.mark.skipif(
+    memplug.Ucx.unavailable() is not None, reason=f"UCX is not usable here: {memplug.Ucx.unavailable()}"
+)
+
+TRANSPORTS = {
+    "tcp": ({"TLS": "tcp", "NET_DEVICES": "lo"}, "peer"),
+    "shared-memory": ({"TLS": "posix,cma,self"}, "none"),
+}
+
+# The owner: 2 MiB of a region filled with i % 251, registered read-write
+# and offered; it serves until this side leaves, then checks the page this
+# side pushed back and deregisters. Prints what it saw; exits non-zero on
+# any surprise.
+OWNER = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    import memplug
+
+    fd, transport = int(sys.argv[1]), sys.argv[2]
+    settings, errors = {transports}[transport]
+    m = memplug.Manager()
+    m.register_cpu_plugin()
+    ctx = m.select("cpu", 0, virtual_backing=True)
+    pool = m.create_pool("owner", 8 << 20)
+    r = m.bind(ctx, pool, "kv").reserve(4 << 20)
+    r.grow_to(2 << 20)
+    np.from_dlpack(r.view(2 << 20))[:] = np.arange(2 << 20) % 251
+    ucx = memplug.Ucx(settings)
+    reg = ucx.register_region(ctx, r, 0, 2 << 20, "read_write")
+    peer = memplug.UcxPeer(ucx, fd, errors=errors)
+    peer.offer(reg, 7)
+    try:
+        reg.deregister()
+        sys.exit("deregistered while held")
+    except memplug.MemplugError as e:
+        assert e.status == "BUSY", e.status
+    assert peer.serve(30.0), "the peer did not leave"
+    got = np.from_dlpack(r.view(2 << 20))
+    want = np.arange(2 << 20) % 251
+    want[:4096] = 255 - want[:4096]
+    assert (got == want).all(), "the pushed page did not land"
+    del got  # a live view keeps the region (and its charge) alive
+    reg.deregister()
+    peer.close()
+    r.close()
+    assert pool.used == 0, pool.used
+    print("owner: ok")
+    """
+).replace("{transports}", repr(TRANSPORTS))
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_pull_lands_in_a_region_numpy_reads(mgr, transport):
+    settings, errors = TRANSPORTS[transport]
+    mine, theirs = socket.socketpair()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, str(theirs.fileno()), transport],
+        pass_fds=[theirs.fileno()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    theirs.close()
+    try:
+        ctx = mgr.select("cpu", 0, virtual_backing=True)
+        pool = mgr.create_pool("puller", 3 * MIB)
+        r = mgr.bind(ctx, pool, "kv").reserve(8 * MIB)
+        ucx = memplug.Ucx(settings)
+        with memplug.UcxPeer(ucx, mine.fileno(), timeout=30.0, errors=errors) as peer:
+            rng = peer.next_offer(30.0)
+            assert (rng.len, rng.tag, rng.writable) == (2 * MIB, 7, True)
+
+            # Past the budget: refused before any byte moves.
+            with pytest.raises(memplug.OutOfBudget):
+                peer.pull_into_region(r, 2 * MIB, rng, 0, 2 * MIB)
+            assert pool.used == 0 and r.len == 0
+
+            t = peer.pull_into_region(r, 0, rng, 0, 2 * MIB)
+            t.wait(30.0)
+            assert t.done and t.bytes == 2 * MIB and pool.used == 2 * MIB
+            arr = np.from_dlpack(r.view(2 * MIB))
+            assert arr.ctypes.data == r.addr  # no copy: the bytes where UCX put them
+            assert (arr == np.arange(2 * MIB) % 251).all()
+
+            arr[:4096] = 255 - arr[:4096]
+            peer.push_from_region(r, 0, rng, 0, 4096).wait(30.0)
+            peer.release(rng, 30.0)
+            with pytest.raises(memplug.InvalidState, match="released by this side"):
+                peer.pull_into_region(r, 0, rng, 0, 16)
+            del arr
+        out, _ = owner.communicate(timeout=60)
+        assert owner.returncode == 0, out
+        assert "owner: ok" in out
+        r.close()
+        assert pool.used == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        mine.close()
+
+
+def test_bad_input_is_refused(mgr):
+    ctx = mgr.select("cpu", 0, virtual_backing=True)
+    r = mgr.bind(ctx, mgr.create_pool("bad", 4 * MIB), "kv").reserve(4 * MIB)
+    r.grow_to(MIB)
+    ucx = memplug.Ucx({"TLS": "tcp", "NET_DEVICES": "lo"})
+    with pytest.raises(memplug.InvalidArgument, match="read_write"):
+        ucx.register_region(ctx, r, 0, MIB, "write")
+    with pytest.raises(memplug.InvalidArgument, match="not inside"):
+        ucx.register_region(ctx, r, 0, 2 * MIB)
+    with pytest.raises(memplug.InvalidArgument, match="not a connected stream socket"):
+        with open(__file__) as f:
+            memplug.UcxPeer(ucx, f.fileno())
+    with pytest.raises(memplug.InvalidArgument, match="NUL"):
+        memplug.Ucx({"TLS": "tcp\0"})
+    reg = ucx.register_region(ctx, r, 0, MIB)
+    assert (reg.addr, reg.len, reg.holders) == (r.addr, MIB, 0)
+    reg.deregister()
+    with pytest.raises(memplug.InvalidState):
+        reg.deregister()
+    r.close()
