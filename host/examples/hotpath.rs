@@ -14,7 +14,8 @@
 //! cached-stream (allocate on a stream + free on it behind a fence);
 //! cached-miss (a cache that keeps nothing idle, `max_idle_bytes` 0: every
 //! allocate is a miss and every free gives the block back, against
-//! `binding`).
+//! `binding`); commit-2m (commit + decommit of 2 MiB through the host's
+//! virtual backing) and commit-2m-raw (the same syscalls on a raw `mmap`).
 //!
 //! `hotpath PATH N [PLUGIN.so]`
 
@@ -25,6 +26,8 @@ mod direct;
 use direct::DirectAllocator;
 use memplug_sdk::abi::MemplugEntryV1;
 use std::hint::black_box;
+
+const TWO_MIB: u64 = 2 << 20;
 
 /// The measured paths, parsed from the command line once: matching the name
 /// inside the loop would add a string compare to every iteration, which
@@ -43,6 +46,13 @@ enum Path {
     CachedMiss,
     /// Reserve 2 MiB of a region and release it (no commit).
     Reserve,
+    /// Commit + decommit 2 MiB of a reservation through the host's
+    /// virtual backing (the syscalls dominate: count them with `strace -c`
+    /// or `perf stat -e`, not only callgrind).
+    Commit2m,
+    /// The same three syscalls called raw on a 2 MiB `mmap` of our own,
+    /// the baseline of `commit-2m`.
+    Commit2mRaw,
     /// n frees pending on fences that never complete.
     Poll(usize),
     /// n earlier fenced shrinks of the region.
@@ -61,6 +71,8 @@ const PATHS: &[(&str, Path)] = &[
     ("cached-stream", Path::CachedStream),
     ("cached-miss", Path::CachedMiss),
     ("reserve", Path::Reserve),
+    ("commit-2m", Path::Commit2m),
+    ("commit-2m-raw", Path::Commit2mRaw),
     ("poll-1", Path::Poll(1)),
     ("poll-1k", Path::Poll(1000)),
     ("poll-100k", Path::Poll(100_000)),
@@ -262,6 +274,27 @@ fn run(path: Path, n: u64, rig: &Rig) {
                 drop(black_box(rig.binding.reserve_virtual(black_box(2 << 20)).unwrap()));
             }
         }
+        Path::Commit2m => {
+            let vb = unsafe { mech.ungoverned() }.virtual_backing().expect("virtual backing");
+            let res = vb.reserve(TWO_MIB).unwrap();
+            for _ in 0..n {
+                vb.commit(&res, 0, black_box(TWO_MIB)).unwrap();
+                vb.decommit(&res, 0, black_box(TWO_MIB)).unwrap();
+            }
+            vb.release(res).unwrap();
+        }
+        Path::Commit2mRaw => unsafe {
+            let len = TWO_MIB as usize;
+            let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+            let p = libc::mmap(std::ptr::null_mut(), len, libc::PROT_NONE, flags, -1, 0);
+            assert_ne!(p, libc::MAP_FAILED);
+            for _ in 0..n {
+                assert_eq!(libc::mprotect(p, black_box(len), libc::PROT_READ | libc::PROT_WRITE), 0);
+                assert_eq!(libc::madvise(p, len, libc::MADV_DONTNEED), 0);
+                assert_eq!(libc::mprotect(p, len, libc::PROT_NONE), 0);
+            }
+            libc::munmap(p, len);
+        },
         Path::Poll(_) => {
             let p = rig.poll.as_ref().expect("set up");
             for _ in 0..n {

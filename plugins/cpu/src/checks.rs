@@ -40,23 +40,32 @@ pub fn round_up(size: u64, granularity: u64, what: &str) -> PluginResult<u64> {
 /// bytes: in bounds (and, as the SDK already did, non-empty,
 /// granularity-aligned, no overflow, kept so the check is whole on its
 /// own). Returns the end of the range.
+#[inline]
 pub fn check_range(offset: u64, len: u64, limit: u64, granularity: u64, what: &str) -> PluginResult<u64> {
-    let fail = |why: &str| {
-        Err(PluginError::out_of_range(format!("{what} range (offset {offset:#x}, len {len:#x}) {why}")))
+    // The success path is these comparisons only; the message is built
+    // out of line (commit and decommit run this on every call).
+    match offset.checked_add(len) {
+        Some(end) if len != 0 && offset % granularity == 0 && len % granularity == 0 && end <= limit => {
+            Ok(end)
+        }
+        _ => Err(range_refused(offset, len, limit, granularity, what)),
+    }
+}
+
+/// Why `check_range` refused its range.
+#[cold]
+#[inline(never)]
+fn range_refused(offset: u64, len: u64, limit: u64, granularity: u64, what: &str) -> PluginError {
+    let why = if len == 0 {
+        "is empty".to_owned()
+    } else if offset % granularity != 0 || len % granularity != 0 {
+        format!("is not aligned to the granularity of {granularity:#x} bytes")
+    } else if offset.checked_add(len).is_none() {
+        "overflows: offset + len exceeds 2^64".to_owned()
+    } else {
+        format!("ends past the {limit:#x} bytes of the object")
     };
-    if len == 0 {
-        return fail("is empty");
-    }
-    if offset % granularity != 0 || len % granularity != 0 {
-        return fail(&format!("is not aligned to the granularity of {granularity:#x} bytes"));
-    }
-    let Some(end) = offset.checked_add(len) else {
-        return fail("overflows: offset + len exceeds 2^64");
-    };
-    if end > limit {
-        return fail(&format!("ends past the {limit:#x} bytes of the object"));
-    }
-    Ok(end)
+    PluginError::out_of_range(format!("{what} range (offset {offset:#x}, len {len:#x}) {why}"))
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 
 use crate::checks::unknown;
 use crate::handles::Table;
+use crate::os::Guarded;
 use crate::ranges::RangeSet;
 use memplug_sdk::{ObjectRef, PluginError, PluginResult};
 use std::collections::BTreeMap;
@@ -121,13 +122,25 @@ pub struct Reservation {
     pub addr: u64,
     /// Bytes in the range (a multiple of the granularity).
     pub size: u64,
+    /// The whole mapping made for the range, its guards included
+    /// (`os::reserve_guarded`): what `release` gives back.
+    pub mapped_start: u64,
+    /// Bytes of that mapping.
+    pub mapped_len: u64,
     state: Mutex<State>,
 }
 
 impl Reservation {
-    /// A reservation of `[addr, addr + size)` with nothing committed.
-    pub fn new(object_id: u64, addr: u64, size: u64) -> Self {
-        Reservation { object_id, addr, size, state: Mutex::new(State::default()) }
+    /// A reservation of `size` bytes at `g.addr` with nothing committed.
+    pub fn new(object_id: u64, g: Guarded, size: u64) -> Self {
+        Reservation {
+            object_id,
+            addr: g.addr,
+            size,
+            mapped_start: g.mapped_start,
+            mapped_len: g.mapped_len,
+            state: Mutex::new(State::default()),
+        }
     }
 
     fn is(&self, obj: &ObjectRef) -> bool {

@@ -7,6 +7,10 @@
 //! The flavour prepares each commit (binds it to a node, backs it with
 //! huge pages), so the policy holds for whatever was mapped there before.
 //!
+//! Each reservation has a no-access guard on either side (`os::reserve_guarded`)
+//! so that a whole-range commit or decommit never splits or merges kernel
+//! mappings with a neighbour.
+//!
 //! Every call checks the whole range against the reservation's state before
 //! it touches the mapping, so a refused call changes nothing.
 //!
@@ -30,9 +34,9 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
     fn reserve(&self, request: &Request) -> PluginResult<Block> {
         self.flavor.check_location(request, &self.name, "reserve")?;
         let size = round_up(request.size, self.granularity, "reserve")?;
-        let addr = os::reserve_aligned(size, self.granularity, "reserve")?;
-        let handle = self.reservations.insert(Reservation::new(request.object_id, addr, size));
-        Ok(Block { addr, size, handle })
+        let g = os::reserve_guarded(size, self.granularity, "reserve")?;
+        let handle = self.reservations.insert(Reservation::new(request.object_id, g, size));
+        Ok(Block { addr: g.addr, size, handle })
     }
 
     fn commit(&self, reservation: &ObjectRef, offset: u64, len: u64) -> PluginResult<()> {
@@ -93,8 +97,9 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         // of the table, so no call will touch its addresses again. munmap
         // also removes every shared mapping inside the range. (munmap of a
         // range this process mapped does not fail; if it did, the range
-        // would stay mapped and unreachable: never handed out again.)
-        unsafe { os::unreserve(res.addr, res.size, "release") }
+        // would stay mapped and unreachable: never handed out again.) The
+        // guards around the range go with it.
+        unsafe { os::unreserve(res.mapped_start, res.mapped_len, "release") }
     }
 
     // ABI 1.2 queue-ordered binding (`queued.rs`).

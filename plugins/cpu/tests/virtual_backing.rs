@@ -29,6 +29,35 @@ fn reserve_rounds_to_pages_and_costs_no_memory() {
     h.assert_balanced();
 }
 
+/// Each reservation is a kernel mapping of its own, committed or not: the
+/// kernel merges adjacent anonymous mappings with the same protection, and
+/// a reservation merged with its neighbour made every whole-range commit
+/// and decommit split and merge mappings (about twice the time).
+#[test]
+fn neighbouring_reservations_keep_their_own_kernel_mappings() {
+    let h = harness();
+    let page = h.page();
+    for size in [page, 2 << 20] {
+        let rs: Vec<_> = (0..3).map(|_| h.reserve(size).unwrap()).collect();
+        // A read-write anonymous neighbour too, as an allocator would map.
+        let rw = h.reserve(size).unwrap();
+        h.commit(&rw, 0, size).unwrap();
+        for r in &rs {
+            assert_eq!(mapping_bounds(r.addr), Some((r.addr, r.addr + size)), "reserved, size {size}");
+            h.commit(r, 0, size).unwrap();
+            assert_eq!(mapping_bounds(r.addr), Some((r.addr, r.addr + size)), "committed, size {size}");
+        }
+        for r in &rs {
+            h.decommit(r, 0, size).unwrap();
+            assert_eq!(mapping_bounds(r.addr), Some((r.addr, r.addr + size)), "decommitted, size {size}");
+        }
+        for r in rs.iter().chain([&rw]) {
+            h.release_reservation(r).unwrap();
+        }
+    }
+    h.assert_balanced();
+}
+
 #[test]
 fn malformed_reserve_requests_are_refused() {
     let h = harness();

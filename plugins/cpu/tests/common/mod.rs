@@ -556,6 +556,17 @@ pub fn mapping_at(addr: u64) -> Option<(String, String)> {
     })
 }
 
+/// The bounds `[start, end)` of the kernel mapping (one line of
+/// `/proc/self/maps`) that holds `addr`; `None` if nothing is mapped.
+pub fn mapping_bounds(addr: u64) -> Option<(u64, u64)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+    maps.lines().find_map(|line| {
+        let (start, end) = line.split_whitespace().next()?.split_once('-')?;
+        let (start, end) = (u64::from_str_radix(start, 16).ok()?, u64::from_str_radix(end, 16).ok()?);
+        (start..end).contains(&addr).then_some((start, end))
+    })
+}
+
 /// Bytes of transparent huge pages `/proc/self/smaps` shows in the
 /// mappings that overlap `[addr, addr + len)` (each counted whole).
 pub fn smaps_huge(addr: u64, len: u64) -> u64 {
