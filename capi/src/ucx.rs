@@ -21,13 +21,13 @@
 //! go (that is the residency guarantee).
 
 use crate::callbacks::lock_region;
+use crate::common::{MemplugHostMechanism, MemplugHostRegion};
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{pin, same_manager, RegionEntry};
 use crate::slot_table::{Key, LazyTable, Pinned, MAX_GEN, MAX_INDEX};
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
-use crate::common::{MemplugHostMechanism, MemplugHostRegion};
 use memplug_host_dep::registry::Context;
 use memplug_ucx::{Access, ErrorHandling, Peer, RemoteRange, Transfer, Ucx, UcxError};
 use std::ffi::c_char;
