@@ -19,6 +19,7 @@ install(FILES
     ${PROJECT_SOURCE_DIR}/include/memplug.hpp
     ${PROJECT_SOURCE_DIR}/include/memplug_cache.hpp
     ${PROJECT_SOURCE_DIR}/include/memplug_offload.hpp
+    ${PROJECT_SOURCE_DIR}/include/memplug_node.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # memplug_host.h includes "dlpack/dlpack.h" (the DLPack export, API 1.3).
 install(FILES

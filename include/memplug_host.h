@@ -76,6 +76,22 @@
 // Size of `MemplugHostLoadOptions` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_LOAD_OPTIONS_SIZE_1_3 24
 
+// Size of `MemplugHostNodeJoinOptions` in API 1.3, where it first appeared.
+#define MEMPLUG_HOST_NODE_JOIN_OPTIONS_SIZE_1_3 24
+
+// Size of `MemplugHostNodeLinkStats` in API 1.3, where it first appeared.
+#define MEMPLUG_HOST_NODE_LINK_STATS_SIZE_1_3 96
+
+// Size of `MemplugHostNodeAuthorityOptions` in API 1.3.
+#define MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3 24
+
+// Status text as JSON (`memplug_host_node_link_status`,
+// `memplug_host_node_authority_status`).
+#define MEMPLUG_HOST_NODE_STATUS_JSON 0
+
+// Status text as Prometheus text.
+#define MEMPLUG_HOST_NODE_STATUS_PROMETHEUS 1
+
 // `MemplugHostEvent::kind`: a grant was made (`bytes` charged to the
 // pool for the holder and class). Sent only while a callback is set.
 #define MEMPLUG_HOST_EVENT_GRANT 1
@@ -892,6 +908,111 @@ typedef struct MemplugHostPollReport {
   // Frees still waiting for fences.
   uint64_t pending;
 } MemplugHostPollReport;
+
+// One pool joined to the node: an element of the array
+// `memplug_host_manager_join_node` reads.
+typedef struct MemplugHostNodeDevice {
+  // The device's name at the authority (`"cpu0"`, `"cuda0"`;
+  // NUL-terminated, read during the call only).
+  const char *device;
+  // A pool of the same manager (best a root pool created with capacity
+  // 0): its capacity becomes what the authority leases. A pool joins
+  // once for its life.
+  struct MemplugHostPool pool;
+  // Its holders' priority against other processes' on this device:
+  // lower gives way first.
+  uint32_t priority;
+  // Zero.
+  uint32_t reserved0;
+} MemplugHostNodeDevice;
+
+// How a link behaves. Zeroed (with `struct_size` set), or NULL, it asks
+// for the defaults.
+typedef struct MemplugHostNodeJoinOptions {
+  // `sizeof(MemplugHostNodeJoinOptions)`.
+  uint32_t struct_size;
+  // Idle chunks kept per device before the rest goes back (0: the
+  // default, 1).
+  uint32_t keep_idle_chunks;
+  // How often idle chunks go back and a lost authority is retried, in
+  // nanoseconds (0: the default, 20 ms; at least 1 ms).
+  uint64_t tick_ns;
+  // How long a lease may press other processes for a request that has
+  // no deadline of its own, in nanoseconds (0: the default, 500 ms).
+  uint64_t press_without_deadline_ns;
+} MemplugHostNodeJoinOptions;
+
+// A process's link to a node authority (`memplug_host_manager_join_node`).
+// The zero handle names nothing.
+typedef struct MemplugHostNodeLink {
+  // The handle's bits.
+  uint64_t id;
+} MemplugHostNodeLink;
+
+// A link's statistics: this process's side of the authority's books.
+typedef struct MemplugHostNodeLinkStats {
+  // `sizeof(MemplugHostNodeLinkStats)`.
+  uint32_t struct_size;
+  // 1 while an authority is connected, else 0 (the pools keep what
+  // they hold and the link joins the next authority).
+  uint32_t connected;
+  // The bytes budget moves in (0 before the first join).
+  uint64_t chunk;
+  // The bytes the joined pools hold (the sum of their capacities: what
+  // the authority counts as this process's).
+  uint64_t held;
+  // The bytes of it in use.
+  uint64_t used;
+  // Lease requests sent to the authority.
+  uint64_t leases_asked;
+  // Lease requests granted.
+  uint64_t leases_granted;
+  // Lease requests refused, unanswered or unsent.
+  uint64_t leases_refused;
+  // Bytes obtained by leases.
+  uint64_t bytes_leased;
+  // Idle bytes given back.
+  uint64_t bytes_returned;
+  // Pressure tickets from the authority answered.
+  uint64_t tickets_answered;
+  // Bytes those tickets released.
+  uint64_t bytes_released;
+  // Times the link joined an authority (more than 1: an authority
+  // restarted and was rejoined).
+  uint64_t joins;
+} MemplugHostNodeLinkStats;
+
+// One device an authority governs: an element of the array
+// `memplug_host_manager_start_node_authority` reads.
+typedef struct MemplugHostNodeCapacity {
+  // The device's name (NUL-terminated, read during the call only).
+  const char *device;
+  // Its capacity in bytes, shared by every process that joins.
+  uint64_t capacity;
+} MemplugHostNodeCapacity;
+
+// How an authority is set up. Zeroed (with `struct_size` set), or NULL,
+// it asks for the defaults.
+typedef struct MemplugHostNodeAuthorityOptions {
+  // `sizeof(MemplugHostNodeAuthorityOptions)`.
+  uint32_t struct_size;
+  // The socket file's mode, which decides who may join (0: 0600, the
+  // owner only).
+  uint32_t mode;
+  // Budget moves in multiples of this many bytes (0: 2 MiB).
+  uint64_t chunk;
+  // How long a member has to answer a ticket before it is skipped and
+  // reported, in nanoseconds (0: 2 s).
+  uint64_t ticket_timeout_ns;
+} MemplugHostNodeAuthorityOptions;
+
+// A node authority served by this process
+// (`memplug_host_manager_start_node_authority`). The zero handle names
+// nothing.
+typedef struct MemplugHostNodeAuthority {
+  // The handle's bits.
+  uint64_t id;
+} MemplugHostNodeAuthority;
 
 // One event (`memplug_host_set_event_callback`). Valid for the callback's
 // call only, strings included; fields a kind does not have are 0, NULL or
@@ -2208,6 +2329,131 @@ MemplugHostStatus memplug_host_manager_start_reaper(struct MemplugHostManager ma
 MemplugHostStatus memplug_host_manager_drain(struct MemplugHostManager manager,
                                              uint64_t timeout_ns,
                                              uint64_t *out_left);
+
+// Joins `device_count` pools of `manager` (`devices`) to the node
+// authority at `socket_path`, a Unix socket (`memplug node serve --socket
+// P`, or `memplug_host_manager_start_node_authority`). Each pool's
+// capacity is first lowered to what it uses, which is declared to the
+// authority as held; from then on it is what the authority leases, in
+// chunks. `options` may be NULL (the defaults).
+//
+// Refusals, each leaving every pool as it was: `MEMPLUG_HOST_STATUS_NOT_FOUND`
+// when nothing serves `socket_path`; `_CALLBACK_REFUSED` when the
+// authority refused the join (a device it does not govern, a quota; the
+// message has its reason); `_ALREADY_EXISTS` when a pool is already
+// joined (a pool joins once for its life) or appears twice;
+// `_INVALID_ARGUMENT` for no devices, an empty device name, a non-zero
+// `reserved0`, a short `struct_size` or a path too long for a socket
+// (about 107 bytes); `_WRONG_MANAGER` for a pool of another manager;
+// `_DEVICE_UNAVAILABLE` for other socket errors (the message has them).
+// A join waits at most 5 s for the authority's answer (`_TIMEOUT`).
+//
+// Ownership: the caller owns the link (`memplug_host_node_link_leave`;
+// destroying the manager leaves too). Thread-safety: any thread.
+//
+// # Safety
+// `socket_path` NULL or NUL-terminated; `devices` NULL or readable for
+// `device_count` elements, each `device` NULL or NUL-terminated;
+// `options` NULL or readable for its `struct_size`; `out_link` NULL or
+// writable.
+MemplugHostStatus memplug_host_manager_join_node(struct MemplugHostManager manager,
+                                                 const char *socket_path,
+                                                 const struct MemplugHostNodeDevice *devices,
+                                                 size_t device_count,
+                                                 const struct MemplugHostNodeJoinOptions *options,
+                                                 struct MemplugHostNodeLink *out_link);
+
+// This process's side of the authority's books now: whether it is
+// connected, what the joined pools hold and use, and what the link did.
+//
+// Thread-safety: any thread.
+//
+// # Safety
+// `out_stats` NULL or writable for its `struct_size`.
+MemplugHostStatus memplug_host_node_link_stats(struct MemplugHostNodeLink link,
+                                               struct MemplugHostNodeLinkStats *out_stats);
+
+// The authority's last refusal or error to this link (who was asked for
+// room and what each answered), under the text protocol of
+// `memplug_host_stats_json`; an empty text when there was none.
+//
+// # Safety
+// `buf` NULL or writable for `cap` bytes; `written` NULL or writable.
+MemplugHostStatus memplug_host_node_link_last_error(struct MemplugHostNodeLink link,
+                                                    char *buf,
+                                                    size_t cap,
+                                                    size_t *written);
+
+// Asks the authority for its books (every process's leases and tickets;
+// `format`: `MEMPLUG_HOST_NODE_STATUS_JSON` or `_PROMETHEUS`), waiting at
+// most `timeout_ns` (`MEMPLUG_HOST_STATUS_TIMEOUT`; `_DEVICE_UNAVAILABLE`
+// while no authority is connected). The text protocol is
+// `memplug_host_stats_json`'s; a retry with a larger buffer asks again.
+//
+// # Safety
+// `buf` NULL or writable for `cap` bytes; `written` NULL or writable.
+MemplugHostStatus memplug_host_node_link_status(struct MemplugHostNodeLink link,
+                                                uint32_t format,
+                                                uint64_t timeout_ns,
+                                                char *buf,
+                                                size_t cap,
+                                                size_t *written);
+
+// Leaves the node: idle budget goes back to the authority; what the pools
+// still use stays counted by the authority until this process exits (or
+// the pools' capacities are the authority's no more: they keep what they
+// hold, and ask nobody for more). The zero handle is a no-op. Waits at
+// most a tick for the link's threads.
+//
+// Thread-safety: any thread; a call on the link still running (a status
+// waiting for its answer) finishes first, and the link leaves after it.
+MemplugHostStatus memplug_host_node_link_leave(struct MemplugHostNodeLink link);
+
+// Serves a node authority in this process on `socket_path`, governing
+// `device_count` devices (`devices`: names and capacities), as `memplug
+// node serve` does; other processes (and this one) join it with
+// `memplug_host_manager_join_node`. A stale socket file of a dead
+// authority is replaced. `options` may be NULL (the defaults).
+//
+// Refusals: `MEMPLUG_HOST_STATUS_ALREADY_EXISTS` when an authority already
+// serves the path; `_INVALID_ARGUMENT` for no devices, an empty or
+// repeated name, a short `struct_size`, a mode above 0777 or a path too
+// long for a socket; `_DEVICE_UNAVAILABLE` for other socket errors.
+//
+// Ownership: the caller owns the handle (`memplug_host_node_authority_stop`;
+// destroying the manager stops it too). Thread-safety: any thread.
+//
+// # Safety
+// `socket_path` NULL or NUL-terminated; `devices` NULL or readable for
+// `device_count` elements, each `device` NULL or NUL-terminated;
+// `options` NULL or readable for its `struct_size`; `out` NULL or
+// writable.
+MemplugHostStatus memplug_host_manager_start_node_authority(struct MemplugHostManager manager,
+                                                            const char *socket_path,
+                                                            const struct MemplugHostNodeCapacity *devices,
+                                                            size_t device_count,
+                                                            const struct MemplugHostNodeAuthorityOptions *options,
+                                                            struct MemplugHostNodeAuthority *out);
+
+// The authority's books (`format`: `MEMPLUG_HOST_NODE_STATUS_JSON` or
+// `_PROMETHEUS`) under the text protocol of `memplug_host_stats_json`:
+// per device capacity, leased and free; per member its pid, leases,
+// tickets received, answered and skipped; `"books_exact"`.
+//
+// # Safety
+// `buf` NULL or writable for `cap` bytes; `written` NULL or writable.
+MemplugHostStatus memplug_host_node_authority_status(struct MemplugHostNodeAuthority authority,
+                                                     uint32_t format,
+                                                     char *buf,
+                                                     size_t cap,
+                                                     size_t *written);
+
+// Stops serving: the socket file is removed and every connection closed;
+// the members keep what they hold and rejoin the next authority on the
+// same path. The zero handle is a no-op.
+//
+// Thread-safety: any thread.
+MemplugHostStatus memplug_host_node_authority_stop(struct MemplugHostNodeAuthority authority);
 
 // Calls `callback(userdata, event)` with every later event of `manager`:
 // grants, OutOfBudget refusals, pressure tickets, evictions,

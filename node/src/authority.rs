@@ -146,6 +146,11 @@ impl Authority {
     pub fn status_json(&self) -> String {
         status_json(&self.shared)
     }
+
+    /// The books as Prometheus text (`memplug node status --prometheus`).
+    pub fn status_prometheus(&self) -> String {
+        status_prometheus(&self.shared)
+    }
 }
 
 impl Drop for Authority {

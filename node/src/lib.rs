@@ -24,7 +24,7 @@ mod peer;
 pub mod wire;
 
 pub use authority::{Authority, AuthorityConfig};
-pub use link::{LinkDevice, LinkOptions, NodeLink};
+pub use link::{LinkDevice, LinkOptions, LinkStats, NodeLink};
 
 /// The environment variable naming the socket a process joins by
 /// configuration ([`join_from_env`]).

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::thread::{self, JoinHandle};
@@ -72,6 +72,48 @@ struct Shared {
     /// The last refusal or error the authority sent, for reports.
     last_error: Mutex<Option<String>>,
     reader: Mutex<Option<JoinHandle<()>>>,
+    counters: Counters,
+}
+
+/// What a link did, counted where it happens (relaxed: statistics only).
+#[derive(Default)]
+struct Counters {
+    leases_asked: AtomicU64,
+    leases_granted: AtomicU64,
+    leases_refused: AtomicU64,
+    bytes_leased: AtomicU64,
+    bytes_returned: AtomicU64,
+    tickets_answered: AtomicU64,
+    bytes_released: AtomicU64,
+    joins: AtomicU64,
+}
+
+/// A link's statistics ([`NodeLink::stats`]): this process's side of the
+/// authority's books.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Whether an authority is connected now.
+    pub connected: bool,
+    /// The chunk size the authority moves budget in (0 before a Welcome).
+    pub chunk: u64,
+    /// The bytes the joined pools hold now (the sum of their capacities:
+    /// what the authority counts as leased to this process).
+    pub held: u64,
+    /// The bytes of it in use.
+    pub used: u64,
+    /// Lease requests sent, granted, and refused or unanswered.
+    pub leases_asked: u64,
+    pub leases_granted: u64,
+    pub leases_refused: u64,
+    /// Bytes obtained by leases; bytes given back idle.
+    pub bytes_leased: u64,
+    pub bytes_returned: u64,
+    /// Tickets from the authority answered, and the bytes they released.
+    pub tickets_answered: u64,
+    pub bytes_released: u64,
+    /// Times the link joined an authority (the first join included: more
+    /// than one means an authority restarted and was rejoined).
+    pub joins: u64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -109,21 +151,34 @@ impl NodeLink {
             stop: AtomicBool::new(false),
             last_error: Mutex::new(None),
             reader: Mutex::new(None),
+            counters: Counters::default(),
         });
+        // Refused before anything changes: a pool joins once for its life
+        // (its source cannot be replaced).
+        if let Some(d) = shared.devs.iter().find(|d| d.spec.pool.has_budget_source()) {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("pool {} already takes budget from a source", d.spec.pool.name()),
+            ));
+        }
+        let before: Vec<u64> = shared.devs.iter().map(|d| d.spec.pool.capacity()).collect();
         for d in &shared.devs {
             let _g = lock(&d.changing);
             // Idle budget is not the node's to count: keep only what is used.
             let _ = d.spec.pool.set_capacity(d.spec.pool.used());
         }
-        connect(&shared)?;
+        if let Err(e) = connect(&shared) {
+            // A refused join leaves the pools as they were.
+            for (d, cap) in shared.devs.iter().zip(before) {
+                let _ = d.spec.pool.set_capacity(cap);
+            }
+            return Err(e);
+        }
         for (i, d) in shared.devs.iter().enumerate() {
             let source = Arc::new(Source { shared: Arc::downgrade(&shared), dev: i });
-            if d.spec.pool.set_budget_source(source).is_err() {
-                return Err(io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    format!("pool {} already takes budget from a source", d.spec.pool.name()),
-                ));
-            }
+            // Checked above; a pool joined by another thread meanwhile
+            // keeps its first source, and this link's leases still count.
+            let _ = d.spec.pool.set_budget_source(source);
         }
         let s = Arc::downgrade(&shared);
         let ticker = thread::Builder::new().name("memplug-node-link".into()).spawn(move || tick_loop(s))?;
@@ -143,6 +198,27 @@ impl NodeLink {
     /// The last refusal or error the authority sent.
     pub fn last_error(&self) -> Option<String> {
         lock(&self.shared.last_error).clone()
+    }
+
+    /// This process's side of the books now.
+    pub fn stats(&self) -> LinkStats {
+        let s = &self.shared;
+        let c = &s.counters;
+        let r = |a: &AtomicU64| a.load(Relaxed);
+        LinkStats {
+            connected: self.connected(),
+            chunk: self.chunk(),
+            held: s.devs.iter().map(|d| d.spec.pool.capacity()).sum(),
+            used: s.devs.iter().map(|d| d.spec.pool.used()).sum(),
+            leases_asked: r(&c.leases_asked),
+            leases_granted: r(&c.leases_granted),
+            leases_refused: r(&c.leases_refused),
+            bytes_leased: r(&c.bytes_leased),
+            bytes_returned: r(&c.bytes_returned),
+            tickets_answered: r(&c.tickets_answered),
+            bytes_released: r(&c.bytes_released),
+            joins: r(&c.joins),
+        }
     }
 
     /// The authority's books (JSON, or Prometheus text), within `timeout`.
@@ -205,6 +281,7 @@ fn connect(shared: &Arc<Shared>) -> io::Result<()> {
     stream.set_read_timeout(None)?;
     let reader = stream.try_clone()?;
     *lock(&shared.writer) = Some(stream);
+    shared.counters.joins.fetch_add(1, Relaxed);
     let s = Arc::downgrade(shared);
     let handle =
         thread::Builder::new().name("memplug-node-read".into()).spawn(move || read_loop(s, reader))?;
@@ -282,6 +359,8 @@ fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64) {
             }
         }
     };
+    s.counters.tickets_answered.fetch_add(1, Relaxed);
+    s.counters.bytes_released.fetch_add(released, Relaxed);
     let _ = send(s, &Msg::Answer { ticket, released });
 }
 
@@ -299,6 +378,7 @@ fn give_back_idle(s: &Shared, keep_chunks: u64) {
         }
         let r = if keep_chunks == 0 { idle } else { (idle - keep) / chunk * chunk };
         if r > 0 && pool.set_capacity(cap - r).is_ok() {
+            s.counters.bytes_returned.fetch_add(r, Relaxed);
             // Without an authority the send fails: the next one learns the
             // lower holding when the link joins it.
             let _ = send(s, &Msg::Return { device: d.spec.device.clone(), bytes: r });
@@ -352,8 +432,10 @@ impl BudgetSource for Source {
             want,
             wait_ms: wait.as_millis() as u64,
         };
+        s.counters.leases_asked.fetch_add(1, Relaxed);
         if send(&s, &lease).is_err() {
             lock(&s.replies).remove(&req);
+            s.counters.leases_refused.fetch_add(1, Relaxed);
             return 0;
         }
         // The authority answers within the wait and a ticket's timeout;
@@ -365,14 +447,22 @@ impl BudgetSource for Source {
                 let _g = lock(&d.changing);
                 let cap = pool.capacity();
                 match pool.set_capacity(cap.saturating_add(bytes)) {
-                    Ok(()) => bytes,
+                    Ok(()) => {
+                        s.counters.leases_granted.fetch_add(1, Relaxed);
+                        s.counters.bytes_leased.fetch_add(bytes, Relaxed);
+                        bytes
+                    }
                     Err(_) => {
+                        s.counters.leases_refused.fetch_add(1, Relaxed);
                         let _ = send(&s, &Msg::Return { device: d.spec.device.clone(), bytes });
                         0
                     }
                 }
             }
-            Ok(Err(_)) | Err(_) => 0,
+            Ok(Err(_)) | Err(_) => {
+                s.counters.leases_refused.fetch_add(1, Relaxed);
+                0
+            }
         }
     }
 }

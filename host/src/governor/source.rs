@@ -30,6 +30,11 @@ impl Pool {
         self.source.set(source)
     }
 
+    /// Whether this pool already has a source (a second one is refused).
+    pub fn has_budget_source(&self) -> bool {
+        self.source.get().is_some()
+    }
+
     /// Whether this pool or an ancestor takes budget from a source (its
     /// capacity may grow: a request above it may still be served).
     pub(super) fn has_source(&self) -> bool {
