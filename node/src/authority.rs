@@ -238,8 +238,9 @@ fn serve(shared: Arc<Shared>, stream: UnixStream) {
                 let text = if prometheus { status_prometheus(&shared) } else { status_json(&shared) };
                 send(&conn, &Msg::StatusReply { text });
             }
-            (true, Msg::Lease { req, device, min, want, wait_ms }) => {
-                lease(&shared, id, &conn, req, device, min, want, wait_ms);
+            (true, Msg::Lease { req, device, min, want, wait_ms, class, priority }) => {
+                let ask = Ask { req, min, want, wait_ms, class, priority };
+                lease(&shared, id, &conn, device, ask);
             }
             (true, Msg::Return { device, bytes }) => {
                 if let Err(why) = lock(&shared.books).give_back(id, &device, bytes) {
@@ -304,17 +305,19 @@ fn join(
     Ok(Msg::Welcome { chunk: books.chunk, devices })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn lease(
-    shared: &Arc<Shared>,
-    id: MemberId,
-    conn: &Arc<Conn>,
+/// One lease request's terms, as the member sent them.
+#[derive(Clone, Copy)]
+struct Ask {
     req: u64,
-    device: String,
     min: u64,
     want: u64,
     wait_ms: u64,
-) {
+    class: u8,
+    priority: u32,
+}
+
+fn lease(shared: &Arc<Shared>, id: MemberId, conn: &Arc<Conn>, device: String, ask: Ask) {
+    let Ask { req, min, want, wait_ms, .. } = ask;
     let first = lock(&shared.books).lease(id, &device, min, want);
     match first {
         Ok(bytes) => {
@@ -325,7 +328,7 @@ fn lease(
             let (s, c) = (shared.clone(), conn.clone());
             let _ = thread::Builder::new()
                 .name("memplug-node-press".into())
-                .spawn(move || press(&s, id, &c, req, &device, min, want, wait_ms));
+                .spawn(move || press(&s, id, &c, &device, ask));
         }
         Err(why) => {
             if let Some(m) = lock(&shared.books).members.get_mut(&id) {
@@ -336,22 +339,21 @@ fn lease(
     }
 }
 
-/// Sends tickets to other members, one at a time (lowest priority first),
-/// until the lease fits or nobody is left or the wait ends; then grants or
-/// refuses naming who answered what.
-#[allow(clippy::too_many_arguments)]
-fn press(
-    shared: &Shared,
-    id: MemberId,
-    conn: &Conn,
-    req: u64,
-    device: &str,
-    min: u64,
-    want: u64,
-    wait_ms: u64,
-) {
+/// Sends tickets to other members declared at equal or lower priority than
+/// the request presses with, one at a time (lowest priority first), until
+/// the lease fits or nobody is left or the wait ends; then grants or
+/// refuses naming who answered what (and who was not asked).
+fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
+    let Ask { req, min, want, wait_ms, class, .. } = ask;
     let end = Instant::now() + Duration::from_millis(wait_ms);
-    let victims = lock(&shared.books).victims(id, device);
+    let (victims, priority, above) = {
+        let books = lock(&shared.books);
+        let priority = books.pressing_priority(id, device, ask.priority);
+        let victims = books.victims(id, device, priority);
+        // Members holding some that the request may not press.
+        let above = books.victims(id, device, u32::MAX).len() - victims.len();
+        (victims, priority, above)
+    };
     let mut report = Vec::new();
     for v in victims {
         let now = Instant::now();
@@ -368,7 +370,9 @@ fn press(
             m.tickets_received += 1;
         }
         shared.tickets_sent.fetch_add(1, SeqCst);
-        if !send(&vconn, &Msg::Ticket { ticket, device: device.to_string(), bytes: missing }) {
+        let wait_ms = (end - now).as_millis() as u64;
+        let t = Msg::Ticket { ticket, device: device.to_string(), bytes: missing, class, priority, wait_ms };
+        if !send(&vconn, &t) {
             lock(&shared.pending).remove(&ticket);
             continue;
         }
@@ -403,6 +407,9 @@ fn press(
         Err(why) => {
             if let Some(m) = books.members.get_mut(&id) {
                 m.leases_refused += 1;
+            }
+            if above > 0 {
+                report.push(format!("{above} member(s) of priority above {priority} not asked"));
             }
             let asked =
                 if report.is_empty() { "nobody held any to ask".to_string() } else { report.join("; ") };

@@ -140,17 +140,28 @@ impl Books {
         Ok(())
     }
 
-    /// Members to ask for room on `device` for `requester`: connected, not
-    /// the requester, holding some; lowest priority first, then the one
-    /// holding most.
-    pub fn victims(&self, requester: MemberId, device: &str) -> Vec<MemberId> {
+    /// The priority a request of `requester` made at `asked` presses
+    /// others with: no more than the priority the member declared for
+    /// `device` (a process cannot press harder than it declared, whatever
+    /// its holders' priorities inside it).
+    pub fn pressing_priority(&self, requester: MemberId, device: &str, asked: u32) -> u32 {
+        let declared = self.members.get(&requester).and_then(|m| m.priority.get(device).copied());
+        declared.map_or(0, |d| d.min(asked))
+    }
+
+    /// Members to ask for room on `device` for `requester` pressing at
+    /// `priority`: connected, not the requester, holding some, declared at
+    /// equal or lower priority (as the governor asks holders in a
+    /// process); lowest priority first, then the one holding most.
+    pub fn victims(&self, requester: MemberId, device: &str, priority: u32) -> Vec<MemberId> {
         let mut v: Vec<(u32, u64, MemberId)> = self
             .members
             .iter()
             .filter(|(id, m)| **id != requester && m.connected)
             .filter_map(|(id, m)| {
                 let held = m.leased.get(device).copied().unwrap_or(0);
-                (held > 0).then(|| (m.priority.get(device).copied().unwrap_or(0), u64::MAX - held, *id))
+                let p = m.priority.get(device).copied().unwrap_or(0);
+                (held > 0 && p <= priority).then(|| (p, u64::MAX - held, *id))
             })
             .collect();
         v.sort();
@@ -243,10 +254,18 @@ mod tests {
                     }
                 }
                 _ => {
-                    let victims = b.victims(0, dev);
+                    let requester = pick(rnd(1000)).unwrap_or(0);
+                    let pressing = b.pressing_priority(requester, dev, rnd(4) as u32);
+                    let victims = b.victims(requester, dev, pressing);
+                    let p = |id| b.members[&id].priority.get(dev).copied().unwrap_or(0);
                     for w in victims.windows(2) {
-                        let p = |id| b.members[&id].priority.get(dev).copied().unwrap_or(0);
                         assert!(p(w[0]) <= p(w[1]), "lowest priority first");
+                    }
+                    for v in &victims {
+                        assert!(
+                            p(*v) <= pressing && *v != requester,
+                            "step {step}: pressed a higher priority"
+                        );
                     }
                 }
             }

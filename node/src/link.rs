@@ -8,7 +8,7 @@
 //! socket, declaring it.
 
 use crate::wire::{self, Declared, Frame, Msg};
-use memplug_host::governor::{BudgetSource, GovernorError, Pool};
+use memplug_host::governor::{AllocationClass, BudgetSource, GovernorError, Pool, Priority};
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -307,12 +307,17 @@ fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
                     let _ = tx.send(Err(reason));
                 }
             }
-            Ok(Frame::Msg(Msg::Ticket { ticket, device, bytes })) => {
+            Ok(Frame::Msg(Msg::Ticket { ticket, device, bytes, class, priority, wait_ms })) => {
                 // Holders may take a while: not on the reader.
                 let s2 = s.clone();
+                let on_behalf = OnBehalf {
+                    class: class_of(class),
+                    priority: Priority(priority),
+                    deadline: Instant::now() + Duration::from_millis(wait_ms),
+                };
                 let _ = thread::Builder::new()
                     .name("memplug-node-ticket".into())
-                    .spawn(move || answer_ticket(&s2, ticket, &device, bytes));
+                    .spawn(move || answer_ticket(&s2, ticket, &device, bytes, on_behalf));
             }
             Ok(Frame::Msg(Msg::StatusReply { text })) => {
                 if let Some(tx) = lock(&s.status).take() {
@@ -334,9 +339,25 @@ fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
     }
 }
 
-/// Lowers the device's pool by up to `bytes` (its holders asked for what
-/// is in use past the new capacity), and answers with what was released.
-fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64) {
+/// The request of another process a ticket is sent for.
+#[derive(Clone, Copy)]
+struct OnBehalf {
+    class: AllocationClass,
+    priority: Priority,
+    deadline: Instant,
+}
+
+/// A class from the wire; an unknown number is read as the most
+/// conservative class, `Other`.
+fn class_of(n: u8) -> AllocationClass {
+    AllocationClass::ALL.get(n as usize).copied().unwrap_or(AllocationClass::Other)
+}
+
+/// Lowers the device's pool by up to `bytes` (its holders of equal or
+/// lower priority than the requester asked, with its class and deadline,
+/// for what is in use past the new capacity), and answers with what was
+/// released.
+fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64, on: OnBehalf) {
     let released = match s.devs.iter().find(|d| d.spec.device == device) {
         None => 0,
         Some(d) => {
@@ -344,12 +365,14 @@ fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64) {
             let pool = &d.spec.pool;
             let cap = pool.capacity();
             let target = cap.saturating_sub(bytes);
-            match pool.set_capacity(target) {
+            match pool.set_capacity_for(target, on.class, on.priority, Some(on.deadline)) {
                 Ok(()) => cap - target,
                 Err(GovernorError::CapacityBelowLive { .. }) => {
                     // What the holders freed, and no more.
                     let floor = pool.used().max(target);
-                    if floor < cap && pool.set_capacity(floor).is_ok() {
+                    if floor < cap
+                        && pool.set_capacity_for(floor, on.class, on.priority, Some(on.deadline)).is_ok()
+                    {
                         cap - floor
                     } else {
                         0
@@ -411,6 +434,17 @@ struct Source {
 
 impl BudgetSource for Source {
     fn acquire(&self, pool: &Pool, missing: u64, deadline: Option<Instant>) -> u64 {
+        self.acquire_for(pool, missing, AllocationClass::Other, Priority::HIGHEST, deadline)
+    }
+
+    fn acquire_for(
+        &self,
+        pool: &Pool,
+        missing: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> u64 {
         let Some(s) = self.shared.upgrade() else { return 0 };
         if s.stop.load(SeqCst) {
             return 0;
@@ -431,6 +465,9 @@ impl BudgetSource for Source {
             min: missing,
             want,
             wait_ms: wait.as_millis() as u64,
+            class: class as u8,
+            // The authority caps it at the priority this process declared.
+            priority: priority.0,
         };
         s.counters.leases_asked.fetch_add(1, Relaxed);
         if send(&s, &lease).is_err() {

@@ -5,6 +5,8 @@
 //! capacity by what it obtained. Grants inside the capacity already held
 //! never reach the source: the fast path is unchanged.
 
+use super::class::AllocationClass;
+use super::ids::Priority;
 use super::pool::Pool;
 use std::sync::Arc;
 use std::time::Instant;
@@ -20,6 +22,23 @@ pub trait BudgetSource: Send + Sync {
     /// the requesting thread; never from inside a pressure callback of the
     /// same pool tree.
     fn acquire(&self, pool: &Pool, missing: u64, deadline: Option<Instant>) -> u64;
+
+    /// [`BudgetSource::acquire`] for a request of `class` made at
+    /// `priority` (its holder's, or [`Priority::HIGHEST`] without one): a
+    /// source that presses others (a node authority) asks only those of
+    /// equal or lower priority and tells their holders the class, as the
+    /// governor does in a process. By default the request is `acquire`d.
+    fn acquire_for(
+        &self,
+        pool: &Pool,
+        missing: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        let _ = (class, priority);
+        self.acquire(pool, missing, deadline)
+    }
 }
 
 impl Pool {
@@ -50,14 +69,20 @@ impl Pool {
 
     /// Asks the sources of this pool and its ancestors that cannot hold
     /// `bytes` for what they miss; true when any capacity was added.
-    pub(super) fn ask_sources(&self, bytes: u64, deadline: Option<Instant>) -> bool {
+    pub(super) fn ask_sources(
+        &self,
+        bytes: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> bool {
         let mut added = false;
         let mut level = Some(self);
         while let Some(p) = level {
             if let Some(src) = p.source.get() {
                 let missing = bytes.saturating_sub(p.free());
                 if missing > 0 && !super::holder::in_pressure_near(&p.lineage) {
-                    added |= src.acquire(p, missing, deadline) > 0;
+                    added |= src.acquire_for(p, missing, class, priority, deadline) > 0;
                 }
             }
             level = p.level.parent().map(|p| &**p);
