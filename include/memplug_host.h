@@ -83,7 +83,7 @@
 #define MEMPLUG_HOST_NODE_LINK_STATS_SIZE_1_3 96
 
 // Size of `MemplugHostNodeAuthorityOptions` in API 1.3.
-#define MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3 24
+#define MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3 32
 
 // Status text as JSON (`memplug_host_node_link_status`,
 // `memplug_host_node_authority_status`).
@@ -1004,6 +1004,11 @@ typedef struct MemplugHostNodeAuthorityOptions {
   // How long a member has to answer a ticket before it is skipped and
   // reported, in nanoseconds (0: 2 s).
   uint64_t ticket_timeout_ns;
+  // How long after it starts the authority leases nothing, so that the
+  // members of a previous authority on the socket rejoin and declare
+  // what they hold first, in nanoseconds (0: 250 ms; 1: none to speak
+  // of). A lease asked meanwhile waits for it within its own wait.
+  uint64_t rejoin_grace_ns;
 } MemplugHostNodeAuthorityOptions;
 
 // A node authority served by this process

@@ -152,10 +152,15 @@ pub struct MemplugHostNodeAuthorityOptions {
     /// How long a member has to answer a ticket before it is skipped and
     /// reported, in nanoseconds (0: 2 s).
     pub ticket_timeout_ns: u64,
+    /// How long after it starts the authority leases nothing, so that the
+    /// members of a previous authority on the socket rejoin and declare
+    /// what they hold first, in nanoseconds (0: 250 ms; 1: none to speak
+    /// of). A lease asked meanwhile waits for it within its own wait.
+    pub rejoin_grace_ns: u64,
 }
 
 /// Size of `MemplugHostNodeAuthorityOptions` in API 1.3.
-pub const MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3: u32 = 24;
+pub const MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3: u32 = 32;
 
 /// Status text as JSON (`memplug_host_node_link_status`,
 /// `memplug_host_node_authority_status`).
@@ -504,6 +509,7 @@ pub unsafe extern "C" fn memplug_host_manager_start_node_authority(
                 config.chunk = o.chunk;
             }
             config.ticket_timeout = duration_or(o.ticket_timeout_ns, config.ticket_timeout);
+            config.rejoin_grace = duration_or(o.rejoin_grace_ns, config.rejoin_grace);
         }
         let (_m, seat) = pin_manager(manager.id)?;
         let a = Authority::start(config).map_err(|e| io_error(&format!("could not serve {path}"), e))?;

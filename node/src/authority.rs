@@ -16,6 +16,7 @@ use crate::wire::{self, Declared, Frame, Msg};
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -39,6 +40,12 @@ pub struct AuthorityConfig {
     pub ticket_timeout: Duration,
     /// The most bytes (all devices) a user id may lease.
     pub quotas: Vec<(u32, u64)>,
+    /// How long after it starts the authority leases nothing, so that
+    /// members of a previous authority rejoin and declare what they hold
+    /// first (links retry every 20 ms by default): a lease asked meanwhile
+    /// waits (within its own wait) instead of taking bytes a member not
+    /// yet back still holds.
+    pub rejoin_grace: Duration,
 }
 
 impl AuthorityConfig {
@@ -50,6 +57,7 @@ impl AuthorityConfig {
             mode: 0o600,
             ticket_timeout: Duration::from_secs(2),
             quotas: Vec::new(),
+            rejoin_grace: Duration::from_millis(250),
         }
     }
 }
@@ -81,6 +89,21 @@ struct Shared {
     stop: AtomicBool,
     tickets_sent: AtomicU64,
     tickets_timed_out: AtomicU64,
+    /// When leasing may start (the end of the rejoin grace).
+    open_at: Instant,
+}
+
+impl Shared {
+    fn in_grace(&self) -> bool {
+        Instant::now() < self.open_at
+    }
+
+    fn grace_refusal(&self) -> String {
+        format!(
+            "node: started less than {} ms ago, waiting for the members of a previous authority to rejoin",
+            self.config.rejoin_grace.as_millis()
+        )
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,6 +116,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Authority {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The listening socket (owned by the accept thread until it is
+    /// joined): shut down to wake its `accept`.
+    listener_fd: RawFd,
 }
 
 impl Authority {
@@ -110,9 +136,12 @@ impl Authority {
         }
         let _ = std::fs::remove_file(&config.socket);
         let listener = UnixListener::bind(&config.socket)?;
+        let listener_fd = listener.as_raw_fd();
         std::fs::set_permissions(&config.socket, std::fs::Permissions::from_mode(config.mode))?;
         let books = Books::new(config.chunk, &config.devices, &config.quotas);
+        let open_at = Instant::now() + config.rejoin_grace;
         let shared = Arc::new(Shared {
+            open_at,
             config,
             books: Mutex::new(books),
             conns: Mutex::default(),
@@ -129,7 +158,7 @@ impl Authority {
             .spawn(move || accept_loop(s, listener))?;
         let s = shared.clone();
         let watch = thread::Builder::new().name("memplug-node-watch".into()).spawn(move || watch_loop(s))?;
-        Ok(Authority { shared, threads: vec![accept, watch] })
+        Ok(Authority { shared, threads: vec![accept, watch], listener_fd })
     }
 
     /// The socket it serves.
@@ -156,7 +185,12 @@ impl Authority {
 impl Drop for Authority {
     fn drop(&mut self) {
         self.shared.stop.store(true, SeqCst);
-        // Wakes the accept loop.
+        // Wakes the accept loop: shutting the listener down makes a blocked
+        // accept return on Linux, even when the socket file was removed
+        // (so a connection to it cannot be made).
+        // SAFETY: the accept thread owns the listener until it is joined
+        // below, so the descriptor is still this socket's.
+        unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
         let _ = UnixStream::connect(&self.shared.config.socket);
         for c in lock(&self.shared.conns).values() {
             let _ = lock(&c.writer).shutdown(std::net::Shutdown::Both);
@@ -318,7 +352,22 @@ struct Ask {
 
 fn lease(shared: &Arc<Shared>, id: MemberId, conn: &Arc<Conn>, device: String, ask: Ask) {
     let Ask { req, min, want, wait_ms, .. } = ask;
-    let first = lock(&shared.books).lease(id, &device, min, want);
+    let first = {
+        let mut books = lock(&shared.books);
+        match books.malformed_lease(id, &device, min, want) {
+            // Refused at once, whatever the wait: no room could make it fit.
+            Err(why) => {
+                if let Some(m) = books.members.get_mut(&id) {
+                    m.leases_refused += 1;
+                }
+                drop(books);
+                send(conn, &Msg::Refused { req, reason: format!("node: {why}") });
+                return;
+            }
+            Ok(()) if shared.in_grace() => Err(shared.grace_refusal()),
+            Ok(()) => books.lease(id, &device, min, want),
+        }
+    };
     match first {
         Ok(bytes) => {
             send(conn, &Msg::Granted { req, bytes });
@@ -346,6 +395,20 @@ fn lease(shared: &Arc<Shared>, id: MemberId, conn: &Arc<Conn>, device: String, a
 fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
     let Ask { req, min, want, wait_ms, class, .. } = ask;
     let end = Instant::now() + Duration::from_millis(wait_ms);
+    // Within the rejoin grace: wait for it to end (as far as the request
+    // may wait), then take what is free or press as usual.
+    let now = Instant::now();
+    if now < shared.open_at {
+        thread::sleep(shared.open_at.min(end) - now);
+        if shared.in_grace() {
+            send(conn, &Msg::Refused { req, reason: shared.grace_refusal() });
+            return;
+        }
+        if let Ok(bytes) = lock(&shared.books).lease(id, device, min, want) {
+            send(conn, &Msg::Granted { req, bytes });
+            return;
+        }
+    }
     let (victims, priority, above) = {
         let books = lock(&shared.books);
         let priority = books.pressing_priority(id, device, ask.priority);

@@ -93,27 +93,37 @@ impl Books {
         Ok(())
     }
 
-    /// Leases between `min` and `want` bytes of `device` to `id` from what
-    /// is free (in whole chunks where it can), or says why not.
-    pub fn lease(&mut self, id: MemberId, device: &str, min: u64, want: u64) -> Result<u64, String> {
-        let free = self.free(device);
+    /// Why a lease of `min..want` bytes of `device` by `id` could never be
+    /// granted, whatever is free (an unknown device, one not declared, a
+    /// malformed or impossible size).
+    pub fn malformed_lease(&self, id: MemberId, device: &str, min: u64, want: u64) -> Result<(), String> {
         let dev = self.device(device)?;
         let member = self.members.get(&id).ok_or("not joined")?;
         if !member.priority.contains_key(device) {
             return Err(format!("device {device:?} was not declared when joining"));
         }
+        if min == 0 || min > want {
+            return Err(format!("a lease of {min}..{want} bytes is malformed"));
+        }
+        if min > dev.capacity {
+            return Err(format!("{min} B is more than device {device:?} has ({} B)", dev.capacity));
+        }
+        Ok(())
+    }
+
+    /// Leases between `min` and `want` bytes of `device` to `id` from what
+    /// is free (in whole chunks where it can), or says why not.
+    pub fn lease(&mut self, id: MemberId, device: &str, min: u64, want: u64) -> Result<u64, String> {
+        self.malformed_lease(id, device, min, want)?;
+        let free = self.free(device);
+        let dev = self.device(device)?;
+        let member = self.members.get(&id).ok_or("not joined")?;
         let capacity = dev.capacity;
         let mut room = free;
         if let Some(quota) = self.quotas.get(&member.uid) {
             let used: u64 =
                 self.members.values().filter(|m| m.uid == member.uid).flat_map(|m| m.leased.values()).sum();
             room = room.min(quota.saturating_sub(used));
-        }
-        if min == 0 || min > want {
-            return Err(format!("a lease of {min}..{want} bytes is malformed"));
-        }
-        if min > capacity {
-            return Err(format!("{min} B is more than device {device:?} has ({capacity} B)"));
         }
         if room < min {
             return Err(format!("{free} B of {capacity} B free on {device:?}, {min} B needed"));

@@ -8,7 +8,7 @@
 //! socket, declaring it.
 
 use crate::wire::{self, Declared, Frame, Msg};
-use memplug_host::governor::{AllocationClass, BudgetSource, GovernorError, Pool, Priority};
+use memplug_host::governor::{AllocationClass, BudgetSource, Pool, Priority};
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::net::UnixStream;
@@ -255,9 +255,18 @@ fn send(shared: &Shared, m: &Msg) -> io::Result<()> {
 }
 
 /// Connects and joins, declaring what each pool holds (its capacity).
+///
+/// Every device's capacity lock is held from the `Hello` until the new
+/// connection is in place, and the join counter (the connection's
+/// generation) moves with it: a capacity change from the previous
+/// authority's grant or ticket is either in the declaration or, made
+/// after it, sees the new generation and is not applied as that
+/// authority's (`Source::acquire_for`, `answer_ticket`). So the next
+/// authority counts each byte once, and none that it did not see.
 fn connect(shared: &Arc<Shared>) -> io::Result<()> {
     let mut stream = UnixStream::connect(&shared.socket)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let _changing: Vec<MutexGuard<'_, ()>> = shared.devs.iter().map(|d| lock(&d.changing)).collect();
     let devices = shared
         .devs
         .iter()
@@ -281,7 +290,7 @@ fn connect(shared: &Arc<Shared>) -> io::Result<()> {
     stream.set_read_timeout(None)?;
     let reader = stream.try_clone()?;
     *lock(&shared.writer) = Some(stream);
-    shared.counters.joins.fetch_add(1, Relaxed);
+    shared.counters.joins.fetch_add(1, SeqCst);
     let s = Arc::downgrade(shared);
     let handle =
         thread::Builder::new().name("memplug-node-read".into()).spawn(move || read_loop(s, reader))?;
@@ -311,6 +320,7 @@ fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
                 // Holders may take a while: not on the reader.
                 let s2 = s.clone();
                 let on_behalf = OnBehalf {
+                    generation: s.counters.joins.load(SeqCst),
                     class: class_of(class),
                     priority: Priority(priority),
                     deadline: Instant::now() + Duration::from_millis(wait_ms),
@@ -342,6 +352,8 @@ fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
 /// The request of another process a ticket is sent for.
 #[derive(Clone, Copy)]
 struct OnBehalf {
+    /// The connection (join count) the ticket came on.
+    generation: u64,
     class: AllocationClass,
     priority: Priority,
     deadline: Instant,
@@ -358,40 +370,54 @@ fn class_of(n: u8) -> AllocationClass {
 /// for what is in use past the new capacity), and answers with what was
 /// released.
 fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64, on: OnBehalf) {
+    let mut again = false;
     let released = match s.devs.iter().find(|d| d.spec.device == device) {
         None => 0,
         Some(d) => {
-            let _g = lock(&d.changing);
             let pool = &d.spec.pool;
+            // The holders first, without the capacity lock: they may take
+            // long, and a rejoin (which declares the capacity under that
+            // lock) must not wait for them.
+            pool.relieve_for(pool.capacity().saturating_sub(bytes), on.class, on.priority, Some(on.deadline));
+            let _g = lock(&d.changing);
+            // Its authority is gone and a new one was joined: what is
+            // released now was declared to the new one, so it goes back to
+            // it as a Return (the old ticket's number means nothing there).
+            again = s.counters.joins.load(SeqCst) != on.generation;
             let cap = pool.capacity();
-            let target = cap.saturating_sub(bytes);
-            match pool.set_capacity_for(target, on.class, on.priority, Some(on.deadline)) {
-                Ok(()) => cap - target,
-                Err(GovernorError::CapacityBelowLive { .. }) => {
-                    // What the holders freed, and no more.
-                    let floor = pool.used().max(target);
-                    if floor < cap
-                        && pool.set_capacity_for(floor, on.class, on.priority, Some(on.deadline)).is_ok()
-                    {
-                        cap - floor
-                    } else {
-                        0
-                    }
-                }
-                Err(_) => 0,
+            // No more than asked, and no lower than what is live now: what
+            // the holders freed, and no more.
+            let new = cap.saturating_sub(bytes).max(pool.used());
+            if new < cap && pool.set_capacity_for(new, on.class, on.priority, Some(on.deadline)).is_ok() {
+                cap - new
+            } else {
+                0
             }
         }
     };
     s.counters.tickets_answered.fetch_add(1, Relaxed);
     s.counters.bytes_released.fetch_add(released, Relaxed);
+    if again {
+        if released > 0 {
+            let _ = send(s, &Msg::Return { device: device.to_string(), bytes: released });
+        }
+        return;
+    }
     let _ = send(s, &Msg::Answer { ticket, released });
 }
 
-/// Gives back idle budget above `keep` chunks on every device.
+/// Gives back idle budget above `keep` chunks on every device. A device
+/// whose capacity is being changed (a ticket's holders still answering,
+/// perhaps for long) is skipped: the tick that calls this also rejoins a
+/// restarted authority and must not wait for a holder.
 fn give_back_idle(s: &Shared, keep_chunks: u64) {
     let chunk = s.chunk.load(SeqCst).max(1);
     for d in &s.devs {
-        let _g = lock(&d.changing);
+        let _g = match d.changing.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => continue,
+        };
         let pool = &d.spec.pool;
         let cap = pool.capacity();
         let idle = cap.saturating_sub(pool.used());
@@ -470,6 +496,7 @@ impl BudgetSource for Source {
             priority: priority.0,
         };
         s.counters.leases_asked.fetch_add(1, Relaxed);
+        let generation = s.counters.joins.load(SeqCst);
         if send(&s, &lease).is_err() {
             lock(&s.replies).remove(&req);
             s.counters.leases_refused.fetch_add(1, Relaxed);
@@ -482,6 +509,12 @@ impl BudgetSource for Source {
         match answer {
             Ok(Ok(bytes)) => {
                 let _g = lock(&d.changing);
+                if s.counters.joins.load(SeqCst) != generation {
+                    // Granted by an authority that died since: the next
+                    // one, joined meanwhile, never counted these bytes.
+                    s.counters.leases_refused.fetch_add(1, Relaxed);
+                    return 0;
+                }
                 let cap = pool.capacity();
                 match pool.set_capacity(cap.saturating_add(bytes)) {
                     Ok(()) => {
