@@ -171,6 +171,12 @@ impl Authority {
         lock(&self.shared.books).clone()
     }
 
+    /// A handle that reads the books from another thread while the
+    /// authority runs (a sampler, a dashboard).
+    pub fn view(&self) -> BooksView {
+        BooksView(self.shared.clone())
+    }
+
     /// The books as JSON (`memplug node status --json`).
     pub fn status_json(&self) -> String {
         status_json(&self.shared)
@@ -179,6 +185,18 @@ impl Authority {
     /// The books as Prometheus text (`memplug node status --prometheus`).
     pub fn status_prometheus(&self) -> String {
         status_prometheus(&self.shared)
+    }
+}
+
+/// Reads an authority's books ([`Authority::view`]); once the authority
+/// stopped, its last books.
+#[derive(Clone)]
+pub struct BooksView(Arc<Shared>);
+
+impl BooksView {
+    /// A copy of the books now.
+    pub fn books(&self) -> Books {
+        lock(&self.0.books).clone()
     }
 }
 

@@ -23,7 +23,7 @@ mod link;
 mod peer;
 pub mod wire;
 
-pub use authority::{Authority, AuthorityConfig};
+pub use authority::{Authority, AuthorityConfig, BooksView};
 pub use link::{LinkDevice, LinkOptions, LinkStats, NodeLink};
 
 /// The environment variable naming the socket a process joins by
