@@ -232,6 +232,13 @@ pub fn run(args: Args) -> u8 {
         Ok(false) => exit::FAILED,
         Err(e) => {
             eprintln!("memplug node demo: {e}");
+            if args.json {
+                let counts = json!({"events": 0, "samples": 0, "checks": 0, "failed": 0});
+                let doc = crate::schema::CouldNotRun::new(crate::schema::NODE_DEMO, &e, counts);
+                if let Ok(text) = crate::schema::to_json(&doc) {
+                    print!("{text}");
+                }
+            }
             exit::COULD_NOT_RUN
         }
     }
@@ -519,7 +526,10 @@ fn demo(dir: &Path, args: &Args) -> Result<bool, String> {
         }
     }
     if args.json {
+        let failed = checks.iter().filter(|c| !c.ok).count();
         let doc = json!({
+            "schema_version": crate::schema::NODE_DEMO,
+            "counts": {"events": events.len(), "samples": samples.len(), "checks": checks.len(), "failed": failed},
             "scenario": "node: an inference server and a trainer on one 48 MiB budget",
             "events": events.iter().map(|e| json!({"ms": e.ms, "who": e.who, "what": e.what})).collect::<Vec<_>>(),
             "samples": samples.iter().map(|s| json!({
@@ -533,9 +543,9 @@ fn demo(dir: &Path, args: &Args) -> Result<bool, String> {
                 "trainer": ledger,
             },
             "checks": checks.iter().map(|c| json!({"name": c.name, "ok": c.ok, "detail": c.detail})).collect::<Vec<_>>(),
-            "ok": ok,
+            "ok": ok && plot_ok,
         });
-        println!("{doc}");
+        print!("{}", crate::schema::to_json(&doc).map_err(|x| x.to_string())?);
     } else {
         println!();
         for c in &checks {

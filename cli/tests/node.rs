@@ -80,6 +80,8 @@ fn the_two_process_demo_balances_in_text_json_and_a_chart() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["ok"], true, "{doc}");
+    assert_eq!(doc["schema_version"], 1);
+    assert_eq!(doc["counts"]["failed"], 0);
     let checks = doc["checks"].as_array().unwrap();
     assert!(checks.len() >= 7 && checks.iter().all(|c| c["ok"] == true), "{doc}");
     assert_eq!(doc["ledger"]["trainer"]["allocated"], doc["ledger"]["trainer"]["freed"]);
