@@ -15,12 +15,17 @@
 //! * `books.rs` — the authority's books (pure: model-tested);
 //! * `peer.rs` — a peer's credentials and liveness (`SO_PEERCRED`, pidfd);
 //! * `authority.rs` — the authority's threads;
-//! * `link.rs` — a process's side.
+//! * `link.rs` — a process's side;
+//! * `gate.rs` — the link's rule for changing a pool's capacity (loom-tested).
 
 mod authority;
 pub mod books;
+// Public (hidden) for tests/link_loom.rs.
+#[doc(hidden)]
+pub mod gate;
 mod link;
 mod peer;
+mod sync;
 pub mod wire;
 
 pub use authority::{Authority, AuthorityConfig, BooksView};

@@ -7,6 +7,7 @@
 //! keep what they hold and the link joins the next authority on the same
 //! socket, declaring it.
 
+use crate::gate::{Capacity, Gates, Stale};
 use crate::wire::{self, Declared, Frame, Msg};
 use memplug_host::governor::{AllocationClass, BudgetSource, Pool, Priority};
 use std::collections::HashMap;
@@ -54,14 +55,14 @@ impl Default for LinkOptions {
 
 struct Dev {
     spec: LinkDevice,
-    /// Serialises this process's changes of the pool's capacity (a raise
-    /// by a lease, a lowering by a ticket or a return), so none is lost.
-    changing: Mutex<()>,
 }
 
 struct Shared {
     socket: PathBuf,
     devs: Vec<Dev>,
+    /// Every change of a pool's capacity goes through these (`gate.rs`):
+    /// none is lost, and a new authority counts each byte once.
+    gates: Gates,
     options: LinkOptions,
     writer: Mutex<Option<UnixStream>>,
     chunk: AtomicU64,
@@ -138,8 +139,9 @@ impl NodeLink {
         devices: Vec<LinkDevice>,
         options: LinkOptions,
     ) -> io::Result<NodeLink> {
-        let devs: Vec<Dev> = devices.into_iter().map(|spec| Dev { spec, changing: Mutex::new(()) }).collect();
+        let devs: Vec<Dev> = devices.into_iter().map(|spec| Dev { spec }).collect();
         let shared = Arc::new(Shared {
+            gates: Gates::new(devs.len()),
             socket: socket.into(),
             devs,
             options,
@@ -163,8 +165,9 @@ impl NodeLink {
         }
         let before: Vec<u64> = shared.devs.iter().map(|d| d.spec.pool.capacity()).collect();
         for d in &shared.devs {
-            let _g = lock(&d.changing);
-            // Idle budget is not the node's to count: keep only what is used.
+            // Idle budget is not the node's to count: keep only what is
+            // used. (Nothing else changes these pools' capacities yet: no
+            // source is set and no tick runs.)
             let _ = d.spec.pool.set_capacity(d.spec.pool.used());
         }
         if let Err(e) = connect(&shared) {
@@ -248,33 +251,34 @@ impl Drop for NodeLink {
 }
 
 fn send(shared: &Shared, m: &Msg) -> io::Result<()> {
-    match lock(&shared.writer).as_mut() {
-        Some(w) => wire::write_msg(w, m),
+    send_in_generation(shared, m).map(drop)
+}
+
+/// Sends `m` and says in which generation (`gate.rs`): read under the
+/// writer's lock, so it is the generation of the connection written to (a
+/// join moves the generation on before it installs its connection).
+fn send_in_generation(shared: &Shared, m: &Msg) -> io::Result<u64> {
+    let mut w = lock(&shared.writer);
+    let generation = shared.gates.generation();
+    match w.as_mut() {
+        Some(w) => wire::write_msg(w, m).map(|()| generation),
         None => Err(io::Error::new(io::ErrorKind::NotConnected, "no authority")),
     }
 }
 
-/// Connects and joins, declaring what each pool holds (its capacity).
-///
-/// Every device's capacity lock is held from the `Hello` until the new
-/// connection is in place, and the join counter (the connection's
-/// generation) moves with it: a capacity change from the previous
-/// authority's grant or ticket is either in the declaration or, made
-/// after it, sees the new generation and is not applied as that
-/// authority's (`Source::acquire_for`, `answer_ticket`). So the next
-/// authority counts each byte once, and none that it did not see.
+/// Connects and joins, declaring what each pool holds (its capacity, read
+/// by the gates as the generation moves on: a grant or ticket of the
+/// previous authority is either in the declaration or not applied at all).
 fn connect(shared: &Arc<Shared>) -> io::Result<()> {
     let mut stream = UnixStream::connect(&shared.socket)?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let _changing: Vec<MutexGuard<'_, ()>> = shared.devs.iter().map(|d| lock(&d.changing)).collect();
+    let pools: Vec<&dyn Capacity> = shared.devs.iter().map(|d| &*d.spec.pool as &dyn Capacity).collect();
+    let holding = shared.gates.join(&pools);
     let devices = shared
         .devs
         .iter()
-        .map(|d| Declared {
-            device: d.spec.device.clone(),
-            priority: d.spec.priority,
-            holding: d.spec.pool.capacity(),
-        })
+        .zip(holding)
+        .map(|(d, holding)| Declared { device: d.spec.device.clone(), priority: d.spec.priority, holding })
         .collect();
     wire::write_msg(&mut stream, &Msg::Hello { version: wire::VERSION, devices })?;
     match wire::read_frame(&mut stream)? {
@@ -290,7 +294,7 @@ fn connect(shared: &Arc<Shared>) -> io::Result<()> {
     stream.set_read_timeout(None)?;
     let reader = stream.try_clone()?;
     *lock(&shared.writer) = Some(stream);
-    shared.counters.joins.fetch_add(1, SeqCst);
+    shared.counters.joins.fetch_add(1, Relaxed);
     let s = Arc::downgrade(shared);
     let handle =
         thread::Builder::new().name("memplug-node-read".into()).spawn(move || read_loop(s, reader))?;
@@ -320,7 +324,7 @@ fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
                 // Holders may take a while: not on the reader.
                 let s2 = s.clone();
                 let on_behalf = OnBehalf {
-                    generation: s.counters.joins.load(SeqCst),
+                    generation: s.gates.generation(),
                     class: class_of(class),
                     priority: Priority(priority),
                     deadline: Instant::now() + Duration::from_millis(wait_ms),
@@ -352,7 +356,7 @@ fn read_loop(shared: Weak<Shared>, mut stream: UnixStream) {
 /// The request of another process a ticket is sent for.
 #[derive(Clone, Copy)]
 struct OnBehalf {
-    /// The connection (join count) the ticket came on.
+    /// The generation (`gate.rs`) the ticket came in.
     generation: u64,
     class: AllocationClass,
     priority: Priority,
@@ -365,68 +369,36 @@ fn class_of(n: u8) -> AllocationClass {
     AllocationClass::ALL.get(n as usize).copied().unwrap_or(AllocationClass::Other)
 }
 
-/// Lowers the device's pool by up to `bytes` (its holders of equal or
-/// lower priority than the requester asked, with its class and deadline,
-/// for what is in use past the new capacity), and answers with what was
-/// released.
+/// Asks the device's holders of equal or lower priority than the
+/// requester (with its class and deadline) to bring its use down by
+/// `bytes`, then lowers the pool's capacity by what they freed and answers
+/// with it. A ticket of an authority that is gone changes nothing and is
+/// not answered: what the holders freed is idle and goes back to the new
+/// authority with the idle budget.
 fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64, on: OnBehalf) {
-    let mut again = false;
-    let released = match s.devs.iter().find(|d| d.spec.device == device) {
-        None => 0,
-        Some(d) => {
-            let pool = &d.spec.pool;
-            // The holders first, without the capacity lock: they may take
-            // long, and a rejoin (which declares the capacity under that
-            // lock) must not wait for them.
+    let released = match s.devs.iter().position(|d| d.spec.device == device) {
+        None => Some(0),
+        Some(i) => {
+            let pool = &s.devs[i].spec.pool;
+            // The holders first, outside the gate: they may take long, and
+            // neither a rejoin nor the idle return may wait for them.
             pool.relieve_for(pool.capacity().saturating_sub(bytes), on.class, on.priority, Some(on.deadline));
-            let _g = lock(&d.changing);
-            // Its authority is gone and a new one was joined: what is
-            // released now was declared to the new one, so it goes back to
-            // it as a Return (the old ticket's number means nothing there).
-            again = s.counters.joins.load(SeqCst) != on.generation;
-            let cap = pool.capacity();
-            // No more than asked, and no lower than what is live now: what
-            // the holders freed, and no more.
-            let new = cap.saturating_sub(bytes).max(pool.used());
-            if new < cap && pool.set_capacity_for(new, on.class, on.priority, Some(on.deadline)).is_ok() {
-                cap - new
-            } else {
-                0
-            }
+            s.gates.ticket(i, &**pool, on.generation, bytes)
         }
     };
+    let Some(released) = released else { return };
     s.counters.tickets_answered.fetch_add(1, Relaxed);
     s.counters.bytes_released.fetch_add(released, Relaxed);
-    if again {
-        if released > 0 {
-            let _ = send(s, &Msg::Return { device: device.to_string(), bytes: released });
-        }
-        return;
-    }
     let _ = send(s, &Msg::Answer { ticket, released });
 }
 
-/// Gives back idle budget above `keep` chunks on every device. A device
-/// whose capacity is being changed (a ticket's holders still answering,
-/// perhaps for long) is skipped: the tick that calls this also rejoins a
-/// restarted authority and must not wait for a holder.
+/// Gives back idle budget above `keep` chunks on every device whose
+/// capacity no other thread is changing (the tick that calls this also
+/// rejoins a restarted authority and must not wait for a holder).
 fn give_back_idle(s: &Shared, keep_chunks: u64) {
     let chunk = s.chunk.load(SeqCst).max(1);
-    for d in &s.devs {
-        let _g = match d.changing.try_lock() {
-            Ok(g) => g,
-            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => continue,
-        };
-        let pool = &d.spec.pool;
-        let cap = pool.capacity();
-        let idle = cap.saturating_sub(pool.used());
-        let keep = keep_chunks * chunk;
-        if idle <= keep {
-            continue;
-        }
-        let r = if keep_chunks == 0 { idle } else { (idle - keep) / chunk * chunk };
-        if r > 0 && pool.set_capacity(cap - r).is_ok() {
+    for (i, d) in s.devs.iter().enumerate() {
+        if let Some(r) = s.gates.idle(i, &*d.spec.pool, keep_chunks, chunk).filter(|r| *r > 0) {
             s.counters.bytes_returned.fetch_add(r, Relaxed);
             // Without an authority the send fails: the next one learns the
             // lower holding when the link joins it.
@@ -496,39 +468,34 @@ impl BudgetSource for Source {
             priority: priority.0,
         };
         s.counters.leases_asked.fetch_add(1, Relaxed);
-        let generation = s.counters.joins.load(SeqCst);
-        if send(&s, &lease).is_err() {
+        let Ok(generation) = send_in_generation(&s, &lease) else {
             lock(&s.replies).remove(&req);
             s.counters.leases_refused.fetch_add(1, Relaxed);
             return 0;
-        }
+        };
         // The authority answers within the wait and a ticket's timeout;
         // a lost authority fails the request at once (read_loop).
         let answer = rx.recv_timeout(wait + Duration::from_secs(5));
         lock(&s.replies).remove(&req);
         match answer {
-            Ok(Ok(bytes)) => {
-                let _g = lock(&d.changing);
-                if s.counters.joins.load(SeqCst) != generation {
-                    // Granted by an authority that died since: the next
-                    // one, joined meanwhile, never counted these bytes.
+            Ok(Ok(bytes)) => match s.gates.grant(self.dev, pool, generation, bytes) {
+                Ok(()) => {
+                    s.counters.leases_granted.fetch_add(1, Relaxed);
+                    s.counters.bytes_leased.fetch_add(bytes, Relaxed);
+                    bytes
+                }
+                // Granted by an authority that is gone: the one joined
+                // since never counted these bytes.
+                Err(Stale::Generation) => {
                     s.counters.leases_refused.fetch_add(1, Relaxed);
-                    return 0;
+                    0
                 }
-                let cap = pool.capacity();
-                match pool.set_capacity(cap.saturating_add(bytes)) {
-                    Ok(()) => {
-                        s.counters.leases_granted.fetch_add(1, Relaxed);
-                        s.counters.bytes_leased.fetch_add(bytes, Relaxed);
-                        bytes
-                    }
-                    Err(_) => {
-                        s.counters.leases_refused.fetch_add(1, Relaxed);
-                        let _ = send(&s, &Msg::Return { device: d.spec.device.clone(), bytes });
-                        0
-                    }
+                Err(Stale::Refused) => {
+                    s.counters.leases_refused.fetch_add(1, Relaxed);
+                    let _ = send(&s, &Msg::Return { device: d.spec.device.clone(), bytes });
+                    0
                 }
-            }
+            },
             Ok(Err(_)) | Err(_) => {
                 s.counters.leases_refused.fetch_add(1, Relaxed);
                 0
