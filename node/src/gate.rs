@@ -20,7 +20,9 @@
 //!   its holders freed is idle, and goes back to the new authority as idle
 //!   budget does);
 //! * idle budget is given back under the lock, but only if the lock is
-//!   free: the caller's tick also rejoins, and must not wait.
+//!   free and no ticket is being answered on the device (what a ticket's
+//!   holders free is its answer): the caller's tick also rejoins, and
+//!   must not wait.
 //!
 //! Holders are asked before any of this, outside the lock (they may take
 //! long).
@@ -48,15 +50,21 @@ impl Capacity for memplug_host::governor::Pool {
     }
 }
 
-/// One link's gates: a lock per device and the join generation.
+/// One link's gates: a lock per device, the tickets being answered per
+/// device, and the join generation.
 pub struct Gates {
     devs: Vec<Mutex<()>>,
+    answering: Vec<AtomicU64>,
     generation: AtomicU64,
 }
 
 impl Gates {
     pub fn new(devices: usize) -> Gates {
-        Gates { devs: (0..devices).map(|_| Mutex::new(())).collect(), generation: AtomicU64::new(0) }
+        Gates {
+            devs: (0..devices).map(|_| Mutex::new(())).collect(),
+            answering: (0..devices).map(|_| AtomicU64::new(0)).collect(),
+            generation: AtomicU64::new(0),
+        }
     }
 
     /// The current generation (read when a lease is sent or a ticket comes).
@@ -87,24 +95,41 @@ impl Gates {
         }
     }
 
-    /// Lowers device `dev`'s capacity for a ticket of `generation` by up
-    /// to `bytes`, no lower than what is live now; returns the bytes
-    /// released, or None for a ticket of a gone authority (nothing
-    /// changes, nothing is answered).
-    pub fn ticket(&self, dev: usize, cap: &dyn Capacity, generation: u64, bytes: u64) -> Option<u64> {
-        let _g = lock(&self.devs[dev]);
-        if self.generation.load(SeqCst) != generation {
-            return None;
-        }
-        let now = cap.capacity();
-        let new = now.saturating_sub(bytes).max(cap.used());
-        Some(if new < now && cap.set(new) { now - new } else { 0 })
+    /// Answers a ticket of `generation` for device `dev`: `relieve` asks
+    /// the holders (outside the lock: they may take long), then the
+    /// capacity is lowered by up to `bytes`, no lower than what is live;
+    /// returns the bytes released, or None for a ticket of a gone
+    /// authority (nothing changes, nothing is answered). While it runs, the
+    /// idle return leaves the device alone, so what the holders free goes
+    /// back as the ticket's answer, not as idle budget.
+    pub fn ticket(
+        &self,
+        dev: usize,
+        cap: &dyn Capacity,
+        generation: u64,
+        bytes: u64,
+        relieve: impl FnOnce(),
+    ) -> Option<u64> {
+        self.answering[dev].fetch_add(1, SeqCst);
+        relieve();
+        let released = {
+            let _g = lock(&self.devs[dev]);
+            if self.generation.load(SeqCst) != generation {
+                None
+            } else {
+                let now = cap.capacity();
+                let new = now.saturating_sub(bytes).max(cap.used());
+                Some(if new < now && cap.set(new) { now - new } else { 0 })
+            }
+        };
+        self.answering[dev].fetch_sub(1, SeqCst);
+        released
     }
 
     /// Gives back idle budget of device `dev` above `keep_chunks` chunks
     /// (all of it for 0), in whole chunks: the bytes to return, unless the
-    /// device's capacity is being changed by another thread (None: try at
-    /// the next tick).
+    /// device's capacity is being changed by another thread or a ticket is
+    /// being answered on it (None: try at the next tick).
     pub fn idle(&self, dev: usize, cap: &dyn Capacity, keep_chunks: u64, chunk: u64) -> Option<u64> {
         let _g = match self.devs[dev].try_lock() {
             Ok(g) => g,
@@ -112,7 +137,13 @@ impl Gates {
             Err(crate::sync::TryLockError::WouldBlock) => return None,
         };
         let now = cap.capacity();
-        let idle = now.saturating_sub(cap.used());
+        let used = cap.used();
+        // Read after the use: a ticket whose holders freed what was read
+        // had already said so (it counts before it asks them).
+        if self.answering[dev].load(SeqCst) > 0 {
+            return None;
+        }
+        let idle = now.saturating_sub(used);
         let keep = keep_chunks * chunk;
         if idle <= keep {
             return Some(0);

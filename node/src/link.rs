@@ -380,10 +380,17 @@ fn answer_ticket(s: &Shared, ticket: u64, device: &str, bytes: u64, on: OnBehalf
         None => Some(0),
         Some(i) => {
             let pool = &s.devs[i].spec.pool;
-            // The holders first, outside the gate: they may take long, and
-            // neither a rejoin nor the idle return may wait for them.
-            pool.relieve_for(pool.capacity().saturating_sub(bytes), on.class, on.priority, Some(on.deadline));
-            s.gates.ticket(i, &**pool, on.generation, bytes)
+            // The holders first, outside the gate's lock: they may take
+            // long, and a rejoin must not wait for them.
+            let relieve = || {
+                pool.relieve_for(
+                    pool.capacity().saturating_sub(bytes),
+                    on.class,
+                    on.priority,
+                    Some(on.deadline),
+                );
+            };
+            s.gates.ticket(i, &**pool, on.generation, bytes, relieve)
         }
     };
     let Some(released) = released else { return };

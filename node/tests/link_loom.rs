@@ -82,7 +82,7 @@ fn a_ticket_and_a_grant_of_a_gone_authority_and_the_idle_return_keep_the_books_e
         let p = pool(8, 6);
         let old = gates.generation();
         let (g1, q1) = (gates.clone(), p.clone());
-        let ticket = thread::spawn(move || g1.ticket(0, &*q1, old, 2));
+        let ticket = thread::spawn(move || g1.ticket(0, &*q1, old, 2, || ()));
         let (g2, q2) = (gates.clone(), p.clone());
         let grant = thread::spawn(move || g2.grant(0, &*q2, old, 4));
         let declared = gates.join(&[&*p as &dyn Capacity])[0];
@@ -110,7 +110,7 @@ fn concurrent_changes_of_one_generation_all_land() {
         let p = pool(10, 4);
         let now = gates.generation();
         let (g1, q1) = (gates.clone(), p.clone());
-        let ticket = thread::spawn(move || g1.ticket(0, &*q1, now, 3).unwrap());
+        let ticket = thread::spawn(move || g1.ticket(0, &*q1, now, 3, || ()).unwrap());
         let (g2, q2) = (gates.clone(), p.clone());
         let idle = thread::spawn(move || g2.idle(0, &*q2, 1, 1));
         gates.grant(0, &*p, now, 2).unwrap();
@@ -121,5 +121,31 @@ fn concurrent_changes_of_one_generation_all_land() {
         assert!(released <= 3);
         assert_eq!(p.capacity(), 10 + 2 - released - returned, "none lost");
         assert!(p.capacity() >= p.used());
+    });
+}
+
+/// A ticket's holders free bytes while the tick's idle return runs: what
+/// they free goes back as the ticket's answer, never as idle budget (the
+/// authority's count of what each member released stays true), and
+/// nothing is lost either way.
+#[test]
+fn what_a_tickets_holders_free_is_its_answer_not_idle_budget() {
+    loom::model(|| {
+        let gates = Arc::new(Gates::new(1));
+        // 6 held, all used; the holders will free 3.
+        let p = pool(6, 6);
+        let now = gates.generation();
+        let (g1, q1) = (gates.clone(), p.clone());
+        let ticket = thread::spawn(move || {
+            let q = q1.clone();
+            g1.ticket(0, &*q1, now, 3, move || {
+                q.used.fetch_sub(3, SeqCst);
+            })
+        });
+        let returned = gates.idle(0, &*p, 0, 1);
+        let released = ticket.join().unwrap().unwrap();
+        assert_eq!(released, 3, "idle return took {returned:?}");
+        assert_eq!(returned.unwrap_or(0), 0);
+        assert_eq!(p.capacity(), 3);
     });
 }
