@@ -20,6 +20,7 @@ install(FILES
     ${PROJECT_SOURCE_DIR}/include/memplug_cache.hpp
     ${PROJECT_SOURCE_DIR}/include/memplug_offload.hpp
     ${PROJECT_SOURCE_DIR}/include/memplug_ucx.hpp
+    ${PROJECT_SOURCE_DIR}/include/memplug_node.hpp
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 # memplug_host.h includes one header per topic, memplug/host/*.h: every one
 # of them, whatever topics there are.

@@ -44,6 +44,8 @@
 #include "memplug/host/stats.h"
 /* DLPack export */
 #include "memplug/host/dlpack_export.h"
+/* one budget across processes: joining a node authority, and one embedded */
+#include "memplug/host/node.h"
 /* memory on the wire through UCX (cargo feature `ucx`, on by default) */
 #include "memplug/host/ucx.h"
 

@@ -1,4 +1,4 @@
-// memplug_host.h, memplug.hpp, memplug_cache.hpp, memplug_offload.hpp and memplug_ucx.hpp compile alone, included
+// memplug_host.h, memplug.hpp, memplug_cache.hpp, memplug_offload.hpp, memplug_node.hpp and memplug_ucx.hpp compile alone, included
 // twice, as C++17
 // with -Wall -Wextra -Wpedantic -Werror.
 #include "memplug_host.h"
@@ -11,6 +11,8 @@
 #include "memplug_offload.hpp"
 #include "memplug_ucx.hpp"
 #include "memplug_ucx.hpp"
+#include "memplug_node.hpp"
+#include "memplug_node.hpp"
 
 static_assert(sizeof(MemplugHostManager) == 8, "a handle is 64 bits");
 static_assert(sizeof(MemplugHostPoolStats) == MEMPLUG_HOST_POOL_STATS_SIZE_1_0, "1.0 layout");

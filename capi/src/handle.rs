@@ -35,7 +35,7 @@ const KIND_SHIFT: u32 = MANAGER_SHIFT + MANAGER_BITS;
 pub(crate) const MAX_MANAGERS: u32 = 1 << MANAGER_BITS;
 
 // kind (4 bits) + manager + generation + index fill the 64 bits exactly.
-const _: () = assert!(KIND_SHIFT == 60 && Kind::CachedAllocation as u32 <= 0xf);
+const _: () = assert!(KIND_SHIFT == 60 && Kind::Node as u32 <= 0xf);
 
 /// What a handle names.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,10 +54,14 @@ pub(crate) enum Kind {
     Subscription = 11,
     Cache = 12,
     CachedAllocation = 13,
+    /// A node link or a node authority (API 1.3, `node.rs`): one kind for
+    /// both, so the four bits keep a number free; `node.rs` tells them
+    /// apart and names the one expected.
+    Node = 14,
 }
 
 impl Kind {
-    const ALL: [Kind; 13] = [
+    const ALL: [Kind; 14] = [
         Kind::Manager,
         Kind::Mechanism,
         Kind::Pool,
@@ -71,6 +75,7 @@ impl Kind {
         Kind::Subscription,
         Kind::Cache,
         Kind::CachedAllocation,
+        Kind::Node,
     ];
 
     /// The kind whose number is `bits` (the kind field of a handle).
@@ -93,6 +98,7 @@ impl Kind {
             Kind::Subscription => "subscription",
             Kind::Cache => "cache",
             Kind::CachedAllocation => "cached allocation",
+            Kind::Node => "node link or authority",
         }
     }
 
@@ -112,6 +118,7 @@ impl Kind {
             Kind::Subscription => "a subscription",
             Kind::Cache => "a cache",
             Kind::CachedAllocation => "a cached allocation",
+            Kind::Node => "a node link or authority",
         }
     }
 }
@@ -195,6 +202,6 @@ mod tests {
             assert!(k.with_article().ends_with(k.name()));
         }
         assert_eq!(Kind::from_bits(0), None);
-        assert_eq!(Kind::from_bits(14), None);
+        assert_eq!(Kind::from_bits(15), None);
     }
 }

@@ -118,6 +118,7 @@ pub(crate) struct Tables {
     pub subscriptions: SlotTable<SubscriptionEntry>,
     pub caches: SlotTable<CacheEntry>,
     pub cached: SlotTable<CachedAllocation>,
+    pub nodes: SlotTable<crate::node::NodeEntry>,
 }
 
 impl Tables {
@@ -135,6 +136,7 @@ impl Tables {
             subscriptions: SlotTable::new(MAX_INDEX),
             caches: SlotTable::new(MAX_INDEX),
             cached: SlotTable::new(MAX_INDEX),
+            nodes: SlotTable::new(MAX_INDEX),
         }
     }
 
@@ -143,6 +145,9 @@ impl Tables {
         // Subscriptions first: no lifecycle callback runs once the objects
         // below start going.
         self.subscriptions.sweep(drop);
+        // Node links and authorities next: a link leaves (its idle budget
+        // back to the authority) while its pools still work.
+        self.nodes.sweep(drop);
         self.cached.sweep(drop);
         self.caches.sweep(drop);
         self.allocations.sweep(drop);
@@ -206,6 +211,7 @@ object!(FenceEntry, Fence, fences);
 object!(SubscriptionEntry, Subscription, subscriptions);
 object!(CacheEntry, Cache, caches);
 object!(CachedAllocation, CachedAllocation, cached);
+object!(crate::node::NodeEntry, Node, nodes);
 
 #[inline]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {

@@ -282,7 +282,7 @@ unsafe fn write_text(text: &str, buf: *mut c_char, cap: usize, written: *mut usi
 ///
 /// # Safety
 /// As [`write_text`]; `written` is checked here.
-unsafe fn text_call(
+pub(crate) unsafe fn text_call(
     name: &'static str,
     buf: *mut c_char,
     cap: usize,

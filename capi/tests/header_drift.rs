@@ -91,6 +91,12 @@ const TOPICS: &[Topic] = &[
         includes: &["dlpack/dlpack.h"],
     },
     Topic {
+        header: "node.h",
+        about: "one budget across processes: joining a node authority, and one embedded",
+        sources: &["node.rs"],
+        includes: &[],
+    },
+    Topic {
         header: "ucx.h",
         about: "memory on the wire through UCX (cargo feature `ucx`, on by default)",
         sources: &["ucx.rs"],

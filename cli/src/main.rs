@@ -13,6 +13,8 @@ mod exit;
 mod inspect;
 mod locate;
 mod node;
+mod node_demo;
+mod node_demo_plot;
 mod output;
 mod schema;
 

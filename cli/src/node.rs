@@ -36,6 +36,28 @@ pub enum NodeCommand {
         #[arg(long = "quota", value_name = "UID=BYTES", value_parser = parse_quota)]
         quotas: Vec<(u32, u64)>,
     },
+    /// Two processes on one budget: an inference server (this process,
+    /// which also serves the node) with experts and KV, and a trainer (a
+    /// process of its own) whose allocations make the server offload
+    /// experts through cross-process tickets; the experts come back at the
+    /// same addresses when the trainer lets go, and every ledger balances.
+    /// Exits 1 if a check fails.
+    Demo {
+        /// One JSON document (events, samples, ledgers, checks) instead of
+        /// text.
+        #[arg(long)]
+        json: bool,
+        /// Also draw the budget of both processes over time as an SVG
+        /// chart in FILE.
+        #[arg(long, value_name = "FILE.svg")]
+        plot: Option<PathBuf>,
+    },
+    /// The demo's trainer (started by `memplug node demo`).
+    #[command(hide = true)]
+    DemoTrainer {
+        #[arg(long)]
+        socket: PathBuf,
+    },
     /// Print the books of the authority on SOCKET: per device capacity and
     /// leased bytes, per process its leases and tickets.
     Status {
@@ -68,6 +90,8 @@ pub fn run(c: NodeCommand) -> u8 {
                 }
             }
         }
+        NodeCommand::Demo { json, plot } => crate::node_demo::run(crate::node_demo::Args { json, plot }),
+        NodeCommand::DemoTrainer { socket } => crate::node_demo::trainer(&socket),
         NodeCommand::Status { socket, prometheus } => match status(&socket, prometheus) {
             Ok(text) => {
                 println!("{text}");

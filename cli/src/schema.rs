@@ -7,6 +7,8 @@ use serde::Serialize;
 
 /// `memplug demo --json`.
 pub const DEMO: u32 = 1;
+/// `memplug node demo --json`.
+pub const NODE_DEMO: u32 = 1;
 /// `memplug inspect --json`.
 pub const INSPECT: u32 = 1;
 /// `memplug conformance --json`: the kit's report

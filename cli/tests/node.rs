@@ -62,3 +62,34 @@ fn bad_arguments_are_refused_with_the_reason() {
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/node.sock"));
 }
+
+/// `memplug node demo`: two processes on one budget, every check passing,
+/// in text, in JSON (with the samples the chart draws) and as a chart.
+#[test]
+fn the_two_process_demo_balances_in_text_json_and_a_chart() {
+    let out = memplug().args(["node", "demo"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("offloaded to host memory") && text.contains("(same address: true)"), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+
+    let dir = std::env::temp_dir().join(format!("memplug-cli-node-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let chart = dir.join("node.svg");
+    let out = memplug().args(["node", "demo", "--json", "--plot"]).arg(&chart).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(doc["ok"], true, "{doc}");
+    assert_eq!(doc["schema_version"], 1);
+    assert_eq!(doc["counts"]["failed"], 0);
+    let checks = doc["checks"].as_array().unwrap();
+    assert!(checks.len() >= 7 && checks.iter().all(|c| c["ok"] == true), "{doc}");
+    assert_eq!(doc["ledger"]["trainer"]["allocated"], doc["ledger"]["trainer"]["freed"]);
+    assert_eq!(doc["ledger"]["node"]["leased_at_end"], 0);
+    let samples = doc["samples"].as_array().unwrap();
+    assert!(samples.iter().any(|s| s["trainer_leased"].as_u64().unwrap() > 0), "the trainer leased nothing");
+    assert!(samples.iter().any(|s| s["host_copies"].as_u64().unwrap() > 0), "nothing was offloaded");
+    let svg = std::fs::read_to_string(&chart).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("trainer: leased") && svg.contains("node: capacity"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -16,6 +16,7 @@ use crate::wire::{self, Declared, Frame, Msg};
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
@@ -39,6 +40,12 @@ pub struct AuthorityConfig {
     pub ticket_timeout: Duration,
     /// The most bytes (all devices) a user id may lease.
     pub quotas: Vec<(u32, u64)>,
+    /// How long after it starts the authority leases nothing, so that
+    /// members of a previous authority rejoin and declare what they hold
+    /// first (links retry every 20 ms by default): a lease asked meanwhile
+    /// waits (within its own wait) instead of taking bytes a member not
+    /// yet back still holds.
+    pub rejoin_grace: Duration,
 }
 
 impl AuthorityConfig {
@@ -50,6 +57,7 @@ impl AuthorityConfig {
             mode: 0o600,
             ticket_timeout: Duration::from_secs(2),
             quotas: Vec::new(),
+            rejoin_grace: Duration::from_millis(250),
         }
     }
 }
@@ -81,6 +89,21 @@ struct Shared {
     stop: AtomicBool,
     tickets_sent: AtomicU64,
     tickets_timed_out: AtomicU64,
+    /// When leasing may start (the end of the rejoin grace).
+    open_at: Instant,
+}
+
+impl Shared {
+    fn in_grace(&self) -> bool {
+        Instant::now() < self.open_at
+    }
+
+    fn grace_refusal(&self) -> String {
+        format!(
+            "node: started less than {} ms ago, waiting for the members of a previous authority to rejoin",
+            self.config.rejoin_grace.as_millis()
+        )
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -93,6 +116,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 pub struct Authority {
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// The listening socket (owned by the accept thread until it is
+    /// joined): shut down to wake its `accept`.
+    listener_fd: RawFd,
 }
 
 impl Authority {
@@ -110,9 +136,12 @@ impl Authority {
         }
         let _ = std::fs::remove_file(&config.socket);
         let listener = UnixListener::bind(&config.socket)?;
+        let listener_fd = listener.as_raw_fd();
         std::fs::set_permissions(&config.socket, std::fs::Permissions::from_mode(config.mode))?;
         let books = Books::new(config.chunk, &config.devices, &config.quotas);
+        let open_at = Instant::now() + config.rejoin_grace;
         let shared = Arc::new(Shared {
+            open_at,
             config,
             books: Mutex::new(books),
             conns: Mutex::default(),
@@ -129,7 +158,7 @@ impl Authority {
             .spawn(move || accept_loop(s, listener))?;
         let s = shared.clone();
         let watch = thread::Builder::new().name("memplug-node-watch".into()).spawn(move || watch_loop(s))?;
-        Ok(Authority { shared, threads: vec![accept, watch] })
+        Ok(Authority { shared, threads: vec![accept, watch], listener_fd })
     }
 
     /// The socket it serves.
@@ -142,16 +171,44 @@ impl Authority {
         lock(&self.shared.books).clone()
     }
 
+    /// A handle that reads the books from another thread while the
+    /// authority runs (a sampler, a dashboard).
+    pub fn view(&self) -> BooksView {
+        BooksView(self.shared.clone())
+    }
+
     /// The books as JSON (`memplug node status --json`).
     pub fn status_json(&self) -> String {
         status_json(&self.shared)
+    }
+
+    /// The books as Prometheus text (`memplug node status --prometheus`).
+    pub fn status_prometheus(&self) -> String {
+        status_prometheus(&self.shared)
+    }
+}
+
+/// Reads an authority's books ([`Authority::view`]); once the authority
+/// stopped, its last books.
+#[derive(Clone)]
+pub struct BooksView(Arc<Shared>);
+
+impl BooksView {
+    /// A copy of the books now.
+    pub fn books(&self) -> Books {
+        lock(&self.0.books).clone()
     }
 }
 
 impl Drop for Authority {
     fn drop(&mut self) {
         self.shared.stop.store(true, SeqCst);
-        // Wakes the accept loop.
+        // Wakes the accept loop: shutting the listener down makes a blocked
+        // accept return on Linux, even when the socket file was removed
+        // (so a connection to it cannot be made).
+        // SAFETY: the accept thread owns the listener until it is joined
+        // below, so the descriptor is still this socket's.
+        unsafe { libc::shutdown(self.listener_fd, libc::SHUT_RDWR) };
         let _ = UnixStream::connect(&self.shared.config.socket);
         for c in lock(&self.shared.conns).values() {
             let _ = lock(&c.writer).shutdown(std::net::Shutdown::Both);
@@ -233,8 +290,9 @@ fn serve(shared: Arc<Shared>, stream: UnixStream) {
                 let text = if prometheus { status_prometheus(&shared) } else { status_json(&shared) };
                 send(&conn, &Msg::StatusReply { text });
             }
-            (true, Msg::Lease { req, device, min, want, wait_ms }) => {
-                lease(&shared, id, &conn, req, device, min, want, wait_ms);
+            (true, Msg::Lease { req, device, min, want, wait_ms, class, priority }) => {
+                let ask = Ask { req, min, want, wait_ms, class, priority };
+                lease(&shared, id, &conn, device, ask);
             }
             (true, Msg::Return { device, bytes }) => {
                 if let Err(why) = lock(&shared.books).give_back(id, &device, bytes) {
@@ -299,18 +357,35 @@ fn join(
     Ok(Msg::Welcome { chunk: books.chunk, devices })
 }
 
-#[allow(clippy::too_many_arguments)]
-fn lease(
-    shared: &Arc<Shared>,
-    id: MemberId,
-    conn: &Arc<Conn>,
+/// One lease request's terms, as the member sent them.
+#[derive(Clone, Copy)]
+struct Ask {
     req: u64,
-    device: String,
     min: u64,
     want: u64,
     wait_ms: u64,
-) {
-    let first = lock(&shared.books).lease(id, &device, min, want);
+    class: u8,
+    priority: u32,
+}
+
+fn lease(shared: &Arc<Shared>, id: MemberId, conn: &Arc<Conn>, device: String, ask: Ask) {
+    let Ask { req, min, want, wait_ms, .. } = ask;
+    let first = {
+        let mut books = lock(&shared.books);
+        match books.malformed_lease(id, &device, min, want) {
+            // Refused at once, whatever the wait: no room could make it fit.
+            Err(why) => {
+                if let Some(m) = books.members.get_mut(&id) {
+                    m.leases_refused += 1;
+                }
+                drop(books);
+                send(conn, &Msg::Refused { req, reason: format!("node: {why}") });
+                return;
+            }
+            Ok(()) if shared.in_grace() => Err(shared.grace_refusal()),
+            Ok(()) => books.lease(id, &device, min, want),
+        }
+    };
     match first {
         Ok(bytes) => {
             send(conn, &Msg::Granted { req, bytes });
@@ -320,7 +395,7 @@ fn lease(
             let (s, c) = (shared.clone(), conn.clone());
             let _ = thread::Builder::new()
                 .name("memplug-node-press".into())
-                .spawn(move || press(&s, id, &c, req, &device, min, want, wait_ms));
+                .spawn(move || press(&s, id, &c, &device, ask));
         }
         Err(why) => {
             if let Some(m) = lock(&shared.books).members.get_mut(&id) {
@@ -331,22 +406,35 @@ fn lease(
     }
 }
 
-/// Sends tickets to other members, one at a time (lowest priority first),
-/// until the lease fits or nobody is left or the wait ends; then grants or
-/// refuses naming who answered what.
-#[allow(clippy::too_many_arguments)]
-fn press(
-    shared: &Shared,
-    id: MemberId,
-    conn: &Conn,
-    req: u64,
-    device: &str,
-    min: u64,
-    want: u64,
-    wait_ms: u64,
-) {
+/// Sends tickets to other members declared at equal or lower priority than
+/// the request presses with, one at a time (lowest priority first), until
+/// the lease fits or nobody is left or the wait ends; then grants or
+/// refuses naming who answered what (and who was not asked).
+fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
+    let Ask { req, min, want, wait_ms, class, .. } = ask;
     let end = Instant::now() + Duration::from_millis(wait_ms);
-    let victims = lock(&shared.books).victims(id, device);
+    // Within the rejoin grace: wait for it to end (as far as the request
+    // may wait), then take what is free or press as usual.
+    let now = Instant::now();
+    if now < shared.open_at {
+        thread::sleep(shared.open_at.min(end) - now);
+        if shared.in_grace() {
+            send(conn, &Msg::Refused { req, reason: shared.grace_refusal() });
+            return;
+        }
+        if let Ok(bytes) = lock(&shared.books).lease(id, device, min, want) {
+            send(conn, &Msg::Granted { req, bytes });
+            return;
+        }
+    }
+    let (victims, priority, above) = {
+        let books = lock(&shared.books);
+        let priority = books.pressing_priority(id, device, ask.priority);
+        let victims = books.victims(id, device, priority);
+        // Members holding some that the request may not press.
+        let above = books.victims(id, device, u32::MAX).len() - victims.len();
+        (victims, priority, above)
+    };
     let mut report = Vec::new();
     for v in victims {
         let now = Instant::now();
@@ -363,7 +451,9 @@ fn press(
             m.tickets_received += 1;
         }
         shared.tickets_sent.fetch_add(1, SeqCst);
-        if !send(&vconn, &Msg::Ticket { ticket, device: device.to_string(), bytes: missing }) {
+        let wait_ms = (end - now).as_millis() as u64;
+        let t = Msg::Ticket { ticket, device: device.to_string(), bytes: missing, class, priority, wait_ms };
+        if !send(&vconn, &t) {
             lock(&shared.pending).remove(&ticket);
             continue;
         }
@@ -398,6 +488,9 @@ fn press(
         Err(why) => {
             if let Some(m) = books.members.get_mut(&id) {
                 m.leases_refused += 1;
+            }
+            if above > 0 {
+                report.push(format!("{above} member(s) of priority above {priority} not asked"));
             }
             let asked =
                 if report.is_empty() { "nobody held any to ask".to_string() } else { report.join("; ") };

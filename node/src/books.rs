@@ -93,27 +93,37 @@ impl Books {
         Ok(())
     }
 
-    /// Leases between `min` and `want` bytes of `device` to `id` from what
-    /// is free (in whole chunks where it can), or says why not.
-    pub fn lease(&mut self, id: MemberId, device: &str, min: u64, want: u64) -> Result<u64, String> {
-        let free = self.free(device);
+    /// Why a lease of `min..want` bytes of `device` by `id` could never be
+    /// granted, whatever is free (an unknown device, one not declared, a
+    /// malformed or impossible size).
+    pub fn malformed_lease(&self, id: MemberId, device: &str, min: u64, want: u64) -> Result<(), String> {
         let dev = self.device(device)?;
         let member = self.members.get(&id).ok_or("not joined")?;
         if !member.priority.contains_key(device) {
             return Err(format!("device {device:?} was not declared when joining"));
         }
+        if min == 0 || min > want {
+            return Err(format!("a lease of {min}..{want} bytes is malformed"));
+        }
+        if min > dev.capacity {
+            return Err(format!("{min} B is more than device {device:?} has ({} B)", dev.capacity));
+        }
+        Ok(())
+    }
+
+    /// Leases between `min` and `want` bytes of `device` to `id` from what
+    /// is free (in whole chunks where it can), or says why not.
+    pub fn lease(&mut self, id: MemberId, device: &str, min: u64, want: u64) -> Result<u64, String> {
+        self.malformed_lease(id, device, min, want)?;
+        let free = self.free(device);
+        let dev = self.device(device)?;
+        let member = self.members.get(&id).ok_or("not joined")?;
         let capacity = dev.capacity;
         let mut room = free;
         if let Some(quota) = self.quotas.get(&member.uid) {
             let used: u64 =
                 self.members.values().filter(|m| m.uid == member.uid).flat_map(|m| m.leased.values()).sum();
             room = room.min(quota.saturating_sub(used));
-        }
-        if min == 0 || min > want {
-            return Err(format!("a lease of {min}..{want} bytes is malformed"));
-        }
-        if min > capacity {
-            return Err(format!("{min} B is more than device {device:?} has ({capacity} B)"));
         }
         if room < min {
             return Err(format!("{free} B of {capacity} B free on {device:?}, {min} B needed"));
@@ -140,17 +150,28 @@ impl Books {
         Ok(())
     }
 
-    /// Members to ask for room on `device` for `requester`: connected, not
-    /// the requester, holding some; lowest priority first, then the one
-    /// holding most.
-    pub fn victims(&self, requester: MemberId, device: &str) -> Vec<MemberId> {
+    /// The priority a request of `requester` made at `asked` presses
+    /// others with: no more than the priority the member declared for
+    /// `device` (a process cannot press harder than it declared, whatever
+    /// its holders' priorities inside it).
+    pub fn pressing_priority(&self, requester: MemberId, device: &str, asked: u32) -> u32 {
+        let declared = self.members.get(&requester).and_then(|m| m.priority.get(device).copied());
+        declared.map_or(0, |d| d.min(asked))
+    }
+
+    /// Members to ask for room on `device` for `requester` pressing at
+    /// `priority`: connected, not the requester, holding some, declared at
+    /// equal or lower priority (as the governor asks holders in a
+    /// process); lowest priority first, then the one holding most.
+    pub fn victims(&self, requester: MemberId, device: &str, priority: u32) -> Vec<MemberId> {
         let mut v: Vec<(u32, u64, MemberId)> = self
             .members
             .iter()
             .filter(|(id, m)| **id != requester && m.connected)
             .filter_map(|(id, m)| {
                 let held = m.leased.get(device).copied().unwrap_or(0);
-                (held > 0).then(|| (m.priority.get(device).copied().unwrap_or(0), u64::MAX - held, *id))
+                let p = m.priority.get(device).copied().unwrap_or(0);
+                (held > 0 && p <= priority).then(|| (p, u64::MAX - held, *id))
             })
             .collect();
         v.sort();
@@ -243,10 +264,18 @@ mod tests {
                     }
                 }
                 _ => {
-                    let victims = b.victims(0, dev);
+                    let requester = pick(rnd(1000)).unwrap_or(0);
+                    let pressing = b.pressing_priority(requester, dev, rnd(4) as u32);
+                    let victims = b.victims(requester, dev, pressing);
+                    let p = |id| b.members[&id].priority.get(dev).copied().unwrap_or(0);
                     for w in victims.windows(2) {
-                        let p = |id| b.members[&id].priority.get(dev).copied().unwrap_or(0);
                         assert!(p(w[0]) <= p(w[1]), "lowest priority first");
+                    }
+                    for v in &victims {
+                        assert!(
+                            p(*v) <= pressing && *v != requester,
+                            "step {step}: pressed a higher priority"
+                        );
                     }
                 }
             }

@@ -15,16 +15,21 @@
 //! * `books.rs` — the authority's books (pure: model-tested);
 //! * `peer.rs` — a peer's credentials and liveness (`SO_PEERCRED`, pidfd);
 //! * `authority.rs` — the authority's threads;
-//! * `link.rs` — a process's side.
+//! * `link.rs` — a process's side;
+//! * `gate.rs` — the link's rule for changing a pool's capacity (loom-tested).
 
 mod authority;
 pub mod books;
+// Public (hidden) for tests/link_loom.rs.
+#[doc(hidden)]
+pub mod gate;
 mod link;
 mod peer;
+mod sync;
 pub mod wire;
 
-pub use authority::{Authority, AuthorityConfig};
-pub use link::{LinkDevice, LinkOptions, NodeLink};
+pub use authority::{Authority, AuthorityConfig, BooksView};
+pub use link::{LinkDevice, LinkOptions, LinkStats, NodeLink};
 
 /// The environment variable naming the socket a process joins by
 /// configuration ([`join_from_env`]).

@@ -8,7 +8,7 @@
 use std::io::{self, Read, Write};
 
 /// The protocol's version, sent in `Hello`; the authority refuses others.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The largest body a frame may have: a frame claiming more is refused
 /// before anything is read into memory.
 pub const MAX_FRAME: u32 = 64 * 1024;
@@ -31,16 +31,21 @@ pub enum Msg {
     /// Authority → process: the chunk size and the devices it governs.
     Welcome { chunk: u64, devices: Vec<(String, u64)> },
     /// Process → authority: lease at least `min` bytes, `want` if free, on
-    /// `device`, pressing other processes for up to `wait_ms`.
-    Lease { req: u64, device: String, min: u64, want: u64, wait_ms: u64 },
+    /// `device`, pressing other processes for up to `wait_ms`. `class` (an
+    /// `AllocationClass` discriminant) and `priority` are the request's:
+    /// only processes of equal or lower priority are pressed, and their
+    /// holders see the class (protocol 2).
+    Lease { req: u64, device: String, min: u64, want: u64, wait_ms: u64, class: u8, priority: u32 },
     /// Authority → process: the bytes leased for request `req`.
     Granted { req: u64, bytes: u64 },
     /// Authority → process: request `req` refused, and why.
     Refused { req: u64, reason: String },
     /// Process → authority: bytes of `device` it no longer holds.
     Return { device: String, bytes: u64 },
-    /// Authority → process: give back up to `bytes` of `device`.
-    Ticket { ticket: u64, device: String, bytes: u64 },
+    /// Authority → process: give back up to `bytes` of `device` for a
+    /// request of `class` at `priority` that waits up to `wait_ms`: the
+    /// process asks its holders of equal or lower priority (protocol 2).
+    Ticket { ticket: u64, device: String, bytes: u64, class: u8, priority: u32, wait_ms: u64 },
     /// Process → authority: the bytes released for ticket `ticket`.
     Answer { ticket: u64, released: u64 },
     /// Process → authority: the books, as JSON (`prometheus`: as
@@ -81,8 +86,15 @@ impl Msg {
                     b.str(name).u64(*capacity);
                 }
             }
-            Msg::Lease { req, device, min, want, wait_ms } => {
-                b.u8(LEASE).u64(*req).str(device).u64(*min).u64(*want).u64(*wait_ms);
+            Msg::Lease { req, device, min, want, wait_ms, class, priority } => {
+                b.u8(LEASE)
+                    .u64(*req)
+                    .str(device)
+                    .u64(*min)
+                    .u64(*want)
+                    .u64(*wait_ms)
+                    .u8(*class)
+                    .u32(*priority);
             }
             Msg::Granted { req, bytes } => {
                 b.u8(GRANTED).u64(*req).u64(*bytes);
@@ -93,8 +105,8 @@ impl Msg {
             Msg::Return { device, bytes } => {
                 b.u8(RETURN).str(device).u64(*bytes);
             }
-            Msg::Ticket { ticket, device, bytes } => {
-                b.u8(TICKET).u64(*ticket).str(device).u64(*bytes);
+            Msg::Ticket { ticket, device, bytes, class, priority, wait_ms } => {
+                b.u8(TICKET).u64(*ticket).str(device).u64(*bytes).u8(*class).u32(*priority).u64(*wait_ms);
             }
             Msg::Answer { ticket, released } => {
                 b.u8(ANSWER).u64(*ticket).u64(*released);
@@ -143,11 +155,20 @@ impl Msg {
                 min: r.u64()?,
                 want: r.u64()?,
                 wait_ms: r.u64()?,
+                class: r.u8()?,
+                priority: r.u32()?,
             },
             GRANTED => Msg::Granted { req: r.u64()?, bytes: r.u64()? },
             REFUSED => Msg::Refused { req: r.u64()?, reason: r.str()? },
             RETURN => Msg::Return { device: r.str()?, bytes: r.u64()? },
-            TICKET => Msg::Ticket { ticket: r.u64()?, device: r.str()?, bytes: r.u64()? },
+            TICKET => Msg::Ticket {
+                ticket: r.u64()?,
+                device: r.str()?,
+                bytes: r.u64()?,
+                class: r.u8()?,
+                priority: r.u32()?,
+                wait_ms: r.u64()?,
+            },
             ANSWER => Msg::Answer { ticket: r.u64()?, released: r.u64()? },
             STATUS => Msg::Status { prometheus: r.u8()? != 0 },
             STATUS_REPLY => Msg::StatusReply { text: r.long_str()? },
@@ -298,11 +319,19 @@ mod tests {
                 devices: vec![Declared { device: "cpu0".into(), priority: 3, holding: 7 }],
             },
             Msg::Welcome { chunk: 2 << 20, devices: vec![("cpu0".into(), 1 << 30)] },
-            Msg::Lease { req: 1, device: "cpu0".into(), min: 5, want: 8, wait_ms: 100 },
+            Msg::Lease {
+                req: 1,
+                device: "cpu0".into(),
+                min: 5,
+                want: 8,
+                wait_ms: 100,
+                class: 1,
+                priority: 9,
+            },
             Msg::Granted { req: 1, bytes: 8 },
             Msg::Refused { req: 1, reason: "no".into() },
             Msg::Return { device: "cpu0".into(), bytes: 9 },
-            Msg::Ticket { ticket: 4, device: "cpu0".into(), bytes: 10 },
+            Msg::Ticket { ticket: 4, device: "cpu0".into(), bytes: 10, class: 0, priority: 9, wait_ms: 30 },
             Msg::Answer { ticket: 4, released: 10 },
             Msg::Status { prometheus: true },
             Msg::StatusReply { text: "{}".into() },

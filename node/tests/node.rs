@@ -48,9 +48,23 @@ struct Member {
     cached: Arc<Mutex<Vec<OwnedAllocation>>>,
     _holder: HolderRegistration,
     link: NodeLink,
+    /// The class and priority of each ticket its holder was given.
+    tickets: Arc<Mutex<Vec<(AllocationClass, Priority)>>>,
 }
 
 fn member(path: &PathBuf, priority: u32, slow_holder: bool) -> Member {
+    member_with(path, priority, slow_holder, Priority(0), Duration::from_secs(3))
+}
+
+/// A member declared at `priority` whose holder (and so whose requests)
+/// is at `holder_priority`, its binding waiting up to `wait`.
+fn member_with(
+    path: &PathBuf,
+    priority: u32,
+    slow_holder: bool,
+    holder_priority: Priority,
+    wait: Duration,
+) -> Member {
     let mgr = ProcessMemoryManager::new();
     // SAFETY: the reference CPU plugin's entry, built against this ABI.
     let cpu =
@@ -61,7 +75,10 @@ fn member(path: &PathBuf, priority: u32, slow_holder: bool) -> Member {
     let pool = mgr.create_pool("cpu0", 0).unwrap();
     let cached: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
     let c = cached.clone();
-    let holder = pool.register_holder("lru", Priority(0), move |t: &PressureTicket| {
+    let tickets: Arc<Mutex<Vec<(AllocationClass, Priority)>>> = Arc::default();
+    let seen = tickets.clone();
+    let holder = pool.register_holder("lru", holder_priority, move |t: &PressureTicket| {
+        seen.lock().unwrap().push((t.class, t.priority));
         if slow_holder {
             std::thread::sleep(Duration::from_secs(30));
         }
@@ -72,20 +89,15 @@ fn member(path: &PathBuf, priority: u32, slow_holder: bool) -> Member {
         }
         freed
     });
-    let binding = mgr
-        .bind(
-            &ctx,
-            &pool,
-            BindingSpec::new(AllocationClass::Kv).holder(holder.id()).wait(Duration::from_secs(3)),
-        )
-        .unwrap();
+    let binding =
+        mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv).holder(holder.id()).wait(wait)).unwrap();
     let link = NodeLink::join(
         path,
         vec![LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority }],
         LinkOptions::default(),
     )
     .unwrap();
-    Member { _mgr: mgr, pool, binding, cached, _holder: holder, link }
+    Member { _mgr: mgr, pool, binding, cached, _holder: holder, link, tickets }
 }
 
 fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
@@ -261,6 +273,60 @@ fn an_authority_that_restarts_learns_what_members_hold_and_counts_it_once() {
     drop(kept);
 }
 
+#[test]
+fn tickets_go_only_to_members_of_equal_or_lower_priority_and_carry_the_request() {
+    let path = socket("prio");
+    let a = authority(&path, 8 * MIB);
+    // Declared at 7, holding 6 MiB its holder (priority 0) may evict.
+    let held = member(&path, 7, false);
+    for _ in 0..6 {
+        let b = held.binding.allocate(MIB, 64).unwrap();
+        held.cached.lock().unwrap().push(b);
+    }
+    // Declared at 3: it may press nobody above 3, so the 4 MiB it wants
+    // (2 free) are refused, and the refusal says who was not asked.
+    let low = member_with(&path, 3, false, Priority(3), Duration::from_millis(200));
+    let err = low.binding.allocate(4 * MIB, 64).unwrap_err();
+    assert!(err.to_string().contains("out of budget"), "{err}");
+    let why = low.link.last_error().unwrap_or_default();
+    assert!(why.contains("1 member(s) of priority above 3 not asked"), "{why}");
+    assert!(held.tickets.lock().unwrap().is_empty(), "a higher priority was pressed");
+    // Declared at 9 with its requests at 9: it presses the member at 7,
+    // whose holder sees the request's class and (capped) priority.
+    let high = member_with(&path, 9, false, Priority(9), Duration::from_secs(3));
+    let big = high.binding.allocate(4 * MIB, 64).expect("the member at 7 gave way");
+    let seen = held.tickets.lock().unwrap().clone();
+    assert!(!seen.is_empty() && seen.iter().all(|t| *t == (AllocationClass::Kv, Priority(9))), "{seen:?}");
+    // A process presses no harder than it declared, whatever its request.
+    let books = a.books();
+    let low_id = *books.members.iter().find(|(_, m)| m.priority.get("cpu0") == Some(&3)).unwrap().0;
+    assert_eq!(books.pressing_priority(low_id, "cpu0", u32::MAX), 3);
+    a.books().check().unwrap();
+    drop(big);
+}
+
+#[test]
+fn a_capacity_lowered_for_a_request_asks_only_holders_at_or_below_its_priority() {
+    let mgr = ProcessMemoryManager::new();
+    let pool = mgr.create_pool("p", 4 * MIB).unwrap();
+    let asked: Arc<Mutex<Vec<(u32, AllocationClass, Priority)>>> = Arc::default();
+    let (a1, a5) = (asked.clone(), asked.clone());
+    let g1 = pool.try_reserve(MIB, AllocationClass::Other, None).unwrap();
+    let l1 = g1.commit(MIB).unwrap();
+    let _h1 = pool.register_holder("low", Priority(1), move |t: &PressureTicket| {
+        a1.lock().unwrap().push((1, t.class, t.priority));
+        0
+    });
+    let _h5 = pool.register_holder("high", Priority(5), move |t: &PressureTicket| {
+        a5.lock().unwrap().push((5, t.class, t.priority));
+        0
+    });
+    let r = pool.set_capacity_for(0, AllocationClass::Weights, Priority(3), None);
+    assert!(r.is_err(), "nothing was released");
+    assert_eq!(*asked.lock().unwrap(), vec![(1, AllocationClass::Weights, Priority(3))]);
+    pool.release(l1).unwrap();
+}
+
 fn raw(path: &PathBuf) -> UnixStream {
     let s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
@@ -284,8 +350,11 @@ fn bad_messages_are_refused_with_a_reason_and_the_authority_stays_up() {
     assert!(matches!(reply(&mut s), Msg::Error { reason } if reason.contains("unknown message kind 200")));
     s.write_all(&[3, 0, 0, 0, 2, 1, 0]).unwrap();
     assert!(matches!(reply(&mut s), Msg::Error { reason } if reason.contains("truncated")));
-    wire::write_msg(&mut s, &Msg::Lease { req: 1, device: "cpu0".into(), min: 1, want: 1, wait_ms: 0 })
-        .unwrap();
+    wire::write_msg(
+        &mut s,
+        &Msg::Lease { req: 1, device: "cpu0".into(), min: 1, want: 1, wait_ms: 0, class: 4, priority: 0 },
+    )
+    .unwrap();
     assert!(matches!(reply(&mut s), Msg::Error { reason } if reason.contains("Hello must come first")));
     // Joined: an answer to no ticket, a return of more than it holds, a
     // lease on a device the node does not govern.
@@ -299,8 +368,11 @@ fn bad_messages_are_refused_with_a_reason_and_the_authority_stays_up() {
     assert!(matches!(reply(&mut s), Msg::Error { reason } if reason.contains("no ticket 77")));
     wire::write_msg(&mut s, &Msg::Return { device: "cpu0".into(), bytes: MIB }).unwrap();
     assert!(matches!(reply(&mut s), Msg::Error { reason } if reason.contains("holds 0 B")));
-    wire::write_msg(&mut s, &Msg::Lease { req: 2, device: "gpu9".into(), min: 1, want: 1, wait_ms: 0 })
-        .unwrap();
+    wire::write_msg(
+        &mut s,
+        &Msg::Lease { req: 2, device: "gpu9".into(), min: 1, want: 1, wait_ms: 0, class: 4, priority: 0 },
+    )
+    .unwrap();
     assert!(matches!(reply(&mut s), Msg::Refused { reason, .. } if reason.contains("no device \"gpu9\"")));
     // An oversized frame: refused and the connection closed.
     s.write_all(&(wire::MAX_FRAME + 1).to_le_bytes()).unwrap();

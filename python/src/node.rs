@@ -63,6 +63,32 @@ impl NodeLink {
     fn last_error(&self) -> PyResult<Option<String>> {
         self.with(|l| l.last_error())
     }
+    /// This process's side of the books: a dict of `connected`, `chunk`,
+    /// `held`, `used`, `leases_asked`, `leases_granted`, `leases_refused`,
+    /// `bytes_leased`, `bytes_returned`, `tickets_answered`,
+    /// `bytes_released`, `joins` (more than 1: an authority restarted and
+    /// was rejoined).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let s = self.with(|l| l.stats())?;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("connected", s.connected)?;
+        for (k, v) in [
+            ("chunk", s.chunk),
+            ("held", s.held),
+            ("used", s.used),
+            ("leases_asked", s.leases_asked),
+            ("leases_granted", s.leases_granted),
+            ("leases_refused", s.leases_refused),
+            ("bytes_leased", s.bytes_leased),
+            ("bytes_returned", s.bytes_returned),
+            ("tickets_answered", s.tickets_answered),
+            ("bytes_released", s.bytes_released),
+            ("joins", s.joins),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
     /// The authority's books: JSON text (`prometheus=True`: Prometheus text).
     #[pyo3(signature = (prometheus=false))]
     fn status(&self, py: Python<'_>, prometheus: bool) -> PyResult<String> {

@@ -60,6 +60,9 @@ def test_a_child_process_gives_way_through_the_node():
         link = mgr.join_node(sock, pool, "cpu0", priority=5)
         assert link.connected and link.chunk == MIB
         big = mgr.bind(ctx, pool, "activations", wait=5.0).allocate(8 * MIB)
+        mine = link.stats()
+        assert mine["connected"] and mine["joins"] == 1 and mine["held"] >= 8 * MIB, mine
+        assert mine["leases_granted"] >= 1 and mine["bytes_leased"] >= 8 * MIB, mine
         books = json.loads(authority.status())
         assert books["books_exact"] is True
         assert books["devices"]["cpu0"]["leased"] <= 16 * MIB

@@ -6,6 +6,8 @@
 //! never reach the source: the fast path is unchanged.
 
 use super::pool::Pool;
+use crate::ids::AllocationClass;
+use crate::ids::Priority;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -20,6 +22,23 @@ pub trait BudgetSource: Send + Sync {
     /// the requesting thread; never from inside a pressure callback of the
     /// same pool tree.
     fn acquire(&self, pool: &Pool, missing: u64, deadline: Option<Instant>) -> u64;
+
+    /// [`BudgetSource::acquire`] for a request of `class` made at
+    /// `priority` (its holder's, or [`Priority::HIGHEST`] without one): a
+    /// source that presses others (a node authority) asks only those of
+    /// equal or lower priority and tells their holders the class, as the
+    /// governor does in a process. By default the request is `acquire`d.
+    fn acquire_for(
+        &self,
+        pool: &Pool,
+        missing: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        let _ = (class, priority);
+        self.acquire(pool, missing, deadline)
+    }
 }
 
 impl Pool {
@@ -28,6 +47,11 @@ impl Pool {
     /// asking holders. Once per pool; a second source is refused (returned).
     pub fn set_budget_source(&self, source: Arc<dyn BudgetSource>) -> Result<(), Arc<dyn BudgetSource>> {
         self.source.set(source)
+    }
+
+    /// Whether this pool already has a source (a second one is refused).
+    pub fn has_budget_source(&self) -> bool {
+        self.source.get().is_some()
     }
 
     /// Whether this pool or an ancestor takes budget from a source (its
@@ -45,14 +69,20 @@ impl Pool {
 
     /// Asks the sources of this pool and its ancestors that cannot hold
     /// `bytes` for what they miss; true when any capacity was added.
-    pub(super) fn ask_sources(&self, bytes: u64, deadline: Option<Instant>) -> bool {
+    pub(super) fn ask_sources(
+        &self,
+        bytes: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> bool {
         let mut added = false;
         let mut level = Some(self);
         while let Some(p) = level {
             if let Some(src) = p.source.get() {
                 let missing = bytes.saturating_sub(p.free());
                 if missing > 0 && !super::holder::in_pressure_near(&p.lineage) {
-                    added |= src.acquire(p, missing, deadline) > 0;
+                    added |= src.acquire_for(p, missing, class, priority, deadline) > 0;
                 }
             }
             level = p.level.parent().map(|p| &**p);

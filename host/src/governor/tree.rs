@@ -171,25 +171,54 @@ impl Pool {
     /// one pool are serialised by a lock held for two stores, never while
     /// a callback runs).
     pub fn set_capacity(&self, capacity: u64) -> Result<(), GovernorError> {
+        self.set_capacity_for(capacity, AllocationClass::Other, Priority::HIGHEST, None)
+    }
+
+    /// [`Pool::set_capacity`] on behalf of a request from outside the
+    /// process (a node authority's ticket): the tickets to this pool's
+    /// holders carry the request's `class`, `priority` and `deadline`, and
+    /// only holders of equal or lower priority are asked, exactly as for a
+    /// request made in this process.
+    pub fn set_capacity_for(
+        &self,
+        capacity: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> Result<(), GovernorError> {
         if capacity > MAX_CAPACITY {
             return Err(GovernorError::CapacityTooLarge { capacity, max: MAX_CAPACITY });
         }
-        if self.used() > capacity {
-            let request = Request {
-                class: AllocationClass::Other,
-                requester: None,
-                priority: Priority::HIGHEST,
-                deadline: None,
-            };
-            let fits = || if self.used() <= capacity { Attempt::Granted } else { Attempt::NoRoom(self) };
-            ask_holders(self, &request, |_| true, |p| p.used().saturating_sub(capacity), fits);
-        }
+        self.relieve_for(capacity, class, priority, deadline);
         self.level.set_capacity(capacity).map_err(|b| GovernorError::CapacityBelowLive {
             pool: self.name.clone(),
             requested: capacity,
             live: b.live,
             capacity: b.capacity,
         })
+    }
+}
+
+impl Pool {
+    /// Asks the holders under this pool of equal or lower `priority`, one
+    /// at a time, lowest first, with tickets of `class` and `deadline`, to
+    /// bring what is live here down to `target`; returns what is live then.
+    /// The capacity is not changed: a caller that lowers it afterwards
+    /// (a node link answering another process's ticket) asks the holders
+    /// first without holding whatever serialises its capacity changes.
+    pub fn relieve_for(
+        &self,
+        target: u64,
+        class: AllocationClass,
+        priority: Priority,
+        deadline: Option<Instant>,
+    ) -> u64 {
+        if self.used() > target {
+            let request = Request { class, requester: None, priority, deadline };
+            let fits = || if self.used() <= target { Attempt::Granted } else { Attempt::NoRoom(self) };
+            ask_holders(self, &request, |_| true, |p| p.used().saturating_sub(target), fits);
+        }
+        self.used()
     }
 }
 

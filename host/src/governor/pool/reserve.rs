@@ -89,14 +89,6 @@ impl Pool {
         let grant = || Grant { pool: self, bytes, class, holder };
         // The pool was short: its use is at its highest.
         self.sample_peaks();
-        // Budget from outside (a node authority) before any holder here.
-        if self.ask_sources(bytes, deadline) {
-            match self.try_grant(uid, bytes, class, false) {
-                Attempt::Granted => return Ok(grant()),
-                Attempt::Unknown => return Err(self.unknown_holder(holder)),
-                Attempt::NoRoom(_) => {}
-            }
-        }
         let priority = match holder {
             None => Priority::HIGHEST,
             Some(h) => match lock(&self.holders).iter().find(|e| e.id() == h) {
@@ -104,6 +96,14 @@ impl Pool {
                 None => return Err(self.unknown_holder(holder)),
             },
         };
+        // Budget from outside (a node authority) before any holder here.
+        if self.ask_sources(bytes, class, priority, deadline) {
+            match self.try_grant(uid, bytes, class, false) {
+                Attempt::Granted => return Ok(grant()),
+                Attempt::Unknown => return Err(self.unknown_holder(holder)),
+                Attempt::NoRoom(_) => {}
+            }
+        }
         let request = Request { class, requester: holder, priority, deadline };
         let ask = || {
             ask_holders(
@@ -131,7 +131,7 @@ impl Pool {
                 if Instant::now() >= deadline {
                     break false;
                 }
-                if delegated && self.ask_sources(bytes, Some(deadline)) {
+                if delegated && self.ask_sources(bytes, class, priority, Some(deadline)) {
                     match self.try_grant(uid, bytes, class, false) {
                         Attempt::Granted => return Ok(grant()),
                         Attempt::Unknown => return Err(self.unknown_holder(holder)),
