@@ -35,6 +35,10 @@ pub enum NodeCommand {
         /// UID=BYTES: the most a user may lease over all devices; repeat.
         #[arg(long = "quota", value_name = "UID=BYTES", value_parser = parse_quota)]
         quotas: Vec<(u32, u64)>,
+        /// GID=BYTES: the most the processes of a group (their primary
+        /// group) may lease together over all devices; repeat.
+        #[arg(long = "group-quota", value_name = "GID=BYTES", value_parser = parse_group_quota)]
+        group_quotas: Vec<(u32, u64)>,
     },
     /// Two processes on one budget: an inference server (this process,
     /// which also serves the node) with experts and KV, and a trainer (a
@@ -71,12 +75,13 @@ pub enum NodeCommand {
 
 pub fn run(c: NodeCommand) -> u8 {
     match c {
-        NodeCommand::Serve { socket, devices, chunk, mode, ticket_timeout_ms, quotas } => {
+        NodeCommand::Serve { socket, devices, chunk, mode, ticket_timeout_ms, quotas, group_quotas } => {
             let mut config = AuthorityConfig::new(socket, devices);
             config.chunk = chunk;
             config.mode = mode;
             config.ticket_timeout = Duration::from_millis(ticket_timeout_ms);
             config.quotas = quotas;
+            config.group_quotas = group_quotas;
             match Authority::start(config) {
                 Ok(a) => {
                     println!("memplug node: serving {}", a.socket().display());
@@ -140,6 +145,11 @@ fn parse_device(v: &str) -> Result<(String, u64), String> {
 fn parse_quota(v: &str) -> Result<(u32, u64), String> {
     let (uid, bytes) = v.split_once('=').ok_or_else(|| format!("{v:?}: expected UID=BYTES"))?;
     Ok((uid.parse().map_err(|_| format!("{uid:?} is not a user id"))?, parse_bytes(bytes)?))
+}
+
+fn parse_group_quota(v: &str) -> Result<(u32, u64), String> {
+    let (gid, bytes) = v.split_once('=').ok_or_else(|| format!("{v:?}: expected GID=BYTES"))?;
+    Ok((gid.parse().map_err(|_| format!("{gid:?} is not a group id"))?, parse_bytes(bytes)?))
 }
 
 fn parse_mode(v: &str) -> Result<u32, String> {

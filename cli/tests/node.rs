@@ -61,6 +61,12 @@ fn bad_arguments_are_refused_with_the_reason() {
     let out = memplug().args(["node", "status", "--socket", "/nonexistent/node.sock"]).output().unwrap();
     assert_eq!(out.status.code(), Some(3));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/node.sock"));
+    let out = memplug()
+        .args(["node", "serve", "--socket", "x.sock", "--device", "cpu0=1MiB", "--group-quota", "staff=1MiB"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("\"staff\" is not a group id"));
 }
 
 /// `memplug node demo`: two processes on one budget, every check passing,

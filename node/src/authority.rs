@@ -40,6 +40,11 @@ pub struct AuthorityConfig {
     pub ticket_timeout: Duration,
     /// The most bytes (all devices) a user id may lease.
     pub quotas: Vec<(u32, u64)>,
+    /// The most bytes (all devices) the processes of a group id (their
+    /// primary group, as the kernel gives it at connect) may lease
+    /// together. A member under both a user and a group quota gets the
+    /// smaller room.
+    pub group_quotas: Vec<(u32, u64)>,
     /// How long after it starts the authority leases nothing, so that
     /// members of a previous authority rejoin and declare what they hold
     /// first (links retry every 20 ms by default): a lease asked meanwhile
@@ -57,6 +62,7 @@ impl AuthorityConfig {
             mode: 0o600,
             ticket_timeout: Duration::from_secs(2),
             quotas: Vec::new(),
+            group_quotas: Vec::new(),
             rejoin_grace: Duration::from_millis(250),
         }
     }
@@ -138,7 +144,8 @@ impl Authority {
         let listener = UnixListener::bind(&config.socket)?;
         let listener_fd = listener.as_raw_fd();
         std::fs::set_permissions(&config.socket, std::fs::Permissions::from_mode(config.mode))?;
-        let books = Books::new(config.chunk, &config.devices, &config.quotas);
+        let mut books = Books::new(config.chunk, &config.devices, &config.quotas);
+        books.group_quotas = config.group_quotas.iter().copied().collect();
         let open_at = Instant::now() + config.rejoin_grace;
         let shared = Arc::new(Shared {
             open_at,
@@ -238,7 +245,7 @@ fn send(conn: &Conn, m: &Msg) -> bool {
 /// One connection: `Hello` first, then any message; on close, the member's
 /// leases are reclaimed if its process died, kept (watched) if it lives.
 fn serve(shared: Arc<Shared>, stream: UnixStream) {
-    let Ok((pid, uid)) = peer::credentials(&stream) else { return };
+    let Ok((pid, uid, gid)) = peer::credentials(&stream) else { return };
     let Ok(writer) = stream.try_clone() else { return };
     let conn = Arc::new(Conn { writer: Mutex::new(writer), pid, liveness: Liveness::of(pid) });
     let mut reader = stream;
@@ -275,7 +282,7 @@ fn serve(shared: Arc<Shared>, stream: UnixStream) {
                     );
                     break;
                 }
-                match join(&shared, id, &conn, uid, &devices) {
+                match join(&shared, id, &conn, (uid, gid), &devices) {
                     Ok(welcome) => {
                         joined = true;
                         send(&conn, &welcome);
@@ -329,7 +336,7 @@ fn join(
     shared: &Shared,
     id: MemberId,
     conn: &Arc<Conn>,
-    uid: u32,
+    (uid, gid): (u32, u32),
     devices: &[Declared],
 ) -> Result<Msg, String> {
     let declared: Vec<(String, u32, u64)> =
@@ -340,7 +347,7 @@ fn join(
     let again: Vec<MemberId> =
         books.members.iter().filter(|(_, m)| m.pid == conn.pid && !m.connected).map(|(i, _)| *i).collect();
     let old: Vec<_> = again.iter().filter_map(|i| books.reclaim(*i).map(|m| (*i, m))).collect();
-    if let Err(why) = books.join(id, conn.pid, uid, &declared) {
+    if let Err(why) = books.join(id, conn.pid, (uid, gid), &declared) {
         for (i, m) in old {
             books.members.insert(i, m.clone());
             for (d, b) in &m.leased {

@@ -21,6 +21,7 @@ pub struct Device {
 pub struct Member {
     pub pid: i32,
     pub uid: u32,
+    pub gid: u32,
     /// False once its connection closed while the process still lived: its
     /// leases stay counted until it dies or joins again (nothing is freed
     /// on a guess).
@@ -43,6 +44,9 @@ pub struct Books {
     pub members: BTreeMap<MemberId, Member>,
     /// The most bytes (all devices) each user id may lease.
     pub quotas: BTreeMap<u32, u64>,
+    /// The most bytes (all devices) the members of each group id may lease
+    /// together.
+    pub group_quotas: BTreeMap<u32, u64>,
 }
 
 impl Books {
@@ -52,6 +56,7 @@ impl Books {
             devices: devices.iter().map(|(n, c)| (n.clone(), Device { capacity: *c, leased: 0 })).collect(),
             members: BTreeMap::new(),
             quotas: quotas.iter().copied().collect(),
+            group_quotas: BTreeMap::new(),
         }
     }
 
@@ -75,13 +80,13 @@ impl Books {
         &mut self,
         id: MemberId,
         pid: i32,
-        uid: u32,
+        (uid, gid): (u32, u32),
         declared: &[(String, u32, u64)],
     ) -> Result<(), String> {
         for (d, _, _) in declared {
             self.device(d)?;
         }
-        let mut m = Member { pid, uid, connected: true, ..Member::default() };
+        let mut m = Member { pid, uid, gid, connected: true, ..Member::default() };
         for (d, priority, holding) in declared {
             m.priority.insert(d.clone(), *priority);
             if *holding > 0 {
@@ -120,13 +125,24 @@ impl Books {
         let member = self.members.get(&id).ok_or("not joined")?;
         let capacity = dev.capacity;
         let mut room = free;
-        if let Some(quota) = self.quotas.get(&member.uid) {
-            let used: u64 =
-                self.members.values().filter(|m| m.uid == member.uid).flat_map(|m| m.leased.values()).sum();
-            room = room.min(quota.saturating_sub(used));
+        // The quotas that bind, as words for a refusal.
+        let mut capped = Vec::new();
+        let leased_by = |same: &dyn Fn(&Member) -> bool| -> u64 {
+            self.members.values().filter(|m| same(m)).flat_map(|m| m.leased.values()).sum()
+        };
+        if let Some(&quota) = self.quotas.get(&member.uid) {
+            let left = quota.saturating_sub(leased_by(&|m| m.uid == member.uid));
+            room = room.min(left);
+            capped.push(format!("user {}'s quota leaves {left} B of {quota} B", member.uid));
+        }
+        if let Some(&quota) = self.group_quotas.get(&member.gid) {
+            let left = quota.saturating_sub(leased_by(&|m| m.gid == member.gid));
+            room = room.min(left);
+            capped.push(format!("group {}'s quota leaves {left} B of {quota} B", member.gid));
         }
         if room < min {
-            return Err(format!("{free} B of {capacity} B free on {device:?}, {min} B needed"));
+            let quotas = if capped.is_empty() { String::new() } else { format!("; {}", capped.join("; ")) };
+            return Err(format!("{free} B of {capacity} B free on {device:?}, {min} B needed{quotas}"));
         }
         let bytes = want.min(room);
         let m = self.members.get_mut(&id).expect("looked");
@@ -221,6 +237,7 @@ mod tests {
         };
         let devices = [("a".to_string(), 100), ("b".to_string(), 40)];
         let mut b = Books::new(4, &devices, &[(7, 60)]);
+        b.group_quotas.insert(21, 90);
         let mut next = 1;
         for step in 0..20_000 {
             let ids: Vec<MemberId> = b.members.keys().copied().collect();
@@ -231,8 +248,9 @@ mod tests {
                 0 => {
                     let holding = if rnd(10) == 0 { rnd(30) } else { 0 };
                     let uid = if rnd(3) == 0 { 7 } else { 1 };
+                    let gid = if rnd(2) == 0 { 20 } else { 21 };
                     let decl = [("a".to_string(), rnd(3) as u32, holding), ("b".to_string(), 0, 0)];
-                    b.join(next, next as i32, uid, &decl).unwrap();
+                    b.join(next, next as i32, (uid, gid), &decl).unwrap();
                     next += 1;
                 }
                 1 | 2 => {
@@ -284,6 +302,35 @@ mod tests {
                 b.members.values().filter(|m| m.uid == 7).flat_map(|m| m.leased.values()).sum();
             let declared: u64 = 30 * b.members.values().filter(|m| m.uid == 7).count() as u64;
             assert!(quota_used <= 60 + declared, "step {step}: quota passed");
+            let group_used: u64 =
+                b.members.values().filter(|m| m.gid == 21).flat_map(|m| m.leased.values()).sum();
+            let declared: u64 = 30 * b.members.values().filter(|m| m.gid == 21).count() as u64;
+            assert!(group_used <= 90 + declared, "step {step}: group quota passed");
         }
+    }
+
+    /// A group's quota holds for its members together and says so when it
+    /// refuses; a user's and a group's quota both bind (the smaller wins).
+    #[test]
+    fn group_quotas_bind_members_together() {
+        let devices = [("d".to_string(), 1000)];
+        let mut b = Books::new(1, &devices, &[(5, 30)]);
+        b.group_quotas.insert(100, 50);
+        let decl = [("d".to_string(), 0, 0)];
+        b.join(1, 11, (1, 100), &decl).unwrap();
+        b.join(2, 12, (2, 100), &decl).unwrap();
+        b.join(3, 13, (5, 100), &decl).unwrap();
+        b.join(4, 14, (3, 200), &decl).unwrap();
+        assert_eq!(b.lease(1, "d", 1, 40), Ok(40));
+        assert_eq!(b.lease(2, "d", 1, 40), Ok(10), "the group's 50 B, less member 1's 40");
+        let why = b.lease(2, "d", 1, 1).unwrap_err();
+        assert!(why.contains("group 100's quota leaves 0 B of 50 B"), "{why}");
+        assert_eq!(b.lease(4, "d", 1, 500), Ok(500), "another group: only the device's capacity");
+        assert!(b.give_back(1, "d", 40).is_ok());
+        // User 5: its own 30 B binds before the group's 50 B.
+        assert_eq!(b.lease(3, "d", 1, 45), Ok(30));
+        let why = b.lease(3, "d", 1, 1).unwrap_err();
+        assert!(why.contains("user 5's quota leaves 0 B of 30 B"), "{why}");
+        b.check().unwrap();
     }
 }

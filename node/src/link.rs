@@ -293,7 +293,19 @@ fn connect(shared: &Arc<Shared>) -> io::Result<()> {
     }
     stream.set_read_timeout(None)?;
     let reader = stream.try_clone()?;
-    *lock(&shared.writer) = Some(stream);
+    {
+        // A link being dropped sets `stop` before it takes the writer: a
+        // connection made meanwhile (by the ticker) must not be installed
+        // after that take, or its reader would block the drop's join for
+        // ever. Checked under the writer's lock, so either the drop takes
+        // (and shuts) this connection or this sees `stop`.
+        let mut w = lock(&shared.writer);
+        if shared.stop.load(SeqCst) {
+            let _ = stream.shutdown(std::net::Shutdown::Both);
+            return Err(io::Error::new(io::ErrorKind::NotConnected, "the link is closing"));
+        }
+        *w = Some(stream);
+    }
     shared.counters.joins.fetch_add(1, Relaxed);
     let s = Arc::downgrade(shared);
     let handle =

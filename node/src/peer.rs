@@ -6,8 +6,8 @@
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-/// The peer's process and user ids.
-pub fn credentials(s: &UnixStream) -> std::io::Result<(i32, u32)> {
+/// The peer's process, user and group ids.
+pub fn credentials(s: &UnixStream) -> std::io::Result<(i32, u32, u32)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for writes of their sizes.
@@ -23,7 +23,7 @@ pub fn credentials(s: &UnixStream) -> std::io::Result<(i32, u32)> {
     if rc != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok((cred.pid, cred.uid))
+    Ok((cred.pid, cred.uid, cred.gid))
 }
 
 /// A handle on one process that says when it has exited.
