@@ -97,18 +97,7 @@ impl Peer {
         src_offset: u64,
         len: u64,
     ) -> Result<Transfer, UcxError> {
-        let end = local_end(dst_offset, len)?;
-        if allocation.is_lost() || end > allocation.size() {
-            return Err(UcxError::Invalid(format!(
-                "destination +{dst_offset} ({len} B) is not inside the allocation's {} B",
-                allocation.size()
-            )));
-        }
-        // SAFETY: inside the allocation; its release waits for the fence.
-        let t =
-            unsafe { self.transfer(Direction::Get, range, src_offset, allocation.addr() + dst_offset, len)? };
-        allocation.used_by(t.fence());
-        Ok(t)
+        self.with_allocation(Direction::Get, allocation, dst_offset, range, src_offset, len)
     }
 
     /// Writes from `allocation` at `src_offset` into a writable `range`.
@@ -120,16 +109,31 @@ impl Peer {
         dst_offset: u64,
         len: u64,
     ) -> Result<Transfer, UcxError> {
-        let end = local_end(src_offset, len)?;
+        self.with_allocation(Direction::Put, allocation, src_offset, range, dst_offset, len)
+    }
+
+    /// A transfer between `allocation` at `local_offset` and `range` at
+    /// `remote_offset`, either way, recorded on the allocation.
+    fn with_allocation(
+        &mut self,
+        direction: Direction,
+        allocation: &mut OwnedAllocation,
+        local_offset: u64,
+        range: &RemoteRange,
+        remote_offset: u64,
+        len: u64,
+    ) -> Result<Transfer, UcxError> {
+        let end = local_end(local_offset, len)?;
         if allocation.is_lost() || end > allocation.size() {
+            let side = if direction == Direction::Get { "destination" } else { "source" };
             return Err(UcxError::Invalid(format!(
-                "source +{src_offset} ({len} B) is not inside the allocation's {} B",
+                "{side} +{local_offset} ({len} B) is not inside the allocation's {} B",
                 allocation.size()
             )));
         }
         // SAFETY: inside the allocation; its release waits for the fence.
         let t =
-            unsafe { self.transfer(Direction::Put, range, dst_offset, allocation.addr() + src_offset, len)? };
+            unsafe { self.transfer(direction, range, remote_offset, allocation.addr() + local_offset, len)? };
         allocation.used_by(t.fence());
         Ok(t)
     }
