@@ -856,14 +856,25 @@ fn a_closed_stdout_or_stderr_changes_nothing() {
     let bin = env!("CARGO_BIN_EXE_memplug");
     // A reader that went away (EPIPE), text and JSON.
     // Short storms (see `memplug`): the exit status is the point.
-    for args in
-        [&["conformance", "--storm-stalls", "10"][..], &["conformance", "--storm-stalls", "10", "--json"]]
-    {
+    // With stdout gone, the JUnit report is what says why a check failed.
+    let junit = test_tmp_dir("closed_stdout").join("report.xml");
+    let junit_arg = junit.to_str().unwrap();
+    let why = || std::fs::read_to_string(&junit).unwrap_or_else(|e| format!("(no JUnit report: {e})"));
+    for args in [
+        &["conformance", "--storm-stalls", "10", "--junit", junit_arg][..],
+        &["conformance", "--storm-stalls", "10", "--json", "--junit", junit_arg],
+    ] {
         let mut child =
             Command::new(bin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
         drop(child.stdout.take());
         let out = child.wait_with_output().unwrap();
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            why()
+        );
         assert!(!String::from_utf8_lossy(&out.stderr).contains("panicked"));
     }
     // Failing plugins (one that fails a check, one that crashes) with
@@ -882,8 +893,11 @@ fn a_closed_stdout_or_stderr_changes_nothing() {
         }
     }
     // Descriptors closed outright (`>&- 2>&-`).
-    let status = Command::new("sh").args(["-c", "exec \"$0\" conformance >&- 2>&-", bin]).status().unwrap();
-    assert_eq!(status.code(), Some(0));
+    let status = Command::new("sh")
+        .args(["-c", "exec \"$0\" conformance --storm-stalls 10 --junit \"$1\" >&- 2>&-", bin, junit_arg])
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", why());
 }
 
 /// A bare file name is refused (exit 3, saying to give a path) rather than

@@ -472,8 +472,9 @@ pub const CHECKS: &[CheckInfo] = &[
     ),
     per_mechanism(
         "concurrency.allocator",
-        "several threads allocating and freeing at once: every call succeeds, no two live blocks overlap, \
-         live_objects balances",
+        "several threads allocating and freeing at once: every call succeeds (an OUT_OF_MEMORY is asked \
+         again up to 3 times, 1 to 4 ms later, in every storm: running short for a moment is not a race), \
+         no two live blocks overlap, live_objects balances",
     ),
     per_mechanism(
         "concurrency.virtual_backing",

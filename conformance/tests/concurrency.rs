@@ -73,3 +73,16 @@ fn the_same_plugin_with_its_lock_passes() {
     assert_eq!(alloc.outcome, Outcome::Pass, "{}", alloc.detail);
     assert!(alloc.detail.contains("calls stalled mid-call"), "{}", alloc.detail);
 }
+
+#[test]
+fn running_out_for_a_moment_is_not_a_race() {
+    let src = repo_root().join("conformance/tests/fixtures/racy_plugin.c");
+    let short = compile_c_plugin(&src, &["RACY_KEEP_LOCK", "RACY_SHORT_FOR_A_MOMENT"], "memplug_racy_short");
+    let _one = ONE_RUN.lock().unwrap_or_else(|e| e.into_inner());
+    // Short storms: every 61st allocation fails, so a few hundred of them
+    // meet the refusal many times over.
+    let opts = Options { storm_stalls: Some(20), ..Options::default() };
+    let r = memplug_conformance::run(&short, &opts).unwrap_or_else(|e| panic!("{}: {e}", short.display()));
+    let alloc = r.results("concurrency.allocator").next().expect("concurrency.allocator ran");
+    assert_eq!(alloc.outcome, Outcome::Pass, "{}", alloc.detail);
+}

@@ -80,6 +80,37 @@ fn storm(ctx: &Ctx, enough: usize, body: impl Fn(usize) -> Result<(), String> + 
     Storm { errors: errors.into_inner().unwrap_or_else(|e| e.into_inner()), stalled: stalls.sent() }
 }
 
+/// How many times a storm asks again for what the plugin refused with
+/// `OUT_OF_MEMORY` (after 1, 2 and 4 ms), before the refusal counts.
+const OOM_TRIES: u32 = 4;
+
+/// Runs a call that makes something (`status` reads its answer) and asks
+/// again, a little later, while it answers `OUT_OF_MEMORY`: running out for
+/// a moment is not a race's mark (a kernel short of huge pages while other
+/// work compacts, a busy machine), and a storm that failed on it would fail
+/// correct plugins at random. A plugin whose race shows as a refusal that
+/// lasts still fails, and its message says how often it was asked.
+fn patiently<T>(mut call: impl FnMut() -> T, status: impl Fn(&T) -> MemplugStatus) -> (T, u32) {
+    let mut tries = 1;
+    loop {
+        let got = call();
+        if status(&got) != MEMPLUG_STATUS_OUT_OF_MEMORY || tries == OOM_TRIES {
+            return (got, tries);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1 << (tries - 1)));
+        tries += 1;
+    }
+}
+
+/// `what: STATUS`, with the number of tries when there were several.
+fn refused(what: &str, s: MemplugStatus, tries: u32) -> String {
+    if tries > 1 {
+        format!("{what}: {} ({tries} tries, {}ms apart at most)", status_name(s), 1 << (tries - 2))
+    } else {
+        format!("{what}: {}", status_name(s))
+    }
+}
+
 /// What a failure in a storm usually means.
 const RACE_HINT: &str =
     "each call alone works, so concurrent calls corrupted the plugin's state: is every table \
@@ -173,9 +204,9 @@ fn allocator(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
             }
             let size = 16 + ((i as u64 * 37) % 512);
             let req = request(m, size, m.props.min_alignment);
-            let made = m.allocate(&ctx.log, &req);
+            let (made, tries) = patiently(|| m.allocate(&ctx.log, &req), |a| a.status);
             if made.status != MEMPLUG_STATUS_OK {
-                first.get_or_insert(format!("allocate({size}): {}", status_name(made.status)));
+                first.get_or_insert(refused(&format!("allocate({size})"), made.status, tries));
                 continue;
             }
             if let Err(why) = handles.made(made.block.handle, t) {
@@ -225,15 +256,15 @@ fn virtual_backing(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let rounds = (ctx.opts.iterations / 20).max(1);
     let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_OTHERS), |t| {
         for i in 0..rounds {
-            let made = m.reserve(&ctx.log, 4 * g);
+            let (made, tries) = patiently(|| m.reserve(&ctx.log, 4 * g), |a| a.status);
             if made.status != MEMPLUG_STATUS_OK {
-                return Err(format!("reserve: {}", status_name(made.status)));
+                return Err(refused("reserve", made.status, tries));
             }
             let r = made.obj;
             let step = || -> Result<(), String> {
-                let s = m.commit(&ctx.log, &r, g, 2 * g);
+                let (s, tries) = patiently(|| m.commit(&ctx.log, &r, g, 2 * g), |s| *s);
                 if s != MEMPLUG_STATUS_OK {
-                    return Err(format!("commit: {}", status_name(s)));
+                    return Err(refused("commit", s, tries));
                 }
                 if st.touch_ok && m.is_cpu() {
                     touch(r.addr + g, 64, (t + i) as u8).map_err(|v| match v {
@@ -280,9 +311,9 @@ fn sync(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let timeout = super::sync::completion_timeout(ctx, st);
     let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_OTHERS), |t| {
         for i in 0..rounds {
-            let (s, h) = m.stream_create(&ctx.log);
+            let ((s, h), tries) = patiently(|| m.stream_create(&ctx.log), |a| a.0);
             if s != MEMPLUG_STATUS_OK {
-                return Err(format!("stream_create: {}", status_name(s)));
+                return Err(refused("stream_create", s, tries));
             }
             let seen = Arc::new(Mutex::new(Vec::new()));
             let step = || -> Result<(), String> {
@@ -364,9 +395,9 @@ impl Drop for Held<'_> {
 fn shared_round(ctx: &Ctx, m: &Mech, r: &MemplugObjectRef, touch: bool, tag: u64) -> Result<(), String> {
     let g = m.props.granularity;
     let rw = MEMPLUG_ACCESS_READ | MEMPLUG_ACCESS_WRITE;
-    let made = m.create(&ctx.log, 2 * g);
+    let (made, tries) = patiently(|| m.create(&ctx.log, 2 * g), |a| a.status);
     if made.status != MEMPLUG_STATUS_OK {
-        return Err(format!("create: {}", status_name(made.status)));
+        return Err(refused("create", made.status, tries));
     }
     let mut h = Held { m, ctx, r: *r, o: made.obj, refs: 1, views: Vec::new() };
     let o = made.obj;
@@ -418,9 +449,9 @@ fn shared_mapping(ctx: &Ctx, m: &Mech, st: &MechState) -> Checked {
     let rounds = (ctx.opts.iterations / 20).max(1);
     let touch = st.touch_ok && m.is_cpu();
     let errors = storm(ctx, ctx.opts.storm_stalls.unwrap_or(ENOUGH_OTHERS), |t| {
-        let made = m.reserve(&ctx.log, 4 * g);
+        let (made, tries) = patiently(|| m.reserve(&ctx.log, 4 * g), |a| a.status);
         if made.status != MEMPLUG_STATUS_OK {
-            return Err(format!("reserve: {}", status_name(made.status)));
+            return Err(refused("reserve", made.status, tries));
         }
         let r = made.obj;
         let mut result = Ok(());

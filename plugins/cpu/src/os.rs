@@ -293,6 +293,15 @@ pub unsafe fn bind_to_node(addr: u64, len: u64, node: u32, what: &str) -> Plugin
 /// is a page size delivered, not a hope. `OUT_OF_MEMORY` when the kernel
 /// has no huge page to give.
 ///
+/// `MADV_COLLAPSE` answers `EAGAIN` for a state that passes by itself (a
+/// page still in another CPU's batch on its way to the LRU, a page locked
+/// or referenced for a moment by the kernel's own work): the madvise page
+/// documents it as "trying again might succeed", and on a busy machine
+/// with several threads allocating it does happen, so it is tried again
+/// [`COLLAPSE_TRIES`] times, a little later each time, before the
+/// allocation is refused. `EBUSY` is the memory cgroup refusing the huge
+/// page's charge: out of memory too, for this process.
+///
 /// # Safety
 /// `[addr, addr + len)` is mapped read-write, aligned to the huge page and
 /// belongs to the caller, who gives up its contents (it reads zeros after).
@@ -301,22 +310,33 @@ pub unsafe fn back_with_huge_pages(addr: u64, len: u64, what: &str) -> PluginRes
         .map_err(|e| os_error("madvise(MADV_HUGEPAGE)", what, e))?;
     rustix::mm::madvise(ptr(addr), len as usize, Advice::LinuxPopulateWrite)
         .map_err(|e| os_error("madvise(MADV_POPULATE_WRITE)", what, e))?;
-    // SAFETY: as above; collapsing moves no data the caller still wants.
-    let r = unsafe { libc::madvise(ptr(addr), len as usize, libc::MADV_COLLAPSE) };
-    if r != 0 {
+    let mut tries = 0;
+    let e = loop {
+        // SAFETY: as above; collapsing moves no data the caller still wants.
+        if unsafe { libc::madvise(ptr(addr), len as usize, libc::MADV_COLLAPSE) } == 0 {
+            return Ok(());
+        }
         let e = Errno::from_raw_os_error(last_errno());
-        // EAGAIN/ENOMEM: no huge page could be had right now.
-        let msg = format!(
-            "{what}: madvise(MADV_COLLAPSE) failed: {e}: the kernel could not back the range with huge pages"
-        );
-        return Err(if e == Errno::AGAIN || e == Errno::NOMEM {
-            PluginError::out_of_memory(msg)
-        } else {
-            PluginError::internal(msg)
-        });
-    }
-    Ok(())
+        tries += 1;
+        if e != Errno::AGAIN || tries == COLLAPSE_TRIES {
+            break e;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(100 << tries));
+    };
+    let msg = format!(
+        "{what}: madvise(MADV_COLLAPSE) failed ({tries} tries): {e}: the kernel could not back the range with huge pages"
+    );
+    Err(if e == Errno::AGAIN || e == Errno::NOMEM || e == Errno::BUSY {
+        PluginError::out_of_memory(msg)
+    } else {
+        PluginError::internal(msg)
+    })
 }
+
+/// How many times [`back_with_huge_pages`] asks for a collapse that
+/// answered `EAGAIN` (waiting 0.2, 0.4, 0.8 ms between: about 1.4 ms at
+/// most, against the milliseconds a collapse itself takes).
+const COLLAPSE_TRIES: u32 = 4;
 
 /// Maps `len` fresh, zeroed, read-write bytes aligned to `align`; returns
 /// the address. Given back with [`unreserve`].
