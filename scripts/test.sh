@@ -51,12 +51,13 @@ phase "packages"
 # everything, without debug info (nothing here reads it; about 80 s less
 # to build). The node's costs one test binary: the C API's build compiled
 # the crate already.
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" CARGO_PROFILE_RELEASE_DEBUG=0 \
-    cargo test -p memplug-host --release --test governor_loom --test deferred_loom --test gate_loom
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" CARGO_PROFILE_RELEASE_DEBUG=0 \
-    cargo test -p memplug-host-capi --release --test slot_table_loom
-CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" CARGO_PROFILE_RELEASE_DEBUG=0 \
-    cargo test -p memplug-node --release --test link_loom
+loom_test() {
+    CARGO_TARGET_DIR=target/loom RUSTFLAGS="--cfg loom" CARGO_PROFILE_RELEASE_DEBUG=0 \
+        cargo test --release "$@"
+}
+loom_test -p memplug-host --test governor_loom --test deferred_loom --test gate_loom
+loom_test -p memplug-host-capi --test slot_table_loom
+loom_test -p memplug-node --test link_loom
 phase "loom"
 
 # CMake builds the Rust libraries under its build directory unless told
