@@ -7,6 +7,7 @@
 //! check in its own process. Exit statuses: [`exit`]; the `--json`
 //! schemas: [`schema`] and `docs/cli.md`.
 
+mod chart;
 mod conformance;
 mod demo;
 mod exit;

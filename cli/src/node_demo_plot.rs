@@ -4,28 +4,17 @@
 //! with the node's capacity and the demo's events marked. Drawn with
 //! plotters' SVG backend, as `memplug demo --plot`.
 
-use crate::node_demo::{Event, Sample, MIB};
+use crate::chart::{mib, Area, FONT};
+use crate::node_demo::{Event, Sample};
 use plotters::prelude::*;
 
 const SIZE: (u32, u32) = (1280, 600);
-const FONT: &str = "sans-serif";
-
-fn mib(b: u64) -> f64 {
-    b as f64 / MIB as f64
-}
 
 /// The chart as an SVG document.
 pub fn svg(samples: &[Sample], events: &[Event], capacity: u64) -> Result<String, String> {
-    let mut buf = String::new();
-    {
-        let root = SVGBackend::with_string(&mut buf, SIZE).into_drawing_area();
-        draw(&root, samples, events, capacity).map_err(|e| format!("drawing the chart: {e}"))?;
-        root.present().map_err(|e| format!("drawing the chart: {e}"))?;
-    }
-    Ok(buf)
+    crate::chart::svg(SIZE, |root| draw(root, samples, events, capacity))
 }
 
-type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 /// A line: its legend, its colour, and the figure of a sample it draws.
 type Series = (&'static str, RGBColor, fn(&Sample) -> u64);
 

@@ -13,7 +13,7 @@
 
 use super::report::Report;
 use super::timeline::Event;
-use super::MIB;
+use crate::chart::{mib, FONT};
 use memplug_host::governor::AllocationClass;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -21,7 +21,6 @@ use plotters::prelude::*;
 const SIZE: (u32, u32) = (1280, 640);
 /// Room right of the plotting area for the legend.
 const LEGEND_WIDTH: u32 = 360;
-const FONT: &str = "sans-serif";
 
 /// The colour of a class's line and of its kernel figure.
 fn class_colour(class: AllocationClass) -> RGBColor {
@@ -105,19 +104,9 @@ fn square_style(c: RGBColor, filled: bool) -> ShapeStyle {
     }
 }
 
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / MIB as f64
-}
-
 /// The chart of `r` as an SVG document.
 pub(super) fn svg(r: &Report) -> Result<String, String> {
-    let mut buf = String::new();
-    {
-        let root = SVGBackend::with_string(&mut buf, SIZE).into_drawing_area();
-        draw(&root, r).map_err(|e| format!("drawing the chart: {e}"))?;
-        root.present().map_err(|e| format!("drawing the chart: {e}"))?;
-    }
-    Ok(buf)
+    crate::chart::svg(SIZE, |root| draw(root, r))
 }
 
 /// One `(t, value)` step line: the value holds from one event to the next.
@@ -263,7 +252,7 @@ fn draw(root: &DrawingArea<Svg<'_>, Shift>, r: &Report) -> Result<(), Box<dyn st
         ms.iter()
             .filter_map(|m| {
                 let host = m.resident_host.unwrap_or(0) as i64;
-                m.process_delta.map(|d| (m.t_ms, (d - host).max(0) as f64 / MIB as f64))
+                m.process_delta.map(|d| (m.t_ms, mib((d - host).max(0) as u64)))
             })
             .collect(),
     ));
