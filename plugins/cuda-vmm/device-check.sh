@@ -10,7 +10,7 @@
 #                                      driver_loading, sharing, abi_1_2,
 #                                      pinned, copy, frees, capture, kit
 #     (gzip-compressed, unpacked into a scratch folder when this runs)
-#     fake_cuda.c                      the fake driver's source (--fake only)
+#     fake_cuda.c, fake_cuda_*.inc     the fake driver's source (--fake only)
 #     PACKED_SIZE                      the folder's size in bytes, as packed
 #
 #     ./device-check.sh [--fake] [--out DIR]

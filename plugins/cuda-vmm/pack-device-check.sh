@@ -13,7 +13,7 @@
 #                                      pinned, copy, frees, capture, kit
 #     (each gzip-compressed: eleven Rust test binaries of ~2 MiB each would
 #     not fit 16 MiB; device-check.sh unpacks them)
-#     fake_cuda.c                      the fake driver's source (device-check.sh --fake)
+#     fake_cuda.c, fake_cuda_*.inc     the fake driver's source (device-check.sh --fake)
 #     PACKED_SIZE                      the folder's size in bytes
 # Copy the whole folder and run ./device-check.sh there (or rehearse it
 # here with ./device-check.sh --fake).
@@ -84,7 +84,7 @@ copy_stripped "$so" "$out/libmemplug_plugin_cuda_vmm.so"
 gzip -9 -n -f "$out/libmemplug_plugin_cuda_vmm.so"
 cp "$here/device-check.sh" "$out/"
 chmod +x "$out/device-check.sh"
-cp "$here/fake-driver/fake_cuda.c" "$out/"
+cp "$here/fake-driver/fake_cuda.c" "$here"/fake-driver/fake_cuda_*.inc "$out/"
 rm -f "$out/PACKED_SIZE"
 size="$(du -sb "$out" | cut -f1)"
 printf '%s\n' "$size" >"$out/PACKED_SIZE"
