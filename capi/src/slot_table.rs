@@ -20,7 +20,11 @@
 //! * take / remove: a compare-exchange from `OCC` (no readers) to free with
 //!   the next generation; exactly one of two racing frees wins, the other
 //!   sees a stale key. With readers, remove marks `DYING` and the last
-//!   reader drops the value.
+//!   reader drops the value;
+//! * exclusive use (`with_exclusive`, for the rare call that must change a
+//!   value in place): a compare-exchange from no readers to every reader
+//!   bit set, which pins wait out (a pin never counts that high); a remove
+//!   meanwhile marks `DYING` and the holder drops the value when done.
 //!
 //! Generations only grow. A slot whose generation would pass `MAX_GEN` is
 //! retired for good (never reissued), so a stale key can never name a
@@ -369,13 +373,81 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
         };
         let mut st = slot.state.load(Acquire);
         loop {
-            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen || st & READERS == READERS {
-                return Err(self.classify(key));
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen || st & READERS >= READERS - 1 {
+                st = self.wait_exclusive(slot, key, st)?;
+                continue;
             }
             match slot.state.compare_exchange_weak(st, st + 1, Acquire, Acquire) {
                 Ok(_) => return Ok(Pinned { table: self, slot, index: key.index }),
                 Err(now) => st = now,
             }
+        }
+    }
+
+    /// `pin`'s refusal, unless the value is held by [`with_exclusive`]
+    /// (every reader bit set): then it waits (yields) for the holder and
+    /// answers `Ok(state now)` to try again. Out of line: the fast path of
+    /// `pin` is unchanged.
+    ///
+    /// [`with_exclusive`]: Self::with_exclusive
+    #[cold]
+    fn wait_exclusive(&self, slot: &Slot<T>, key: Key, st: u64) -> Result<u64, Miss> {
+        if st & (OCC | DYING | READERS) == OCC | READERS && gen_of(st) == key.gen {
+            std::thread::yield_now();
+            return Ok(slot.state.load(Acquire));
+        }
+        Err(self.classify(key))
+    }
+
+    /// Exclusive use of the value for a moment: `f` gets it as `&mut`.
+    /// Waits (yields) for pinned readers to leave, then holds every reader
+    /// bit, so that a pin waits for `f` to return and a take finds it in
+    /// use. A remove meanwhile marks it dying (the handle is stale at once)
+    /// and the value is dropped here, after `f`, as by a last reader. A
+    /// panic in `f` puts the value back before it goes on. `f` must not
+    /// pin, take or remove this value (it would wait for itself).
+    pub fn with_exclusive<R>(&'static self, key: Key, f: impl FnOnce(&mut T) -> R) -> Result<R, Miss> {
+        let Some(slot) = self.slot(key.index) else {
+            return Err(Miss::Invalid);
+        };
+        let mut st = slot.state.load(Acquire);
+        loop {
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
+                return Err(self.classify(key));
+            }
+            if st & READERS != 0 {
+                // Readers (pins are short) or another exclusive holder.
+                std::thread::yield_now();
+                st = slot.state.load(Acquire);
+                continue;
+            }
+            match slot.state.compare_exchange_weak(st, st | READERS, Acquire, Acquire) {
+                Ok(_) => break,
+                Err(now) => st = now,
+            }
+        }
+        // SAFETY: every reader bit held: no pin, take or drop can reach the
+        // value until they are given back below, after it is written back.
+        let mut v = unsafe { slot.value.take() };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut v)));
+        // SAFETY: as above; the cell is empty since the take.
+        unsafe { slot.value.write(v) };
+        let old = slot.state.fetch_sub(READERS, AcqRel);
+        if old & DYING != 0 {
+            // Removed meanwhile: this is its last user.
+            fence(Acquire);
+            // SAFETY: dying with no reader left: nobody else reaches it.
+            let v = unsafe { slot.value.take() };
+            let (next, reusable) = next_free(gen_of(old));
+            slot.state.store(next, Release);
+            if reusable {
+                self.release_index(key.index);
+            }
+            drop(v);
+        }
+        match r {
+            Ok(r) => Ok(r),
+            Err(panic) => std::panic::resume_unwind(panic),
         }
     }
 
@@ -698,6 +770,52 @@ mod tests {
             assert_ne!(j, i, "a retired slot is never reissued");
             let _ = t.remove(key(j, gen_of(t.slot(j).unwrap().state.load(Acquire))));
         }
+    }
+
+    #[test]
+    fn exclusive_use_waits_for_readers_holds_off_pins_and_drops_a_removed_value() {
+        struct D(u32, Arc<AtomicU32>);
+        impl Drop for D {
+            fn drop(&mut self) {
+                self.1.fetch_add(1, Relaxed);
+            }
+        }
+        let drops = Arc::new(AtomicU32::new(0));
+        let t = leak(SlotTable::<D>::new(MAX_INDEX));
+        let (i, g) = t.insert(D(1, drops.clone()), [0, 0]).ok().unwrap();
+        assert_eq!(t.with_exclusive(key(i, g), |d| std::mem::replace(&mut d.0, 2)).ok(), Some(1));
+        assert_eq!(t.pin(key(i, g)).ok().unwrap().0, 2, "the change is seen by the next pin");
+        // A pin taken while the value is held waits for the holder.
+        let seen = std::thread::scope(|s| {
+            t.with_exclusive(key(i, g), |d| {
+                let h = s.spawn(move || t.pin(key(i, g)).ok().unwrap().0);
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                assert!(!h.is_finished(), "a pin must wait for the exclusive holder");
+                d.0 = 3;
+                h
+            })
+            .ok()
+            .unwrap()
+            .join()
+            .unwrap()
+        });
+        assert_eq!(seen, 3);
+        // A remove while held: stale at once, dropped by the holder after
+        // its closure, exactly once.
+        t.with_exclusive(key(i, g), |_| {
+            assert!(matches!(t.remove(key(i, g)), Ok(Removed::Deferred)));
+            assert_eq!(drops.load(Relaxed), 0);
+        })
+        .ok()
+        .unwrap();
+        assert_eq!(drops.load(Relaxed), 1);
+        assert_eq!(t.with_exclusive(key(i, g), |_| ()).err(), Some(Miss::Stale));
+        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
+        // A panic inside puts the value back and frees the slot for readers.
+        let (i, g) = t.insert(D(7, drops.clone()), [0, 0]).ok().unwrap();
+        let r = std::panic::catch_unwind(|| t.with_exclusive(key(i, g), |_| panic!("inside")));
+        assert!(r.is_err());
+        assert_eq!(t.pin(key(i, g)).ok().unwrap().0, 7);
     }
 
     #[test]
