@@ -3,7 +3,8 @@
 //! control socket, offer the range, pull or push between a remote range and
 //! a local region, and deregister. The Rust crate `memplug-ucx` does the
 //! work; this module is its C face (`docs/ARCHITECTURE.md`, "Memory on the
-//! wire: UCX").
+//! wire: UCX"), with the allocation forms in `ucx_alloc.rs` (same tables,
+//! same header).
 //!
 //! The feature is on by default because it costs nothing at build time:
 //! `libucp.so.0` is opened at run time, so a library built with it links
