@@ -393,7 +393,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     #[cold]
     fn wait_exclusive(&self, slot: &Slot<T>, key: Key, st: u64) -> Result<u64, Miss> {
         if st & (OCC | DYING | READERS) == OCC | READERS && gen_of(st) == key.gen {
-            std::thread::yield_now();
+            sync::yield_now();
             return Ok(slot.state.load(Acquire));
         }
         Err(self.classify(key))
@@ -417,7 +417,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
             }
             if st & READERS != 0 {
                 // Readers (pins are short) or another exclusive holder.
-                std::thread::yield_now();
+                sync::yield_now();
                 st = slot.state.load(Acquire);
                 continue;
             }
