@@ -12,6 +12,11 @@
 //   peer.pull_into(region, 0, r, 0, r.len).wait(10s);
 //   peer.release(r, 10s);                                    // now the owner may deregister
 //
+// Allocations take the same calls: UcxRegistration(ucx, mechanism,
+// allocation, access) registers a whole allocation (its free waits while
+// registered), and pull_into / push_from take an Allocation in place of a
+// Region (its bytes were charged when allocated: nothing grows).
+//
 // The objects are not owned by a manager: destroy them before the manager
 // whose regions they use (a region's free waits for its registrations).
 #ifndef MEMPLUG_UCX_HPP
@@ -62,6 +67,13 @@ class UcxRegistration : public detail::Owned<MemplugHostUcxRegistration, memplug
                     uint32_t access) {
         MemplugHostUcxRegistration r{};
         check(memplug_host_ucx_register_region(ucx.get(), mechanism.get(), region.get(), offset, len, access, &r));
+        h_ = r;
+    }
+    /// All of `allocation` (memplug_host_ucx_register_allocation): its free
+    /// returns but the bytes stay allocated and charged until deregistered.
+    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const Allocation &allocation, uint32_t access) {
+        MemplugHostUcxRegistration r{};
+        check(memplug_host_ucx_register_allocation(ucx.get(), mechanism.get(), allocation.get(), access, &r));
         h_ = r;
     }
     /// Throws Error (MEMPLUG_HOST_STATUS_BUSY, still registered) while a
@@ -118,6 +130,22 @@ class UcxPeer : public detail::Owned<MemplugHostUcxPeer, memplug_host_ucx_peer_d
                           uint64_t dst_offset, uint64_t len) {
         MemplugHostUcxTransfer t{};
         check(memplug_host_ucx_peer_push_from_region(h_, region.get(), src_offset, &range, dst_offset, len, &t));
+        return UcxTransfer(t);
+    }
+    /// Into an allocation (memplug_host_ucx_peer_pull_into_allocation):
+    /// refused (INVALID_ARGUMENT) past its end; its free waits for the transfer.
+    UcxTransfer pull_into(const Allocation &allocation, uint64_t dst_offset, const MemplugHostUcxRemoteRange &range,
+                          uint64_t src_offset, uint64_t len) {
+        MemplugHostUcxTransfer t{};
+        check(memplug_host_ucx_peer_pull_into_allocation(h_, allocation.get(), dst_offset, &range, src_offset, len,
+                                                         &t));
+        return UcxTransfer(t);
+    }
+    UcxTransfer push_from(const Allocation &allocation, uint64_t src_offset, const MemplugHostUcxRemoteRange &range,
+                          uint64_t dst_offset, uint64_t len) {
+        MemplugHostUcxTransfer t{};
+        check(memplug_host_ucx_peer_push_from_allocation(h_, allocation.get(), src_offset, &range, dst_offset, len,
+                                                         &t));
         return UcxTransfer(t);
     }
     void release(const MemplugHostUcxRemoteRange &range, std::chrono::nanoseconds timeout) {

@@ -5,8 +5,13 @@
 // it; the child pulls it into its own region in two halves, checks every
 // byte, is refused a push into the read-only range (memplug::Error,
 // INVALID_ARGUMENT) and releases it; the owner deregisters once the child
-// has left, and both pools end at zero. Skipped (exit 77, with the reason)
-// when UCX is not installed.
+// has left, and both pools end at zero. Allocations too: the owner
+// registers a 1 MiB allocation read-write, offers it and closes it at once
+// (it stays charged while registered); the child pulls it into an
+// allocation of its own, checks every byte, is refused a pull past its
+// end, pushes a changed page back, which the owner reads; after the
+// deregistration the owner's allocation is freed. Skipped (exit 77, with
+// the reason) when UCX is not installed.
 //
 //   ucx_cpp PATH/TO/libmemplug_plugin_cpu.so
 #include "memplug_ucx.hpp"
@@ -27,6 +32,16 @@ constexpr const char *SETTINGS = "TLS=posix,cma,self";
 
 uint8_t byte_at(uint64_t i) { return static_cast<uint8_t>((i * 7u + 3u) & 0xffu); }
 uint8_t *bytes(const memplug::Region &r) { return reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(r.addr())); }
+uint8_t alloc_byte(uint64_t i) { return static_cast<uint8_t>((i * 13u + 1u) & 0xffu); }
+
+// Runs the deferred frees until the pool uses `want` (or 10 s pass).
+uint64_t poll_until(const memplug::Manager &m, const memplug::Pool &pool, uint64_t want) {
+    for (int i = 0; i < 10000 && pool.stats().used != want; i++) {
+        m.poll();
+        if (pool.stats().used != want) usleep(1000);
+    }
+    return pool.stats().used;
+}
 
 void owner(const char *plugin, int fd) {
     memplug::Manager m = memplug::Manager::create();
@@ -38,16 +53,36 @@ void owner(const char *plugin, int fd) {
     region.grow(2 * MIB);
     uint8_t *p = bytes(region);
     for (uint64_t i = 0; i < 2 * MIB; i++) p[i] = byte_at(i);
+    memplug::Allocation alloc = b.allocate(MIB, 4096);
+    uint8_t *q = alloc.data<uint8_t>();
+    for (uint64_t i = 0; i < MIB; i++) q[i] = alloc_byte(i);
     {
         memplug::Ucx ucx(SETTINGS);
         memplug::UcxRegistration reg(ucx, mech, region, 0, 2 * MIB, MEMPLUG_HOST_UCX_ACCESS_READ);
+        memplug::UcxRegistration areg(ucx, mech, alloc, MEMPLUG_HOST_UCX_ACCESS_READ_WRITE);
+        EXPECT(areg.get().id != 0);
         memplug::UcxPeer peer(ucx, fd, MEMPLUG_HOST_UCX_ERRORS_NONE, WAIT);
         peer.offer(reg, 3);
+        peer.offer(areg, 4);
+        // Closed while registered: the bytes stay (the child reads and
+        // writes them) and stay charged.
+        alloc.close();
+        m.poll();
+        EXPECT(pool.stats().used == 3 * MIB);
         EXPECT_ERROR(MEMPLUG_HOST_STATUS_BUSY, reg.deregister());
         // Shared-memory gets of this memory are served by this worker.
         EXPECT(peer.serve(WAIT));
+        bool pushed = true;
+        for (uint64_t i = 0; i < MIB; i++) {
+            uint8_t want = i < 4096 ? static_cast<uint8_t>(~alloc_byte(i)) : alloc_byte(i);
+            pushed = pushed && q[i] == want;
+        }
+        EXPECT(pushed);
         reg.deregister();
         EXPECT(!reg);
+        EXPECT(pool.stats().used == 3 * MIB);
+        areg.deregister();
+        EXPECT(poll_until(m, pool, 2 * MIB) == 2 * MIB); // the allocation, freed once deregistered
     }
     region.close();
     EXPECT(pool.stats().used == 0);
@@ -77,6 +112,23 @@ void puller(const char *plugin, int fd) {
         std::string why = EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, peer.push_from(region, 0, r, 0, 64));
         EXPECT(why.find("read-only") != std::string::npos);
         peer.release(r, WAIT);
+
+        MemplugHostUcxRemoteRange ar = peer.next_offer(WAIT);
+        EXPECT(ar.len == MIB && ar.tag == 4 && ar.writable == 1);
+        memplug::Allocation mine = b.allocate(MIB, 4096);
+        EXPECT(pool.stats().used == 3 * MIB);
+        why = EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, peer.pull_into(mine, 4096, ar, 0, MIB));
+        EXPECT(why.find("not inside the allocation") != std::string::npos);
+        peer.pull_into(mine, 0, ar, 0, MIB).wait(WAIT);
+        uint8_t *q = mine.data<uint8_t>();
+        same = true;
+        for (uint64_t i = 0; i < MIB; i++) same = same && q[i] == alloc_byte(i);
+        EXPECT(same);
+        for (uint64_t i = 0; i < 4096; i++) q[i] = static_cast<uint8_t>(~q[i]);
+        peer.push_from(mine, 0, ar, 0, 4096).wait(WAIT);
+        peer.release(ar, WAIT);
+        mine.close();
+        EXPECT(pool.stats().used == 2 * MIB);
     }
     region.close();
     EXPECT(pool.stats().used == 0);

@@ -66,6 +66,8 @@ mod struct_size;
 mod sync;
 #[cfg(feature = "ucx")]
 pub mod ucx;
+#[cfg(feature = "ucx")]
+pub mod ucx_alloc;
 pub mod version;
 
 pub use binding::*;
@@ -90,4 +92,6 @@ pub use stats::*;
 pub use status::{memplug_host_status_name, MemplugHostStatus};
 #[cfg(feature = "ucx")]
 pub use ucx::*;
+#[cfg(feature = "ucx")]
+pub use ucx_alloc::*;
 pub use version::*;

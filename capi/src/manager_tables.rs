@@ -311,6 +311,15 @@ pub(crate) fn take_unpinned<T: Object>(bits: u64) -> Result<Option<T>> {
     }
 }
 
+/// Runs `f` with exclusive use of the object named by `bits`, for the few
+/// calls that must change an object in place (recording UCX work on an
+/// allocation): pins of it wait until `f` returns, and a free meanwhile
+/// makes the handle stale at once and drops the object after `f`.
+pub(crate) fn exclusive<T: Object, R>(bits: u64, f: impl FnOnce(&mut T) -> R) -> Result<R> {
+    let (table, raw) = table_for::<T>(bits)?;
+    table.with_exclusive(raw.key(), f).map_err(|m| Error::miss(m, T::KIND, bits))
+}
+
 /// Removes and drops the object named by `bits` (the zero handle: no-op).
 #[inline]
 pub(crate) fn remove_drop<T: Object>(bits: u64) -> Result<()> {

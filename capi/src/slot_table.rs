@@ -20,7 +20,11 @@
 //! * take / remove: a compare-exchange from `OCC` (no readers) to free with
 //!   the next generation; exactly one of two racing frees wins, the other
 //!   sees a stale key. With readers, remove marks `DYING` and the last
-//!   reader drops the value.
+//!   reader drops the value;
+//! * exclusive use (`with_exclusive`, for the rare call that must change a
+//!   value in place): a compare-exchange from no readers to every reader
+//!   bit set, which pins wait out (a pin never counts that high); a remove
+//!   meanwhile marks `DYING` and the holder drops the value when done.
 //!
 //! Generations only grow. A slot whose generation would pass `MAX_GEN` is
 //! retired for good (never reissued), so a stale key can never name a
@@ -369,13 +373,81 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
         };
         let mut st = slot.state.load(Acquire);
         loop {
-            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen || st & READERS == READERS {
-                return Err(self.classify(key));
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen || st & READERS >= READERS - 1 {
+                st = self.wait_exclusive(slot, key, st)?;
+                continue;
             }
             match slot.state.compare_exchange_weak(st, st + 1, Acquire, Acquire) {
                 Ok(_) => return Ok(Pinned { table: self, slot, index: key.index }),
                 Err(now) => st = now,
             }
+        }
+    }
+
+    /// `pin`'s refusal, unless the value is held by [`with_exclusive`]
+    /// (every reader bit set): then it waits (yields) for the holder and
+    /// answers `Ok(state now)` to try again. Out of line: the fast path of
+    /// `pin` is unchanged.
+    ///
+    /// [`with_exclusive`]: Self::with_exclusive
+    #[cold]
+    fn wait_exclusive(&self, slot: &Slot<T>, key: Key, st: u64) -> Result<u64, Miss> {
+        if st & (OCC | DYING | READERS) == OCC | READERS && gen_of(st) == key.gen {
+            sync::yield_now();
+            return Ok(slot.state.load(Acquire));
+        }
+        Err(self.classify(key))
+    }
+
+    /// Exclusive use of the value for a moment: `f` gets it as `&mut`.
+    /// Waits (yields) for pinned readers to leave, then holds every reader
+    /// bit, so that a pin waits for `f` to return and a take finds it in
+    /// use. A remove meanwhile marks it dying (the handle is stale at once)
+    /// and the value is dropped here, after `f`, as by a last reader. A
+    /// panic in `f` puts the value back before it goes on. `f` must not
+    /// pin, take or remove this value (it would wait for itself).
+    pub fn with_exclusive<R>(&'static self, key: Key, f: impl FnOnce(&mut T) -> R) -> Result<R, Miss> {
+        let Some(slot) = self.slot(key.index) else {
+            return Err(Miss::Invalid);
+        };
+        let mut st = slot.state.load(Acquire);
+        loop {
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
+                return Err(self.classify(key));
+            }
+            if st & READERS != 0 {
+                // Readers (pins are short) or another exclusive holder.
+                sync::yield_now();
+                st = slot.state.load(Acquire);
+                continue;
+            }
+            match slot.state.compare_exchange_weak(st, st | READERS, Acquire, Acquire) {
+                Ok(_) => break,
+                Err(now) => st = now,
+            }
+        }
+        // SAFETY: every reader bit held: no pin, take or drop can reach the
+        // value until they are given back below, after it is written back.
+        let mut v = unsafe { slot.value.take() };
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&mut v)));
+        // SAFETY: as above; the cell is empty since the take.
+        unsafe { slot.value.write(v) };
+        let old = slot.state.fetch_sub(READERS, AcqRel);
+        if old & DYING != 0 {
+            // Removed meanwhile: this is its last user.
+            fence(Acquire);
+            // SAFETY: dying with no reader left: nobody else reaches it.
+            let v = unsafe { slot.value.take() };
+            let (next, reusable) = next_free(gen_of(old));
+            slot.state.store(next, Release);
+            if reusable {
+                self.release_index(key.index);
+            }
+            drop(v);
+        }
+        match r {
+            Ok(r) => Ok(r),
+            Err(panic) => std::panic::resume_unwind(panic),
         }
     }
 
@@ -617,135 +689,6 @@ impl<T: Send + Sync + 'static> LazyTable<T> {
     }
 }
 
+// Unit tests in a file of their own, to keep this one short.
 #[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::sync::atomic::AtomicU32;
-    use std::sync::Arc;
-
-    #[test]
-    fn locate_covers_every_index_once() {
-        let mut expected = (0usize, 0usize);
-        for i in 0..10_000u32 {
-            let (k, off) = locate(i);
-            assert_eq!((k, off), expected, "index {i}");
-            expected.1 += 1;
-            if expected.1 == chunk_len(expected.0) {
-                expected = (expected.0 + 1, 0);
-            }
-        }
-        let (k, off) = locate(MAX_INDEX);
-        assert!(k < CHUNKS && off < chunk_len(k));
-    }
-
-    fn key(index: u32, gen: u32) -> Key {
-        Key { index, gen }
-    }
-
-    #[test]
-    fn stale_and_forged_handles_are_told_apart() {
-        let t = leak(SlotTable::<String>::new(MAX_INDEX));
-        let (i, g) = t.insert("a".into(), [1, 2]).unwrap();
-        assert_eq!(&*t.pin(key(i, g)).unwrap(), "a");
-        assert_eq!(t.meta(key(i, g)).unwrap(), [1, 2]);
-        assert!(matches!(t.remove(key(i, g)), Ok(Removed::Now(s)) if s == "a"));
-        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
-        assert_eq!(t.remove(key(i, g)).err(), Some(Miss::Stale));
-        assert_eq!(t.pin(key(i, g + 5)).err(), Some(Miss::Invalid));
-        assert_eq!(t.pin(key(1 << 27, 1)).err(), Some(Miss::Invalid));
-        // The index is reused with a newer generation.
-        let (i2, g2) = t.insert("b".into(), [0, 0]).unwrap();
-        assert_eq!((i2, g2), (i, g + 1));
-        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
-    }
-
-    #[test]
-    fn remove_while_pinned_defers_the_drop_to_the_last_reader() {
-        struct D(Arc<AtomicU32>);
-        impl Drop for D {
-            fn drop(&mut self) {
-                self.0.fetch_add(1, Relaxed);
-            }
-        }
-        let drops = Arc::new(AtomicU32::new(0));
-        let t = leak(SlotTable::<D>::new(MAX_INDEX));
-        let (i, g) = t.insert(D(drops.clone()), [0, 0]).ok().unwrap();
-        let p1 = t.pin(key(i, g)).ok().unwrap();
-        let p2 = t.pin(key(i, g)).ok().unwrap();
-        assert!(matches!(t.remove(key(i, g)), Ok(Removed::Deferred)));
-        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
-        assert!(t.remove(key(i, g)).is_err());
-        drop(p1);
-        assert_eq!(drops.load(Relaxed), 0);
-        drop(p2);
-        assert_eq!(drops.load(Relaxed), 1);
-        let (i2, g2) = t.insert(D(drops.clone()), [0, 0]).ok().unwrap();
-        assert_eq!((i2, g2), (i, g + 1));
-    }
-
-    #[test]
-    fn generations_retire_instead_of_wrapping() {
-        let t = leak(SlotTable::<u32>::new(MAX_INDEX));
-        let (i, g) = t.insert(1, [0, 0]).unwrap();
-        let slot = t.slot(i).unwrap();
-        // Pretend the slot already went through every generation.
-        slot.state.store(free_state(MAX_GEN) | OCC, Release);
-        assert!(matches!(t.remove(key(i, MAX_GEN)), Ok(Removed::Now(1))));
-        assert_eq!(t.pin(key(i, MAX_GEN)).err(), Some(Miss::Stale));
-        assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
-        for _ in 0..1000 {
-            let (j, _) = t.insert(2, [0, 0]).unwrap();
-            assert_ne!(j, i, "a retired slot is never reissued");
-            let _ = t.remove(key(j, gen_of(t.slot(j).unwrap().state.load(Acquire))));
-        }
-    }
-
-    #[test]
-    fn racing_removes_free_exactly_once() {
-        let t = leak(SlotTable::<Arc<()>>::new(MAX_INDEX));
-        let token = Arc::new(());
-        for _ in 0..200 {
-            let (i, g) = t.insert(token.clone(), [0, 0]).unwrap();
-            let wins: u32 = std::thread::scope(|s| {
-                let hs: Vec<_> = (0..4)
-                    .map(|_| s.spawn(move || matches!(t.remove(key(i, g)), Ok(Removed::Now(_))) as u32))
-                    .collect();
-                hs.into_iter().map(|h| h.join().unwrap()).sum()
-            });
-            assert_eq!(wins, 1);
-        }
-        assert_eq!(Arc::strong_count(&token), 1);
-    }
-
-    #[test]
-    fn many_threads_insert_and_remove() {
-        let t = leak(SlotTable::<u64>::new(MAX_INDEX));
-        std::thread::scope(|s| {
-            for th in 0..4u64 {
-                s.spawn(move || {
-                    let mut live = Vec::new();
-                    for n in 0..5000u64 {
-                        let (i, g) = t.insert(th * 1_000_000 + n, [n, th]).unwrap();
-                        live.push((i, g, th * 1_000_000 + n));
-                        if n % 3 == 0 {
-                            let (i, g, v) = live.swap_remove(0);
-                            assert!(matches!(t.remove(key(i, g)), Ok(Removed::Now(x)) if x == v));
-                        }
-                    }
-                    for (i, g, v) in live {
-                        assert_eq!(*t.pin(key(i, g)).unwrap(), v);
-                        assert!(matches!(t.remove(key(i, g)), Ok(Removed::Now(x)) if x == v));
-                    }
-                });
-            }
-        });
-    }
-
-    #[test]
-    fn a_bounded_table_reports_full() {
-        let t = leak(SlotTable::<u8>::new(3));
-        let got: Vec<_> = (0..4).map(|_| t.insert(0, [0, 0]).unwrap()).collect();
-        assert_eq!(got.len(), 4);
-        assert!(t.insert(9, [0, 0]).is_err());
-    }
-}
+mod tests;

@@ -13,12 +13,16 @@ pub(crate) use loom::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Mutex, MutexGuard};
 #[cfg(loom)]
+pub(crate) use loom::thread::yield_now;
+#[cfg(loom)]
 pub(crate) use loom::thread_local;
 
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{fence, AtomicPtr, AtomicU32, AtomicU64};
 #[cfg(not(loom))]
 pub(crate) use std::sync::{Mutex, MutexGuard};
+#[cfg(not(loom))]
+pub(crate) use std::thread::yield_now;
 #[cfg(not(loom))]
 pub(crate) use std::thread_local;
 

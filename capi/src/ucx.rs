@@ -3,7 +3,8 @@
 //! control socket, offer the range, pull or push between a remote range and
 //! a local region, and deregister. The Rust crate `memplug-ucx` does the
 //! work; this module is its C face (`docs/ARCHITECTURE.md`, "Memory on the
-//! wire: UCX").
+//! wire: UCX"), with the allocation forms in `ucx_alloc.rs` (same tables,
+//! same header).
 //!
 //! The feature is on by default because it costs nothing at build time:
 //! `libucp.so.0` is opened at run time, so a library built with it links
@@ -123,9 +124,9 @@ const GEN_SHIFT: u32 = 28;
 /// Live objects of each type at once.
 const LIMIT: u32 = 1 << 20;
 
-struct RegistrationEntry(memplug_ucx::Registration);
+pub(crate) struct RegistrationEntry(pub(crate) memplug_ucx::Registration);
 struct PeerEntry(Mutex<Peer>);
-struct TransferEntry(Transfer);
+pub(crate) struct TransferEntry(pub(crate) Transfer);
 
 static CONTEXTS: LazyTable<Ucx> = LazyTable::new(LIMIT);
 static REGISTRATIONS: LazyTable<RegistrationEntry> = LazyTable::new(LIMIT);
@@ -133,7 +134,7 @@ static PEERS: LazyTable<PeerEntry> = LazyTable::new(LIMIT);
 static TRANSFERS: LazyTable<TransferEntry> = LazyTable::new(LIMIT);
 
 /// An object type of this module: its table and its sub-kind (bits 56..60).
-trait UcxObject: Sized + Send + Sync + 'static {
+pub(crate) trait UcxObject: Sized + Send + Sync + 'static {
     const SUB: u64;
     const NAME: &'static str;
     fn table() -> &'static LazyTable<Self>;
@@ -181,12 +182,12 @@ fn miss<T: UcxObject>(m: crate::slot_table::Miss, bits: u64) -> Error {
     }
 }
 
-fn get<T: UcxObject>(bits: u64) -> Result<Pinned<T>> {
+pub(crate) fn get<T: UcxObject>(bits: u64) -> Result<Pinned<T>> {
     let key = key_of::<T>(bits)?;
     T::table().get().pin(key).map_err(|m| miss::<T>(m, bits))
 }
 
-fn insert<T: UcxObject>(value: T) -> Result<u64> {
+pub(crate) fn insert<T: UcxObject>(value: T) -> Result<u64> {
     match T::table().get().insert(value, [0, 0]) {
         Ok((index, gen)) => {
             Ok((UCX_KIND << 60) | (T::SUB << SUB_SHIFT) | ((gen as u64) << GEN_SHIFT) | index as u64)
@@ -222,7 +223,7 @@ fn take<T: UcxObject>(bits: u64) -> Result<T> {
 // ---- errors --------------------------------------------------------------
 
 /// The status for each `UcxError`; the message keeps UCX's own words.
-fn ucx_error(e: UcxError) -> Error {
+pub(crate) fn ucx_error(e: UcxError) -> Error {
     let status = match &e {
         UcxError::Unavailable(_) => S::Unsupported,
         UcxError::Ucx { .. } | UcxError::Protocol(_) => S::Internal,
@@ -241,17 +242,29 @@ fn ucx_error(e: UcxError) -> Error {
     Error::new(status, e.to_string())
 }
 
-fn timeout(ns: u64) -> Duration {
+pub(crate) fn timeout(ns: u64) -> Duration {
     Duration::from_nanos(ns)
 }
 
 /// # Safety
 /// `range` non-NULL (checked) and readable.
-unsafe fn read_range(range: *const MemplugHostUcxRemoteRange) -> Result<RemoteRange> {
+pub(crate) unsafe fn read_range(range: *const MemplugHostUcxRemoteRange) -> Result<RemoteRange> {
     require_non_null(range, "range")?;
     // SAFETY: the caller's contract.
     let r = unsafe { *range };
     Ok(RemoteRange { id: r.id, addr: r.addr, len: r.len, writable: r.writable != 0, tag: r.tag })
+}
+
+/// The `MEMPLUG_HOST_UCX_ACCESS_*` value as the crate's `Access`.
+pub(crate) fn access_of(access: u32) -> Result<Access> {
+    match access {
+        MEMPLUG_HOST_UCX_ACCESS_READ => Ok(Access::Read),
+        MEMPLUG_HOST_UCX_ACCESS_READ_WRITE => Ok(Access::ReadWrite),
+        a => Err(Error::new(
+            S::InvalidArgument,
+            format!("access {a} is neither MEMPLUG_HOST_UCX_ACCESS_READ nor _READ_WRITE"),
+        )),
+    }
 }
 
 // ---- contexts ------------------------------------------------------------
@@ -339,16 +352,7 @@ pub unsafe extern "C" fn memplug_host_ucx_register_region(
 ) -> MemplugHostStatus {
     boundary("memplug_host_ucx_register_region", || {
         require_non_null(out, "out")?;
-        let access = match access {
-            MEMPLUG_HOST_UCX_ACCESS_READ => Access::Read,
-            MEMPLUG_HOST_UCX_ACCESS_READ_WRITE => Access::ReadWrite,
-            a => {
-                return Err(Error::new(
-                    S::InvalidArgument,
-                    format!("access {a} is neither MEMPLUG_HOST_UCX_ACCESS_READ nor _READ_WRITE"),
-                ))
-            }
-        };
+        let access = access_of(access)?;
         let u = get::<Ucx>(ucx.id)?;
         let (ctx, seat) = pin::<Arc<Context>>(mechanism.id)?;
         same_manager(seat, region.id, Kind::Region)?;
@@ -510,7 +514,7 @@ pub extern "C" fn memplug_host_ucx_peer_destroy(peer: MemplugHostUcxPeer) -> Mem
     boundary("memplug_host_ucx_peer_destroy", || remove::<PeerEntry>(peer.id))
 }
 
-fn with_peer<R>(peer: MemplugHostUcxPeer, f: impl FnOnce(&mut Peer) -> Result<R>) -> Result<R> {
+pub(crate) fn with_peer<R>(peer: MemplugHostUcxPeer, f: impl FnOnce(&mut Peer) -> Result<R>) -> Result<R> {
     let p = get::<PeerEntry>(peer.id)?;
     let mut guard = p.0.lock().unwrap_or_else(|e| e.into_inner());
     f(&mut guard)
@@ -634,19 +638,19 @@ pub extern "C" fn memplug_host_ucx_peer_revoke(
 
 // ---- transfers -----------------------------------------------------------
 
-/// The direction of `transfer_region`.
+/// The direction of `transfer_region` (and `ucx_alloc`'s transfers).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Way {
+pub(crate) enum Way {
     Pull,
     Push,
 }
 
-/// Offsets and length of a transfer: `local` in the region, `remote` in
-/// the peer's range.
-struct Span {
-    local: u64,
-    remote: u64,
-    len: u64,
+/// Offsets and length of a transfer: `local` in the region or allocation,
+/// `remote` in the peer's range.
+pub(crate) struct Span {
+    pub(crate) local: u64,
+    pub(crate) remote: u64,
+    pub(crate) len: u64,
 }
 
 /// # Safety

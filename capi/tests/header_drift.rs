@@ -99,7 +99,7 @@ const TOPICS: &[Topic] = &[
     Topic {
         header: "ucx.h",
         about: "memory on the wire through UCX (cargo feature `ucx`, on by default)",
-        sources: &["ucx.rs"],
+        sources: &["ucx.rs", "ucx_alloc.rs"],
         includes: &[],
     },
 ];

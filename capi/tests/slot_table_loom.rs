@@ -1,8 +1,10 @@
 //! Exhaustive interleavings (loom) of the lock-free slot table behind every
 //! C API handle (`capi/src/slot_table.rs`): a value is seen only after it
 //! is published, a removed key is refused as stale, a value is moved out or
-//! dropped exactly once and never while a reader has it pinned, and
-//! inserts and removes of neighbouring slots do not disturb each other.
+//! dropped exactly once and never while a reader has it pinned, an
+//! exclusive use (`with_exclusive`) overlaps no reader and leaves a value
+//! removed meanwhile dropped once, and inserts and removes of neighbouring
+//! slots do not disturb each other.
 //!
 //! Built only with `--cfg loom`, in its own target dir:
 //!
@@ -15,7 +17,7 @@
 //! free-index caches and value cells are loom's (`capi/src/sync.rs`), so
 //! loom also checks every access to a stored value against the state
 //! word's ordering. The models are small enough to explore without a
-//! preemption bound (all seven take well under a second).
+//! preemption bound (all nine take well under a second).
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -219,6 +221,45 @@ fn try_take_never_takes_a_pinned_value_and_takes_it_once_the_reader_leaves() {
         assert_eq!(drops.load(SeqCst), 1);
         assert_eq!(t.pin(k).err(), Some(Miss::Stale));
         assert!(matches!(t.try_take(k), Err(Miss::Stale)));
+    });
+}
+
+#[test]
+fn an_exclusive_use_overlaps_no_reader() {
+    loom::model(|| {
+        let t = table::<Tracked>(1 << 20);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let k = insert(t, tracked(1, &drops), [0, 0]);
+        // loom fails the model if the reader's access to the cell could
+        // overlap the holder's take or write-back of the value.
+        let reader = thread::spawn(move || {
+            let p = t.pin(k).expect("live");
+            assert!(p.id == 1 || p.id == 2, "a value mid-change: {}", p.id);
+        });
+        t.with_exclusive(k, |v| v.id = 2).expect("live");
+        reader.join().unwrap();
+        assert_eq!(t.pin(k).expect("live").id, 2);
+        assert_eq!(drops.load(SeqCst), 0);
+    });
+}
+
+#[test]
+fn a_value_removed_during_an_exclusive_use_is_dropped_once() {
+    loom::model(|| {
+        let t = table::<Tracked>(1 << 20);
+        let drops = Arc::new(AtomicUsize::new(0));
+        let k = insert(t, tracked(1, &drops), [0, 0]);
+        let remover = thread::spawn(move || {
+            t.remove(k).map(drop).expect("the only remover");
+        });
+        // Before the remove it changes the value; after it, the key is stale.
+        match t.with_exclusive(k, |v| v.id = 2) {
+            Ok(()) | Err(Miss::Stale) => {}
+            Err(m) => panic!("the only holder missed: {m:?}"),
+        }
+        remover.join().unwrap();
+        assert_eq!(drops.load(SeqCst), 1, "dropped exactly once");
+        assert_eq!(t.pin(k).err(), Some(Miss::Stale));
     });
 }
 

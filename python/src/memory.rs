@@ -287,6 +287,10 @@ pub struct Allocation {
     size: u64,
     device: (i32, i32),
     uses: Arc<Uses>,
+    /// UCX registrations' pins (`Ucx.register_allocation`): the free waits
+    /// for them as for `uses`, but exports do not (a reader of a
+    /// registered allocation would otherwise wait for its deregistration).
+    pins: Uses,
     queue: Arc<DeferredFreeQueue>,
 }
 
@@ -294,7 +298,18 @@ impl Allocation {
     fn new(a: OwnedAllocation, device: (i32, i32), queue: Arc<DeferredFreeQueue>) -> Self {
         let (addr, size) = (a.addr(), a.size());
         let uses = Arc::default();
-        Allocation { inner: Mutex::new(Some(Arc::new(a))), addr, size, device, uses, queue }
+        let pins = Uses::default();
+        Allocation { inner: Mutex::new(Some(Arc::new(a))), addr, size, device, uses, pins, queue }
+    }
+    /// Runs `f` with the host allocation, its uses and its pins, under the
+    /// handle's lock, so that a `free()` meanwhile waits and then sees
+    /// what `f` recorded (`ucx.rs`). `None` once freed.
+    pub(crate) fn with_parts<R>(
+        &self,
+        f: impl FnOnce(&Arc<OwnedAllocation>, &Uses, &Uses) -> R,
+    ) -> Option<R> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map(|a| f(a, &self.uses, &self.pins))
     }
     /// Releases this handle behind `fences` and the recorded uses: through
     /// the host allocation's own `release_after` when no export shares
@@ -302,6 +317,7 @@ impl Allocation {
     fn release_after(&self, mut fences: Vec<SharedFence>) -> Option<impl FnOnce() + Send> {
         let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()?;
         fences.extend(self.uses.pending());
+        fences.extend(self.pins.pending());
         let (queue, what) = (self.queue.clone(), format!("{self:?}"));
         Some(move || match Arc::try_unwrap(taken) {
             Ok(a) => a.release_after(fences),

@@ -3,7 +3,11 @@
 //! resident), `UcxPeer` (another process, over a connected socket),
 //! `UcxRemoteRange` (what the peer offered) and `UcxTransfer` (a get or put
 //! in flight). A pull lands in a `Region` at its own address, charged to
-//! its pool first, so a DLPack consumer (NumPy) reads it without a copy.
+//! its pool first, or in an `Allocation` (charged when allocated), so a
+//! DLPack consumer (NumPy) reads it without a copy. A registered
+//! allocation's free waits for its deregistration; a transfer's fence is
+//! recorded as a use of the allocation, so its exports wait for the bytes
+//! to land and its free for the transfer.
 //!
 //! UCX is opened at run time: without it `Ucx()` raises `Unsupported`
 //! saying how to install it (`Ucx.unavailable()` says why, or `None`).
@@ -11,12 +15,17 @@
 
 use crate::errors::{self, raise, MemplugError};
 use crate::manager::Context;
+use crate::memory::Allocation;
 use crate::region::Region;
 use crate::streams::secs;
-use memplug_ucx::{Access, ControlStream, ErrorHandling, Peer, RemoteRange, Transfer, UcxError};
+use crate::tensor::Uses;
+use memplug_host::{OwnedAllocation, SharedFence};
+use memplug_ucx::{
+    Access, ControlStream, ErrorHandling, LocalAllocation, Peer, RemoteRange, Transfer, UcxError,
+};
 use pyo3::prelude::*;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// A `UcxError` as the exception memplug raises for the same refusal.
 fn error(e: UcxError) -> PyErr {
@@ -75,11 +84,7 @@ impl Ucx {
         length: u64,
         access: &str,
     ) -> PyResult<UcxRegistration> {
-        let access = match access {
-            "read" => Access::Read,
-            "read_write" => Access::ReadWrite,
-            a => return Err(errors::invalid(format!("access {a:?}: use \"read\" or \"read_write\""))),
-        };
+        let access = access_of(access)?;
         let mut shared = region.shared()?;
         let ctx = context.inner.clone();
         let reg = py
@@ -87,9 +92,71 @@ impl Ucx {
             .map_err(error)?;
         Ok(UcxRegistration { inner: Mutex::new(Some(reg)) })
     }
+
+    /// Registers all of `allocation` (`context` is its mechanism's: its
+    /// loss deregisters) and pins it: its `free()` returns, but the bytes
+    /// stay allocated and charged until `deregister` (and the manager's
+    /// next poll). Its DLPack exports do not wait for the registration.
+    /// `access` is "read" or "read_write".
+    #[pyo3(signature = (context, allocation, access="read"))]
+    fn register_allocation(
+        &self,
+        py: Python<'_>,
+        context: &Context,
+        allocation: &Allocation,
+        access: &str,
+    ) -> PyResult<UcxRegistration> {
+        let access = access_of(access)?;
+        let ctx = context.inner.clone();
+        let reg = py
+            .allow_threads(|| {
+                allocation.with_parts(|a, uses, pins| {
+                    self.inner.register_allocation(&ctx, &mut AllocationSide { a, uses, pins }, access)
+                })
+            })
+            .ok_or_else(|| errors::released("allocation"))?
+            .map_err(error)?;
+        Ok(UcxRegistration { inner: Mutex::new(Some(reg)) })
+    }
 }
 
-/// A registered, pinned range of a region.
+fn access_of(access: &str) -> PyResult<Access> {
+    match access {
+        "read" => Ok(Access::Read),
+        "read_write" => Ok(Access::ReadWrite),
+        a => Err(errors::invalid(format!("access {a:?}: use \"read\" or \"read_write\""))),
+    }
+}
+
+/// A Python `Allocation` as the crate sees it: the host allocation (shared
+/// with its DLPack exports), where a transfer is recorded (its uses: the
+/// free and exports wait for it) and where a registration's pin is (its
+/// pins: the free waits for it).
+struct AllocationSide<'a> {
+    a: &'a Arc<OwnedAllocation>,
+    uses: &'a Uses,
+    pins: &'a Uses,
+}
+
+impl LocalAllocation for AllocationSide<'_> {
+    fn addr(&self) -> u64 {
+        self.a.addr()
+    }
+    fn size(&self) -> u64 {
+        self.a.size()
+    }
+    fn is_lost(&self) -> bool {
+        self.a.is_lost()
+    }
+    fn used_by(&mut self, fence: SharedFence) {
+        self.uses.add(fence)
+    }
+    fn pinned_by(&mut self, fence: SharedFence) {
+        self.pins.add(fence)
+    }
+}
+
+/// A registered, pinned range of a region, or a registered allocation.
 #[pyclass(frozen, module = "memplug")]
 pub struct UcxRegistration {
     inner: Mutex<Option<memplug_ucx::Registration>>,
@@ -249,6 +316,24 @@ impl UcxPeer {
     }
 }
 
+impl UcxPeer {
+    /// A transfer between the peer and `allocation`, under the peer's lock
+    /// and then the allocation's (a `free()` meanwhile waits, then sees the
+    /// transfer recorded).
+    fn with_allocation(
+        &self,
+        py: Python<'_>,
+        allocation: &Allocation,
+        f: impl FnOnce(&mut Peer, &mut AllocationSide<'_>) -> Result<Transfer, UcxError> + Send,
+    ) -> PyResult<UcxTransfer> {
+        let moved = self.with(py, |p| {
+            Ok(allocation.with_parts(|a, uses, pins| f(p, &mut AllocationSide { a, uses, pins })))
+        })?;
+        let t = moved.ok_or_else(|| errors::released("allocation"))?.map_err(error)?;
+        Ok(UcxTransfer { inner: t })
+    }
+}
+
 #[pymethods]
 impl UcxPeer {
     #[new]
@@ -328,6 +413,41 @@ impl UcxPeer {
         let r = range.inner;
         self.with(py, |p| p.push_from_region(&mut shared, src_offset, &r, dst_offset, length))
             .map(|inner| UcxTransfer { inner })
+    }
+
+    /// Reads `length` bytes at `src_offset` of `range` into `allocation`
+    /// at `dst_offset` (inside it: nothing grows; its bytes were charged
+    /// when allocated). Its exports and its free wait for the transfer.
+    fn pull_into_allocation(
+        &self,
+        py: Python<'_>,
+        allocation: &Allocation,
+        dst_offset: u64,
+        range: &UcxRemoteRange,
+        src_offset: u64,
+        length: u64,
+    ) -> PyResult<UcxTransfer> {
+        let r = range.inner;
+        self.with_allocation(py, allocation, |p, side| {
+            p.pull_into_allocation(side, dst_offset, &r, src_offset, length)
+        })
+    }
+
+    /// Writes `length` bytes of `allocation` at `src_offset` into a
+    /// writable `range` at `dst_offset`. Its free waits for the transfer.
+    fn push_from_allocation(
+        &self,
+        py: Python<'_>,
+        allocation: &Allocation,
+        src_offset: u64,
+        range: &UcxRemoteRange,
+        dst_offset: u64,
+        length: u64,
+    ) -> PyResult<UcxTransfer> {
+        let r = range.inner;
+        self.with_allocation(py, allocation, |p, side| {
+            p.push_from_allocation(side, src_offset, &r, dst_offset, length)
+        })
     }
 
     /// Gives `range` back to its owner after this side's transfers on it.

@@ -4,7 +4,11 @@ process pulls it into a region of its own over UCX (TCP on loopback, and
 shared memory), and NumPy reads the bytes where they landed through
 DLPack, without a copy. The pull is charged first (OutOfBudget moves
 nothing), a page pushed back lands in the owner's region, a held range
-cannot be deregistered, and bad input is refused. Skipped without UCX."""
+cannot be deregistered, and bad input is refused. The same for
+allocations: the owner registers one and frees it at once (it stays
+allocated and charged until deregistered), this side pulls it into an
+allocation of its own that NumPy reads at its address through DLPack.
+Skipped without UCX."""
 import socket
 import subprocess
 import sys
@@ -140,3 +144,118 @@ def test_bad_input_is_refused(mgr):
     with pytest.raises(memplug.InvalidState):
         reg.deregister()
     r.close()
+
+
+# The owner of an allocation: 1 MiB filled with i % 241, registered
+# read-write, offered, and freed at once: the bytes stay allocated and
+# charged while registered. A NumPy view made while it is registered does
+# not wait for the deregistration. It checks the page this side pushed
+# back, deregisters, and sees its pool go back to 0.
+ALLOC_OWNER = textwrap.dedent(
+    """
+    import sys, time
+    import numpy as np
+    import memplug
+
+    fd, transport = int(sys.argv[1]), sys.argv[2]
+    settings, errors = {transports}[transport]
+    m = memplug.Manager()
+    m.register_cpu_plugin()
+    ctx = m.select("cpu", 0)
+    pool = m.create_pool("owner", 8 << 20)
+    a = m.bind(ctx, pool, "kv").allocate(1 << 20, 4096)
+    ucx = memplug.Ucx(settings)
+    reg = ucx.register_allocation(ctx, a, "read_write")
+    assert (reg.addr, reg.len) == (a.addr, 1 << 20), (reg.addr, reg.len)
+    view = np.from_dlpack(a)  # not held up by the registration
+    view[:] = np.arange(1 << 20) % 241
+    peer = memplug.UcxPeer(ucx, fd, errors=errors)
+    peer.offer(reg, 8)
+    a.free()
+    m.poll()
+    assert pool.used == 1 << 20, pool.used
+    assert peer.serve(30.0), "the peer did not leave"
+    want = np.arange(1 << 20) % 241
+    want[:4096] = 255 - want[:4096]
+    assert (view == want).all(), "the pushed page did not land"
+    del view
+    m.poll()
+    assert pool.used == 1 << 20, ("freed while registered", pool.used)
+    reg.deregister()
+    deadline = time.monotonic() + 10
+    while pool.used and time.monotonic() < deadline:
+        m.poll()
+        time.sleep(0.001)
+    assert pool.used == 0, pool.used
+    peer.close()
+    print("owner: ok")
+    """
+).replace("{transports}", repr(TRANSPORTS))
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_pull_lands_in_an_allocation_numpy_reads(mgr, transport):
+    settings, errors = TRANSPORTS[transport]
+    mine, theirs = socket.socketpair()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", ALLOC_OWNER, str(theirs.fileno()), transport],
+        pass_fds=[theirs.fileno()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    theirs.close()
+    try:
+        ctx = mgr.select("cpu", 0)
+        pool = mgr.create_pool("puller", 2 * MIB)
+        a = mgr.bind(ctx, pool, "kv").allocate(MIB, 4096)
+        assert pool.used == MIB  # the receiving side's charge, before any byte
+        ucx = memplug.Ucx(settings)
+        with memplug.UcxPeer(ucx, mine.fileno(), timeout=30.0, errors=errors) as peer:
+            rng = peer.next_offer(30.0)
+            assert (rng.len, rng.tag, rng.writable) == (MIB, 8, True)
+            with pytest.raises(memplug.InvalidArgument, match="not inside the allocation"):
+                peer.pull_into_allocation(a, 4096, rng, 0, MIB)
+
+            t = peer.pull_into_allocation(a, 0, rng, 0, MIB)
+            t.wait(30.0)
+            assert t.done and t.bytes == MIB and pool.used == MIB
+            arr = np.from_dlpack(a)
+            assert arr.ctypes.data == a.addr  # no copy: the bytes where UCX put them
+            assert (arr == np.arange(MIB) % 241).all()
+
+            arr[:4096] = 255 - arr[:4096]
+            peer.push_from_allocation(a, 0, rng, 0, 4096).wait(30.0)
+            peer.release(rng, 30.0)
+            del arr
+        out, _ = owner.communicate(timeout=60)
+        assert owner.returncode == 0, out
+        assert "owner: ok" in out
+        a.free()
+        mgr.poll()
+        assert pool.used == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        mine.close()
+
+
+def test_bad_allocations_are_refused(mgr):
+    ctx = mgr.select("cpu", 0)
+    pool = mgr.create_pool("bad-alloc", 4 * MIB)
+    a = mgr.bind(ctx, pool, "kv").allocate(MIB, 4096)
+    ucx = memplug.Ucx({"TLS": "tcp", "NET_DEVICES": "lo"})
+    with pytest.raises(memplug.InvalidArgument, match="read_write"):
+        ucx.register_allocation(ctx, a, "write")
+    reg = ucx.register_allocation(ctx, a)
+    assert (reg.addr, reg.len, reg.holders) == (a.addr, MIB, 0)
+    # Freed while registered: the handle is gone, the bytes are not.
+    a.free()
+    mgr.poll()
+    assert pool.used == MIB
+    with pytest.raises(memplug.InvalidState, match="allocation was released"):
+        ucx.register_allocation(ctx, a)
+    reg.deregister()
+    mgr.poll()
+    assert pool.used == 0

@@ -47,7 +47,7 @@ mod wire;
 pub use context::Ucx;
 pub use error::UcxError;
 pub use growth::GrowingRegistration;
-pub use local::LocalRegion;
+pub use local::{LocalAllocation, LocalRegion};
 pub use peer::{ControlStream, Peer, RemoteRange};
 pub use registration::{Access, Registration};
 pub use transfer::{ErrorHandling, Transfer};

@@ -1,11 +1,14 @@
-//! The local side of a region transfer: a [`Region`] owned by the caller
+//! The local side of a transfer: a [`Region`] owned by the caller
 //! (`&mut`), or a [`SharedRegion`], the form the Python binding and DLPack
 //! exports hold (a region behind its own lock, shared with the views
-//! exported from it). Registration and transfers need only what this
-//! trait gives, so both forms take the same checks and the same pins.
+//! exported from it); an [`OwnedAllocation`], or any form that holds one
+//! and keeps its free behind recorded work ([`LocalAllocation`]: the
+//! Python binding's allocation, shared with its DLPack exports).
+//! Registration and transfers need only what these traits give, so every
+//! form takes the same checks and the same pins.
 
 use memplug_host::dlpack::SharedRegion;
-use memplug_host::{BindingError, GrowError, Region, RegionView, SharedFence};
+use memplug_host::{BindingError, GrowError, OwnedAllocation, Region, RegionView, SharedFence};
 
 /// A region as registration and transfers see it.
 ///
@@ -76,5 +79,41 @@ impl LocalRegion for SharedRegion {
     }
     fn used_by(&mut self, fence: SharedFence) {
         SharedRegion::used_by(self, fence)
+    }
+}
+
+/// An allocation as registration and transfers see it.
+pub trait LocalAllocation {
+    /// The first byte's address.
+    fn addr(&self) -> u64;
+    /// Usable bytes.
+    fn size(&self) -> u64;
+    /// Whether it went with a lost device.
+    fn is_lost(&self) -> bool;
+    /// Records a transfer on it: its free waits for the transfer (and so
+    /// may a reader that must see the bytes landed).
+    fn used_by(&mut self, fence: SharedFence);
+    /// Records a registration's pin: its free waits until the range is
+    /// deregistered. Separate from [`used_by`](Self::used_by) because a
+    /// form whose exports wait for recorded work (the Python binding's)
+    /// must not make its readers wait for a deregistration; by default the
+    /// same record.
+    fn pinned_by(&mut self, fence: SharedFence) {
+        self.used_by(fence)
+    }
+}
+
+impl LocalAllocation for OwnedAllocation {
+    fn addr(&self) -> u64 {
+        OwnedAllocation::addr(self)
+    }
+    fn size(&self) -> u64 {
+        OwnedAllocation::size(self)
+    }
+    fn is_lost(&self) -> bool {
+        OwnedAllocation::is_lost(self)
+    }
+    fn used_by(&mut self, fence: SharedFence) {
+        OwnedAllocation::used_by(self, fence)
     }
 }

@@ -4,10 +4,9 @@
 //! offload or privatise orders behind the transfer.
 
 use crate::error::UcxError;
-use crate::local::LocalRegion;
+use crate::local::{LocalAllocation, LocalRegion};
 use crate::peer::{Peer, RemoteRange};
 use crate::transfer::{Direction, Transfer};
-use memplug_host::OwnedAllocation;
 
 impl Peer {
     /// Reads `len` bytes at `src_offset` of `range` into `region` at
@@ -86,12 +85,13 @@ impl Peer {
         Ok(t)
     }
 
-    /// Reads into `allocation` at `dst_offset` (memory already charged:
+    /// Reads into `allocation` (an `OwnedAllocation`, or another
+    /// [`LocalAllocation`]) at `dst_offset` (memory already charged:
     /// allocate it from the receiving binding first, which is where the
     /// budget is refused). Its release waits for the transfer.
     pub fn pull_into_allocation(
         &mut self,
-        allocation: &mut OwnedAllocation,
+        allocation: &mut impl LocalAllocation,
         dst_offset: u64,
         range: &RemoteRange,
         src_offset: u64,
@@ -103,7 +103,7 @@ impl Peer {
     /// Writes from `allocation` at `src_offset` into a writable `range`.
     pub fn push_from_allocation(
         &mut self,
-        allocation: &mut OwnedAllocation,
+        allocation: &mut impl LocalAllocation,
         src_offset: u64,
         range: &RemoteRange,
         dst_offset: u64,
@@ -117,7 +117,7 @@ impl Peer {
     fn with_allocation(
         &mut self,
         direction: Direction,
-        allocation: &mut OwnedAllocation,
+        allocation: &mut impl LocalAllocation,
         local_offset: u64,
         range: &RemoteRange,
         remote_offset: u64,

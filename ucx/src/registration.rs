@@ -21,11 +21,9 @@
 
 use crate::context::{Inner, Ucx};
 use crate::error::{check, UcxError};
-use crate::local::LocalRegion;
+use crate::local::{LocalAllocation, LocalRegion};
 use crate::sys;
-use memplug_host::{
-    CallError, Context, FenceSource, LifeState, OwnedAllocation, SharedFence, SubscriptionId,
-};
+use memplug_host::{CallError, Context, FenceSource, LifeState, SharedFence, SubscriptionId};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -175,12 +173,13 @@ impl Ucx {
         Ok(reg)
     }
 
-    /// Registers a whole allocation and pins it: its release waits until
-    /// the registration is gone.
+    /// Registers a whole allocation (an `OwnedAllocation`, or another
+    /// [`LocalAllocation`]) and pins it: its release waits until the
+    /// registration is gone.
     pub fn register_allocation(
         &self,
         context: &Arc<Context>,
-        allocation: &mut OwnedAllocation,
+        allocation: &mut impl LocalAllocation,
         access: Access,
     ) -> Result<Registration, UcxError> {
         if allocation.is_lost() {
@@ -190,7 +189,7 @@ impl Ucx {
         // registration is gone.
         let reg = unsafe { self.register_raw(allocation.addr(), allocation.size(), access)? };
         reg.watch(context);
-        allocation.used_by(reg.pin());
+        allocation.pinned_by(reg.pin());
         Ok(reg)
     }
 }
