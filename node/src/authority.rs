@@ -358,6 +358,9 @@ fn join(
         }
         return Err(why);
     }
+    if let Some(m) = books.members.get_mut(&id) {
+        m.pidfd = !conn.liveness.is_fallback();
+    }
     lock(&shared.watch).retain(|(i, _)| !again.contains(i));
     lock(&shared.conns).insert(id, conn.clone());
     let devices = books.devices.iter().map(|(n, d)| (n.clone(), d.capacity)).collect();
@@ -566,7 +569,7 @@ fn status_json(shared: &Shared) -> String {
         .iter()
         .map(|(id, m)| {
             serde_json::json!({
-                "id": id, "pid": m.pid, "uid": m.uid, "connected": m.connected,
+                "id": id, "pid": m.pid, "uid": m.uid, "connected": m.connected, "pidfd": m.pidfd,
                 "leased": m.leased, "priority": m.priority,
                 "tickets_received": m.tickets_received, "tickets_answered": m.tickets_answered,
                 "tickets_skipped": m.tickets_skipped, "bytes_released": m.bytes_released,

@@ -26,6 +26,9 @@ pub struct Member {
     /// leases stay counted until it dies or joins again (nothing is freed
     /// on a guess).
     pub connected: bool,
+    /// Whether its liveness is watched through a pidfd (false: through
+    /// `/proc`, the fallback; see `peer.rs`).
+    pub pidfd: bool,
     pub leased: BTreeMap<String, u64>,
     pub priority: BTreeMap<String, u32>,
     pub tickets_received: u64,
