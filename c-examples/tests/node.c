@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
     dev.device = "cpu0";
     dev.pool = p1;
     dev.priority = 0;
-    dev.reserved0 = 0;
+    dev.classes = 1u << MEMPLUG_HOST_CLASS_KV; /* its blocks are KV */
     EXPECT_STATUS(memplug_host_manager_join_node(m1, NULL, &dev, 1, NULL, &untouched),
                   MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(memplug_host_manager_join_node(m1, path, &dev, 1, NULL, NULL), MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
@@ -162,10 +162,10 @@ int main(int argc, char **argv) {
                   MEMPLUG_HOST_STATUS_CALLBACK_REFUSED);
     EXPECT_MESSAGE("cuda7");
     dev.device = "cpu0";
-    dev.reserved0 = 1;
+    dev.classes = MEMPLUG_HOST_NODE_ALL_CLASSES + 1; /* a bit past the last class */
     EXPECT_STATUS(memplug_host_manager_join_node(m1, path, &dev, 1, NULL, &untouched),
                   MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
-    dev.reserved0 = 0;
+    dev.classes = 1u << MEMPLUG_HOST_CLASS_KV;
     EXPECT(untouched.id == 0);
 
     EXPECT_OK(memplug_host_manager_join_node(m1, path, &dev, 1, NULL, &l1));
@@ -187,9 +187,13 @@ int main(int argc, char **argv) {
     memset(&bo, 0, sizeof bo);
     bo.struct_size = sizeof bo;
     bo.wait_ns = 3000000000ull;
+    /* KV: the first member declared KV memory only, so only a KV request
+     * presses it. */
+    bo.alloc_class = MEMPLUG_HOST_CLASS_KV;
     EXPECT_OK(memplug_host_binding_create(m2, c2, p2, &bo, &b2));
     dev.pool = p2;
     dev.priority = 5;
+    dev.classes = 0; /* any class */
     EXPECT_OK(memplug_host_manager_join_node(m2, path, &dev, 1, NULL, &l2));
     EXPECT_OK(memplug_host_allocate(b2, 5 * MIB, 64, &big, &addr));
     EXPECT(tickets_seen >= 1);

@@ -64,8 +64,29 @@ pub struct MemplugHostNodeDevice {
     /// Its holders' priority against other processes' on this device:
     /// lower gives way first.
     pub priority: u32,
-    /// Zero.
-    pub reserved0: u32,
+    /// The classes of memory the pool holds: bit `1u <<
+    /// MEMPLUG_HOST_CLASS_*` for each (0: any class). The authority
+    /// presses this process only for requests of a class it declared.
+    /// Bits above `MEMPLUG_HOST_NODE_ALL_CLASSES` are
+    /// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+    pub classes: u32,
+}
+
+/// Every class a `MemplugHostNodeDevice::classes` mask can name: bit
+/// `1u << MEMPLUG_HOST_CLASS_*` for each of the five.
+pub const MEMPLUG_HOST_NODE_ALL_CLASSES: u32 = 0x1f;
+
+/// A C class mask (bits of `MEMPLUG_HOST_CLASS_*`) as the node's mask
+/// (bits of `AllocationClass` discriminants: the two numberings differ —
+/// `MEMPLUG_HOST_CLASS_OTHER` is 0 in C, `AllocationClass::Other` is 4).
+fn node_classes(c_mask: u32) -> Result<u8> {
+    let mut mask = 0u8;
+    for bit in 0..32 {
+        if c_mask & (1 << bit) != 0 {
+            mask |= 1 << crate::binding::class_of(bit)? as u8;
+        }
+    }
+    Ok(mask)
 }
 
 /// How a link behaves. Zeroed (with `struct_size` set), or NULL, it asks
@@ -333,8 +354,8 @@ fn format_flag(format: u32) -> Result<bool> {
 /// authority refused the join (a device it does not govern, a quota; the
 /// message has its reason); `_ALREADY_EXISTS` when a pool is already
 /// joined (a pool joins once for its life) or appears twice;
-/// `_INVALID_ARGUMENT` for no devices, an empty device name, a non-zero
-/// `reserved0`, a short `struct_size` or a path too long for a socket
+/// `_INVALID_ARGUMENT` for no devices, an empty device name, a `classes`
+/// naming no class, a short `struct_size` or a path too long for a socket
 /// (about 107 bytes); `_WRONG_MANAGER` for a pool of another manager;
 /// `_DEVICE_UNAVAILABLE` for other socket errors (the message has them).
 /// A join waits at most 5 s for the authority's answer (`_TIMEOUT`).
@@ -378,10 +399,19 @@ pub unsafe extern "C" fn memplug_host_manager_join_node(
         for (i, d) in devices.iter().enumerate() {
             // SAFETY: the caller's contract.
             let name = unsafe { c_str(d.device, "devices[].device") }?;
-            if name.is_empty() || d.reserved0 != 0 {
+            if name.is_empty() {
                 return Err(Error::new(
                     S::InvalidArgument,
-                    format!("devices[{i}]: the device name must not be empty and reserved0 must be zero"),
+                    format!("devices[{i}]: the device name is empty"),
+                ));
+            }
+            if d.classes & !MEMPLUG_HOST_NODE_ALL_CLASSES != 0 {
+                return Err(Error::new(
+                    S::InvalidArgument,
+                    format!(
+                        "devices[{i}]: classes {:#x} name no class (MEMPLUG_HOST_NODE_ALL_CLASSES is {:#x})",
+                        d.classes, MEMPLUG_HOST_NODE_ALL_CLASSES
+                    ),
                 ));
             }
             same_manager(seat, d.pool.id, Kind::Pool)?;
@@ -389,7 +419,12 @@ pub unsafe extern "C" fn memplug_host_manager_join_node(
             if specs.iter().any(|s| std::sync::Arc::ptr_eq(&s.pool, &p.pool)) {
                 return Err(Error::new(S::AlreadyExists, format!("devices[{i}]: the pool is listed twice")));
             }
-            specs.push(LinkDevice { device: name.to_owned(), pool: p.pool.clone(), priority: d.priority });
+            specs.push(LinkDevice {
+                device: name.to_owned(),
+                pool: p.pool.clone(),
+                priority: d.priority,
+                classes: node_classes(d.classes)?,
+            });
         }
         let link = NodeLink::join(path, specs, opts)
             .map_err(|e| io_error(&format!("could not join the node at {path}"), e))?;
@@ -669,4 +704,22 @@ pub extern "C" fn memplug_host_node_authority_stop(authority: MemplugHostNodeAut
         }
         remove_drop::<NodeEntry>(authority.id)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memplug_host_dep::governor::AllocationClass;
+
+    /// C numbers the classes otherwise than Rust: a mask is translated bit
+    /// by bit, never passed through.
+    #[test]
+    fn a_c_class_mask_names_the_same_classes_at_the_node() {
+        let kv = 1 << crate::common::MEMPLUG_HOST_CLASS_KV;
+        assert_eq!(node_classes(kv).unwrap(), 1 << AllocationClass::Kv as u8);
+        let other = 1 << crate::common::MEMPLUG_HOST_CLASS_OTHER;
+        assert_eq!(node_classes(other).unwrap(), 1 << AllocationClass::Other as u8);
+        assert_eq!(node_classes(MEMPLUG_HOST_NODE_ALL_CLASSES).unwrap(), memplug_node::wire::ALL_CLASSES);
+        assert_eq!(node_classes(0).unwrap(), 0);
+    }
 }

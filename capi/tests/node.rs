@@ -59,7 +59,7 @@ fn a_pool_joined_through_the_c_api_leases_its_budget_and_the_books_agree() {
     ok(unsafe { memplug_host_pool_create(m, cpu0.as_ptr(), 0, &mut pool) });
     let mut b = MemplugHostBinding::default();
     ok(unsafe { memplug_host_binding_create(m, mech, pool, null(), &mut b) });
-    let dev = [MemplugHostNodeDevice { device: cpu0.as_ptr(), pool, priority: 0, reserved0: 0 }];
+    let dev = [MemplugHostNodeDevice { device: cpu0.as_ptr(), pool, priority: 0, classes: 0 }];
     let mut link = MemplugHostNodeLink::default();
     let s = unsafe { memplug_host_manager_join_node(m, socket.as_ptr(), null(), 1, null(), &mut link) };
     assert_eq!(s, MemplugHostStatus::NullArgument);
@@ -200,7 +200,7 @@ fn quotas_from_c_bind_and_a_refusal_names_the_quota() {
         ok(unsafe { memplug_host_pool_create(m, name.as_ptr(), 0, &mut pool) });
         let mut b = MemplugHostBinding::default();
         ok(unsafe { memplug_host_binding_create(m, mech, pool, null(), &mut b) });
-        let dev = [MemplugHostNodeDevice { device: cpu0.as_ptr(), pool, priority: 0, reserved0: 0 }];
+        let dev = [MemplugHostNodeDevice { device: cpu0.as_ptr(), pool, priority: 0, classes: 0 }];
         let mut link = MemplugHostNodeLink::default();
         ok(unsafe { memplug_host_manager_join_node(m, socket.as_ptr(), dev.as_ptr(), 1, null(), &mut link) });
         let (mut x, mut y) = (MemplugHostAllocation::default(), MemplugHostAllocation::default());

@@ -87,7 +87,7 @@ fn member(path: &Path, priority: u32, mute: bool, wait: Duration) -> Member {
     });
     let spec = BindingSpec::new(AllocationClass::Kv).holder(holder.id()).wait(wait);
     let binding = mgr.bind(&ctx, &pool, spec).unwrap();
-    let device = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority };
+    let device = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority, classes: 0 };
     let link = NodeLink::join(path, vec![device], LinkOptions::default()).unwrap();
     Member { _mgr: mgr, pool, binding, cached, _holder: holder, link }
 }

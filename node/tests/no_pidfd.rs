@@ -23,7 +23,7 @@ const SOCKET_VAR: &str = "MEMPLUG_NODE_NO_PIDFD_TEST_SOCKET";
 fn scenario_member() {
     let Some(path) = std::env::var_os(SOCKET_VAR) else { return };
     let mut s = UnixStream::connect(path).unwrap();
-    let devices = vec![Declared { device: "cpu0".into(), priority: 0, holding: 4 * MIB }];
+    let devices = vec![Declared { device: "cpu0".into(), priority: 0, classes: 0, holding: 4 * MIB }];
     wire::write_msg(&mut s, &Msg::Hello { version: wire::VERSION, devices }).unwrap();
     match wire::read_frame(&mut s).unwrap() {
         Frame::Msg(Msg::Welcome { .. }) => {}

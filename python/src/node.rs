@@ -36,7 +36,8 @@ pub(crate) fn join(
     device: &str,
     priority: u32,
 ) -> PyResult<NodeLink> {
-    let spec = memplug_node::LinkDevice { device: device.into(), pool: pool.inner.clone(), priority };
+    let spec =
+        memplug_node::LinkDevice { device: device.into(), pool: pool.inner.clone(), priority, classes: 0 };
     let link = py
         .allow_threads(move || {
             memplug_node::NodeLink::join(socket, vec![spec], memplug_node::LinkOptions::default())

@@ -15,6 +15,10 @@
 #include <stdint.h>
 #include "common.h"
 
+// Every class a `MemplugHostNodeDevice::classes` mask can name: bit
+// `1u << MEMPLUG_HOST_CLASS_*` for each of the five.
+#define MEMPLUG_HOST_NODE_ALL_CLASSES 31
+
 // Size of `MemplugHostNodeJoinOptions` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_NODE_JOIN_OPTIONS_SIZE_1_3 24
 
@@ -53,8 +57,12 @@ typedef struct MemplugHostNodeDevice {
   // Its holders' priority against other processes' on this device:
   // lower gives way first.
   uint32_t priority;
-  // Zero.
-  uint32_t reserved0;
+  // The classes of memory the pool holds: bit `1u <<
+  // MEMPLUG_HOST_CLASS_*` for each (0: any class). The authority
+  // presses this process only for requests of a class it declared.
+  // Bits above `MEMPLUG_HOST_NODE_ALL_CLASSES` are
+  // `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+  uint32_t classes;
 } MemplugHostNodeDevice;
 
 // How a link behaves. Zeroed (with `struct_size` set), or NULL, it asks
@@ -189,8 +197,8 @@ extern "C" {
 // authority refused the join (a device it does not govern, a quota; the
 // message has its reason); `_ALREADY_EXISTS` when a pool is already
 // joined (a pool joins once for its life) or appears twice;
-// `_INVALID_ARGUMENT` for no devices, an empty device name, a non-zero
-// `reserved0`, a short `struct_size` or a path too long for a socket
+// `_INVALID_ARGUMENT` for no devices, an empty device name, a `classes`
+// naming no class, a short `struct_size` or a path too long for a socket
 // (about 107 bytes); `_WRONG_MANAGER` for a pool of another manager;
 // `_DEVICE_UNAVAILABLE` for other socket errors (the message has them).
 // A join waits at most 5 s for the authority's answer (`_TIMEOUT`).
