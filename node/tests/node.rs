@@ -8,22 +8,21 @@
 //! that restarts learns what members hold; bad messages are refused and
 //! the authority stays up. The books are exact after each.
 
-use memplug_host::governor::{AllocationClass, HolderRegistration, Pool, PressureTicket, Priority};
-use memplug_host::{
-    BindingSpec, LoadOptions, MemoryBinding, OwnedAllocation, Plugin, ProcessMemoryManager, Requirements,
-};
+use memplug_host::governor::{AllocationClass, PressureTicket, Priority};
+use memplug_host::ProcessMemoryManager;
 use memplug_node::wire::{self, Frame, Msg};
-use memplug_node::{Authority, AuthorityConfig, LinkDevice, LinkOptions, NodeLink};
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+use memplug_node::Authority;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const MIB: u64 = 1 << 20;
-const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+mod common;
+
+use common::{Member, Spec, MIB};
+
 const SOCKET_VAR: &str = "MEMPLUG_NODE_TEST_SOCKET";
 
 fn socket(name: &str) -> PathBuf {
@@ -32,27 +31,11 @@ fn socket(name: &str) -> PathBuf {
     dir.join("node.sock")
 }
 
-fn authority(path: &PathBuf, capacity: u64) -> Authority {
-    let mut c = AuthorityConfig::new(path, vec![("cpu0".into(), capacity)]);
-    c.chunk = MIB;
-    c.ticket_timeout = Duration::from_millis(300);
-    Authority::start(c).unwrap()
+fn authority(path: &Path, capacity: u64) -> Authority {
+    common::authority(path, capacity, Duration::from_millis(300))
 }
 
-/// A process's side: a manager with the CPU plugin, a root pool joined to
-/// the node, and an LRU holder whose blocks pressure may evict.
-struct Member {
-    _mgr: ProcessMemoryManager,
-    pool: Arc<Pool>,
-    binding: MemoryBinding,
-    cached: Arc<Mutex<Vec<OwnedAllocation>>>,
-    _holder: HolderRegistration,
-    link: NodeLink,
-    /// The class and priority of each ticket its holder was given.
-    tickets: Arc<Mutex<Vec<(AllocationClass, Priority)>>>,
-}
-
-fn member(path: &PathBuf, priority: u32, slow_holder: bool) -> Member {
+fn member(path: &Path, priority: u32, slow_holder: bool) -> Member {
     member_with(path, priority, slow_holder, Priority(0), Duration::from_secs(3), AllocationClass::Kv, 0)
 }
 
@@ -60,7 +43,7 @@ fn member(path: &PathBuf, priority: u32, slow_holder: bool) -> Member {
 /// (and so whose requests) is at `holder_priority`, its binding of `class`
 /// waiting up to `wait`.
 fn member_with(
-    path: &PathBuf,
+    path: &Path,
     priority: u32,
     slow_holder: bool,
     holder_priority: Priority,
@@ -68,38 +51,8 @@ fn member_with(
     class: AllocationClass,
     classes: u8,
 ) -> Member {
-    let mgr = ProcessMemoryManager::new();
-    // SAFETY: the reference CPU plugin's entry, built against this ABI.
-    let cpu =
-        unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }
-            .unwrap();
-    mgr.register_plugin(cpu).unwrap();
-    let ctx = mgr.select(CPU0, Requirements::ALLOCATOR_ONLY).unwrap();
-    let pool = mgr.create_pool("cpu0", 0).unwrap();
-    let cached: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
-    let c = cached.clone();
-    let tickets: Arc<Mutex<Vec<(AllocationClass, Priority)>>> = Arc::default();
-    let seen = tickets.clone();
-    let holder = pool.register_holder("lru", holder_priority, move |t: &PressureTicket| {
-        seen.lock().unwrap().push((t.class, t.priority));
-        if slow_holder {
-            std::thread::sleep(Duration::from_secs(30));
-        }
-        let mut freed = 0;
-        let mut v = c.lock().unwrap();
-        while freed < t.bytes_wanted && !v.is_empty() {
-            freed += v.remove(0).charged();
-        }
-        freed
-    });
-    let binding = mgr.bind(&ctx, &pool, BindingSpec::new(class).holder(holder.id()).wait(wait)).unwrap();
-    let link = NodeLink::join(
-        path,
-        vec![LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority, classes }],
-        LinkOptions::default(),
-    )
-    .unwrap();
-    Member { _mgr: mgr, pool, binding, cached, _holder: holder, link, tickets }
+    let holder_delay = slow_holder.then_some(Duration::from_secs(30));
+    common::member(path, Spec { priority, holder_priority, holder_delay, wait, class, classes })
 }
 
 fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
