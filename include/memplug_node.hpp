@@ -18,6 +18,7 @@
 #include "memplug.hpp"
 
 #include <chrono>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -45,12 +46,22 @@ template <class F> std::string node_text(F call) {
 } // namespace detail
 
 /// One pool to join: its name at the authority, the pool (of the same
-/// manager), and its holders' priority against other processes'.
+/// manager), its holders' priority against other processes', and the
+/// classes of memory it holds (`node_classes({MEMPLUG_HOST_CLASS_KV})`; 0:
+/// any): the authority presses it only for requests of those classes.
 struct NodeDevice {
     std::string device;
     const Pool *pool = nullptr;
     uint32_t priority = 0;
+    uint32_t classes = 0;
 };
+
+/// A `NodeDevice::classes` mask of `classes` (`MEMPLUG_HOST_CLASS_*`).
+inline uint32_t node_classes(std::initializer_list<uint32_t> classes) {
+    uint32_t mask = 0;
+    for (uint32_t c : classes) mask |= c < 32 ? (1u << c) : 0u;
+    return mask;
+}
 
 /// A device an authority governs and its capacity in bytes.
 struct NodeCapacity {
@@ -73,6 +84,7 @@ class NodeLink : public detail::Owned<MemplugHostNodeLink, memplug_host_node_lin
             e.device = d.device.c_str();
             e.pool = d.pool != nullptr ? d.pool->get() : MemplugHostPool{};
             e.priority = d.priority;
+            e.classes = d.classes;
             c.push_back(e);
         }
         MemplugHostNodeLink l{};

@@ -7,8 +7,9 @@
  * a lease that does not fit presses the other member, whose holder frees
  * its blocks (a cross-member pressure ticket); the link statistics and
  * the authority's books agree and stay exact; an authority stopped and
- * started again is rejoined and counts each byte once; bad input is
- * refused with a status and writes no out-parameter.
+ * started again is rejoined and counts each byte once; an authority with
+ * a quota on this process's user refuses a lease past it and names the
+ * quota; bad input is refused with a status and writes no out-parameter.
  *
  *   node PATH/TO/libmemplug_plugin_cpu.so
  *
@@ -145,7 +146,7 @@ int main(int argc, char **argv) {
     dev.device = "cpu0";
     dev.pool = p1;
     dev.priority = 0;
-    dev.reserved0 = 0;
+    dev.classes = 1u << MEMPLUG_HOST_CLASS_KV; /* its blocks are KV */
     EXPECT_STATUS(memplug_host_manager_join_node(m1, NULL, &dev, 1, NULL, &untouched),
                   MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
     EXPECT_STATUS(memplug_host_manager_join_node(m1, path, &dev, 1, NULL, NULL), MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
@@ -161,10 +162,10 @@ int main(int argc, char **argv) {
                   MEMPLUG_HOST_STATUS_CALLBACK_REFUSED);
     EXPECT_MESSAGE("cuda7");
     dev.device = "cpu0";
-    dev.reserved0 = 1;
+    dev.classes = MEMPLUG_HOST_NODE_ALL_CLASSES + 1; /* a bit past the last class */
     EXPECT_STATUS(memplug_host_manager_join_node(m1, path, &dev, 1, NULL, &untouched),
                   MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
-    dev.reserved0 = 0;
+    dev.classes = 1u << MEMPLUG_HOST_CLASS_KV;
     EXPECT(untouched.id == 0);
 
     EXPECT_OK(memplug_host_manager_join_node(m1, path, &dev, 1, NULL, &l1));
@@ -186,9 +187,13 @@ int main(int argc, char **argv) {
     memset(&bo, 0, sizeof bo);
     bo.struct_size = sizeof bo;
     bo.wait_ns = 3000000000ull;
+    /* KV: the first member declared KV memory only, so only a KV request
+     * presses it. */
+    bo.alloc_class = MEMPLUG_HOST_CLASS_KV;
     EXPECT_OK(memplug_host_binding_create(m2, c2, p2, &bo, &b2));
     dev.pool = p2;
     dev.priority = 5;
+    dev.classes = 0; /* any class */
     EXPECT_OK(memplug_host_manager_join_node(m2, path, &dev, 1, NULL, &l2));
     EXPECT_OK(memplug_host_allocate(b2, 5 * MIB, 64, &big, &addr));
     EXPECT(tickets_seen >= 1);
@@ -251,6 +256,60 @@ int main(int argc, char **argv) {
             if (!found) sleep_ms(10);
         }
         EXPECT(found);
+    }
+
+    /* Quotas (as memplug node serve --quota UID=BYTES): a bad list is
+     * refused and serves nothing; this process's user may lease 1 MiB, so
+     * a 2 MiB grant is refused and the link's last error names the quota. */
+    {
+        MemplugHostNodeQuota q[2];
+        MemplugHostNodeAuthority qa = MEMPLUG_HOST_NULL_HANDLE_INIT;
+        MemplugHostNodeLink ql = MEMPLUG_HOST_NULL_HANDLE_INIT;
+        MemplugHostPool p3 = MEMPLUG_HOST_NULL_HANDLE_INIT;
+        MemplugHostBinding b3 = MEMPLUG_HOST_NULL_HANDLE_INIT;
+        MemplugHostAllocation small = MEMPLUG_HOST_NULL_HANDLE_INIT, over = MEMPLUG_HOST_NULL_HANDLE_INIT;
+        char qpath[108], want[64];
+        snprintf(qpath, sizeof qpath, "%s/memplug-node-cq-%ld.sock", tmp, (long)getpid());
+        q[0].kind = MEMPLUG_HOST_NODE_QUOTA_USER;
+        q[0].id = (uint32_t)geteuid();
+        q[0].bytes = MIB;
+        q[1] = q[0];
+        ao.quotas = q;
+        ao.quota_count = 2; /* the same user twice */
+        EXPECT_STATUS(memplug_host_manager_start_node_authority(m2, qpath, &cap, 1, &ao, &qa),
+                      MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
+        EXPECT_MESSAGE("has a quota already");
+        q[1].kind = 9;
+        EXPECT_STATUS(memplug_host_manager_start_node_authority(m2, qpath, &cap, 1, &ao, &qa),
+                      MEMPLUG_HOST_STATUS_INVALID_ARGUMENT);
+        ao.quotas = NULL;
+        EXPECT_STATUS(memplug_host_manager_start_node_authority(m2, qpath, &cap, 1, &ao, &qa),
+                      MEMPLUG_HOST_STATUS_NULL_ARGUMENT);
+        EXPECT(qa.id == 0 && access(qpath, F_OK) != 0);
+        ao.quotas = q;
+        ao.quota_count = 1;
+        EXPECT_OK(memplug_host_manager_start_node_authority(m2, qpath, &cap, 1, &ao, &qa));
+        EXPECT_OK(memplug_host_pool_create(m2, "cpu0-quota", 0, &p3));
+        memset(&bo, 0, sizeof bo);
+        bo.struct_size = sizeof bo;
+        EXPECT_OK(memplug_host_binding_create(m2, c2, p3, &bo, &b3));
+        dev.pool = p3;
+        dev.priority = 0;
+        EXPECT_OK(memplug_host_manager_join_node(m2, qpath, &dev, 1, NULL, &ql));
+        EXPECT_OK(memplug_host_allocate(b3, MIB / 2, 64, &small, &addr));
+        EXPECT_STATUS(memplug_host_allocate(b3, MIB, 64, &over, &addr), MEMPLUG_HOST_STATUS_OUT_OF_BUDGET);
+        EXPECT(over.id == 0);
+        snprintf(want, sizeof want, "user %u's quota leaves", (unsigned)geteuid());
+        EXPECT_OK(memplug_host_node_link_last_error(ql, text, sizeof text, &written));
+        EXPECT(strstr(text, want) != NULL);
+        if (strstr(text, want) == NULL) fprintf(stderr, "  the refusal: %s\n", text);
+        EXPECT_OK(memplug_host_allocation_free(small));
+        EXPECT_OK(memplug_host_node_link_leave(ql));
+        EXPECT_OK(memplug_host_binding_destroy(b3));
+        EXPECT_OK(memplug_host_pool_release(p3));
+        EXPECT_OK(memplug_host_node_authority_stop(qa));
+        ao.quotas = NULL;
+        ao.quota_count = 0;
     }
 
     /* Leaving: the handle goes stale; the zero handle is a no-op. */

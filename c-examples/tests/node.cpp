@@ -73,7 +73,8 @@ void run(const char *plugin) {
     auto b1 = m1.bind(c1, p1, memplug::BindingOptions{}.with_holder(holder).with_wait(std::chrono::seconds(2)));
     EXPECT_ERROR(MEMPLUG_HOST_STATUS_CALLBACK_REFUSED, memplug::NodeLink::join(m1, path, {{"gpu9", &p1, 0}}));
     EXPECT_ERROR(MEMPLUG_HOST_STATUS_NOT_FOUND, memplug::NodeLink::join(m1, socket_path(".none"), {{"cpu0", &p1, 0}}));
-    auto l1 = memplug::NodeLink::join(m1, path, {{"cpu0", &p1, 0}});
+    // Its blocks are KV: only a KV request presses it.
+    auto l1 = memplug::NodeLink::join(m1, path, {{"cpu0", &p1, 0, memplug::node_classes({MEMPLUG_HOST_CLASS_KV})}});
     EXPECT(l1.connected() && l1.stats().chunk == MiB && l1.last_error().empty());
     EXPECT_ERROR(MEMPLUG_HOST_STATUS_ALREADY_EXISTS, memplug::NodeLink::join(m1, path, {{"cpu0", &p1, 0}}));
     {
@@ -84,7 +85,8 @@ void run(const char *plugin) {
 
     // The second member presses the first through the node.
     auto p2 = m2.create_pool("cpu0", 0);
-    auto b2 = m2.bind(c2, p2, memplug::BindingOptions{}.with_wait(std::chrono::seconds(3)));
+    auto b2 = m2.bind(c2, p2,
+                      memplug::BindingOptions{}.with_class(MEMPLUG_HOST_CLASS_KV).with_wait(std::chrono::seconds(3)));
     auto l2 = memplug::NodeLink::join(m2, path, {{"cpu0", &p2, 5}});
     auto big = b2.allocate(5 * MiB);
     EXPECT(tickets >= 1);
@@ -92,6 +94,7 @@ void run(const char *plugin) {
     // What the holder freed is the ticket's answer, not idle budget.
     EXPECT(s1.tickets_answered >= 1 && s1.bytes_released >= 3 * MiB && s1.used <= 3 * MiB);
     EXPECT(node.status().find("\"books_exact\":true") != std::string::npos);
+    EXPECT(node.status().find("\"classes\":{\"cpu0\":[\"kv\"]}") != std::string::npos);
     EXPECT(l2.status(true).find("memplug_node_capacity_bytes{device=\"cpu0\"} 8388608") != std::string::npos);
     EXPECT(node.status(true).find("memplug_node_tickets_total") != std::string::npos);
 

@@ -64,8 +64,29 @@ pub struct MemplugHostNodeDevice {
     /// Its holders' priority against other processes' on this device:
     /// lower gives way first.
     pub priority: u32,
-    /// Zero.
-    pub reserved0: u32,
+    /// The classes of memory the pool holds: bit `1u <<
+    /// MEMPLUG_HOST_CLASS_*` for each (0: any class). The authority
+    /// presses this process only for requests of a class it declared.
+    /// Bits above `MEMPLUG_HOST_NODE_ALL_CLASSES` are
+    /// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+    pub classes: u32,
+}
+
+/// Every class a `MemplugHostNodeDevice::classes` mask can name: bit
+/// `1u << MEMPLUG_HOST_CLASS_*` for each of the five.
+pub const MEMPLUG_HOST_NODE_ALL_CLASSES: u32 = 0x1f;
+
+/// A C class mask (bits of `MEMPLUG_HOST_CLASS_*`) as the node's mask
+/// (bits of `AllocationClass` discriminants: the two numberings differ —
+/// `MEMPLUG_HOST_CLASS_OTHER` is 0 in C, `AllocationClass::Other` is 4).
+fn node_classes(c_mask: u32) -> Result<u8> {
+    let mut mask = 0u8;
+    for bit in 0..32 {
+        if c_mask & (1 << bit) != 0 {
+            mask |= 1 << crate::binding::class_of(bit)? as u8;
+        }
+    }
+    Ok(mask)
 }
 
 /// How a link behaves. Zeroed (with `struct_size` set), or NULL, it asks
@@ -138,10 +159,35 @@ pub struct MemplugHostNodeCapacity {
     pub capacity: u64,
 }
 
+/// A quota on a user's processes (`MEMPLUG_HOST_NODE_QUOTA_USER`).
+pub const MEMPLUG_HOST_NODE_QUOTA_USER: u32 = 0;
+/// A quota on a group's processes, by their primary group
+/// (`MEMPLUG_HOST_NODE_QUOTA_GROUP`).
+pub const MEMPLUG_HOST_NODE_QUOTA_GROUP: u32 = 1;
+
+/// One quota an authority enforces: an element of the array
+/// `MemplugHostNodeAuthorityOptions::quotas` points at. The most bytes (all
+/// devices together) the processes of user `id` (`kind`
+/// `MEMPLUG_HOST_NODE_QUOTA_USER`) or of primary group `id`
+/// (`MEMPLUG_HOST_NODE_QUOTA_GROUP`) may lease, as `memplug node serve
+/// --quota UID=BYTES` / `--group-quota GID=BYTES` set. A member under both
+/// a user's and a group's quota gets the smaller room; a lease refused by
+/// one says which quota bound.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemplugHostNodeQuota {
+    /// `MEMPLUG_HOST_NODE_QUOTA_USER` or `_GROUP`.
+    pub kind: u32,
+    /// The user or group id (as the kernel gives it at connect).
+    pub id: u32,
+    /// The most bytes they may lease.
+    pub bytes: u64,
+}
+
 /// How an authority is set up. Zeroed (with `struct_size` set), or NULL,
 /// it asks for the defaults.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct MemplugHostNodeAuthorityOptions {
     /// `sizeof(MemplugHostNodeAuthorityOptions)`.
     pub struct_size: u32,
@@ -158,10 +204,34 @@ pub struct MemplugHostNodeAuthorityOptions {
     /// what they hold first, in nanoseconds (0: 250 ms; 1: none to speak
     /// of). A lease asked meanwhile waits for it within its own wait.
     pub rejoin_grace_ns: u64,
+    /// `quota_count` quotas (NULL with 0: none), read during the call
+    /// only. A kind other than `MEMPLUG_HOST_NODE_QUOTA_USER`/`_GROUP`, or
+    /// an id listed twice for one kind, is `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+    pub quotas: *const MemplugHostNodeQuota,
+    /// The number of elements at `quotas` (at most 65536).
+    pub quota_count: usize,
 }
 
-/// Size of `MemplugHostNodeAuthorityOptions` in API 1.3.
-pub const MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3: u32 = 32;
+impl Default for MemplugHostNodeAuthorityOptions {
+    fn default() -> Self {
+        MemplugHostNodeAuthorityOptions {
+            struct_size: 0,
+            mode: 0,
+            chunk: 0,
+            ticket_timeout_ns: 0,
+            rejoin_grace_ns: 0,
+            quotas: std::ptr::null(),
+            quota_count: 0,
+        }
+    }
+}
+
+/// Size of `MemplugHostNodeAuthorityOptions` in API 1.3 (the quotas were
+/// appended while 1.3 was open: its first 32 bytes are still read, with
+/// no quotas).
+pub const MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3: u32 = 48;
+/// The size it first had (no quotas), the shortest accepted.
+const AUTHORITY_OPTIONS_FIRST_SIZE: u32 = 32;
 
 /// Status text as JSON (`memplug_host_node_link_status`,
 /// `memplug_host_node_authority_status`).
@@ -169,7 +239,8 @@ pub const MEMPLUG_HOST_NODE_STATUS_JSON: u32 = 0;
 /// Status text as Prometheus text.
 pub const MEMPLUG_HOST_NODE_STATUS_PROMETHEUS: u32 = 1;
 
-// SAFETY (all three): `#[repr(C)]`, `Copy`, all-zero valid; sizes asserted.
+// SAFETY (all three): `#[repr(C)]`, `Copy`, all-zero valid (a zeroed
+// `quotas` is NULL with no elements); sizes asserted.
 unsafe impl Prefixed for MemplugHostNodeJoinOptions {
     const SIZE_1_0: u32 = MEMPLUG_HOST_NODE_JOIN_OPTIONS_SIZE_1_3;
 }
@@ -177,7 +248,7 @@ unsafe impl Prefixed for MemplugHostNodeLinkStats {
     const SIZE_1_0: u32 = MEMPLUG_HOST_NODE_LINK_STATS_SIZE_1_3;
 }
 unsafe impl Prefixed for MemplugHostNodeAuthorityOptions {
-    const SIZE_1_0: u32 = MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3;
+    const SIZE_1_0: u32 = AUTHORITY_OPTIONS_FIRST_SIZE;
 }
 const _: () = {
     use std::mem::size_of;
@@ -188,6 +259,11 @@ const _: () = {
     );
     assert!(size_of::<MemplugHostNodeDevice>() == 24);
     assert!(size_of::<MemplugHostNodeCapacity>() == 16);
+    assert!(size_of::<MemplugHostNodeQuota>() == 16);
+    assert!(
+        std::mem::offset_of!(MemplugHostNodeAuthorityOptions, quotas)
+            == AUTHORITY_OPTIONS_FIRST_SIZE as usize
+    );
 };
 
 /// What a `Kind::Node` handle holds.
@@ -278,8 +354,8 @@ fn format_flag(format: u32) -> Result<bool> {
 /// authority refused the join (a device it does not govern, a quota; the
 /// message has its reason); `_ALREADY_EXISTS` when a pool is already
 /// joined (a pool joins once for its life) or appears twice;
-/// `_INVALID_ARGUMENT` for no devices, an empty device name, a non-zero
-/// `reserved0`, a short `struct_size` or a path too long for a socket
+/// `_INVALID_ARGUMENT` for no devices, an empty device name, a `classes`
+/// naming no class, a short `struct_size` or a path too long for a socket
 /// (about 107 bytes); `_WRONG_MANAGER` for a pool of another manager;
 /// `_DEVICE_UNAVAILABLE` for other socket errors (the message has them).
 /// A join waits at most 5 s for the authority's answer (`_TIMEOUT`).
@@ -323,10 +399,19 @@ pub unsafe extern "C" fn memplug_host_manager_join_node(
         for (i, d) in devices.iter().enumerate() {
             // SAFETY: the caller's contract.
             let name = unsafe { c_str(d.device, "devices[].device") }?;
-            if name.is_empty() || d.reserved0 != 0 {
+            if name.is_empty() {
                 return Err(Error::new(
                     S::InvalidArgument,
-                    format!("devices[{i}]: the device name must not be empty and reserved0 must be zero"),
+                    format!("devices[{i}]: the device name is empty"),
+                ));
+            }
+            if d.classes & !MEMPLUG_HOST_NODE_ALL_CLASSES != 0 {
+                return Err(Error::new(
+                    S::InvalidArgument,
+                    format!(
+                        "devices[{i}]: classes {:#x} name no class (MEMPLUG_HOST_NODE_ALL_CLASSES is {:#x})",
+                        d.classes, MEMPLUG_HOST_NODE_ALL_CLASSES
+                    ),
                 ));
             }
             same_manager(seat, d.pool.id, Kind::Pool)?;
@@ -334,7 +419,12 @@ pub unsafe extern "C" fn memplug_host_manager_join_node(
             if specs.iter().any(|s| std::sync::Arc::ptr_eq(&s.pool, &p.pool)) {
                 return Err(Error::new(S::AlreadyExists, format!("devices[{i}]: the pool is listed twice")));
             }
-            specs.push(LinkDevice { device: name.to_owned(), pool: p.pool.clone(), priority: d.priority });
+            specs.push(LinkDevice {
+                device: name.to_owned(),
+                pool: p.pool.clone(),
+                priority: d.priority,
+                classes: node_classes(d.classes)?,
+            });
         }
         let link = NodeLink::join(path, specs, opts)
             .map_err(|e| io_error(&format!("could not join the node at {path}"), e))?;
@@ -456,10 +546,18 @@ pub extern "C" fn memplug_host_node_link_leave(link: MemplugHostNodeLink) -> Mem
 /// `memplug_host_manager_join_node`. A stale socket file of a dead
 /// authority is replaced. `options` may be NULL (the defaults).
 ///
+/// Per-user and per-group quotas come in `options->quotas` (as `memplug
+/// node serve --quota`/`--group-quota`): a lease that would take a user's
+/// or a group's processes past theirs is refused, and the refusal (the
+/// member's `memplug_host_node_link_last_error`) names the quota.
+///
 /// Refusals: `MEMPLUG_HOST_STATUS_ALREADY_EXISTS` when an authority already
 /// serves the path; `_INVALID_ARGUMENT` for no devices, an empty or
-/// repeated name, a short `struct_size`, a mode above 0777 or a path too
-/// long for a socket; `_DEVICE_UNAVAILABLE` for other socket errors.
+/// repeated name, a short `struct_size`, a mode above 0777, a quota of an
+/// unknown kind or repeated, or a path too long for a socket;
+/// `_NULL_ARGUMENT` for NULL `quotas` with a `quota_count`;
+/// `_OUT_OF_RANGE` for more than 65536 quotas; `_DEVICE_UNAVAILABLE` for
+/// other socket errors.
 ///
 /// Ownership: the caller owns the handle (`memplug_host_node_authority_stop`;
 /// destroying the manager stops it too). Thread-safety: any thread.
@@ -467,8 +565,8 @@ pub extern "C" fn memplug_host_node_link_leave(link: MemplugHostNodeLink) -> Mem
 /// # Safety
 /// `socket_path` NULL or NUL-terminated; `devices` NULL or readable for
 /// `device_count` elements, each `device` NULL or NUL-terminated;
-/// `options` NULL or readable for its `struct_size`; `out` NULL or
-/// writable.
+/// `options` NULL or readable for its `struct_size`, its `quotas` NULL or
+/// readable for `quota_count` elements; `out` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn memplug_host_manager_start_node_authority(
     manager: MemplugHostManager,
@@ -511,6 +609,10 @@ pub unsafe extern "C" fn memplug_host_manager_start_node_authority(
             }
             config.ticket_timeout = duration_or(o.ticket_timeout_ns, config.ticket_timeout);
             config.rejoin_grace = duration_or(o.rejoin_grace_ns, config.rejoin_grace);
+            // SAFETY: the caller's contract covers `quotas`.
+            let (users, groups) = unsafe { quotas(&o) }?;
+            config.quotas = users;
+            config.group_quotas = groups;
         }
         let (_m, seat) = pin_manager(manager.id)?;
         let a = Authority::start(config).map_err(|e| io_error(&format!("could not serve {path}"), e))?;
@@ -521,6 +623,48 @@ pub unsafe extern "C" fn memplug_host_manager_start_node_authority(
             })
         }
     })
+}
+
+/// Ids and their bytes, as `AuthorityConfig` takes them.
+type Quotas = Vec<(u32, u64)>;
+
+/// The user and group quotas of `o` (none when its `struct_size` stops
+/// before them: `read_sized` zeroed them).
+///
+/// # Safety
+/// `o.quotas` NULL or readable for `o.quota_count` elements.
+unsafe fn quotas(o: &MemplugHostNodeAuthorityOptions) -> Result<(Quotas, Quotas)> {
+    let (mut users, mut groups) = (Vec::new(), Vec::new());
+    if o.quota_count == 0 {
+        return Ok((users, groups));
+    }
+    if o.quota_count > 65536 {
+        return Err(Error::new(S::OutOfRange, format!("{} quotas (at most 65536)", o.quota_count)));
+    }
+    require_non_null(o.quotas, "quotas")?;
+    // SAFETY: the caller's contract.
+    let list = unsafe { std::slice::from_raw_parts(o.quotas, o.quota_count) };
+    for (i, q) in list.iter().enumerate() {
+        let (to, what) = match q.kind {
+            MEMPLUG_HOST_NODE_QUOTA_USER => (&mut users, "user"),
+            MEMPLUG_HOST_NODE_QUOTA_GROUP => (&mut groups, "group"),
+            k => {
+                return Err(Error::new(
+                    S::InvalidArgument,
+                    format!("quotas[{i}]: kind {k} is not MEMPLUG_HOST_NODE_QUOTA_USER (0) or _GROUP (1)"),
+                ))
+            }
+        };
+        // A repeat is a mistake to report, not a silent override.
+        if to.iter().any(|(id, _)| *id == q.id) {
+            return Err(Error::new(
+                S::InvalidArgument,
+                format!("quotas[{i}]: {what} {} has a quota already", q.id),
+            ));
+        }
+        to.push((q.id, q.bytes));
+    }
+    Ok((users, groups))
 }
 
 /// The authority's books (`format`: `MEMPLUG_HOST_NODE_STATUS_JSON` or
@@ -560,4 +704,22 @@ pub extern "C" fn memplug_host_node_authority_stop(authority: MemplugHostNodeAut
         }
         remove_drop::<NodeEntry>(authority.id)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memplug_host_dep::governor::AllocationClass;
+
+    /// C numbers the classes otherwise than Rust: a mask is translated bit
+    /// by bit, never passed through.
+    #[test]
+    fn a_c_class_mask_names_the_same_classes_at_the_node() {
+        let kv = 1 << crate::common::MEMPLUG_HOST_CLASS_KV;
+        assert_eq!(node_classes(kv).unwrap(), 1 << AllocationClass::Kv as u8);
+        let other = 1 << crate::common::MEMPLUG_HOST_CLASS_OTHER;
+        assert_eq!(node_classes(other).unwrap(), 1 << AllocationClass::Other as u8);
+        assert_eq!(node_classes(MEMPLUG_HOST_NODE_ALL_CLASSES).unwrap(), memplug_node::wire::ALL_CLASSES);
+        assert_eq!(node_classes(0).unwrap(), 0);
+    }
 }

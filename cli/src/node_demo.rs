@@ -173,7 +173,7 @@ pub fn trainer(socket: &Path) -> u8 {
 fn trainer_run(socket: &Path) -> Result<(), String> {
     let (mgr, ctx) = manager()?;
     let pool = mgr.create_pool("cpu0", 0).map_err(|e| e.to_string())?;
-    let dev = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority: 5 };
+    let dev = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority: 5, classes: 0 };
     let link = NodeLink::join(socket, vec![dev], LinkOptions::default()).map_err(|e| e.to_string())?;
     let b = mgr
         .bind(&ctx, &pool, BindingSpec::new(AllocationClass::Activations).wait(WAIT))
@@ -264,7 +264,7 @@ fn demo(dir: &Path, args: &Args) -> Result<bool, String> {
     let sync = ctx.mechanism().sync().ok_or("the cpu mechanism has no sync capability")?;
     let link = NodeLink::join(
         &socket,
-        vec![LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority: 1 }],
+        vec![LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority: 1, classes: 0 }],
         LinkOptions::default(),
     )
     .map_err(|x| e(&x))?;

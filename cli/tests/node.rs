@@ -37,9 +37,23 @@ fn serve_then_status_in_json_and_prometheus() {
     assert_eq!(v["books_exact"], true);
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(std::fs::metadata(&socket).unwrap().permissions().mode() & 0o777, 0o600);
+    // A member declaring KV and weights on cpu0: the status shows its
+    // classes, in JSON and Prometheus text.
+    use memplug_node::wire::{self, Declared, Frame, Msg};
+    let mut member = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let classes = 1 << memplug_host::governor::AllocationClass::Kv as u8
+        | 1 << memplug_host::governor::AllocationClass::Weights as u8;
+    let devices = vec![Declared { device: "cpu0".into(), priority: 2, classes, holding: 0 }];
+    wire::write_msg(&mut member, &Msg::Hello { version: wire::VERSION, devices }).unwrap();
+    assert!(matches!(wire::read_frame(&mut member).unwrap(), Frame::Msg(Msg::Welcome { .. })));
+    let out = memplug().args(["node", "status", "--socket"]).arg(&socket).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["members"][0]["classes"]["cpu0"], serde_json::json!(["weights", "kv"]), "{v}");
     let prom = memplug().args(["node", "status", "--prometheus", "--socket"]).arg(&socket).output().unwrap();
     let text = String::from_utf8(prom.stdout).unwrap();
     assert!(text.contains("memplug_node_capacity_bytes{device=\"cpu0\"} 67108864"), "{text}");
+    assert!(text.contains(",device=\"cpu0\",class=\"kv\"} 1"), "{text}");
+    drop(member);
     // A second authority on the same socket is refused.
     let second = memplug()
         .args(["node", "serve", "--socket"])

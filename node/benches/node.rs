@@ -40,7 +40,7 @@ fn authority(path: &Path, capacity: u64) -> Authority {
 
 fn join(path: &Path, pool: &Arc<Pool>, priority: u32, keep: u64, tick: Duration) -> NodeLink {
     let opts = LinkOptions { keep_idle_chunks: keep, tick, ..LinkOptions::default() };
-    let dev = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority };
+    let dev = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority, classes: 0 };
     NodeLink::join(path, vec![dev], opts).unwrap()
 }
 

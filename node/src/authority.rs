@@ -10,9 +10,10 @@
 //! process lived. The books are under one lock, never held across I/O
 //! that waits on a peer.
 
-use crate::books::{Books, MemberId};
+use crate::books::{class_bit, Books, MemberId};
 use crate::peer::{self, Liveness};
-use crate::wire::{self, Declared, Frame, Msg};
+use crate::wire::{self, Declared, Frame, Msg, ALL_CLASSES};
+use memplug_host::governor::AllocationClass;
 use std::collections::HashMap;
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -339,15 +340,13 @@ fn join(
     (uid, gid): (u32, u32),
     devices: &[Declared],
 ) -> Result<Msg, String> {
-    let declared: Vec<(String, u32, u64)> =
-        devices.iter().map(|d| (d.device.clone(), d.priority, d.holding)).collect();
     let mut books = lock(&shared.books);
     // The same process joining again (its connection closed while it
     // lived): what it declares now replaces what it held, counted once.
     let again: Vec<MemberId> =
         books.members.iter().filter(|(_, m)| m.pid == conn.pid && !m.connected).map(|(i, _)| *i).collect();
     let old: Vec<_> = again.iter().filter_map(|i| books.reclaim(*i).map(|m| (*i, m))).collect();
-    if let Err(why) = books.join(id, conn.pid, (uid, gid), &declared) {
+    if let Err(why) = books.join(id, conn.pid, (uid, gid), devices) {
         for (i, m) in old {
             books.members.insert(i, m.clone());
             for (d, b) in &m.leased {
@@ -357,6 +356,9 @@ fn join(
             }
         }
         return Err(why);
+    }
+    if let Some(m) = books.members.get_mut(&id) {
+        m.pidfd = !conn.liveness.is_fallback();
     }
     lock(&shared.watch).retain(|(i, _)| !again.contains(i));
     lock(&shared.conns).insert(id, conn.clone());
@@ -414,7 +416,8 @@ fn lease(shared: &Arc<Shared>, id: MemberId, conn: &Arc<Conn>, device: String, a
 }
 
 /// Sends tickets to other members declared at equal or lower priority than
-/// the request presses with, one at a time (lowest priority first), until
+/// the request presses with and declared holding memory of its class
+/// (`Books::victims`), one at a time (lowest priority first), until
 /// the lease fits or nobody is left or the wait ends; then grants or
 /// refuses naming who answered what (and who was not asked).
 fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
@@ -434,13 +437,16 @@ fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
             return;
         }
     }
-    let (victims, priority, above) = {
+    let (victims, priority, above, other_classes) = {
         let books = lock(&shared.books);
         let priority = books.pressing_priority(id, device, ask.priority);
-        let victims = books.victims(id, device, priority);
-        // Members holding some that the request may not press.
-        let above = books.victims(id, device, u32::MAX).len() - victims.len();
-        (victims, priority, above)
+        let victims = books.victims(id, device, priority, class_bit(class));
+        // Members holding some that the request may not press: declared
+        // above its priority, or holding none of its class.
+        let at_or_below = books.victims(id, device, priority, ALL_CLASSES).len();
+        let above = books.victims(id, device, u32::MAX, ALL_CLASSES).len() - at_or_below;
+        let other_classes = at_or_below - victims.len();
+        (victims, priority, above, other_classes)
     };
     let mut report = Vec::new();
     for v in victims {
@@ -499,6 +505,10 @@ fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
             if above > 0 {
                 report.push(format!("{above} member(s) of priority above {priority} not asked"));
             }
+            if other_classes > 0 {
+                let name = memplug_host::governor::AllocationClass::from_u8_lossy(class).name();
+                report.push(format!("{other_classes} member(s) that declared no {name} memory not asked"));
+            }
             let asked =
                 if report.is_empty() { "nobody held any to ask".to_string() } else { report.join("; ") };
             send(conn, &Msg::Refused { req, reason: format!("node: {why}; {asked}") });
@@ -549,6 +559,22 @@ fn watch_loop(shared: Arc<Shared>) {
     }
 }
 
+/// Each device's declared classes by name (`["kv", "weights"]`).
+fn class_names(classes: &std::collections::BTreeMap<String, u8>) -> serde_json::Value {
+    classes
+        .iter()
+        .map(|(d, mask)| {
+            let names: Vec<&str> = AllocationClass::ALL
+                .iter()
+                .filter(|c| mask & (1 << c.index()) != 0)
+                .map(|c| c.name())
+                .collect();
+            (d.clone(), serde_json::json!(names))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 fn status_json(shared: &Shared) -> String {
     let books = lock(&shared.books);
     let devices: serde_json::Map<String, serde_json::Value> = books
@@ -566,8 +592,8 @@ fn status_json(shared: &Shared) -> String {
         .iter()
         .map(|(id, m)| {
             serde_json::json!({
-                "id": id, "pid": m.pid, "uid": m.uid, "connected": m.connected,
-                "leased": m.leased, "priority": m.priority,
+                "id": id, "pid": m.pid, "uid": m.uid, "connected": m.connected, "pidfd": m.pidfd,
+                "leased": m.leased, "priority": m.priority, "classes": class_names(&m.classes),
                 "tickets_received": m.tickets_received, "tickets_answered": m.tickets_answered,
                 "tickets_skipped": m.tickets_skipped, "bytes_released": m.bytes_released,
                 "leases_granted": m.leases_granted, "leases_refused": m.leases_refused,
@@ -600,6 +626,17 @@ fn status_prometheus(shared: &Shared) -> String {
                 "memplug_node_member_leased_bytes{{pid=\"{}\",device=\"{d}\"}} {b}\n",
                 m.pid
             ));
+        }
+    }
+    out.push_str("# TYPE memplug_node_member_class gauge\n");
+    for m in books.members.values() {
+        for (d, mask) in &m.classes {
+            for c in AllocationClass::ALL.iter().filter(|c| mask & (1 << c.index()) != 0) {
+                out.push_str(&format!(
+                    "memplug_node_member_class{{pid=\"{}\",device=\"{d}\",class=\"{c}\"}} 1\n",
+                    m.pid
+                ));
+            }
         }
     }
     out.push_str(&format!(

@@ -3,6 +3,7 @@
 //! model test: at every moment, each device's `leased` is the sum of its
 //! members' leases, and a lease is only granted from what is free.
 
+use crate::wire::{ClassMask, Declared, ALL_CLASSES};
 use std::collections::BTreeMap;
 
 /// A member's id: one connection's, for its life.
@@ -26,14 +27,28 @@ pub struct Member {
     /// leases stay counted until it dies or joins again (nothing is freed
     /// on a guess).
     pub connected: bool,
+    /// Whether its liveness is watched through a pidfd (false: through
+    /// `/proc`, the fallback; see `peer.rs`).
+    pub pidfd: bool,
     pub leased: BTreeMap<String, u64>,
     pub priority: BTreeMap<String, u32>,
+    /// The classes of memory it declared on each device (a [`ClassMask`];
+    /// 0 at join is stored as [`ALL_CLASSES`]): only requests of those
+    /// classes press it (`victims`).
+    pub classes: BTreeMap<String, ClassMask>,
     pub tickets_received: u64,
     pub tickets_answered: u64,
     pub tickets_skipped: u64,
     pub bytes_released: u64,
     pub leases_granted: u64,
     pub leases_refused: u64,
+}
+
+/// The bit of `class` (an `AllocationClass` discriminant) in a
+/// [`ClassMask`]: an unknown class is `Other`'s, as the link reads it.
+pub fn class_bit(class: u8) -> ClassMask {
+    use memplug_host::governor::AllocationClass;
+    1 << AllocationClass::from_u8_lossy(class) as u8
 }
 
 /// The books.
@@ -72,26 +87,36 @@ impl Books {
         })
     }
 
-    /// A member joins, declaring what it already holds on each device (a
-    /// rejoin after the authority restarted): those bytes are counted even
-    /// past the capacity (they are in use; the node is then over-committed
-    /// and leases nothing more until enough comes back).
+    /// A member joins, declaring its priority and classes on each device
+    /// and what it already holds there (a rejoin after the authority
+    /// restarted): those bytes are counted even past the capacity (they
+    /// are in use; the node is then over-committed and leases nothing more
+    /// until enough comes back). A class mask with bits past the last
+    /// class is refused.
     pub fn join(
         &mut self,
         id: MemberId,
         pid: i32,
         (uid, gid): (u32, u32),
-        declared: &[(String, u32, u64)],
+        declared: &[Declared],
     ) -> Result<(), String> {
-        for (d, _, _) in declared {
-            self.device(d)?;
+        for d in declared {
+            self.device(&d.device)?;
+            if d.classes & !ALL_CLASSES != 0 {
+                return Err(format!(
+                    "device {:?}: classes {:#04x} name no class (bits 0-4: weights, kv, activations, workspace, other)",
+                    d.device, d.classes
+                ));
+            }
         }
         let mut m = Member { pid, uid, gid, connected: true, ..Member::default() };
-        for (d, priority, holding) in declared {
-            m.priority.insert(d.clone(), *priority);
-            if *holding > 0 {
-                m.leased.insert(d.clone(), *holding);
-                self.devices.get_mut(d).expect("checked").leased += holding;
+        for d in declared {
+            m.priority.insert(d.device.clone(), d.priority);
+            let classes = if d.classes == 0 { ALL_CLASSES } else { d.classes };
+            m.classes.insert(d.device.clone(), classes);
+            if d.holding > 0 {
+                m.leased.insert(d.device.clone(), d.holding);
+                self.devices.get_mut(&d.device).expect("checked").leased += d.holding;
             }
         }
         self.members.insert(id, m);
@@ -176,10 +201,19 @@ impl Books {
     }
 
     /// Members to ask for room on `device` for `requester` pressing at
-    /// `priority`: connected, not the requester, holding some, declared at
-    /// equal or lower priority (as the governor asks holders in a
-    /// process); lowest priority first, then the one holding most.
-    pub fn victims(&self, requester: MemberId, device: &str, priority: u32) -> Vec<MemberId> {
+    /// `priority` for a request whose class is in `wanted` ([`class_bit`];
+    /// [`ALL_CLASSES`]: whatever the classes): connected, not the
+    /// requester, holding some, declared at equal or lower priority (as
+    /// the governor asks holders in a process) and declared holding memory
+    /// of a wanted class there; lowest priority first, then the one
+    /// holding most.
+    pub fn victims(
+        &self,
+        requester: MemberId,
+        device: &str,
+        priority: u32,
+        wanted: ClassMask,
+    ) -> Vec<MemberId> {
         let mut v: Vec<(u32, u64, MemberId)> = self
             .members
             .iter()
@@ -187,7 +221,8 @@ impl Books {
             .filter_map(|(id, m)| {
                 let held = m.leased.get(device).copied().unwrap_or(0);
                 let p = m.priority.get(device).copied().unwrap_or(0);
-                (held > 0 && p <= priority).then(|| (p, u64::MAX - held, *id))
+                let classes = m.classes.get(device).copied().unwrap_or(ALL_CLASSES);
+                (held > 0 && p <= priority && classes & wanted != 0).then(|| (p, u64::MAX - held, *id))
             })
             .collect();
         v.sort();
@@ -222,6 +257,31 @@ impl Books {
 mod tests {
     use super::*;
 
+    /// Classes at join: 0 is every class; a bit past the last is refused;
+    /// a request presses only members that declared its class.
+    #[test]
+    fn members_are_pressed_only_for_the_classes_they_declared() {
+        let mut b = Books::new(1, &[("d".to_string(), 100)], &[]);
+        let decl = |classes, holding| [Declared { device: "d".into(), priority: 0, classes, holding }];
+        let why = b.join(9, 19, (0, 0), &decl(0x20, 0)).unwrap_err();
+        assert!(why.contains("name no class"), "{why}");
+        b.join(1, 11, (0, 0), &decl(1 << 1, 10)).unwrap(); // kv
+        b.join(2, 12, (0, 0), &decl(0, 10)).unwrap(); // undeclared: every class
+        b.join(3, 13, (0, 0), &decl(1 << 0 | 1 << 4, 10)).unwrap(); // weights, other
+        b.join(4, 14, (0, 0), &decl(0, 0)).unwrap();
+        assert_eq!(b.members[&2].classes["d"], ALL_CLASSES);
+        let v = |class| {
+            let mut v = b.victims(4, "d", 0, class_bit(class));
+            v.sort();
+            v
+        };
+        assert_eq!(v(1), vec![1, 2], "kv");
+        assert_eq!(v(0), vec![2, 3], "weights");
+        assert_eq!(v(2), vec![2], "activations");
+        assert_eq!(v(200), vec![2, 3], "an unknown class is other");
+        assert_eq!(b.victims(4, "d", 0, ALL_CLASSES).len(), 3);
+    }
+
     /// A model run: random joins, leases, returns, ticket answers, rejoins
     /// over capacity and deaths; after every step each device's `leased`
     /// is the sum of its members' and, but for what rejoins declared, no
@@ -249,7 +309,15 @@ mod tests {
                     let holding = if rnd(10) == 0 { rnd(30) } else { 0 };
                     let uid = if rnd(3) == 0 { 7 } else { 1 };
                     let gid = if rnd(2) == 0 { 20 } else { 21 };
-                    let decl = [("a".to_string(), rnd(3) as u32, holding), ("b".to_string(), 0, 0)];
+                    let decl = [
+                        Declared {
+                            device: "a".into(),
+                            priority: rnd(3) as u32,
+                            classes: rnd(ALL_CLASSES as u64 + 1) as u8,
+                            holding,
+                        },
+                        Declared { device: "b".into(), priority: 0, classes: 0, holding: 0 },
+                    ];
                     b.join(next, next as i32, (uid, gid), &decl).unwrap();
                     next += 1;
                 }
@@ -284,8 +352,11 @@ mod tests {
                 _ => {
                     let requester = pick(rnd(1000)).unwrap_or(0);
                     let pressing = b.pressing_priority(requester, dev, rnd(4) as u32);
-                    let victims = b.victims(requester, dev, pressing);
+                    let class = rnd(7) as u8; // 5 and 6: unknown, read as `Other`
+                    let wanted = class_bit(class);
+                    let victims = b.victims(requester, dev, pressing, wanted);
                     let p = |id| b.members[&id].priority.get(dev).copied().unwrap_or(0);
+                    let classes = |id| b.members[&id].classes.get(dev).copied().unwrap_or(0);
                     for w in victims.windows(2) {
                         assert!(p(w[0]) <= p(w[1]), "lowest priority first");
                     }
@@ -294,6 +365,19 @@ mod tests {
                             p(*v) <= pressing && *v != requester,
                             "step {step}: pressed a higher priority"
                         );
+                        assert!(
+                            classes(*v) & wanted != 0,
+                            "step {step}: pressed a member without class {class}"
+                        );
+                    }
+                    // Everyone else who holds some, at or below the
+                    // priority, with the class, is asked.
+                    for (id, m) in &b.members {
+                        let held = m.leased.get(dev).copied().unwrap_or(0);
+                        let eligible = *id != requester && m.connected && held > 0;
+                        if eligible && p(*id) <= pressing && classes(*id) & wanted != 0 {
+                            assert!(victims.contains(id), "step {step}: member {id} left out");
+                        }
                     }
                 }
             }
@@ -316,7 +400,7 @@ mod tests {
         let devices = [("d".to_string(), 1000)];
         let mut b = Books::new(1, &devices, &[(5, 30)]);
         b.group_quotas.insert(100, 50);
-        let decl = [("d".to_string(), 0, 0)];
+        let decl = [Declared { device: "d".into(), priority: 0, classes: 0, holding: 0 }];
         b.join(1, 11, (1, 100), &decl).unwrap();
         b.join(2, 12, (2, 100), &decl).unwrap();
         b.join(3, 13, (5, 100), &decl).unwrap();

@@ -35,6 +35,11 @@ pub use link::{LinkDevice, LinkOptions, LinkStats, NodeLink};
 /// configuration ([`join_from_env`]).
 pub const SOCKET_ENV: &str = "MEMPLUG_NODE_SOCKET";
 
+/// Set to `1`, an authority watches its members' liveness through `/proc`
+/// instead of pidfds: the fallback taken where `pidfd_open` fails (a
+/// kernel before 5.3, valgrind 3.19), forced so tests run it anywhere.
+pub use peer::NO_PIDFD_ENV;
+
 /// Joins `devices` to the authority named by `MEMPLUG_NODE_SOCKET`, if
 /// set: `Ok(None)` when it is not (the in-process governor stays as it is).
 pub fn join_from_env(devices: Vec<LinkDevice>) -> std::io::Result<Option<NodeLink>> {

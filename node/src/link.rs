@@ -29,6 +29,11 @@ pub struct LinkDevice {
     pub pool: Arc<Pool>,
     /// Its holders' priority against other processes' (lower gives first).
     pub priority: u32,
+    /// The classes of memory its pool holds ([`wire::ClassMask`]: bit
+    /// `AllocationClass as u8`, e.g. `1 << AllocationClass::Kv as u8`; 0
+    /// or [`wire::ALL_CLASSES`]: any). The authority presses this process
+    /// only for requests of these classes.
+    pub classes: wire::ClassMask,
 }
 
 /// How a link behaves.
@@ -278,7 +283,12 @@ fn connect(shared: &Arc<Shared>) -> io::Result<()> {
         .devs
         .iter()
         .zip(holding)
-        .map(|(d, holding)| Declared { device: d.spec.device.clone(), priority: d.spec.priority, holding })
+        .map(|(d, holding)| Declared {
+            device: d.spec.device.clone(),
+            priority: d.spec.priority,
+            classes: d.spec.classes,
+            holding,
+        })
         .collect();
     wire::write_msg(&mut stream, &Msg::Hello { version: wire::VERSION, devices })?;
     match wire::read_frame(&mut stream)? {

@@ -7,21 +7,34 @@
 
 use std::io::{self, Read, Write};
 
-/// The protocol's version, sent in `Hello`; the authority refuses others.
-pub const VERSION: u32 = 2;
+/// The protocol's version, sent in `Hello`; the authority refuses others
+/// (3: `Hello` declares each device's classes).
+pub const VERSION: u32 = 3;
 /// The largest body a frame may have: a frame claiming more is refused
 /// before anything is read into memory.
 pub const MAX_FRAME: u32 = 64 * 1024;
 
 /// One device's part of a `Hello`: its name, the priority the process's
-/// holders have on it (lower is asked first under pressure), and the bytes
-/// the process already holds (a rejoin after the authority restarted).
+/// holders have on it (lower is asked first under pressure), the classes
+/// of memory it holds there (a [`ClassMask`]: only requests of those
+/// classes press it; protocol 3), and the bytes the process already holds
+/// (a rejoin after the authority restarted).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Declared {
     pub device: String,
     pub priority: u32,
+    pub classes: ClassMask,
     pub holding: u64,
 }
+
+/// A set of allocation classes: bit `c` for the class whose discriminant
+/// (`AllocationClass as u8`) is `c`. [`ALL_CLASSES`] (or 0, read as all):
+/// a member pressed for a request of any class, as before protocol 3.
+pub type ClassMask = u8;
+
+/// Every class `memplug_host` has (weights, kv, activations, workspace,
+/// other).
+pub const ALL_CLASSES: ClassMask = (1 << memplug_host::governor::AllocationClass::COUNT) - 1;
 
 /// A message, either way.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,7 +90,7 @@ impl Msg {
             Msg::Hello { version, devices } => {
                 b.u8(HELLO).u32(*version).u16(devices.len() as u16);
                 for d in devices {
-                    b.str(&d.device).u32(d.priority).u64(d.holding);
+                    b.str(&d.device).u32(d.priority).u8(d.classes).u64(d.holding);
                 }
             }
             Msg::Welcome { chunk, devices } => {
@@ -133,10 +146,22 @@ impl Msg {
         let msg = match kind {
             HELLO => {
                 let version = r.u32()?;
+                if version != VERSION {
+                    // Another protocol's Hello: its devices are not read
+                    // (their layout is that protocol's), so the authority
+                    // can say which protocols differ instead of
+                    // "truncated".
+                    return Ok(Msg::Hello { version, devices: Vec::new() });
+                }
                 let n = r.u16()?;
                 let mut devices = Vec::new();
                 for _ in 0..n {
-                    devices.push(Declared { device: r.str()?, priority: r.u32()?, holding: r.u64()? });
+                    devices.push(Declared {
+                        device: r.str()?,
+                        priority: r.u32()?,
+                        classes: r.u8()?,
+                        holding: r.u64()?,
+                    });
                 }
                 Msg::Hello { version, devices }
             }
@@ -316,7 +341,7 @@ mod tests {
         vec![
             Msg::Hello {
                 version: VERSION,
-                devices: vec![Declared { device: "cpu0".into(), priority: 3, holding: 7 }],
+                devices: vec![Declared { device: "cpu0".into(), priority: 3, classes: 0b10, holding: 7 }],
             },
             Msg::Welcome { chunk: 2 << 20, devices: vec![("cpu0".into(), 1 << 30)] },
             Msg::Lease {
@@ -364,6 +389,16 @@ mod tests {
             longer.push(0);
             assert!(Msg::decode(&longer).unwrap_err().contains("after the end"));
         }
+    }
+
+    /// A Hello of another protocol decodes to its version alone (the
+    /// authority refuses it naming both protocols), whatever follows.
+    #[test]
+    fn a_hello_of_another_protocol_is_read_as_its_version() {
+        let old = Msg::Hello { version: 2, devices: Vec::new() }.encode();
+        let mut body = old[4..].to_vec();
+        body.extend_from_slice(&[1, 0, 4, 0, b'c', b'p', b'u', b'0', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(Msg::decode(&body), Ok(Msg::Hello { version: 2, devices: Vec::new() }));
     }
 
     #[test]

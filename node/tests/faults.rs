@@ -15,23 +15,21 @@
 //! (default 60) seconds: `cargo test -p memplug-node --test faults --
 //! --ignored soak_faults`. `MEMPLUG_NODE_FAULTS_SEED` replays a run.
 
-use memplug_host::governor::{AllocationClass, Pool, PressureTicket, Priority};
-use memplug_host::{
-    BindingSpec, LoadOptions, MemoryBinding, OwnedAllocation, Plugin, ProcessMemoryManager, Requirements,
-};
-use memplug_node::{Authority, AuthorityConfig, LinkDevice, LinkOptions, NodeLink};
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+use memplug_host::governor::{AllocationClass, Priority};
+use memplug_node::Authority;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const MIB: u64 = 1 << 20;
+mod common;
+
+use common::{Member, Spec, MIB};
+
 const CAPACITY: u64 = 24 * MIB;
-const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
 const SOCKET_VAR: &str = "MEMPLUG_NODE_FAULTS_SOCKET";
 const SEED_VAR: &str = "MEMPLUG_NODE_FAULTS_SEED";
 
@@ -46,50 +44,15 @@ impl Rng {
 }
 
 fn authority(path: &Path) -> Authority {
-    let mut c = AuthorityConfig::new(path, vec![("cpu0".into(), CAPACITY)]);
-    c.chunk = MIB;
-    c.ticket_timeout = Duration::from_millis(150);
-    Authority::start(c).unwrap()
+    common::authority(path, CAPACITY, Duration::from_millis(150))
 }
 
-/// A member: a manager with the CPU plugin, a pool joined to the node, and
-/// a holder evicting the oldest of `cached` (or, `mute`, never answering).
-struct Member {
-    _mgr: ProcessMemoryManager,
-    pool: Arc<Pool>,
-    binding: MemoryBinding,
-    cached: Arc<Mutex<Vec<OwnedAllocation>>>,
-    _holder: memplug_host::governor::HolderRegistration,
-    link: NodeLink,
-}
-
+/// A member whose holder, at its declared priority, evicts the oldest of
+/// `cached` (or, `mute`, never answers in time).
 fn member(path: &Path, priority: u32, mute: bool, wait: Duration) -> Member {
-    let mgr = ProcessMemoryManager::new();
-    // SAFETY: the reference CPU plugin's entry, built against this ABI.
-    let cpu =
-        unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }
-            .unwrap();
-    mgr.register_plugin(cpu).unwrap();
-    let ctx = mgr.select(CPU0, Requirements::ALLOCATOR_ONLY).unwrap();
-    let pool = mgr.create_pool("cpu0", 0).unwrap();
-    let cached: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
-    let c = cached.clone();
-    let holder = pool.register_holder("lru", Priority(priority), move |t: &PressureTicket| {
-        if mute {
-            std::thread::sleep(Duration::from_secs(60));
-        }
-        let mut freed = 0;
-        let mut v = c.lock().unwrap();
-        while freed < t.bytes_wanted && !v.is_empty() {
-            freed += v.remove(0).charged();
-        }
-        freed
-    });
-    let spec = BindingSpec::new(AllocationClass::Kv).holder(holder.id()).wait(wait);
-    let binding = mgr.bind(&ctx, &pool, spec).unwrap();
-    let device = LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority };
-    let link = NodeLink::join(path, vec![device], LinkOptions::default()).unwrap();
-    Member { _mgr: mgr, pool, binding, cached, _holder: holder, link }
+    let holder_delay = mute.then_some(Duration::from_secs(60));
+    let (holder_priority, class, classes) = (Priority(priority), AllocationClass::Kv, 0);
+    common::member(path, Spec { priority, holder_priority, holder_delay, wait, class, classes })
 }
 
 /// A child member: its process, its stdin (closed: it exits) and its

@@ -8,22 +8,21 @@
 //! that restarts learns what members hold; bad messages are refused and
 //! the authority stays up. The books are exact after each.
 
-use memplug_host::governor::{AllocationClass, HolderRegistration, Pool, PressureTicket, Priority};
-use memplug_host::{
-    BindingSpec, LoadOptions, MemoryBinding, OwnedAllocation, Plugin, ProcessMemoryManager, Requirements,
-};
+use memplug_host::governor::{AllocationClass, PressureTicket, Priority};
+use memplug_host::ProcessMemoryManager;
 use memplug_node::wire::{self, Frame, Msg};
-use memplug_node::{Authority, AuthorityConfig, LinkDevice, LinkOptions, NodeLink};
-use memplug_sdk::abi::{MemplugDevice, MEMPLUG_DEVICE_CPU};
+use memplug_node::Authority;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const MIB: u64 = 1 << 20;
-const CPU0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CPU, ordinal: 0 };
+mod common;
+
+use common::{Member, Spec, MIB};
+
 const SOCKET_VAR: &str = "MEMPLUG_NODE_TEST_SOCKET";
 
 fn socket(name: &str) -> PathBuf {
@@ -32,72 +31,28 @@ fn socket(name: &str) -> PathBuf {
     dir.join("node.sock")
 }
 
-fn authority(path: &PathBuf, capacity: u64) -> Authority {
-    let mut c = AuthorityConfig::new(path, vec![("cpu0".into(), capacity)]);
-    c.chunk = MIB;
-    c.ticket_timeout = Duration::from_millis(300);
-    Authority::start(c).unwrap()
+fn authority(path: &Path, capacity: u64) -> Authority {
+    common::authority(path, capacity, Duration::from_millis(300))
 }
 
-/// A process's side: a manager with the CPU plugin, a root pool joined to
-/// the node, and an LRU holder whose blocks pressure may evict.
-struct Member {
-    _mgr: ProcessMemoryManager,
-    pool: Arc<Pool>,
-    binding: MemoryBinding,
-    cached: Arc<Mutex<Vec<OwnedAllocation>>>,
-    _holder: HolderRegistration,
-    link: NodeLink,
-    /// The class and priority of each ticket its holder was given.
-    tickets: Arc<Mutex<Vec<(AllocationClass, Priority)>>>,
+fn member(path: &Path, priority: u32, slow_holder: bool) -> Member {
+    member_with(path, priority, slow_holder, Priority(0), Duration::from_secs(3), AllocationClass::Kv, 0)
 }
 
-fn member(path: &PathBuf, priority: u32, slow_holder: bool) -> Member {
-    member_with(path, priority, slow_holder, Priority(0), Duration::from_secs(3))
-}
-
-/// A member declared at `priority` whose holder (and so whose requests)
-/// is at `holder_priority`, its binding waiting up to `wait`.
+/// A member declared at `priority` and `classes` (0: any) whose holder
+/// (and so whose requests) is at `holder_priority`, its binding of `class`
+/// waiting up to `wait`.
 fn member_with(
-    path: &PathBuf,
+    path: &Path,
     priority: u32,
     slow_holder: bool,
     holder_priority: Priority,
     wait: Duration,
+    class: AllocationClass,
+    classes: u8,
 ) -> Member {
-    let mgr = ProcessMemoryManager::new();
-    // SAFETY: the reference CPU plugin's entry, built against this ABI.
-    let cpu =
-        unsafe { Plugin::from_entry(memplug_plugin_cpu::cpu_plugin_entry, "cpu", &LoadOptions::default()) }
-            .unwrap();
-    mgr.register_plugin(cpu).unwrap();
-    let ctx = mgr.select(CPU0, Requirements::ALLOCATOR_ONLY).unwrap();
-    let pool = mgr.create_pool("cpu0", 0).unwrap();
-    let cached: Arc<Mutex<Vec<OwnedAllocation>>> = Arc::default();
-    let c = cached.clone();
-    let tickets: Arc<Mutex<Vec<(AllocationClass, Priority)>>> = Arc::default();
-    let seen = tickets.clone();
-    let holder = pool.register_holder("lru", holder_priority, move |t: &PressureTicket| {
-        seen.lock().unwrap().push((t.class, t.priority));
-        if slow_holder {
-            std::thread::sleep(Duration::from_secs(30));
-        }
-        let mut freed = 0;
-        let mut v = c.lock().unwrap();
-        while freed < t.bytes_wanted && !v.is_empty() {
-            freed += v.remove(0).charged();
-        }
-        freed
-    });
-    let binding =
-        mgr.bind(&ctx, &pool, BindingSpec::new(AllocationClass::Kv).holder(holder.id()).wait(wait)).unwrap();
-    let link = NodeLink::join(
-        path,
-        vec![LinkDevice { device: "cpu0".into(), pool: pool.clone(), priority }],
-        LinkOptions::default(),
-    )
-    .unwrap();
-    Member { _mgr: mgr, pool, binding, cached, _holder: holder, link, tickets }
+    let holder_delay = slow_holder.then_some(Duration::from_secs(30));
+    common::member(path, Spec { priority, holder_priority, holder_delay, wait, class, classes })
 }
 
 fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
@@ -137,11 +92,12 @@ fn child(scenario: &str, path: &PathBuf) -> Child {
     c
 }
 
-/// Scenario: fills 12 MiB of cached blocks, says ready, waits for stdin
-/// to close.
-fn holder_child(slow: bool) {
+/// Scenario: fills 12 MiB of cached KV blocks (declared as KV only, or
+/// `classes` 0: any class), says ready, waits for stdin to close.
+fn holder_child(slow: bool, classes: u8) {
     let Some(path) = std::env::var_os(SOCKET_VAR) else { return };
-    let m = member(&PathBuf::from(path), 0, slow);
+    let wait = Duration::from_secs(3);
+    let m = member_with(&PathBuf::from(path), 0, slow, Priority(0), wait, AllocationClass::Kv, classes);
     for _ in 0..12 {
         let a = m.binding.allocate(MIB, 64).unwrap();
         m.cached.lock().unwrap().push(a);
@@ -155,13 +111,19 @@ fn holder_child(slow: bool) {
 #[test]
 #[ignore = "a scenario: run as a child by the tests below"]
 fn scenario_holder() {
-    holder_child(false);
+    holder_child(false, 0);
+}
+
+#[test]
+#[ignore = "a scenario: run as a child by the tests below"]
+fn scenario_kv_holder() {
+    holder_child(false, 1 << AllocationClass::Kv as u8);
 }
 
 #[test]
 #[ignore = "a scenario: run as a child by the tests below"]
 fn scenario_slow_holder() {
-    holder_child(true);
+    holder_child(true, 0);
 }
 
 #[test]
@@ -285,7 +247,7 @@ fn tickets_go_only_to_members_of_equal_or_lower_priority_and_carry_the_request()
     }
     // Declared at 3: it may press nobody above 3, so the 4 MiB it wants
     // (2 free) are refused, and the refusal says who was not asked.
-    let low = member_with(&path, 3, false, Priority(3), Duration::from_millis(200));
+    let low = member_with(&path, 3, false, Priority(3), Duration::from_millis(200), AllocationClass::Kv, 0);
     let err = low.binding.allocate(4 * MIB, 64).unwrap_err();
     assert!(err.to_string().contains("out of budget"), "{err}");
     let why = low.link.last_error().unwrap_or_default();
@@ -293,7 +255,7 @@ fn tickets_go_only_to_members_of_equal_or_lower_priority_and_carry_the_request()
     assert!(held.tickets.lock().unwrap().is_empty(), "a higher priority was pressed");
     // Declared at 9 with its requests at 9: it presses the member at 7,
     // whose holder sees the request's class and (capped) priority.
-    let high = member_with(&path, 9, false, Priority(9), Duration::from_secs(3));
+    let high = member_with(&path, 9, false, Priority(9), Duration::from_secs(3), AllocationClass::Kv, 0);
     let big = high.binding.allocate(4 * MIB, 64).expect("the member at 7 gave way");
     let seen = held.tickets.lock().unwrap().clone();
     assert!(!seen.is_empty() && seen.iter().all(|t| *t == (AllocationClass::Kv, Priority(9))), "{seen:?}");
@@ -303,6 +265,49 @@ fn tickets_go_only_to_members_of_equal_or_lower_priority_and_carry_the_request()
     assert_eq!(books.pressing_priority(low_id, "cpu0", u32::MAX), 3);
     a.books().check().unwrap();
     drop(big);
+}
+
+/// A member declares the classes of memory it holds: a child process
+/// holding KV (declared KV only) is not sent a ticket for a request of
+/// weights, which is refused naming it; a KV request presses it and it
+/// gives way. The status shows each member's classes.
+#[test]
+fn tickets_go_only_to_members_that_declared_the_request_class() {
+    let path = socket("class");
+    let a = authority(&path, 16 * MIB);
+    let mut kv = child("scenario_kv_holder", &path);
+    let kp = kv.id() as i32;
+    let tickets_to_kv = || a.books().members.values().find(|m| m.pid == kp).map(|m| m.tickets_received);
+    assert!(leased_by(&a, kv.id()).unwrap() >= 12 * MIB);
+    let json = a.status_json();
+    assert!(json.contains(r#""classes":{"cpu0":["kv"]}"#), "{json}");
+    let prom = a.status_prometheus();
+    assert!(prom.contains(&format!(r#"memplug_node_member_class{{pid="{kp}",device="cpu0",class="kv"}} 1"#)));
+    // Weights: 8 MiB do not fit in what is free (at most 4), and the only
+    // member holding any declared no weights.
+    let weights = 1 << AllocationClass::Weights as u8;
+    let w = member_with(
+        &path,
+        0,
+        false,
+        Priority(0),
+        Duration::from_millis(300),
+        AllocationClass::Weights,
+        weights,
+    );
+    let err = w.binding.allocate(8 * MIB, 64).unwrap_err();
+    assert!(err.to_string().contains("out of budget"), "{err}");
+    let why = w.link.last_error().unwrap_or_default();
+    assert!(why.contains("1 member(s) that declared no weights memory not asked"), "{why}");
+    assert_eq!(tickets_to_kv(), Some(0), "a weights request pressed a member declared KV only");
+    // KV: the same member is pressed and gives way.
+    let k = member_with(&path, 0, false, Priority(0), Duration::from_secs(3), AllocationClass::Kv, 0);
+    let big = k.binding.allocate(8 * MIB, 64).expect("the KV member gave way");
+    assert!(tickets_to_kv().unwrap() >= 1);
+    a.books().check().unwrap();
+    drop(big);
+    drop(kv.stdin.take());
+    assert!(kv.wait().unwrap().success());
 }
 
 #[test]
@@ -356,11 +361,18 @@ fn bad_messages_are_refused_with_a_reason_and_the_authority_stays_up() {
     )
     .unwrap();
     assert!(matches!(reply(&mut s), Msg::Error { reason } if reason.contains("Hello must come first")));
+    // A member of protocol 2 (no classes in its Hello) is told why and
+    // closed.
+    let mut old = raw(&path);
+    wire::write_msg(&mut old, &Msg::Hello { version: 2, devices: Vec::new() }).unwrap();
+    let why = format!("protocol 2; this node speaks {}", wire::VERSION);
+    assert!(matches!(reply(&mut old), Msg::Error { reason } if reason == why));
+    assert!(matches!(wire::read_frame(&mut old), Ok(Frame::Closed) | Err(_)));
     // Joined: an answer to no ticket, a return of more than it holds, a
     // lease on a device the node does not govern.
     let hello = Msg::Hello {
         version: wire::VERSION,
-        devices: vec![wire::Declared { device: "cpu0".into(), priority: 0, holding: 0 }],
+        devices: vec![wire::Declared { device: "cpu0".into(), priority: 0, classes: 0, holding: 0 }],
     };
     wire::write_msg(&mut s, &hello).unwrap();
     assert!(matches!(reply(&mut s), Msg::Welcome { chunk, .. } if chunk == MIB));

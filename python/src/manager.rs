@@ -130,7 +130,10 @@ impl Manager {
     /// Joins `pool` to the node authority at `socket` (`memplug node serve`)
     /// as `device`: its capacity becomes what this process leases, and
     /// pressure crosses processes. Create the pool with capacity 0.
-    #[pyo3(signature = (socket, pool, device, priority=0))]
+    /// `classes`: the classes of memory the pool holds (`["kv"]`; None:
+    /// any): the authority presses this process only for requests of
+    /// those classes.
+    #[pyo3(signature = (socket, pool, device, priority=0, classes=None))]
     fn join_node(
         &self,
         py: Python<'_>,
@@ -138,8 +141,13 @@ impl Manager {
         pool: &Pool,
         device: &str,
         priority: u32,
+        classes: Option<Vec<String>>,
     ) -> PyResult<crate::node::NodeLink> {
-        crate::node::join(py, socket, pool, device, priority)
+        let mut mask = 0u8;
+        for name in classes.unwrap_or_default() {
+            mask |= 1 << class_of(&name)? as u8;
+        }
+        crate::node::join(py, socket, pool, device, priority, mask)
     }
     /// A pool of `capacity` bytes nested under `parent` (a pool of this
     /// manager): every charge in it must fit in it and in each ancestor,

@@ -28,15 +28,17 @@ impl NodeLink {
 
 /// Joins `pool` (a root pool, best created with capacity 0) to the
 /// authority at `socket` as `device`; `priority`: lower gives way first to
-/// other processes.
+/// other processes; `classes`: the mask of the classes it holds (0: any).
 pub(crate) fn join(
     py: Python<'_>,
     socket: PathBuf,
     pool: &Pool,
     device: &str,
     priority: u32,
+    classes: u8,
 ) -> PyResult<NodeLink> {
-    let spec = memplug_node::LinkDevice { device: device.into(), pool: pool.inner.clone(), priority };
+    let spec =
+        memplug_node::LinkDevice { device: device.into(), pool: pool.inner.clone(), priority, classes };
     let link = py
         .allow_threads(move || {
             memplug_node::NodeLink::join(socket, vec![spec], memplug_node::LinkOptions::default())

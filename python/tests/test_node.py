@@ -1,6 +1,8 @@
 """One budget across processes from Python: an authority embedded in this
-process, a child Python process whose cached blocks give way to this
-process's allocation through a cross-process ticket."""
+process, a child Python process whose cached KV blocks (declared as its
+only class) give way to this process's KV allocation through a
+cross-process ticket, and are not asked for an allocation of another
+class."""
 
 import json
 import os
@@ -10,6 +12,7 @@ import tempfile
 import textwrap
 
 import memplug
+import pytest
 
 MIB = 1 << 20
 
@@ -33,7 +36,7 @@ CHILD = textwrap.dedent(
                 victim.free()
         return freed
     holder = pool.register_holder("lru", evict)
-    link = mgr.join_node(sys.argv[1], pool, "cpu0")
+    link = mgr.join_node(sys.argv[1], pool, "cpu0", classes=["kv"])
     b = mgr.bind(ctx, pool, "kv", holder=holder, wait=3.0)
     for _ in range(12):
         a = b.allocate(MIB)
@@ -59,7 +62,15 @@ def test_a_child_process_gives_way_through_the_node():
         pool = mgr.create_pool("cpu0", 0)
         link = mgr.join_node(sock, pool, "cpu0", priority=5)
         assert link.connected and link.chunk == MIB
-        big = mgr.bind(ctx, pool, "activations", wait=5.0).allocate(8 * MIB)
+        # Activations: the child declared KV only, so it is not asked.
+        with pytest.raises(Exception, match="out of budget"):
+            mgr.bind(ctx, pool, "activations", wait=0.5).allocate(8 * MIB)
+        theirs = [m for m in json.loads(authority.status())["members"] if m["pid"] == child.pid][0]
+        assert theirs["classes"] == {"cpu0": ["kv"]} and theirs["tickets_received"] == 0, theirs
+        assert "declared no activations memory" in link.last_error, link.last_error
+        with pytest.raises(Exception, match="unknown allocation class"):
+            mgr.join_node(sock, mgr.create_pool("cpu0-bad", 0), "cpu0", classes=["kvv"])
+        big = mgr.bind(ctx, pool, "kv", wait=5.0).allocate(8 * MIB)
         mine = link.stats()
         assert mine["connected"] and mine["joins"] == 1 and mine["held"] >= 8 * MIB, mine
         assert mine["leases_granted"] >= 1 and mine["bytes_leased"] >= 8 * MIB, mine

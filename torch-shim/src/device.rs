@@ -94,6 +94,8 @@ impl DeviceState {
                     device: format!("cuda{ordinal}"),
                     pool: pool.clone(),
                     priority: 0,
+                    // Whatever PyTorch caches: pressed for any class.
+                    classes: 0,
                 };
                 let link =
                     memplug_node::NodeLink::join(socket, vec![spec], memplug_node::LinkOptions::default())

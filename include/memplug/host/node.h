@@ -15,14 +15,27 @@
 #include <stdint.h>
 #include "common.h"
 
+// Every class a `MemplugHostNodeDevice::classes` mask can name: bit
+// `1u << MEMPLUG_HOST_CLASS_*` for each of the five.
+#define MEMPLUG_HOST_NODE_ALL_CLASSES 31
+
 // Size of `MemplugHostNodeJoinOptions` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_NODE_JOIN_OPTIONS_SIZE_1_3 24
 
 // Size of `MemplugHostNodeLinkStats` in API 1.3, where it first appeared.
 #define MEMPLUG_HOST_NODE_LINK_STATS_SIZE_1_3 96
 
-// Size of `MemplugHostNodeAuthorityOptions` in API 1.3.
-#define MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3 32
+// A quota on a user's processes (`MEMPLUG_HOST_NODE_QUOTA_USER`).
+#define MEMPLUG_HOST_NODE_QUOTA_USER 0
+
+// A quota on a group's processes, by their primary group
+// (`MEMPLUG_HOST_NODE_QUOTA_GROUP`).
+#define MEMPLUG_HOST_NODE_QUOTA_GROUP 1
+
+// Size of `MemplugHostNodeAuthorityOptions` in API 1.3 (the quotas were
+// appended while 1.3 was open: its first 32 bytes are still read, with
+// no quotas).
+#define MEMPLUG_HOST_NODE_AUTHORITY_OPTIONS_SIZE_1_3 48
 
 // Status text as JSON (`memplug_host_node_link_status`,
 // `memplug_host_node_authority_status`).
@@ -44,8 +57,12 @@ typedef struct MemplugHostNodeDevice {
   // Its holders' priority against other processes' on this device:
   // lower gives way first.
   uint32_t priority;
-  // Zero.
-  uint32_t reserved0;
+  // The classes of memory the pool holds: bit `1u <<
+  // MEMPLUG_HOST_CLASS_*` for each (0: any class). The authority
+  // presses this process only for requests of a class it declared.
+  // Bits above `MEMPLUG_HOST_NODE_ALL_CLASSES` are
+  // `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+  uint32_t classes;
 } MemplugHostNodeDevice;
 
 // How a link behaves. Zeroed (with `struct_size` set), or NULL, it asks
@@ -113,6 +130,23 @@ typedef struct MemplugHostNodeCapacity {
   uint64_t capacity;
 } MemplugHostNodeCapacity;
 
+// One quota an authority enforces: an element of the array
+// `MemplugHostNodeAuthorityOptions::quotas` points at. The most bytes (all
+// devices together) the processes of user `id` (`kind`
+// `MEMPLUG_HOST_NODE_QUOTA_USER`) or of primary group `id`
+// (`MEMPLUG_HOST_NODE_QUOTA_GROUP`) may lease, as `memplug node serve
+// --quota UID=BYTES` / `--group-quota GID=BYTES` set. A member under both
+// a user's and a group's quota gets the smaller room; a lease refused by
+// one says which quota bound.
+typedef struct MemplugHostNodeQuota {
+  // `MEMPLUG_HOST_NODE_QUOTA_USER` or `_GROUP`.
+  uint32_t kind;
+  // The user or group id (as the kernel gives it at connect).
+  uint32_t id;
+  // The most bytes they may lease.
+  uint64_t bytes;
+} MemplugHostNodeQuota;
+
 // How an authority is set up. Zeroed (with `struct_size` set), or NULL,
 // it asks for the defaults.
 typedef struct MemplugHostNodeAuthorityOptions {
@@ -131,6 +165,12 @@ typedef struct MemplugHostNodeAuthorityOptions {
   // what they hold first, in nanoseconds (0: 250 ms; 1: none to speak
   // of). A lease asked meanwhile waits for it within its own wait.
   uint64_t rejoin_grace_ns;
+  // `quota_count` quotas (NULL with 0: none), read during the call
+  // only. A kind other than `MEMPLUG_HOST_NODE_QUOTA_USER`/`_GROUP`, or
+  // an id listed twice for one kind, is `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
+  const struct MemplugHostNodeQuota *quotas;
+  // The number of elements at `quotas` (at most 65536).
+  size_t quota_count;
 } MemplugHostNodeAuthorityOptions;
 
 // A node authority served by this process
@@ -157,8 +197,8 @@ extern "C" {
 // authority refused the join (a device it does not govern, a quota; the
 // message has its reason); `_ALREADY_EXISTS` when a pool is already
 // joined (a pool joins once for its life) or appears twice;
-// `_INVALID_ARGUMENT` for no devices, an empty device name, a non-zero
-// `reserved0`, a short `struct_size` or a path too long for a socket
+// `_INVALID_ARGUMENT` for no devices, an empty device name, a `classes`
+// naming no class, a short `struct_size` or a path too long for a socket
 // (about 107 bytes); `_WRONG_MANAGER` for a pool of another manager;
 // `_DEVICE_UNAVAILABLE` for other socket errors (the message has them).
 // A join waits at most 5 s for the authority's answer (`_TIMEOUT`).
@@ -230,10 +270,18 @@ MemplugHostStatus memplug_host_node_link_leave(struct MemplugHostNodeLink link);
 // `memplug_host_manager_join_node`. A stale socket file of a dead
 // authority is replaced. `options` may be NULL (the defaults).
 //
+// Per-user and per-group quotas come in `options->quotas` (as `memplug
+// node serve --quota`/`--group-quota`): a lease that would take a user's
+// or a group's processes past theirs is refused, and the refusal (the
+// member's `memplug_host_node_link_last_error`) names the quota.
+//
 // Refusals: `MEMPLUG_HOST_STATUS_ALREADY_EXISTS` when an authority already
 // serves the path; `_INVALID_ARGUMENT` for no devices, an empty or
-// repeated name, a short `struct_size`, a mode above 0777 or a path too
-// long for a socket; `_DEVICE_UNAVAILABLE` for other socket errors.
+// repeated name, a short `struct_size`, a mode above 0777, a quota of an
+// unknown kind or repeated, or a path too long for a socket;
+// `_NULL_ARGUMENT` for NULL `quotas` with a `quota_count`;
+// `_OUT_OF_RANGE` for more than 65536 quotas; `_DEVICE_UNAVAILABLE` for
+// other socket errors.
 //
 // Ownership: the caller owns the handle (`memplug_host_node_authority_stop`;
 // destroying the manager stops it too). Thread-safety: any thread.
@@ -241,8 +289,8 @@ MemplugHostStatus memplug_host_node_link_leave(struct MemplugHostNodeLink link);
 // # Safety
 // `socket_path` NULL or NUL-terminated; `devices` NULL or readable for
 // `device_count` elements, each `device` NULL or NUL-terminated;
-// `options` NULL or readable for its `struct_size`; `out` NULL or
-// writable.
+// `options` NULL or readable for its `struct_size`, its `quotas` NULL or
+// readable for `quota_count` elements; `out` NULL or writable.
 MemplugHostStatus memplug_host_manager_start_node_authority(MemplugHostManager manager,
                                                             const char *socket_path,
                                                             const struct MemplugHostNodeCapacity *devices,
