@@ -48,7 +48,8 @@ template <class F> std::string node_text(F call) {
 /// One pool to join: its name at the authority, the pool (of the same
 /// manager), its holders' priority against other processes', and the
 /// classes of memory it holds (`node_classes({MEMPLUG_HOST_CLASS_KV})`; 0:
-/// any): the authority presses it only for requests of those classes.
+/// any): among processes of one priority, the authority presses those that
+/// declared a request's class first, then the others.
 struct NodeDevice {
     std::string device;
     const Pool *pool = nullptr;

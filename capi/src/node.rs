@@ -65,8 +65,9 @@ pub struct MemplugHostNodeDevice {
     /// lower gives way first.
     pub priority: u32,
     /// The classes of memory the pool holds: bit `1u <<
-    /// MEMPLUG_HOST_CLASS_*` for each (0: any class). The authority
-    /// presses this process only for requests of a class it declared.
+    /// MEMPLUG_HOST_CLASS_*` for each (0: any class). Among processes of
+    /// one priority, the authority presses those that declared a request's
+    /// class first, then the others (classes order, never exclude).
     /// Bits above `MEMPLUG_HOST_NODE_ALL_CLASSES` are
     /// `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
     pub classes: u32,

@@ -416,8 +416,9 @@ fn lease(shared: &Arc<Shared>, id: MemberId, conn: &Arc<Conn>, device: String, a
 }
 
 /// Sends tickets to other members declared at equal or lower priority than
-/// the request presses with and declared holding memory of its class
-/// (`Books::victims`), one at a time (lowest priority first), until
+/// the request presses with (`Books::victims`), one at a time (lowest
+/// priority first, and within a priority those declared holding memory of
+/// the request's class first), until
 /// the lease fits or nobody is left or the wait ends; then grants or
 /// refuses naming who answered what (and who was not asked).
 fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
@@ -437,16 +438,14 @@ fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
             return;
         }
     }
-    let (victims, priority, above, other_classes) = {
+    let (victims, priority, above) = {
         let books = lock(&shared.books);
         let priority = books.pressing_priority(id, device, ask.priority);
         let victims = books.victims(id, device, priority, class_bit(class));
         // Members holding some that the request may not press: declared
-        // above its priority, or holding none of its class.
-        let at_or_below = books.victims(id, device, priority, ALL_CLASSES).len();
-        let above = books.victims(id, device, u32::MAX, ALL_CLASSES).len() - at_or_below;
-        let other_classes = at_or_below - victims.len();
-        (victims, priority, above, other_classes)
+        // above its priority.
+        let above = books.victims(id, device, u32::MAX, ALL_CLASSES).len() - victims.len();
+        (victims, priority, above)
     };
     let mut report = Vec::new();
     for v in victims {
@@ -504,10 +503,6 @@ fn press(shared: &Shared, id: MemberId, conn: &Conn, device: &str, ask: Ask) {
             }
             if above > 0 {
                 report.push(format!("{above} member(s) of priority above {priority} not asked"));
-            }
-            if other_classes > 0 {
-                let name = memplug_host::governor::AllocationClass::from_u8_lossy(class).name();
-                report.push(format!("{other_classes} member(s) that declared no {name} memory not asked"));
             }
             let asked =
                 if report.is_empty() { "nobody held any to ask".to_string() } else { report.join("; ") };

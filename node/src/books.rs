@@ -201,12 +201,20 @@ impl Books {
     }
 
     /// Members to ask for room on `device` for `requester` pressing at
-    /// `priority` for a request whose class is in `wanted` ([`class_bit`];
-    /// [`ALL_CLASSES`]: whatever the classes): connected, not the
-    /// requester, holding some, declared at equal or lower priority (as
-    /// the governor asks holders in a process) and declared holding memory
-    /// of a wanted class there; lowest priority first, then the one
-    /// holding most.
+    /// `priority` for a request whose class is in `wanted` ([`class_bit`]):
+    /// connected, not the requester, holding some and declared at equal or
+    /// lower priority (as the governor asks holders in a process). In the
+    /// order they are asked: lowest priority first; within one priority,
+    /// those that declared holding memory of a wanted class before those
+    /// that did not (like for like: a KV request evicts KV first); then the
+    /// one holding most.
+    ///
+    /// Classes order, they never exclude: any memory a member gives back
+    /// serves any request (an inference server's offloaded weights make
+    /// room for a trainer's activations, as every holder of a pool is asked
+    /// whatever the class in a process), so a member that declared no
+    /// memory of the class is still asked once those that did are.
+    /// Priorities are what protect memory.
     pub fn victims(
         &self,
         requester: MemberId,
@@ -214,19 +222,19 @@ impl Books {
         priority: u32,
         wanted: ClassMask,
     ) -> Vec<MemberId> {
-        let mut v: Vec<(u32, u64, MemberId)> = self
+        let mut v: Vec<(u32, bool, u64, MemberId)> = self
             .members
             .iter()
             .filter(|(id, m)| **id != requester && m.connected)
             .filter_map(|(id, m)| {
                 let held = m.leased.get(device).copied().unwrap_or(0);
                 let p = m.priority.get(device).copied().unwrap_or(0);
-                let classes = m.classes.get(device).copied().unwrap_or(ALL_CLASSES);
-                (held > 0 && p <= priority && classes & wanted != 0).then(|| (p, u64::MAX - held, *id))
+                let unlike = m.classes.get(device).copied().unwrap_or(ALL_CLASSES) & wanted == 0;
+                (held > 0 && p <= priority).then(|| (p, unlike, u64::MAX - held, *id))
             })
             .collect();
         v.sort();
-        v.into_iter().map(|(_, _, id)| id).collect()
+        v.into_iter().map(|(_, _, _, id)| id).collect()
     }
 
     /// A member is gone for good (its process died): every lease it held
@@ -258,28 +266,28 @@ mod tests {
     use super::*;
 
     /// Classes at join: 0 is every class; a bit past the last is refused;
-    /// a request presses only members that declared its class.
+    /// within one priority, members that declared the request's class are
+    /// asked first, and the others after them, never left out.
     #[test]
-    fn members_are_pressed_only_for_the_classes_they_declared() {
+    fn members_of_the_requests_class_are_pressed_first_and_the_others_after() {
         let mut b = Books::new(1, &[("d".to_string(), 100)], &[]);
-        let decl = |classes, holding| [Declared { device: "d".into(), priority: 0, classes, holding }];
-        let why = b.join(9, 19, (0, 0), &decl(0x20, 0)).unwrap_err();
+        let decl = |classes, holding, priority| [Declared { device: "d".into(), priority, classes, holding }];
+        let why = b.join(9, 19, (0, 0), &decl(0x20, 0, 0)).unwrap_err();
         assert!(why.contains("name no class"), "{why}");
-        b.join(1, 11, (0, 0), &decl(1 << 1, 10)).unwrap(); // kv
-        b.join(2, 12, (0, 0), &decl(0, 10)).unwrap(); // undeclared: every class
-        b.join(3, 13, (0, 0), &decl(1 << 0 | 1 << 4, 10)).unwrap(); // weights, other
-        b.join(4, 14, (0, 0), &decl(0, 0)).unwrap();
+        b.join(1, 11, (0, 0), &decl(1 << 1, 10, 0)).unwrap(); // kv
+        b.join(2, 12, (0, 0), &decl(0, 20, 0)).unwrap(); // undeclared: every class
+        b.join(3, 13, (0, 0), &decl(1 << 0 | 1 << 4, 30, 0)).unwrap(); // weights, other
+        b.join(5, 15, (0, 0), &decl(1 << 1, 40, 1)).unwrap(); // kv, at a higher priority
+        b.join(4, 14, (0, 0), &decl(0, 0, 1)).unwrap();
         assert_eq!(b.members[&2].classes["d"], ALL_CLASSES);
-        let v = |class| {
-            let mut v = b.victims(4, "d", 0, class_bit(class));
-            v.sort();
-            v
-        };
-        assert_eq!(v(1), vec![1, 2], "kv");
-        assert_eq!(v(0), vec![2, 3], "weights");
-        assert_eq!(v(2), vec![2], "activations");
-        assert_eq!(v(200), vec![2, 3], "an unknown class is other");
-        assert_eq!(b.victims(4, "d", 0, ALL_CLASSES).len(), 3);
+        let v = |class| b.victims(4, "d", 1, class_bit(class));
+        // Priority 0 before 1; within 0, the class's holders (most held
+        // first), then the rest (most held first).
+        assert_eq!(v(1), vec![2, 1, 3, 5], "kv");
+        assert_eq!(v(0), vec![3, 2, 1, 5], "weights");
+        assert_eq!(v(2), vec![2, 3, 1, 5], "activations: the undeclared member first, then by bytes");
+        assert_eq!(v(200), vec![3, 2, 1, 5], "an unknown class is other");
+        assert_eq!(b.victims(4, "d", 0, class_bit(1)), vec![2, 1, 3], "priority still protects");
     }
 
     /// A model run: random joins, leases, returns, ticket answers, rejoins
@@ -358,24 +366,26 @@ mod tests {
                     let p = |id| b.members[&id].priority.get(dev).copied().unwrap_or(0);
                     let classes = |id| b.members[&id].classes.get(dev).copied().unwrap_or(0);
                     for w in victims.windows(2) {
-                        assert!(p(w[0]) <= p(w[1]), "lowest priority first");
+                        assert!(p(w[0]) <= p(w[1]), "step {step}: lowest priority first");
+                        if p(w[0]) == p(w[1]) {
+                            assert!(
+                                classes(w[0]) & wanted != 0 || classes(w[1]) & wanted == 0,
+                                "step {step}: a member without class {class} asked before one with it"
+                            );
+                        }
                     }
                     for v in &victims {
                         assert!(
                             p(*v) <= pressing && *v != requester,
                             "step {step}: pressed a higher priority"
                         );
-                        assert!(
-                            classes(*v) & wanted != 0,
-                            "step {step}: pressed a member without class {class}"
-                        );
                     }
-                    // Everyone else who holds some, at or below the
-                    // priority, with the class, is asked.
+                    // Everyone else who holds some at or below the
+                    // priority is asked, whatever its classes.
                     for (id, m) in &b.members {
                         let held = m.leased.get(dev).copied().unwrap_or(0);
                         let eligible = *id != requester && m.connected && held > 0;
-                        if eligible && p(*id) <= pressing && classes(*id) & wanted != 0 {
+                        if eligible && p(*id) <= pressing {
                             assert!(victims.contains(id), "step {step}: member {id} left out");
                         }
                     }

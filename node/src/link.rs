@@ -31,8 +31,9 @@ pub struct LinkDevice {
     pub priority: u32,
     /// The classes of memory its pool holds ([`wire::ClassMask`]: bit
     /// `AllocationClass as u8`, e.g. `1 << AllocationClass::Kv as u8`; 0
-    /// or [`wire::ALL_CLASSES`]: any). The authority presses this process
-    /// only for requests of these classes.
+    /// or [`wire::ALL_CLASSES`]: any). Among members of one priority, the
+    /// authority presses those that declared a request's class first, then
+    /// the others (classes order, they never exclude).
     pub classes: wire::ClassMask,
 }
 

@@ -1,8 +1,8 @@
 """One budget across processes from Python: an authority embedded in this
 process, a child Python process whose cached KV blocks (declared as its
-only class) give way to this process's KV allocation through a
-cross-process ticket, and are not asked for an allocation of another
-class."""
+only class) give way to this process's allocations through cross-process
+tickets: first of another class (classes order tickets, they never
+exclude), then of KV."""
 
 import json
 import os
@@ -62,12 +62,12 @@ def test_a_child_process_gives_way_through_the_node():
         pool = mgr.create_pool("cpu0", 0)
         link = mgr.join_node(sock, pool, "cpu0", priority=5)
         assert link.connected and link.chunk == MIB
-        # Activations: the child declared KV only, so it is not asked.
-        with pytest.raises(Exception, match="out of budget"):
-            mgr.bind(ctx, pool, "activations", wait=0.5).allocate(8 * MIB)
+        # Activations: the child declared KV only, and is asked all the
+        # same (nobody holds activations; any memory serves any request).
+        act = mgr.bind(ctx, pool, "activations", wait=5.0).allocate(6 * MIB)
         theirs = [m for m in json.loads(authority.status())["members"] if m["pid"] == child.pid][0]
-        assert theirs["classes"] == {"cpu0": ["kv"]} and theirs["tickets_received"] == 0, theirs
-        assert "declared no activations memory" in link.last_error, link.last_error
+        assert theirs["classes"] == {"cpu0": ["kv"]} and theirs["tickets_received"] >= 1, theirs
+        act.free()
         with pytest.raises(Exception, match="unknown allocation class"):
             mgr.join_node(sock, mgr.create_pool("cpu0-bad", 0), "cpu0", classes=["kvv"])
         big = mgr.bind(ctx, pool, "kv", wait=5.0).allocate(8 * MIB)

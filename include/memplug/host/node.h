@@ -58,8 +58,9 @@ typedef struct MemplugHostNodeDevice {
   // lower gives way first.
   uint32_t priority;
   // The classes of memory the pool holds: bit `1u <<
-  // MEMPLUG_HOST_CLASS_*` for each (0: any class). The authority
-  // presses this process only for requests of a class it declared.
+  // MEMPLUG_HOST_CLASS_*` for each (0: any class). Among processes of
+  // one priority, the authority presses those that declared a request's
+  // class first, then the others (classes order, never exclude).
   // Bits above `MEMPLUG_HOST_NODE_ALL_CLASSES` are
   // `MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`.
   uint32_t classes;
