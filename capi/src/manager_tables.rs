@@ -213,7 +213,7 @@ object!(CacheEntry, Cache, caches);
 object!(CachedAllocation, CachedAllocation, cached);
 object!(crate::node::NodeEntry, Node, nodes);
 
-#[inline]
+#[inline(always)]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {
     let raw = handle::expect(bits, T::KIND)?;
     let tables = existing_tables(raw.manager).ok_or_else(|| Error::miss(Miss::Invalid, T::KIND, bits))?;
@@ -221,7 +221,10 @@ fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {
 }
 
 /// Pins the object named by `bits`; also returns its manager seat.
-#[inline]
+/// Always inlined (as `SlotTable::pin`): every call of a handle's object
+/// goes through here, and out of line it cost a frame and a result moved
+/// through memory.
+#[inline(always)]
 pub(crate) fn pin<T: Object>(bits: u64) -> Result<(Pinned<T>, u32)> {
     let (table, raw) = table_for::<T>(bits)?;
     match table.pin(raw.key()) {
