@@ -210,9 +210,9 @@ pub unsafe extern "C" fn memplug_host_allocate(
 ) -> MemplugHostStatus {
     boundary("memplug_host_allocate", || {
         require_non_null(out, "out")?;
-        let (b, seat) = pin::<MemoryBinding>(binding.id)?;
+        let (b, seat, tables) = manager_tables::pin_with_tables::<MemoryBinding>(binding.id)?;
         // The table slot first, so the allocation moves once, into it.
-        let vacant = manager_tables::vacant::<OwnedAllocation>(seat)?;
+        let vacant = manager_tables::vacant_in::<OwnedAllocation>(tables)?;
         let a = b.allocate(size, alignment)?;
         drop(b);
         let (addr, size) = (a.addr(), a.size());

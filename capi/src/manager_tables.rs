@@ -215,9 +215,33 @@ object!(crate::node::NodeEntry, Node, nodes);
 
 #[inline(always)]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {
+    let (tables, raw) = tables_for::<T>(bits)?;
+    Ok((T::table(tables), raw))
+}
+
+#[inline(always)]
+fn tables_for<T: Object>(bits: u64) -> Result<(&'static Tables, Raw)> {
     let raw = handle::expect(bits, T::KIND)?;
     let tables = existing_tables(raw.manager).ok_or_else(|| Error::miss(Miss::Invalid, T::KIND, bits))?;
-    Ok((T::table(tables), raw))
+    Ok((tables, raw))
+}
+
+/// [`pin`], also returning the seat's tables, for a [`vacant_in`] of the
+/// object made next in the same seat (an allocation of a binding): the
+/// seat's tables are looked up once, not twice.
+#[inline(always)]
+pub(crate) fn pin_with_tables<T: Object>(bits: u64) -> Result<(Pinned<T>, u32, &'static Tables)> {
+    let (tables, raw) = tables_for::<T>(bits)?;
+    match T::table(tables).pin(raw.key()) {
+        Ok(p) => Ok((p, raw.manager, tables)),
+        Err(m) => Err(Error::miss(m, T::KIND, bits)),
+    }
+}
+
+/// [`vacant`] in tables from [`pin_with_tables`].
+#[inline]
+pub(crate) fn vacant_in<T: Object>(tables: &'static Tables) -> Result<Vacant<T>> {
+    T::table(tables).vacant().ok_or_else(|| full(T::KIND))
 }
 
 /// Pins the object named by `bits`; also returns its manager seat.
@@ -300,6 +324,9 @@ pub(crate) fn fill<T: Object>(seat: u32, v: Vacant<T>, value: T, meta: [u64; 2])
 /// Takes the object named by `bits` out of its table to own it (`Ok(None)`
 /// for the zero handle), waiting for readers that pinned it for a moment
 /// (pins of such objects are a few instructions long and call nothing).
+/// Always inlined: out of line, the object (an allocation: 72 bytes) was
+/// copied through the result twice more on its way to its consumer.
+#[inline(always)]
 pub(crate) fn take_unpinned<T: Object>(bits: u64) -> Result<Option<T>> {
     if bits == 0 {
         return Ok(None);

@@ -31,8 +31,8 @@
 //! newer value.
 //!
 //! Free indices are cached per thread (refilled from and spilled to a
-//! mutex-guarded list in batches), so an insert + take pair costs one
-//! compare-exchange and no lock.
+//! mutex-guarded list in batches; the last one released kept apart in a
+//! `Cell`), so an insert + take pair costs one compare-exchange, no lock.
 //!
 //! The table knows nothing of handles, managers or errors: lookups fail
 //! with a [`Miss`], which [`crate::error`] turns into a status. Its atomics,
@@ -267,10 +267,8 @@ fn with_local<R>(list: &'static FreeList, f: impl FnOnce(&mut Vec<u32>) -> R) ->
     LOCAL
         .try_with(|c| {
             let mut c = c.lists.try_borrow_mut().ok()?;
-            // The hot path is a bounds check and a load: making this
-            // thread's cache of `list` is out of line, so that a pair of
-            // handle operations does not pay for its code (callgrind: 53
-            // instructions for a release_index with it inlined).
+            // Making this thread's cache of `list` is out of line: inline,
+            // its code cost every release_index a larger frame.
             let v = match c.get_mut(list.id) {
                 Some(Some((_, v))) => v,
                 _ => first_local(&mut c, list),
