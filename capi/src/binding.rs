@@ -5,7 +5,7 @@ use crate::common::{
     MemplugHostMechanism, MEMPLUG_HOST_CLASS_OTHER,
 };
 use crate::error::{boundary, require_non_null, write_out, Error, Result};
-use crate::fence::collect_fences;
+use crate::fence::{collect_fences, Fences};
 use crate::handle::Kind;
 use crate::manager::{location_of, page_size_of};
 use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
@@ -210,9 +210,9 @@ pub unsafe extern "C" fn memplug_host_allocate(
 ) -> MemplugHostStatus {
     boundary("memplug_host_allocate", || {
         require_non_null(out, "out")?;
-        let (b, seat) = pin::<MemoryBinding>(binding.id)?;
+        let (b, seat, tables) = manager_tables::pin_with_tables::<MemoryBinding>(binding.id)?;
         // The table slot first, so the allocation moves once, into it.
-        let vacant = manager_tables::vacant::<OwnedAllocation>(seat)?;
+        let vacant = manager_tables::vacant_in::<OwnedAllocation>(tables)?;
         let a = b.allocate(size, alignment)?;
         drop(b);
         let (addr, size) = (a.addr(), a.size());
@@ -311,7 +311,15 @@ pub unsafe extern "C" fn memplug_host_allocation_free_after(
         // SAFETY: the caller's contract.
         let fences = unsafe { collect_fences(raw.manager, fences, count) }?;
         if let Some(a) = take(allocation)? {
-            a.release_after(fences);
+            // One match, then a plain iterator: through the chained one of
+            // `Fences::into_iter`, release_after cost ~150 instructions
+            // more for one fence (callgrind); one fence, the common case,
+            // goes as an array of one (~100 fewer than flattening four).
+            match fences {
+                Fences::Inline([Some(f), None, None, None]) => a.release_after([f]),
+                Fences::Inline(f) => a.release_after(f.into_iter().flatten()),
+                Fences::Heap(v) => a.release_after(v),
+            }
         }
         Ok(())
     })

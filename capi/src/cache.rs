@@ -252,8 +252,8 @@ pub unsafe extern "C" fn memplug_host_cache_allocate(
 ) -> MemplugHostStatus {
     boundary("memplug_host_cache_allocate", || {
         require_non_null(out, "out")?;
-        let (c, seat) = pin::<CacheEntry>(cache.id)?;
-        let vacant = manager_tables::vacant::<CachedAllocation>(seat)?;
+        let (c, seat, tables) = manager_tables::pin_with_tables::<CacheEntry>(cache.id)?;
+        let vacant = manager_tables::vacant_in::<CachedAllocation>(tables)?;
         let a = match stream_key(stream) {
             None => c.cache.allocate(size, alignment)?,
             Some(s) => c.cache.allocate_on(size, alignment, s)?,

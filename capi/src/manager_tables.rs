@@ -213,15 +213,42 @@ object!(CacheEntry, Cache, caches);
 object!(CachedAllocation, CachedAllocation, cached);
 object!(crate::node::NodeEntry, Node, nodes);
 
-#[inline]
+#[inline(always)]
 fn table_for<T: Object>(bits: u64) -> Result<(&'static SlotTable<T>, Raw)> {
-    let raw = handle::expect(bits, T::KIND)?;
-    let tables = existing_tables(raw.manager).ok_or_else(|| Error::miss(Miss::Invalid, T::KIND, bits))?;
+    let (tables, raw) = tables_for::<T>(bits)?;
     Ok((T::table(tables), raw))
 }
 
-/// Pins the object named by `bits`; also returns its manager seat.
+#[inline(always)]
+fn tables_for<T: Object>(bits: u64) -> Result<(&'static Tables, Raw)> {
+    let raw = handle::expect(bits, T::KIND)?;
+    let tables = existing_tables(raw.manager).ok_or_else(|| Error::miss(Miss::Invalid, T::KIND, bits))?;
+    Ok((tables, raw))
+}
+
+/// [`pin`], also returning the seat's tables, for a [`vacant_in`] of the
+/// object made next in the same seat (an allocation of a binding): the
+/// seat's tables are looked up once, not twice.
+#[inline(always)]
+pub(crate) fn pin_with_tables<T: Object>(bits: u64) -> Result<(Pinned<T>, u32, &'static Tables)> {
+    let (tables, raw) = tables_for::<T>(bits)?;
+    match T::table(tables).pin(raw.key()) {
+        Ok(p) => Ok((p, raw.manager, tables)),
+        Err(m) => Err(Error::miss(m, T::KIND, bits)),
+    }
+}
+
+/// [`vacant`] in tables from [`pin_with_tables`].
 #[inline]
+pub(crate) fn vacant_in<T: Object>(tables: &'static Tables) -> Result<Vacant<T>> {
+    T::table(tables).vacant().ok_or_else(|| full(T::KIND))
+}
+
+/// Pins the object named by `bits`; also returns its manager seat.
+/// Always inlined (as `SlotTable::pin`): every call of a handle's object
+/// goes through here, and out of line it cost a frame and a result moved
+/// through memory.
+#[inline(always)]
 pub(crate) fn pin<T: Object>(bits: u64) -> Result<(Pinned<T>, u32)> {
     let (table, raw) = table_for::<T>(bits)?;
     match table.pin(raw.key()) {
@@ -297,6 +324,9 @@ pub(crate) fn fill<T: Object>(seat: u32, v: Vacant<T>, value: T, meta: [u64; 2])
 /// Takes the object named by `bits` out of its table to own it (`Ok(None)`
 /// for the zero handle), waiting for readers that pinned it for a moment
 /// (pins of such objects are a few instructions long and call nothing).
+/// Always inlined: out of line, the object (an allocation: 72 bytes) was
+/// copied through the result twice more on its way to its consumer.
+#[inline(always)]
 pub(crate) fn take_unpinned<T: Object>(bits: u64) -> Result<Option<T>> {
     if bits == 0 {
         return Ok(None);
