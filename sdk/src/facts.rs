@@ -254,6 +254,37 @@ slots!(MemplugPeerAccess, "peer_access":
     set_peer_access: Required, 2;
 );
 
+/// The name of a device kind the ABI defines (1.0's two, and since 1.2
+/// every kind DLPack numbers), as the host, the kit and the tools print it;
+/// `None` for a number the ABI does not name (a vendor's or an unknown
+/// one: each reader says which in its own words).
+pub fn device_kind_name(kind: MemplugDeviceKind) -> Option<&'static str> {
+    Some(match kind {
+        MEMPLUG_DEVICE_CPU => "cpu",
+        MEMPLUG_DEVICE_CUDA => "cuda",
+        MEMPLUG_DEVICE_CUDA_HOST => "cuda_host",
+        MEMPLUG_DEVICE_OPENCL => "opencl",
+        MEMPLUG_DEVICE_VULKAN => "vulkan",
+        MEMPLUG_DEVICE_METAL => "metal",
+        MEMPLUG_DEVICE_VPI => "vpi",
+        MEMPLUG_DEVICE_ROCM => "rocm",
+        MEMPLUG_DEVICE_ROCM_HOST => "rocm_host",
+        MEMPLUG_DEVICE_EXT_DEV => "ext_dev",
+        MEMPLUG_DEVICE_CUDA_MANAGED => "cuda_managed",
+        MEMPLUG_DEVICE_ONEAPI => "oneapi",
+        MEMPLUG_DEVICE_WEBGPU => "webgpu",
+        MEMPLUG_DEVICE_HEXAGON => "hexagon",
+        MEMPLUG_DEVICE_MAIA => "maia",
+        _ => return None,
+    })
+}
+
+/// Whether a device kind lies in the range vendors number their own kinds
+/// in (ABI 1.2, `MEMPLUG_DEVICE_VENDOR_FIRST..=_LAST`).
+pub fn is_vendor_device_kind(kind: MemplugDeviceKind) -> bool {
+    (MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST).contains(&kind)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,4 +1,4 @@
-//! Names for details: status codes and device kinds.
+//! Names for details: status codes and device kinds (the SDK's).
 
 use memplug_sdk::abi::*;
 
@@ -26,30 +26,6 @@ pub(crate) fn status_name(s: MemplugStatus) -> String {
     name.to_string()
 }
 
-/// The device kinds the ABI defines (1.0's two, and since 1.2 every kind
-/// DLPack numbers).
-pub(crate) fn device_kind_name(kind: MemplugDeviceKind) -> Option<&'static str> {
-    Some(match kind {
-        MEMPLUG_DEVICE_CPU => "cpu",
-        MEMPLUG_DEVICE_CUDA => "cuda",
-        MEMPLUG_DEVICE_CUDA_HOST => "cuda_host",
-        MEMPLUG_DEVICE_OPENCL => "opencl",
-        MEMPLUG_DEVICE_VULKAN => "vulkan",
-        MEMPLUG_DEVICE_METAL => "metal",
-        MEMPLUG_DEVICE_VPI => "vpi",
-        MEMPLUG_DEVICE_ROCM => "rocm",
-        MEMPLUG_DEVICE_ROCM_HOST => "rocm_host",
-        MEMPLUG_DEVICE_EXT_DEV => "ext_dev",
-        MEMPLUG_DEVICE_CUDA_MANAGED => "cuda_managed",
-        MEMPLUG_DEVICE_ONEAPI => "oneapi",
-        MEMPLUG_DEVICE_WEBGPU => "webgpu",
-        MEMPLUG_DEVICE_HEXAGON => "hexagon",
-        MEMPLUG_DEVICE_MAIA => "maia",
-        _ => return None,
-    })
-}
-
-/// A kind in the vendors' range (ABI 1.2).
-pub(crate) fn is_vendor_kind(kind: MemplugDeviceKind) -> bool {
-    (MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST).contains(&kind)
-}
+/// The device kinds the ABI names, and the vendors' range: the SDK's
+/// facts, in the kit's words.
+pub(crate) use memplug_sdk::facts::{device_kind_name, is_vendor_device_kind as is_vendor_kind};

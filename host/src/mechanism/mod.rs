@@ -156,28 +156,12 @@ impl Device {
     /// vendor range is shown as `vendor(N)`, any other unknown one as
     /// `unknown(N)`, never guessed.
     pub fn kind_name(self) -> String {
-        let named = match self.0.kind {
-            MEMPLUG_DEVICE_CPU => "cpu",
-            MEMPLUG_DEVICE_CUDA => "cuda",
-            MEMPLUG_DEVICE_CUDA_HOST => "cuda_host",
-            MEMPLUG_DEVICE_OPENCL => "opencl",
-            MEMPLUG_DEVICE_VULKAN => "vulkan",
-            MEMPLUG_DEVICE_METAL => "metal",
-            MEMPLUG_DEVICE_VPI => "vpi",
-            MEMPLUG_DEVICE_ROCM => "rocm",
-            MEMPLUG_DEVICE_ROCM_HOST => "rocm_host",
-            MEMPLUG_DEVICE_EXT_DEV => "ext_dev",
-            MEMPLUG_DEVICE_CUDA_MANAGED => "cuda_managed",
-            MEMPLUG_DEVICE_ONEAPI => "oneapi",
-            MEMPLUG_DEVICE_WEBGPU => "webgpu",
-            MEMPLUG_DEVICE_HEXAGON => "hexagon",
-            MEMPLUG_DEVICE_MAIA => "maia",
-            k if (MEMPLUG_DEVICE_VENDOR_FIRST..=MEMPLUG_DEVICE_VENDOR_LAST).contains(&k) => {
-                return format!("vendor({k:#x})")
-            }
-            k => return format!("unknown({k})"),
-        };
-        named.into()
+        let k = self.0.kind;
+        match memplug_sdk::facts::device_kind_name(k) {
+            Some(name) => name.into(),
+            None if memplug_sdk::facts::is_vendor_device_kind(k) => format!("vendor({k:#x})"),
+            None => format!("unknown({k})"),
+        }
     }
 }
 
