@@ -5,7 +5,7 @@
 
 use crate::sink::{CallSink, SinkSlot};
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// What the host keeps per thread: one thread-local, so the door into a
 /// plugin pays for one thread-local access.
@@ -13,8 +13,13 @@ struct ThreadState {
     /// How many plugin calls the running thread is inside (nested when a
     /// plugin's code reaches the host, which calls a plugin again).
     depth: Cell<u32>,
-    /// The thread's stripe of striped counters (the operation gate, the
-    /// ledgers): chosen round-robin the first time the thread needs one.
+    /// The thread's seat (`crate::lifecycle::seats`): an index no other
+    /// live thread holds, taken the first time the thread needs one and
+    /// given back when it exits. Counters kept per seat (the operation
+    /// gate, the ledgers, the live-object counts) are written by their
+    /// seat's thread only, without read-modify-writes; striped structures
+    /// (the cache's shards, a binding's anchors) use it modulo their
+    /// stripe count.
     stripe: Cell<u32>,
     /// The thread's message-sink slot at each call depth below
     /// [`SINK_DEPTHS`] (`crate::sink`), taken from the process-wide table
@@ -33,7 +38,6 @@ struct ThreadState {
 const SINK_DEPTHS: usize = 8;
 
 const NO_STRIPE: u32 = u32::MAX;
-static NEXT_STRIPE: AtomicU32 = AtomicU32::new(0);
 
 std::thread_local! {
     static THREAD: ThreadState = const {
@@ -48,6 +52,22 @@ std::thread_local! {
     /// one that gives every slot of the thread back when it exits (touched
     /// only when a slot is taken, so that its destructor is registered).
     static SINKS_BACK: SinksBack = const { SinksBack(RefCell::new(Vec::new())) };
+    /// Gives the thread's seat back when it exits (touched only when the
+    /// seat is taken, so that its destructor is registered).
+    static SEAT_BACK: SeatBack = const { SeatBack };
+}
+
+struct SeatBack;
+
+impl Drop for SeatBack {
+    fn drop(&mut self) {
+        let _ = THREAD.try_with(|t| {
+            let seat = t.stripe.replace(crate::lifecycle::SHARED_SEAT as u32);
+            if seat != NO_STRIPE {
+                crate::lifecycle::give_back_seat(seat as usize);
+            }
+        });
+    }
 }
 
 struct SinksBack(RefCell<Vec<&'static SinkSlot>>);
@@ -100,11 +120,15 @@ impl ThreadState {
         self.first_stripe()
     }
 
+    /// Takes a seat for the thread, where it can give it back when it
+    /// exits; a thread already exiting (its seat given back) shares the
+    /// shared seat from then on.
     #[cold]
     fn first_stripe(&self) -> usize {
-        let s = NEXT_STRIPE.fetch_add(1, Relaxed) % 1024;
-        self.stripe.set(s);
-        s as usize
+        let seat =
+            SEAT_BACK.try_with(|_| crate::lifecycle::take_seat()).unwrap_or(crate::lifecycle::SHARED_SEAT);
+        self.stripe.set(seat as u32);
+        seat
     }
 }
 
@@ -133,7 +157,9 @@ fn new_id_block(t: &ThreadState) -> u64 {
     next
 }
 
-/// The running thread's stripe (see [`crate::lifecycle`]).
+/// The running thread's seat: unique among live threads, or
+/// [`SHARED_SEAT`](crate::lifecycle::SHARED_SEAT) (see
+/// `crate::lifecycle::seats`).
 #[inline(always)]
 pub(crate) fn thread_stripe() -> usize {
     THREAD.with(ThreadState::stripe)

@@ -12,6 +12,10 @@
 //! long run (README, Testing):
 //! `MEMPLUG_LOSS_STRESS_MS=180000 cargo nextest run -p memplug-host --test loss_stress`.
 //!
+//! The same run again in a child process with `MEMPLUG_NO_MEMBARRIER=1`:
+//! the operation gate's fallback, a full fence on both sides, where the
+//! kernel has no `membarrier` (`lifecycle/barrier.rs`).
+//!
 //! The host copies of offloads are in a pool of the same context here: the
 //! reference CPU plugin's stream workers do not stop at a loss the runtime
 //! declares, so memory of a healthy pool they may still be copying into
@@ -51,6 +55,9 @@ impl Rng {
 
 #[test]
 fn random_losses_under_concurrent_work_end_with_every_pool_at_zero() {
+    if std::env::var_os("MEMPLUG_NO_MEMBARRIER").is_some_and(|v| v == "1") {
+        assert!(!memplug_host::lifecycle::uses_membarrier(), "MEMPLUG_NO_MEMBARRIER=1 is obeyed");
+    }
     let run_for = Duration::from_millis(env_u64("MEMPLUG_LOSS_STRESS_MS", 1500));
     let seed = env_u64(
         "MEMPLUG_LOSS_STRESS_SEED",
@@ -201,4 +208,18 @@ fn random_losses_under_concurrent_work_end_with_every_pool_at_zero() {
     if let Err(e) = unloaded {
         assert!(!e.contains("pinned"), "nothing of the host pins the plugin (seed {seed}): {e}");
     }
+}
+
+#[test]
+fn the_same_with_full_fences_where_the_kernel_has_no_membarrier() {
+    if std::env::var_os("MEMPLUG_NO_MEMBARRIER").is_some() {
+        return; // the child itself, when a filter matched this test too
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "random_losses_under_concurrent_work_end_with_every_pool_at_zero", "--nocapture"])
+        .env("MEMPLUG_NO_MEMBARRIER", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("1 passed"), "{text}");
 }

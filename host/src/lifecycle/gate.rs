@@ -1,82 +1,105 @@
 //! The operation gate: every call into a plugin through a context holds a
 //! [`Token`], and termination waits until none is held.
 //!
-//! The count of calls in flight is striped, one cache line per stripe;
-//! threads pick a stripe once, so two threads calling one mechanism do not
-//! share a counter. Each stripe word holds its count and a CLOSED bit.
-//! Entering is one `fetch_add` on the caller's stripe: the value it returns
-//! says whether the stripe was closed (then the call is refused and undoes
-//! its increment). Leaving is one `fetch_sub`.
+//! The count of calls in flight is kept per seat (`seats.rs`): a thread
+//! enters by adding one to its own seat's count with a load and a store,
+//! then reads whether the gate is closed; it leaves by storing the count
+//! less one. No read-modify-write on either side, and no cache line shared
+//! with another thread. (A thread without a seat of its own uses the shared
+//! seat's count, with read-modify-writes.)
 //!
-//! Closing (when the context is lost or terminated) sets CLOSED on every
-//! stripe with `fetch_or`. Why that is enough, with no ordering between
-//! different words: on one stripe, every increment and the `fetch_or` are
-//! read-modify-writes of one location, so they are totally ordered. An
-//! increment ordered before the `fetch_or` is a call the closer sees in the
-//! count it read (and in every later read of that stripe, until the call
-//! leaves); one ordered after it sees CLOSED and is refused. So once a
-//! closer has closed every stripe and read every count back to zero, no
-//! call is in flight and none can start. `tests/gate_loom.rs` checks this
-//! exhaustively (loom models orderings weaker than sequential consistency,
-//! which this argument does not need).
+//! Closing (when the context is lost or terminated) sets `closed`, then
+//! runs the heavy side of an asymmetric fence pair (`barrier.rs`); a
+//! caller's light side sits between its count's write and its read of
+//! `closed`. By Dekker's argument, either the caller sees `closed` (and
+//! backs out, never calling the plugin) or the closer's later reads see
+//! the caller's count (and wait for it to leave). So once a closer has
+//! closed the gate and read every count back to zero, no call is in flight
+//! and none can start. A leave's store is a release and the closer's reads
+//! acquire, so everything a call did happens before what the closer does
+//! next. `tests/gate_loom.rs` checks this exhaustively.
 //!
-//! The life state itself is a separate word, for reporting; the gate's
-//! admission is the stripes'.
+//! The life state itself is a separate word, for reporting; admission is
+//! `closed`.
 
+use super::barrier;
+use super::seats::{self, PerSeat};
 use super::LifeState;
-use crate::sync::AtomicU64;
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Release};
+use crate::sync::{AtomicBool, AtomicU64};
+use std::marker::PhantomData;
+use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release, SeqCst};
 
-/// Stripes of the in-flight count. Eight cache lines per mechanism.
+/// Stripes of the structures split by thread (the cache's shards, a
+/// binding's anchors), indexed by the thread's seat modulo this.
 pub(crate) const STRIPES: usize = 8;
 
-const CLOSED: u64 = 1 << 63;
-
-#[repr(align(64))]
-#[derive(Default)]
-struct Stripe(AtomicU64);
-
-/// One context's gate: its life state and the striped count of calls in
-/// flight (see the module documentation for why admission is sound).
-/// Starts `Active` and open.
-#[derive(Default)]
+/// One context's gate: its life state, whether it is closed, and the count
+/// of calls in flight per seat (see the module documentation for why
+/// admission is sound). Starts `Active` and open.
 pub struct Gate {
     state: AtomicU64,
-    stripes: [Stripe; STRIPES],
+    closed: AtomicBool,
+    counts: PerSeat<AtomicU64>,
 }
 
-/// A call in flight: the gate counts it until this is dropped.
+impl Default for Gate {
+    fn default() -> Self {
+        barrier::prepare();
+        Gate { state: AtomicU64::new(0), closed: AtomicBool::new(false), counts: PerSeat::default() }
+    }
+}
+
+/// A call in flight: the gate counts it until this is dropped. Not `Send`:
+/// it is dropped on the thread that entered, the only writer of its count.
 #[must_use]
 pub struct Token<'g> {
-    stripe: &'g AtomicU64,
+    count: &'g AtomicU64,
+    owned: bool,
+    _thread: PhantomData<*const ()>,
 }
 
 impl Drop for Token<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        self.stripe.fetch_sub(1, Release);
+        leave(self.count, self.owned);
+    }
+}
+
+#[inline(always)]
+fn leave(count: &AtomicU64, owned: bool) {
+    if owned {
+        count.store(count.load(Relaxed).wrapping_sub(1), Release);
+    } else {
+        count.fetch_sub(1, Release);
     }
 }
 
 impl Gate {
     /// Admits a call unless the gate is closed (the context is lost or
-    /// terminated); `Err` with the state then. `stripe` is the calling
-    /// thread's (any value; reduced modulo the stripe count).
+    /// terminated); `Err` with the state then. `seat` is the calling
+    /// thread's (`crate::reentry::thread_stripe`): its count is written by
+    /// this thread only.
     #[inline(always)]
-    pub fn enter(&self, stripe: usize) -> Result<Token<'_>, LifeState> {
-        let s = &self.stripes[stripe % STRIPES].0;
-        if s.fetch_add(1, Acquire) & CLOSED == 0 {
-            return Ok(Token { stripe: s });
+    pub fn enter(&self, seat: usize) -> Result<Token<'_>, LifeState> {
+        let c = self.counts.cell(seat);
+        if c.owned {
+            c.cell.store(c.cell.load(Relaxed).wrapping_add(1), Relaxed);
+        } else {
+            c.cell.fetch_add(1, SeqCst);
         }
-        self.refuse(s)
+        barrier::light();
+        if !self.closed.load(Relaxed) {
+            return Ok(Token { count: c.cell, owned: c.owned, _thread: PhantomData });
+        }
+        self.refuse(c.cell, c.owned)
     }
 
     #[cold]
     #[inline(never)]
-    fn refuse(&self, s: &AtomicU64) -> Result<Token<'_>, LifeState> {
-        s.fetch_sub(1, Release);
-        // Closing sets the state first: a closed stripe means Lost or
-        // later, even if this read is older.
+    fn refuse(&self, count: &AtomicU64, owned: bool) -> Result<Token<'_>, LifeState> {
+        leave(count, owned);
+        // Closing sets the state first: a closed gate means Lost or later,
+        // even if this read is older.
         Err(self.state().max(LifeState::Lost))
     }
 
@@ -107,21 +130,22 @@ impl Gate {
         Ok(LifeState::from_word(now))
     }
 
-    /// Refuses every later call (idempotent; any thread may close).
+    /// Refuses every later call (idempotent; any thread may close). Once
+    /// it returns, [`in_flight`](Self::in_flight) counts every call that
+    /// was admitted and has not left.
     pub fn close(&self) {
-        for s in &self.stripes {
-            s.0.fetch_or(CLOSED, AcqRel);
-        }
+        self.closed.store(true, SeqCst);
+        barrier::heavy();
     }
 
     /// Whether `token` was issued by this gate.
     pub fn owns(&self, token: &Token<'_>) -> bool {
-        self.stripes.iter().any(|s| std::ptr::eq(&s.0, token.stripe))
+        self.counts.each().any(|c| std::ptr::eq(c, token.count))
     }
 
     /// Calls in flight now. Once the gate is closed the count only falls,
     /// and zero means no call is in flight and none can start.
     pub fn in_flight(&self) -> u64 {
-        self.stripes.iter().fold(0u64, |n, s| n.wrapping_add(s.0.load(Acquire) & !CLOSED))
+        seats::sum(&self.counts, |c| c)
     }
 }

@@ -9,15 +9,16 @@
 //! owner that comes later is refused at the gate and changes nothing: each
 //! charge is settled either by its owner or by termination, never both.
 //!
-//! Striped like the gate, one cache line per stripe; a charge made on one
-//! thread and refunded on another leaves one stripe up and another down by
-//! the same amount, so stripes are summed with wrapping arithmetic.
+//! Kept per seat like the gate's count (`seats.rs`): each thread writes
+//! its own cell with loads and stores; a charge made on one thread and
+//! refunded on another leaves one cell up and another down by the same
+//! amount, and the sums wrap. A reader after the gate went quiet sees
+//! every write: each was made under a token whose leave released it.
 
-use super::gate::STRIPES;
+use super::seats::{self, PerSeat};
 use crate::sync::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 
-#[repr(align(64))]
 #[derive(Default)]
 struct Cell {
     bytes: AtomicU64,
@@ -26,7 +27,7 @@ struct Cell {
 
 #[derive(Default)]
 pub(crate) struct Ledger {
-    cells: [Cell; STRIPES],
+    cells: PerSeat<Cell>,
     /// Quarantined charges (cold: a release the plugin refused).
     quarantined_bytes: AtomicU64,
     quarantines: AtomicU64,
@@ -49,42 +50,36 @@ impl LedgerTotals {
 
 impl Ledger {
     /// A lease of `bytes` began (`leases` is 1), or an existing one grew
-    /// (`leases` is 0).
+    /// (`leases` is 0). `seat` is the running thread's.
     #[inline(always)]
-    pub(crate) fn charged(&self, stripe: usize, bytes: u64, leases: u64) {
-        let c = &self.cells[stripe % STRIPES];
-        c.bytes.fetch_add(bytes, Relaxed);
+    pub(crate) fn charged(&self, seat: usize, bytes: u64, leases: u64) {
+        let c = self.cells.cell(seat);
+        seats::add(&seats::SeatCell { cell: &c.cell.bytes, owned: c.owned }, bytes);
         if leases != 0 {
-            c.leases.fetch_add(leases, Relaxed);
+            seats::add(&seats::SeatCell { cell: &c.cell.leases, owned: c.owned }, leases);
         }
     }
 
     /// `bytes` of live charge were refunded, ending `leases` leases.
+    /// `seat` is the running thread's.
     #[inline(always)]
-    pub(crate) fn refunded(&self, stripe: usize, bytes: u64, leases: u64) {
-        let c = &self.cells[stripe % STRIPES];
-        c.bytes.fetch_sub(bytes, Relaxed);
-        if leases != 0 {
-            c.leases.fetch_sub(leases, Relaxed);
-        }
+    pub(crate) fn refunded(&self, seat: usize, bytes: u64, leases: u64) {
+        self.charged(seat, bytes.wrapping_neg(), leases.wrapping_neg())
     }
 
     /// `bytes` of live charge became quarantined (`leases` leases ended
     /// that way).
     #[cold]
-    pub(crate) fn quarantined(&self, stripe: usize, bytes: u64, leases: u64) {
-        self.refunded(stripe, bytes, leases);
+    pub(crate) fn quarantined(&self, seat: usize, bytes: u64, leases: u64) {
+        self.refunded(seat, bytes, leases);
         self.quarantined_bytes.fetch_add(bytes, Relaxed);
         self.quarantines.fetch_add(1, Relaxed);
     }
 
     pub(crate) fn totals(&self) -> LedgerTotals {
-        let sum = |f: fn(&Cell) -> &AtomicU64| {
-            self.cells.iter().fold(0u64, |n, c| n.wrapping_add(f(c).load(Relaxed)))
-        };
         LedgerTotals {
-            bytes: sum(|c| &c.bytes),
-            leases: sum(|c| &c.leases),
+            bytes: seats::sum(&self.cells, |c| &c.bytes),
+            leases: seats::sum(&self.cells, |c| &c.leases),
             quarantined_bytes: self.quarantined_bytes.load(Relaxed),
             quarantines: self.quarantines.load(Relaxed),
         }

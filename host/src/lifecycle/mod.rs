@@ -4,8 +4,12 @@
 //! needs to settle a context's books exactly once.
 //!
 //! * `state.rs` — [`LifeState`] and its transitions;
-//! * `gate.rs` — the gate: the state word and the striped count of calls in
-//!   flight; termination waits for that count to reach zero;
+//! * `gate.rs` — the gate: the state word and the count of calls in flight,
+//!   kept per thread; termination waits for that count to reach zero;
+//! * `seats.rs` — counters each thread writes alone (loads and stores, no
+//!   read-modify-writes), which the gate, the ledgers and the live-object
+//!   counts are made of; `barrier.rs` — the fence pair that makes the
+//!   gate's admission sound with them;
 //! * `ledger.rs` — per binding, the bytes and leases it holds, changed only
 //!   under a gate token, so a quiet gate means a stable ledger.
 //!
@@ -15,16 +19,24 @@
 //! The state flips (one compare-and-swap) and the reason is kept; events
 //! are delivered later, by the context's owner, on its own threads.
 
+mod barrier;
 mod gate;
 mod ledger;
+mod seats;
 mod state;
 
 // Public for the loom model of the gate (tests/gate_loom.rs); not part of
 // the host's API.
+pub use barrier::uses_membarrier;
 pub(crate) use gate::STRIPES;
 #[doc(hidden)]
 pub use gate::{Gate, Token};
 pub(crate) use ledger::Ledger;
+#[doc(hidden)]
+pub use seats::SHARED_SEAT;
+pub(crate) use seats::{
+    add as add_to_seat, give_back_seat, sum as sum_of_seats, take_seat, PerSeat, SeatCell,
+};
 pub use state::LifeState;
 
 use crate::sync::{AtomicBool, Mutex};

@@ -1,52 +1,60 @@
 //! How many objects of each kind a mechanism has alive, counted so that
-//! two threads working one mechanism do not share a cache line per object:
-//! one line per stripe, the thread's stripe picked once (as the gate's and
-//! the ledger's are). An object born on one thread and freed on another
-//! leaves one stripe up and another down by one, so stripes are summed
-//! with wrapping arithmetic; the sum is exact whenever nothing is in
-//! flight, and never off by more than the calls in flight otherwise.
+//! counting costs a load and a store: each thread counts in its own seat's
+//! cell (`crate::lifecycle::seats`, as the gate and the ledgers do). An
+//! object born on one thread and freed on another leaves one cell up and
+//! another down by one, so cells are summed with wrapping arithmetic; the
+//! sum is exact whenever nothing is in flight, and never off by more than
+//! the calls in flight otherwise.
 
 use crate::error::ObjectKind;
-use crate::lifecycle::STRIPES;
+use crate::lifecycle::PerSeat;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 const KINDS: usize = ObjectKind::ALL.len();
 
-#[repr(align(64))]
-#[derive(Default)]
-struct Stripe([AtomicU64; KINDS]);
-
 /// Live objects per kind.
 #[derive(Default)]
 pub(crate) struct LiveCounts {
-    stripes: [Stripe; STRIPES],
+    cells: PerSeat<[crate::sync::AtomicU64; KINDS]>,
+    /// What [`forget`](Self::forget) took away, per kind: the cells belong
+    /// to their threads, so forgetting subtracts instead of clearing them.
+    forgotten: [AtomicU64; KINDS],
 }
 
 impl LiveCounts {
     #[inline(always)]
-    fn cell(&self, k: ObjectKind) -> &AtomicU64 {
-        &self.stripes[crate::reentry::thread_stripe() % STRIPES].0[k as usize]
+    fn count(&self, k: ObjectKind, v: u64) {
+        let c = self.cells.cell(crate::reentry::thread_stripe());
+        let cell = crate::lifecycle::SeatCell { cell: &c.cell[k as usize], owned: c.owned };
+        crate::lifecycle::add_to_seat(&cell, v);
     }
 
     #[inline(always)]
     pub(crate) fn born(&self, k: ObjectKind) {
-        self.cell(k).fetch_add(1, Relaxed);
+        self.count(k, 1);
     }
 
     #[inline(always)]
     pub(crate) fn died(&self, k: ObjectKind) {
-        self.cell(k).fetch_sub(1, Relaxed);
+        self.count(k, 1u64.wrapping_neg());
+    }
+
+    fn counted(&self, k: ObjectKind) -> u64 {
+        crate::lifecycle::sum_of_seats(&self.cells, |c| &c[k as usize])
     }
 
     /// Objects of kind `k` alive now.
     pub(crate) fn of(&self, k: ObjectKind) -> u64 {
-        self.stripes.iter().fold(0u64, |n, s| n.wrapping_add(s.0[k as usize].load(Relaxed)))
+        self.counted(k).wrapping_sub(self.forgotten[k as usize].load(Relaxed))
     }
 
     /// Forgets every count (the context terminated: its objects went with
     /// it); returns how many there were.
     pub(crate) fn forget(&self) -> u64 {
-        self.stripes.iter().flat_map(|s| s.0.iter()).fold(0u64, |n, c| n.wrapping_add(c.swap(0, Relaxed)))
+        ObjectKind::ALL.iter().fold(0u64, |n, &k| {
+            let all = self.counted(k);
+            n.wrapping_add(all.wrapping_sub(self.forgotten[k as usize].swap(all, Relaxed)))
+        })
     }
 }
 
