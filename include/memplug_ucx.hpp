@@ -17,9 +17,8 @@
 // registered), UcxRegistration(ucx, mechanism, allocation, offset, len,
 // access) a part of it (the whole allocation pinned), and pull_into /
 // push_from take an Allocation in place of a Region (its bytes were charged
-// when allocated: nothing grows). A cached block of a caching binding
-// (the C handle MemplugHostCachedAllocation of memplug_host_cache_allocate)
-// takes the same forms: while registered or with a transfer in flight,
+// when allocated: nothing grows). A CachedAllocation of a caching binding
+// (memplug_cache.hpp) takes the same forms: while registered or with a transfer in flight,
 // a block freed is handed to no other request and not given back to the
 // mechanism until deregistered or complete.
 //
@@ -29,6 +28,7 @@
 #define MEMPLUG_UCX_HPP
 
 #include "memplug.hpp"
+#include "memplug_cache.hpp"
 
 #if defined(MEMPLUG_HOST_UCX)
 
@@ -96,16 +96,16 @@ class UcxRegistration : public detail::Owned<MemplugHostUcxRegistration, memplug
     /// The bytes asked for of a cached block
     /// (memplug_host_ucx_register_cached_allocation): freed while
     /// registered, the block goes to no other request and stays charged.
-    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, MemplugHostCachedAllocation block, uint32_t access) {
+    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const CachedAllocation &block, uint32_t access) {
         MemplugHostUcxRegistration r{};
-        check(memplug_host_ucx_register_cached_allocation(ucx.get(), mechanism.get(), block, access, &r));
+        check(memplug_host_ucx_register_cached_allocation(ucx.get(), mechanism.get(), block.get(), access, &r));
         h_ = r;
     }
     /// A part of a cached block (memplug_host_ucx_register_cached_allocation_range).
-    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, MemplugHostCachedAllocation block, uint64_t offset,
+    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const CachedAllocation &block, uint64_t offset,
                     uint64_t len, uint32_t access) {
         MemplugHostUcxRegistration r{};
-        check(memplug_host_ucx_register_cached_allocation_range(ucx.get(), mechanism.get(), block, offset, len,
+        check(memplug_host_ucx_register_cached_allocation_range(ucx.get(), mechanism.get(), block.get(), offset, len,
                                                                 access, &r));
         h_ = r;
     }
@@ -183,16 +183,16 @@ class UcxPeer : public detail::Owned<MemplugHostUcxPeer, memplug_host_ucx_peer_d
     }
     /// Into a cached block (memplug_host_ucx_peer_pull_into_cached_allocation):
     /// freed before the transfer completes, the block goes to no other request.
-    UcxTransfer pull_into(MemplugHostCachedAllocation block, uint64_t dst_offset,
+    UcxTransfer pull_into(const CachedAllocation &block, uint64_t dst_offset,
                           const MemplugHostUcxRemoteRange &range, uint64_t src_offset, uint64_t len) {
         MemplugHostUcxTransfer t{};
-        check(memplug_host_ucx_peer_pull_into_cached_allocation(h_, block, dst_offset, &range, src_offset, len, &t));
+        check(memplug_host_ucx_peer_pull_into_cached_allocation(h_, block.get(), dst_offset, &range, src_offset, len, &t));
         return UcxTransfer(t);
     }
-    UcxTransfer push_from(MemplugHostCachedAllocation block, uint64_t src_offset,
+    UcxTransfer push_from(const CachedAllocation &block, uint64_t src_offset,
                           const MemplugHostUcxRemoteRange &range, uint64_t dst_offset, uint64_t len) {
         MemplugHostUcxTransfer t{};
-        check(memplug_host_ucx_peer_push_from_cached_allocation(h_, block, src_offset, &range, dst_offset, len, &t));
+        check(memplug_host_ucx_peer_push_from_cached_allocation(h_, block.get(), src_offset, &range, dst_offset, len, &t));
         return UcxTransfer(t);
     }
     void release(const MemplugHostUcxRemoteRange &range, std::chrono::nanoseconds timeout) {

@@ -12,7 +12,7 @@
 // end, pushes a changed page back, which the owner reads; after the
 // deregistration the owner's allocation is freed. A part of an allocation
 // registers (a part past its end is refused), and the child pulls the
-// allocation into a cached block of a caching binding (C handle),
+// allocation into a cached block of a caching binding (memplug::Cache),
 // registered too, and pushes the changed page back from it. Skipped
 // (exit 77, with the reason) when UCX is not installed.
 //
@@ -36,7 +36,6 @@ constexpr const char *SETTINGS = "TLS=posix,cma,self";
 uint8_t byte_at(uint64_t i) { return static_cast<uint8_t>((i * 7u + 3u) & 0xffu); }
 uint8_t *bytes(const memplug::Region &r) { return reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(r.addr())); }
 uint8_t alloc_byte(uint64_t i) { return static_cast<uint8_t>((i * 13u + 1u) & 0xffu); }
-void check_c(MemplugHostStatus s) { memplug::check(s); }
 
 // Runs the deferred frees until the pool uses `want` (or 10 s pass).
 uint64_t poll_until(const memplug::Manager &m, const memplug::Pool &pool, uint64_t want) {
@@ -137,12 +136,9 @@ void puller(const char *plugin, int fd) {
         for (uint64_t i = 0; i < MIB; i++) same = same && q[i] == alloc_byte(i);
         EXPECT(same);
         mine.close();
-        // The same into a cached block (a caching binding's, C handle).
-        MemplugHostCache cache{};
-        MemplugHostCachedAllocation block{};
-        uint64_t addr = 0;
-        check_c(memplug_host_cache_create(m.get(), mech.get(), pool.get(), nullptr, nullptr, nullptr, &cache));
-        check_c(memplug_host_cache_allocate(cache, MIB, 4096, 0, &block, &addr));
+        // The same into a cached block of a caching binding.
+        memplug::Cache cache = memplug::Cache::create(m, mech, pool);
+        memplug::CachedAllocation block = cache.allocate(MIB, 4096);
         {
             memplug::UcxRegistration breg(ucx, mech, block, MEMPLUG_HOST_UCX_ACCESS_READ);
             memplug::UcxRegistration bpart(ucx, mech, block, 0, 4096, MEMPLUG_HOST_UCX_ACCESS_READ);
@@ -151,16 +147,15 @@ void puller(const char *plugin, int fd) {
         why = EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, peer.pull_into(block, 1, ar, 0, MIB));
         EXPECT(why.find("not inside the allocation") != std::string::npos);
         peer.pull_into(block, 0, ar, 0, MIB).wait(WAIT);
-        q = reinterpret_cast<uint8_t *>(static_cast<uintptr_t>(addr));
+        q = block.data<uint8_t>();
         same = true;
         for (uint64_t i = 0; i < MIB; i++) same = same && q[i] == alloc_byte(i);
         EXPECT(same);
         for (uint64_t i = 0; i < 4096; i++) q[i] = static_cast<uint8_t>(~q[i]);
         peer.push_from(block, 0, ar, 0, 4096).wait(WAIT);
         peer.release(ar, WAIT);
-        check_c(memplug_host_cached_free(block));
-        check_c(memplug_host_cache_trim(cache, UINT64_MAX, nullptr));
-        check_c(memplug_host_cache_destroy(cache));
+        block.close();
+        cache.trim();
         EXPECT(pool.stats().used == 2 * MIB);
     }
     region.close();
