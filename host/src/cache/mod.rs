@@ -642,7 +642,11 @@ impl CachedAllocation {
     /// meanwhile, it stays out of the idle lists, counted in use
     /// ([`CacheStats::pinned_blocks`]), until every fence on it completed;
     /// a block the cache does not keep (a bypass, a context no longer
-    /// active) frees behind the fence.
+    /// active) frees behind the fence. (Pins are not told apart from other
+    /// fences on the block: once pinned, a block freed while any of its
+    /// fences is pending — a pin's or `free_on`'s — waits for all of them,
+    /// on its stream too. Conservative; a new request of the block starts
+    /// unpinned.)
     pub fn pinned_by(&mut self, fence: SharedFence) {
         self.pinned = true;
         self.block.as_mut().expect("present until drop").used_by(fence);
