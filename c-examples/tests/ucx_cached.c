@@ -137,7 +137,7 @@ static void owner(const char *plugin, int fd) {
                                 host = MEMPLUG_HOST_NULL_HANDLE_INIT, back = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostUcxRegistration reg = MEMPLUG_HOST_NULL_HANDLE_INIT, part = MEMPLUG_HOST_NULL_HANDLE_INIT;
     MemplugHostUcxPeer peer = MEMPLUG_HOST_NULL_HANDLE_INIT;
-    struct timespec stall = {0, 300 * 1000 * 1000};
+    struct timespec stall = {1, 0};
     struct request other;
     uint64_t addr = 0, same_addr = 0, host_addr = 0, back_addr = 0, i, id = 0, released = 1;
     uint8_t *p;

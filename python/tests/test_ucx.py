@@ -313,7 +313,7 @@ CACHED_OWNER = textwrap.dedent(
     assert addr not in (same.addr, host.addr, got[0].addr), "a registered block was handed out"
     assert cache.trim(2**64 - 1) == 0
     assert cache.stats()["pinned_blocks"] == 1 and pool.used == 4 << 20, (cache.stats(), pool.used)
-    time.sleep(0.3)
+    time.sleep(1.0)
     assert peer.serve(30.0), "the peer did not leave"
     want = (np.arange(1 << 20) % 239).astype(np.uint8)
     want[:4096] = 255 - want[:4096]

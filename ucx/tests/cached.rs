@@ -77,7 +77,7 @@ fn owner(ucx: Ucx, mut peer: Peer) {
     assert_eq!((cache.stats().pinned_blocks, m.pool.used()), (1, 3 * charged));
     peer.offer(&reg, 1).unwrap();
     // Stall: the parent's pull from this process waits for its progress.
-    std::thread::sleep(Duration::from_millis(300));
+    std::thread::sleep(Duration::from_secs(1));
     let deadline = Instant::now() + TIMEOUT;
     while peer.exported() > 0 {
         assert!(Instant::now() < deadline, "the parent did not release the range");
