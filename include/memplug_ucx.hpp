@@ -14,8 +14,13 @@
 //
 // Allocations take the same calls: UcxRegistration(ucx, mechanism,
 // allocation, access) registers a whole allocation (its free waits while
-// registered), and pull_into / push_from take an Allocation in place of a
-// Region (its bytes were charged when allocated: nothing grows).
+// registered), UcxRegistration(ucx, mechanism, allocation, offset, len,
+// access) a part of it (the whole allocation pinned), and pull_into /
+// push_from take an Allocation in place of a Region (its bytes were charged
+// when allocated: nothing grows). A CachedAllocation of a caching binding
+// (memplug_cache.hpp) takes the same forms: while registered or with a transfer in flight,
+// a block freed is handed to no other request and not given back to the
+// mechanism until deregistered or complete.
 //
 // The objects are not owned by a manager: destroy them before the manager
 // whose regions they use (a region's free waits for its registrations).
@@ -23,6 +28,7 @@
 #define MEMPLUG_UCX_HPP
 
 #include "memplug.hpp"
+#include "memplug_cache.hpp"
 
 #if defined(MEMPLUG_HOST_UCX)
 
@@ -74,6 +80,33 @@ class UcxRegistration : public detail::Owned<MemplugHostUcxRegistration, memplug
     UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const Allocation &allocation, uint32_t access) {
         MemplugHostUcxRegistration r{};
         check(memplug_host_ucx_register_allocation(ucx.get(), mechanism.get(), allocation.get(), access, &r));
+        h_ = r;
+    }
+    /// `len` bytes at `offset` of `allocation`
+    /// (memplug_host_ucx_register_allocation_range): the whole allocation is
+    /// pinned. Throws Error (INVALID_ARGUMENT) for a part of length 0, past
+    /// the end or overflowing.
+    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const Allocation &allocation, uint64_t offset,
+                    uint64_t len, uint32_t access) {
+        MemplugHostUcxRegistration r{};
+        check(memplug_host_ucx_register_allocation_range(ucx.get(), mechanism.get(), allocation.get(), offset, len,
+                                                         access, &r));
+        h_ = r;
+    }
+    /// The bytes asked for of a cached block
+    /// (memplug_host_ucx_register_cached_allocation): freed while
+    /// registered, the block goes to no other request and stays charged.
+    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const CachedAllocation &block, uint32_t access) {
+        MemplugHostUcxRegistration r{};
+        check(memplug_host_ucx_register_cached_allocation(ucx.get(), mechanism.get(), block.get(), access, &r));
+        h_ = r;
+    }
+    /// A part of a cached block (memplug_host_ucx_register_cached_allocation_range).
+    UcxRegistration(const Ucx &ucx, const Mechanism &mechanism, const CachedAllocation &block, uint64_t offset,
+                    uint64_t len, uint32_t access) {
+        MemplugHostUcxRegistration r{};
+        check(memplug_host_ucx_register_cached_allocation_range(ucx.get(), mechanism.get(), block.get(), offset, len,
+                                                                access, &r));
         h_ = r;
     }
     /// Throws Error (MEMPLUG_HOST_STATUS_BUSY, still registered) while a
@@ -146,6 +179,20 @@ class UcxPeer : public detail::Owned<MemplugHostUcxPeer, memplug_host_ucx_peer_d
         MemplugHostUcxTransfer t{};
         check(memplug_host_ucx_peer_push_from_allocation(h_, allocation.get(), src_offset, &range, dst_offset, len,
                                                          &t));
+        return UcxTransfer(t);
+    }
+    /// Into a cached block (memplug_host_ucx_peer_pull_into_cached_allocation):
+    /// freed before the transfer completes, the block goes to no other request.
+    UcxTransfer pull_into(const CachedAllocation &block, uint64_t dst_offset,
+                          const MemplugHostUcxRemoteRange &range, uint64_t src_offset, uint64_t len) {
+        MemplugHostUcxTransfer t{};
+        check(memplug_host_ucx_peer_pull_into_cached_allocation(h_, block.get(), dst_offset, &range, src_offset, len, &t));
+        return UcxTransfer(t);
+    }
+    UcxTransfer push_from(const CachedAllocation &block, uint64_t src_offset,
+                          const MemplugHostUcxRemoteRange &range, uint64_t dst_offset, uint64_t len) {
+        MemplugHostUcxTransfer t{};
+        check(memplug_host_ucx_peer_push_from_cached_allocation(h_, block.get(), src_offset, &range, dst_offset, len, &t));
         return UcxTransfer(t);
     }
     void release(const MemplugHostUcxRemoteRange &range, std::chrono::nanoseconds timeout) {

@@ -300,7 +300,18 @@ class Ucx:
         access: Literal["read", "read_write"] = "read",
     ) -> UcxRegistration: ...
     def register_allocation(
-        self, context: Context, allocation: Allocation, access: Literal["read", "read_write"] = "read"
+        self,
+        context: Context,
+        allocation: Union[Allocation, CachedAllocation],
+        access: Literal["read", "read_write"] = "read",
+    ) -> UcxRegistration: ...
+    def register_allocation_range(
+        self,
+        context: Context,
+        allocation: Union[Allocation, CachedAllocation],
+        offset: int,
+        length: int,
+        access: Literal["read", "read_write"] = "read",
     ) -> UcxRegistration: ...
 
 class UcxRegistration:
@@ -345,10 +356,20 @@ class UcxPeer:
         self, region: Region, src_offset: int, range: UcxRemoteRange, dst_offset: int, length: int
     ) -> UcxTransfer: ...
     def pull_into_allocation(
-        self, allocation: Allocation, dst_offset: int, range: UcxRemoteRange, src_offset: int, length: int
+        self,
+        allocation: Union[Allocation, CachedAllocation],
+        dst_offset: int,
+        range: UcxRemoteRange,
+        src_offset: int,
+        length: int,
     ) -> UcxTransfer: ...
     def push_from_allocation(
-        self, allocation: Allocation, src_offset: int, range: UcxRemoteRange, dst_offset: int, length: int
+        self,
+        allocation: Union[Allocation, CachedAllocation],
+        src_offset: int,
+        range: UcxRemoteRange,
+        dst_offset: int,
+        length: int,
     ) -> UcxTransfer: ...
     def release(self, range: UcxRemoteRange, timeout: float = 10.0) -> None: ...
     def revoke(self, offer_id: int, timeout: float = 10.0) -> None: ...

@@ -10,8 +10,11 @@
 // (it stays charged while registered); the child pulls it into an
 // allocation of its own, checks every byte, is refused a pull past its
 // end, pushes a changed page back, which the owner reads; after the
-// deregistration the owner's allocation is freed. Skipped (exit 77, with
-// the reason) when UCX is not installed.
+// deregistration the owner's allocation is freed. A part of an allocation
+// registers (a part past its end is refused), and the child pulls the
+// allocation into a cached block of a caching binding (memplug::Cache),
+// registered too, and pushes the changed page back from it. Skipped
+// (exit 77, with the reason) when UCX is not installed.
 //
 //   ucx_cpp PATH/TO/libmemplug_plugin_cpu.so
 #include "memplug_ucx.hpp"
@@ -61,6 +64,14 @@ void owner(const char *plugin, int fd) {
         memplug::UcxRegistration reg(ucx, mech, region, 0, 2 * MIB, MEMPLUG_HOST_UCX_ACCESS_READ);
         memplug::UcxRegistration areg(ucx, mech, alloc, MEMPLUG_HOST_UCX_ACCESS_READ_WRITE);
         EXPECT(areg.get().id != 0);
+        {
+            memplug::UcxRegistration part(ucx, mech, alloc, 4096, 8192, MEMPLUG_HOST_UCX_ACCESS_READ);
+            EXPECT(part.get().id != 0);
+            std::string why = EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT,
+                                           memplug::UcxRegistration(ucx, mech, alloc, MIB, 1, MEMPLUG_HOST_UCX_ACCESS_READ));
+            EXPECT(why.find("not inside the allocation") != std::string::npos);
+            part.deregister();
+        }
         memplug::UcxPeer peer(ucx, fd, MEMPLUG_HOST_UCX_ERRORS_NONE, WAIT);
         peer.offer(reg, 3);
         peer.offer(areg, 4);
@@ -124,10 +135,27 @@ void puller(const char *plugin, int fd) {
         same = true;
         for (uint64_t i = 0; i < MIB; i++) same = same && q[i] == alloc_byte(i);
         EXPECT(same);
-        for (uint64_t i = 0; i < 4096; i++) q[i] = static_cast<uint8_t>(~q[i]);
-        peer.push_from(mine, 0, ar, 0, 4096).wait(WAIT);
-        peer.release(ar, WAIT);
         mine.close();
+        // The same into a cached block of a caching binding.
+        memplug::Cache cache = memplug::Cache::create(m, mech, pool);
+        memplug::CachedAllocation block = cache.allocate(MIB, 4096);
+        {
+            memplug::UcxRegistration breg(ucx, mech, block, MEMPLUG_HOST_UCX_ACCESS_READ);
+            memplug::UcxRegistration bpart(ucx, mech, block, 0, 4096, MEMPLUG_HOST_UCX_ACCESS_READ);
+            EXPECT(breg.get().id != 0 && bpart.get().id != 0);
+        }
+        why = EXPECT_ERROR(MEMPLUG_HOST_STATUS_INVALID_ARGUMENT, peer.pull_into(block, 1, ar, 0, MIB));
+        EXPECT(why.find("not inside the allocation") != std::string::npos);
+        peer.pull_into(block, 0, ar, 0, MIB).wait(WAIT);
+        q = block.data<uint8_t>();
+        same = true;
+        for (uint64_t i = 0; i < MIB; i++) same = same && q[i] == alloc_byte(i);
+        EXPECT(same);
+        for (uint64_t i = 0; i < 4096; i++) q[i] = static_cast<uint8_t>(~q[i]);
+        peer.push_from(block, 0, ar, 0, 4096).wait(WAIT);
+        peer.release(ar, WAIT);
+        block.close();
+        cache.trim();
         EXPECT(pool.stats().used == 2 * MIB);
     }
     region.close();

@@ -105,6 +105,7 @@ impl CachingBinding {
             size,
             device: self.device,
             uses: Arc::new(uses),
+            pins: Uses::default(),
             queue: self.queue.clone(),
         }
     }
@@ -170,6 +171,7 @@ impl CachingBinding {
             ("pending_blocks", s.pending_blocks),
             ("in_use_bytes", s.in_use_bytes),
             ("in_use_blocks", s.in_use_blocks),
+            ("pinned_blocks", s.pinned_blocks),
             ("trimmed_bytes", s.trimmed_bytes),
             ("pressure_bytes", s.pressure_bytes),
         ] {
@@ -398,10 +400,22 @@ pub struct CachedAllocation {
     size: u64,
     device: (i32, i32),
     uses: Arc<Uses>,
+    /// UCX registrations' and transfers' pins (`ucx.rs`): the block's free
+    /// hands them to the cache (`pinned_by`), which then reuses the block
+    /// for nobody, on the stream it was freed on neither, until they
+    /// complete; exports do not wait for them.
+    pins: Uses,
     queue: Arc<DeferredFreeQueue>,
 }
 
 impl CachedAllocation {
+    /// Runs `f` with the host block, its uses and its pins, under the
+    /// handle's lock, so that a `free()` meanwhile waits and then sees
+    /// what `f` recorded (`ucx.rs`). `None` once freed.
+    pub(crate) fn with_parts<R>(&self, f: impl FnOnce(&Arc<HostCached>, &Uses, &Uses) -> R) -> Option<R> {
+        let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        g.as_ref().map(|a| f(a, &self.uses, &self.pins))
+    }
     fn source(&self) -> PyResult<Source> {
         let g = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         g.clone().map(Source::Cached).ok_or_else(|| errors::released("cached allocation"))
@@ -415,9 +429,13 @@ impl CachedAllocation {
     fn give_back(&self, on: Option<(StreamKey, SharedFence)>) -> Option<impl FnOnce() + Send> {
         let taken = self.inner.lock().unwrap_or_else(|p| p.into_inner()).take()?;
         let uses = self.uses.pending();
+        let pins = self.pins.pending();
         let (queue, what) = (self.queue.clone(), format!("{self:?}"));
         Some(move || match Arc::try_unwrap(taken) {
             Ok(mut a) => {
+                for f in pins {
+                    a.pinned_by(f);
+                }
                 for f in uses {
                     a.used_by(f);
                 }
@@ -427,7 +445,7 @@ impl CachedAllocation {
                 }
             }
             Err(shared) => {
-                let fences = uses.into_iter().chain(on.map(|(_, f)| f)).collect();
+                let fences = uses.into_iter().chain(pins).chain(on.map(|(_, f)| f)).collect();
                 drop_behind(&queue, shared, fences, what)
             }
         })

@@ -7,7 +7,11 @@
 //! DLPack consumer (NumPy) reads it without a copy. A registered
 //! allocation's free waits for its deregistration; a transfer's fence is
 //! recorded as a use of the allocation, so its exports wait for the bytes
-//! to land and its free for the transfer.
+//! to land and its free for the transfer. A `CachedAllocation` (a caching
+//! binding's block) takes every allocation form: registered, or with a
+//! transfer in flight, its `free()` keeps the block from every other
+//! request (on the stream it was freed on too) and from trim and pressure
+//! until the deregistration or the transfer's completion.
 //!
 //! UCX is opened at run time: without it `Ucx()` raises `Unsupported`
 //! saying how to install it (`Ucx.unavailable()` says why, or `None`).
@@ -15,11 +19,11 @@
 
 use crate::errors::{self, raise, MemplugError};
 use crate::manager::Context;
-use crate::memory::Allocation;
+use crate::memory::{Allocation, CachedAllocation};
 use crate::region::Region;
 use crate::streams::secs;
 use crate::tensor::Uses;
-use memplug_host::{OwnedAllocation, SharedFence};
+use memplug_host::{CachedAllocation as HostCached, OwnedAllocation, SharedFence};
 use memplug_ucx::{
     Access, ControlStream, ErrorHandling, LocalAllocation, Peer, RemoteRange, Transfer, UcxError,
 };
@@ -93,28 +97,63 @@ impl Ucx {
         Ok(UcxRegistration { inner: Mutex::new(Some(reg)) })
     }
 
-    /// Registers all of `allocation` (`context` is its mechanism's: its
-    /// loss deregisters) and pins it: its `free()` returns, but the bytes
-    /// stay allocated and charged until `deregister` (and the manager's
-    /// next poll). Its DLPack exports do not wait for the registration.
-    /// `access` is "read" or "read_write".
+    /// Registers all of `allocation` (an `Allocation` or a
+    /// `CachedAllocation`; `context` is its mechanism's: its loss
+    /// deregisters) and pins it: its `free()` returns, but the bytes stay
+    /// allocated and charged until `deregister` (and the manager's next
+    /// poll); a cached block goes to no other request meanwhile. Its
+    /// DLPack exports do not wait for the registration. `access` is "read"
+    /// or "read_write".
     #[pyo3(signature = (context, allocation, access="read"))]
     fn register_allocation(
         &self,
         py: Python<'_>,
         context: &Context,
-        allocation: &Allocation,
+        allocation: AnyAllocation<'_>,
+        access: &str,
+    ) -> PyResult<UcxRegistration> {
+        self.register(py, context, allocation.as_ref(), None, access)
+    }
+
+    /// Registers `length` bytes at `offset` of `allocation` (an
+    /// `Allocation` or a `CachedAllocation`) and pins the whole allocation
+    /// as `register_allocation` does. A length of 0, or a part past the
+    /// allocation's size, raises `InvalidArgument`.
+    #[pyo3(signature = (context, allocation, offset, length, access="read"))]
+    fn register_allocation_range(
+        &self,
+        py: Python<'_>,
+        context: &Context,
+        allocation: AnyAllocation<'_>,
+        offset: u64,
+        length: u64,
+        access: &str,
+    ) -> PyResult<UcxRegistration> {
+        self.register(py, context, allocation.as_ref(), Some((offset, length)), access)
+    }
+}
+
+impl Ucx {
+    fn register(
+        &self,
+        py: Python<'_>,
+        context: &Context,
+        allocation: AllocationRef<'_>,
+        part: Option<(u64, u64)>,
         access: &str,
     ) -> PyResult<UcxRegistration> {
         let access = access_of(access)?;
         let ctx = context.inner.clone();
         let reg = py
             .allow_threads(|| {
-                allocation.with_parts(|a, uses, pins| {
-                    self.inner.register_allocation(&ctx, &mut AllocationSide { a, uses, pins }, access)
+                allocation.with_side(|side| match part {
+                    None => self.inner.register_allocation(&ctx, side, access),
+                    Some((offset, len)) => {
+                        self.inner.register_allocation_range(&ctx, side, offset, len, access)
+                    }
                 })
             })
-            .ok_or_else(|| errors::released("allocation"))?
+            .ok_or_else(|| errors::released(allocation.what()))?
             .map_err(error)?;
         Ok(UcxRegistration { inner: Mutex::new(Some(reg)) })
     }
@@ -153,6 +192,120 @@ impl LocalAllocation for AllocationSide<'_> {
     }
     fn pinned_by(&mut self, fence: SharedFence) {
         self.pins.add(fence)
+    }
+}
+
+/// A cached block as the crate sees it: the host block (shared with its
+/// DLPack exports), where a transfer is recorded both as a use (its
+/// exports wait for the bytes to land) and as a pin, and a registration
+/// as a pin (the block's free hands the pins to the cache, which reuses
+/// it for nobody until they complete).
+struct CachedSide<'a> {
+    a: &'a Arc<HostCached>,
+    uses: &'a Uses,
+    pins: &'a Uses,
+}
+
+impl LocalAllocation for CachedSide<'_> {
+    fn addr(&self) -> u64 {
+        self.a.addr()
+    }
+    fn size(&self) -> u64 {
+        self.a.size()
+    }
+    fn is_lost(&self) -> bool {
+        self.a.is_lost()
+    }
+    fn used_by(&mut self, fence: SharedFence) {
+        self.uses.add(fence.clone());
+        self.pins.add(fence)
+    }
+    fn pinned_by(&mut self, fence: SharedFence) {
+        self.pins.add(fence)
+    }
+}
+
+/// Either kind of allocation, as the crate sees it.
+enum Side<'a> {
+    Plain(AllocationSide<'a>),
+    Cached(CachedSide<'a>),
+}
+
+impl LocalAllocation for Side<'_> {
+    fn addr(&self) -> u64 {
+        match self {
+            Side::Plain(s) => s.addr(),
+            Side::Cached(s) => s.addr(),
+        }
+    }
+    fn size(&self) -> u64 {
+        match self {
+            Side::Plain(s) => s.size(),
+            Side::Cached(s) => s.size(),
+        }
+    }
+    fn is_lost(&self) -> bool {
+        match self {
+            Side::Plain(s) => s.is_lost(),
+            Side::Cached(s) => s.is_lost(),
+        }
+    }
+    fn used_by(&mut self, fence: SharedFence) {
+        match self {
+            Side::Plain(s) => s.used_by(fence),
+            Side::Cached(s) => s.used_by(fence),
+        }
+    }
+    fn pinned_by(&mut self, fence: SharedFence) {
+        match self {
+            Side::Plain(s) => s.pinned_by(fence),
+            Side::Cached(s) => s.pinned_by(fence),
+        }
+    }
+}
+
+/// An `Allocation` or a `CachedAllocation` argument.
+#[derive(FromPyObject)]
+enum AnyAllocation<'py> {
+    Plain(PyRef<'py, Allocation>),
+    Cached(PyRef<'py, CachedAllocation>),
+}
+
+impl AnyAllocation<'_> {
+    fn as_ref(&self) -> AllocationRef<'_> {
+        match self {
+            AnyAllocation::Plain(a) => AllocationRef::Plain(a),
+            AnyAllocation::Cached(a) => AllocationRef::Cached(a),
+        }
+    }
+}
+
+/// The same, borrowed (`Send`: used with the GIL released).
+#[derive(Clone, Copy)]
+enum AllocationRef<'a> {
+    Plain(&'a Allocation),
+    Cached(&'a CachedAllocation),
+}
+
+impl AllocationRef<'_> {
+    /// Runs `f` on the allocation's side under its handle's lock (a
+    /// `free()` meanwhile waits, then sees what `f` recorded); `None`
+    /// once freed.
+    fn with_side<R>(self, f: impl FnOnce(&mut Side<'_>) -> R) -> Option<R> {
+        match self {
+            AllocationRef::Plain(a) => {
+                a.with_parts(|a, uses, pins| f(&mut Side::Plain(AllocationSide { a, uses, pins })))
+            }
+            AllocationRef::Cached(a) => {
+                a.with_parts(|a, uses, pins| f(&mut Side::Cached(CachedSide { a, uses, pins })))
+            }
+        }
+    }
+    fn what(self) -> &'static str {
+        match self {
+            AllocationRef::Plain(_) => "allocation",
+            AllocationRef::Cached(_) => "cached allocation",
+        }
     }
 }
 
@@ -323,13 +476,11 @@ impl UcxPeer {
     fn with_allocation(
         &self,
         py: Python<'_>,
-        allocation: &Allocation,
-        f: impl FnOnce(&mut Peer, &mut AllocationSide<'_>) -> Result<Transfer, UcxError> + Send,
+        allocation: AllocationRef<'_>,
+        f: impl FnOnce(&mut Peer, &mut Side<'_>) -> Result<Transfer, UcxError> + Send,
     ) -> PyResult<UcxTransfer> {
-        let moved = self.with(py, |p| {
-            Ok(allocation.with_parts(|a, uses, pins| f(p, &mut AllocationSide { a, uses, pins })))
-        })?;
-        let t = moved.ok_or_else(|| errors::released("allocation"))?.map_err(error)?;
+        let moved = self.with(py, |p| Ok(allocation.with_side(|side| f(p, side))))?;
+        let t = moved.ok_or_else(|| errors::released(allocation.what()))?.map_err(error)?;
         Ok(UcxTransfer { inner: t })
     }
 }
@@ -416,36 +567,39 @@ impl UcxPeer {
     }
 
     /// Reads `length` bytes at `src_offset` of `range` into `allocation`
-    /// at `dst_offset` (inside it: nothing grows; its bytes were charged
-    /// when allocated). Its exports and its free wait for the transfer.
+    /// (an `Allocation` or a `CachedAllocation`) at `dst_offset` (inside
+    /// it: nothing grows; its bytes were charged when allocated). Its
+    /// exports and its free wait for the transfer (a cached block freed
+    /// meanwhile goes to no other request until it completes).
     fn pull_into_allocation(
         &self,
         py: Python<'_>,
-        allocation: &Allocation,
+        allocation: AnyAllocation<'_>,
         dst_offset: u64,
         range: &UcxRemoteRange,
         src_offset: u64,
         length: u64,
     ) -> PyResult<UcxTransfer> {
         let r = range.inner;
-        self.with_allocation(py, allocation, |p, side| {
+        self.with_allocation(py, allocation.as_ref(), |p, side| {
             p.pull_into_allocation(side, dst_offset, &r, src_offset, length)
         })
     }
 
-    /// Writes `length` bytes of `allocation` at `src_offset` into a
-    /// writable `range` at `dst_offset`. Its free waits for the transfer.
+    /// Writes `length` bytes of `allocation` (an `Allocation` or a
+    /// `CachedAllocation`) at `src_offset` into a writable `range` at
+    /// `dst_offset`. Its free waits for the transfer.
     fn push_from_allocation(
         &self,
         py: Python<'_>,
-        allocation: &Allocation,
+        allocation: AnyAllocation<'_>,
         src_offset: u64,
         range: &UcxRemoteRange,
         dst_offset: u64,
         length: u64,
     ) -> PyResult<UcxTransfer> {
         let r = range.inner;
-        self.with_allocation(py, allocation, |p, side| {
+        self.with_allocation(py, allocation.as_ref(), |p, side| {
             p.push_from_allocation(side, src_offset, &r, dst_offset, length)
         })
     }

@@ -8,11 +8,15 @@ cannot be deregistered, and bad input is refused. The same for
 allocations: the owner registers one and frees it at once (it stays
 allocated and charged until deregistered), this side pulls it into an
 allocation of its own that NumPy reads at its address through DLPack.
-Skipped without UCX."""
+And for cached blocks of a caching binding: registered whole or in part,
+freed while registered or with a pull in flight, such a block goes to no
+other request (on the stream it was freed on, or from another thread)
+until the deregistration or the pull's completion. Skipped without UCX."""
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 
 import numpy as np
 import pytest
@@ -259,3 +263,133 @@ def test_bad_allocations_are_refused(mgr):
     reg.deregister()
     mgr.poll()
     assert pool.used == 0
+
+
+# The owner of a cached block: filled with i % 239, registered read-write
+# (and a part of it), offered, freed on stream 7 behind finished work:
+# stream 7, the host and another thread each get another block, trim gives
+# nothing back. It stalls (this side's pull into its own cached block stays
+# in flight), serves until this side leaves, finds the pushed page in its
+# freed block, deregisters, and gets the block back on stream 7.
+CACHED_OWNER = textwrap.dedent(
+    """
+    import ctypes, sys, threading, time
+    import numpy as np
+    import memplug
+
+    fd, transport = int(sys.argv[1]), sys.argv[2]
+    settings, errors = {transports}[transport]
+    m = memplug.Manager()
+    m.register_cpu_plugin()
+    ctx = m.select("cpu", 0)
+    pool = m.create_pool("owner", 8 << 20)
+    cache = m.bind_caching(ctx, pool, "kv", max_idle_bytes=2**64 - 1)
+    a = cache.allocate_on(1 << 20, 7, 4096)
+    addr = a.addr
+    view = np.from_dlpack(a)
+    view[:] = np.arange(1 << 20) % 239
+    del view  # no export shares the block: its free goes to the cache
+    ucx = memplug.Ucx(settings)
+    for off, n in [(0, 0), (1 << 20, 1), (4096, 2**64 - 1)]:
+        try:
+            ucx.register_allocation_range(ctx, a, off, n)
+            sys.exit(f"registered +{off} ({n} B)")
+        except memplug.InvalidArgument as e:
+            assert "not inside the allocation" in str(e), str(e)
+    part = ucx.register_allocation_range(ctx, a, 4096, 8192)
+    assert (part.addr, part.len) == (addr + 4096, 8192), (part.addr, part.len)
+    part.deregister()
+    reg = ucx.register_allocation(ctx, a, "read_write")
+    assert (reg.addr, reg.len) == (addr, 1 << 20)
+    peer = memplug.UcxPeer(ucx, fd, errors=errors)
+    peer.offer(reg, 9)
+    a.free_on(7, m.fence_from(lambda: True))
+    same = cache.allocate_on(1 << 20, 7, 4096)
+    host = cache.allocate(1 << 20, 4096)
+    got = []
+    t = threading.Thread(target=lambda: got.append(cache.allocate(1 << 20, 4096)))
+    t.start()
+    t.join()
+    assert addr not in (same.addr, host.addr, got[0].addr), "a registered block was handed out"
+    assert cache.trim(2**64 - 1) == 0
+    assert cache.stats()["pinned_blocks"] == 1 and pool.used == 4 << 20, (cache.stats(), pool.used)
+    time.sleep(1.0)
+    assert peer.serve(30.0), "the peer did not leave"
+    want = (np.arange(1 << 20) % 239).astype(np.uint8)
+    want[:4096] = 255 - want[:4096]
+    seen = np.frombuffer(ctypes.string_at(addr, 1 << 20), dtype=np.uint8)
+    assert (seen == want).all(), "the pushed page did not land in the freed block"
+    m.poll()
+    assert pool.used == 4 << 20, pool.used
+    reg.deregister()
+    back = cache.allocate_on(1 << 20, 7, 4096)
+    assert back.addr == addr, "the deregistered block is not reused"
+    assert cache.stats()["pinned_blocks"] == 0
+    for b in (back, same, host, got[0]):
+        b.free()
+    assert cache.trim(2**64 - 1) == 4 << 20
+    m.poll()
+    assert pool.used == 0, pool.used
+    peer.close()
+    print("owner: ok")
+    """
+).replace("{transports}", repr(TRANSPORTS))
+
+
+@pytest.mark.parametrize("transport", sorted(TRANSPORTS))
+def test_a_cached_block_on_the_wire_is_kept_from_reuse(mgr, transport):
+    settings, errors = TRANSPORTS[transport]
+    mine, theirs = socket.socketpair()
+    owner = subprocess.Popen(
+        [sys.executable, "-c", CACHED_OWNER, str(theirs.fileno()), transport],
+        pass_fds=[theirs.fileno()],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    theirs.close()
+    try:
+        ctx = mgr.select("cpu", 0)
+        pool = mgr.create_pool("puller", 4 * MIB)
+        cache = mgr.bind_caching(ctx, pool, "kv", max_idle_bytes=2**64 - 1)
+        ucx = memplug.Ucx(settings)
+        with memplug.UcxPeer(ucx, mine.fileno(), timeout=30.0, errors=errors) as peer:
+            rng = peer.next_offer(30.0)
+            assert (rng.len, rng.tag, rng.writable) == (MIB, 9, True)
+            pa = cache.allocate_on(MIB, 7, 4096)
+            addr = pa.addr
+            with pytest.raises(memplug.InvalidArgument, match="not inside the allocation"):
+                peer.pull_into_allocation(pa, 1, rng, 0, MIB)
+            # The owner stalls: the get is in flight when the block is freed.
+            t = peer.pull_into_allocation(pa, 0, rng, 0, MIB)
+            pa.free_on(7, mgr.fence_from(lambda: True))
+            same = cache.allocate_on(MIB, 7, 4096)
+            got = []
+            th = threading.Thread(target=lambda: got.append(cache.allocate(MIB, 4096)))
+            th.start()
+            th.join()
+            assert not t.done, "the owner's stall should keep the get in flight"
+            assert addr not in (same.addr, got[0].addr), "a block with a get in flight was handed out"
+            assert cache.stats()["pinned_blocks"] == 1 and pool.used == 3 * MIB
+            t.wait(30.0)
+            back = cache.allocate_on(MIB, 7, 4096)
+            assert back.addr == addr, "the block is not reused once the get completed"
+            arr = np.from_dlpack(back)
+            assert (arr == np.arange(MIB) % 239).all(), "the pulled bytes are not the owner's"
+            arr[:4096] = 255 - arr[:4096]
+            del arr
+            peer.push_from_allocation(back, 0, rng, 0, 4096).wait(30.0)
+            peer.release(rng, 30.0)
+        out, _ = owner.communicate(timeout=60)
+        assert owner.returncode == 0, out
+        assert "owner: ok" in out
+        for b in (back, same, got[0]):
+            b.free()
+        assert cache.trim(2**64 - 1) == 3 * MIB
+        mgr.poll()
+        assert pool.used == 0
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+        mine.close()

@@ -20,7 +20,12 @@
 //! A region that grows is registered part by part
 //! ([`GrowingRegistration`]). Regions are taken as a [`LocalRegion`]: an
 //! owned `Region` or a `SharedRegion` (the Python binding's, shared with
-//! its DLPack views). The C API (`memplug_host_ucx_*`, feature `ucx` of
+//! its DLPack views). Allocations are taken as a [`LocalAllocation`]: an
+//! `OwnedAllocation`, a caching binding's `CachedAllocation` (registered
+//! or with a transfer in flight, a freed block is reused by nobody until
+//! then), or the Python binding's; whole
+//! ([`Ucx::register_allocation`]) or in part
+//! ([`Ucx::register_allocation_range`]). The C API (`memplug_host_ucx_*`, feature `ucx` of
 //! `memplug-host-capi`), `memplug_ucx.hpp` and the Python module's `Ucx*`
 //! classes are thin layers over this crate. The control stream between two peers (a Unix
 //! socket, or TCP between nodes) must connect trusted processes: UCX aborts

@@ -1,14 +1,17 @@
 //! The local side of a transfer: a [`Region`] owned by the caller
 //! (`&mut`), or a [`SharedRegion`], the form the Python binding and DLPack
 //! exports hold (a region behind its own lock, shared with the views
-//! exported from it); an [`OwnedAllocation`], or any form that holds one
-//! and keeps its free behind recorded work ([`LocalAllocation`]: the
-//! Python binding's allocation, shared with its DLPack exports).
+//! exported from it); an [`OwnedAllocation`], a [`CachedAllocation`] (a
+//! caching binding's block), or any form that holds one and keeps its free
+//! behind recorded work ([`LocalAllocation`]: the Python binding's
+//! allocations, shared with their DLPack exports).
 //! Registration and transfers need only what these traits give, so every
 //! form takes the same checks and the same pins.
 
 use memplug_host::dlpack::SharedRegion;
-use memplug_host::{BindingError, GrowError, OwnedAllocation, Region, RegionView, SharedFence};
+use memplug_host::{
+    BindingError, CachedAllocation, GrowError, OwnedAllocation, Region, RegionView, SharedFence,
+};
 
 /// A region as registration and transfers see it.
 ///
@@ -115,5 +118,32 @@ impl LocalAllocation for OwnedAllocation {
     }
     fn used_by(&mut self, fence: SharedFence) {
         OwnedAllocation::used_by(self, fence)
+    }
+}
+
+/// A caching binding's block. Both a registration and a transfer pin it
+/// ([`CachedAllocation::pinned_by`]): freed meanwhile, the block is kept
+/// out of the cache's idle lists — handed to no other request, on the
+/// stream it was freed on neither, and not given back to the mechanism by
+/// trim or pressure — until the registration is gone and the transfer
+/// complete. (A plain `used_by` fence would not do for a transfer: a block
+/// freed with `free_on` is reused on its stream without asking its fences.)
+/// The range is the bytes requested ([`CachedAllocation::size`]), not the
+/// whole block.
+impl LocalAllocation for CachedAllocation {
+    fn addr(&self) -> u64 {
+        CachedAllocation::addr(self)
+    }
+    fn size(&self) -> u64 {
+        CachedAllocation::size(self)
+    }
+    fn is_lost(&self) -> bool {
+        CachedAllocation::is_lost(self)
+    }
+    fn used_by(&mut self, fence: SharedFence) {
+        CachedAllocation::pinned_by(self, fence)
+    }
+    fn pinned_by(&mut self, fence: SharedFence) {
+        CachedAllocation::pinned_by(self, fence)
     }
 }

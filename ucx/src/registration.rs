@@ -173,21 +173,50 @@ impl Ucx {
         Ok(reg)
     }
 
-    /// Registers a whole allocation (an `OwnedAllocation`, or another
-    /// [`LocalAllocation`]) and pins it: its release waits until the
-    /// registration is gone.
+    /// Registers a whole allocation (an `OwnedAllocation`, a
+    /// `CachedAllocation`, or another [`LocalAllocation`]) and pins it: its
+    /// release waits until the registration is gone (a cached block is
+    /// reused by nobody meanwhile). As
+    /// [`register_allocation_range`](Self::register_allocation_range) over
+    /// all of its bytes.
     pub fn register_allocation(
         &self,
         context: &Arc<Context>,
         allocation: &mut impl LocalAllocation,
         access: Access,
     ) -> Result<Registration, UcxError> {
+        let size = allocation.size();
+        self.register_allocation_range(context, allocation, 0, size, access)
+    }
+
+    /// Registers `len` bytes at `offset` of an allocation and pins the
+    /// allocation (all of it: its release waits until the registration is
+    /// gone, as for [`register_allocation`](Self::register_allocation)).
+    /// `context` is the allocation's context (its loss deregisters).
+    ///
+    /// Refused (`Invalid`, nothing registered or pinned): an empty range,
+    /// `offset + len` past the allocation's size or overflowing, an
+    /// allocation that went with a lost device.
+    pub fn register_allocation_range(
+        &self,
+        context: &Arc<Context>,
+        allocation: &mut impl LocalAllocation,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<Registration, UcxError> {
         if allocation.is_lost() {
             return Err(UcxError::Invalid("cannot register a lost allocation".into()));
         }
-        // SAFETY: the allocation's bytes; the pin keeps them until the
-        // registration is gone.
-        let reg = unsafe { self.register_raw(allocation.addr(), allocation.size(), access)? };
+        let size = allocation.size();
+        if len == 0 || offset.checked_add(len).is_none_or(|end| end > size) {
+            return Err(UcxError::Invalid(format!(
+                "range +{offset} ({len} B) is not inside the allocation's {size} B"
+            )));
+        }
+        // SAFETY: inside the allocation's bytes; the pin keeps them until
+        // the registration is gone.
+        let reg = unsafe { self.register_raw(allocation.addr() + offset, len, access)? };
         reg.watch(context);
         allocation.pinned_by(reg.pin());
         Ok(reg)

@@ -95,6 +95,21 @@ fn an_allocation_is_pinned_and_a_loss_deregisters() {
     m.manager.poll();
     assert_eq!(m.pool.used(), 0);
 
+    // A part pins the whole allocation; bad parts are refused.
+    let mut a = m.kv.allocate(MIB, 4096).unwrap();
+    for (off, len) in [(0, 0), (MIB, 1), (1, u64::MAX)] {
+        let e = ucx.register_allocation_range(&m.context, &mut a, off, len, Access::Read).err().unwrap();
+        assert!(e.to_string().contains("not inside the allocation"), "{e}");
+    }
+    let reg = ucx.register_allocation_range(&m.context, &mut a, MIB - 4096, 4096, Access::ReadWrite).unwrap();
+    assert_eq!((reg.addr(), reg.len()), (a.addr() + MIB - 4096, 4096));
+    drop(a);
+    m.manager.poll();
+    assert_eq!(m.pool.used(), MIB, "a part's registration keeps the allocation");
+    drop(reg);
+    m.manager.poll();
+    assert_eq!(m.pool.used(), 0);
+
     // A loss of the context deregisters.
     let mut region = m.kv.reserve_virtual(16 * MIB).unwrap();
     region.grow_to(MIB, |_| Ok::<(), String>(())).unwrap();

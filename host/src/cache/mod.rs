@@ -18,6 +18,14 @@
 //!   before its fences complete. Fences still gate every free (invariant 4):
 //!   a block given back to the mechanism waits for them in the deferred-free
 //!   queue.
+//! * **Pinned blocks stay out.** A block pinned by work outside any stream
+//!   ([`CachedAllocation::pinned_by`]: a UCX registration, a transfer by a
+//!   NIC) and freed before the pin completes is kept out of the idle lists:
+//!   no request takes it (not even one on the stream it was freed on), and
+//!   neither trim, the idle policy nor a pressure ticket gives it back. It
+//!   stays counted in use ([`CacheStats::pinned_blocks`]) and becomes idle
+//!   once every fence on it completed, at the next miss, `trim` or
+//!   `collect`.
 //! * **Cached bytes go first under pressure.** The cache answers pressure
 //!   tickets with its idle blocks (ready ones first, then pending ones, which
 //!   free after their fences) and answers with the bytes it gave back; it
@@ -137,6 +145,9 @@ impl StreamKey {
 #[repr(align(64))]
 struct PaddedShard {
     shard: Mutex<Shard>,
+    /// The shard's parked (pinned, freed) blocks as of their last change,
+    /// written under its lock: a miss skips shards with none.
+    parked: AtomicU64,
     /// The shard's idle bytes as of its last change, written under its
     /// lock (a plain store, no read-modify-write): a miss skips shards with
     /// none without locking them, and a free sums them to check the cap.
@@ -217,7 +228,11 @@ impl CachingBinding {
     ) -> Self {
         let classes = classes::classes_up_to(config.max_block);
         let shards = (0..STRIPES)
-            .map(|_| PaddedShard { shard: Mutex::new(Shard::new(classes)), idle: AtomicU64::new(0) })
+            .map(|_| PaddedShard {
+                shard: Mutex::new(Shard::new(classes)),
+                parked: AtomicU64::new(0),
+                idle: AtomicU64::new(0),
+            })
             .collect();
         let policy = policy::Applied::new(&config.idle, binding.pool().capacity(), STRIPES);
         let mechanism_min = binding.mechanism().properties().min_alignment;
@@ -242,6 +257,7 @@ impl CachingBinding {
             if e.to != LifeState::Active {
                 if let Some(c) = weak.upgrade() {
                     c.give_back(u64::MAX, true, |s, b| s.trimmed_bytes += b);
+                    c.unpark(false);
                 }
             }
         });
@@ -315,6 +331,7 @@ impl CachingBinding {
             block: Some(block),
             size,
             class: class.index as u32,
+            pinned: false,
             cache: Some(anchor.clone()),
         })
     }
@@ -324,6 +341,7 @@ impl CachingBinding {
     /// returns the bytes given back. Pending blocks go last, and free after
     /// their fences through the deferred-free queue.
     pub fn trim(&self, bytes: u64) -> u64 {
+        self.inner().unpark(true);
         self.inner().give_back(bytes, true, |s, b| s.trimmed_bytes += b)
     }
 
@@ -335,6 +353,7 @@ impl CachingBinding {
     /// allocates from has no miss to apply the age at.
     pub fn collect(&self) -> u64 {
         let c = self.inner();
+        c.unpark(true);
         let mut total = c.give_back_aged();
         total += c.enforce_cap();
         total + c.give_back_over_threshold(0)
@@ -373,7 +392,13 @@ impl CacheInner {
         }
         let block = Box::new(self.binding.allocate(size, alignment)?);
         lock(&self.shards[stripe].shard).counters.bypasses += 1;
-        Ok(CachedAllocation { block: Some(block), size, class: BYPASS, cache: Some(anchor.clone()) })
+        Ok(CachedAllocation {
+            block: Some(block),
+            size,
+            class: BYPASS,
+            pinned: false,
+            cache: Some(anchor.clone()),
+        })
     }
 
     /// No idle block in the thread's shard: another shard's, else a new
@@ -387,6 +412,13 @@ impl CacheInner {
         stream: Option<StreamKey>,
         stripe: usize,
     ) -> Result<Block, BindingError> {
+        // Pinned blocks freed earlier whose pins have completed: idle now,
+        // the thread's own shard first.
+        if self.unpark(true) {
+            if let Some(b) = self.shards[stripe].with(|s| s.take(class.index, alignment, stream)) {
+                return Ok(b);
+            }
+        }
         for other in (1..STRIPES).map(|i| (stripe + i) % STRIPES) {
             let padded = &self.shards[other];
             // Most misses find every other shard empty: no lock for those.
@@ -425,6 +457,29 @@ impl CacheInner {
         });
         lock(&self.shards[stripe].shard).made(block.charged());
         Ok(block)
+    }
+
+    /// Parked blocks (freed while pinned) whose fences all completed
+    /// become ready (`keep`); without `keep` (the context left `Active`)
+    /// every parked block is freed behind its fences. Shards with none are
+    /// not locked. Returns whether any block left a park.
+    fn unpark(&self, keep: bool) -> bool {
+        let mut out = Taken::default();
+        let mut moved = false;
+        for padded in self.shards.iter() {
+            if padded.parked.load(Relaxed) == 0 {
+                continue;
+            }
+            let since = self.policy.stamp();
+            padded.with(|s| {
+                let before = s.counters.pinned_blocks;
+                let after = s.unpark(since, keep, &mut out);
+                padded.parked.store(after, Relaxed);
+                moved |= after < before;
+            });
+        }
+        drop(out); // outside the locks: each frees through the binding
+        moved
     }
 
     fn idle_bytes(&self) -> u64 {
@@ -511,6 +566,18 @@ impl CacheInner {
 
 const BYPASS: u32 = u32::MAX;
 
+impl CacheInner {
+    /// Keeps a block freed while pinned out of the idle lists.
+    #[cold]
+    fn park(&self, stripe: usize, class: usize, block: Block) {
+        let padded = &self.shards[stripe];
+        padded.with(|s| {
+            let n = s.park(class, block);
+            padded.parked.store(n, Relaxed);
+        });
+    }
+}
+
 /// A block handed out by a [`CachingBinding`]. Dropping it gives it back
 /// to the cache (reusable by anyone at once, or once the fences recorded
 /// with [`used_by`](Self::used_by) complete); [`free_on`](Self::free_on)
@@ -521,6 +588,9 @@ pub struct CachedAllocation {
     size: u64,
     /// The size class, or `BYPASS`.
     class: u32,
+    /// A fence recorded with `pinned_by`: freed before its fences complete,
+    /// the block is parked rather than kept idle.
+    pinned: bool,
     cache: Option<Arc<CacheAnchor>>,
 }
 
@@ -564,9 +634,28 @@ impl CachedAllocation {
     pub fn used_by(&mut self, fence: SharedFence) {
         self.block.as_mut().expect("present until drop").used_by(fence);
     }
+    /// Records work outside any stream that keeps the block (a UCX
+    /// registration, a transfer by a NIC): until `fence` completes the block
+    /// is reused by nobody — not even a request on the stream it is freed
+    /// on with [`free_on`](Self::free_on) — and not given back to the
+    /// mechanism by trim, the idle policy or a pressure ticket. Freed
+    /// meanwhile, it stays out of the idle lists, counted in use
+    /// ([`CacheStats::pinned_blocks`]), until every fence on it completed;
+    /// a block the cache does not keep (a bypass, a context no longer
+    /// active) frees behind the fence. (Pins are not told apart from other
+    /// fences on the block: once pinned, a block freed while any of its
+    /// fences is pending — a pin's or `free_on`'s — waits for all of them,
+    /// on its stream too. Conservative; a new request of the block starts
+    /// unpinned.)
+    pub fn pinned_by(&mut self, fence: SharedFence) {
+        self.pinned = true;
+        self.block.as_mut().expect("present until drop").used_by(fence);
+    }
     /// Gives the block back behind `fence`, the last work using it on
     /// `stream`: a request on `stream` may reuse it at once, any other only
-    /// once `fence` (and any fence recorded with `used_by`) completes.
+    /// once `fence` (and any fence recorded with `used_by`) completes. A
+    /// block pinned ([`pinned_by`](Self::pinned_by)) is reused by nobody,
+    /// on `stream` neither, before every fence on it completes.
     pub fn free_on(mut self, stream: StreamKey, fence: SharedFence) {
         let mut block = self.block.take().expect("present until drop");
         block.used_by(fence);
@@ -585,6 +674,9 @@ impl CachedAllocation {
         if !c.binding.is_active() {
             lock(&c.shards[stripe].shard).forget_in_use(block.charged());
             return drop(block);
+        }
+        if self.pinned && block.has_fences() && !block.fences_complete() {
+            return c.park(stripe, self.class as usize, block);
         }
         let since = c.policy.stamp();
         let idle = c.shards[stripe].with(|s| s.put(self.class as usize, block, stream, since));

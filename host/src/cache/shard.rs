@@ -81,11 +81,19 @@ pub(crate) struct Counters {
     pub in_use_bytes: u64,
     pub trimmed_bytes: u64,
     pub pressure_bytes: u64,
+    /// Blocks freed while pinned, kept out of the idle lists (and still
+    /// counted in use) until their fences complete.
+    pub pinned_blocks: u64,
 }
 
 #[derive(Default)]
 pub(crate) struct Shard {
     classes: Vec<ClassList>,
+    /// Blocks freed while pinned (`CachedAllocation::pinned_by`) and their
+    /// classes: in no idle list, so no request takes them (not even one on
+    /// the stream they were freed on) and neither trim nor pressure gives
+    /// them back, until every fence on them completes (`unpark`).
+    parked: Vec<(usize, Block)>,
     /// No class above this one has idle blocks (it may have none itself):
     /// taking idle blocks out looks at no class above it.
     top: usize,
@@ -102,6 +110,7 @@ impl Shard {
     pub fn new(classes: usize) -> Self {
         Shard {
             classes: (0..classes).map(|_| ClassList::default()).collect(),
+            parked: Vec::new(),
             top: 0,
             counters: Counters::default(),
         }
@@ -198,6 +207,39 @@ impl Shard {
         c.in_use_bytes = c.in_use_bytes.wrapping_sub(bytes);
         self.top = self.top.max(class);
         c.idle_bytes
+    }
+
+    /// Keeps `block`, freed while pinned, out of the idle lists (still
+    /// counted in use). Returns the shard's parked blocks after.
+    pub fn park(&mut self, class: usize, block: Block) -> u64 {
+        self.parked.push((class, block));
+        self.counters.pinned_blocks += 1;
+        self.counters.pinned_blocks
+    }
+
+    /// Parked blocks whose fences all completed become ready (`keep`), or,
+    /// when the cache keeps nothing any more, every parked block is taken
+    /// out to be freed behind its fences. Returns the shard's parked
+    /// blocks after.
+    #[cold]
+    pub fn unpark(&mut self, since: u64, keep: bool, out: &mut Taken) -> u64 {
+        let mut i = 0;
+        while i < self.parked.len() {
+            if keep && !self.parked[i].1.fences_complete() {
+                i += 1;
+                continue;
+            }
+            let (class, mut block) = self.parked.swap_remove(i);
+            self.counters.pinned_blocks -= 1;
+            if keep {
+                block.clear_fences();
+                self.put(class, block, None, since);
+            } else {
+                self.forget_in_use(block.charged());
+                out.push(block);
+            }
+        }
+        self.counters.pinned_blocks
     }
 
     /// How many classes (from the smallest) may have idle blocks, after

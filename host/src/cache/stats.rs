@@ -29,6 +29,11 @@ pub struct CacheStats {
     pub in_use_bytes: u64,
     /// Blocks handed out from cached classes.
     pub in_use_blocks: u64,
+    /// Of the blocks handed out, those freed while pinned
+    /// ([`CachedAllocation::pinned_by`](super::CachedAllocation::pinned_by):
+    /// a UCX registration, a transfer): kept out of the idle lists, and
+    /// counted in use, until the pins complete.
+    pub pinned_blocks: u64,
     /// Idle bytes given back by `trim`.
     pub trimmed_bytes: u64,
     /// Idle bytes given back to answer pressure tickets.
@@ -54,6 +59,7 @@ impl Sums {
             (&mut s.in_use_bytes, c.in_use_bytes),
             (&mut s.trimmed_bytes, c.trimmed_bytes),
             (&mut s.pressure_bytes, c.pressure_bytes),
+            (&mut s.pinned_blocks, c.pinned_blocks),
         ] {
             *t = t.wrapping_add(v);
         }
@@ -73,6 +79,7 @@ impl Sums {
             in_use_bytes: c.in_use_bytes,
             // Handed out by a hit or a miss, not yet back.
             in_use_blocks: (c.hits + c.misses).wrapping_sub(c.returns).wrapping_sub(c.forgotten),
+            pinned_blocks: c.pinned_blocks,
             trimmed_bytes: c.trimmed_bytes,
             pressure_bytes: c.pressure_bytes,
         }

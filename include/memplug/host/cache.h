@@ -171,9 +171,14 @@ MemplugHostStatus memplug_host_cached_allocation_info(struct MemplugHostCachedAl
 
 // Gives a block back to its cache, for anyone to reuse at once: no device
 // work may still use it. A block above the cache's largest class, or of a
-// context no longer active, is freed instead. The handle is stale
-// afterwards (a second free is `MEMPLUG_HOST_STATUS_STALE_HANDLE`). The
-// zero handle is a no-op. Thread-safety: any thread.
+// context no longer active, is freed instead. A block registered with
+// UCX or with a UCX transfer in flight
+// (`memplug_host_ucx_register_cached_allocation`,
+// `_peer_pull_into_cached_allocation`) goes to no request, and is not
+// trimmed, until the deregistration or the transfer's completion. The
+// handle is stale afterwards (a second free is
+// `MEMPLUG_HOST_STATUS_STALE_HANDLE`). The zero handle is a no-op.
+// Thread-safety: any thread.
 MemplugHostStatus memplug_host_cached_free(struct MemplugHostCachedAllocation allocation);
 
 // Gives a block back behind `fences[0..count]`, the last work using it:
@@ -181,7 +186,9 @@ MemplugHostStatus memplug_host_cached_free(struct MemplugHostCachedAllocation al
 // the new work after the old), any other only once every fence has
 // completed; freeing it to the mechanism (trim, pressure) waits for them
 // in the deferred-free queue. `stream` 0 names no stream: nobody reuses it
-// before the fences complete. The fences must belong to the block's
+// before the fences complete. A block registered with UCX or with a UCX
+// transfer in flight goes to no request until then, on `stream` neither
+// (as for `memplug_host_cached_free`). The fences must belong to the block's
 // manager; on any refusal the block is untouched. The handle is stale
 // afterwards; the fence handles stay the caller's. Thread-safety: any
 // thread.

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "common.h"
+#include "cache.h"
 
 // Peers may only read the range (`ucp_get_nbx`): a shared prefix.
 #define MEMPLUG_HOST_UCX_ACCESS_READ 1
@@ -298,7 +299,7 @@ MemplugHostStatus memplug_host_ucx_transfer_release(struct MemplugHostUcxTransfe
 // Refused: a bad `access`, an allocation that went with a lost device
 // (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`); a freed allocation
 // (`_STALE_HANDLE`); an allocation and mechanism of different managers
-// (`_WRONG_MANAGER`).
+// (`_WRONG_MANAGER`). `*out` is written only on success.
 //
 // Ownership: the caller owns the registration
 // (`memplug_host_ucx_deregister` or `_registration_release`).
@@ -312,6 +313,60 @@ MemplugHostStatus memplug_host_ucx_register_allocation(struct MemplugHostUcx ucx
                                                        MemplugHostAllocation allocation,
                                                        uint32_t access,
                                                        struct MemplugHostUcxRegistration *out);
+
+// Registers `len` bytes at `offset` of `allocation` and pins the
+// allocation, all of it, as `memplug_host_ucx_register_allocation` does.
+//
+// Refused, with nothing registered and `*out` untouched: a length of 0,
+// `offset + len` past the allocation's size or overflowing
+// (`MEMPLUG_HOST_STATUS_INVALID_ARGUMENT`, the message names the range),
+// and what `memplug_host_ucx_register_allocation` refuses.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_register_allocation_range(struct MemplugHostUcx ucx,
+                                                             MemplugHostMechanism mechanism,
+                                                             MemplugHostAllocation allocation,
+                                                             uint64_t offset,
+                                                             uint64_t len,
+                                                             uint32_t access,
+                                                             struct MemplugHostUcxRegistration *out);
+
+// Registers the `size` bytes asked for of a cached block
+// (`memplug_host_cache_allocate`) with `ucx` and pins the block: freed
+// while registered (`memplug_host_cached_free`, `_free_on`), the handle
+// is stale at once, and the block stays charged, counted in use, and out
+// of the cache: no request gets it (not one on the stream it was freed
+// on either), and neither `memplug_host_cache_trim`, `_collect` nor a
+// pressure ticket gives it back, until the range is deregistered; then
+// it serves the cache's next miss, trim or collect. `mechanism` is the
+// cache's mechanism (its loss deregisters).
+//
+// Refused as `memplug_host_ucx_register_allocation` (a freed block:
+// `MEMPLUG_HOST_STATUS_STALE_HANDLE`). `*out` is written only on success.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_register_cached_allocation(struct MemplugHostUcx ucx,
+                                                              MemplugHostMechanism mechanism,
+                                                              MemplugHostCachedAllocation allocation,
+                                                              uint32_t access,
+                                                              struct MemplugHostUcxRegistration *out);
+
+// Registers `len` bytes at `offset` of a cached block (inside the size it
+// was asked for) and pins the block as
+// `memplug_host_ucx_register_cached_allocation` does. Refused as
+// `memplug_host_ucx_register_allocation_range`.
+//
+// # Safety
+// `out` must be NULL or writable.
+MemplugHostStatus memplug_host_ucx_register_cached_allocation_range(struct MemplugHostUcx ucx,
+                                                                    MemplugHostMechanism mechanism,
+                                                                    MemplugHostCachedAllocation allocation,
+                                                                    uint64_t offset,
+                                                                    uint64_t len,
+                                                                    uint32_t access,
+                                                                    struct MemplugHostUcxRegistration *out);
 
 // Reads `len` bytes at `src_offset` of the peer's `range` into
 // `allocation` at `dst_offset`. Nothing is charged: the allocation's bytes
@@ -351,6 +406,35 @@ MemplugHostStatus memplug_host_ucx_peer_push_from_allocation(struct MemplugHostU
                                                              uint64_t dst_offset,
                                                              uint64_t len,
                                                              struct MemplugHostUcxTransfer *out);
+
+// `memplug_host_ucx_peer_pull_into_allocation` into a cached block (inside
+// the size it was asked for). The transfer pins the block: freed before
+// the transfer completes, it is handed to no other request (not one on
+// the stream it was freed on either) and not given back by trim or
+// pressure until then. Errors as for the allocation form.
+//
+// # Safety
+// `range` must be NULL or readable; `out` NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_pull_into_cached_allocation(struct MemplugHostUcxPeer peer,
+                                                                    MemplugHostCachedAllocation allocation,
+                                                                    uint64_t dst_offset,
+                                                                    const struct MemplugHostUcxRemoteRange *range,
+                                                                    uint64_t src_offset,
+                                                                    uint64_t len,
+                                                                    struct MemplugHostUcxTransfer *out);
+
+// `memplug_host_ucx_peer_push_from_allocation` from a cached block,
+// pinned as for `memplug_host_ucx_peer_pull_into_cached_allocation`.
+//
+// # Safety
+// `range` must be NULL or readable; `out` NULL or writable.
+MemplugHostStatus memplug_host_ucx_peer_push_from_cached_allocation(struct MemplugHostUcxPeer peer,
+                                                                    MemplugHostCachedAllocation allocation,
+                                                                    uint64_t src_offset,
+                                                                    const struct MemplugHostUcxRemoteRange *range,
+                                                                    uint64_t dst_offset,
+                                                                    uint64_t len,
+                                                                    struct MemplugHostUcxTransfer *out);
 
 #ifdef __cplusplus
 }  // extern "C"
