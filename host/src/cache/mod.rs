@@ -145,9 +145,6 @@ impl StreamKey {
 #[repr(align(64))]
 struct PaddedShard {
     shard: Mutex<Shard>,
-    /// The shard's parked (pinned, freed) blocks as of their last change,
-    /// written under its lock: a miss skips shards with none.
-    parked: AtomicU64,
     /// The shard's idle bytes as of its last change, written under its
     /// lock (a plain store, no read-modify-write): a miss skips shards with
     /// none without locking them, and a free sums them to check the cap.
@@ -182,6 +179,10 @@ struct CacheInner {
     /// When a miss next gives back blocks past their age (a
     /// `policy::Applied` stamp).
     next_age_check: AtomicU64,
+    /// Bit `i` set while shard `i` has parked (pinned, freed) blocks;
+    /// changed under that shard's lock. A miss reads this one word, not
+    /// every shard.
+    parked_shards: AtomicU64,
 }
 
 impl Drop for CacheInner {
@@ -228,11 +229,7 @@ impl CachingBinding {
     ) -> Self {
         let classes = classes::classes_up_to(config.max_block);
         let shards = (0..STRIPES)
-            .map(|_| PaddedShard {
-                shard: Mutex::new(Shard::new(classes)),
-                parked: AtomicU64::new(0),
-                idle: AtomicU64::new(0),
-            })
+            .map(|_| PaddedShard { shard: Mutex::new(Shard::new(classes)), idle: AtomicU64::new(0) })
             .collect();
         let policy = policy::Applied::new(&config.idle, binding.pool().capacity(), STRIPES);
         let mechanism_min = binding.mechanism().properties().min_alignment;
@@ -246,6 +243,7 @@ impl CachingBinding {
             policy,
             block_alignment,
             next_age_check: AtomicU64::new(0),
+            parked_shards: AtomicU64::new(0),
         });
         let weak = Arc::downgrade(&inner);
         let _ = answer.set(Box::new(move |t: &PressureTicket| {
@@ -464,17 +462,20 @@ impl CacheInner {
     /// every parked block is freed behind its fences. Shards with none are
     /// not locked. Returns whether any block left a park.
     fn unpark(&self, keep: bool) -> bool {
+        let mask = self.parked_shards.load(Relaxed);
+        if mask == 0 {
+            return false;
+        }
         let mut out = Taken::default();
         let mut moved = false;
-        for padded in self.shards.iter() {
-            if padded.parked.load(Relaxed) == 0 {
-                continue;
-            }
+        for (i, padded) in self.shards.iter().enumerate().filter(|(i, _)| mask & (1 << i) != 0) {
             let since = self.policy.stamp();
             padded.with(|s| {
                 let before = s.counters.pinned_blocks;
                 let after = s.unpark(since, keep, &mut out);
-                padded.parked.store(after, Relaxed);
+                if after == 0 {
+                    self.parked_shards.fetch_and(!(1 << i), Relaxed);
+                }
                 moved |= after < before;
             });
         }
@@ -565,15 +566,17 @@ impl CacheInner {
 }
 
 const BYPASS: u32 = u32::MAX;
+// `parked_shards` has a bit per shard.
+const _: () = assert!(STRIPES <= 64);
 
 impl CacheInner {
     /// Keeps a block freed while pinned out of the idle lists.
     #[cold]
+    #[inline(never)]
     fn park(&self, stripe: usize, class: usize, block: Block) {
-        let padded = &self.shards[stripe];
-        padded.with(|s| {
-            let n = s.park(class, block);
-            padded.parked.store(n, Relaxed);
+        self.shards[stripe].with(|s| {
+            s.park(class, block);
+            self.parked_shards.fetch_or(1 << stripe, Relaxed);
         });
     }
 }

@@ -191,7 +191,7 @@ impl Shard {
     /// behind its fences on `stream` (`None`: behind fences of no known
     /// stream, taken by nobody before they complete). Returns the shard's
     /// idle bytes after.
-    #[inline]
+    #[inline(always)]
     pub fn put(&mut self, class: usize, block: Block, stream: Option<StreamKey>, since: u64) -> u64 {
         let bytes = block.charged();
         let list = &mut self.classes[class];
