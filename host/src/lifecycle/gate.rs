@@ -51,11 +51,14 @@ impl Default for Gate {
 
 /// A call in flight: the gate counts it until this is dropped. Not `Send`:
 /// it is dropped on the thread that entered, the only writer of its count.
+/// `Sync`: a call made on another thread under a borrowed token writes no
+/// count.
 #[must_use]
 pub struct Token<'g> {
     count: &'g AtomicU64,
     owned: bool,
-    _thread: PhantomData<*const ()>,
+    /// `!Send` and `Sync`, as a lock guard is.
+    _thread: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
 
 impl Drop for Token<'_> {
