@@ -72,7 +72,7 @@ impl<'p> Grant<'p> {
     #[inline(always)]
     fn settle(self, actual: u64, new_lease: bool) -> Option<HolderId> {
         let (pool, bytes, class, holder) = self.disarm();
-        pool.on_shard(pool.account_uid(holder), |s| {
+        pool.on_shard(pool.account_uid(holder), move |s| {
             let c = s.cells(class);
             s.sub(&c.reserved, bytes);
             s.add(&c.leased, actual);
@@ -155,7 +155,7 @@ impl Drop for Grant<'_> {
     #[inline]
     fn drop(&mut self) {
         let (pool, bytes, class) = (self.pool, self.bytes, self.class);
-        pool.on_shard(pool.account_uid(self.holder), |s| s.sub(&s.cells(class).reserved, bytes));
+        pool.on_shard(pool.account_uid(self.holder), move |s| s.sub(&s.cells(class).reserved, bytes));
         pool.refund(bytes);
     }
 }

@@ -15,14 +15,17 @@ impl Pool {
             return Err(Rejected { value: lease, error });
         }
         let (holder, class, bytes) = lease.disarm();
-        let mut prev = bytes;
-        self.on_shard(self.account_uid(holder), |s| {
+        // `move`, and `prev` returned rather than assigned: see `try_grant`.
+        let taken = self.with_shard(self.account_uid(holder), move |s| {
             let c = s.cells(class);
             s.sub(&c.leased, bytes);
             s.sub(&c.leases, 1);
-            prev = self.level.take(bytes);
+            let prev = self.level.take(bytes);
             s.hint.store(prev.wrapping_sub(bytes), Relaxed);
+            prev
         });
+        debug_assert!(taken.is_ok(), "a lease of {} names an account the pool does not have", self.id);
+        let prev = taken.unwrap_or_else(|()| self.level.take(bytes));
         self.level.after_refund(prev, bytes);
         if let Some(parent) = self.level.parent() {
             parent.refund_chain(bytes);

@@ -245,7 +245,7 @@ impl Pool {
     /// Runs `f` on this thread's shard of account `uid`; `Err` when the
     /// pool has no such account.
     #[inline(always)]
-    fn with_shard<R>(&self, uid: u64, f: impl FnOnce(&Shard) -> R) -> Result<R, ()> {
+    pub(super) fn with_shard<R>(&self, uid: u64, f: impl FnOnce(&Shard) -> R) -> Result<R, ()> {
         match shard::with_cached(uid, self.id, f) {
             Ok(r) => Ok(r),
             Err(f) => self.with_shard_slow(uid, f),
@@ -278,8 +278,11 @@ impl Pool {
         class: AllocationClass,
         count_failure: bool,
     ) -> Attempt<'_> {
+        // `move` closures here and on every fast path: a closure that
+        // borrows its captures keeps them in memory, stored on every call
+        // for the out-of-line fallback of `with_shard`.
         let attempt = self
-            .with_shard(uid, |s| {
+            .with_shard(uid, move |s| {
                 if !s.core.registered.load(Relaxed) {
                     return Attempt::Unknown;
                 }
