@@ -181,6 +181,16 @@ impl Shard {
         &self.cells[class.index()]
     }
 
+    /// [`cells`](Self::cells) by class index, which a lease keeps: only
+    /// ever written from [`AllocationClass::index`], so in bounds (no
+    /// check on the release path).
+    #[inline(always)]
+    pub fn cells_at(&self, class: usize) -> &ClassCells {
+        debug_assert!(class < AllocationClass::COUNT);
+        // SAFETY: `class` is some `AllocationClass::index()` (see above).
+        unsafe { self.cells.get_unchecked(class) }
+    }
+
     /// Adds `delta` (two's complement for a decrease) to `cell`. The caller
     /// is the shard's only writer, so a load and a store suffice — no
     /// locked instruction; readers see the old or the new value, both valid.
