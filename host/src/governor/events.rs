@@ -12,7 +12,7 @@ use std::num::NonZeroU64;
 
 impl Pool {
     /// The holder an account uid names (`None`: the anonymous account).
-    fn holder_of(&self, uid: u64) -> Option<HolderId> {
+    pub(super) fn holder_of(&self, uid: u64) -> Option<HolderId> {
         if uid == self.id.get() {
             None
         } else {

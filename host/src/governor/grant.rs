@@ -35,8 +35,20 @@ pub(super) fn leaks() -> std::sync::MutexGuard<'static, LeakTable> {
 pub struct Grant<'p> {
     pub(super) pool: &'p Pool,
     pub(super) bytes: u64,
+    /// The account charged: the holder's id, or the pool's for no holder
+    /// (one id space), so that commit and drop need not derive it again.
+    pub(super) account: u64,
     pub(super) class: AllocationClass,
-    pub(super) holder: Option<HolderId>,
+}
+
+/// The holder of account `account` of pool `pool` (`None`: anonymous).
+#[inline]
+fn holder_of(pool: PoolId, account: u64) -> Option<HolderId> {
+    if account == pool.get() {
+        None
+    } else {
+        std::num::NonZeroU64::new(account).map(HolderId)
+    }
 }
 
 impl<'p> Grant<'p> {
@@ -52,7 +64,7 @@ impl<'p> Grant<'p> {
 
     /// Holder charged (`None`: the pool's anonymous account).
     pub fn holder(&self) -> Option<HolderId> {
-        self.holder
+        holder_of(self.pool.id(), self.account)
     }
 
     /// The pool that granted it.
@@ -62,17 +74,17 @@ impl<'p> Grant<'p> {
 
     /// Takes the fields without running `Drop`.
     #[inline(always)]
-    fn disarm(self) -> (&'p Pool, u64, AllocationClass, Option<HolderId>) {
+    fn disarm(self) -> (&'p Pool, u64, AllocationClass, u64) {
         let me = ManuallyDrop::new(self);
-        (me.pool, me.bytes, me.class, me.holder)
+        (me.pool, me.bytes, me.class, me.account)
     }
 
     /// Moves the grant's statistics to the lease side and refunds what was
     /// not used; the pool already holds `max(bytes, actual)` for it.
     #[inline(always)]
-    fn settle(self, actual: u64, new_lease: bool) -> Option<HolderId> {
-        let (pool, bytes, class, holder) = self.disarm();
-        pool.on_shard(pool.account_uid(holder), |s| {
+    fn settle(self, actual: u64, new_lease: bool) -> Lease {
+        let (pool, bytes, class, account) = self.disarm();
+        pool.on_shard(account, move |s| {
             let c = s.cells(class);
             s.sub(&c.reserved, bytes);
             s.add(&c.leased, actual);
@@ -83,7 +95,7 @@ impl<'p> Grant<'p> {
         if actual < bytes {
             pool.refund(bytes - actual);
         }
-        holder
+        Lease { pool: pool.id(), account, class: class.index(), bytes: actual }
     }
 
     /// Charges `actual - bytes` more (the mechanism obtained more than was
@@ -94,10 +106,10 @@ impl<'p> Grant<'p> {
     #[inline(never)]
     fn cover(self, actual: u64) -> Result<Self, Rejected<Self>> {
         let extra = actual - self.bytes;
-        let uid = self.pool.account_uid(self.holder);
+        let uid = self.account;
         if let Err(short) = self.pool.charge_chain(extra) {
             self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).failures, 1));
-            let error = self.pool.out_of_budget(short, extra, self.class, self.holder);
+            let error = self.pool.out_of_budget(short, extra, self.class, self.holder());
             return Err(Rejected { value: self, error });
         }
         self.pool.on_shard(uid, |s| s.add(&s.cells(self.class).granted, extra));
@@ -118,9 +130,7 @@ impl<'p> Grant<'p> {
     #[inline(always)]
     pub fn commit(self, actual: u64) -> Result<Lease, Rejected<Self>> {
         let me = if actual > self.bytes { self.cover(actual)? } else { self };
-        let (pool, class) = (me.pool.id(), me.class);
-        let holder = me.settle(actual, true);
-        Ok(Lease { pool, holder, class, bytes: actual })
+        Ok(me.settle(actual, true))
     }
 
     /// Commits `actual` bytes into an existing lease: a virtual region that
@@ -133,10 +143,10 @@ impl<'p> Grant<'p> {
     pub fn commit_into(self, lease: &mut Lease, actual: u64) -> Result<(), Rejected<Self>> {
         let error = if lease.pool != self.pool.id() {
             Some(GovernorError::WrongPool { pool: self.pool.id(), lease_pool: lease.pool })
-        } else if lease.class != self.class {
-            Some(GovernorError::ClassMismatch { lease: lease.class, grant: self.class })
-        } else if lease.holder != self.holder {
-            Some(GovernorError::HolderMismatch { lease: lease.holder, grant: self.holder })
+        } else if lease.class != self.class.index() {
+            Some(GovernorError::ClassMismatch { lease: lease.class(), grant: self.class })
+        } else if lease.account != self.account {
+            Some(GovernorError::HolderMismatch { lease: lease.holder(), grant: self.holder() })
         } else {
             None
         };
@@ -144,7 +154,8 @@ impl<'p> Grant<'p> {
             return Err(Rejected { value: self, error });
         }
         let me = if actual > self.bytes { self.cover(actual)? } else { self };
-        me.settle(actual, false);
+        // Settled as a lease of its own, whose bytes join `lease`.
+        let _ = me.settle(actual, false).disarm();
         // Every lease's bytes are charged, so the sum stays <= capacity < 2^63.
         lease.bytes += actual;
         Ok(())
@@ -155,7 +166,7 @@ impl Drop for Grant<'_> {
     #[inline]
     fn drop(&mut self) {
         let (pool, bytes, class) = (self.pool, self.bytes, self.class);
-        pool.on_shard(pool.account_uid(self.holder), |s| s.sub(&s.cells(class).reserved, bytes));
+        pool.on_shard(self.account, move |s| s.sub(&s.cells(class).reserved, bytes));
         pool.refund(bytes);
     }
 }
@@ -166,7 +177,7 @@ impl fmt::Debug for Grant<'_> {
             .field("pool", &self.pool.id())
             .field("bytes", &self.bytes)
             .field("class", &self.class)
-            .field("holder", &self.holder)
+            .field("holder", &self.holder())
             .finish()
     }
 }
@@ -185,11 +196,14 @@ impl fmt::Debug for Grant<'_> {
 ///
 /// Thread-safety: `Send + Sync`; may be moved to and ended on any thread.
 #[must_use = "a lease ends only with Pool::release or Pool::quarantine; dropping it leaks its charge"]
-#[derive(Debug, PartialEq, Eq)]
+#[derive(PartialEq, Eq)]
 pub struct Lease {
     pub(super) pool: PoolId,
-    pub(super) holder: Option<HolderId>,
-    pub(super) class: AllocationClass,
+    /// The account charged (see [`Grant`]'s): release needs no holder.
+    pub(super) account: u64,
+    /// The class's index, a whole word: a token without padding moves as
+    /// four words, where a byte and its padding move piece by piece.
+    pub(super) class: usize,
     pub(super) bytes: u64,
 }
 
@@ -201,12 +215,12 @@ impl Lease {
 
     /// Class charged.
     pub fn class(&self) -> AllocationClass {
-        self.class
+        AllocationClass::ALL[self.class]
     }
 
     /// Holder charged (`None`: the pool's anonymous account).
     pub fn holder(&self) -> Option<HolderId> {
-        self.holder
+        holder_of(self.pool, self.account)
     }
 
     /// The pool that granted it.
@@ -242,22 +256,35 @@ impl Lease {
         class: AllocationClass,
         bytes: u64,
     ) -> Lease {
-        Lease { pool, holder, class, bytes }
+        let account = holder.map_or(pool.get(), |h| h.get());
+        Lease { pool, account, class: class.index(), bytes }
     }
 
+    /// Takes (account, class index, bytes) without running `Drop`.
     #[inline(always)]
-    pub(super) fn disarm(self) -> (Option<HolderId>, AllocationClass, u64) {
+    pub(super) fn disarm(self) -> (u64, usize, u64) {
         let me = ManuallyDrop::new(self);
-        (me.holder, me.class, me.bytes)
+        (me.account, me.class, me.bytes)
+    }
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("pool", &self.pool)
+            .field("holder", &self.holder())
+            .field("class", &self.class())
+            .field("bytes", &self.bytes)
+            .finish()
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        let account = self.holder.map_or(self.pool.get(), |h| h.get());
+        let account = self.account;
         // A pool already gone has no figures left to report the leak in.
         if let Some(table) = leaks().get_mut(&self.pool.get()) {
-            let cell = table.entry((account, self.class.index())).or_insert((0, 0));
+            let cell = table.entry((account, self.class)).or_insert((0, 0));
             cell.0 += 1;
             cell.1 += self.bytes;
         }

@@ -40,6 +40,9 @@ pub const MAX_CAPACITY: u64 = BYTES;
 struct Hot {
     /// `used + offset`, plus [`WAITERS`].
     word: AtomicU64,
+    /// The highest byte part the word has had, in the frame of the current
+    /// offset (`peak used + offset`): a charge compares its new word with
+    /// it as it is, and a capacity change moves it with the offset.
     peak: AtomicU64,
     /// `BYTES - capacity`: the offset in the word, as of the latest
     /// capacity change (see the module docs).
@@ -78,7 +81,7 @@ impl Level {
         Level {
             hot: Hot {
                 word: AtomicU64::new(BYTES - capacity),
-                peak: AtomicU64::new(0),
+                peak: AtomicU64::new(BYTES - capacity),
                 offset: AtomicU64::new(BYTES - capacity),
                 epoch: AtomicU64::new(0),
                 parent,
@@ -126,7 +129,19 @@ impl Level {
 
     /// Highest `used` ever reached.
     pub fn peak(&self) -> u64 {
-        self.hot.peak.load(Relaxed)
+        loop {
+            let e = self.hot.epoch.load(Acquire);
+            if e & 1 == 0 {
+                let p = self.hot.peak.load(Acquire);
+                let offset = self.hot.offset.load(Acquire);
+                if self.hot.epoch.load(Relaxed) == e {
+                    // A charge racing a capacity change may have noted a
+                    // word of the other frame (see `note_peak`).
+                    return p.saturating_sub(offset);
+                }
+            }
+            drop(lock(&self.resize));
+        }
     }
 
     /// Charges `bytes` if they fit now (a fresh read, then the loop) and
@@ -175,17 +190,22 @@ impl Level {
     }
 
     /// Raises the peak to the `used` a charge produced (`word`: the word
-    /// its compare-exchange wrote). The offset read here is the one in
-    /// the word unless a capacity change runs at this very moment; then the
-    /// figure may be off by that change (and is ignored if it would be
-    /// negative).
+    /// its compare-exchange wrote): one compare on the common path, as the
+    /// peak is kept in the word's own frame. A charge that runs at the
+    /// very moment of a capacity change may note a word of the frame
+    /// before it; then the figure may be off by that change.
     #[inline(always)]
     pub fn note_peak(&self, word: u64) {
-        let now = (word & BYTES).wrapping_sub(self.hot.offset.load(Relaxed));
-        // A wrapped figure is negative as a signed number; peaks are below 2^63.
-        if now as i64 > self.hot.peak.load(Relaxed) as i64 {
-            self.hot.peak.fetch_max(now, Relaxed);
+        // The waiters bit makes any word look higher: sorted out there.
+        if word > self.hot.peak.load(Relaxed) {
+            self.raise_peak(word & BYTES);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn raise_peak(&self, held: u64) {
+        self.hot.peak.fetch_max(held, Relaxed);
     }
 
     /// Returns `bytes` (a token held them, so the word cannot go below its
@@ -291,6 +311,12 @@ impl Level {
         };
         if outcome.is_ok() {
             self.hot.offset.store(BYTES - new, Release);
+            // The peak lives in the word's frame: it moves as the word did.
+            if new < old {
+                self.hot.peak.fetch_add(old - new, AcqRel);
+            } else {
+                self.hot.peak.fetch_sub(new - old, AcqRel);
+            }
         }
         self.hot.epoch.store(e + 2, Release);
         let prev = outcome?;

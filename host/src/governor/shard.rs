@@ -181,6 +181,16 @@ impl Shard {
         &self.cells[class.index()]
     }
 
+    /// [`cells`](Self::cells) by class index, which a lease keeps: only
+    /// ever written from [`AllocationClass::index`], so in bounds (no
+    /// check on the release path).
+    #[inline(always)]
+    pub fn cells_at(&self, class: usize) -> &ClassCells {
+        debug_assert!(class < AllocationClass::COUNT);
+        // SAFETY: `class` is some `AllocationClass::index()` (see above).
+        unsafe { self.cells.get_unchecked(class) }
+    }
+
     /// Adds `delta` (two's complement for a decrease) to `cell`. The caller
     /// is the shard's only writer, so a load and a store suffice — no
     /// locked instruction; readers see the old or the new value, both valid.
@@ -261,17 +271,16 @@ const SLOTS: usize = 16;
 /// Past this many owned shards, a thread drops the ones of dead pools.
 const PRUNE_AT: usize = 32;
 
-/// One cache entry: account uid (0: empty) and this thread's shard of it.
-struct Entry {
-    uid: Cell<u64>,
-    shard: Cell<*const Shard>,
+/// The hot part: a direct-mapped cache by account uid, as two arrays
+/// (uids, 0 for an empty slot; and this thread's shard of each) so that a
+/// slot's word is one scaled index away, with no multiply by an entry's
+/// size. No destructor, so reaching it costs no thread-local state check.
+/// Invariant: a non-empty slot points into an `Arc<Shard>` held by this
+/// thread's [`Owned`]; a slot is emptied before its `Arc` leaves `Owned`.
+struct Cache {
+    uids: [Cell<u64>; SLOTS],
+    shards: [Cell<*const Shard>; SLOTS],
 }
-
-/// The hot part: a direct-mapped cache by account uid. No destructor, so
-/// reaching it costs no thread-local state check. Invariant: a non-empty
-/// entry points into an `Arc<Shard>` held by this thread's [`Owned`]; an
-/// entry is emptied before its `Arc` leaves `Owned`.
-struct Cache([Entry; SLOTS]);
 
 /// The shards this thread owns. Its destructor (thread exit) empties the
 /// cache, then hands the shards back for adoption.
@@ -280,8 +289,8 @@ struct Owned(RefCell<Vec<Arc<Shard>>>);
 impl Drop for Owned {
     fn drop(&mut self) {
         let _ = CACHE.try_with(|c| {
-            for e in &c.0 {
-                e.uid.set(0);
+            for uid in &c.uids {
+                uid.set(0);
             }
         });
         for s in self.0.get_mut().drain(..) {
@@ -293,17 +302,20 @@ impl Drop for Owned {
 #[cfg(not(loom))]
 thread_local! {
     static CACHE: Cache = const {
-        Cache([const { Entry { uid: Cell::new(0), shard: Cell::new(std::ptr::null()) } }; SLOTS])
+        Cache {
+            uids: [const { Cell::new(0) }; SLOTS],
+            shards: [const { Cell::new(std::ptr::null()) }; SLOTS],
+        }
     };
     static OWNED: Owned = const { Owned(RefCell::new(Vec::new())) };
 }
 
 #[cfg(loom)]
 thread_local! {
-    static CACHE: Cache = Cache(std::array::from_fn(|_| Entry {
-        uid: Cell::new(0),
-        shard: Cell::new(std::ptr::null()),
-    }));
+    static CACHE: Cache = Cache {
+        uids: std::array::from_fn(|_| Cell::new(0)),
+        shards: std::array::from_fn(|_| Cell::new(std::ptr::null())),
+    };
     static OWNED: Owned = Owned(RefCell::new(Vec::new()));
 }
 
@@ -318,9 +330,9 @@ fn slot(uid: u64) -> usize {
 pub(crate) fn with_cached<R, F: FnOnce(&Shard) -> R>(uid: u64, pool: PoolId, f: F) -> Result<R, F> {
     let p = CACHE
         .try_with(|c| {
-            let e = &c.0[slot(uid)];
-            if e.uid.get() == uid {
-                Some(e.shard.get())
+            let i = slot(uid);
+            if c.uids[i].get() == uid {
+                Some(c.shards[i].get())
             } else {
                 None
             }
@@ -373,15 +385,15 @@ fn acquire(account: &Account) -> Option<Arc<Shard>> {
                         // Drop the shards of dead pools: empty their cache
                         // entries first, then release them.
                         let _ = CACHE.try_with(|c| {
-                            for e in &c.0 {
-                                if e.uid.get() == 0 {
+                            for (uid, shard) in c.uids.iter().zip(&c.shards) {
+                                if uid.get() == 0 {
                                     continue; // its pointer may be stale
                                 }
                                 // SAFETY: a non-empty entry, as in
                                 // `with_cached`; nothing has left `owned` yet.
-                                let shard = unsafe { &*e.shard.get() };
+                                let shard = unsafe { &*shard.get() };
                                 if !shard.core.alive.load(Relaxed) {
-                                    e.uid.set(0);
+                                    uid.set(0);
                                 }
                             }
                         });
@@ -400,9 +412,9 @@ fn acquire(account: &Account) -> Option<Arc<Shard>> {
             };
             CACHE
                 .try_with(|c| {
-                    let e = &c.0[slot(uid)];
-                    e.shard.set(Arc::as_ptr(&shard));
-                    e.uid.set(uid);
+                    let i = slot(uid);
+                    c.shards[i].set(Arc::as_ptr(&shard));
+                    c.uids[i].set(uid);
                 })
                 .ok()?;
             Some(shard)

@@ -14,15 +14,18 @@ impl Pool {
             let error = GovernorError::WrongPool { pool: self.id, lease_pool: lease.pool };
             return Err(Rejected { value: lease, error });
         }
-        let (holder, class, bytes) = lease.disarm();
-        let mut prev = bytes;
-        self.on_shard(self.account_uid(holder), |s| {
-            let c = s.cells(class);
+        let (account, class, bytes) = lease.disarm();
+        // `move`, and `prev` returned rather than assigned: see `try_grant`.
+        let taken = self.with_shard(account, move |s| {
+            let c = s.cells_at(class);
             s.sub(&c.leased, bytes);
             s.sub(&c.leases, 1);
-            prev = self.level.take(bytes);
+            let prev = self.level.take(bytes);
             s.hint.store(prev.wrapping_sub(bytes), Relaxed);
+            prev
         });
+        debug_assert!(taken.is_ok(), "a lease of {} names an account the pool does not have", self.id);
+        let prev = taken.unwrap_or_else(|()| self.level.take(bytes));
         self.level.after_refund(prev, bytes);
         if let Some(parent) = self.level.parent() {
             parent.refund_chain(bytes);
@@ -35,7 +38,7 @@ impl Pool {
     /// lease holds is [`GovernorError::OverRelease`], and nothing changes.
     pub fn release_part(&self, lease: &mut Lease, bytes: u64) -> Result<(), GovernorError> {
         self.check_part(lease, bytes)?;
-        self.on_shard(self.account_uid(lease.holder), |s| s.sub(&s.cells(lease.class).leased, bytes));
+        self.on_shard(lease.account, |s| s.sub(&s.cells_at(lease.class).leased, bytes));
         lease.bytes -= bytes;
         self.refund(bytes);
         Ok(())
@@ -49,15 +52,15 @@ impl Pool {
             let error = GovernorError::WrongPool { pool: self.id, lease_pool: lease.pool };
             return Err(Rejected { value: lease, error });
         }
-        let (holder, class, bytes) = lease.disarm();
-        self.on_shard(self.account_uid(holder), |s| {
-            let c = s.cells(class);
+        let (account, class, bytes) = lease.disarm();
+        self.on_shard(account, |s| {
+            let c = s.cells_at(class);
             s.sub(&c.leased, bytes);
             s.sub(&c.leases, 1);
             s.add(&c.quarantined, bytes);
             s.add(&c.quarantines, 1);
         });
-        self.observe_quarantine(holder, class, bytes);
+        self.observe_quarantine(self.holder_of(account), AllocationClass::ALL[class], bytes);
         Ok(())
     }
 
@@ -66,14 +69,14 @@ impl Pool {
     /// [`GovernorError::OverRelease`], and nothing changes.
     pub fn quarantine_part(&self, lease: &mut Lease, bytes: u64) -> Result<(), GovernorError> {
         self.check_part(lease, bytes)?;
-        self.on_shard(self.account_uid(lease.holder), |s| {
-            let c = s.cells(lease.class);
+        self.on_shard(lease.account, |s| {
+            let c = s.cells_at(lease.class);
             s.sub(&c.leased, bytes);
             s.add(&c.quarantined, bytes);
             s.add(&c.quarantines, 1);
         });
         lease.bytes -= bytes;
-        self.observe_quarantine(lease.holder, lease.class, bytes);
+        self.observe_quarantine(lease.holder(), lease.class(), bytes);
         Ok(())
     }
 
@@ -85,9 +88,9 @@ impl Pool {
     /// nothing changes.
     pub fn split_lease(&self, lease: &mut Lease, bytes: u64) -> Result<Lease, GovernorError> {
         self.check_part(lease, bytes)?;
-        self.on_shard(self.account_uid(lease.holder), |s| s.add(&s.cells(lease.class).leases, 1));
+        self.on_shard(lease.account, |s| s.add(&s.cells_at(lease.class).leases, 1));
         lease.bytes -= bytes;
-        Ok(Lease { pool: self.id, holder: lease.holder, class: lease.class, bytes })
+        Ok(Lease { pool: self.id, account: lease.account, class: lease.class, bytes })
     }
 
     pub(super) fn check_part(&self, lease: &Lease, bytes: u64) -> Result<(), GovernorError> {

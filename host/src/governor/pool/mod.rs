@@ -245,7 +245,7 @@ impl Pool {
     /// Runs `f` on this thread's shard of account `uid`; `Err` when the
     /// pool has no such account.
     #[inline(always)]
-    fn with_shard<R>(&self, uid: u64, f: impl FnOnce(&Shard) -> R) -> Result<R, ()> {
+    pub(super) fn with_shard<R>(&self, uid: u64, f: impl FnOnce(&Shard) -> R) -> Result<R, ()> {
         match shard::with_cached(uid, self.id, f) {
             Ok(r) => Ok(r),
             Err(f) => self.with_shard_slow(uid, f),
@@ -278,8 +278,11 @@ impl Pool {
         class: AllocationClass,
         count_failure: bool,
     ) -> Attempt<'_> {
+        // `move` closures here and on every fast path: a closure that
+        // borrows its captures keeps them in memory, stored on every call
+        // for the out-of-line fallback of `with_shard`.
         let attempt = self
-            .with_shard(uid, |s| {
+            .with_shard(uid, move |s| {
                 if !s.core.registered.load(Relaxed) {
                     return Attempt::Unknown;
                 }
@@ -289,10 +292,7 @@ impl Pool {
                         s.hint.store(word, Relaxed);
                         if let Some(parent) = self.level.parent() {
                             if let Some(short) = self.charge_above(parent, bytes, s) {
-                                if count_failure {
-                                    s.add(&c.failures, 1);
-                                }
-                                return Attempt::NoRoom(short);
+                                return Self::refused(short, s, class, count_failure);
                             }
                         }
                         // Only a charge that stands counts for the peak.
@@ -302,12 +302,7 @@ impl Pool {
                         s.add(&c.grants, 1);
                         Attempt::Granted
                     }
-                    None => {
-                        if count_failure {
-                            s.add(&c.failures, 1);
-                        }
-                        Attempt::NoRoom(self)
-                    }
+                    None => Self::refused(self, s, class, count_failure),
                 }
             })
             .unwrap_or(Attempt::Unknown);
@@ -316,6 +311,17 @@ impl Pool {
             self.observe_grant(uid, bytes, class);
         }
         attempt
+    }
+
+    /// A refusal's count, out of line: merged with the grant's counters, it
+    /// would cost the granted path a computed offset and a test.
+    #[cold]
+    #[inline(never)]
+    fn refused<'p>(short: &'p Pool, s: &Shard, class: AllocationClass, count: bool) -> Attempt<'p> {
+        if count {
+            s.add(&s.cells(class).failures, 1);
+        }
+        Attempt::NoRoom(short)
     }
 
     /// Charges `bytes` at `parent` and its ancestors, after this pool

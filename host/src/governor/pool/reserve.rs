@@ -20,8 +20,9 @@ impl Pool {
         class: AllocationClass,
         holder: Option<HolderId>,
     ) -> Result<Grant<'_>, GovernorError> {
-        match self.try_grant(self.account_uid(holder), bytes, class, true) {
-            Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
+        let uid = self.account_uid(holder);
+        match self.try_grant(uid, bytes, class, true) {
+            Attempt::Granted => Ok(Grant { pool: self, bytes, account: uid, class }),
             Attempt::NoRoom(short) => Err(self.out_of_budget(short, bytes, class, holder)),
             Attempt::Unknown => Err(self.unknown_holder(holder)),
         }
@@ -69,7 +70,7 @@ impl Pool {
     ) -> Result<Grant<'_>, GovernorError> {
         let uid = self.account_uid(holder);
         match self.try_grant(uid, bytes, class, false) {
-            Attempt::Granted => Ok(Grant { pool: self, bytes, class, holder }),
+            Attempt::Granted => Ok(Grant { pool: self, bytes, account: uid, class }),
             Attempt::Unknown => Err(self.unknown_holder(holder)),
             Attempt::NoRoom(short) => self.reserve_slow(uid, bytes, class, holder, deadline, short),
         }
@@ -86,7 +87,7 @@ impl Pool {
         deadline: Option<Instant>,
         short: &'p Pool,
     ) -> Result<Grant<'p>, GovernorError> {
-        let grant = || Grant { pool: self, bytes, class, holder };
+        let grant = || Grant { pool: self, bytes, account: uid, class };
         // The pool was short: its use is at its highest.
         self.sample_peaks();
         let priority = match holder {
