@@ -23,7 +23,7 @@
 //! `closed`.
 
 use super::barrier;
-use super::seats::{self, PerSeat};
+use super::seats::{self, PerSeat, SeatCell};
 use super::LifeState;
 use crate::sync::{AtomicBool, AtomicU64};
 use std::marker::PhantomData;
@@ -55,8 +55,7 @@ impl Default for Gate {
 /// count.
 #[must_use]
 pub struct Token<'g> {
-    count: &'g AtomicU64,
-    owned: bool,
+    count: SeatCell<'g, AtomicU64>,
     /// `!Send` and `Sync`, as a lock guard is.
     _thread: PhantomData<std::sync::MutexGuard<'static, ()>>,
 }
@@ -64,16 +63,7 @@ pub struct Token<'g> {
 impl Drop for Token<'_> {
     #[inline(always)]
     fn drop(&mut self) {
-        leave(self.count, self.owned);
-    }
-}
-
-#[inline(always)]
-fn leave(count: &AtomicU64, owned: bool) {
-    if owned {
-        count.store(count.load(Relaxed).wrapping_sub(1), Release);
-    } else {
-        count.fetch_sub(1, Release);
+        self.count.add(1u64.wrapping_neg(), Release);
     }
 }
 
@@ -84,23 +74,21 @@ impl Gate {
     /// this thread only.
     #[inline(always)]
     pub fn enter(&self, seat: usize) -> Result<Token<'_>, LifeState> {
-        let c = self.counts.cell(seat);
-        if c.owned {
-            c.cell.store(c.cell.load(Relaxed).wrapping_add(1), Relaxed);
-        } else {
-            c.cell.fetch_add(1, SeqCst);
-        }
+        // The fence below orders this write before the read of `closed`,
+        // on the shared seat's read-modify-write as on an owned store.
+        let count = self.counts.cell(seat);
+        count.add(1, Relaxed);
         barrier::light();
         if !self.closed.load(Relaxed) {
-            return Ok(Token { count: c.cell, owned: c.owned, _thread: PhantomData });
+            return Ok(Token { count, _thread: PhantomData });
         }
-        self.refuse(c.cell, c.owned)
+        self.refuse(count)
     }
 
     #[cold]
     #[inline(never)]
-    fn refuse(&self, count: &AtomicU64, owned: bool) -> Result<Token<'_>, LifeState> {
-        leave(count, owned);
+    fn refuse(&self, count: SeatCell<'_, AtomicU64>) -> Result<Token<'_>, LifeState> {
+        count.add(1u64.wrapping_neg(), Release);
         // Closing sets the state first: a closed gate means Lost or later,
         // even if this read is older.
         Err(self.state().max(LifeState::Lost))
@@ -143,7 +131,7 @@ impl Gate {
 
     /// Whether `token` was issued by this gate.
     pub fn owns(&self, token: &Token<'_>) -> bool {
-        self.counts.each().any(|c| std::ptr::eq(c, token.count))
+        self.counts.each().any(|c| std::ptr::eq(c, token.count.get()))
     }
 
     /// Calls in flight now. Once the gate is closed the count only falls,

@@ -54,9 +54,9 @@ impl Ledger {
     #[inline(always)]
     pub(crate) fn charged(&self, seat: usize, bytes: u64, leases: u64) {
         let c = self.cells.cell(seat);
-        seats::add(&seats::SeatCell { cell: &c.cell.bytes, owned: c.owned }, bytes);
+        c.field(|c| &c.bytes).add(bytes, Relaxed);
         if leases != 0 {
-            seats::add(&seats::SeatCell { cell: &c.cell.leases, owned: c.owned }, leases);
+            c.field(|c| &c.leases).add(leases, Relaxed);
         }
     }
 

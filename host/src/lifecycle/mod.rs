@@ -34,9 +34,7 @@ pub use gate::{Gate, Token};
 pub(crate) use ledger::Ledger;
 #[doc(hidden)]
 pub use seats::SHARED_SEAT;
-pub(crate) use seats::{
-    add as add_to_seat, give_back_seat, sum as sum_of_seats, take_seat, PerSeat, SeatCell,
-};
+pub(crate) use seats::{give_back_seat, sum as sum_of_seats, take_seat, PerSeat};
 pub use state::LifeState;
 
 use crate::sync::{AtomicBool, Mutex};

@@ -22,7 +22,7 @@
 //! writes with read-modify-writes: slower, never wrong.
 
 use crate::sync::{AtomicPtr, AtomicU64};
-use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
+use std::sync::atomic::Ordering::{self, AcqRel, Acquire, Relaxed};
 use std::sync::Mutex as StdMutex;
 
 /// Seats per chunk of cells (a chunk is made the first time a thread of
@@ -101,8 +101,45 @@ impl<T: Default> Default for PerSeat<T> {
 
 /// A seat's cell, and whether the running thread is its only writer.
 pub(crate) struct SeatCell<'a, T> {
-    pub(crate) cell: &'a T,
-    pub(crate) owned: bool,
+    cell: &'a T,
+    owned: bool,
+}
+
+// A reference and a flag: copied whatever `T` is (a derive would ask
+// `T: Copy`).
+impl<T> Clone for SeatCell<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SeatCell<'_, T> {}
+
+impl<'a, T> SeatCell<'a, T> {
+    /// One field of the cell, written as the cell is.
+    #[inline(always)]
+    pub(crate) fn field<U>(self, f: impl FnOnce(&'a T) -> &'a U) -> SeatCell<'a, U> {
+        SeatCell { cell: f(self.cell), owned: self.owned }
+    }
+
+    /// The cell itself (to tell cells apart).
+    pub(crate) fn get(self) -> &'a T {
+        self.cell
+    }
+}
+
+impl SeatCell<'_, AtomicU64> {
+    /// Adds `v` (wrapping: a subtraction is the negated value): a load and
+    /// a store where the running thread is the cell's only writer, a
+    /// read-modify-write on the shared seat. `order` is the write's:
+    /// `Relaxed` or `Release`.
+    #[inline(always)]
+    pub(crate) fn add(self, v: u64, order: Ordering) {
+        if self.owned {
+            self.cell.store(self.cell.load(Relaxed).wrapping_add(v), order);
+        } else {
+            self.cell.fetch_add(v, order);
+        }
+    }
 }
 
 impl<T: Default> PerSeat<T> {
@@ -171,17 +208,6 @@ unsafe impl<T: Default + Send> Send for PerSeat<T> {}
 // SAFETY: as above.
 unsafe impl<T: Default + Sync> Sync for PerSeat<T> {}
 
-/// Adds `v` to a counter: a load and a store where the running thread is
-/// the cell's only writer, a read-modify-write on the shared seat.
-#[inline(always)]
-pub(crate) fn add(c: &SeatCell<'_, AtomicU64>, v: u64) {
-    if c.owned {
-        c.cell.store(c.cell.load(Relaxed).wrapping_add(v), Relaxed);
-    } else {
-        c.cell.fetch_add(v, Relaxed);
-    }
-}
-
 /// The sum of one counter over every seat.
 pub(crate) fn sum<T: Default>(p: &PerSeat<T>, field: impl Fn(&T) -> &AtomicU64) -> u64 {
     p.each().fold(0u64, |n, c| n.wrapping_add(field(c).load(Acquire)))
@@ -209,9 +235,9 @@ mod tests {
     #[test]
     fn counts_made_on_one_seat_and_undone_on_another_sum_exactly() {
         let p: PerSeat<AtomicU64> = PerSeat::default();
-        add(&p.cell(3), 5);
-        add(&p.cell(200), 2u64.wrapping_neg());
-        add(&p.cell(SHARED_SEAT), 1);
+        p.cell(3).add(5, Relaxed);
+        p.cell(200).add(2u64.wrapping_neg(), Relaxed);
+        p.cell(SHARED_SEAT).add(1, Relaxed);
         assert_eq!(sum(&p, |c| c), 4);
         // Chunks past the first are made only where a seat counted.
         assert_eq!(p.each().count(), 1 + 2 * CHUNK);

@@ -24,9 +24,7 @@ pub(crate) struct LiveCounts {
 impl LiveCounts {
     #[inline(always)]
     fn count(&self, k: ObjectKind, v: u64) {
-        let c = self.cells.cell(crate::reentry::thread_stripe());
-        let cell = crate::lifecycle::SeatCell { cell: &c.cell[k as usize], owned: c.owned };
-        crate::lifecycle::add_to_seat(&cell, v);
+        self.cells.cell(crate::reentry::thread_stripe()).field(|c| &c[k as usize]).add(v, Relaxed);
     }
 
     #[inline(always)]
