@@ -208,7 +208,8 @@ fn conformance_json_counts_per_mechanism_and_in_all() {
     }
 
     let (code, t) = text_run;
-    assert_eq!(code, 0);
+    // The table names the check that failed: kept in the message.
+    assert_eq!(code, 0, "{t}");
     let line = |c: &Value| {
         format!(
             "{} passed, {} failed, {} skipped, {} crashed, {} timed out",
