@@ -371,6 +371,36 @@ impl DeferredFreeQueue {
         }
     }
 
+    /// Whether every fence in `fences` has completed, judged and counted as
+    /// [`release`](Self::release) judges them: completed ones are dropped
+    /// from the end while they report completion (a failed query stops it
+    /// and is counted; a lost device's fence counts as complete). `true`
+    /// when none is left. For a caller that frees at once without making a
+    /// job (none is boxed, no reference is cloned) and otherwise
+    /// [`enqueue`](Self::enqueue)s the fences left, with
+    /// [`count_immediate`](Self::count_immediate) after a free it ran.
+    pub(crate) fn settle_fences(&self, fences: &mut Vec<SharedFence>) -> bool {
+        while let Some(f) = fences.last() {
+            if !self.done(f) {
+                return false;
+            }
+            fences.pop();
+        }
+        true
+    }
+
+    /// Counts a free its caller ran at once after
+    /// [`settle_fences`](Self::settle_fences) said its fences had
+    /// completed, as `release` counts a job it runs at once (and tells the
+    /// hub of the freed bytes, charged to `who`).
+    pub(crate) fn count_immediate(&self, outcome: RetireOutcome, who: impl FnOnce() -> Option<ChargedTo>) {
+        self.immediate.fetch_add(1, Ordering::Relaxed);
+        if events_wanted() && self.hub.is_some() {
+            self.observe_retired(&outcome, who());
+        }
+        self.count(outcome);
+    }
+
     /// Always enqueues, even if the fences are complete — save a job whose
     /// context is already lost or terminated
     /// ([`Retire::settled_elsewhere`]), which retires at once: nothing
@@ -438,7 +468,14 @@ impl DeferredFreeQueue {
     fn run_observed(&self, job: Box<dyn Retire>) -> bool {
         let who = job.charged_to();
         let outcome = job.retire();
-        if let (RetireOutcome::Freed { bytes }, Some(hub)) = (&outcome, &self.hub) {
+        self.observe_retired(&outcome, who);
+        self.count(outcome)
+    }
+
+    /// Tells the hub of a freed object's bytes.
+    #[cold]
+    fn observe_retired(&self, outcome: &RetireOutcome, who: Option<ChargedTo>) {
+        if let (RetireOutcome::Freed { bytes }, Some(hub)) = (outcome, &self.hub) {
             let e = match &who {
                 Some(c) => Event::new(EventKind::Retired, c.pool.id(), c.pool.name(), *bytes)
                     .holder(c.holder)
@@ -447,7 +484,6 @@ impl DeferredFreeQueue {
             };
             hub.emit(&e);
         }
-        self.count(outcome)
     }
 
     fn count(&self, outcome: RetireOutcome) -> bool {

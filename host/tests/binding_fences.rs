@@ -240,6 +240,48 @@ fn invariant_4_shrink_waits_for_the_work_recorded_on_the_region() {
     });
 }
 
+/// A shrink whose fences have all completed runs at once, without the
+/// queue's wait, and is counted once as the queue counts a free it ran at
+/// once; one with a fence still running waits in the queue and is counted
+/// there.
+#[test]
+fn a_shrink_behind_completed_fences_runs_now_and_is_counted_once() {
+    within(30, || {
+        let rig = Rig::cpu("fences-shrink-now", 4 * MIB);
+        let mut region = rig.binding.reserve_virtual(2 * MIB).unwrap();
+        region.grow_to(512 * KIB, |_| Ok::<(), ()>(())).unwrap();
+        let before = rig.manager.queue().stats();
+        let done = Gate::new("work already done");
+        done.open();
+        region.shrink_to(256 * KIB, vec![done.fence.clone()]).unwrap();
+        assert_eq!(rig.pool.used(), 256 * KIB, "the tail stayed charged after its fences completed");
+        let after = rig.manager.queue().stats();
+        assert_eq!(
+            (
+                after.immediate - before.immediate,
+                after.retired - before.retired,
+                after.enqueued - before.enqueued
+            ),
+            (1, 1, 0)
+        );
+        assert_eq!(rig.manager.queue().pending(), 0);
+        // The range is committable again at once (nothing left pending).
+        region.grow_to(512 * KIB, |_| Ok::<(), ()>(())).unwrap();
+
+        let running = Gate::new("work still running");
+        region.shrink_to(256 * KIB, vec![running.fence.clone()]).unwrap();
+        assert_eq!(rig.pool.used(), 512 * KIB);
+        let queued = rig.manager.queue().stats();
+        assert_eq!((queued.immediate, queued.enqueued - after.enqueued), (after.immediate, 1));
+        running.open();
+        assert_eq!(rig.manager.poll().retired, 1);
+        assert_eq!(rig.pool.used(), 256 * KIB);
+        drop(region);
+        rig.manager.poll();
+        assert!(Ledger::of(&rig.pool).is_zero());
+    });
+}
+
 #[test]
 fn invariant_8_a_panicking_stream_function_stops_at_the_boundary_and_the_free_still_waits_for_its_fence() {
     within(30, || {

@@ -44,10 +44,9 @@ impl MemoryBinding {
             granularity: b.mechanism().properties().granularity,
             base: 0,
             committed: 0,
-            lease: Arc::new(Mutex::new(None)),
+            shared: Arc::default(),
             prefix: None,
             prefix_access: Access::ReadOnly,
-            pending: Arc::new(Mutex::new(Vec::new())),
             fences: Vec::new(),
             queued_commits: Vec::new(),
             pieces: Vec::new(),
@@ -71,14 +70,12 @@ pub struct Region {
     base: u64,
     /// Private bytes committed after `base`.
     committed: u64,
-    /// The charge of the committed private bytes; shared with queued
-    /// shrinks, which refund their part once their decommit has run.
-    lease: Arc<Mutex<Option<Lease>>>,
+    /// The lease and the pending decommits, shared with queued shrinks
+    /// and the queued release.
+    shared: Arc<Shared>,
     prefix: Option<Arc<SharedPrefix>>,
     /// How the prefix is mapped (meaningful only while `prefix` is set).
     prefix_access: Access,
-    /// Ranges whose decommit waits for fences; not re-committable before.
-    pending: Arc<Mutex<Vec<(u64, u64)>>>,
     fences: Vec<SharedFence>,
     /// Ranges committed by [`grow_on`](Self::grow_on) with the fence that
     /// says they are usable; dropped once it has completed. Until then no
@@ -98,6 +95,17 @@ pub struct Region {
     /// the driver forgets it when a range is decommitted or unmapped, so
     /// every recommit and remap gives it back (`queued.rs`).
     peer_grants: Vec<queued::PeerGrant>,
+}
+
+/// What a region shares with its queued shrinks and its queued release:
+/// one allocation per region for both.
+#[derive(Default)]
+struct Shared {
+    /// The charge of the committed private bytes: queued shrinks refund
+    /// their part once their decommit has run.
+    lease: Mutex<Option<Lease>>,
+    /// Ranges whose decommit waits for fences; not re-committable before.
+    pending: Mutex<Vec<(u64, u64)>>,
 }
 
 impl fmt::Debug for Region {
@@ -295,7 +303,7 @@ impl Region {
             return Ok(());
         }
         let (want, offset, delta) = self.growth(len)?;
-        let b = self.binding.clone();
+        let b = &*self.binding;
         let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         let grant = b.grant(delta).map_err(GrowError::Binding)?;
         // An existing region may grow while its context retires (a request
@@ -330,7 +338,7 @@ impl Region {
     /// the caller's gate token.
     fn charge_grant(&self, grant: Grant<'_>, delta: u64, stripe: usize) -> Result<(), BindingError> {
         let b = &*self.binding;
-        let mut slot = lock(&self.lease);
+        let mut slot = lock(&self.shared.lease);
         let charged = match slot.as_mut() {
             Some(l) => grant.commit_into(l, delta).map(|()| None),
             None => grant.commit(delta).map(Some),
@@ -372,11 +380,11 @@ impl Region {
     fn wait_out_pending(&self, offset: u64, len: u64) -> Result<(), BindingError> {
         let overlaps =
             |p: &Mutex<Vec<(u64, u64)>>| lock(p).iter().any(|&(o, l)| o < offset + len && offset < o + l);
-        if !overlaps(&self.pending) {
+        if !overlaps(&self.shared.pending) {
             return Ok(());
         }
         self.binding.queue.poll();
-        if overlaps(&self.pending) {
+        if overlaps(&self.shared.pending) {
             return Err(BindingError::Plugin(self.binding.mechanism().refusal(
                 "binding",
                 Status::Busy,
@@ -406,8 +414,18 @@ impl Region {
         // The tail may be in use by any work recorded on the region with
         // `used_by`, not only by the work named here (invariant 4): the
         // shrink waits for every fence not yet known complete — none, when
-        // all have completed, and then it runs now.
-        self.queue_decommit(offset, delta, self.fences.clone());
+        // all have completed, and then it runs now, here: no job is made,
+        // and the range is never marked pending (`&mut self`: nothing else
+        // can grow this region meanwhile).
+        let queue = &self.binding.queue;
+        if queue.settle_fences(&mut self.fences) {
+            let outcome = decommit_part(&self.binding, *self.res().raw(), offset, delta, &self.shared.lease);
+            queue.count_immediate(outcome, || self.binding.charged_to());
+        } else {
+            let job = self.shrink_job(offset, delta);
+            lock(&self.shared.pending).push((offset, delta));
+            queue.enqueue(self.fences.clone(), Box::new(job));
+        }
         Ok(())
     }
 
@@ -417,17 +435,48 @@ impl Region {
     /// place a shrink, an undone restore and a refused queued grow give a
     /// range back.
     pub(super) fn queue_decommit(&self, offset: u64, len: u64, fences: Vec<SharedFence>) {
-        let job = ShrinkRetire {
+        let job = self.shrink_job(offset, len);
+        lock(&self.shared.pending).push((offset, len));
+        self.binding.queue.release(fences, Box::new(job));
+    }
+
+    fn shrink_job(&self, offset: u64, len: u64) -> ShrinkRetire {
+        ShrinkRetire {
             binding: self.binding.clone(),
             reservation: *self.res().raw(),
             offset,
             len,
-            lease: self.lease.clone(),
-            pending: self.pending.clone(),
-        };
-        lock(&self.pending).push((offset, len));
-        self.binding.queue.release(fences, Box::new(job));
+            shared: self.shared.clone(),
+        }
     }
+}
+
+/// Decommits `[offset, +len)` of `reservation` and refunds that part of
+/// the region's lease in `lease` (or quarantines it, or leaves it to a lost
+/// context's settlement): the one body of a shrink run now and of a queued
+/// one.
+fn decommit_part(
+    b: &BindingInner,
+    reservation: RawObject,
+    offset: u64,
+    len: u64,
+    lease: &Mutex<Option<Lease>>,
+) -> RetireOutcome {
+    let vb = b.mechanism().virtual_backing().expect("checked at reserve");
+    settle::release_or_quarantine(
+        b,
+        Charge::Part { slot: lease, bytes: len },
+        |_| {
+            // SAFETY: a copy of the live region's reservation token, used
+            // for one call; the region (which owns it) outlives queued
+            // shrinks because its own release is queued after them.
+            let res = unsafe { Reservation::from_raw(reservation) };
+            let r = vb.decommit(&res, offset, len);
+            let _ = res.into_raw();
+            r
+        },
+        |_, reason| format!("region range +{offset} ({len} B): {reason}"),
+    )
 }
 
 struct ShrinkRetire {
@@ -435,8 +484,7 @@ struct ShrinkRetire {
     reservation: RawObject,
     offset: u64,
     len: u64,
-    lease: Arc<Mutex<Option<Lease>>>,
-    pending: Arc<Mutex<Vec<(u64, u64)>>>,
+    shared: Arc<Shared>,
 }
 
 impl Retire for ShrinkRetire {
@@ -444,29 +492,13 @@ impl Retire for ShrinkRetire {
         self.binding.charged_to()
     }
     fn retire(self: Box<Self>) -> RetireOutcome {
-        let b = &*self.binding;
-        let vb = b.mechanism().virtual_backing().expect("checked at reserve");
         let (offset, len) = (self.offset, self.len);
-        let outcome = settle::release_or_quarantine(
-            b,
-            Charge::Part { slot: &self.lease, bytes: len },
-            |_| {
-                // SAFETY: a copy of the live region's reservation token,
-                // used for one call; the region (which owns it) outlives
-                // queued shrinks because its own release is queued after
-                // them.
-                let res = unsafe { Reservation::from_raw(self.reservation) };
-                let r = vb.decommit(&res, offset, len);
-                let _ = res.into_raw();
-                r
-            },
-            |_, reason| format!("region range +{offset} ({len} B): {reason}"),
-        );
+        let outcome = decommit_part(&self.binding, self.reservation, offset, len, &self.shared.lease);
         // Whatever happened (decommitted, quarantined, or lost without a
         // call), this shrink is over: the region's release, which waits
         // for its shrinks (`ShrinksDone`), must not wait for ever because
         // a lost context skipped the call.
-        lock(&self.pending).retain(|&(o, l)| (o, l) != (offset, len));
+        lock(&self.shared.pending).retain(|&(o, l)| (o, l) != (offset, len));
         outcome
     }
     fn settled_elsewhere(&self) -> bool {
@@ -479,13 +511,6 @@ impl Retire for ShrinkRetire {
 
 impl Drop for Region {
     fn drop(&mut self) {
-        let job = RegionRetire {
-            binding: self.binding.clone(),
-            reservation: self.reservation.take(),
-            lease: self.lease.clone(),
-            prefix: self.prefix.take(),
-            pieces: std::mem::take(&mut self.pieces),
-        };
         self.release_host_copy();
         // Waits for every pending shrink of this region to have run (the
         // queue keeps no order between entries), so those decommit against
@@ -496,15 +521,60 @@ impl Drop for Region {
         // now rather than on the next poll.
         let mut fences = std::mem::take(&mut self.fences);
         fences.retain(|f| !matches!(f.query(), Ok(true)));
-        if !lock(&self.pending).is_empty() {
-            fences.insert(0, Arc::new(ShrinksDone(self.pending.clone())));
+        if !lock(&self.shared.pending).is_empty() {
+            fences.insert(0, Arc::new(ShrinksDone(self.shared.clone())));
         }
+        let (reservation, prefix) = (self.reservation.take(), self.prefix.take());
+        let pieces = std::mem::take(&mut self.pieces);
         if fences.is_empty() {
-            let _ = Retire::retire(Box::new(job));
+            // Released now, from the region's own fields: no job is boxed
+            // and no reference cloned.
+            let _ = release_region(&self.binding, reservation, &self.shared.lease, prefix, &pieces);
         } else {
+            let job = RegionRetire {
+                binding: self.binding.clone(),
+                reservation,
+                shared: self.shared.clone(),
+                prefix,
+                pieces,
+            };
             self.binding.queue.enqueue(fences, Box::new(job));
         }
     }
+}
+
+/// Unmaps what is left of a region's shared prefix, releases its
+/// reservation and settles its lease (refunded, quarantined, or left to a
+/// lost context's settlement): the one body of a region released now and
+/// of a queued release. The prefix is dropped after the unmap and the
+/// release: the last region frees it.
+fn release_region(
+    b: &BindingInner,
+    reservation: Option<Reservation>,
+    lease: &Mutex<Option<Lease>>,
+    prefix: Option<Arc<SharedPrefix>>,
+    pieces: &[(u64, u64)],
+) -> RetireOutcome {
+    let Some(res) = reservation else {
+        return RetireOutcome::Freed { bytes: 0 };
+    };
+    let vb = b.mechanism().virtual_backing().expect("checked at reserve");
+    if prefix.is_some() {
+        if let Some(sm) = b.mechanism().shared_mapping() {
+            for &(offset, len) in pieces {
+                let _ = sm.unmap(&res, offset, len);
+            }
+        }
+    }
+    let lease = lock(lease).take();
+    let outcome = settle::release_or_quarantine(
+        b,
+        Charge::Whole(lease),
+        |_| vb.release(res),
+        |e, reason| format!("reservation {}: {reason}", e.object.object_id()),
+    );
+    drop(prefix);
+    outcome
 }
 
 /// Maps `[object_offset, +len)` of `object` at `offset` of `res` read-only,
@@ -529,24 +599,24 @@ fn map_read_only_or_writable(
 
 /// Complete once every queued shrink of a region has run: the fence its
 /// release waits on besides the device's.
-struct ShrinksDone(Arc<Mutex<Vec<(u64, u64)>>>);
+struct ShrinksDone(Arc<Shared>);
 
 impl FenceSource for ShrinksDone {
     fn query(&self) -> Result<bool, CallError> {
-        Ok(lock(&self.0).is_empty())
+        Ok(lock(&self.0.pending).is_empty())
     }
     fn wait(&self, timeout: Duration) -> Result<bool, CallError> {
         crate::fence::poll_until(timeout, || self.query())
     }
     fn describe(&self) -> String {
-        format!("{} queued decommit(s) of the region", lock(&self.0).len())
+        format!("{} queued decommit(s) of the region", lock(&self.0.pending).len())
     }
 }
 
 struct RegionRetire {
     binding: Arc<BindingInner>,
     reservation: Option<Reservation>,
-    lease: Arc<Mutex<Option<Lease>>>,
+    shared: Arc<Shared>,
     prefix: Option<Arc<SharedPrefix>>,
     /// The parts of the prefix still mapped shared (the rest was
     /// privatised: committed memory the release gives back).
@@ -561,29 +631,8 @@ impl Retire for RegionRetire {
         self.binding.is_lost()
     }
     fn retire(mut self: Box<Self>) -> RetireOutcome {
-        let b = &*self.binding;
-        let Some(res) = self.reservation.take() else {
-            return RetireOutcome::Freed { bytes: 0 };
-        };
-        let vb = b.mechanism().virtual_backing().expect("checked at reserve");
-        if self.prefix.is_some() {
-            if let Some(sm) = b.mechanism().shared_mapping() {
-                for &(offset, len) in &self.pieces {
-                    let _ = sm.unmap(&res, offset, len);
-                }
-            }
-        }
-        let lease = lock(&self.lease).take();
-        let outcome = settle::release_or_quarantine(
-            b,
-            Charge::Whole(lease),
-            |_| vb.release(res),
-            |e, reason| format!("reservation {}: {reason}", e.object.object_id()),
-        );
-        // Dropping the prefix after the unmap (and the release): the last
-        // region frees it.
-        self.prefix.take();
-        outcome
+        let (reservation, prefix) = (self.reservation.take(), self.prefix.take());
+        release_region(&self.binding, reservation, &self.shared.lease, prefix, &self.pieces)
     }
     fn describe(&self) -> String {
         match &self.reservation {

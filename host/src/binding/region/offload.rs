@@ -379,7 +379,7 @@ impl Region {
 
     /// Refunds `bytes` of the region's lease (a decommit that ran).
     pub(super) fn refund_part(&self, bytes: u64, stripe: usize) {
-        settle::refund(&self.binding, Charge::Part { slot: &self.lease, bytes }, stripe);
+        settle::refund(&self.binding, Charge::Part { slot: &self.shared.lease, bytes }, stripe);
     }
 }
 

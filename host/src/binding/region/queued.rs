@@ -195,7 +195,7 @@ impl Region {
         // under one gate token, as in `grow_to`.
         let (_token, stripe) = b.admit().map_err(|state| b.ended(state))?;
         let new_lease = {
-            let mut slot = lock(&self.lease);
+            let mut slot = lock(&self.shared.lease);
             let new_lease = slot.is_none();
             let charged = match slot.as_mut() {
                 Some(l) => grant.commit_into(l, delta).map(|()| None),
@@ -218,7 +218,7 @@ impl Region {
             }
             Err(e) => {
                 // Nothing was enqueued: the charge goes back.
-                let mut slot = lock(&self.lease);
+                let mut slot = lock(&self.shared.lease);
                 if new_lease {
                     if let Some(l) = slot.take() {
                         if b.pool.release(l).is_ok() {
