@@ -53,6 +53,12 @@ enum Path {
     /// The same three syscalls called raw on a 2 MiB `mmap` of our own,
     /// the baseline of `commit-2m`.
     Commit2mRaw,
+    /// A region grown to 2 MiB and shrunk to nothing with no fence: the
+    /// governed form of `commit-2m` (grant, commit, lease, ledger, refund).
+    Region2m,
+    /// Reserve a region of 8 granules, map a one-granule shared prefix at
+    /// its start, release it: `reserve` plus the prefix's map and unmap.
+    MapPrefix,
     /// n frees pending on fences that never complete.
     Poll(usize),
     /// n earlier fenced shrinks of the region.
@@ -73,6 +79,8 @@ const PATHS: &[(&str, Path)] = &[
     ("reserve", Path::Reserve),
     ("commit-2m", Path::Commit2m),
     ("commit-2m-raw", Path::Commit2mRaw),
+    ("region-2m", Path::Region2m),
+    ("map-prefix", Path::MapPrefix),
     ("poll-1", Path::Poll(1)),
     ("poll-1k", Path::Poll(1000)),
     ("poll-100k", Path::Poll(100_000)),
@@ -92,6 +100,7 @@ struct Rig {
     done: memplug_host::SharedFence,
     poll: Option<PollRig>,
     shrink: Option<std::cell::RefCell<memplug_host::Region>>,
+    prefix: Option<std::sync::Arc<memplug_host::SharedPrefix>>,
 }
 
 /// A free that does nothing: the poll paths measure the queue, not a free.
@@ -200,6 +209,7 @@ fn main() {
         _ => None,
     };
     let shrink = match path {
+        Path::Region2m => Some(std::cell::RefCell::new(binding.reserve_virtual(TWO_MIB).unwrap())),
         Path::Shrink(k) => {
             let mut r = binding.reserve_virtual(1 << 20).unwrap();
             for _ in 0..k {
@@ -211,7 +221,14 @@ fn main() {
         }
         _ => None,
     };
-    let rig = Rig { mech, direct, pool, binding, cache, keeps_nothing, done, poll, shrink };
+    let prefix = match path {
+        Path::MapPrefix => {
+            let g = mech.properties().granularity;
+            Some(binding.create_shared(g, |_| {}).unwrap())
+        }
+        _ => None,
+    };
+    let rig = Rig { mech, direct, pool, binding, cache, keeps_nothing, done, poll, shrink, prefix };
     // Warm every path once so first-use costs (TLS, lazy init) fall
     // outside the difference.
     run(path, 16, &rig);
@@ -295,6 +312,22 @@ fn run(path: Path, n: u64, rig: &Rig) {
             }
             libc::munmap(p, len);
         },
+        Path::Region2m => {
+            let mut r = rig.shrink.as_ref().expect("set up").borrow_mut();
+            for _ in 0..n {
+                r.grow_to(black_box(TWO_MIB), |_| Ok::<(), ()>(())).unwrap();
+                r.shrink_to(0, Vec::new()).unwrap();
+            }
+        }
+        Path::MapPrefix => {
+            let prefix = rig.prefix.as_ref().expect("set up");
+            let g = rig.mech.properties().granularity;
+            for _ in 0..n {
+                let mut r = rig.binding.reserve_virtual(black_box(8 * g)).unwrap();
+                r.map_prefix(prefix).unwrap();
+                drop(black_box(r));
+            }
+        }
         Path::Poll(_) => {
             let p = rig.poll.as_ref().expect("set up");
             for _ in 0..n {
