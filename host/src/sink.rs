@@ -532,6 +532,22 @@ mod tests {
 
     #[test]
     fn an_exited_threads_slots_are_reused() {
+        // Counted alone, in a child process running only this test: in
+        // this process the harness runs other tests beside it, whose
+        // threads take slots of their own meanwhile (a bound loose enough
+        // for them failed on a loaded machine).
+        const CHILD: &str = "MEMPLUG_SINK_SLOTS_ALONE";
+        if std::env::var_os(CHILD).is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "sink::tests::an_exited_threads_slots_are_reused", "--test-threads=1"])
+                .env(CHILD, "1")
+                .output()
+                .unwrap();
+            let said =
+                String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && said.contains("1 passed"), "the child run failed:\n{said}");
+            return;
+        }
         let made = |()| lock(&ALLOC).made;
         // Warm up: this thread and one worker.
         std::thread::spawn(|| door_call(Some(b"x"), || {})).join().unwrap();
@@ -541,8 +557,7 @@ mod tests {
                 std::thread::spawn(|| door_call(Some(b"from a short-lived thread"), || {})).join().unwrap();
             assert_eq!(m.as_deref(), Some("from a short-lived thread"));
         }
-        // Other tests of this binary may take a few at the same time.
-        assert!(made(()) - before <= 8, "{} slots made for 50 threads one after another", made(()) - before);
+        assert!(made(()) - before <= 1, "{} slots made for 50 threads one after another", made(()) - before);
     }
 
     #[test]
