@@ -173,10 +173,13 @@ fn demo_json_that_could_not_run_says_why() {
 /// checks, and with the table's closing lines.
 #[test]
 fn conformance_json_counts_per_mechanism_and_in_all() {
-    // Short storms: the counts are the point here, not the races.
+    // Short storms: the counts are the point here, not the races. A long
+    // --timeout: two kits run at once beside the rest of the suite, and on
+    // a loaded two-core machine a check may show no sign of life for the
+    // default 10 s (a timeout fails the run).
     let (json_run, text_run) = std::thread::scope(|s| {
-        let j = s.spawn(|| json(&["conformance", "--json", "--storm-stalls", "10"], &[]));
-        let t = s.spawn(|| text(&["conformance", "--storm-stalls", "10"]));
+        let j = s.spawn(|| json(&["conformance", "--json", "--storm-stalls", "10", "--timeout", "60"], &[]));
+        let t = s.spawn(|| text(&["conformance", "--storm-stalls", "10", "--timeout", "60"]));
         (j.join().unwrap(), t.join().unwrap())
     });
     let (code, v, stderr) = json_run;
