@@ -141,7 +141,7 @@ impl BindingInner {
     #[inline(always)]
     fn admit_new(&self) -> Result<(Token<'_>, usize), BindingError> {
         match self.admit() {
-            Ok((t, s)) if self.mechanism().inner.life.state() == LifeState::Active => Ok((t, s)),
+            Ok((t, s)) if self.mechanism().inner.life.is_active() => Ok((t, s)),
             Ok(_) => Err(self.ended(self.mechanism().inner.life.state())),
             Err(state) => Err(self.ended(state)),
         }
@@ -284,7 +284,7 @@ impl MemoryBinding {
     /// it makes new objects. One atomic load.
     #[inline]
     pub fn is_active(&self) -> bool {
-        self.inner.mechanism().inner.life.state() == LifeState::Active
+        self.inner.mechanism().inner.life.is_active()
     }
     /// Objects whose release the plugin refused (quarantined).
     pub fn quarantined(&self) -> Vec<String> {

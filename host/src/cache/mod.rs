@@ -40,6 +40,7 @@
 //! Requests above [`CacheConfig::max_block`] bypass the cache.
 
 mod classes;
+mod lock;
 mod policy;
 mod shard;
 mod stats;
@@ -53,9 +54,9 @@ use crate::fence::SharedFence;
 use crate::governor::{GovernorError, HolderRegistration, PressureCallback, PressureTicket, Priority};
 use crate::lifecycle::STRIPES;
 use crate::reentry::thread_stripe;
-use crate::sync::{lock, Mutex};
 use crate::tokens::Stream;
 use crate::LifeState;
+use lock::ShardLock;
 use shard::{Block, Shard, Taken};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
@@ -144,7 +145,7 @@ impl StreamKey {
 /// one.
 #[repr(align(64))]
 struct PaddedShard {
-    shard: Mutex<Shard>,
+    shard: ShardLock<Shard>,
     /// The shard's idle bytes as of its last change, written under its
     /// lock (a plain store, no read-modify-write): a miss skips shards with
     /// none without locking them, and a free sums them to check the cap.
@@ -155,7 +156,7 @@ impl PaddedShard {
     /// Runs `f` on the shard under its lock, then publishes its idle bytes.
     #[inline]
     fn with<R>(&self, f: impl FnOnce(&mut Shard) -> R) -> R {
-        let mut s = lock(&self.shard);
+        let mut s = self.shard.lock();
         let r = f(&mut s);
         self.idle.store(s.counters.idle_bytes, Relaxed);
         r
@@ -229,7 +230,7 @@ impl CachingBinding {
     ) -> Self {
         let classes = classes::classes_up_to(config.max_block);
         let shards = (0..STRIPES)
-            .map(|_| PaddedShard { shard: Mutex::new(Shard::new(classes)), idle: AtomicU64::new(0) })
+            .map(|_| PaddedShard { shard: ShardLock::new(Shard::new(classes)), idle: AtomicU64::new(0) })
             .collect();
         let policy = policy::Applied::new(&config.idle, binding.pool().capacity(), STRIPES);
         let mechanism_min = binding.mechanism().properties().min_alignment;
@@ -367,7 +368,7 @@ impl CachingBinding {
     pub fn stats(&self) -> CacheStats {
         let mut s = stats::Sums::default();
         for shard in self.inner().shards.iter() {
-            s.add(&lock(&shard.shard).counters);
+            s.add(&shard.shard.lock().counters);
         }
         s.stats()
     }
@@ -389,7 +390,7 @@ impl CacheInner {
             self.give_back(u64::MAX, true, |s, b| s.trimmed_bytes += b);
         }
         let block = Box::new(self.binding.allocate(size, alignment)?);
-        lock(&self.shards[stripe].shard).counters.bypasses += 1;
+        self.shards[stripe].shard.lock().counters.bypasses += 1;
         Ok(CachedAllocation {
             block: Some(block),
             size,
@@ -423,7 +424,7 @@ impl CacheInner {
             if padded.idle.load(Relaxed) == 0 {
                 continue;
             }
-            let Ok(mut shard) = padded.shard.try_lock() else { continue };
+            let Some(mut shard) = padded.shard.try_lock() else { continue };
             let hit = shard.take(class.index, alignment, stream);
             padded.idle.store(shard.counters.idle_bytes, Relaxed);
             if let Some(b) = hit {
@@ -453,7 +454,7 @@ impl CacheInner {
             }
             r => r?,
         });
-        lock(&self.shards[stripe].shard).made(block.charged());
+        self.shards[stripe].shard.lock().made(block.charged());
         Ok(block)
     }
 
@@ -484,7 +485,7 @@ impl CacheInner {
     }
 
     fn idle_bytes(&self) -> u64 {
-        self.shards.iter().map(|s| lock(&s.shard).counters.idle_bytes).sum()
+        self.shards.iter().map(|s| s.shard.lock().counters.idle_bytes).sum()
     }
 
     /// A free took its shard's idle bytes past the shard's part of the
@@ -675,7 +676,7 @@ impl CachedAllocation {
         let stripe = thread_stripe() % STRIPES;
         // The block's context is the binding's: not active covers lost.
         if !c.binding.is_active() {
-            lock(&c.shards[stripe].shard).forget_in_use(block.charged());
+            c.shards[stripe].shard.lock().forget_in_use(block.charged());
             return drop(block);
         }
         if self.pinned && block.has_fences() && !block.fences_complete() {

@@ -100,6 +100,14 @@ impl Gate {
         LifeState::from_word(self.state.load(Acquire))
     }
 
+    /// Whether the state is `Active`: one load and one compare, for the
+    /// paths that ask it on every operation (a binding's new objects, a
+    /// cache's hits and frees).
+    #[inline(always)]
+    pub fn is_active(&self) -> bool {
+        self.state.load(Acquire) == LifeState::Active as u64
+    }
+
     /// Moves to `to` when the state is one of `from` (and, for `Lost` and
     /// `Terminated`, closes the gate); the state found otherwise.
     /// Lock-free, never blocks.

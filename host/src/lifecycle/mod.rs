@@ -67,8 +67,15 @@ impl Default for Lifecycle {
 }
 
 impl Lifecycle {
+    #[inline(always)]
     pub(crate) fn state(&self) -> LifeState {
         self.gate.state()
+    }
+
+    /// Whether the context is `Active` (one load and one compare).
+    #[inline(always)]
+    pub(crate) fn is_active(&self) -> bool {
+        self.gate.is_active()
     }
 
     /// Records a loss: `true` for the report that moved the context to

@@ -27,6 +27,7 @@ impl LifeState {
     pub(crate) const ALL: [LifeState; 4] =
         [LifeState::Active, LifeState::Retiring, LifeState::Lost, LifeState::Terminated];
 
+    #[inline(always)]
     pub(crate) fn from_word(w: u64) -> LifeState {
         LifeState::ALL[(w as usize).min(3)]
     }
