@@ -1,7 +1,9 @@
 //! Issue-2 budgets (ARCHITECTURE.md §6): allocate+free through the host
 //! `Mechanism` wrapper vs the plugin's vtable called directly vs libc
 //! malloc/free; commit+decommit of 2 MiB through the host vs raw
-//! mprotect/madvise. Run: `cargo bench -p memplug-host --bench mechanism`.
+//! mprotect/madvise, and the same through a governed region. Run:
+//! `cargo bench -p memplug-host --bench mechanism`
+//! (`MECHANISM_RATIOS_ONLY=1` skips criterion and prints only the ratios).
 
 mod common;
 
@@ -73,8 +75,10 @@ fn bench(c: &mut Criterion) {
         addr
     };
 
+    // `MECHANISM_RATIOS_ONLY=1`: only the same-run ratios below.
+    let criterion = std::env::var_os("MECHANISM_RATIOS_ONLY").is_none();
     let mut id = 0u64;
-    for (size, label) in SIZES {
+    for (size, label) in SIZES.into_iter().filter(|_| criterion) {
         let mut g = c.benchmark_group(format!("alloc_free/{label}"));
         g.bench_function("libc", |b| b.iter(|| libc_pair(black_box(size))));
         g.bench_function("direct", |b| {
@@ -95,10 +99,12 @@ fn bench(c: &mut Criterion) {
         vb.decommit(&res, 0, TWO_MIB as u64).unwrap();
         res.addr()
     };
-    let mut g = c.benchmark_group("commit_decommit/2MiB");
-    g.bench_function("raw", |b| b.iter(|| raw.commit_decommit()));
-    g.bench_function("host", |b| b.iter(host_cd));
-    g.finish();
+    if criterion {
+        let mut g = c.benchmark_group("commit_decommit/2MiB");
+        g.bench_function("raw", |b| b.iter(|| raw.commit_decommit()));
+        g.bench_function("host", |b| b.iter(host_cd));
+        g.finish();
+    }
 
     println!();
     for (size, label) in SIZES {
@@ -119,6 +125,26 @@ fn bench(c: &mut Criterion) {
     let h = common::ns_per_op(host_cd, 20_000);
     common::ratio("commit+decommit 2MiB host/raw", "host", h, "raw", r, Some(1.1));
     vb.release(res).unwrap();
+
+    // The governed form of the same pair: a region of a binding grown to
+    // 2 MiB and shrunk to nothing (grant, commit, lease, ledger, refund
+    // around the same three syscalls).
+    let manager = memplug_host::ProcessMemoryManager::new();
+    manager.register_plugin(common::cpu_plugin().0).unwrap();
+    let ctx = manager.context("cpu").unwrap();
+    let pool = manager.create_pool("bench", 1 << 30).unwrap();
+    let binding = manager
+        .bind(&ctx, &pool, memplug_host::BindingSpec::new(memplug_host::governor::AllocationClass::Other))
+        .unwrap();
+    let mut region = binding.reserve_virtual(TWO_MIB as u64).unwrap();
+    let mut region_cd = || {
+        region.grow_to(TWO_MIB as u64, |_| Ok::<(), ()>(())).unwrap();
+        region.shrink_to(0, Vec::new()).unwrap();
+        region.addr()
+    };
+    let g = common::ns_per_op(&mut region_cd, 20_000);
+    let r = common::ns_per_op(|| raw.commit_decommit(), 20_000);
+    common::ratio("commit+decommit 2MiB region/raw", "region", g, "raw", r, Some(1.1));
 }
 
 criterion_group! {
