@@ -74,6 +74,14 @@ struct World {
     granule: u64,
 }
 
+/// The fault switches are the process's (`faults()`), so the tests that
+/// arm them run one at a time: run side by side, a loss armed for one
+/// test's copy was taken by another's, whose context was then lost.
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// A manager of its own over the shim (the plugin's state is shared, the
 /// pools and the host's view of the context are not).
 fn world() -> World {
@@ -217,6 +225,7 @@ fn check(w: &World, m: &Model, a: &Region, b: &Region, base: u64, prefix: u64) -
 }
 
 fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
+    let _serial = one_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -335,6 +344,7 @@ proptest! {
 /// above would pass vacuously if faults never fired).
 #[test]
 fn every_slot_the_transactions_use_can_be_failed() {
+    let _serial = one_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -371,6 +381,7 @@ fn every_slot_the_transactions_use_can_be_failed() {
 /// and both ledgers end exact.
 #[test]
 fn a_device_lost_mid_offload_loses_the_region_and_frees_the_host_copy() {
+    let _serial = one_at_a_time();
     let w = &world();
     let g = w.granule;
     let host_rig = Rig::cpu("lost-mid-offload-host", 1 << 30);
@@ -398,6 +409,7 @@ fn a_device_lost_mid_offload_loses_the_region_and_frees_the_host_copy() {
 /// next restore brings every byte back.
 #[test]
 fn a_restore_whose_second_commit_fails_gives_the_first_back() {
+    let _serial = one_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -429,6 +441,7 @@ fn a_restore_whose_second_commit_fails_gives_the_first_back() {
 /// pending in the queue), and the quarantine list says why.
 #[test]
 fn memory_an_unfenced_copy_may_still_touch_is_never_freed() {
+    let _serial = one_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -486,6 +499,7 @@ fn loss_op() -> impl Strategy<Value = LossOp> {
 /// is kept charged by a device that is gone), nothing stays queued in
 /// either manager, nothing is quarantined, and the healthy plugin unloads.
 fn lose_at_any_step(steps: Vec<LossOp>, at: usize, how: Loss) -> Result<(), TestCaseError> {
+    let _serial = one_at_a_time();
     faults().disarm();
     faults().release_fences();
     let w = &world();

@@ -28,10 +28,14 @@ impl MemoryBinding {
             |t| m.allocator_under(t).allocate_placed(size, alignment, b.class, &b.placement),
             |a| m.allocator().deallocate(a),
         )?;
+        // The lease is of the bytes the plugin returned (`commit_or_undo`
+        // commits `made.bytes()`): the block's size, so it is not stored
+        // twice; the drop rejoins it from the size.
+        let charged = lease.split();
+        debug_assert_eq!(charged, alloc.size());
         Ok(OwnedAllocation {
             binding: ManuallyDrop::new(self.anchor()),
             block: Block::of(alloc),
-            charged: lease.split(),
             fences: ManuallyDrop::new(FenceSet::default()),
         })
     }
@@ -75,22 +79,29 @@ impl Block {
 /// An owning allocation. Dropping it frees through the deferred-free queue
 /// after the fences of its last use; it never waits on the device.
 ///
-/// Kept small (72 bytes), because it is moved on every allocate and free:
+/// Kept small (64 bytes, one cache line; checked below), because it is
+/// moved on every allocate and free:
 /// the block's token and its lease are stored as their parts that are not
-/// the binding's (its `Block`, the charged bytes) and made whole again when
+/// the binding's (its `Block`, whose size is the bytes charged) and made
+/// whole again when
 /// it is freed.
 pub struct OwnedAllocation {
     /// The binding, through the allocating thread's anchor. Moved out (not
     /// cloned) by `drop`, which hands it to the retire job; taken only
     /// there.
     binding: ManuallyDrop<Arc<Anchor>>,
+    /// Its size is also the bytes of its lease (of the binding's pool,
+    /// holder and class): a lease is committed with the bytes the plugin
+    /// returned.
     block: Block,
-    /// Bytes of its lease (of the binding's pool, holder and class).
-    charged: u64,
     /// Dropped by `drop` only when not empty: an empty set then costs one
     /// compare, not a call to its drop glue.
     fences: ManuallyDrop<FenceSet>,
 }
+
+// The size the comment above promises (on 64-bit targets).
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<OwnedAllocation>() == 64);
 
 impl fmt::Debug for OwnedAllocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -117,7 +128,7 @@ impl OwnedAllocation {
     }
     /// Bytes charged to the pool.
     pub fn charged(&self) -> u64 {
-        self.charged
+        self.block.size
     }
     /// Whether the allocation went with a lost device: its memory is gone,
     /// and dropping it calls no plugin (its charge is settled when the
@@ -210,17 +221,17 @@ impl Drop for OwnedAllocation {
     fn drop(&mut self) {
         // SAFETY: taken once, here; nothing reads the field afterwards.
         let binding = unsafe { ManuallyDrop::take(&mut self.binding) };
-        let (block, charged) = (self.block, self.charged);
+        let block = self.block;
         // No device work recorded, or all of it already done (or gone with
         // a lost device): free now, without boxing a job or touching the
         // queue. A lost context's free calls no plugin (settle.rs).
         if self.fences.is_empty() {
-            let _ = retire_allocation(&binding.inner, block, charged);
+            let _ = retire_allocation(&binding.inner, block);
             return;
         }
         // SAFETY: taken once, here; nothing reads the field afterwards.
         let fences = unsafe { ManuallyDrop::take(&mut self.fences) };
-        drop_fenced(binding, block, charged, fences);
+        drop_fenced(binding, block, fences);
     }
 }
 
@@ -228,13 +239,13 @@ impl Drop for OwnedAllocation {
 /// completed (the fences are dropped after the free, as a field would be),
 /// else a job for the deferred-free queue.
 #[inline(never)]
-fn drop_fenced(binding: Arc<Anchor>, block: Block, charged: u64, fences: FenceSet) {
+fn drop_fenced(binding: Arc<Anchor>, block: Block, fences: FenceSet) {
     if fences.all_complete() {
-        let _ = retire_allocation(&binding.inner, block, charged);
+        let _ = retire_allocation(&binding.inner, block);
         drop(fences);
     } else {
         let queue = binding.inner.queue.clone();
-        let job = AllocationRetire { binding, parts: Some((block, charged)) };
+        let job = AllocationRetire { binding, block: Some(block) };
         queue.enqueue(fences.into_vec(), Box::new(job));
     }
 }
@@ -243,9 +254,9 @@ fn drop_fenced(binding: Arc<Anchor>, block: Block, charged: u64, fences: FenceSe
 /// quarantines it): the token and the lease made whole from the
 /// allocation's parts and its binding's.
 #[inline(always)]
-fn retire_allocation(b: &BindingInner, block: Block, charged: u64) -> RetireOutcome {
+fn retire_allocation(b: &BindingInner, block: Block) -> RetireOutcome {
     let m = b.mechanism();
-    let lease = Lease::rejoin(b.pool.id(), b.holder, b.class, charged);
+    let lease = Lease::rejoin(b.pool.id(), b.holder, b.class, block.size);
     settle::release_or_quarantine(
         b,
         Charge::Whole(Some(lease)),
@@ -309,14 +320,14 @@ fn complete(f: &SharedFence) -> bool {
 
 struct AllocationRetire {
     binding: Arc<Anchor>,
-    /// The block and its charged bytes, until retired.
-    parts: Option<(Block, u64)>,
+    /// The block (its size the bytes charged), until retired.
+    block: Option<Block>,
 }
 
 impl AllocationRetire {
     fn run(&mut self) -> RetireOutcome {
-        match self.parts.take() {
-            Some((block, charged)) => retire_allocation(&self.binding.inner, block, charged),
+        match self.block.take() {
+            Some(block) => retire_allocation(&self.binding.inner, block),
             None => RetireOutcome::Freed { bytes: 0 },
         }
     }
@@ -333,8 +344,8 @@ impl Retire for AllocationRetire {
         self.binding.inner.charged_to()
     }
     fn describe(&self) -> String {
-        match &self.parts {
-            Some((b, _)) => format!("allocation {} ({} B at {:#x})", b.object_id, b.size, b.addr),
+        match &self.block {
+            Some(b) => format!("allocation {} ({} B at {:#x})", b.object_id, b.size, b.addr),
             None => "allocation (already retired)".into(),
         }
     }
