@@ -606,7 +606,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// stale from then on); changes nothing and answers `Ok(None)` while
     /// readers hold it, so that a caller that must own the value (to hand
     /// it on, not to drop it) can retry once they leave.
-    #[inline]
+    #[inline(always)]
     pub fn try_take(&'static self, key: Key) -> Result<Option<T>, Miss> {
         let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
