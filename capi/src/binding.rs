@@ -213,10 +213,9 @@ pub unsafe extern "C" fn memplug_host_allocate(
         let (b, seat, tables) = manager_tables::pin_with_tables::<MemoryBinding>(binding.id)?;
         // The table slot first, so the allocation moves once, into it.
         let vacant = manager_tables::vacant_in::<OwnedAllocation>(tables)?;
-        let a = b.allocate(size, alignment)?;
+        let made = b.allocate(size, alignment);
+        let (id, [addr, _]) = manager_tables::fill_made(seat, vacant, made, |a| [a.addr(), a.size()])?;
         drop(b);
-        let (addr, size) = (a.addr(), a.size());
-        let id = manager_tables::fill(seat, vacant, a, [addr, size]);
         // SAFETY: checked non-NULL.
         unsafe {
             write_out(out, MemplugHostAllocation { id });
