@@ -317,10 +317,10 @@ pub unsafe extern "C" fn memplug_host_allocation_free_after(
             // refused fence leaves the allocation untouched.
             // SAFETY: non-NULL and readable for one handle by the caller's
             // contract.
-            let f = resolve_fence(raw.manager, unsafe { *fences })?;
-            if let Some(a) = take(allocation)? {
-                a.release_after([f]);
-            }
+            let (f, tables) = resolve_fence(raw.manager, unsafe { *fences })?;
+            // The fence's seat is the allocation's (checked): its tables.
+            manager_tables::take_unpinned_in::<OwnedAllocation>(tables, raw, allocation.id)?
+                .release_after([f]);
             return Ok(());
         }
         // SAFETY: the caller's contract.
