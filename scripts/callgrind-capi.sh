@@ -9,8 +9,10 @@
 #                                          c-fenced rust-cached c-cached)
 # LO and HI (default 1000 and 11000) set the two iteration counts. Builds
 # the bench (release profile) under ${CARGO_TARGET_DIR:-target}; NO_BUILD=1
-# measures the newest bench binary there without building first (while
-# another cargo holds the target dir).
+# measures without building first (while another cargo holds the target
+# dir): the binary BENCH names, else the newest release/deps/capi-* (a
+# `cargo test --release` of capi/tests/capi.rs makes one of that name too:
+# name the bench with BENCH then).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 t=${CARGO_TARGET_DIR:-target}/release
@@ -19,7 +21,7 @@ if [[ -z ${NO_BUILD:-} ]]; then
     bin=$(cargo bench -p memplug-host-capi --bench capi --no-run 2>&1 |
         sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
 else
-    bin=$(ls -t "$t"/deps/capi-* 2>/dev/null | grep -v '\.d$' | head -1 || true)
+    bin=${BENCH:-$(ls -t "$t"/deps/capi-* 2>/dev/null | grep -v '\.d$' | head -1 || true)}
 fi
 [[ -x ${bin:-} ]] || { echo "no capi bench binary found" >&2; exit 1; }
 loops=("$@")
