@@ -238,6 +238,17 @@ pub(crate) fn pin_with_tables<T: Object>(bits: u64) -> Result<(Pinned<T>, u32, &
     }
 }
 
+/// [`pin_with_tables`] of a handle already decoded as `raw` (by
+/// [`handle::expect`]); also returns the seat's tables.
+#[inline(always)]
+pub(crate) fn pin_raw<T: Object>(raw: Raw, bits: u64) -> Result<(Pinned<T>, &'static Tables)> {
+    let tables = existing_tables(raw.manager).ok_or_else(|| Error::miss(Miss::Invalid, T::KIND, bits))?;
+    match T::table(tables).pin(raw.key()) {
+        Ok(p) => Ok((p, tables)),
+        Err(m) => Err(Error::miss(m, T::KIND, bits)),
+    }
+}
+
 /// [`vacant`] in tables from [`pin_with_tables`].
 #[inline]
 pub(crate) fn vacant_in<T: Object>(tables: &'static Tables) -> Result<Vacant<T>> {
@@ -321,6 +332,34 @@ pub(crate) fn fill<T: Object>(seat: u32, v: Vacant<T>, value: T, meta: [u64; 2])
     handle::encode(T::KIND, seat, gen, index)
 }
 
+/// [`fill`] with the value a maker returned (`made`), for the allocating
+/// calls: `Err` is handed back (the slot goes back with `v`), `Ok` moves
+/// into the slot straight from the maker's result, with the two words
+/// `meta` reads from it; returns the new handle and those words. Always
+/// inlined, and moving the value once: unpacked with `?` first, the
+/// allocation (72 bytes) was copied twice more on its way into the slot
+/// (callgrind).
+#[inline(always)]
+pub(crate) fn fill_made<T: Object, E>(
+    seat: u32,
+    v: Vacant<T>,
+    made: std::result::Result<T, E>,
+    meta: impl FnOnce(&T) -> [u64; 2],
+) -> std::result::Result<(u64, [u64; 2]), E> {
+    let made = std::mem::ManuallyDrop::new(made);
+    match &*made {
+        Ok(value) => {
+            let words = meta(value);
+            // SAFETY: `made` is never dropped nor read again: its value
+            // moves out once, here.
+            let value = unsafe { std::ptr::read(value) };
+            Ok((fill(seat, v, value, words), words))
+        }
+        // SAFETY: as above, for the error.
+        Err(e) => Err(unsafe { std::ptr::read(e) }),
+    }
+}
+
 /// Takes the object named by `bits` out of its table to own it (`Ok(None)`
 /// for the zero handle), waiting for readers that pinned it for a moment
 /// (pins of such objects are a few instructions long and call nothing).
@@ -331,10 +370,19 @@ pub(crate) fn take_unpinned<T: Object>(bits: u64) -> Result<Option<T>> {
     if bits == 0 {
         return Ok(None);
     }
-    let (table, raw) = table_for::<T>(bits)?;
+    let (tables, raw) = tables_for::<T>(bits)?;
+    take_unpinned_in(tables, raw, bits).map(Some)
+}
+
+/// [`take_unpinned`] of a handle already decoded as `raw` (by
+/// [`handle::expect`]), in its seat's `tables` (a caller that looked them
+/// up for another object of the seat: each lookup and decode done once).
+#[inline(always)]
+pub(crate) fn take_unpinned_in<T: Object>(tables: &'static Tables, raw: Raw, bits: u64) -> Result<T> {
+    let table = T::table(tables);
     loop {
         match table.try_take(raw.key()) {
-            Ok(Some(v)) => return Ok(Some(v)),
+            Ok(Some(v)) => return Ok(v),
             Ok(None) => std::thread::yield_now(),
             Err(m) => return Err(Error::miss(m, T::KIND, bits)),
         }
@@ -379,10 +427,13 @@ pub(crate) fn pin_manager(bits: u64) -> Result<(Pinned<ManagerState>, u32)> {
 pub(crate) fn same_manager(seat: u32, bits: u64, kind: Kind) -> Result<()> {
     let raw = handle::decode(bits);
     if raw.manager != seat {
-        return Err(Error::new(
-            S::WrongManager,
-            format!("the {} handle {bits:#018x} belongs to another manager", kind.name()),
-        ));
+        return Err(wrong_manager(bits, kind));
     }
     Ok(())
+}
+
+/// [`same_manager`]'s refusal.
+#[cold]
+pub(crate) fn wrong_manager(bits: u64, kind: Kind) -> Error {
+    Error::new(S::WrongManager, format!("the {} handle {bits:#018x} belongs to another manager", kind.name()))
 }

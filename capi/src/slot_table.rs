@@ -30,9 +30,10 @@
 //! retired for good (never reissued), so a stale key can never name a
 //! newer value.
 //!
-//! Free indices are cached per thread (refilled from and spilled to a
-//! mutex-guarded list in batches; the last one released kept apart in a
-//! `Cell`), so an insert + take pair costs one compare-exchange, no lock.
+//! Free indices are cached per thread (`slot_table/free.rs`: refilled from
+//! and spilled to a mutex-guarded list in batches; the last one released
+//! kept apart in a `Cell`, with its slot's address), so an insert + take
+//! pair costs one compare-exchange, no lock, and one segment lookup.
 //!
 //! The table knows nothing of handles, managers or errors: lookups fail
 //! with a [`Miss`], which [`crate::error`] turns into a status. Its atomics,
@@ -41,11 +42,7 @@
 //!
 //! The module is public (and hidden) only for that test.
 
-use crate::sync::{
-    self, exclusive_ptr, exclusive_u64, fence, thread_local, AtomicPtr, AtomicU32, AtomicU64, Mutex,
-    MutexGuard, ValueCell,
-};
-use std::cell::{Cell, RefCell};
+use crate::sync::{self, exclusive_ptr, exclusive_u64, fence, AtomicPtr, AtomicU64, Mutex, ValueCell};
 use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed, Release};
 use std::sync::OnceLock;
 
@@ -127,168 +124,8 @@ fn chunk_len(k: usize) -> usize {
     (BASE as usize) << k
 }
 
-/// Indices a table may hand out, shared by all threads.
-struct FreeList {
-    inner: Mutex<FreeInner>,
-    /// One past the highest index ever handed out (sweeps stop there).
-    high: AtomicU32,
-    /// Process-unique number of this list: its place in the per-thread
-    /// caches.
-    id: usize,
-}
-
-struct FreeInner {
-    free: Vec<u32>,
-    fresh: u32,
-    limit: u32,
-}
-
-const BATCH: usize = 32;
-const LOCAL_MAX: usize = 2 * BATCH;
-
-impl FreeList {
-    fn new(limit: u32) -> Self {
-        FreeList {
-            inner: Mutex::new(FreeInner { free: Vec::new(), fresh: 0, limit }),
-            high: AtomicU32::new(0),
-            id: sync::next_list_id(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, FreeInner> {
-        sync::lock(&self.inner)
-    }
-
-    /// Moves up to `n` free indices into `out` (out of line: it takes the
-    /// lock, once every `BATCH` allocations of a thread).
-    #[cold]
-    #[inline(never)]
-    fn refill(&self, out: &mut Vec<u32>, n: usize) {
-        let mut g = self.lock();
-        let take = g.free.len().min(n);
-        let at = g.free.len() - take;
-        out.extend(g.free.drain(at..));
-        while out.len() < n && g.fresh <= g.limit {
-            out.push(g.fresh);
-            g.fresh += 1;
-        }
-        self.high.store(g.fresh, Release);
-    }
-
-    /// Moves a batch of a thread's cached indices back to the shared list
-    /// (out of line: once every `BATCH` releases).
-    #[cold]
-    #[inline(never)]
-    fn spill(&self, v: &mut Vec<u32>) {
-        let at = v.len() - BATCH;
-        self.give_back(v.drain(at..));
-    }
-
-    /// An index released by a thread whose cache is gone (its exit).
-    #[cold]
-    #[inline(never)]
-    fn give_back_one(&self, index: u32) {
-        self.give_back([index]);
-    }
-
-    fn give_back(&self, idx: impl IntoIterator<Item = u32>) {
-        self.lock().free.extend(idx);
-    }
-}
-
-/// Per-thread caches of free indices: `lists`, indexed by
-/// [`FreeList::id`], and `stash`, the one index this thread released last
-/// (of any list). An allocation of the stash's list takes it first, so an
-/// insert + remove pair of one table (an allocate + free through the C API)
-/// moves its index through a `Cell` — a compare and two stores — rather
-/// than a vector behind a `RefCell` (callgrind: about 45 instructions a
-/// pair less). The stash is given back with the rest when the thread ends.
-struct LocalCaches {
-    stash: Cell<Option<(&'static FreeList, u32)>>,
-    lists: RefCell<Lists>,
-}
-
-/// A thread's vectors of free indices, indexed by [`FreeList::id`].
-type Lists = Vec<Option<(&'static FreeList, Vec<u32>)>>;
-
-impl Drop for LocalCaches {
-    fn drop(&mut self) {
-        if let Some((list, index)) = self.stash.take() {
-            list.give_back([index]);
-        }
-        for (list, idx) in self.lists.get_mut().drain(..).flatten() {
-            list.give_back(idx);
-        }
-    }
-}
-
-// (loom's `thread_local!` takes no `const { }` initialiser.)
-#[cfg(not(loom))]
-thread_local! {
-    static LOCAL: LocalCaches = const { LocalCaches { stash: Cell::new(None), lists: RefCell::new(Vec::new()) } };
-}
-#[cfg(loom)]
-thread_local! {
-    static LOCAL: LocalCaches = LocalCaches { stash: Cell::new(None), lists: RefCell::new(Vec::new()) };
-}
-
-/// Takes this thread's stashed index if it is of `list`.
-#[inline]
-fn take_stash(list: &'static FreeList) -> Option<u32> {
-    LOCAL
-        .try_with(|c| match c.stash.get() {
-            Some((l, index)) if std::ptr::eq(l, list) => {
-                c.stash.set(None);
-                Some(index)
-            }
-            _ => None,
-        })
-        .ok()
-        .flatten()
-}
-
-/// Stashes `index` of `list` if the stash is empty; false if not (or this
-/// thread's caches are gone).
-#[inline]
-fn put_stash(list: &'static FreeList, index: u32) -> bool {
-    LOCAL
-        .try_with(|c| {
-            if c.stash.get().is_some() {
-                return false;
-            }
-            c.stash.set(Some((list, index)));
-            true
-        })
-        .unwrap_or(false)
-}
-
-#[inline]
-fn with_local<R>(list: &'static FreeList, f: impl FnOnce(&mut Vec<u32>) -> R) -> Option<R> {
-    LOCAL
-        .try_with(|c| {
-            let mut c = c.lists.try_borrow_mut().ok()?;
-            // Making this thread's cache of `list` is out of line: inline,
-            // its code cost every release_index a larger frame.
-            let v = match c.get_mut(list.id) {
-                Some(Some((_, v))) => v,
-                _ => first_local(&mut c, list),
-            };
-            Some(f(v))
-        })
-        .ok()
-        .flatten()
-}
-
-/// This thread's first use of `list`: its cache of free indices.
-#[cold]
-#[inline(never)]
-fn first_local<'a>(c: &'a mut Lists, list: &'static FreeList) -> &'a mut Vec<u32> {
-    if c.len() <= list.id {
-        c.resize_with(list.id + 1, || None);
-    }
-    let (_, v) = c[list.id].get_or_insert_with(|| (list, Vec::with_capacity(LOCAL_MAX + 1)));
-    v
-}
+mod free;
+use free::{put_stash, take_stash, with_local, FreeList, BATCH, LOCAL_MAX};
 
 /// Why a lookup failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -375,17 +212,6 @@ impl<T> SlotTable<T> {
 }
 
 impl<T: Send + Sync + 'static> SlotTable<T> {
-    /// The stash inline, the rest (vectors, the lock) out of line: the
-    /// stash is the path of a pair, and inlining all of it costs more in
-    /// the callers' frames than a call (callgrind).
-    #[inline(always)]
-    fn alloc_index(&'static self) -> Option<u32> {
-        match take_stash(&self.free) {
-            Some(index) => Some(index),
-            None => self.alloc_index_cached(),
-        }
-    }
-
     #[inline(never)]
     fn alloc_index_cached(&'static self) -> Option<u32> {
         let local = with_local(&self.free, |v| {
@@ -404,10 +230,13 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
         }
     }
 
-    /// As `alloc_index`: the stash inline, the rest out of line.
+    /// Gives `index` (of `slot`) back: to this thread's stash inline, the
+    /// rest (vectors, the lock) out of line — the stash is the path of a
+    /// pair, and inlining all of it costs more in the callers' frames than
+    /// a call (callgrind).
     #[inline(always)]
-    fn release_index(&'static self, index: u32) {
-        if !put_stash(&self.free, index) {
+    fn release_index(&'static self, index: u32, slot: &Slot<T>) {
+        if !put_stash(&self.free, index, (slot as *const Slot<T>).cast()) {
             self.release_index_cached(index);
         }
     }
@@ -430,7 +259,14 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// Dropping the [`Vacant`] unfilled gives the slot back.
     #[inline]
     pub fn vacant(&'static self) -> Option<Vacant<T>> {
-        let index = self.alloc_index()?;
+        if let Some((index, slot)) = take_stash(&self.free) {
+            // SAFETY: `release_index` of this table (the owner of
+            // `self.free`) stashed the index with its own slot's address;
+            // slots never move nor go while the table lives.
+            let slot = unsafe { &*slot.cast::<Slot<T>>() };
+            return Some(Vacant { table: self, slot, index });
+        }
+        let index = self.alloc_index_cached()?;
         Some(Vacant { table: self, slot: self.slot_or_make(index), index })
     }
 
@@ -538,7 +374,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
             let (next, reusable) = next_free(gen_of(old));
             slot.state.store(next, Release);
             if reusable {
-                self.release_index(key.index);
+                self.release_index(key.index, slot);
             }
             drop(v);
         }
@@ -587,7 +423,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
                         // owner of the initialised value.
                         let v = unsafe { slot.value.take() };
                         if reusable {
-                            self.release_index(key.index);
+                            self.release_index(key.index, slot);
                         }
                         return Ok(Removed::Now(v));
                     }
@@ -606,7 +442,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// stale from then on); changes nothing and answers `Ok(None)` while
     /// readers hold it, so that a caller that must own the value (to hand
     /// it on, not to drop it) can retry once they leave.
-    #[inline]
+    #[inline(always)]
     pub fn try_take(&'static self, key: Key) -> Result<Option<T>, Miss> {
         let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
@@ -626,7 +462,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
                     // owner of the initialised value.
                     let v = unsafe { slot.value.take() };
                     if reusable {
-                        self.release_index(key.index);
+                        self.release_index(key.index, slot);
                     }
                     return Ok(Some(v));
                 }
@@ -651,7 +487,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
                 // release_index below.
                 unsafe { slot.value.drop_in_place() };
                 if reusable {
-                    self.release_index(key.index);
+                    self.release_index(key.index, slot);
                 }
                 return Ok(());
             }
@@ -694,7 +530,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
         let (next, reusable) = next_free(gen_of(old));
         slot.state.store(next, Release);
         if reusable {
-            self.release_index(index);
+            self.release_index(index, slot);
         }
         drop(v);
     }
@@ -772,7 +608,7 @@ impl<T: Send + Sync + 'static> Vacant<T> {
 
 impl<T: Send + Sync + 'static> Drop for Vacant<T> {
     fn drop(&mut self) {
-        self.table.release_index(self.index);
+        self.table.release_index(self.index, self.slot);
     }
 }
 
