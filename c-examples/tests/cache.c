@@ -58,6 +58,13 @@ static void reuse(MemplugHostCache cache, MemplugHostPool pool) {
     EXPECT(pool_used(pool) == 1024);
     s = stats_of(cache);
     EXPECT(s.idle_bytes == 1024 && s.idle_blocks == 1 && s.misses == 1 && s.hits == 0);
+    EXPECT(s.struct_size == sizeof s && s.pinned_blocks == 0);
+    /* A 1.2 caller's struct: its 96 bytes written, the 1.3 field not. */
+    memset(&s, 0xee, sizeof s);
+    s.struct_size = MEMPLUG_HOST_CACHE_STATS_SIZE_1_2;
+    EXPECT_OK(memplug_host_cache_stats(cache, &s));
+    EXPECT(s.struct_size == MEMPLUG_HOST_CACHE_STATS_SIZE_1_2 && s.idle_blocks == 1);
+    EXPECT(s.pinned_blocks == 0xeeeeeeeeeeeeeeeeull);
     EXPECT(s.holder_id != 0);
     EXPECT_OK(memplug_host_cache_allocate(cache, 1024, 8, 0, &b, &again));
     EXPECT(again == addr);

@@ -167,6 +167,7 @@ static void owner(const char *plugin, int fd) {
     EXPECT_OK(memplug_host_cache_trim(cache, UINT64_MAX, &released));
     EXPECT(released == 0);
     EXPECT(pool_used(e.pool) == 4 * MIB && stats_of(cache).in_use_blocks == 4);
+    EXPECT(stats_of(cache).pinned_blocks == 1); /* the freed, registered one */
 
     /* Stall so the child's pull stays in flight while it frees its block;
      * then serve its reads and its push until it leaves. */
@@ -184,6 +185,7 @@ static void owner(const char *plugin, int fd) {
     /* Deregistered: the block serves stream 1 again. */
     EXPECT_OK(memplug_host_cache_allocate(cache, MIB, PAGE, STREAM, &back, &back_addr));
     EXPECT(back_addr == addr);
+    EXPECT(stats_of(cache).pinned_blocks == 0);
     EXPECT(pool_used(e.pool) == 4 * MIB);
     EXPECT_OK(memplug_host_cached_free(back));
     EXPECT_OK(memplug_host_cached_free(same));

@@ -106,6 +106,11 @@ pub struct MemplugHostCacheStats {
     /// Idle bytes given back to pressure (tickets, and misses that found
     /// the pool full).
     pub pressure_bytes: u64,
+    /// API 1.3: blocks freed while pinned by work outside any stream (a
+    /// UCX registration or transfer) that has not completed: counted in
+    /// `in_use_blocks`, reused by nobody and given back by no trim until
+    /// it completes. A 1.2 caller (`struct_size` 96) is not written this.
+    pub pinned_blocks: u64,
 }
 
 /// Size of `MemplugHostCacheOptions` in API 1.2, where it first appeared.
@@ -114,6 +119,8 @@ pub const MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2: u32 = 24;
 pub const MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_3: u32 = 48;
 /// Size of `MemplugHostCacheStats` in API 1.2, where it first appeared.
 pub const MEMPLUG_HOST_CACHE_STATS_SIZE_1_2: u32 = 96;
+/// Size of `MemplugHostCacheStats` in API 1.3 (`pinned_blocks`).
+pub const MEMPLUG_HOST_CACHE_STATS_SIZE_1_3: u32 = 104;
 
 // SAFETY: `#[repr(C)]`, first field `struct_size: u32`, integers and an
 // `f64` only: valid when zeroed (0.0).
@@ -126,6 +133,8 @@ const _: () =
 unsafe impl Prefixed for MemplugHostCacheStats {
     const SIZE_1_0: u32 = MEMPLUG_HOST_CACHE_STATS_SIZE_1_2;
 }
+const _: () =
+    assert!(std::mem::size_of::<MemplugHostCacheStats>() == MEMPLUG_HOST_CACHE_STATS_SIZE_1_3 as usize);
 
 /// Creates a caching binding: a binding (as `memplug_host_binding_create`
 /// with `binding_options`, which may be NULL) whose freed blocks are kept,
@@ -439,7 +448,7 @@ pub unsafe extern "C" fn memplug_host_cache_stats(
         let (c, _) = pin::<CacheEntry>(cache.id)?;
         let s = c.cache.stats();
         let v = MemplugHostCacheStats {
-            struct_size: MEMPLUG_HOST_CACHE_STATS_SIZE_1_2,
+            struct_size: MEMPLUG_HOST_CACHE_STATS_SIZE_1_3,
             reserved0: 0,
             holder_id: c.cache.holder().id().get(),
             hits: s.hits,
@@ -452,6 +461,7 @@ pub unsafe extern "C" fn memplug_host_cache_stats(
             in_use_blocks: s.in_use_blocks,
             trimmed_bytes: s.trimmed_bytes,
             pressure_bytes: s.pressure_bytes,
+            pinned_blocks: s.pinned_blocks,
         };
         drop(c);
         // SAFETY: non-NULL; the caller's contract covers the size.
@@ -468,5 +478,9 @@ fn sizes_match_the_constants() {
         std::mem::offset_of!(MemplugHostCacheOptions, max_idle_bytes) as u32,
         MEMPLUG_HOST_CACHE_OPTIONS_SIZE_1_2
     );
-    assert_eq!(std::mem::size_of::<MemplugHostCacheStats>() as u32, MEMPLUG_HOST_CACHE_STATS_SIZE_1_2);
+    assert_eq!(std::mem::size_of::<MemplugHostCacheStats>() as u32, MEMPLUG_HOST_CACHE_STATS_SIZE_1_3);
+    assert_eq!(
+        std::mem::offset_of!(MemplugHostCacheStats, pinned_blocks) as u32,
+        MEMPLUG_HOST_CACHE_STATS_SIZE_1_2
+    );
 }

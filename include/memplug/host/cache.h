@@ -24,6 +24,9 @@
 // Size of `MemplugHostCacheStats` in API 1.2, where it first appeared.
 #define MEMPLUG_HOST_CACHE_STATS_SIZE_1_2 96
 
+// Size of `MemplugHostCacheStats` in API 1.3 (`pinned_blocks`).
+#define MEMPLUG_HOST_CACHE_STATS_SIZE_1_3 104
+
 // How a caching binding is set up (API 1.2; the idle policy's fields
 // since API 1.3). Zero fields take the defaults.
 typedef struct MemplugHostCacheOptions {
@@ -100,6 +103,11 @@ typedef struct MemplugHostCacheStats {
   // Idle bytes given back to pressure (tickets, and misses that found
   // the pool full).
   uint64_t pressure_bytes;
+  // API 1.3: blocks freed while pinned by work outside any stream (a
+  // UCX registration or transfer) that has not completed: counted in
+  // `in_use_blocks`, reused by nobody and given back by no trim until
+  // it completes. A 1.2 caller (`struct_size` 96) is not written this.
+  uint64_t pinned_blocks;
 } MemplugHostCacheStats;
 
 #ifdef __cplusplus
