@@ -166,7 +166,9 @@ impl PaddedShard {
 struct CacheInner {
     /// First field: dropped first, so idle blocks free while the binding
     /// and the holder are still there.
-    shards: Box<[PaddedShard]>,
+    /// An array (not a slice): indexed by a stripe `% STRIPES`, it needs no
+    /// bounds check.
+    shards: Box<[PaddedShard; STRIPES]>,
     binding: MemoryBinding,
     /// The number of size classes (up to `max_block`'s).
     classes: usize,
@@ -206,7 +208,7 @@ struct CacheAnchor {
 /// (and the last block it handed out) gives every idle block back.
 #[derive(Clone)]
 pub struct CachingBinding {
-    anchors: Arc<[Arc<CacheAnchor>]>,
+    anchors: Arc<[Arc<CacheAnchor>; STRIPES]>,
 }
 
 impl fmt::Debug for CachingBinding {
@@ -229,9 +231,10 @@ impl CachingBinding {
         answer: &OnceLock<Box<PressureCallback>>,
     ) -> Self {
         let classes = classes::classes_up_to(config.max_block);
-        let shards = (0..STRIPES)
-            .map(|_| PaddedShard { shard: ShardLock::new(Shard::new(classes)), idle: AtomicU64::new(0) })
-            .collect();
+        let shards = Box::new(std::array::from_fn(|_| PaddedShard {
+            shard: ShardLock::new(Shard::new(classes)),
+            idle: AtomicU64::new(0),
+        }));
         let policy = policy::Applied::new(&config.idle, binding.pool().capacity(), STRIPES);
         let mechanism_min = binding.mechanism().properties().min_alignment;
         let block_alignment = config.min_alignment.max(mechanism_min.next_power_of_two());
@@ -261,7 +264,7 @@ impl CachingBinding {
             }
         });
         let _ = inner.subscription.set(id);
-        let anchors = (0..STRIPES).map(|_| Arc::new(CacheAnchor { cache: inner.clone() })).collect();
+        let anchors = Arc::new(std::array::from_fn(|_| Arc::new(CacheAnchor { cache: inner.clone() })));
         CachingBinding { anchors }
     }
 
