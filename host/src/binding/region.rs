@@ -106,6 +106,10 @@ struct Shared {
     lease: Mutex<Option<Lease>>,
     /// Ranges whose decommit waits for fences; not re-committable before.
     pending: Mutex<Vec<(u64, u64)>>,
+    /// Whether a decommit was ever queued (`pending` ever pushed to): a
+    /// region that never had one is released without locking `pending`.
+    /// A plain load and store (only the region's owner queues).
+    ever_pending: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for Region {
@@ -378,6 +382,9 @@ impl Region {
     /// A range whose deferred decommit has not run cannot be committed
     /// again yet: poll the queue once, then refuse.
     fn wait_out_pending(&self, offset: u64, len: u64) -> Result<(), BindingError> {
+        if !self.shared.ever_pending.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(()); // nothing was ever queued: nothing is pending
+        }
         let overlaps =
             |p: &Mutex<Vec<(u64, u64)>>| lock(p).iter().any(|&(o, l)| o < offset + len && offset < o + l);
         if !overlaps(&self.shared.pending) {
@@ -423,7 +430,7 @@ impl Region {
             queue.count_immediate(outcome, || self.binding.charged_to());
         } else {
             let job = self.shrink_job(offset, delta);
-            lock(&self.shared.pending).push((offset, delta));
+            self.mark_pending(offset, delta);
             queue.enqueue(self.fences.clone(), Box::new(job));
         }
         Ok(())
@@ -436,8 +443,13 @@ impl Region {
     /// range back.
     pub(super) fn queue_decommit(&self, offset: u64, len: u64, fences: Vec<SharedFence>) {
         let job = self.shrink_job(offset, len);
-        lock(&self.shared.pending).push((offset, len));
+        self.mark_pending(offset, len);
         self.binding.queue.release(fences, Box::new(job));
+    }
+
+    fn mark_pending(&self, offset: u64, len: u64) {
+        self.shared.ever_pending.store(true, std::sync::atomic::Ordering::Relaxed);
+        lock(&self.shared.pending).push((offset, len));
     }
 
     fn shrink_job(&self, offset: u64, len: u64) -> ShrinkRetire {
@@ -521,7 +533,9 @@ impl Drop for Region {
         // now rather than on the next poll.
         let mut fences = std::mem::take(&mut self.fences);
         fences.retain(|f| !matches!(f.query(), Ok(true)));
-        if !lock(&self.shared.pending).is_empty() {
+        // Read on the owner's thread, which alone sets it.
+        let maybe_pending = self.shared.ever_pending.load(std::sync::atomic::Ordering::Relaxed);
+        if maybe_pending && !lock(&self.shared.pending).is_empty() {
             fences.insert(0, Arc::new(ShrinksDone(self.shared.clone())));
         }
         let (reservation, prefix) = (self.reservation.take(), self.prefix.take());
