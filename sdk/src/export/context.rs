@@ -120,20 +120,32 @@ impl Facts {
     /// The request of `allocate` as the vendor sees it: no unknown flags, a
     /// non-zero size, the mechanism's device, and an alignment that is a
     /// power of two at most `max_alignment`, raised to `min_alignment`.
+    ///
+    /// The checks that compare a field with zero are or-ed into one word
+    /// and tested once; the refusal gets the fields as scalars, so the
+    /// success path never stores the request to memory for it.
     #[inline(always)]
     pub(super) fn allocation(&self, r: Request) -> PluginResult<Request> {
         // `a - 1` wraps to all ones for zero (above any maximum), and has
         // no bit in common with `a` exactly when `a` is a power of two.
         let mask = r.alignment.wrapping_sub(1);
-        let ok = (r.flags & !KNOWN_REQUEST_FLAGS == 0)
+        let nonzero_is_wrong = u64::from(r.flags & !KNOWN_REQUEST_FLAGS)
+            | (device_word(r.device) ^ self.device)
+            | (r.alignment & mask)
+            | u64::from(r.export_types & !self.descriptor.export_types);
+        let ok = (nonzero_is_wrong == 0)
             & (r.size != 0)
-            & (device_word(r.device) == self.device)
-            & (r.alignment & mask == 0)
             & (mask < self.max_alignment)
-            & self.descriptor.accepts_page_size(r.page_size)
-            & (r.export_types & !self.descriptor.export_types == 0);
+            & self.descriptor.accepts_page_size(r.page_size);
         if !ok {
-            return Err(self.refuse_allocation(&r));
+            return Err(self.refuse_allocation(
+                r.flags,
+                r.size,
+                r.alignment,
+                r.device,
+                r.export_types,
+                r.page_size,
+            ));
         }
         Ok(Request { alignment: r.alignment.max(self.min_alignment), ..r })
     }
@@ -175,13 +187,34 @@ impl Facts {
         Ok(())
     }
 
+    /// Why [`Facts::allocation`] refused: the fields it checks, passed in
+    /// registers (the request itself is not in memory on that path).
     #[cold]
     #[inline(never)]
-    fn refuse_allocation(&self, r: &Request) -> PluginError {
-        if let Err(e) = self.request(r, "allocate") {
+    fn refuse_allocation(
+        &self,
+        flags: u32,
+        size: u64,
+        alignment: u64,
+        device: MemplugDevice,
+        export_types: u32,
+        page_size: u64,
+    ) -> PluginError {
+        let r = Request {
+            flags,
+            size,
+            alignment,
+            object_id: 0,
+            device,
+            class_tag: 0,
+            hints: 0,
+            export_types,
+            page_size,
+            location: crate::Location::ANY,
+        };
+        if let Err(e) = self.request(&r, "allocate") {
             return e;
         }
-        let alignment = r.alignment;
         PluginError::invalid_argument(format!(
             "allocate: alignment {alignment} must be a power of two from 1 to {} (max_alignment of \
              mechanism \"{}\")",
