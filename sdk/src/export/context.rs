@@ -34,6 +34,11 @@ pub(super) struct Facts {
     /// `granularity - 1` when the granularity is a power of two; all ones
     /// otherwise (no range is a multiple of a granularity that is not one).
     granule_mask: u64,
+    /// The complements of the descriptor's `export_types` and `page_sizes`:
+    /// a request's kinds and page size are refused when they share a bit
+    /// with these ([`Facts::wrong_bits`]).
+    unoffered_exports: u32,
+    unlisted_pages: u64,
     pub(super) properties: Properties,
     pub(super) descriptor: crate::Descriptor,
     /// The `MEMPLUG_COPY_*` spaces of the copy slot (ABI 1.3), set once
@@ -88,6 +93,8 @@ impl Facts {
             min_alignment: properties.min_alignment,
             max_alignment: properties.max_alignment,
             granule_mask: if g.is_power_of_two() { g - 1 } else { u64::MAX },
+            unoffered_exports: !descriptor.export_types,
+            unlisted_pages: !descriptor.page_sizes,
             properties,
             descriptor,
             copy_kinds: Default::default(),
@@ -117,26 +124,36 @@ impl Facts {
         (self.device as u32, (self.device >> 32) as u32)
     }
 
-    /// The request of `allocate` as the vendor sees it: no unknown flags, a
-    /// non-zero size, the mechanism's device, and an alignment that is a
-    /// power of two at most `max_alignment`, raised to `min_alignment`.
+    /// The checks every request gets, as one word that is zero exactly
+    /// when all pass: no unknown flags, the mechanism's device, export
+    /// kinds it offers, and a page size that is zero or a power of two
+    /// (`p & (p - 1)` is zero exactly then) its `page_sizes` lists (a
+    /// single bit is listed exactly when it has none in common with the
+    /// complement). One `or` per check and one test for all, instead of a
+    /// compare and a branch (or a flag) each.
+    #[inline(always)]
+    fn wrong_bits(&self, r: &Request) -> u64 {
+        let p = r.page_size;
+        u64::from(r.flags & !KNOWN_REQUEST_FLAGS)
+            | (device_word(r.device) ^ self.device)
+            | u64::from(r.export_types & self.unoffered_exports)
+            | (p & p.wrapping_sub(1))
+            | (p & self.unlisted_pages)
+    }
+
+    /// The request of `allocate` as the vendor sees it: the checks of
+    /// [`Facts::request`], and an alignment that is a power of two at most
+    /// `max_alignment`, raised to `min_alignment`.
     ///
-    /// The checks that compare a field with zero are or-ed into one word
-    /// and tested once; the refusal gets the fields as scalars, so the
-    /// success path never stores the request to memory for it.
+    /// The refusal gets the fields as scalars, so the success path never
+    /// stores the request to memory for it.
     #[inline(always)]
     pub(super) fn allocation(&self, r: Request) -> PluginResult<Request> {
         // `a - 1` wraps to all ones for zero (above any maximum), and has
         // no bit in common with `a` exactly when `a` is a power of two.
         let mask = r.alignment.wrapping_sub(1);
-        let nonzero_is_wrong = u64::from(r.flags & !KNOWN_REQUEST_FLAGS)
-            | (device_word(r.device) ^ self.device)
-            | (r.alignment & mask)
-            | u64::from(r.export_types & !self.descriptor.export_types);
-        let ok = (nonzero_is_wrong == 0)
-            & (r.size != 0)
-            & (mask < self.max_alignment)
-            & self.descriptor.accepts_page_size(r.page_size);
+        let ok =
+            ((self.wrong_bits(&r) | (r.alignment & mask)) == 0) & (r.size != 0) & (mask < self.max_alignment);
         if !ok {
             return Err(self.refuse_allocation(
                 r.flags,
@@ -150,16 +167,13 @@ impl Facts {
         Ok(Request { alignment: r.alignment.max(self.min_alignment), ..r })
     }
 
-    /// The request of `reserve`, `create` and `import_fd` (`what`): as for
-    /// `allocate` without the alignment, which the ABI says they ignore.
+    /// The request of `reserve`, `create` and `import_fd` (`what`): no
+    /// unknown flags, a non-zero size, the mechanism's device, export kinds
+    /// it offers and a page size it lists; not the alignment, which the ABI
+    /// says they ignore.
     #[inline(always)]
     pub(super) fn request(&self, r: &Request, what: &'static str) -> PluginResult<()> {
-        let ok = (r.flags & !KNOWN_REQUEST_FLAGS == 0)
-            & (r.size != 0)
-            & (device_word(r.device) == self.device)
-            & self.descriptor.accepts_page_size(r.page_size)
-            & (r.export_types & !self.descriptor.export_types == 0);
-        if !ok {
+        if (self.wrong_bits(r) != 0) | (r.size == 0) {
             return Err(self.refuse_request(what, r));
         }
         Ok(())
