@@ -7,10 +7,10 @@
 //! inlined whole into the SDK's slot thunk: one slot insert or remove under
 //! a short per-shard lock, and the memory call made outside it.
 
-use crate::checks::unknown;
+use crate::checks::{unknown, unknown_object};
 use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
-use crate::slots::Slots;
+use crate::slots::{Removal, Slots};
 use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
 use std::alloc::{GlobalAlloc, Layout, System};
 
@@ -38,9 +38,12 @@ struct Issued {
 }
 
 impl Issued {
+    /// Whether this is what a reference with these fields names. Takes
+    /// the fields, not the reference, so a caller out of line can be
+    /// handed them in registers.
     #[inline(always)]
-    fn is(&self, obj: &ObjectRef) -> bool {
-        self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
+    fn is(&self, object_id: u64, addr: u64, size: u64) -> bool {
+        self.object_id == object_id && self.addr == addr && self.size == size
     }
 }
 
@@ -97,22 +100,51 @@ impl Allocations {
     }
 
     /// The SDK has refused references of another mechanism or device.
+    ///
+    /// The slot is removed without waiting for its shard's lock; when
+    /// another thread holds it, the whole free starts over out of line
+    /// ([`Allocations::deallocate_contended`]). So the fields compared
+    /// here are never live across a call, and the thunk this is inlined
+    /// into saves fewer registers.
     #[inline(always)]
     fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
-        let Some(issued) = self.table.remove(obj.handle, |e| e.is(obj)) else {
-            return Err(unknown(obj, "allocation"));
+        let (handle, object_id, addr, size) = (obj.handle, obj.object_id, obj.addr, obj.size);
+        let issued = match self.table.try_remove(handle, |e| e.is(object_id, addr, size)) {
+            Removal::Removed(issued) => issued,
+            Removal::Refused => return Err(unknown(obj, "allocation")),
+            Removal::Busy => return self.deallocate_contended(handle, object_id, addr, size),
         };
-        // SAFETY: the slot held exactly what `allocate` got from `System`
-        // with this (valid) size and alignment, and removing it from the
-        // table makes this the only free of that block.
-        unsafe {
-            System.dealloc(
-                issued.addr as *mut u8,
-                Layout::from_size_align_unchecked(issued.size as usize, issued.align as usize),
-            )
-        };
+        free(issued);
         Ok(())
     }
+
+    /// [`Allocations::deallocate`] when the shard's lock was held: waits
+    /// for it this time.
+    #[cold]
+    #[inline(never)]
+    fn deallocate_contended(&self, handle: u64, object_id: u64, addr: u64, size: u64) -> PluginResult<()> {
+        match self.table.remove(handle, |e| e.is(object_id, addr, size)) {
+            Some(issued) => {
+                free(issued);
+                Ok(())
+            }
+            None => Err(unknown_object("allocation", handle, object_id, addr, size)),
+        }
+    }
+}
+
+/// Gives back the block a removed slot held.
+#[inline(always)]
+fn free(issued: Issued) {
+    // SAFETY: the slot held exactly what `allocate` got from `System`
+    // with this (valid) size and alignment, and removing it from the
+    // table makes this the only free of that block.
+    unsafe {
+        System.dealloc(
+            issued.addr as *mut u8,
+            Layout::from_size_align_unchecked(issued.size as usize, issued.align as usize),
+        )
+    };
 }
 
 #[cold]

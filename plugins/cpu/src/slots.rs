@@ -41,6 +41,7 @@ const LIVE: u32 = u32::MAX - 1;
 /// Slots per shard: every index, plus one, must fit the handle's low 32
 /// bits and stay clear of the two markers above.
 const MAX_SLOTS: usize = LIVE as usize;
+const _: () = assert!(MAX_SLOTS < u32::MAX as usize, "a handle's low half of zero must name no slot");
 
 /// One slot: a value, and whether it is live. A free slot keeps its stale
 /// value; only `next` says which it is.
@@ -61,6 +62,16 @@ struct Shard<T> {
 /// would otherwise couple neighbours).
 #[repr(align(128))]
 struct Padded<T>(SpinLock<Shard<T>>);
+
+/// What [`Slots::try_remove`] did.
+pub enum Removal<T> {
+    /// The value, now removed.
+    Removed(T),
+    /// No live value there, or `verify` refused it.
+    Refused,
+    /// The shard's lock was held: nothing was looked at.
+    Busy,
+}
 
 /// Live values of type `T`, in [`SHARDS`] shards.
 pub struct Slots<T> {
@@ -126,10 +137,43 @@ impl<T: Copy> Slots<T> {
     /// `verify` accepts it; `None` otherwise, with nothing changed.
     #[inline(always)]
     pub fn remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Option<T> {
+        let (shard, index) = self.locate(handle)?;
+        Self::remove_locked(&mut shard.0.lock(), index, verify)
+    }
+
+    /// [`Slots::remove`] that never waits: [`Removal::Busy`], with nothing
+    /// changed, when another thread holds the shard's lock. The free path
+    /// uses it so that its wait (a call) is made by a cold caller that
+    /// starts over, and nothing the hot path holds in registers has to
+    /// survive a call: the thunk then needs fewer saved registers.
+    #[inline(always)]
+    pub fn try_remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Removal<T> {
+        let Some((shard, index)) = self.locate(handle) else {
+            return Removal::Refused;
+        };
+        let Some(mut guard) = shard.0.try_lock() else {
+            return Removal::Busy;
+        };
+        match Self::remove_locked(&mut guard, index, verify) {
+            Some(v) => Removal::Removed(v),
+            None => Removal::Refused,
+        }
+    }
+
+    /// The shard and slot index `handle` names, if it could name one.
+    #[inline(always)]
+    fn locate(&self, handle: u64) -> Option<(&Padded<T>, usize)> {
         let shard = self.shards.get((handle >> 32) as usize)?;
-        let index = (handle as u32).checked_sub(1)? as usize;
-        let mut guard = shard.0.lock();
-        let s = &mut *guard;
+        // A low half of zero (which names nothing) wraps to `u32::MAX`, an
+        // index no slot has (a shard holds at most `MAX_SLOTS`, below it),
+        // so the slot's bounds check refuses it: no test of its own.
+        let index = (handle as u32).wrapping_sub(1) as usize;
+        Some((shard, index))
+    }
+
+    /// The body of a remove, under the shard's lock.
+    #[inline(always)]
+    fn remove_locked(s: &mut Shard<T>, index: usize, verify: impl FnOnce(&T) -> bool) -> Option<T> {
         let slot = s.slots.get_mut(index)?;
         if slot.next != LIVE || !verify(&slot.value) {
             return None;
@@ -178,6 +222,17 @@ impl<T> SpinLock<T> {
             self.lock_contended();
         }
         SpinGuard { lock: self }
+    }
+
+    /// The lock if it is free now, without waiting.
+    #[inline(always)]
+    fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        // A guard is made only once the lock is ours: dropping one
+        // releases the lock, whoever holds it.
+        match self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => Some(SpinGuard { lock: self }),
+            Err(_) => None,
+        }
     }
 
     /// Spins a little (the holder is a few instructions from done), then
@@ -244,6 +299,30 @@ mod tests {
         assert_eq!(t.remove(h | 1 << 40, |_| true), None, "no such shard");
         assert_eq!(t.remove(h + 1, |_| true), None, "no such slot");
         assert_eq!(t.remove(h, |v| *v == 7), Some(7));
+    }
+
+    #[test]
+    fn try_remove_waits_for_nothing_and_leaves_another_holder_s_lock_held() {
+        let t = Slots::default();
+        let h = t.insert(7u32).unwrap();
+        let lock = &t.shards[(h >> 32) as usize].0;
+        let held = lock.lock();
+        assert!(matches!(t.try_remove(h, |_| true), Removal::Busy));
+        assert!(lock.try_lock().is_none(), "a failed try must not release the holder's lock");
+        drop(held);
+        // A weak compare-exchange may fail spuriously: Busy is then retried.
+        let try_remove = |h, v| loop {
+            match t.try_remove(h, |x| *x == v) {
+                Removal::Busy => continue,
+                Removal::Removed(x) => break Some(x),
+                Removal::Refused => break None,
+            }
+        };
+        assert_eq!(try_remove(h, 8), None, "verify refuses");
+        assert_eq!(try_remove(h & !0xffff_ffff, 7), None, "a low half of zero names no slot");
+        assert_eq!(try_remove(h, 7), Some(7));
+        assert_eq!(try_remove(h, 7), None, "already removed");
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
