@@ -227,9 +227,10 @@ impl<T> SpinLock<T> {
     /// The lock if it is free now, without waiting.
     #[inline(always)]
     fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
-        // A guard is made only once the lock is ours: dropping one
-        // releases the lock, whoever holds it.
-        match self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed) {
+        // Strong: a spurious failure would send a free down its slow path
+        // for nothing. A guard is made only once the lock is ours: dropping
+        // one releases the lock, whoever holds it.
+        match self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed) {
             Ok(_) => Some(SpinGuard { lock: self }),
             Err(_) => None,
         }
@@ -310,13 +311,10 @@ mod tests {
         assert!(matches!(t.try_remove(h, |_| true), Removal::Busy));
         assert!(lock.try_lock().is_none(), "a failed try must not release the holder's lock");
         drop(held);
-        // A weak compare-exchange may fail spuriously: Busy is then retried.
-        let try_remove = |h, v| loop {
-            match t.try_remove(h, |x| *x == v) {
-                Removal::Busy => continue,
-                Removal::Removed(x) => break Some(x),
-                Removal::Refused => break None,
-            }
+        let try_remove = |h, v| match t.try_remove(h, |x| *x == v) {
+            Removal::Busy => panic!("nobody holds the lock now"),
+            Removal::Removed(x) => Some(x),
+            Removal::Refused => None,
         };
         assert_eq!(try_remove(h, 8), None, "verify refuses");
         assert_eq!(try_remove(h & !0xffff_ffff, 7), None, "a low half of zero names no slot");
