@@ -307,3 +307,65 @@ impl Facts {
         PluginError::new(Status::OutOfRange, format!("{what} range (offset {offset:#x}, len {len:#x}) {why}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The one-word check ([`Facts::wrong_bits`], and the alignment bits
+    /// `allocation` ors in) refuses exactly what a check of each field on
+    /// its own refuses, and every refusal gets a message.
+    #[test]
+    fn the_one_word_check_refuses_exactly_what_each_field_check_refuses() {
+        let dev = MemplugDevice { kind: crate::abi::MEMPLUG_DEVICE_CPU, ordinal: 2 };
+        let descriptor =
+            crate::Descriptor { page_sizes: 1 << 12 | 1 << 21, export_types: 0b101, ..Default::default() };
+        let properties = Properties { min_alignment: 16, max_alignment: 1 << 12, granularity: 4096 };
+        let f = Facts::new("m", 7, dev, properties, descriptor);
+        let other = MemplugDevice { kind: dev.kind, ordinal: 3 };
+        let pages = [0, 1, 3, 1 << 12, 1 << 13, 1 << 21, (1 << 21) | (1 << 12), u64::MAX];
+        let alignments = [0, 1, 3, 16, 48, 1 << 12, 1 << 13, u64::MAX];
+        for (flags, size, device, export_types, page_size, alignment) in (0..2u32).flat_map(|fl| {
+            [0u64, 64].into_iter().flat_map(move |sz| {
+                [dev, other].into_iter().flat_map(move |d| {
+                    [0u32, 0b100, 0b010].into_iter().flat_map(move |e| {
+                        pages
+                            .into_iter()
+                            .flat_map(move |p| alignments.into_iter().map(move |a| (fl, sz, d, e, p, a)))
+                    })
+                })
+            })
+        }) {
+            let r = Request {
+                flags,
+                size,
+                alignment,
+                object_id: 1,
+                device,
+                class_tag: 0,
+                hints: 0,
+                export_types,
+                page_size,
+                location: crate::Location::ANY,
+            };
+            let request_ok = flags & !KNOWN_REQUEST_FLAGS == 0
+                && size != 0
+                && device == dev
+                && f.descriptor.accepts_page_size(page_size)
+                && export_types & !f.descriptor.export_types == 0;
+            let allocation_ok = request_ok && alignment.is_power_of_two() && alignment <= f.max_alignment;
+            let what = format!("{r:?}");
+            match f.request(&r, "create") {
+                Ok(()) => assert!(request_ok, "create accepted {what}"),
+                Err(e) => assert!(!request_ok && !e.message.is_empty(), "create refused {what}: {e:?}"),
+            }
+            match f.allocation(r) {
+                Ok(v) => {
+                    assert!(allocation_ok, "allocate accepted {what}");
+                    assert_eq!(v.alignment, alignment.max(16));
+                }
+                Err(e) => assert!(!allocation_ok && !e.message.is_empty(), "allocate refused {what}: {e:?}"),
+            }
+        }
+    }
+}
