@@ -10,7 +10,7 @@
 use crate::checks::{unknown, unknown_object};
 use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
-use crate::slots::{Removal, Slots};
+use crate::slots::{Insertion, Pending, Removal, Slots};
 use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
 
 /// Alignment every allocation has: what malloc gives on x86-64 and
@@ -91,12 +91,24 @@ impl Allocations {
             return Err(too_big(size));
         }
         let issued = Issued { object_id: r.object_id, addr: p as u64, size };
-        let Some(handle) = self.table.insert(issued) else {
+        match self.table.try_insert(issued) {
+            Insertion::Inserted(handle) => Ok(Block { addr: p as u64, size, handle }),
+            Insertion::Later(pending) => self.insert_later(pending),
+        }
+    }
+
+    /// The end of [`Allocations::allocate`] when its slot insert could not
+    /// finish on the fast path (the shard's lock held, or no free slot).
+    #[cold]
+    #[inline(never)]
+    fn insert_later(&self, pending: Pending<'_, Issued>) -> PluginResult<Block> {
+        let issued = *pending.value();
+        let Some(handle) = self.table.insert_later(pending) else {
             // SAFETY: just allocated by the C allocator, and never published.
-            unsafe { libc::free(p) };
+            unsafe { libc::free(issued.addr as *mut libc::c_void) };
             return Err(table_full());
         };
-        Ok(Block { addr: p as u64, size: r.size, handle })
+        Ok(Block { addr: issued.addr, size: issued.size, handle })
     }
 
     /// The SDK has refused references of another mechanism or device.

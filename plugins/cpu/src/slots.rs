@@ -73,6 +73,29 @@ pub enum Removal<T> {
     Busy,
 }
 
+/// What [`Slots::try_insert`] did.
+pub enum Insertion<'a, T> {
+    /// Stored, under this handle.
+    Inserted(u64),
+    /// Not stored yet: for [`Slots::insert_later`].
+    Later(Pending<'a, T>),
+}
+
+/// An insert [`Slots::try_insert`] could not finish on its fast path.
+pub struct Pending<'a, T> {
+    value: T,
+    shard: usize,
+    /// The shard's lock, when it was taken (the free list was empty).
+    held: Option<SpinGuard<'a, Shard<T>>>,
+}
+
+impl<T> Pending<'_, T> {
+    /// The value to be stored.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+}
+
 /// Live values of type `T`, in [`SHARDS`] shards.
 pub struct Slots<T> {
     shards: [Padded<T>; SHARDS],
@@ -108,29 +131,76 @@ fn handle_of(shard: usize, index: usize) -> u64 {
 
 impl<T: Copy> Slots<T> {
     /// Stores `value` and returns its handle; `None` only when the shard
-    /// already holds `MAX_SLOTS` values.
-    #[inline(always)]
+    /// already holds `MAX_SLOTS` values. What the allocate path does with
+    /// [`Slots::try_insert`] and [`Slots::insert_later`], in one call for
+    /// the tests.
+    #[cfg(test)]
     pub fn insert(&self, value: T) -> Option<u64> {
+        match self.try_insert(value) {
+            Insertion::Inserted(handle) => Some(handle),
+            Insertion::Later(pending) => self.insert_later(pending),
+        }
+    }
+
+    /// [`Slots::insert`] on its common path only: the shard's lock free
+    /// now and a slot on its free list. Otherwise `value` comes back as a
+    /// [`Pending`] (holding the lock when it was taken), for
+    /// [`Slots::insert_later`] to finish out of line. So the allocate path
+    /// makes no call after its memory call (neither a wait for the lock nor
+    /// a growth of the slot array), and what it holds across that call is
+    /// all the thunk has to keep in saved registers.
+    #[inline(always)]
+    pub fn try_insert(&self, value: T) -> Insertion<'_, T> {
         let shard = local_shard();
-        let mut guard = self.shards[shard].0.lock();
-        let s = &mut *guard;
-        let index = if s.free != NONE {
-            let index = s.free as usize;
-            // SAFETY: only `remove` puts an index on the free list, after
-            // finding its slot, and slots are never taken out of `slots`.
-            let slot = unsafe { s.slots.get_unchecked_mut(index) };
-            s.free = slot.next;
-            *slot = Slot { value, next: LIVE };
-            index
-        } else {
-            if s.slots.len() >= MAX_SLOTS {
-                return None;
-            }
-            s.slots.push(Slot { value, next: LIVE });
-            s.slots.len() - 1
+        let Some(mut guard) = self.shards[shard].0.try_lock() else {
+            return Insertion::Later(Pending { value, shard, held: None });
         };
+        let s = &mut *guard;
+        if s.free == NONE {
+            return Insertion::Later(Pending { value, shard, held: Some(guard) });
+        }
+        Insertion::Inserted(Self::reuse(s, shard, value))
+    }
+
+    /// Finishes an insert [`Slots::try_insert`] left pending: takes the
+    /// shard's lock if it is not held yet, then as [`Slots::insert`].
+    #[cold]
+    #[inline(never)]
+    pub fn insert_later(&self, pending: Pending<'_, T>) -> Option<u64> {
+        let Pending { value, shard, held } = pending;
+        let mut guard = match held {
+            Some(guard) => guard,
+            None => self.shards[shard].0.lock(),
+        };
+        Self::insert_locked(&mut guard, shard, value)
+    }
+
+    /// The body of an insert, under the shard's lock.
+    #[inline(always)]
+    fn insert_locked(s: &mut Shard<T>, shard: usize, value: T) -> Option<u64> {
+        if s.free != NONE {
+            return Some(Self::reuse(s, shard, value));
+        }
+        if s.slots.len() >= MAX_SLOTS {
+            return None;
+        }
+        s.slots.push(Slot { value, next: LIVE });
         s.live += 1;
-        Some(handle_of(shard, index))
+        Some(handle_of(shard, s.slots.len() - 1))
+    }
+
+    /// Stores `value` in the first slot of the free list (not empty).
+    #[inline(always)]
+    fn reuse(s: &mut Shard<T>, shard: usize, value: T) -> u64 {
+        debug_assert!(s.free != NONE);
+        let index = s.free as usize;
+        // SAFETY: only `remove` puts an index on the free list, after
+        // finding its slot, and slots are never taken out of `slots`.
+        let slot = unsafe { s.slots.get_unchecked_mut(index) };
+        s.free = slot.next;
+        *slot = Slot { value, next: LIVE };
+        s.live += 1;
+        handle_of(shard, index)
     }
 
     /// Removes and returns the value `handle` names if it is live and
@@ -320,6 +390,30 @@ mod tests {
         assert_eq!(try_remove(h & !0xffff_ffff, 7), None, "a low half of zero names no slot");
         assert_eq!(try_remove(h, 7), Some(7));
         assert_eq!(try_remove(h, 7), None, "already removed");
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn try_insert_leaves_a_held_lock_or_an_empty_free_list_to_insert_later() {
+        let t = Slots::default();
+        // No free slot yet: pending, holding the lock insert_later uses.
+        let Insertion::Later(p) = t.try_insert(1u32) else { panic!("a new table has no free slot") };
+        assert!(p.held.is_some());
+        let h1 = t.insert_later(p).unwrap();
+        // A freed slot is reused on the fast path (the same thread picks
+        // the same shard, as `free_slots_are_reused_last_freed_first`).
+        assert_eq!(t.remove(h1, |v| *v == 1), Some(1));
+        let Insertion::Inserted(h2) = t.try_insert(2u32) else { panic!("a free slot and a free lock") };
+        assert_eq!(h2, h1);
+        assert_eq!(t.remove(h2, |v| *v == 2), Some(2));
+        // Every lock held elsewhere: pending, not holding one.
+        let held: Vec<_> = t.shards.iter().map(|s| s.0.lock()).collect();
+        let Insertion::Later(p) = t.try_insert(3u32) else { panic!("every lock is held") };
+        assert!(p.held.is_none());
+        assert_eq!(*p.value(), 3);
+        drop(held);
+        let h3 = t.insert_later(p).unwrap();
+        assert_eq!(t.remove(h3, |v| *v == 3), Some(3));
         assert_eq!(t.len(), 0);
     }
 
