@@ -18,8 +18,11 @@
 //!   only sound because every critical section is a handful of loads and
 //!   stores (the memory call is made outside it) and a waiter yields its
 //!   CPU after a short spin, so a preempted holder is not starved.
-//! * **An intrusive free list.** A free slot holds the index of the next
-//!   free one, so an insert or remove is O(1) with no search.
+//! * **An intrusive free list.** A free slot holds the link of the next
+//!   free one, so an insert or remove is O(1) with no search. A link is
+//!   the slot's index plus one, the low half of its handle: zero ends the
+//!   list (a test for it is one instruction), and a reused slot's link is
+//!   its handle's low half as it stands.
 //!
 //! A handle is `shard << 32 | (index + 1)`: zero never names anything, and
 //! a lookup is two indexes. A key alone is not an identity (slots are
@@ -34,26 +37,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// that allocate at once on most machines.
 pub const SHARDS: usize = 16;
 
-/// Ends the free list (all ones: the test for it is one compare).
-const NONE: u32 = u32::MAX;
+/// Ends the free list: links are indexes plus one.
+const END: u32 = 0;
 /// Marks a slot that holds a live value (in place of a free-list link).
-const LIVE: u32 = u32::MAX - 1;
-/// Slots per shard: every index, plus one, must fit the handle's low 32
-/// bits and stay clear of the two markers above.
-const MAX_SLOTS: usize = LIVE as usize;
+const LIVE: u32 = u32::MAX;
+/// Slots per shard: every link (index plus one) must fit the handle's low
+/// 32 bits and stay clear of [`LIVE`].
+const MAX_SLOTS: usize = LIVE as usize - 1;
 const _: () = assert!(MAX_SLOTS < u32::MAX as usize, "a handle's low half of zero must name no slot");
 
 /// One slot: a value, and whether it is live. A free slot keeps its stale
 /// value; only `next` says which it is.
 struct Slot<T> {
     value: T,
-    /// [`LIVE`], or the index of the next free slot ([`NONE`] for the last).
+    /// [`LIVE`], or the link of the next free slot ([`END`] for the last).
     next: u32,
 }
 
 /// One shard: slots, the head of their free list, and how many are live.
 struct Shard<T> {
     slots: Vec<Slot<T>>,
+    /// The link of the first free slot, [`END`] when none is.
     free: u32,
     live: usize,
 }
@@ -105,7 +109,7 @@ impl<T> Default for Slots<T> {
     fn default() -> Self {
         Slots {
             shards: std::array::from_fn(|_| {
-                Padded(SpinLock::new(Shard { slots: Vec::new(), free: NONE, live: 0 }))
+                Padded(SpinLock::new(Shard { slots: Vec::new(), free: END, live: 0 }))
             }),
         }
     }
@@ -156,7 +160,7 @@ impl<T: Copy> Slots<T> {
             return Insertion::Later(Pending { value, shard, held: None });
         };
         let s = &mut *guard;
-        if s.free == NONE {
+        if s.free == END {
             return Insertion::Later(Pending { value, shard, held: Some(guard) });
         }
         Insertion::Inserted(Self::reuse(s, shard, value))
@@ -178,7 +182,7 @@ impl<T: Copy> Slots<T> {
     /// The body of an insert, under the shard's lock.
     #[inline(always)]
     fn insert_locked(s: &mut Shard<T>, shard: usize, value: T) -> Option<u64> {
-        if s.free != NONE {
+        if s.free != END {
             return Some(Self::reuse(s, shard, value));
         }
         if s.slots.len() >= MAX_SLOTS {
@@ -192,23 +196,24 @@ impl<T: Copy> Slots<T> {
     /// Stores `value` in the first slot of the free list (not empty).
     #[inline(always)]
     fn reuse(s: &mut Shard<T>, shard: usize, value: T) -> u64 {
-        debug_assert!(s.free != NONE);
-        let index = s.free as usize;
-        // SAFETY: only `remove` puts an index on the free list, after
-        // finding its slot, and slots are never taken out of `slots`.
-        let slot = unsafe { s.slots.get_unchecked_mut(index) };
+        let link = s.free;
+        debug_assert!(link != END);
+        // SAFETY: only `remove` puts a link on the free list, that of a
+        // slot it found, and slots are never taken out of `slots`.
+        let slot = unsafe { s.slots.get_unchecked_mut(link as usize - 1) };
         s.free = slot.next;
         *slot = Slot { value, next: LIVE };
         s.live += 1;
-        handle_of(shard, index)
+        // The link is the handle's low half (`handle_of`).
+        (shard as u64) << 32 | u64::from(link)
     }
 
     /// Removes and returns the value `handle` names if it is live and
     /// `verify` accepts it; `None` otherwise, with nothing changed.
     #[inline(always)]
     pub fn remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Option<T> {
-        let (shard, index) = self.locate(handle)?;
-        Self::remove_locked(&mut shard.0.lock(), index, verify)
+        let shard = self.shard_of(handle)?;
+        Self::remove_locked(&mut shard.0.lock(), handle as u32, verify)
     }
 
     /// [`Slots::remove`] that never waits: [`Removal::Busy`], with nothing
@@ -218,38 +223,37 @@ impl<T: Copy> Slots<T> {
     /// survive a call: the thunk then needs fewer saved registers.
     #[inline(always)]
     pub fn try_remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Removal<T> {
-        let Some((shard, index)) = self.locate(handle) else {
+        let Some(shard) = self.shard_of(handle) else {
             return Removal::Refused;
         };
         let Some(mut guard) = shard.0.try_lock() else {
             return Removal::Busy;
         };
-        match Self::remove_locked(&mut guard, index, verify) {
+        match Self::remove_locked(&mut guard, handle as u32, verify) {
             Some(v) => Removal::Removed(v),
             None => Removal::Refused,
         }
     }
 
-    /// The shard and slot index `handle` names, if it could name one.
+    /// The shard `handle` names, if there is one.
     #[inline(always)]
-    fn locate(&self, handle: u64) -> Option<(&Padded<T>, usize)> {
-        let shard = self.shards.get((handle >> 32) as usize)?;
-        // A low half of zero (which names nothing) wraps to `u32::MAX`, an
-        // index no slot has (a shard holds at most `MAX_SLOTS`, below it),
-        // so the slot's bounds check refuses it: no test of its own.
-        let index = (handle as u32).wrapping_sub(1) as usize;
-        Some((shard, index))
+    fn shard_of(&self, handle: u64) -> Option<&Padded<T>> {
+        self.shards.get((handle >> 32) as usize)
     }
 
-    /// The body of a remove, under the shard's lock.
+    /// The body of a remove, under the shard's lock: `link` is the
+    /// handle's low half, the slot's index plus one.
     #[inline(always)]
-    fn remove_locked(s: &mut Shard<T>, index: usize, verify: impl FnOnce(&T) -> bool) -> Option<T> {
-        let slot = s.slots.get_mut(index)?;
+    fn remove_locked(s: &mut Shard<T>, link: u32, verify: impl FnOnce(&T) -> bool) -> Option<T> {
+        // A link of zero (which names nothing) wraps to `u32::MAX`, an
+        // index no slot has (a shard holds at most `MAX_SLOTS`, below it),
+        // so the slot's bounds check refuses it: no test of its own.
+        let slot = s.slots.get_mut(link.wrapping_sub(1) as usize)?;
         if slot.next != LIVE || !verify(&slot.value) {
             return None;
         }
         slot.next = s.free;
-        s.free = index as u32;
+        s.free = link;
         s.live -= 1;
         Some(slot.value)
     }
