@@ -7,12 +7,11 @@
 //! inlined whole into the SDK's slot thunk: one slot insert or remove under
 //! a short per-shard lock, and the memory call made outside it.
 
-use crate::checks::unknown;
+use crate::checks::{unknown, unknown_object};
 use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
-use crate::slots::Slots;
+use crate::slots::{Insertion, Pending, Removal, Slots};
 use memplug_sdk::{Allocator, Block, MemoryInfo, ObjectRef, PluginError, PluginResult, Properties, Request};
-use std::alloc::{GlobalAlloc, Layout, System};
 
 /// Alignment every allocation has: what malloc gives on x86-64 and
 /// aarch64, so small requests cost nothing extra.
@@ -20,27 +19,27 @@ pub const MIN_ALIGNMENT: u64 = 16;
 /// Largest alignment honoured: 1 GiB, the largest page size of either
 /// architecture.
 pub const MAX_ALIGNMENT: u64 = 1 << 30;
-/// Largest size attempted: `Layout` allows up to `isize::MAX` once rounded
-/// up to the alignment; with the alignment at most [`MAX_ALIGNMENT`], this
-/// one bound keeps every size within that, at the price of refusing sizes
-/// in the last GiB below `isize::MAX` — which no machine could give anyway,
-/// and which get the same `OUT_OF_MEMORY` a failed allocation gets.
-const MAX_SIZE: u64 = isize::MAX as u64 - MAX_ALIGNMENT;
+/// Whether the C allocator's `malloc` gives [`MIN_ALIGNMENT`] to every
+/// block of at least that many bytes: the C ABIs of these architectures
+/// make `max_align_t` 16 bytes, and glibc, musl and the BSDs' and Apple's
+/// allocators honour it. Elsewhere every block comes from `posix_memalign`.
+const MALLOC_GIVES_MIN_ALIGNMENT: bool = cfg!(any(target_arch = "x86_64", target_arch = "aarch64"));
 
-/// What was issued for one allocation, to check references against and to
-/// rebuild its layout when it is freed.
+/// What was issued for one allocation, to check references against.
 #[derive(Clone, Copy)]
 struct Issued {
     object_id: u64,
     addr: u64,
     size: u64,
-    align: u64,
 }
 
 impl Issued {
+    /// Whether this is what a reference with these fields names. Takes
+    /// the fields, not the reference, so a caller out of line can be
+    /// handed them in registers.
     #[inline(always)]
-    fn is(&self, obj: &ObjectRef) -> bool {
-        self.object_id == obj.object_id && self.addr == obj.addr && self.size == obj.size
+    fn is(&self, object_id: u64, addr: u64, size: u64) -> bool {
+        self.object_id == object_id && self.addr == addr && self.size == size
     }
 }
 
@@ -70,49 +69,106 @@ impl Allocations {
     fn allocate(&self, r: &Request) -> PluginResult<Block> {
         debug_assert!(r.size != 0 && r.alignment.is_power_of_two());
         debug_assert!((MIN_ALIGNMENT..=MAX_ALIGNMENT).contains(&r.alignment));
-        if r.size > MAX_SIZE {
-            return Err(too_big(r.size));
-        }
-        let align = r.alignment;
-        // SAFETY: `align` is a power of two at most MAX_ALIGNMENT (the SDK
-        // checked it against the properties this mechanism publishes) and
-        // the size, rounded up to it, stays within isize::MAX (checked
-        // above), so the layout is valid; the size is non-zero (the SDK
-        // refused zero), as `alloc` requires.
-        // `System` rather than `std::alloc::alloc`: the host gets the C
-        // allocator's memory whatever global allocator this library might
-        // set, and the call skips the global-allocator shims.
-        let layout = unsafe { Layout::from_size_align_unchecked(r.size as usize, align as usize) };
-        let p = unsafe { System.alloc(layout) };
+        let (size, align) = (r.size, r.alignment);
+        // The C allocator's memory, called directly: the host gets it
+        // whatever global allocator this library might set, and the common
+        // case is two compares and `malloc` (`std`'s `System` would test
+        // the layout again, after a bound on the size for its `Layout`).
+        // (A size no `usize` holds, only on 32-bit targets, goes to
+        // `aligned`, which refuses it.)
+        let p = if MALLOC_GIVES_MIN_ALIGNMENT
+            && align == MIN_ALIGNMENT
+            && size >= MIN_ALIGNMENT
+            && size <= usize::MAX as u64
+        {
+            // SAFETY: plain malloc; the block is at least 16-aligned here
+            // (see MALLOC_GIVES_MIN_ALIGNMENT).
+            unsafe { libc::malloc(size as usize) }
+        } else {
+            aligned(size, align)
+        };
         if p.is_null() {
-            return Err(too_big(r.size));
+            return Err(too_big(size));
         }
-        let issued = Issued { object_id: r.object_id, addr: p as u64, size: r.size, align };
-        let Some(handle) = self.table.insert(issued) else {
-            // SAFETY: just allocated with this layout, and never published.
-            unsafe { System.dealloc(p, layout) };
+        let issued = Issued { object_id: r.object_id, addr: p as u64, size };
+        match self.table.try_insert(issued) {
+            Insertion::Inserted(handle) => Ok(Block { addr: p as u64, size, handle }),
+            Insertion::Later(pending) => self.insert_later(pending),
+        }
+    }
+
+    /// The end of [`Allocations::allocate`] when its slot insert could not
+    /// finish on the fast path (the shard's lock held, or no free slot).
+    #[cold]
+    #[inline(never)]
+    fn insert_later(&self, pending: Pending<'_, Issued>) -> PluginResult<Block> {
+        let issued = *pending.value();
+        let Some(handle) = self.table.insert_later(pending) else {
+            // SAFETY: just allocated by the C allocator, and never published.
+            unsafe { libc::free(issued.addr as *mut libc::c_void) };
             return Err(table_full());
         };
-        Ok(Block { addr: p as u64, size: r.size, handle })
+        Ok(Block { addr: issued.addr, size: issued.size, handle })
     }
 
     /// The SDK has refused references of another mechanism or device.
+    ///
+    /// The slot is removed without waiting for its shard's lock; when
+    /// another thread holds it, the whole free starts over out of line
+    /// ([`Allocations::deallocate_contended`]). So the fields compared
+    /// here are never live across a call, and the thunk this is inlined
+    /// into saves fewer registers.
     #[inline(always)]
     fn deallocate(&self, obj: &ObjectRef) -> PluginResult<()> {
-        let Some(issued) = self.table.remove(obj.handle, |e| e.is(obj)) else {
-            return Err(unknown(obj, "allocation"));
+        let (handle, object_id, addr, size) = (obj.handle, obj.object_id, obj.addr, obj.size);
+        let issued = match self.table.try_remove(handle, |e| e.is(object_id, addr, size)) {
+            Removal::Removed(issued) => issued,
+            Removal::Refused => return Err(unknown(obj, "allocation")),
+            Removal::Busy => return self.deallocate_contended(handle, object_id, addr, size),
         };
-        // SAFETY: the slot held exactly what `allocate` got from `System`
-        // with this (valid) size and alignment, and removing it from the
-        // table makes this the only free of that block.
-        unsafe {
-            System.dealloc(
-                issued.addr as *mut u8,
-                Layout::from_size_align_unchecked(issued.size as usize, issued.align as usize),
-            )
-        };
+        free(issued);
         Ok(())
     }
+
+    /// [`Allocations::deallocate`] when the shard's lock was held: waits
+    /// for it this time.
+    #[cold]
+    #[inline(never)]
+    fn deallocate_contended(&self, handle: u64, object_id: u64, addr: u64, size: u64) -> PluginResult<()> {
+        match self.table.remove(handle, |e| e.is(object_id, addr, size)) {
+            Some(issued) => {
+                free(issued);
+                Ok(())
+            }
+            None => Err(unknown_object("allocation", handle, object_id, addr, size)),
+        }
+    }
+}
+
+/// A block of `size` bytes aligned to `align` (a power of two of at least
+/// 16, so a multiple of the pointer size, as `posix_memalign` requires),
+/// or NULL when the C allocator has none.
+#[inline(never)]
+fn aligned(size: u64, align: u64) -> *mut libc::c_void {
+    let Ok(size) = usize::try_from(size) else {
+        return core::ptr::null_mut();
+    };
+    let mut p = core::ptr::null_mut();
+    // SAFETY: `p` is a valid out-pointer; the alignment is a power of two
+    // and a multiple of `size_of::<*mut c_void>()` (the SDK raised it to
+    // MIN_ALIGNMENT and checked it is at most MAX_ALIGNMENT).
+    match unsafe { libc::posix_memalign(&mut p, align as usize, size) } {
+        0 => p,
+        _ => core::ptr::null_mut(),
+    }
+}
+
+/// Gives back the block a removed slot held.
+#[inline(always)]
+fn free(issued: Issued) {
+    // SAFETY: the slot held what `allocate` got from the C allocator, and
+    // removing it from the table makes this the only free of that block.
+    unsafe { libc::free(issued.addr as *mut libc::c_void) };
 }
 
 #[cold]

@@ -21,7 +21,7 @@ pub fn unknown(obj: &ObjectRef, what: &str) -> PluginError {
 }
 
 #[cold]
-fn unknown_object(what: &str, handle: u64, object_id: u64, addr: u64, size: u64) -> PluginError {
+pub fn unknown_object(what: &str, handle: u64, object_id: u64, addr: u64, size: u64) -> PluginError {
     PluginError::unknown_allocation(format!(
         "{what} (handle {handle}, object_id {object_id}, addr {addr:#x}, size {size}) does not name a live \
          {what} of this mechanism: never made, already freed, or altered"

@@ -18,8 +18,11 @@
 //!   only sound because every critical section is a handful of loads and
 //!   stores (the memory call is made outside it) and a waiter yields its
 //!   CPU after a short spin, so a preempted holder is not starved.
-//! * **An intrusive free list.** A free slot holds the index of the next
-//!   free one, so an insert or remove is O(1) with no search.
+//! * **An intrusive free list.** A free slot holds the link of the next
+//!   free one, so an insert or remove is O(1) with no search. A link is
+//!   the slot's index plus one, the low half of its handle: zero ends the
+//!   list (a test for it is one instruction), and a reused slot's link is
+//!   its handle's low half as it stands.
 //!
 //! A handle is `shard << 32 | (index + 1)`: zero never names anything, and
 //! a lookup is two indexes. A key alone is not an identity (slots are
@@ -34,25 +37,27 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// that allocate at once on most machines.
 pub const SHARDS: usize = 16;
 
-/// Ends the free list (all ones: the test for it is one compare).
-const NONE: u32 = u32::MAX;
+/// Ends the free list: links are indexes plus one.
+const END: u32 = 0;
 /// Marks a slot that holds a live value (in place of a free-list link).
-const LIVE: u32 = u32::MAX - 1;
-/// Slots per shard: every index, plus one, must fit the handle's low 32
-/// bits and stay clear of the two markers above.
-const MAX_SLOTS: usize = LIVE as usize;
+const LIVE: u32 = u32::MAX;
+/// Slots per shard: every link (index plus one) must fit the handle's low
+/// 32 bits and stay clear of [`LIVE`].
+const MAX_SLOTS: usize = LIVE as usize - 1;
+const _: () = assert!(MAX_SLOTS < u32::MAX as usize, "a handle's low half of zero must name no slot");
 
 /// One slot: a value, and whether it is live. A free slot keeps its stale
 /// value; only `next` says which it is.
 struct Slot<T> {
     value: T,
-    /// [`LIVE`], or the index of the next free slot ([`NONE`] for the last).
+    /// [`LIVE`], or the link of the next free slot ([`END`] for the last).
     next: u32,
 }
 
 /// One shard: slots, the head of their free list, and how many are live.
 struct Shard<T> {
     slots: Vec<Slot<T>>,
+    /// The link of the first free slot, [`END`] when none is.
     free: u32,
     live: usize,
 }
@@ -61,6 +66,39 @@ struct Shard<T> {
 /// would otherwise couple neighbours).
 #[repr(align(128))]
 struct Padded<T>(SpinLock<Shard<T>>);
+
+/// What [`Slots::try_remove`] did.
+pub enum Removal<T> {
+    /// The value, now removed.
+    Removed(T),
+    /// No live value there, or `verify` refused it.
+    Refused,
+    /// The shard's lock was held: nothing was looked at.
+    Busy,
+}
+
+/// What [`Slots::try_insert`] did.
+pub enum Insertion<'a, T> {
+    /// Stored, under this handle.
+    Inserted(u64),
+    /// Not stored yet: for [`Slots::insert_later`].
+    Later(Pending<'a, T>),
+}
+
+/// An insert [`Slots::try_insert`] could not finish on its fast path.
+pub struct Pending<'a, T> {
+    value: T,
+    shard: usize,
+    /// The shard's lock, when it was taken (the free list was empty).
+    held: Option<SpinGuard<'a, Shard<T>>>,
+}
+
+impl<T> Pending<'_, T> {
+    /// The value to be stored.
+    pub fn value(&self) -> &T {
+        &self.value
+    }
+}
 
 /// Live values of type `T`, in [`SHARDS`] shards.
 pub struct Slots<T> {
@@ -71,7 +109,7 @@ impl<T> Default for Slots<T> {
     fn default() -> Self {
         Slots {
             shards: std::array::from_fn(|_| {
-                Padded(SpinLock::new(Shard { slots: Vec::new(), free: NONE, live: 0 }))
+                Padded(SpinLock::new(Shard { slots: Vec::new(), free: END, live: 0 }))
             }),
         }
     }
@@ -97,45 +135,125 @@ fn handle_of(shard: usize, index: usize) -> u64 {
 
 impl<T: Copy> Slots<T> {
     /// Stores `value` and returns its handle; `None` only when the shard
-    /// already holds `MAX_SLOTS` values.
-    #[inline(always)]
+    /// already holds `MAX_SLOTS` values. What the allocate path does with
+    /// [`Slots::try_insert`] and [`Slots::insert_later`], in one call for
+    /// the tests.
+    #[cfg(test)]
     pub fn insert(&self, value: T) -> Option<u64> {
+        match self.try_insert(value) {
+            Insertion::Inserted(handle) => Some(handle),
+            Insertion::Later(pending) => self.insert_later(pending),
+        }
+    }
+
+    /// [`Slots::insert`] on its common path only: the shard's lock free
+    /// now and a slot on its free list. Otherwise `value` comes back as a
+    /// [`Pending`] (holding the lock when it was taken), for
+    /// [`Slots::insert_later`] to finish out of line. So the allocate path
+    /// makes no call after its memory call (neither a wait for the lock nor
+    /// a growth of the slot array), and what it holds across that call is
+    /// all the thunk has to keep in saved registers.
+    #[inline(always)]
+    pub fn try_insert(&self, value: T) -> Insertion<'_, T> {
         let shard = local_shard();
-        let mut guard = self.shards[shard].0.lock();
-        let s = &mut *guard;
-        let index = if s.free != NONE {
-            let index = s.free as usize;
-            // SAFETY: only `remove` puts an index on the free list, after
-            // finding its slot, and slots are never taken out of `slots`.
-            let slot = unsafe { s.slots.get_unchecked_mut(index) };
-            s.free = slot.next;
-            *slot = Slot { value, next: LIVE };
-            index
-        } else {
-            if s.slots.len() >= MAX_SLOTS {
-                return None;
-            }
-            s.slots.push(Slot { value, next: LIVE });
-            s.slots.len() - 1
+        let Some(mut guard) = self.shards[shard].0.try_lock() else {
+            return Insertion::Later(Pending { value, shard, held: None });
         };
+        let s = &mut *guard;
+        if s.free == END {
+            return Insertion::Later(Pending { value, shard, held: Some(guard) });
+        }
+        Insertion::Inserted(Self::reuse(s, shard, value))
+    }
+
+    /// Finishes an insert [`Slots::try_insert`] left pending: takes the
+    /// shard's lock if it is not held yet, then as [`Slots::insert`].
+    #[cold]
+    #[inline(never)]
+    pub fn insert_later(&self, pending: Pending<'_, T>) -> Option<u64> {
+        let Pending { value, shard, held } = pending;
+        let mut guard = match held {
+            Some(guard) => guard,
+            None => self.shards[shard].0.lock(),
+        };
+        Self::insert_locked(&mut guard, shard, value)
+    }
+
+    /// The body of an insert, under the shard's lock.
+    #[inline(always)]
+    fn insert_locked(s: &mut Shard<T>, shard: usize, value: T) -> Option<u64> {
+        if s.free != END {
+            return Some(Self::reuse(s, shard, value));
+        }
+        if s.slots.len() >= MAX_SLOTS {
+            return None;
+        }
+        s.slots.push(Slot { value, next: LIVE });
         s.live += 1;
-        Some(handle_of(shard, index))
+        Some(handle_of(shard, s.slots.len() - 1))
+    }
+
+    /// Stores `value` in the first slot of the free list (not empty).
+    #[inline(always)]
+    fn reuse(s: &mut Shard<T>, shard: usize, value: T) -> u64 {
+        let link = s.free;
+        debug_assert!(link != END);
+        // SAFETY: only `remove` puts a link on the free list, that of a
+        // slot it found, and slots are never taken out of `slots`.
+        let slot = unsafe { s.slots.get_unchecked_mut(link as usize - 1) };
+        s.free = slot.next;
+        *slot = Slot { value, next: LIVE };
+        s.live += 1;
+        // The link is the handle's low half (`handle_of`).
+        (shard as u64) << 32 | u64::from(link)
     }
 
     /// Removes and returns the value `handle` names if it is live and
     /// `verify` accepts it; `None` otherwise, with nothing changed.
     #[inline(always)]
     pub fn remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Option<T> {
-        let shard = self.shards.get((handle >> 32) as usize)?;
-        let index = (handle as u32).checked_sub(1)? as usize;
-        let mut guard = shard.0.lock();
-        let s = &mut *guard;
-        let slot = s.slots.get_mut(index)?;
+        let shard = self.shard_of(handle)?;
+        Self::remove_locked(&mut shard.0.lock(), handle as u32, verify)
+    }
+
+    /// [`Slots::remove`] that never waits: [`Removal::Busy`], with nothing
+    /// changed, when another thread holds the shard's lock. The free path
+    /// uses it so that its wait (a call) is made by a cold caller that
+    /// starts over, and nothing the hot path holds in registers has to
+    /// survive a call: the thunk then needs fewer saved registers.
+    #[inline(always)]
+    pub fn try_remove(&self, handle: u64, verify: impl FnOnce(&T) -> bool) -> Removal<T> {
+        let Some(shard) = self.shard_of(handle) else {
+            return Removal::Refused;
+        };
+        let Some(mut guard) = shard.0.try_lock() else {
+            return Removal::Busy;
+        };
+        match Self::remove_locked(&mut guard, handle as u32, verify) {
+            Some(v) => Removal::Removed(v),
+            None => Removal::Refused,
+        }
+    }
+
+    /// The shard `handle` names, if there is one.
+    #[inline(always)]
+    fn shard_of(&self, handle: u64) -> Option<&Padded<T>> {
+        self.shards.get((handle >> 32) as usize)
+    }
+
+    /// The body of a remove, under the shard's lock: `link` is the
+    /// handle's low half, the slot's index plus one.
+    #[inline(always)]
+    fn remove_locked(s: &mut Shard<T>, link: u32, verify: impl FnOnce(&T) -> bool) -> Option<T> {
+        // A link of zero (which names nothing) wraps to `u32::MAX`, an
+        // index no slot has (a shard holds at most `MAX_SLOTS`, below it),
+        // so the slot's bounds check refuses it: no test of its own.
+        let slot = s.slots.get_mut(link.wrapping_sub(1) as usize)?;
         if slot.next != LIVE || !verify(&slot.value) {
             return None;
         }
         slot.next = s.free;
-        s.free = index as u32;
+        s.free = link;
         s.live -= 1;
         Some(slot.value)
     }
@@ -178,6 +296,18 @@ impl<T> SpinLock<T> {
             self.lock_contended();
         }
         SpinGuard { lock: self }
+    }
+
+    /// The lock if it is free now, without waiting.
+    #[inline(always)]
+    fn try_lock(&self) -> Option<SpinGuard<'_, T>> {
+        // Strong: a spurious failure would send a free down its slow path
+        // for nothing. A guard is made only once the lock is ours: dropping
+        // one releases the lock, whoever holds it.
+        match self.locked.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed) {
+            Ok(_) => Some(SpinGuard { lock: self }),
+            Err(_) => None,
+        }
     }
 
     /// Spins a little (the holder is a few instructions from done), then
@@ -244,6 +374,51 @@ mod tests {
         assert_eq!(t.remove(h | 1 << 40, |_| true), None, "no such shard");
         assert_eq!(t.remove(h + 1, |_| true), None, "no such slot");
         assert_eq!(t.remove(h, |v| *v == 7), Some(7));
+    }
+
+    #[test]
+    fn try_remove_waits_for_nothing_and_leaves_another_holder_s_lock_held() {
+        let t = Slots::default();
+        let h = t.insert(7u32).unwrap();
+        let lock = &t.shards[(h >> 32) as usize].0;
+        let held = lock.lock();
+        assert!(matches!(t.try_remove(h, |_| true), Removal::Busy));
+        assert!(lock.try_lock().is_none(), "a failed try must not release the holder's lock");
+        drop(held);
+        let try_remove = |h, v| match t.try_remove(h, |x| *x == v) {
+            Removal::Busy => panic!("nobody holds the lock now"),
+            Removal::Removed(x) => Some(x),
+            Removal::Refused => None,
+        };
+        assert_eq!(try_remove(h, 8), None, "verify refuses");
+        assert_eq!(try_remove(h & !0xffff_ffff, 7), None, "a low half of zero names no slot");
+        assert_eq!(try_remove(h, 7), Some(7));
+        assert_eq!(try_remove(h, 7), None, "already removed");
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn try_insert_leaves_a_held_lock_or_an_empty_free_list_to_insert_later() {
+        let t = Slots::default();
+        // No free slot yet: pending, holding the lock insert_later uses.
+        let Insertion::Later(p) = t.try_insert(1u32) else { panic!("a new table has no free slot") };
+        assert!(p.held.is_some());
+        let h1 = t.insert_later(p).unwrap();
+        // A freed slot is reused on the fast path (the same thread picks
+        // the same shard, as `free_slots_are_reused_last_freed_first`).
+        assert_eq!(t.remove(h1, |v| *v == 1), Some(1));
+        let Insertion::Inserted(h2) = t.try_insert(2u32) else { panic!("a free slot and a free lock") };
+        assert_eq!(h2, h1);
+        assert_eq!(t.remove(h2, |v| *v == 2), Some(2));
+        // Every lock held elsewhere: pending, not holding one.
+        let held: Vec<_> = t.shards.iter().map(|s| s.0.lock()).collect();
+        let Insertion::Later(p) = t.try_insert(3u32) else { panic!("every lock is held") };
+        assert!(p.held.is_none());
+        assert_eq!(*p.value(), 3);
+        drop(held);
+        let h3 = t.insert_later(p).unwrap();
+        assert_eq!(t.remove(h3, |v| *v == 3), Some(3));
+        assert_eq!(t.len(), 0);
     }
 
     #[test]
