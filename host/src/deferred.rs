@@ -363,7 +363,7 @@ impl DeferredFreeQueue {
     /// does). Never blocks on a fence.
     pub fn release(&self, fences: Vec<SharedFence>, job: Box<dyn Retire>) {
         let mut e = Entry { fences, job };
-        if self.settle(&mut e) {
+        if self.settle_fences(&mut e.fences) {
             self.immediate.fetch_add(1, Ordering::Relaxed);
             self.run(e.job);
         } else {
@@ -371,12 +371,13 @@ impl DeferredFreeQueue {
         }
     }
 
-    /// Whether every fence in `fences` has completed, judged and counted as
-    /// [`release`](Self::release) judges them: completed ones are dropped
-    /// from the end while they report completion (a failed query stops it
-    /// and is counted; a lost device's fence counts as complete). `true`
-    /// when none is left. For a caller that frees at once without making a
-    /// job (none is boxed, no reference is cloned) and otherwise
+    /// Drops fences from the end of `fences` while they report completion
+    /// (a failed query stops it and is counted; a lost device's fence
+    /// counts as complete); `true` when none is left, else the last one
+    /// left is the one to wait on. Called outside every lock: dropping a
+    /// plugin fence calls the plugin. The queue judges its entries with it,
+    /// and so does a caller that frees at once without making a job (none
+    /// is boxed, no reference is cloned) and otherwise
     /// [`enqueue`](Self::enqueue)s the fences left, with
     /// [`count_immediate`](Self::count_immediate) after a free it ran.
     pub(crate) fn settle_fences(&self, fences: &mut Vec<SharedFence>) -> bool {
@@ -438,19 +439,6 @@ impl DeferredFreeQueue {
         };
         counter.fetch_add(1, Ordering::Relaxed);
         c.frees()
-    }
-
-    /// Drops fences from the end of `e` while they report completion
-    /// (outside every lock: dropping a plugin fence calls the plugin);
-    /// `true` when none is left. The last one left is the one to wait on.
-    fn settle(&self, e: &mut Entry) -> bool {
-        while let Some(f) = e.fences.last() {
-            if !self.done(f) {
-                return false;
-            }
-            e.fences.pop();
-        }
-        true
     }
 
     /// Retires `job` and counts what it did; `true` when it left the queue.
@@ -515,7 +503,7 @@ impl DeferredFreeQueue {
     }
 
     fn retire_or_keep(&self, mut e: Entry, report: &mut PollReport, again: &mut Vec<Entry>) {
-        if !self.settle(&mut e) {
+        if !self.settle_fences(&mut e.fences) {
             again.push(e);
             return;
         }
