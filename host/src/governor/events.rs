@@ -8,16 +8,11 @@ use super::pool::Pool;
 use crate::events::{events_wanted, Event, EventKind};
 use crate::ids::AllocationClass;
 use crate::ids::HolderId;
-use std::num::NonZeroU64;
 
 impl Pool {
     /// The holder an account uid names (`None`: the anonymous account).
     pub(super) fn holder_of(&self, uid: u64) -> Option<HolderId> {
-        if uid == self.id.get() {
-            None
-        } else {
-            NonZeroU64::new(uid).map(HolderId)
-        }
+        super::grant::holder_of(self.id, uid)
     }
 
     #[cold]

@@ -41,9 +41,17 @@ pub struct Grant<'p> {
     pub(super) class: AllocationClass,
 }
 
+/// The account of `holder` in pool `pool`: the holder's id, or the pool's
+/// own for the anonymous account (one id space). The one place of the
+/// mapping, with [`holder_of`] its inverse.
+#[inline(always)]
+pub(super) fn account_of(pool: PoolId, holder: Option<HolderId>) -> u64 {
+    holder.map_or(pool.get(), |h| h.get())
+}
+
 /// The holder of account `account` of pool `pool` (`None`: anonymous).
 #[inline]
-fn holder_of(pool: PoolId, account: u64) -> Option<HolderId> {
+pub(super) fn holder_of(pool: PoolId, account: u64) -> Option<HolderId> {
     if account == pool.get() {
         None
     } else {
@@ -256,8 +264,7 @@ impl Lease {
         class: AllocationClass,
         bytes: u64,
     ) -> Lease {
-        let account = holder.map_or(pool.get(), |h| h.get());
-        Lease { pool, account, class: class.index(), bytes }
+        Lease { pool, account: account_of(pool, holder), class: class.index(), bytes }
     }
 
     /// Takes (account, class index, bytes) without running `Drop`.

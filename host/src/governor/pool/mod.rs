@@ -228,10 +228,7 @@ impl Pool {
 
     #[inline(always)]
     pub(super) fn account_uid(&self, holder: Option<HolderId>) -> u64 {
-        match holder {
-            Some(h) => h.get(),
-            None => self.id.get(),
-        }
+        super::grant::account_of(self.id, holder)
     }
 
     fn account(&self, uid: u64) -> Option<Arc<Account>> {
