@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::faulty::{faults, faulty_cpu_entry, Slot, SLOTS};
+use common::faulty::{faults, faulty_cpu_entry, one_test_at_a_time, Slot, SLOTS};
 use common::*;
 use memplug_host::governor::{AllocationClass, Pool};
 use memplug_host::{
@@ -72,14 +72,6 @@ struct World {
     /// For probe copies (a pool of its own, outside the figures checked).
     probe: MemoryBinding,
     granule: u64,
-}
-
-/// The fault switches are the process's (`faults()`), so the tests that
-/// arm them run one at a time: run side by side, a loss armed for one
-/// test's copy was taken by another's, whose context was then lost.
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A manager of its own over the shim (the plugin's state is shared, the
@@ -225,7 +217,7 @@ fn check(w: &World, m: &Model, a: &Region, b: &Region, base: u64, prefix: u64) -
 }
 
 fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
-    let _serial = one_at_a_time();
+    let _serial = one_test_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -344,7 +336,7 @@ proptest! {
 /// above would pass vacuously if faults never fired).
 #[test]
 fn every_slot_the_transactions_use_can_be_failed() {
-    let _serial = one_at_a_time();
+    let _serial = one_test_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -381,7 +373,7 @@ fn every_slot_the_transactions_use_can_be_failed() {
 /// and both ledgers end exact.
 #[test]
 fn a_device_lost_mid_offload_loses_the_region_and_frees_the_host_copy() {
-    let _serial = one_at_a_time();
+    let _serial = one_test_at_a_time();
     let w = &world();
     let g = w.granule;
     let host_rig = Rig::cpu("lost-mid-offload-host", 1 << 30);
@@ -409,7 +401,7 @@ fn a_device_lost_mid_offload_loses_the_region_and_frees_the_host_copy() {
 /// next restore brings every byte back.
 #[test]
 fn a_restore_whose_second_commit_fails_gives_the_first_back() {
-    let _serial = one_at_a_time();
+    let _serial = one_test_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -441,7 +433,7 @@ fn a_restore_whose_second_commit_fails_gives_the_first_back() {
 /// pending in the queue), and the quarantine list says why.
 #[test]
 fn memory_an_unfenced_copy_may_still_touch_is_never_freed() {
-    let _serial = one_at_a_time();
+    let _serial = one_test_at_a_time();
     let w = &world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -499,7 +491,7 @@ fn loss_op() -> impl Strategy<Value = LossOp> {
 /// is kept charged by a device that is gone), nothing stays queued in
 /// either manager, nothing is quarantined, and the healthy plugin unloads.
 fn lose_at_any_step(steps: Vec<LossOp>, at: usize, how: Loss) -> Result<(), TestCaseError> {
-    let _serial = one_at_a_time();
+    let _serial = one_test_at_a_time();
     faults().disarm();
     faults().release_fences();
     let w = &world();

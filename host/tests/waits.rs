@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::faulty::{faults, faulty_cpu_entry};
+use common::faulty::{faults, faulty_cpu_entry, one_test_at_a_time};
 use common::*;
 use memplug_host::governor::AllocationClass;
 use memplug_host::{
@@ -20,19 +20,10 @@ use memplug_host::{
     ProcessMemoryManager, Region, Requirements, Residence, Retire, RetireOutcome, SharedFence, Status,
 };
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    let g = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    faults().disarm();
-    faults().release_fences();
-    g
-}
 
 /// A manager of its own over the shim, with a device binding.
 struct World {
@@ -94,7 +85,7 @@ fn committed(w: &World, granules: u64) -> Region {
 
 #[test]
 fn a_loss_reported_mid_offload_frees_the_host_copy_in_its_healthy_pool_and_answers_device_lost() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let host = Rig::cpu("waits-offload-host", 1 << 30);
     let stream = CpuStream::new(w.device.mechanism());
@@ -116,7 +107,7 @@ fn a_loss_reported_mid_offload_frees_the_host_copy_in_its_healthy_pool_and_answe
 
 #[test]
 fn a_loss_between_the_copies_of_an_offload_frees_the_host_copy() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let g = w.granule;
     let host = Rig::cpu("waits-offload-two", 1 << 30);
@@ -138,7 +129,7 @@ fn a_loss_between_the_copies_of_an_offload_frees_the_host_copy() {
 
 #[test]
 fn a_loss_reported_mid_restore_frees_the_host_copy_when_the_region_goes() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let host = Rig::cpu("waits-restore-host", 1 << 30);
     let stream = CpuStream::new(w.device.mechanism());
@@ -156,7 +147,7 @@ fn a_loss_reported_mid_restore_frees_the_host_copy_when_the_region_goes() {
 
 #[test]
 fn a_loss_reported_mid_privatise_answers_device_lost_and_keeps_nothing() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -234,7 +225,7 @@ fn unpinned(rig: Rig) {
 
 #[test]
 fn a_queued_commit_answering_fence_0_is_refused_naming_the_slot_and_given_back_exactly() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());
@@ -261,7 +252,7 @@ fn a_queued_commit_answering_fence_0_is_refused_naming_the_slot_and_given_back_e
 
 #[test]
 fn the_raw_queued_slots_refuse_fence_0_naming_the_slot() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let g = w.granule;
     let m = w.device.mechanism();
@@ -288,7 +279,7 @@ fn the_raw_queued_slots_refuse_fence_0_naming_the_slot() {
 
 #[test]
 fn a_recorded_fence_0_is_refused_and_an_offload_orders_its_copies_another_way() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let m = w.device.mechanism();
     let stream = CpuStream::new(m);
@@ -313,7 +304,7 @@ fn a_recorded_fence_0_is_refused_and_an_offload_orders_its_copies_another_way() 
 
 #[test]
 fn a_queued_fence_that_never_completes_is_waited_on_with_an_end_and_settled_by_the_loss() {
-    let _s = serial();
+    let _s = one_test_at_a_time();
     let w = world();
     let g = w.granule;
     let stream = CpuStream::new(w.device.mechanism());

@@ -15,7 +15,7 @@ use memplug_sdk::abi::*;
 use std::collections::{HashMap, HashSet};
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering::SeqCst};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// The slots a fault can be put in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -118,6 +118,18 @@ pub fn faults() -> &'static Faults {
         f.disarm();
         f
     })
+}
+
+/// The switches are the process's, so a test that sets them runs alone
+/// under this guard, from switches all off: run side by side, a fault
+/// armed for one test's call fires in another's (a loss armed for one
+/// test's copy lost another test's context).
+pub fn one_test_at_a_time() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    let g = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
+    faults().disarm();
+    faults().release_fences();
+    g
 }
 
 /// The CPU plugin's own tables, by mechanism context.
