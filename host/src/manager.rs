@@ -437,9 +437,9 @@ impl ProcessMemoryManager {
         if unload_old_plugin {
             if let Some(name) = self.registry.plugin_of(old) {
                 let why = format!("its plugin {name} is unloaded: {reason}");
-                for other in self.registry.contexts() {
-                    let same_plugin = self.registry.plugin_of(&other).as_deref() == Some(&*name);
-                    if same_plugin && !Arc::ptr_eq(&other, old) && other.state() == LifeState::Active {
+                for other in self.registry.sweep().iter() {
+                    let same_plugin = self.registry.plugin_of(other).as_deref() == Some(&*name);
+                    if same_plugin && !Arc::ptr_eq(other, old) && other.state() == LifeState::Active {
                         // Only an active context can retire; one that went
                         // meanwhile needs nothing.
                         let _ = other.retire(&why);
@@ -482,7 +482,7 @@ impl ProcessMemoryManager {
 /// One turn of the contexts' lives (see [`ProcessMemoryManager::poll`]).
 /// Non-blocking: a context with calls in flight waits for the next turn.
 fn drive_lives(registry: &Registry, queue: &DeferredFreeQueue, unload: &Mutex<Vec<String>>) {
-    for c in registry.contexts() {
+    for c in registry.sweep().iter() {
         c.dispatch();
         if c.ready_to_terminate() {
             let terminated = c.terminate_polling(Duration::ZERO, || {

@@ -15,7 +15,15 @@ use crate::mechanism::{Device, Location, Mechanism};
 use crate::plugin::{LiveReport, Plugin};
 use crate::sync::{lock, Mutex};
 use memplug_sdk::abi::MemplugDevice;
+use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long an unload waits for the host's own sweeps of the contexts (a
+/// reaper turn, a stats report) to let go of them before it reports what
+/// it still sees as pins. A sweep is short; the bound is for a sweep that
+/// itself asks for the unload (a fence callback run by the reaper).
+const SWEEP_WAIT: Duration = Duration::from_secs(1);
 
 /// Capabilities a caller needs from a mechanism. Asking for one the
 /// mechanism lacks is an error, never a silent fallback (invariant 3).
@@ -175,6 +183,10 @@ impl Entry {
 /// plugin is called.
 pub struct Registry {
     entries: Mutex<Vec<Entry>>,
+    /// Sweeps alive now (see [`Sweep`]). Raised under `entries`, lowered
+    /// only after the sweep's handles are dropped: under `entries` with
+    /// zero here, every handle beyond the registry's own is a caller's.
+    sweeps: AtomicUsize,
     /// Where its plugins' messages and its contexts' losses go.
     hub: Arc<Hub>,
 }
@@ -189,7 +201,7 @@ impl Registry {
     /// An empty registry whose plugins' messages and contexts' losses go
     /// to `hub`.
     pub fn with_hub(hub: Arc<Hub>) -> Self {
-        Registry { entries: Mutex::new(Vec::new()), hub }
+        Registry { entries: Mutex::new(Vec::new()), sweeps: AtomicUsize::new(0), hub }
     }
 
     /// Registers a loaded plugin; names must be unique.
@@ -287,8 +299,13 @@ impl Registry {
 
     /// Unregisters and unloads a plugin, or refuses — leaving it registered
     /// — when a context is pinned or the plugin has live objects.
+    ///
+    /// The host's own sweeps hold every context for a moment; they are not
+    /// pins. An unload that sees handles while a sweep is alive waits for
+    /// it to end (at most [`SWEEP_WAIT`]) and looks again.
     pub fn unload(&self, name: &str) -> Result<(), RegistryError> {
-        let entry = {
+        let deadline = Instant::now() + SWEEP_WAIT;
+        let entry = loop {
             let mut e = lock(&self.entries);
             let i = e
                 .iter()
@@ -300,23 +317,41 @@ impl Registry {
                 drop(e.remove(i));
                 return Ok(());
             }
+            // Read before the counts: a sweep lowers it only after its
+            // handles are gone, and none starts while `entries` is held, so
+            // with none alive every count below is a caller's.
+            let sweeping = self.sweeps.load(SeqCst);
             let pinned: Vec<String> = e[i]
                 .contexts
                 .iter()
-                .filter(|c| Arc::strong_count(c) > 1)
-                .map(|c| {
-                    format!(
-                        "mechanism '{}' is pinned by {} object(s) and {} handle(s)",
-                        c.mechanism().name(),
-                        c.pins(),
-                        Arc::strong_count(c) - 1
-                    )
+                .filter_map(|c| {
+                    let handles = Arc::strong_count(c) - 1;
+                    (handles > 0).then(|| {
+                        format!(
+                            "mechanism '{}' is pinned by {} object(s) and {handles} handle(s)",
+                            c.mechanism().name(),
+                            c.pins(),
+                        )
+                    })
                 })
                 .collect();
-            if !pinned.is_empty() {
-                return Err(RegistryError::UnloadRefused { name: name.into(), detail: pinned.join(", ") });
+            if pinned.is_empty() {
+                break (i, e.remove(i));
             }
-            (i, e.remove(i))
+            if sweeping > 0 && Instant::now() < deadline {
+                drop(e);
+                std::thread::sleep(Duration::from_micros(50));
+                continue;
+            }
+            let during = if sweeping > 0 {
+                format!(" (the host's own sweep of the contexts still held them after {SWEEP_WAIT:?})")
+            } else {
+                String::new()
+            };
+            return Err(RegistryError::UnloadRefused {
+                name: name.into(),
+                detail: pinned.join(", ") + &during,
+            });
         };
         let (at, Entry { plugin, contexts }) = entry;
         drop(contexts);
@@ -333,10 +368,19 @@ impl Registry {
         })
     }
 
-    /// Every context, in registration order.
+    /// Every context, in registration order. The handles are the
+    /// caller's: while one is held, its plugin does not unload.
     pub fn contexts(&self) -> Vec<Arc<Context>> {
         let e = lock(&self.entries);
         e.iter().flat_map(|x| x.contexts.iter().cloned()).collect()
+    }
+
+    /// Every context, in registration order, for one look by the host
+    /// itself (see [`Sweep`]).
+    pub(crate) fn sweep(&self) -> Sweep<'_> {
+        let e = lock(&self.entries);
+        self.sweeps.fetch_add(1, SeqCst);
+        Sweep { contexts: e.iter().flat_map(|x| x.contexts.iter().cloned()).collect(), sweeps: &self.sweeps }
     }
 
     /// The name of the plugin that published `context`.
@@ -359,5 +403,30 @@ impl Registry {
     pub fn live_reports(&self) -> Vec<(String, LiveReport)> {
         let e = lock(&self.entries);
         e.iter().map(|x| (x.plugin.name().to_string(), x.plugin.live_report())).collect()
+    }
+}
+
+/// The host's own short look at every context (a reaper turn, a stats
+/// report, a replace): its handles keep the contexts alive while it looks
+/// but do not count as pins, since an unload that meets them waits for the
+/// sweep to end (see [`Registry::unload`]).
+pub(crate) struct Sweep<'a> {
+    contexts: Vec<Arc<Context>>,
+    sweeps: &'a AtomicUsize,
+}
+
+impl std::ops::Deref for Sweep<'_> {
+    type Target = [Arc<Context>];
+    fn deref(&self) -> &[Arc<Context>] {
+        &self.contexts
+    }
+}
+
+impl Drop for Sweep<'_> {
+    fn drop(&mut self) {
+        // Handles first, then the count: an unload that sees no sweep sees
+        // none of its handles either.
+        self.contexts.clear();
+        self.sweeps.fetch_sub(1, SeqCst);
     }
 }

@@ -21,8 +21,9 @@ use memplug_sdk::{
 };
 use std::alloc::{alloc, dealloc, Layout};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 const CUDA0: MemplugDevice = MemplugDevice { kind: MEMPLUG_DEVICE_CUDA, ordinal: 0 };
 
@@ -78,6 +79,7 @@ fn plain_plugin() -> ExportedPlugin {
 // One entry per test: each has its own instance of the plugin.
 memplug_sdk::declare_entry!(plain_for_selection, plain_plugin);
 memplug_sdk::declare_entry!(plain_for_order, plain_plugin);
+memplug_sdk::declare_entry!(plain_for_sweeps, plain_plugin);
 
 fn load_plain(entry: memplug_sdk::abi::MemplugEntryV1) -> Plugin {
     // SAFETY: an SDK-generated entry.
@@ -199,6 +201,51 @@ fn unload_is_refused_while_a_context_handle_or_a_plugin_object_is_held() {
     drop(stream);
     manager.unload_plugin("memplug-cpu").unwrap();
     assert!(manager.registry().plugins().is_empty());
+}
+
+#[test]
+fn the_hosts_own_sweeps_of_the_contexts_never_count_as_pins() {
+    // The reaper's turn and a statistics report hold every context for a
+    // moment. An unload that meets them waits for them instead of reporting
+    // them as handles; a caller's handle is still a pin.
+    let manager = ProcessMemoryManager::new();
+    manager.start_reaper(Duration::from_micros(10));
+    let stop = AtomicBool::new(false);
+    /// Stops the statistics thread however the rounds end (a panic too).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let (refused, held) = std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(Ordering::SeqCst) {
+                let _ = manager.stats();
+            }
+        });
+        let _stop = StopOnDrop(&stop);
+        let mut refused = Vec::new();
+        for round in 0..300 {
+            manager.register_plugin(load_plain(plain_for_sweeps)).unwrap();
+            if let Err(e) = manager.unload_plugin("plain") {
+                refused.push(format!("round {round}: {e}"));
+                break; // the plugin is still registered
+            }
+        }
+        if !refused.is_empty() {
+            return (refused, None);
+        }
+        manager.register_plugin(load_plain(plain_for_sweeps)).unwrap();
+        let ctx = manager.context("plain/plain").unwrap();
+        let held = manager.unload_plugin("plain").err().map(|e| e.to_string());
+        drop(ctx);
+        (refused, held)
+    });
+    assert!(refused.is_empty(), "an unload was refused for the host's own sweep: {}", refused[0]);
+    let held = held.expect("a caller's handle must still refuse the unload");
+    assert!(held.contains("is pinned by 0 object(s)"), "{held}");
+    manager.unload_plugin("plain").unwrap();
 }
 
 #[test]

@@ -87,7 +87,7 @@ impl StatsReport {
             pools: governor.pools().iter().map(|p| PoolReport::of(p)).collect(),
             queue: Some(queue),
             contexts: registry
-                .contexts()
+                .sweep()
                 .iter()
                 .map(|c| ContextReport {
                     context: c.label().into(),
