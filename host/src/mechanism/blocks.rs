@@ -72,20 +72,47 @@ impl Default for Live {
 }
 
 impl Live {
-    /// The last entry at or before `key`, and the first at or after
-    /// `from` and before `to`.
-    fn neighbours(&self, key: Key, from: Key, to: Key) -> [Option<(Key, LiveBlock)>; 2] {
+    /// Records `[start, end)` as object `id` unless a live block overlaps
+    /// it; then that block is named and nothing is recorded. Only two can
+    /// tell: the last block starting before `start` (blocks are disjoint,
+    /// so no earlier one reaches further) and the first starting at or
+    /// after it (it overlaps if it starts before `end`).
+    fn admit(&mut self, start: u64, end: u64, id: u64, kind: ObjectKind) -> Result<(), Conflict> {
+        let overlap = |(&(addr, object_id), b): (&Key, &LiveBlock)| {
+            (addr < end && start < b.end).then_some(Conflict::Overlaps {
+                object_id,
+                addr,
+                size: b.end - addr,
+                kind: b.kind,
+            })
+        };
+        let b = LiveBlock { end, kind };
         match self {
             Live::Few(v) => {
-                let i = v.partition_point(|(k, _)| *k <= key);
-                let j = v.partition_point(|(k, _)| *k < from);
-                [i.checked_sub(1).map(|i| v[i]), v.get(j).copied().filter(|(k, _)| *k < to)]
+                // One search: with no block at `start` (it would overlap),
+                // the new key sorts exactly where the first block at or
+                // after `start` is.
+                let i = v.partition_point(|((addr, _), _)| *addr < start);
+                let before = i.checked_sub(1).map(|i| &v[i]);
+                if let Some(c) = before.into_iter().chain(v.get(i)).find_map(|(k, b)| overlap((k, b))) {
+                    return Err(c);
+                }
+                if v.len() < FEW {
+                    v.insert(i, ((start, id), b));
+                    return Ok(());
+                }
             }
-            Live::Many(m) => [
-                m.range(..=key).next_back().map(|(k, b)| (*k, *b)),
-                m.range(from..to).next().map(|(k, b)| (*k, *b)),
-            ],
+            Live::Many(m) => {
+                let before = m.range(..(start, 0)).next_back();
+                if let Some(c) =
+                    before.into_iter().chain(m.range((start, 0)..(end, 0)).next()).find_map(overlap)
+                {
+                    return Err(c);
+                }
+            }
         }
+        self.insert((start, id), b);
+        Ok(())
     }
 
     fn insert(&mut self, key: Key, b: LiveBlock) {
@@ -136,15 +163,7 @@ impl BlockIndex {
         if size == 0 {
             return Ok(());
         }
-        let mut live = lock_std(&self.live);
-        let near = live.neighbours((start, u64::MAX), (start, 0), (end, 0));
-        for ((addr, object_id), b) in near.into_iter().flatten() {
-            if addr < end && start < b.end {
-                return Err(Conflict::Overlaps { object_id, addr, size: b.end - addr, kind: b.kind });
-            }
-        }
-        live.insert((start, id), LiveBlock { end, kind });
-        Ok(())
+        lock_std(&self.live).admit(start, end, id, kind)
     }
 
     /// Takes the block of `o` out (its release is about to be sent); what
