@@ -69,6 +69,28 @@ fn the_default_cap_is_a_quarter_of_the_pool_and_a_cap_of_zero_keeps_nothing() {
 }
 
 #[test]
+fn a_block_past_the_cap_with_nothing_idle_goes_straight_back_counted_as_the_cap_giving_it_back() {
+    let r = Rig::cpu("idle-pass", 64 * MIB);
+    let c = cache(&r, cap(2 * KIB));
+    // Nothing idle: the block goes back without being kept (the fast path).
+    drop(c.allocate(4 * KIB, 64).unwrap());
+    let s = c.stats();
+    assert_eq!((s.misses, s.idle_bytes, s.idle_blocks), (1, 0, 0), "{s:?}");
+    assert_eq!((s.in_use_bytes, s.in_use_blocks, s.trimmed_bytes), (0, 0, 4 * KIB), "{s:?}");
+    assert_eq!((r.pool.used(), allocations(&r)), (0, 0));
+    // A block idle already: kept first, then the cap gives the largest
+    // back; the figures of that block are the same.
+    let small = c.allocate(KIB, 64).unwrap();
+    let large = c.allocate(4 * KIB, 64).unwrap();
+    drop(small);
+    drop(large);
+    let s = c.stats();
+    assert_eq!((s.misses, s.idle_bytes, s.idle_blocks), (3, KIB, 1), "{s:?}");
+    assert_eq!((s.in_use_bytes, s.in_use_blocks, s.trimmed_bytes), (0, 0, 8 * KIB), "{s:?}");
+    assert_eq!((r.pool.used(), allocations(&r)), (KIB, 1));
+}
+
+#[test]
 fn the_cap_holds_over_blocks_freed_on_several_threads() {
     let r = Rig::cpu("idle-threads", 64 * MIB);
     let c = cache(&r, cap(4 * KIB));

@@ -493,6 +493,12 @@ impl CacheInner {
 
     /// A free took its shard's idle bytes past the shard's part of the
     /// cap: sums every shard's and gives back what is above the cap.
+    /// Whether no shard holds an idle block (each shard's own figure, read
+    /// without its lock).
+    fn nothing_idle(&self) -> bool {
+        self.shards.iter().all(|s| s.idle.load(Relaxed) == 0)
+    }
+
     /// Returns the bytes given back.
     #[cold]
     #[inline(never)]
@@ -684,6 +690,12 @@ impl CachedAllocation {
         }
         if self.pinned && block.has_fences() && !block.fences_complete() {
             return c.park(stripe, self.class as usize, block);
+        }
+        if block.charged() > c.policy.max_idle_bytes && !block.has_fences() && c.nothing_idle() {
+            // Kept, it would be the only idle block and past the cap: the
+            // cap would give it straight back. Do that, without keeping it.
+            c.shards[stripe].shard.lock().passed_through(block.charged());
+            return drop(block);
         }
         let since = c.policy.stamp();
         let idle = c.shards[stripe].with(|s| s.put(self.class as usize, block, stream, since));

@@ -138,12 +138,14 @@ impl Shard {
         if block.is_none() {
             // The newest ready block almost always fits: try it before the
             // search.
+            // An empty list (every miss) calls neither search.
             block = match list.ready.last() {
                 Some(i) if fits(&i.block, align) => list.ready.pop().map(|i| i.block),
-                _ => Self::search_ready(list, align),
+                Some(_) => Self::search_ready(list, align),
+                None => None,
             };
         }
-        if block.is_none() {
+        if block.is_none() && !list.pending.is_empty() {
             block = Self::promote(list, align, &mut self.counters);
         }
         let mut b = block?;
@@ -257,6 +259,18 @@ impl Shard {
     pub fn forget_in_use(&mut self, bytes: u64) {
         let c = &mut self.counters;
         c.forgotten += 1;
+        c.in_use_bytes = c.in_use_bytes.wrapping_sub(bytes);
+    }
+
+    /// A block freed past the idle cap with nothing else idle: counted as
+    /// if it were kept and the cap then gave it back ([`put`](Self::put),
+    /// then [`take_idle`](Self::take_idle) counted as trimmed), which is
+    /// what would happen to it.
+    pub fn passed_through(&mut self, bytes: u64) {
+        let c = &mut self.counters;
+        c.returns += 1;
+        c.dropped += 1;
+        c.trimmed_bytes += bytes;
         c.in_use_bytes = c.in_use_bytes.wrapping_sub(bytes);
     }
 
