@@ -65,11 +65,6 @@ impl State {
         true
     }
 
-    /// Marks the reservation released: nothing may be done with it again.
-    pub fn mark_released(&mut self) {
-        self.released = true;
-    }
-
     /// Whether the reservation was released (for work queued before the
     /// release, which must then touch none of its addresses).
     pub fn is_released(&self) -> bool {
@@ -132,7 +127,8 @@ pub struct Reservation {
 
 impl Reservation {
     /// A reservation of `size` bytes at `g.addr` with nothing committed.
-    pub fn new(object_id: u64, g: Guarded, size: u64) -> Self {
+    #[inline(always)]
+    fn new(object_id: u64, g: Guarded, size: u64) -> Self {
         Reservation {
             object_id,
             addr: g.addr,
@@ -151,6 +147,26 @@ impl Reservation {
     /// must see the flag, not be refused).
     pub fn lock_any(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Marks a reservation just taken out of the table released and takes
+    /// its shared mappings (`None` when it has none). Nothing can find it
+    /// any more, but a call that found it before, or a queued job, may
+    /// still hold it: then the flag is set under the lock, which they take
+    /// before touching an address. When nobody does, the state is reached
+    /// without the lock (one atomic operation instead of two on every
+    /// release).
+    pub fn retire(this: &mut Arc<Self>) -> Option<BTreeMap<u64, Mapping>> {
+        fn retire(state: &mut State) -> Option<BTreeMap<u64, Mapping>> {
+            state.released = true;
+            // An empty map is left for the state's drop: taking it and
+            // iterating it cost ~50 instructions for nothing.
+            (!state.mappings.is_empty()).then(|| std::mem::take(&mut state.mappings))
+        }
+        match Arc::get_mut(this) {
+            Some(r) => retire(r.state.get_mut().unwrap_or_else(PoisonError::into_inner)),
+            None => retire(&mut this.lock_any()),
+        }
     }
 
     /// Locks the state, refusing (`UNKNOWN_ALLOCATION`) a reservation that
@@ -177,9 +193,13 @@ impl Reservations {
         self.table.len()
     }
 
-    /// Records a new reservation and returns its handle.
-    pub fn insert(&self, r: Reservation) -> u64 {
-        self.table.insert(Arc::new(r))
+    /// Records a new reservation of `size` bytes at `g.addr` with nothing
+    /// committed, and returns its handle. Built here, from its fields, so
+    /// that it is written straight into its allocation: built by the
+    /// caller, its ~170 bytes were copied twice on the way (~60
+    /// instructions of every `reserve`).
+    pub fn insert(&self, object_id: u64, g: Guarded, size: u64) -> u64 {
+        self.table.insert(Arc::new(Reservation::new(object_id, g, size)))
     }
 
     /// Finds the reservation `obj` names by its handle (the SDK has checked
@@ -196,8 +216,10 @@ impl Reservations {
         self.table.lock().iter().map(|(_, r)| r).find(|r| r.addr < end && start < r.addr + r.size).cloned()
     }
 
-    /// Drops the table's entry for `r` (already marked released).
-    pub fn remove(&self, obj: &ObjectRef, r: &Arc<Reservation>) {
-        self.table.remove(obj.handle, |e| Arc::ptr_eq(e, r));
+    /// Takes the reservation `obj` names out of the table (`release`): one
+    /// lookup under one lock, so of two racing releases exactly one gets
+    /// it and the other is refused as for a handle never made.
+    pub fn take(&self, obj: &ObjectRef) -> PluginResult<Arc<Reservation>> {
+        self.table.remove(obj.handle, |r| r.is(obj)).ok_or_else(|| unknown(obj, "reservation"))
     }
 }
