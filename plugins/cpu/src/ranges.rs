@@ -74,6 +74,15 @@ impl RangeSet {
         self.total
     }
 
+    /// Empties the set, keeping a vector's room for its next use.
+    pub fn clear(&mut self) {
+        match &mut self.runs {
+            Runs::Few(v) => v.clear(),
+            Runs::Many(_) => self.runs = Runs::default(),
+        }
+        self.total = 0;
+    }
+
     /// Whether any point of `[start, end)` is in the set.
     pub fn intersects(&self, start: u64, end: u64) -> bool {
         if start >= end {

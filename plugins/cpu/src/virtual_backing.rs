@@ -22,7 +22,6 @@ use crate::checks::{check_range, round_up};
 use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
 use crate::os;
-use crate::reservations::Reservation;
 use memplug_sdk::{Block, ObjectRef, PluginError, PluginResult, Request, VirtualBacking};
 
 #[cold]
@@ -84,19 +83,20 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         // answered OUT_OF_RANGE when the unmap came first). Marked released
         // (under the lock when anyone else still holds it), so queued work
         // and copies that found it before touch none of its addresses.
-        let mut res = self.reservations.take(reservation)?;
-        if let Some(mappings) = Reservation::retire(&mut res) {
+        let retired = self.reservations.retire(reservation)?;
+        if let Some(mappings) = retired.mappings {
             for mapping in mappings.into_values() {
                 self.physical.drop_mapping(mapping.object);
             }
         }
-        // SAFETY: the reservation was live, is now marked released and out
-        // of the table, so no call will touch its addresses again. munmap
+        // SAFETY: the reservation was live and is now out of the table,
+        // and marked released where anyone else still holds it, so no call
+        // will touch its addresses again. munmap
         // also removes every shared mapping inside the range. (munmap of a
         // range this process mapped does not fail; if it did, the range
         // would stay mapped and unreachable: never handed out again.) The
         // guards around the range go with it.
-        unsafe { os::unreserve(res.mapped_start, res.mapped_len, "release") }
+        unsafe { os::unreserve(retired.mapped_start, retired.mapped_len, "release") }
     }
 
     // ABI 1.2 queue-ordered binding (`queued.rs`).
