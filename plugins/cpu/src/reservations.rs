@@ -11,21 +11,12 @@
 
 use crate::checks::unknown;
 use crate::handles::{handle_of, key_of};
+use crate::mappings::{Mapping, Mappings};
 use crate::os::Guarded;
 use crate::ranges::RangeSet;
 use memplug_sdk::{ObjectRef, PluginError, PluginResult};
 use slab::Slab;
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-
-/// One shared mapping inside a reservation.
-pub struct Mapping {
-    /// Length in bytes; an unmap must name exactly this.
-    pub len: u64,
-    /// Handle of the physical object mapped here; the mapping holds one of
-    /// its references.
-    pub object: u64,
-}
 
 /// Mutable state of a reservation.
 #[derive(Default)]
@@ -37,7 +28,7 @@ pub struct State {
     pub committed: RangeSet,
     /// Shared mappings by starting offset; they never overlap each other
     /// or committed ranges.
-    pub mappings: BTreeMap<u64, Mapping>,
+    pub mappings: Mappings,
     /// Ranges given up by a queued `decommit_on`/`unmap_on` whose stream
     /// has not reached it yet: neither committed nor mapped any more, but
     /// not to be committed or mapped again before the change has run.
@@ -49,7 +40,7 @@ impl State {
     pub fn mapped(&self, start: u64, end: u64) -> bool {
         // Mappings are disjoint and sorted by start: only the last one
         // starting before `end` can reach past `start`.
-        self.mappings.range(..end).next_back().is_some_and(|(&s, m)| s + m.len > start)
+        self.mappings.last_before(end, false).is_some_and(|(s, m)| s + m.len > start)
     }
 
     /// Whether every byte of the non-empty `[start, end)` is committed or
@@ -58,7 +49,7 @@ impl State {
     pub fn usable(&self, start: u64, end: u64) -> bool {
         let mut at = start;
         while at < end {
-            let mapping_end = self.mappings.range(..=at).next_back().map(|(&s, m)| s + m.len);
+            let mapping_end = self.mappings.last_before(at, true).map(|(s, m)| s + m.len);
             match self.committed.end_of_run(at).or(mapping_end.filter(|&e| e > at)) {
                 Some(e) => at = e,
                 None => return false,
@@ -71,7 +62,7 @@ impl State {
     /// the committed and draining ranges: the state of a reservation that
     /// is being released. An empty map is left in place: taking and
     /// walking it cost ~50 instructions for nothing.
-    fn empty(&mut self) -> Option<BTreeMap<u64, Mapping>> {
+    fn empty(&mut self) -> Option<Mappings> {
         self.committed.clear();
         self.draining.clear();
         (!self.mappings.is_empty()).then(|| std::mem::take(&mut self.mappings))
@@ -85,7 +76,7 @@ impl State {
 
     /// The checks of `unmap` and `unmap_on`: the range is in bounds and
     /// exactly one mapping starts at `offset` and spans `len`. Returns the
-    /// end of the range.
+    /// end of the range and the mapping.
     pub fn check_unmap(
         &self,
         offset: u64,
@@ -93,11 +84,11 @@ impl State {
         limit: u64,
         granularity: u64,
         call: &str,
-    ) -> PluginResult<u64> {
+    ) -> PluginResult<(u64, Mapping)> {
         let end = crate::checks::check_range(offset, len, limit, granularity, call)?;
         let wrong = |msg: String| PluginError::invalid_state(format!("{msg}; nothing was changed"));
-        match self.mappings.get(&offset) {
-            Some(m) if m.len == len => Ok(end),
+        match self.mappings.get(offset) {
+            Some(m) if m.len == len => Ok((end, m)),
             Some(m) => Err(wrong(format!(
                 "{call}: the mapping at offset {offset:#x} spans {:#x} bytes, not {len:#x}",
                 m.len
@@ -196,7 +187,7 @@ pub struct Retired {
     pub mapped_len: u64,
     /// Its shared mappings, whose references on their physical objects
     /// must be dropped (`None` when it had none).
-    pub mappings: Option<BTreeMap<u64, Mapping>>,
+    pub mappings: Option<Mappings>,
 }
 
 /// At most this many released reservations are kept for reuse. Why keep

@@ -85,8 +85,8 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         // and copies that found it before touch none of its addresses.
         let retired = self.reservations.retire(reservation)?;
         if let Some(mappings) = retired.mappings {
-            for mapping in mappings.into_values() {
-                self.physical.drop_mapping(mapping.object);
+            for object in mappings.into_objects() {
+                self.physical.drop_mapping(object);
             }
         }
         // SAFETY: the reservation was live and is now out of the table,
