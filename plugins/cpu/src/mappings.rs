@@ -44,6 +44,7 @@ impl Default for Mappings {
 
 impl Mappings {
     /// Whether there are none.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         match self {
             Mappings::Few(v) => v.is_empty(),
@@ -52,6 +53,7 @@ impl Mappings {
     }
 
     /// The mapping starting at `offset`.
+    #[inline]
     pub fn get(&self, offset: u64) -> Option<Mapping> {
         match self {
             Mappings::Few(v) => v.binary_search_by_key(&offset, |&(s, _)| s).ok().map(|i| v[i].1),
@@ -62,6 +64,7 @@ impl Mappings {
     /// The last mapping starting before `bound` (at or before it when
     /// `inclusive`): the only one that can hold, or reach past, a point
     /// below it.
+    #[inline]
     pub fn last_before(&self, bound: u64, inclusive: bool) -> Option<(u64, Mapping)> {
         match self {
             Mappings::Few(v) => {

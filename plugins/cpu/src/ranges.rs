@@ -42,6 +42,7 @@ impl Runs {
     /// The last run starting before `bound` (at or before it when
     /// `inclusive`): the only one that can hold, or reach past, a point
     /// below it.
+    #[inline]
     fn last_before(&self, bound: u64, inclusive: bool) -> Option<(u64, u64)> {
         match self {
             Runs::Few(v) => {
@@ -84,6 +85,7 @@ impl RangeSet {
     }
 
     /// Whether any point of `[start, end)` is in the set.
+    #[inline]
     pub fn intersects(&self, start: u64, end: u64) -> bool {
         if start >= end {
             return false;
@@ -94,6 +96,7 @@ impl RangeSet {
     }
 
     /// Whether every point of the non-empty `[start, end)` is in the set.
+    #[inline]
     pub fn covers(&self, start: u64, end: u64) -> bool {
         start < end && self.runs.last_before(start, true).is_some_and(|(_, e)| e >= end)
     }
