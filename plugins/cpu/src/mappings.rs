@@ -31,8 +31,8 @@ const FEW: usize = if cfg!(test) { 4 } else { 16 };
 pub enum Mappings {
     /// Sorted by offset; at most `FEW` entries.
     Few(Vec<(u64, Mapping)>),
-    /// More than `FEW` were needed once (it stays a tree until emptied by
-    /// a release).
+    /// More than `FEW` were needed once (it stays a tree until its
+    /// reservation is released).
     Many(BTreeMap<u64, Mapping>),
 }
 
@@ -44,7 +44,7 @@ impl Default for Mappings {
 
 impl Mappings {
     /// Whether there are none.
-    #[inline]
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         match self {
             Mappings::Few(v) => v.is_empty(),
