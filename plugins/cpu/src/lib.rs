@@ -60,6 +60,7 @@ mod fd_sharing;
 mod flavor;
 mod handles;
 mod mapped_allocations;
+mod mappings;
 mod mechanism;
 mod meminfo;
 mod os;

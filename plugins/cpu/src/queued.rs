@@ -114,8 +114,8 @@ pub(crate) fn unmap_on<F: Flavor>(
 ) -> PluginResult<u64> {
     let res = m.reservations.find(reservation)?;
     let mut state = res.lock(reservation)?;
-    let end = state.check_unmap(offset, len, res.size, m.granularity, "unmap_on")?;
-    let object = state.mappings[&offset].object;
+    let (end, mapping) = state.check_unmap(offset, len, res.size, m.granularity, "unmap_on")?;
+    let object = mapping.object;
     let held = Arc::clone(&res);
     let physical = Arc::clone(&m.physical);
     let job = Box::new(move || {
@@ -135,7 +135,7 @@ pub(crate) fn unmap_on<F: Flavor>(
         physical.drop_mapping(object);
     });
     m.streams.submit_job(stream, job, "unmap_on")?;
-    state.mappings.remove(&offset);
+    state.mappings.remove(offset);
     state.draining.insert(offset, end);
     drop(state);
     fence_after(m, stream, "unmap_on")

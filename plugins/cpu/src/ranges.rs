@@ -42,6 +42,7 @@ impl Runs {
     /// The last run starting before `bound` (at or before it when
     /// `inclusive`): the only one that can hold, or reach past, a point
     /// below it.
+    #[inline]
     fn last_before(&self, bound: u64, inclusive: bool) -> Option<(u64, u64)> {
         match self {
             Runs::Few(v) => {
@@ -74,7 +75,17 @@ impl RangeSet {
         self.total
     }
 
+    /// Empties the set, keeping a vector's room for its next use.
+    pub fn clear(&mut self) {
+        match &mut self.runs {
+            Runs::Few(v) => v.clear(),
+            Runs::Many(_) => self.runs = Runs::default(),
+        }
+        self.total = 0;
+    }
+
     /// Whether any point of `[start, end)` is in the set.
+    #[inline]
     pub fn intersects(&self, start: u64, end: u64) -> bool {
         if start >= end {
             return false;
@@ -85,6 +96,7 @@ impl RangeSet {
     }
 
     /// Whether every point of the non-empty `[start, end)` is in the set.
+    #[inline]
     pub fn covers(&self, start: u64, end: u64) -> bool {
         start < end && self.runs.last_before(start, true).is_some_and(|(_, e)| e >= end)
     }
@@ -102,16 +114,16 @@ impl RangeSet {
         }
         // One lookup answers both "does it overlap" and "does it touch the
         // range before": only the last range starting before `end` can do
-        // either.
-        let before = self.runs.last_before(end, false);
-        if before.is_some_and(|(_, e)| e > start) {
-            return false;
-        }
-        let merged_start = before.filter(|&(_, e)| e == start).map_or(start, |(s, _)| s);
+        // either. On the vector, the same search gives the index.
         if let Runs::Few(v) = &mut self.runs {
             let i = v.partition_point(|&(s, _)| s < end);
+            let before_end = i.checked_sub(1).map(|j| v[j].1);
+            if before_end.is_some_and(|e| e > start) {
+                return false;
+            }
+            let joins_before = before_end == Some(start);
             let joins_next = v.get(i).is_some_and(|&(s, _)| s == end);
-            match (merged_start < start, joins_next) {
+            match (joins_before, joins_next) {
                 (true, true) => {
                     v[i - 1].1 = v[i].1;
                     v.remove(i);
@@ -124,6 +136,11 @@ impl RangeSet {
                 }
             }
         } else {
+            let before = self.runs.last_before(end, false);
+            if before.is_some_and(|(_, e)| e > start) {
+                return false;
+            }
+            let merged_start = before.filter(|&(_, e)| e == start).map_or(start, |(s, _)| s);
             let m = self.runs.many();
             let merged_end = m.remove(&end).unwrap_or(end);
             m.insert(merged_start, merged_end);
@@ -138,14 +155,15 @@ impl RangeSet {
         if start >= end {
             return false;
         }
-        let Some((s, e)) = self.runs.last_before(start, true) else {
-            return false;
-        };
-        if e < end {
-            return false;
-        }
         if let Runs::Few(v) = &mut self.runs {
-            let i = v.partition_point(|&(rs, _)| rs <= start) - 1;
+            // One search finds the run and its index.
+            let Some(i) = v.partition_point(|&(rs, _)| rs <= start).checked_sub(1) else {
+                return false;
+            };
+            let (s, e) = v[i];
+            if e < end {
+                return false;
+            }
             match (s < start, end < e) {
                 (true, true) if v.len() < FEW => {
                     v[i].1 = start;
@@ -158,11 +176,23 @@ impl RangeSet {
                 }
                 (true, false) => v[i].1 = start,
                 (false, true) => v[i].0 = end,
+                // The last run (the usual case: a region shrinks at its
+                // end) is popped: `remove` moves the empty tail anyway, a
+                // call to memmove (~45 instructions).
+                (false, false) if i + 1 == v.len() => {
+                    v.pop();
+                }
                 (false, false) => {
                     v.remove(i);
                 }
             }
         } else {
+            let Some((s, e)) = self.runs.last_before(start, true) else {
+                return false;
+            };
+            if e < end {
+                return false;
+            }
             let m = self.runs.many();
             if s < start {
                 m.insert(s, start);

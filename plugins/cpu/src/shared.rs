@@ -21,9 +21,9 @@ use crate::classes::Counted;
 use crate::fd_sharing;
 use crate::flavor::Flavor;
 use crate::handles::Table;
+use crate::mappings::Mapping;
 use crate::mechanism::CpuMechanism;
 use crate::os;
-use crate::reservations::Mapping;
 use memplug_sdk::{Access, Block, ObjectRef, PluginError, PluginResult, Request, SharedMapping};
 use rustix::fd::{BorrowedFd, OwnedFd};
 
@@ -164,7 +164,7 @@ impl<F: Flavor> SharedMapping for CpuMechanism<F> {
         // SAFETY: the range is exactly one mapping of a live reservation
         // whose lock is held; the host gives up this view of the object.
         unsafe { os::restore_reserved(res.addr + offset, len, "unmap")? };
-        let removed = state.mappings.remove(&offset);
+        let removed = state.mappings.remove(offset);
         drop(state);
         if let Some(m) = removed {
             self.physical.drop_mapping(m.object);

@@ -22,7 +22,6 @@ use crate::checks::{check_range, round_up};
 use crate::flavor::Flavor;
 use crate::mechanism::CpuMechanism;
 use crate::os;
-use crate::reservations::Reservation;
 use memplug_sdk::{Block, ObjectRef, PluginError, PluginResult, Request, VirtualBacking};
 
 #[cold]
@@ -35,7 +34,7 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
         self.flavor.check_location(request, &self.name, "reserve")?;
         let size = round_up(request.size, self.granularity, "reserve")?;
         let g = os::reserve_guarded(size, self.granularity, "reserve")?;
-        let handle = self.reservations.insert(Reservation::new(request.object_id, g, size));
+        let handle = self.reservations.insert(request.object_id, g, size);
         Ok(Block { addr: g.addr, size, handle })
     }
 
@@ -78,28 +77,26 @@ impl<F: Flavor> VirtualBacking for CpuMechanism<F> {
     }
 
     fn release(&self, reservation: &ObjectRef) -> PluginResult<()> {
-        let res = self.reservations.find(reservation)?;
-        let mut state = res.lock(reservation)?;
         // Out of the table first, unmapped after: the kernel may hand the
         // addresses to a new reservation the moment they are unmapped, and
         // a copy into that one must not meet this entry first (it was
         // answered OUT_OF_RANGE when the unmap came first). Marked released
-        // under the lock, so queued work and copies that found it before
-        // touch none of its addresses.
-        state.mark_released();
-        let mappings = std::mem::take(&mut state.mappings);
-        drop(state);
-        self.reservations.remove(reservation, &res);
-        for mapping in mappings.into_values() {
-            self.physical.drop_mapping(mapping.object);
+        // (under the lock when anyone else still holds it), so queued work
+        // and copies that found it before touch none of its addresses.
+        let retired = self.reservations.retire(reservation)?;
+        if let Some(mappings) = retired.mappings {
+            for object in mappings.into_objects() {
+                self.physical.drop_mapping(object);
+            }
         }
-        // SAFETY: the reservation was live, is now marked released and out
-        // of the table, so no call will touch its addresses again. munmap
+        // SAFETY: the reservation was live and is now out of the table,
+        // and marked released where anyone else still holds it, so no call
+        // will touch its addresses again. munmap
         // also removes every shared mapping inside the range. (munmap of a
         // range this process mapped does not fail; if it did, the range
         // would stay mapped and unreachable: never handed out again.) The
         // guards around the range go with it.
-        unsafe { os::unreserve(res.mapped_start, res.mapped_len, "release") }
+        unsafe { os::unreserve(retired.mapped_start, retired.mapped_len, "release") }
     }
 
     // ABI 1.2 queue-ordered binding (`queued.rs`).

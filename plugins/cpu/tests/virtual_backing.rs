@@ -222,3 +222,33 @@ fn release_gives_back_the_whole_range_with_committed_pages() {
     assert_eq!(mapping_at(res.addr + 15 * page), None);
     h.assert_balanced();
 }
+
+/// A released reservation nobody else holds is kept and put to use again
+/// by the next reserve (`reservations.rs`): the new one starts with nothing
+/// committed, and every reference to the old one is still refused, even
+/// where the new one has the same handle.
+#[test]
+fn a_reservation_reused_after_release_starts_empty_and_the_old_one_stays_unknown() {
+    let h = harness();
+    let page = h.page();
+    for _ in 0..3 {
+        let old = h.reserve(4 * page).unwrap();
+        h.commit(&old, 0, 2 * page).unwrap();
+        fill(old.addr, 2 * page, 0x5a);
+        h.release_reservation(&old).unwrap();
+
+        let new = h.reserve(4 * page).unwrap();
+        assert_eq!(h.committed(&new).unwrap(), 0);
+        assert_eq!(mapping_at(new.addr).unwrap().0, "---p", "reserved, not accessible");
+        h.commit(&new, 0, 4 * page).unwrap();
+        assert!(all_bytes_are(new.addr, 4 * page, 0));
+        assert_eq!(h.committed(&new).unwrap(), 4 * page);
+
+        refused(h.committed(&old), Status::UnknownAllocation);
+        refused(h.commit(&old, 2 * page, page), Status::UnknownAllocation);
+        refused(h.release_reservation(&old), Status::UnknownAllocation);
+        assert_eq!(h.committed(&new).unwrap(), 4 * page);
+        h.release_reservation(&new).unwrap();
+    }
+    h.assert_balanced();
+}
