@@ -302,7 +302,23 @@ impl CachingBinding {
         self.get(size, alignment, Some(stream))
     }
 
-    #[inline]
+    /// [`allocate`](Self::allocate) when `stream` is `None`, else
+    /// [`allocate_on`](Self::allocate_on): for a caller that has the stream
+    /// as an option (the C API), so that it inlines one body, not two.
+    #[inline(always)]
+    pub fn allocate_maybe_on(
+        &self,
+        size: u64,
+        alignment: u64,
+        stream: Option<StreamKey>,
+    ) -> Result<CachedAllocation, BindingError> {
+        self.get(size, alignment, stream)
+    }
+
+    /// Always inlined: the C API's `memplug_host_cache_allocate` called
+    /// it out of line, paying a frame and the allocation copied through a
+    /// result in memory (callgrind).
+    #[inline(always)]
     fn get(
         &self,
         size: u64,
@@ -608,10 +624,13 @@ impl fmt::Debug for CachedAllocation {
 }
 
 impl CachedAllocation {
+    #[inline]
     pub(crate) fn block(&self) -> &OwnedAllocation {
         self.block.as_ref().expect("present until drop")
     }
-    /// The address (aligned as requested).
+    /// The address (aligned as requested). Inline (as `block`): across
+    /// the crate boundary (the C API) it was a call through the GOT.
+    #[inline]
     pub fn addr(&self) -> u64 {
         self.block().addr()
     }
