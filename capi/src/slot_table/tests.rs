@@ -24,6 +24,25 @@ fn key(index: u32, gen: u32) -> Key {
 }
 
 #[test]
+fn every_index_finds_its_own_slot_in_its_chunk() {
+    // `slot` adds the index to a chunk's biased base: each index of the
+    // first chunks must land on the slot `locate` names, in the chunk the
+    // table made, and an index of a chunk not yet made on none.
+    let t = leak(SlotTable::<u32>::new(MAX_INDEX));
+    let n = (BASE * 7) as u32 + 5; // into chunk 3
+    let keys: Vec<_> = (0..n).map(|v| t.insert(v, [v as u64, 0]).unwrap()).collect();
+    for (v, &(i, g)) in keys.iter().enumerate() {
+        let (k, off) = locate(i);
+        let first = t.chunks[k].load(Acquire);
+        assert!(std::ptr::eq(t.slot(i).unwrap(), first.wrapping_add(off)), "index {i}");
+        assert_eq!(*t.pin(key(i, g)).unwrap(), v as u32);
+    }
+    let next_chunk = (BASE * 15) as u32;
+    assert!(t.slot(next_chunk).is_none());
+    assert_eq!(t.pin(key(next_chunk, 1)).err(), Some(Miss::Invalid));
+}
+
+#[test]
 fn stale_and_forged_handles_are_told_apart() {
     let t = leak(SlotTable::<String>::new(MAX_INDEX));
     let (i, g) = t.insert("a".into(), [1, 2]).unwrap();
