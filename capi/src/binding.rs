@@ -319,9 +319,14 @@ pub unsafe extern "C" fn memplug_host_allocation_free_after(
             // contract.
             let (f, tables) = resolve_fence(raw.manager, unsafe { *fences })?;
             // The fence's seat is the allocation's (checked): its tables.
-            manager_tables::take_unpinned_in::<OwnedAllocation>(tables, raw, allocation.id)?
-                .release_after([f]);
-            return Ok(());
+            // Recorded and freed in its slot (`release_after`'s two steps,
+            // with no move of the allocation).
+            return manager_tables::take_unpinned_drop_in::<OwnedAllocation>(
+                tables,
+                raw,
+                allocation.id,
+                |a| a.used_by(f),
+            );
         }
         // SAFETY: the caller's contract.
         let fences = unsafe { collect_fences(raw.manager, fences, count) }?;

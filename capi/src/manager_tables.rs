@@ -412,6 +412,32 @@ pub(crate) fn take_unpinned_in<T: Object>(tables: &'static Tables, raw: Raw, bit
     }
 }
 
+/// [`take_unpinned_in`] for a caller that would change the object and
+/// drop it (`SlotTable::try_take_drop`): `then` runs on it in its slot,
+/// which drops it there, with no move.
+#[inline(always)]
+pub(crate) fn take_unpinned_drop_in<T: Object>(
+    tables: &'static Tables,
+    raw: Raw,
+    bits: u64,
+    then: impl FnOnce(&mut T),
+) -> Result<()> {
+    let table = T::table(tables);
+    let mut then = Some(then);
+    loop {
+        let took = table.try_take_drop(raw.key(), |v| {
+            if let Some(g) = then.take() {
+                g(v);
+            }
+        });
+        match took {
+            Ok(true) => return Ok(()),
+            Ok(false) => std::thread::yield_now(),
+            Err(m) => return Err(Error::miss(m, T::KIND, bits)),
+        }
+    }
+}
+
 /// Runs `f` with exclusive use of the object named by `bits`, for the few
 /// calls that must change an object in place (recording UCX work on an
 /// allocation): pins of it wait until `f` returns, and a free meanwhile

@@ -504,6 +504,43 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
         }
     }
 
+    /// [`try_take`](Self::try_take) for a caller that would change the
+    /// value and drop it (record a fence on an allocation, then free it):
+    /// runs `f` on it and drops it in its slot (`Ok(true)`), with no move
+    /// (callgrind: moved out, a 72-byte allocation was copied three times
+    /// on its way to its drop). `Ok(false)`, nothing changed, while readers
+    /// hold it. Should `f` panic, the value and its slot leak (memory-safe:
+    /// the handle is stale already and the index is never reissued).
+    #[inline(always)]
+    pub fn try_take_drop(&'static self, key: Key, f: impl FnOnce(&mut T)) -> Result<bool, Miss> {
+        let Some(slot) = self.slot(key.index) else {
+            return Err(Miss::Invalid);
+        };
+        let mut st = slot.state.load(Acquire);
+        loop {
+            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
+                return Err(self.classify(key));
+            }
+            if st & READERS != 0 {
+                return Ok(false);
+            }
+            let (next, reusable) = next_free(key.gen);
+            match slot.state.compare_exchange_weak(st, next, AcqRel, Acquire) {
+                Ok(_) => {
+                    // SAFETY: the transition made this thread the only
+                    // owner of the initialised value; the index is not
+                    // reissued before release_index below.
+                    unsafe { slot.value.update_then_drop(f) };
+                    if reusable {
+                        self.release_index(key.index, slot);
+                    }
+                    return Ok(true);
+                }
+                Err(now) => st = now,
+            }
+        }
+    }
+
     /// Like [`remove`](Self::remove), dropping the value in place (no
     /// move) when nobody else uses it.
     #[inline]

@@ -194,3 +194,38 @@ fn a_bounded_table_reports_full() {
     assert_eq!(got.len(), 4);
     assert!(t.insert(9, [0, 0]).is_err());
 }
+
+#[test]
+fn try_take_drop_updates_and_drops_in_place_once() {
+    // The update runs on the stored value before its drop, the drop runs
+    // exactly once (of racing takers, one wins), nothing changes while a
+    // reader holds it, and the handle is stale afterwards.
+    struct D(Arc<AtomicU32>, u32);
+    impl Drop for D {
+        fn drop(&mut self) {
+            self.0.fetch_add(self.1, Relaxed);
+        }
+    }
+    let t = leak(SlotTable::<D>::new(MAX_INDEX));
+    let drops = Arc::new(AtomicU32::new(0));
+    let (i, g) = t.insert(D(drops.clone(), 1), [0, 0]).ok().unwrap();
+    let p = t.pin(key(i, g)).ok().unwrap();
+    assert_eq!(t.try_take_drop(key(i, g), |d| d.1 = 100), Ok(false));
+    assert_eq!(p.1, 1, "not updated while pinned");
+    drop(p);
+    assert_eq!(t.try_take_drop(key(i, g), |d| d.1 = 10), Ok(true));
+    assert_eq!(drops.load(Relaxed), 10, "updated, then dropped once");
+    assert_eq!(t.try_take_drop(key(i, g), |_| unreachable!()), Err(Miss::Stale));
+    assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
+    for _ in 0..200 {
+        let (i, g) = t.insert(D(drops.clone(), 0), [0, 0]).ok().unwrap();
+        let wins: u32 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| s.spawn(move || (t.try_take_drop(key(i, g), |d| d.1 = 1) == Ok(true)) as u32))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(wins, 1);
+    }
+    assert_eq!(drops.load(Relaxed), 10 + 200);
+}
