@@ -423,16 +423,14 @@ pub(crate) fn take_unpinned_drop_in<T: Object>(
     then: impl FnOnce(&mut T),
 ) -> Result<()> {
     let table = T::table(tables);
-    let mut then = Some(then);
+    let mut then = then;
     loop {
-        let took = table.try_take_drop(raw.key(), |v| {
-            if let Some(g) = then.take() {
-                g(v);
+        match table.try_take_drop(raw.key(), then) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(back)) => {
+                then = back;
+                std::thread::yield_now();
             }
-        });
-        match took {
-            Ok(true) => return Ok(()),
-            Ok(false) => std::thread::yield_now(),
             Err(m) => return Err(Error::miss(m, T::KIND, bits)),
         }
     }

@@ -508,11 +508,13 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// value and drop it (record a fence on an allocation, then free it):
     /// runs `f` on it and drops it in its slot (`Ok(true)`), with no move
     /// (callgrind: moved out, a 72-byte allocation was copied three times
-    /// on its way to its drop). `Ok(false)`, nothing changed, while readers
-    /// hold it. Should `f` panic, the value and its slot leak (memory-safe:
-    /// the handle is stale already and the index is never reissued).
+    /// on its way to its drop). `Ok(Err(f))`, nothing changed and `f` back
+    /// for a retry (not wrapped in an `Option` to take it from: callgrind),
+    /// while readers hold it. Should `f` panic, the value and its slot leak
+    /// (memory-safe: the handle is stale already and the index is never
+    /// reissued).
     #[inline(always)]
-    pub fn try_take_drop(&'static self, key: Key, f: impl FnOnce(&mut T)) -> Result<bool, Miss> {
+    pub fn try_take_drop<F: FnOnce(&mut T)>(&'static self, key: Key, f: F) -> Result<Result<(), F>, Miss> {
         let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
         };
@@ -522,7 +524,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
                 return Err(self.classify(key));
             }
             if st & READERS != 0 {
-                return Ok(false);
+                return Ok(Err(f));
             }
             let (next, reusable) = next_free(key.gen);
             match slot.state.compare_exchange_weak(st, next, AcqRel, Acquire) {
@@ -534,7 +536,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
                     if reusable {
                         self.release_index(key.index, slot);
                     }
-                    return Ok(true);
+                    return Ok(Ok(()));
                 }
                 Err(now) => st = now,
             }

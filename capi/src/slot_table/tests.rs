@@ -210,18 +210,20 @@ fn try_take_drop_updates_and_drops_in_place_once() {
     let drops = Arc::new(AtomicU32::new(0));
     let (i, g) = t.insert(D(drops.clone(), 1), [0, 0]).ok().unwrap();
     let p = t.pin(key(i, g)).ok().unwrap();
-    assert_eq!(t.try_take_drop(key(i, g), |d| d.1 = 100), Ok(false));
+    assert!(matches!(t.try_take_drop(key(i, g), |d| d.1 = 100), Ok(Err(_))));
     assert_eq!(p.1, 1, "not updated while pinned");
     drop(p);
-    assert_eq!(t.try_take_drop(key(i, g), |d| d.1 = 10), Ok(true));
+    assert!(matches!(t.try_take_drop(key(i, g), |d| d.1 = 10), Ok(Ok(()))));
     assert_eq!(drops.load(Relaxed), 10, "updated, then dropped once");
-    assert_eq!(t.try_take_drop(key(i, g), |_| unreachable!()), Err(Miss::Stale));
+    assert!(matches!(t.try_take_drop(key(i, g), |_| unreachable!()), Err(Miss::Stale)));
     assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
     for _ in 0..200 {
         let (i, g) = t.insert(D(drops.clone(), 0), [0, 0]).ok().unwrap();
         let wins: u32 = std::thread::scope(|s| {
             let hs: Vec<_> = (0..4)
-                .map(|_| s.spawn(move || (t.try_take_drop(key(i, g), |d| d.1 = 1) == Ok(true)) as u32))
+                .map(|_| {
+                    s.spawn(move || matches!(t.try_take_drop(key(i, g), |d| d.1 = 1), Ok(Ok(()))) as u32)
+                })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).sum()
         });
