@@ -305,6 +305,9 @@ impl CachingBinding {
     /// [`allocate`](Self::allocate) when `stream` is `None`, else
     /// [`allocate_on`](Self::allocate_on): for a caller that has the stream
     /// as an option (the C API), so that it inlines one body, not two.
+    /// Always inlined: out of line in `memplug_host_cache_allocate`, `get`
+    /// cost a frame and the allocation copied through a result in memory
+    /// (callgrind).
     #[inline(always)]
     pub fn allocate_maybe_on(
         &self,
@@ -315,10 +318,7 @@ impl CachingBinding {
         self.get(size, alignment, stream)
     }
 
-    /// Always inlined: the C API's `memplug_host_cache_allocate` called
-    /// it out of line, paying a frame and the allocation copied through a
-    /// result in memory (callgrind).
-    #[inline(always)]
+    #[inline]
     fn get(
         &self,
         size: u64,
