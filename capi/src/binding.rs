@@ -5,7 +5,7 @@ use crate::common::{
     MemplugHostMechanism, MEMPLUG_HOST_CLASS_OTHER,
 };
 use crate::error::{boundary, require_non_null, write_out, Error, Result};
-use crate::fence::{collect_fences, resolve_fence, Fences};
+use crate::fence::{collect_fences, pin_fence, Fences};
 use crate::handle::Kind;
 use crate::manager::{location_of, page_size_of};
 use crate::manager_tables::{self, pin, pin_manager, same_manager, HolderEntry, PoolEntry};
@@ -317,11 +317,17 @@ pub unsafe extern "C" fn memplug_host_allocation_free_after(
             // refused fence leaves the allocation untouched.
             // SAFETY: non-NULL and readable for one handle by the caller's
             // contract.
-            let (f, tables) = resolve_fence(raw.manager, unsafe { *fences })?;
+            let (f, tables) = pin_fence(raw.manager, unsafe { *fences })?;
             // The fence's seat is the allocation's (checked): its tables.
-            manager_tables::take_unpinned_in::<OwnedAllocation>(tables, raw, allocation.id)?
-                .release_after([f]);
-            return Ok(());
+            // Recorded and freed in its slot (`release_after`'s two steps,
+            // with no move of the allocation), the fence's reference made
+            // there, under the pin.
+            return manager_tables::take_unpinned_drop_in::<OwnedAllocation>(
+                tables,
+                raw,
+                allocation.id,
+                |a| a.used_by(f.fence.clone()),
+            );
         }
         // SAFETY: the caller's contract.
         let fences = unsafe { collect_fences(raw.manager, fences, count) }?;

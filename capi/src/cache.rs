@@ -263,13 +263,12 @@ pub unsafe extern "C" fn memplug_host_cache_allocate(
         require_non_null(out, "out")?;
         let (c, seat, tables) = manager_tables::pin_with_tables::<CacheEntry>(cache.id)?;
         let vacant = manager_tables::vacant_in::<CachedAllocation>(tables)?;
-        let a = match stream_key(stream) {
-            None => c.cache.allocate(size, alignment)?,
-            Some(s) => c.cache.allocate_on(size, alignment, s)?,
-        };
+        let made = c.cache.allocate_maybe_on(size, alignment, stream_key(stream));
+        // Straight from the result into the slot (`fill_made`): unpacked
+        // with `?` first, the allocation was copied through the stack twice
+        // (callgrind).
+        let (id, [addr, _]) = manager_tables::fill_made(seat, vacant, made, |a| [a.addr(), size])?;
         drop(c);
-        let addr = a.addr();
-        let id = manager_tables::fill(seat, vacant, a, [addr, size]);
         // SAFETY: checked non-NULL.
         unsafe {
             write_out(out, MemplugHostCachedAllocation { id });

@@ -6,6 +6,7 @@ use crate::common::{MemplugHostFence, MemplugHostManager, MemplugHostMechanism, 
 use crate::error::{boundary, c_str, require_non_null, write_out, Error, Result};
 use crate::handle::Kind;
 use crate::manager_tables::{self, pin, pin_manager, same_manager, FenceEntry, StreamEntry, Tables};
+use crate::slot_table::Pinned;
 use crate::status::MemplugHostStatus;
 use crate::status::MemplugHostStatus as S;
 use memplug_host_dep::registry::Context;
@@ -81,12 +82,20 @@ pub(crate) unsafe fn collect_fences(
 /// handle is decoded and the tables found once.
 #[inline(always)]
 pub(crate) fn resolve_fence(manager: u32, h: MemplugHostFence) -> Result<(SharedFence, &'static Tables)> {
+    let (f, tables) = pin_fence(manager, h)?;
+    Ok((SharedFence::clone(&f.fence), tables))
+}
+
+/// [`resolve_fence`] leaving the fence's entry pinned, for a caller that
+/// clones the fence where it is used (the single-fence free: its reference
+/// is made in place, not moved through the stack).
+#[inline(always)]
+pub(crate) fn pin_fence(manager: u32, h: MemplugHostFence) -> Result<(Pinned<FenceEntry>, &'static Tables)> {
     let raw = crate::handle::expect(h.id, Kind::Fence)?;
     if raw.manager != manager {
         return Err(manager_tables::wrong_manager(h.id, Kind::Fence));
     }
-    let (f, tables) = manager_tables::pin_raw::<FenceEntry>(raw, h.id)?;
-    Ok((SharedFence::clone(&f.fence), tables))
+    manager_tables::pin_raw::<FenceEntry>(raw, h.id)
 }
 
 /// Creates a stream on a mechanism with the sync capability

@@ -18,8 +18,9 @@ use memplug_host_dep::{
     CachedAllocation, Mechanism, MemoryBinding, OwnedAllocation, ProcessMemoryManager, Region, SharedFence,
     SharedPrefix, Stream,
 };
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::atomic::Ordering::{AcqRel, Acquire};
+use std::sync::atomic::{AtomicPtr, AtomicU64};
+use std::sync::{Arc, Mutex};
 
 /// A manager, as its seat holds it.
 pub(crate) struct ManagerState {
@@ -163,8 +164,12 @@ impl Tables {
 }
 
 static MANAGERS: LazyTable<ManagerState> = LazyTable::new(MAX_MANAGERS - 1);
-static TABLES: [OnceLock<&'static Tables>; MAX_MANAGERS as usize] =
-    [const { OnceLock::new() }; MAX_MANAGERS as usize];
+/// Each seat's tables, null until first made; never freed once made. A
+/// pointer, not a `OnceLock`: every C call reads its handle's seat here,
+/// and a load and a null test cost less than the lock's state and value
+/// (callgrind).
+static TABLES: [AtomicPtr<Tables>; MAX_MANAGERS as usize] =
+    [const { AtomicPtr::new(std::ptr::null_mut()) }; MAX_MANAGERS as usize];
 
 pub(crate) fn managers() -> &'static SlotTable<ManagerState> {
     MANAGERS.get()
@@ -172,13 +177,31 @@ pub(crate) fn managers() -> &'static SlotTable<ManagerState> {
 
 /// The tables of a manager seat, created on first use.
 pub(crate) fn tables_of(seat: u32) -> &'static Tables {
-    TABLES[seat as usize].get_or_init(|| Box::leak(Box::new(Tables::new())))
+    if let Some(t) = existing_tables(seat) {
+        return t;
+    }
+    let fresh = Box::into_raw(Box::new(Tables::new()));
+    match TABLES[seat as usize].compare_exchange(std::ptr::null_mut(), fresh, AcqRel, Acquire) {
+        // SAFETY: just leaked; published for the process's life.
+        Ok(_) => unsafe { &*fresh },
+        Err(won) => {
+            // Another thread made them first: ours were never shared.
+            // SAFETY: `fresh` came from Box::into_raw above and nobody else
+            // saw it.
+            drop(unsafe { Box::from_raw(fresh) });
+            // SAFETY: published by the winner, never freed.
+            unsafe { &*won }
+        }
+    }
 }
 
 /// The tables of a manager seat, if any object was ever made there.
 #[inline]
 pub(crate) fn existing_tables(seat: u32) -> Option<&'static Tables> {
-    TABLES.get(seat as usize)?.get().copied()
+    let p = TABLES.get(seat as usize)?.load(Acquire);
+    // SAFETY: non-null only once published by `tables_of` (made before the
+    // release store, never freed).
+    (!p.is_null()).then(|| unsafe { &*p })
 }
 
 /// A kind of object kept in a manager's tables.
@@ -384,6 +407,30 @@ pub(crate) fn take_unpinned_in<T: Object>(tables: &'static Tables, raw: Raw, bit
         match table.try_take(raw.key()) {
             Ok(Some(v)) => return Ok(v),
             Ok(None) => std::thread::yield_now(),
+            Err(m) => return Err(Error::miss(m, T::KIND, bits)),
+        }
+    }
+}
+
+/// [`take_unpinned_in`] for a caller that would change the object and
+/// drop it (`SlotTable::try_take_drop`): `then` runs on it in its slot,
+/// which drops it there, with no move.
+#[inline(always)]
+pub(crate) fn take_unpinned_drop_in<T: Object>(
+    tables: &'static Tables,
+    raw: Raw,
+    bits: u64,
+    then: impl FnOnce(&mut T),
+) -> Result<()> {
+    let table = T::table(tables);
+    let mut then = then;
+    loop {
+        match table.try_take_drop(raw.key(), then) {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(back)) => {
+                then = back;
+                std::thread::yield_now();
+            }
             Err(m) => return Err(Error::miss(m, T::KIND, bits)),
         }
     }

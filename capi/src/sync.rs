@@ -150,6 +150,20 @@ impl<T> ValueCell<T> {
         self.with_mut(|p| unsafe { (*p).assume_init_read() })
     }
 
+    /// Runs `f` on the value, then drops it, in place (no move). Should
+    /// `f` panic, the value is left in the cell, never dropped (leaked).
+    ///
+    /// # Safety
+    /// As [`take`](Self::take).
+    #[inline]
+    pub(crate) unsafe fn update_then_drop(&self, f: impl FnOnce(&mut T)) {
+        // SAFETY: exclusive access to an initialised value.
+        self.with_mut(|p| unsafe {
+            f((*p).assume_init_mut());
+            (*p).assume_init_drop();
+        });
+    }
+
     /// Drops the value in place.
     ///
     /// # Safety

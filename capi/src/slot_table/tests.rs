@@ -24,6 +24,25 @@ fn key(index: u32, gen: u32) -> Key {
 }
 
 #[test]
+fn every_index_finds_its_own_slot_in_its_chunk() {
+    // `slot` adds the index to a chunk's biased base: each index of the
+    // first chunks must land on the slot `locate` names, in the chunk the
+    // table made, and an index of a chunk not yet made on none.
+    let t = leak(SlotTable::<u32>::new(MAX_INDEX));
+    let n = (BASE * 7) as u32 + 5; // into chunk 3
+    let keys: Vec<_> = (0..n).map(|v| t.insert(v, [v as u64, 0]).unwrap()).collect();
+    for (v, &(i, g)) in keys.iter().enumerate() {
+        let (k, off) = locate(i);
+        let first = t.chunks[k].load(Acquire);
+        assert!(std::ptr::eq(t.slot(i).unwrap(), first.wrapping_add(off)), "index {i}");
+        assert_eq!(*t.pin(key(i, g)).unwrap(), v as u32);
+    }
+    let next_chunk = (BASE * 15) as u32;
+    assert!(t.slot(next_chunk).is_none());
+    assert_eq!(t.pin(key(next_chunk, 1)).err(), Some(Miss::Invalid));
+}
+
+#[test]
 fn stale_and_forged_handles_are_told_apart() {
     let t = leak(SlotTable::<String>::new(MAX_INDEX));
     let (i, g) = t.insert("a".into(), [1, 2]).unwrap();
@@ -174,4 +193,41 @@ fn a_bounded_table_reports_full() {
     let got: Vec<_> = (0..4).map(|_| t.insert(0, [0, 0]).unwrap()).collect();
     assert_eq!(got.len(), 4);
     assert!(t.insert(9, [0, 0]).is_err());
+}
+
+#[test]
+fn try_take_drop_updates_and_drops_in_place_once() {
+    // The update runs on the stored value before its drop, the drop runs
+    // exactly once (of racing takers, one wins), nothing changes while a
+    // reader holds it, and the handle is stale afterwards.
+    struct D(Arc<AtomicU32>, u32);
+    impl Drop for D {
+        fn drop(&mut self) {
+            self.0.fetch_add(self.1, Relaxed);
+        }
+    }
+    let t = leak(SlotTable::<D>::new(MAX_INDEX));
+    let drops = Arc::new(AtomicU32::new(0));
+    let (i, g) = t.insert(D(drops.clone(), 1), [0, 0]).ok().unwrap();
+    let p = t.pin(key(i, g)).ok().unwrap();
+    assert!(matches!(t.try_take_drop(key(i, g), |d| d.1 = 100), Ok(Err(_))));
+    assert_eq!(p.1, 1, "not updated while pinned");
+    drop(p);
+    assert!(matches!(t.try_take_drop(key(i, g), |d| d.1 = 10), Ok(Ok(()))));
+    assert_eq!(drops.load(Relaxed), 10, "updated, then dropped once");
+    assert!(matches!(t.try_take_drop(key(i, g), |_| unreachable!()), Err(Miss::Stale)));
+    assert_eq!(t.pin(key(i, g)).err(), Some(Miss::Stale));
+    for _ in 0..200 {
+        let (i, g) = t.insert(D(drops.clone(), 0), [0, 0]).ok().unwrap();
+        let wins: u32 = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(move || matches!(t.try_take_drop(key(i, g), |d| d.1 = 1), Ok(Ok(()))) as u32)
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(wins, 1);
+    }
+    assert_eq!(drops.load(Relaxed), 10 + 200);
 }

@@ -137,6 +137,9 @@ impl OwnedAllocation {
         self.binding.inner.is_lost()
     }
     /// Records device work that uses this allocation: the free waits for it.
+    /// Inline: the C API's fenced free records its fence with this (a call
+    /// through the GOT out of line).
+    #[inline]
     pub fn used_by(&mut self, fence: SharedFence) {
         self.fences.push(fence);
     }
