@@ -17,7 +17,7 @@
 //! free-index caches and value cells are loom's (`capi/src/sync.rs`), so
 //! loom also checks every access to a stored value against the state
 //! word's ordering. The models are small enough to explore without a
-//! preemption bound (all nine take well under a second).
+//! preemption bound (all ten take well under a second).
 #![cfg(loom)]
 
 use loom::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
@@ -221,6 +221,62 @@ fn try_take_never_takes_a_pinned_value_and_takes_it_once_the_reader_leaves() {
         assert_eq!(drops.load(SeqCst), 1);
         assert_eq!(t.pin(k).err(), Some(Miss::Stale));
         assert!(matches!(t.try_take(k), Err(Miss::Stale)));
+    });
+}
+
+#[test]
+fn try_take_drop_updates_and_drops_once_never_under_a_reader_and_one_of_two_takers_wins() {
+    /// Records the id it held when dropped.
+    struct Noted {
+        id: u64,
+        dropped_with: Arc<AtomicU64>,
+    }
+    impl Drop for Noted {
+        fn drop(&mut self) {
+            assert_eq!(self.dropped_with.swap(self.id, SeqCst), 0, "dropped twice");
+        }
+    }
+    loom::model(|| {
+        let t = table::<Noted>(1 << 20);
+        let dropped_with = Arc::new(AtomicU64::new(0));
+        let k = key(t.insert(Noted { id: 6, dropped_with: dropped_with.clone() }, [0, 0]).ok().unwrap());
+        let reader = thread::spawn(move || {
+            if let Ok(p) = t.pin(k) {
+                assert_eq!(p.id, 6, "changed or dropped while pinned");
+            }
+        });
+        // A second taker that moves it out instead.
+        let remover = thread::spawn(move || match t.try_take(k) {
+            Ok(Some(v)) => {
+                assert_eq!(v.id, 6);
+                1
+            }
+            Ok(None) | Err(Miss::Stale) => 0,
+            Err(m) => panic!("{m:?}"),
+        });
+        // The update-and-drop retries while the reader holds it, and stops
+        // once the other taker has it.
+        let mut update = |v: &mut Noted| v.id = 60;
+        let mine = loop {
+            match t.try_take_drop(k, update) {
+                Ok(Ok(())) => break 1,
+                Ok(Err(f)) => {
+                    update = f;
+                    thread::yield_now();
+                }
+                Err(m) => {
+                    assert_eq!(m, Miss::Stale);
+                    break 0;
+                }
+            }
+        };
+        reader.join().unwrap();
+        let theirs = remover.join().unwrap();
+        assert_eq!(mine + theirs, 1, "exactly one taker wins");
+        // The try_take winner's value was dropped when its thread returned.
+        let want = if mine == 1 { 60 } else { 6 };
+        assert_eq!(dropped_with.load(SeqCst), want, "dropped once, updated first if by try_take_drop");
+        assert_eq!(t.pin(k).err(), Some(Miss::Stale));
     });
 }
 
