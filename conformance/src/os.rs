@@ -539,15 +539,18 @@ fn watch(pid: libc::pid_t, idle: Duration, msg_r: RawFd, out_r: RawFd) -> Superv
         ];
         // SAFETY: polls two descriptors of ours (a negative one is ignored).
         let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, wait.as_millis().max(1) as libc::c_int) };
-        if r == 0 {
-            // Quiet: the child may be gone while something it forked still
-            // holds the pipes.
-            if has_ended(pid) {
-                break;
-            }
+        #[cfg(test)]
+        tests::pause_after_a_quiet_poll(r);
+        // Quiet: the child may be gone while something it forked still
+        // holds the pipes. It may also have written its last lines and
+        // ended after the poll returned: what is in the pipes then is read
+        // before they are given up (a verdict lost there read as a crash
+        // with exit status 0).
+        let ended = r == 0 && has_ended(pid);
+        if r == 0 && !ended {
             continue;
         }
-        if fds[0].revents != 0 {
+        if ended || fds[0].revents != 0 {
             msg_open = drain(msg_r, &mut partial);
             let now = Instant::now();
             while let Some(i) = partial.iter().position(|&b| b == b'\n') {
@@ -556,13 +559,16 @@ fn watch(pid: libc::pid_t, idle: Duration, msg_r: RawFd, out_r: RawFd) -> Superv
                 deadline = now + idle;
             }
         }
-        if fds[1].revents != 0 {
+        if ended || fds[1].revents != 0 {
             let before = output.len();
             out_open = drain(out_r, &mut output);
             output_len += output.len() - before;
             if output.len() > 2 * OUTPUT_TAIL {
                 output.drain(..output.len() - OUTPUT_TAIL);
             }
+        }
+        if ended {
+            break;
         }
     }
     if !timed_out {
@@ -597,6 +603,43 @@ fn watch(pid: libc::pid_t, idle: Duration, msg_r: RawFd, out_r: RawFd) -> Superv
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+    /// Milliseconds `watch` sleeps after a poll that found nothing, before
+    /// it asks whether the child ended: widens the window in which a child
+    /// writes its last line and ends (0: no pause).
+    static QUIET_POLL_PAUSE_MS: AtomicU64 = AtomicU64::new(0);
+
+    pub(super) fn pause_after_a_quiet_poll(r: libc::c_int) {
+        let ms = QUIET_POLL_PAUSE_MS.load(Relaxed);
+        if r == 0 && ms > 0 {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+    }
+
+    #[test]
+    fn lines_written_just_before_the_end_are_read_even_after_a_quiet_poll() {
+        // The child holds the pipes open through a grandchild (so they never
+        // close), stays quiet past the first poll (100 ms), then writes its
+        // verdict and ends while `watch` pauses after that quiet poll. The
+        // next look finds it ended: the line must still be read.
+        QUIET_POLL_PAUSE_MS.store(150, Relaxed);
+        let s = supervise(Duration::from_secs(5), None, |fd| {
+            // SAFETY: fork in a test child; the grandchild only sleeps.
+            if unsafe { libc::fork() } == 0 {
+                std::thread::sleep(Duration::from_secs(30));
+                // SAFETY: leaves the grandchild.
+                unsafe { libc::_exit(0) };
+            }
+            std::thread::sleep(Duration::from_millis(170));
+            send(fd, "verdict\n");
+            0
+        });
+        QUIET_POLL_PAUSE_MS.store(0, Relaxed);
+        let s = s.unwrap();
+        assert_eq!(s.end, ChildEnd::Exited(0));
+        assert!(s.lines.iter().any(|l| l.1 == b"verdict"), "the last line was lost: {:?}", s.lines);
+    }
 
     fn send(fd: RawFd, s: &str) {
         // SAFETY: writes a local buffer to the message descriptor.
