@@ -477,6 +477,25 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// it on, not to drop it) can retry once they leave.
     #[inline(always)]
     pub fn try_take(&'static self, key: Key) -> Result<Option<T>, Miss> {
+        let Some((slot, reusable)) = self.claim(key)? else {
+            return Ok(None);
+        };
+        // SAFETY: `claim` made this thread the only owner of the
+        // initialised value.
+        let v = unsafe { slot.value.take() };
+        if reusable {
+            self.release_index(key.index, slot);
+        }
+        Ok(Some(v))
+    }
+
+    /// The transition of [`try_take`](Self::try_take) and
+    /// [`try_take_drop`](Self::try_take_drop): from live and unread to free,
+    /// which makes the caller the value's only owner. `Ok(None)` while
+    /// readers hold it; with the slot, whether its index may be reissued
+    /// (the caller releases it once done with the value).
+    #[inline(always)]
+    fn claim(&'static self, key: Key) -> Result<Option<(&'static Slot<T>, bool)>, Miss> {
         let Some(slot) = self.slot(key.index) else {
             return Err(Miss::Invalid);
         };
@@ -490,15 +509,7 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
             }
             let (next, reusable) = next_free(key.gen);
             match slot.state.compare_exchange_weak(st, next, AcqRel, Acquire) {
-                Ok(_) => {
-                    // SAFETY: the transition made this thread the only
-                    // owner of the initialised value.
-                    let v = unsafe { slot.value.take() };
-                    if reusable {
-                        self.release_index(key.index, slot);
-                    }
-                    return Ok(Some(v));
-                }
+                Ok(_) => return Ok(Some((slot, reusable))),
                 Err(now) => st = now,
             }
         }
@@ -515,32 +526,17 @@ impl<T: Send + Sync + 'static> SlotTable<T> {
     /// reissued).
     #[inline(always)]
     pub fn try_take_drop<F: FnOnce(&mut T)>(&'static self, key: Key, f: F) -> Result<Result<(), F>, Miss> {
-        let Some(slot) = self.slot(key.index) else {
-            return Err(Miss::Invalid);
+        let Some((slot, reusable)) = self.claim(key)? else {
+            return Ok(Err(f));
         };
-        let mut st = slot.state.load(Acquire);
-        loop {
-            if st & (OCC | DYING) != OCC || gen_of(st) != key.gen {
-                return Err(self.classify(key));
-            }
-            if st & READERS != 0 {
-                return Ok(Err(f));
-            }
-            let (next, reusable) = next_free(key.gen);
-            match slot.state.compare_exchange_weak(st, next, AcqRel, Acquire) {
-                Ok(_) => {
-                    // SAFETY: the transition made this thread the only
-                    // owner of the initialised value; the index is not
-                    // reissued before release_index below.
-                    unsafe { slot.value.update_then_drop(f) };
-                    if reusable {
-                        self.release_index(key.index, slot);
-                    }
-                    return Ok(Ok(()));
-                }
-                Err(now) => st = now,
-            }
+        // SAFETY: `claim` made this thread the only owner of the
+        // initialised value; the index is not reissued before
+        // release_index below.
+        unsafe { slot.value.update_then_drop(f) };
+        if reusable {
+            self.release_index(key.index, slot);
         }
+        Ok(Ok(()))
     }
 
     /// Like [`remove`](Self::remove), dropping the value in place (no
