@@ -302,7 +302,7 @@ impl Registry {
     ///
     /// The host's own sweeps hold every context for a moment; they are not
     /// pins. An unload that sees handles while a sweep is alive waits for
-    /// it to end (at most [`SWEEP_WAIT`]) and looks again.
+    /// it to end (at most a second) and looks again.
     pub fn unload(&self, name: &str) -> Result<(), RegistryError> {
         let deadline = Instant::now() + SWEEP_WAIT;
         let entry = loop {
