@@ -26,18 +26,7 @@ fi
 [[ -x ${bin:-} ]] || { echo "no capi bench binary found" >&2; exit 1; }
 loops=("$@")
 ((${#loops[@]})) || loops=(rust c rust-fenced c-fenced rust-cached c-cached)
-count() { # loop iterations -> "instructions atomics" in all
-    local out
-    out=$(mktemp)
-    valgrind --tool=callgrind --collect-bus=yes --callgrind-out-file="$out" "$bin" --loop "$1" "$2" >/dev/null 2>&1
-    awk '/^summary:/ {print $2, $3}' "$out"
-    rm -f "$out"
-}
-lo=${LO:-1000} hi=${HI:-11000}
-printf '%-28s %12s %10s\n' loop instr/op atomics/op
-for l in "${loops[@]}"; do
-    read -r ai ag < <(count "$l" $lo)
-    read -r bi bg < <(count "$l" $hi)
-    printf '%-28s %12.1f %10.1f\n' "$l" "$(echo "($bi - $ai) / ($hi - $lo)" | bc -l)" \
-        "$(echo "($bg - $ag) / ($hi - $lo)" | bc -l)"
-done
+# shellcheck source=scripts/callgrind-per-op.sh
+. scripts/callgrind-per-op.sh
+cmd() { CMD=("$bin" --loop "$1" "$2"); }
+per_op loop "${loops[@]}"

@@ -17,18 +17,7 @@ so=$(ls "$t"/libmemplug_plugin_cpu.so "$t"/deps/libmemplug_plugin_cpu.so 2>/dev/
 bin=$t/examples/hotpath
 paths=("$@")
 ((${#paths[@]})) || paths=($("$bin" --list))
-count() { # path iterations -> "instructions atomics" in all
-    local out
-    out=$(mktemp)
-    valgrind --tool=callgrind --collect-bus=yes --callgrind-out-file="$out" "$bin" "$1" "$2" "$so" >/dev/null 2>&1
-    awk '/^summary:/ {print $2, $3}' "$out"
-    rm -f "$out"
-}
-lo=${LO:-1000} hi=${HI:-11000}
-printf '%-28s %12s %10s\n' path instr/op atomics/op
-for p in "${paths[@]}"; do
-    read -r ai ag < <(count "$p" $lo)
-    read -r bi bg < <(count "$p" $hi)
-    printf '%-28s %12.1f %10.1f\n' "$p" "$(echo "($bi - $ai) / ($hi - $lo)" | bc -l)" \
-        "$(echo "($bg - $ag) / ($hi - $lo)" | bc -l)"
-done
+# shellcheck source=scripts/callgrind-per-op.sh
+. scripts/callgrind-per-op.sh
+cmd() { CMD=("$bin" "$1" "$2" "$so"); }
+per_op path "${paths[@]}"
