@@ -507,14 +507,14 @@ impl CacheInner {
         self.shards.iter().map(|s| s.shard.lock().counters.idle_bytes).sum()
     }
 
-    /// A free took its shard's idle bytes past the shard's part of the
-    /// cap: sums every shard's and gives back what is above the cap.
     /// Whether no shard holds an idle block (each shard's own figure, read
     /// without its lock).
     fn nothing_idle(&self) -> bool {
         self.shards.iter().all(|s| s.idle.load(Relaxed) == 0)
     }
 
+    /// A free took its shard's idle bytes past the shard's part of the
+    /// cap: sums every shard's and gives back what is above the cap.
     /// Returns the bytes given back.
     #[cold]
     #[inline(never)]

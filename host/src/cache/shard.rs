@@ -138,8 +138,7 @@ impl Shard {
         }
         if block.is_none() {
             // The newest ready block almost always fits: try it before the
-            // search.
-            // An empty list (every miss) calls neither search.
+            // search. An empty list (every miss) calls neither search.
             block = match list.ready.last() {
                 Some(i) if fits(&i.block, align) => list.ready.pop().map(|i| i.block),
                 Some(_) => Self::search_ready(list, align),
